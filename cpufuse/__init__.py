@@ -1,0 +1,43 @@
+"""cpufuse: fused LLM kernels for llama.cpp-style CPU inference, on numpy arrays.
+
+    import cpufuse
+    y = cpufuse.softmax(scores, mask, scale=0.125)           # ggml soft_max_ext
+    y = cpufuse.rms_norm(x, weight, eps=1e-6)                 # RMS_NORM+MUL, one pass
+    h, y = cpufuse.add_rms_norm(x, residual, weight, eps=1e-6)
+    with cpufuse.use_isa("scalar"): ...                       # or isa="avx2", or CPUFUSE_ISA=numba
+    print(cpufuse.info())
+"""
+from . import _backend as _native, _dispatch
+from ._dispatch import AVAILABLE as _AVAILABLE
+from ._dispatch import use_isa
+from ._isa import ALL_ISAS
+from .ops import add_rms_norm, rms_norm, softmax
+
+__version__ = "0.1.0"
+__all__ = ["softmax", "rms_norm", "add_rms_norm", "use_isa", "available_isas", "info", "ALL_ISAS"]
+
+OPS = ("softmax", "rms_norm", "add_rms_norm")
+
+
+def available_isas():
+    """ISA names usable here, best first (a subset of ALL_ISAS)."""
+    return _AVAILABLE
+
+
+def info():
+    """What was compiled, what the CPU has, the override in force, and the path each op takes."""
+    cur = _dispatch.current()
+    return {
+        "version": __version__,
+        "machine": _native.MACHINE,
+        "native_extension": _native.lib is not None,
+        "native_load_error": _native.LOAD_ERROR,
+        "compiled_isas": list(_native.COMPILED),
+        "cpu_features": list(_native.cpu_features()),
+        "cpu_isas": list(_native.cpu_isas()),
+        "available_isas": list(_AVAILABLE),
+        "auto_isa": _AVAILABLE[0],
+        "override": {"source": _dispatch.override(), "isa": cur if _dispatch.override() else None},
+        "ops": {op: cur for op in OPS},
+        "build_flags": {isa: _native.build_info(isa) for isa in _native.COMPILED},
+    }

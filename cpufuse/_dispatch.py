@@ -1,0 +1,81 @@
+"""ISA selection: per-call `isa=` > `use_isa()` context > CPUFUSE_ISA > best available.
+
+Strict everywhere: an unknown or unavailable name raises ValueError listing what is available;
+there is no quiet downgrade.
+"""
+import contextlib
+import contextvars
+import importlib.util
+import os
+
+from . import _backend as _native
+from ._isa import ALL_ISAS
+
+HAVE_NUMBA = importlib.util.find_spec("numba") is not None
+
+_cpu = set(_native.cpu_isas())
+AVAILABLE = tuple(i for i in ALL_ISAS if (i in _native.COMPILED and i in _cpu) or (i == "numba" and HAVE_NUMBA))
+_AVAILABLE_SET = frozenset(AVAILABLE)
+
+
+def _why_unavailable(name):
+    if name not in ALL_ISAS:
+        return f"unknown ISA {name!r}; valid names are {', '.join(ALL_ISAS)}"
+    if name == "numba":
+        why = "numba is not installed"
+    elif name not in _native.COMPILED:
+        why = ("the native extension is not built" if _native.lib is None
+               else f"it was not compiled into this build (compiled: {', '.join(_native.COMPILED) or 'none'})")
+    else:
+        why = f"this CPU lacks it (CPU features: {', '.join(_native.cpu_features()) or 'none'})"
+    return f"ISA {name!r} is not available: {why}"
+
+
+def check_isa(name, source="isa"):
+    if name not in _AVAILABLE_SET:
+        raise ValueError(f"{source}: {_why_unavailable(name)}; available here: {', '.join(AVAILABLE)}")
+    return name
+
+
+def _initial_default():
+    env = os.environ.get("CPUFUSE_ISA", "").strip().lower()
+    if env:
+        return check_isa(env, "CPUFUSE_ISA"), "CPUFUSE_ISA"
+    if not AVAILABLE:
+        raise ImportError("cpufuse: no usable path: the native extension is missing and numba is not installed")
+    return AVAILABLE[0], None
+
+
+DEFAULT, ENV_OVERRIDE = _initial_default()
+_ctx = contextvars.ContextVar("cpufuse_isa", default=None)
+
+
+def current():
+    """The ISA a call without `isa=` will use now."""
+    return _ctx.get() or DEFAULT
+
+
+def override():
+    """Where the ISA in force comes from: 'use_isa', 'CPUFUSE_ISA' or None (auto)."""
+    if _ctx.get() is not None:
+        return "use_isa"
+    return ENV_OVERRIDE
+
+
+@contextlib.contextmanager
+def use_isa(name):
+    """Run the block's cpufuse calls on `name` (scalar, avx2, avx512, neon or numba)."""
+    token = _ctx.set(check_isa(str(name).lower(), "use_isa"))
+    try:
+        yield name
+    finally:
+        _ctx.reset(token)
+
+
+def resolve(isa):
+    """Hot path: the per-call keyword, else the context, else the default."""
+    if isa is None:
+        return _ctx.get() or DEFAULT
+    if isa in _AVAILABLE_SET:
+        return isa
+    return check_isa(isa)

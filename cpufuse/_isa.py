@@ -1,0 +1,43 @@
+"""The one ISA table, used by the build (native/ffibuild.py loads this file by path) and at run time.
+
+No imports from the rest of the package here: the build reads it before cpufuse exists.
+"""
+
+# Compile flags shared by every native translation unit. Never -ffast-math: masks are -inf and
+# NaN/inf must propagate. -ffp-contract=off keeps a*b+c as two roundings unless a kernel asks for
+# an FMA explicitly, which is what makes fused RMS_NORM+MUL(+ADD) bit-identical to the unfused chain.
+COMMON_CFLAGS = ["-O3", "-std=c11", "-fno-math-errno", "-ffp-contract=off", "-fPIC"]
+
+# CPU feature bits from cf_cpu_features() (native/src/cpuinfo.c).
+CPU_BITS = {
+    "avx2": 1 << 0, "fma": 1 << 1, "f16c": 1 << 2, "os_avx": 1 << 3,
+    "avx512f": 1 << 4, "avx512bw": 1 << 5, "avx512vl": 1 << 6, "avx512dq": 1 << 7,
+    "os_avx512": 1 << 8, "avx512fp16": 1 << 9, "amx": 1 << 10,
+    "neon": 1 << 16, "asimdhp": 1 << 17,
+}
+
+# name: (machines it can be built for, extra cflags, CPU bits it needs at run time)
+# Order is priority, best first; "scalar" is the portable C baseline and cannot be vectorized
+# by the compiler; "numba" is the JIT fallback (no C at all).
+NATIVE_ISAS = {
+    "avx512": (("x86_64", "AMD64"),
+               ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"],
+               ("avx512f", "avx512bw", "avx512vl", "avx512dq", "os_avx512", "avx2", "fma", "f16c", "os_avx")),
+    "avx2": (("x86_64", "AMD64"), ["-mavx2", "-mfma", "-mf16c"], ("avx2", "fma", "f16c", "os_avx")),
+    "neon": (("aarch64", "arm64"), [], ("neon",)),
+    "scalar": (None, ["-fno-tree-vectorize", "-fno-tree-slp-vectorize"], ()),
+}
+ALL_ISAS = ("avx512", "avx2", "neon", "scalar", "numba")
+
+
+def cflags(isa):
+    return COMMON_CFLAGS + NATIVE_ISAS[isa][1]
+
+
+def cpu_isas_from_bits(bits):
+    """Native ISA names whose required CPU bits are all set in `bits`."""
+    out = []
+    for name, (_, _, need) in NATIVE_ISAS.items():
+        if all(bits & CPU_BITS[b] for b in need):
+            out.append(name)
+    return out

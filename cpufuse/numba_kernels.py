@@ -1,0 +1,91 @@
+"""Numba-jitted fallbacks (the "numba" ISA): same semantics and argument layout as the C kernels.
+
+Inputs arrive as 4-D views; optional operands come as 1-element dummies with a flag, so each
+kernel compiles to one signature per dtype combination. Compiled once per machine (cache=True).
+"""
+import math
+
+import numba as nb
+import numpy as np
+
+_JIT = dict(cache=True, nogil=True)
+
+
+@nb.njit(**_JIT)
+def _h2f(b):
+    # exact binary16 bits -> float32
+    sign = -1.0 if (b >> 15) & 1 else 1.0
+    e = (b >> 10) & 0x1F
+    m = b & 0x3FF
+    if e == 0x1F:
+        return np.float32(sign * math.inf) if m == 0 else np.float32(math.nan)
+    if e == 0:
+        return np.float32(sign * m * 2.0 ** -24)
+    return np.float32(sign * (1024 + m) * 2.0 ** (e - 25))
+
+
+@nb.njit(**_JIT)
+def softmax(x, mf, mh, mkind, slopes, have_slopes, sinks, have_sinks, scale, y):
+    S, H, R, C = x.shape
+    mS, mH = (mf.shape[0], mf.shape[1]) if mkind == 1 else (mh.shape[0], mh.shape[1])
+    sc = np.float32(scale)
+    for s in range(S):
+        for h in range(H):
+            slope = slopes[h] if have_slopes else np.float32(1.0)
+            for r in range(R):
+                M = np.float32(-np.inf)
+                for c in range(C):
+                    z = x[s, h, r, c] * sc
+                    if mkind == 1:
+                        z = z + slope * mf[s % mS, h % mH, r, c]
+                    elif mkind == 2:
+                        z = z + slope * _h2f(mh[s % mS, h % mH, r, c])
+                    y[s, h, r, c] = z
+                    if z > M or z != z:
+                        M = z
+                if have_sinks and sinks[h] > M:
+                    M = sinks[h]
+                total = 0.0
+                for c in range(C):
+                    e = np.float32(math.exp(y[s, h, r, c] - M))
+                    y[s, h, r, c] = e
+                    total += e
+                if have_sinks:
+                    total += np.float32(math.exp(sinks[h] - M))
+                inv = np.float32(1.0 / total)
+                for c in range(C):
+                    y[s, h, r, c] = y[s, h, r, c] * inv
+
+
+@nb.njit(**_JIT)
+def rms_norm(x, r, have_r, w, have_w, b, have_b, eps, h, y):
+    n3, n2, n1, n = x.shape
+    e = np.float32(eps)
+    for i3 in range(n3):
+        for i2 in range(n2):
+            for i1 in range(n1):
+                ss = 0.0
+                if have_r:
+                    rr = r[i3 % r.shape[0], i2 % r.shape[1], i1 % r.shape[2]]
+                    for i in range(n):
+                        v = x[i3, i2, i1, i] + rr[i]
+                        h[i3, i2, i1, i] = v
+                        ss += np.float64(v * v)
+                    src = h[i3, i2, i1]
+                else:
+                    src = x[i3, i2, i1]
+                    for i in range(n):
+                        v = src[i]
+                        ss += np.float64(v * v)
+                mean = np.float32(ss / n)
+                sc = np.float32(1.0) / np.float32(math.sqrt(mean + e))
+                wr = w[i3 % w.shape[0], i2 % w.shape[1], i1 % w.shape[2]]
+                br = b[i3 % b.shape[0], i2 % b.shape[1], i1 % b.shape[2]]
+                yr = y[i3, i2, i1]
+                for i in range(n):
+                    v = src[i] * sc
+                    if have_w:
+                        v = v * wr[i]
+                    if have_b:
+                        v = v + br[i]
+                    yr[i] = v

@@ -1,0 +1,346 @@
+"""Public ops: argument checking, output allocation, and the call into the chosen path.
+
+Every check raises TypeError (wrong type/dtype) or ValueError (shape, stride, parameter) naming the
+argument. The common decode/prefill call of rms_norm (2-D contiguous x, 1-D weight) takes a lean
+path with a single cffi call; everything else builds an int64 descriptor of shapes and strides.
+"""
+import functools
+import math
+
+import numpy as np
+
+from . import _backend as _native, _dispatch
+from .reference import alibi_slopes as _alibi_slopes_f32
+
+ffi, lib = _native.ffi, _native.lib
+F32 = np.dtype(np.float32)
+F16 = np.dtype(np.float16)
+I64 = np.dtype(np.int64)
+_ndarray = np.ndarray
+
+# cffi types resolved once
+if ffi is not None:
+    _T_F32 = ffi.typeof("float[]")
+    _T_I64 = ffi.typeof("int64_t[]")
+    _T_CHAR = ffi.typeof("char[]")
+    _fb = ffi.from_buffer
+    _cast = ffi.cast
+    _NULL = ffi.NULL
+
+_numba = None
+
+
+def _nb():
+    global _numba
+    if _numba is None:
+        from . import numba_kernels
+        _numba = numba_kernels
+    return _numba
+
+
+@functools.lru_cache(maxsize=256)
+def _slopes(n_head, max_bias):
+    s = _alibi_slopes_f32(n_head, max_bias)
+    if s is not None:
+        s.setflags(write=False)
+    return s
+
+
+# ------------------------------------------------------------------------------------------------
+# argument checks
+
+def _check_f32(a, name, ndim_max=4):
+    if type(a) is not _ndarray and not isinstance(a, _ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray of float32, got {type(a).__name__}")
+    if a.dtype != F32:
+        raise TypeError(f"{name} must be float32, got {a.dtype}")
+    if a.ndim == 0:
+        raise ValueError(f"{name} must have at least 1 dimension, got a 0-d array")
+    if a.ndim > ndim_max:
+        raise ValueError(f"{name} must have at most {ndim_max} dimensions, got {a.ndim}")
+    _check_last_axis(a, name)
+
+
+def _check_last_axis(a, name):
+    if a.shape[-1] > 1 and a.strides[-1] != a.itemsize:
+        raise ValueError(f"{name} must have a unit-stride last axis (stride {a.itemsize} bytes), "
+                         f"got stride {a.strides[-1]}")
+    if any(s % a.itemsize for s in a.strides):
+        raise ValueError(f"{name} has strides {a.strides} that are not multiples of its item size")
+
+
+def _pad4(a):
+    return a.reshape((1,) * (4 - a.ndim) + a.shape) if a.ndim < 4 else a
+
+
+def _el_strides(a):
+    it = a.itemsize
+    return [s // it for s in a.strides]
+
+
+def _ptr(a, writable=False):
+    """cffi pointer to a's first element (any strides)."""
+    if a.flags.c_contiguous:
+        t = _T_F32 if a.dtype == F32 else _T_CHAR
+        return _fb(t, a, require_writable=writable) if writable else _fb(t, a)
+    return _cast("void *", a.ctypes.data)
+
+
+def _desc(vals):
+    d = np.array(vals, dtype=I64)
+    return d, _fb(_T_I64, d)
+
+
+def _check_out(out, shape, name="out"):
+    if type(out) is not _ndarray and not isinstance(out, _ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray of float32, got {type(out).__name__}")
+    if out.dtype != F32:
+        raise TypeError(f"{name} must be float32, got {out.dtype}")
+    if out.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {out.shape}")
+    if not out.flags.writeable:
+        raise ValueError(f"{name} is read-only")
+    _check_last_axis(out, name)
+
+
+def _same_view(a, b):
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+            and a.strides == b.strides and a.shape == b.shape)
+
+
+def _check_no_overlap(out, others, alias_ok=None, name="out"):
+    """out must not share memory with any input, except exactly aliasing `alias_ok` (in place)."""
+    for arg_name, a in others:
+        if a is None or not np.may_share_memory(out, a):
+            continue
+        if alias_ok is not None and a is alias_ok and _same_view(out, a):
+            continue
+        raise ValueError(f"{name} overlaps the input {arg_name!r}"
+                         + ("; only exact in-place aliasing of x is allowed" if alias_ok is not None
+                            else "; this op does not allow an output to alias its inputs"))
+
+
+def _check_eps(eps):
+    try:
+        e = float(eps)
+    except (TypeError, ValueError):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}") from None
+    if not e >= 0.0:  # also rejects NaN
+        raise ValueError(f"eps must be >= 0 (SPEC 2.1), got {eps!r}")
+    return e
+
+
+def _check_tiled(a, name, xshape, allow_dim0_tile=True):
+    """weight / bias / residual: float32, every x dim a multiple of the operand's (ggml tiling)."""
+    _check_f32(a, name)
+    if a.ndim > len(xshape):
+        raise ValueError(f"{name} has {a.ndim} dims but x has {len(xshape)}")
+    ash = (1,) * (len(xshape) - a.ndim) + a.shape
+    for i, (n, m) in enumerate(zip(xshape, ash)):
+        if m == 0 or n % m:
+            raise ValueError(f"{name} shape {a.shape} cannot tile x shape {xshape}: dim {i - len(xshape)} "
+                             f"of x ({n}) must be a multiple of {name}'s ({m})")
+    if ash[-1] != xshape[-1]:
+        if not allow_dim0_tile:
+            raise ValueError(f"{name} last dim must equal x's ({xshape[-1]}), got {ash[-1]}")
+        # dim-0 tiling (SPEC 2.3): expand the row once; the kernels index rows by modulo
+        a = np.tile(a.reshape(ash), (1,) * (len(ash) - 1) + (xshape[-1] // ash[-1],))
+    return _pad4(a)
+
+
+# ------------------------------------------------------------------------------------------------
+# softmax
+
+def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=None, fused=True):
+    """ggml soft_max_ext (SPEC §1): softmax(x*scale + slope*mask) over the last axis, with sinks.
+
+    x: float32, 1-4 dims (S, H, R, C), last axis unit-stride. mask: float32 or float16 with shape
+    (mS, mH, mR, C) (fewer dims are left-padded), mR >= R, H % mH == 0, S % mS == 0: heads and
+    sequences tile by modulo, row r uses mask row r. max_bias > 0 applies ALiBi slopes (needs a
+    mask). sinks: float32 (H,), one logit per head that joins the denominator only. out may be x
+    (in place). A fully masked row without sinks is NaN (as upstream and PyTorch).
+    fused=False runs the separate-pass chain ggml uses (for benchmarks and equivalence tests).
+    """
+    isa = _dispatch.resolve(isa)
+    _check_f32(x, "x")
+    x4 = _pad4(x)
+    S, H, R, C = x4.shape
+    try:
+        scale = float(scale)
+        max_bias = float(max_bias)
+    except (TypeError, ValueError):
+        raise TypeError("scale and max_bias must be real numbers") from None
+    if not math.isfinite(max_bias):
+        raise ValueError(f"max_bias must be finite, got {max_bias}")
+    m4 = None
+    mkind = 0
+    if mask is not None:
+        if not isinstance(mask, _ndarray):
+            raise TypeError(f"mask must be a numpy.ndarray of float32 or float16, got {type(mask).__name__}")
+        if mask.dtype == F32:
+            mkind = 1
+        elif mask.dtype == F16:
+            mkind = 2
+        else:
+            raise TypeError(f"mask must be float32 or float16, got {mask.dtype}")
+        if mask.ndim == 0 or mask.ndim > 4:
+            raise ValueError(f"mask must have 1-4 dims, got {mask.ndim}")
+        _check_last_axis(mask, "mask")
+        m4 = _pad4(mask)
+        mS, mH, mR, mC = m4.shape
+        if mC != C:
+            raise ValueError(f"mask must have {C} columns (x's last dim), got {mC}")
+        if mR < R:
+            raise ValueError(f"mask must have at least {R} rows (x's rows), got {mR}")
+        if mH == 0 or H % mH or mS == 0 or S % mS:
+            raise ValueError(f"mask heads/sequences ({mH}, {mS}) must divide x's ({H}, {S})")
+    elif max_bias > 0.0:
+        raise ValueError("max_bias > 0 (ALiBi) requires a mask")
+    if sinks is not None:
+        if not isinstance(sinks, _ndarray) or sinks.dtype != F32:
+            raise TypeError(f"sinks must be a float32 numpy.ndarray, got "
+                            f"{getattr(sinks, 'dtype', type(sinks).__name__)}")
+        if sinks.shape != (H,):
+            raise ValueError(f"sinks must have shape ({H},) (one per head), got {sinks.shape}")
+        sinks = np.ascontiguousarray(sinks)
+    if out is None:
+        out = np.empty(x.shape, F32)
+    else:
+        _check_out(out, x.shape)
+        _check_no_overlap(out, (("x", x), ("mask", mask), ("sinks", sinks)), alias_ok=x)
+    if out.size == 0:
+        return out
+    slopes = _slopes(H, max_bias) if (mask is not None and max_bias > 0.0) else None
+    y4 = _pad4(out)
+
+    if isa == "numba":
+        dummy32 = np.zeros((1, 1, 1, 1), F32)
+        _nb().softmax(x4, m4 if mkind == 1 else dummy32,
+                      m4.view(np.uint16) if mkind == 2 else np.zeros((1, 1, 1, 1), np.uint16), mkind,
+                      slopes if slopes is not None else dummy32.reshape(1), slopes is not None,
+                      sinks if sinks is not None else dummy32.reshape(1), sinks is not None,
+                      scale, y4)
+        return out
+
+    xs, ys = _el_strides(x4), _el_strides(y4)
+    if m4 is not None:
+        ms = _el_strides(m4)
+        mdesc = [m4.shape[0], m4.shape[1], ms[0], ms[1], ms[2], mkind]
+    else:
+        mdesc = [1, 1, 0, 0, 0, 0]
+    d, dp = _desc([S, H, R, C, xs[0], xs[1], xs[2], ys[0], ys[1], ys[2]] + mdesc)
+    fn = getattr(lib, f"cf_softmax_f32__{isa}" if fused else f"cf_softmax_unfused_f32__{isa}")
+    fn(dp, _ptr(x), _ptr(m4) if m4 is not None else _NULL,
+       _fb(_T_F32, slopes) if slopes is not None else _NULL,
+       _fb(_T_F32, sinks) if sinks is not None else _NULL,
+       scale, _ptr(out, writable=True))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# rms_norm
+
+def rms_norm(x, weight=None, *, eps, bias=None, out=None, isa=None, fused=True):
+    """ggml RMS_NORM (+MUL, +MUL+ADD) fused (SPEC §2): y = (x * s) * weight + bias per row, with
+    s = 1/sqrt(mean(x^2) + eps). weight and bias tile x by modulo in every dim (ggml_can_repeat),
+    including the last when it divides the row length. The fused result is bit-identical to
+    RMS_NORM followed by MUL (and ADD). out may be x only without weight and bias.
+    fused=False runs the unfused chain (norm = sum of squares + copy + scale, then MUL, then ADD).
+    """
+    # lean path: the decode/prefill call, 2-D (or 1-D) contiguous x with a 1-D row weight
+    if (fused and bias is None and type(x) is _ndarray and type(weight) is _ndarray
+            and x.dtype is F32 and weight.dtype is F32 and 0 < x.ndim <= 2 and weight.ndim == 1
+            and x.flags.c_contiguous and weight.flags.c_contiguous and weight.shape[0] == x.shape[-1]
+            and x.shape[-1] > 0 and lib is not None):
+        isa = _dispatch.resolve(isa)
+        if isa != "numba" and type(eps) is float and eps >= 0.0:
+            if out is None:
+                out = np.empty(x.shape, F32)
+            elif (type(out) is not _ndarray or out.dtype is not F32 or out.shape != x.shape
+                  or not out.flags.c_contiguous or np.may_share_memory(out, x)
+                  or np.may_share_memory(out, weight)):
+                return _rms_norm_general(x, None, weight, eps, bias, out, isa, fused)
+            n = x.shape[-1]
+            getattr(lib, f"cf_rms_norm_rows_f32__{isa}")(x.size // n, n, _fb(_T_F32, x), _fb(_T_F32, weight),
+                                                        eps, _fb(_T_F32, out, require_writable=True))
+            return out
+    return _rms_norm_general(x, None, weight, eps, bias, out, _dispatch.resolve(isa), fused)
+
+
+def add_rms_norm(x, residual, weight=None, *, eps, bias=None, out=None, isa=None, fused=True):
+    """The pre-norm residual pattern (SPEC §2.1, §4.4): h = x + residual, y = rms_norm(h) * weight
+    (+ bias), computed with one sweep that writes h and sums its squares, then one that writes y.
+    Returns (h, y). residual, weight and bias tile x by modulo (ggml_can_repeat).
+    out: optional (h_out, y_out); h_out may be x or residual itself (in-place residual update).
+    """
+    return _rms_norm_general(x, residual, weight, eps, bias, out, _dispatch.resolve(isa), fused)
+
+
+def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused):
+    _check_f32(x, "x")
+    eps = _check_eps(eps)
+    shape = x.shape
+    x4 = _pad4(x)
+    w4 = _check_tiled(weight, "weight", shape) if weight is not None else None
+    if bias is not None:
+        if weight is None:
+            raise ValueError("bias needs a weight (RMS_NORM+MUL+ADD); there is no RMS_NORM+ADD fusion")
+        b4 = _check_tiled(bias, "bias", shape)
+    else:
+        b4 = None
+    r4 = _check_tiled(residual, "residual", shape) if residual is not None else None
+    if residual is not None:
+        if out is None:
+            h_out, y_out = np.empty(shape, F32), np.empty(shape, F32)
+        else:
+            if not isinstance(out, tuple) or len(out) != 2:
+                raise TypeError("out must be a tuple (h_out, y_out) for add_rms_norm")
+            h_out, y_out = out
+            _check_out(h_out, shape, "out[0] (h)")
+            _check_out(y_out, shape, "out[1] (y)")
+            _check_no_overlap(y_out, (("x", x), ("residual", residual), ("weight", weight),
+                                      ("bias", bias), ("out[0]", h_out)), name="out[1] (y)")
+            for nm, a in (("weight", weight), ("bias", bias)):
+                _check_no_overlap(h_out, ((nm, a),), name="out[0] (h)")
+            for nm, a in (("x", x), ("residual", residual)):
+                if a is not None and np.may_share_memory(h_out, a) and not (
+                        _same_view(h_out, a) and a.shape == shape):
+                    raise ValueError(f"out[0] (h) overlaps {nm!r} other than by exact in-place aliasing")
+    else:
+        h_out = None
+        if out is None:
+            y_out = np.empty(shape, F32)
+        else:
+            y_out = out
+            _check_out(y_out, shape)
+            _check_no_overlap(y_out, (("x", x), ("weight", weight), ("bias", bias)),
+                              alias_ok=x if (weight is None and bias is None) else None)
+    if x.size == 0:
+        return (h_out, y_out) if residual is not None else y_out
+    y4 = _pad4(y_out)
+    h4 = _pad4(h_out) if h_out is not None else None
+
+    if isa == "numba":
+        dummy = np.zeros((1, 1, 1, 1), F32)
+        _nb().rms_norm(x4, r4 if r4 is not None else dummy, r4 is not None,
+                       w4 if w4 is not None else dummy, w4 is not None,
+                       b4 if b4 is not None else dummy, b4 is not None,
+                       eps, h4 if h4 is not None else dummy, y4)
+    else:
+        n3, n2, n1, n0 = x4.shape
+
+        def tile_desc(a4):
+            if a4 is None:
+                return [1, 1, 1, 0, 0, 0]
+            st = _el_strides(a4)
+            return [a4.shape[0], a4.shape[1], a4.shape[2], st[0], st[1], st[2]]
+
+        xs, ys = _el_strides(x4), _el_strides(y4)
+        hs = _el_strides(h4) if h4 is not None else [0, 0, 0]
+        d, dp = _desc([n3, n2, n1, n0, xs[0], xs[1], xs[2], ys[0], ys[1], ys[2], hs[0], hs[1], hs[2]]
+                      + tile_desc(r4) + tile_desc(w4) + tile_desc(b4))
+        fn = getattr(lib, f"cf_rms_norm_f32__{isa}" if fused else f"cf_rms_norm_unfused_f32__{isa}")
+        fn(dp, _ptr(x4), _ptr(r4) if r4 is not None else _NULL,
+           _ptr(w4) if w4 is not None else _NULL, _ptr(b4) if b4 is not None else _NULL, eps,
+           _ptr(h4, writable=True) if h4 is not None else _NULL, _ptr(y4, writable=True))
+    return (h_out, y_out) if residual is not None else y_out

@@ -1,0 +1,109 @@
+"""cffi build script for cpufuse._native.
+
+Each ISA's translation unit (native/src/isa_<isa>.c) is compiled with that ISA's flags only (the
+table in cpufuse/_isa.py) into an object file by setup.py's build_ext, and linked into one cffi
+extension; the extension's own source (cpuinfo.c and the glue) gets the baseline flags.
+An ISA the compiler cannot build is dropped with a message, and the cdef lists only what was
+built. `CPUFUSE_BUILD_ISAS=scalar,avx2` restricts the set (used by tests of the drop path).
+"""
+import importlib.util
+import os
+import platform
+import shlex
+import subprocess
+import sysconfig
+import tempfile
+
+from cffi import FFI
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def _load_isa_table():
+    spec = importlib.util.spec_from_file_location("_cpufuse_isa", os.path.join(ROOT, "cpufuse", "_isa.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+isa_table = _load_isa_table()
+
+
+def compiler_cmd():
+    return shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+
+
+def _try_compile(src, flags):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "probe.c")
+        with open(path, "w") as f:
+            f.write(src)
+        try:
+            r = subprocess.run(compiler_cmd() + flags + ["-I", HERE, "-c", path, "-o", os.path.join(tmp, "probe.o")],
+                               capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.SubprocessError) as e:
+            return False, str(e)
+        return r.returncode == 0, (r.stderr or "").strip().splitlines()[-1:] or [""]
+
+
+def have_compiler():
+    ok, _ = _try_compile("int cf_probe(void) { return 0; }\n", [])
+    return ok
+
+
+def buildable_isas():
+    machine = platform.machine()
+    only = os.environ.get("CPUFUSE_BUILD_ISAS")
+    only = set(only.split(",")) if only else None
+    out = []
+    for isa, (arches, _, _) in isa_table.NATIVE_ISAS.items():
+        if arches is not None and machine not in arches:
+            continue
+        if only is not None and isa not in only:
+            print(f"cpufuse build: {isa}: skipped (CPUFUSE_BUILD_ISAS={os.environ['CPUFUSE_BUILD_ISAS']})")
+            continue
+        probe = f'#include "simd/{isa}.h"\nint cf_probe(void) {{ return VW; }}\n'
+        ok, why = _try_compile(probe, isa_table.cflags(isa))
+        if ok:
+            out.append(isa)
+        else:
+            print(f"cpufuse build: {isa}: dropped, the compiler cannot build it with "
+                  f"{' '.join(isa_table.cflags(isa))}: {why}")
+    return out
+
+
+ISAS = buildable_isas() if have_compiler() else []
+
+with open(os.path.join(HERE, "cdef.h")) as f:
+    _proto = "\n".join(l for l in f.read().splitlines() if l and not l.startswith(("/*", " *")))
+_decls = "uint32_t cf_cpu_features(void);\nconst char *cf_compiled_isas(void);\n" + "\n".join(
+    _proto.replace("@ISA@", isa) for isa in ISAS)
+
+ffibuilder = FFI()
+ffibuilder.cdef(_decls)
+ffibuilder.set_source(
+    "cpufuse._native",
+    "#include <stdint.h>\n" + _decls + "\n"
+    f'const char *cf_compiled_isas(void) {{ return "{",".join(ISAS)}"; }}\n',
+    sources=[os.path.relpath(os.path.join(HERE, "src", "cpuinfo.c"), ROOT)],
+    extra_compile_args=["-O2", "-fno-math-errno"],
+    libraries=["m"],
+)
+
+
+def compile_isa_objects(compiler, build_temp):
+    """Compile native/src/isa_<isa>.c for every ISA in ISAS with its own flags; return objects."""
+    objects = []
+    for isa in ISAS:
+        flags = isa_table.cflags(isa)
+        src = os.path.relpath(os.path.join(HERE, "src", f"isa_{isa}.c"), ROOT)
+        print(f"cpufuse build: {isa}: {' '.join(flags)}")
+        objects += compiler.compile([src], output_dir=os.path.join(build_temp, "cpufuse_isa"),
+                                    macros=[("CF_BUILD_FLAGS", '"' + " ".join(flags) + '"')],
+                                    extra_postargs=flags)
+    return objects
+
+
+if __name__ == "__main__":
+    print("buildable:", ISAS)

@@ -1,0 +1,94 @@
+/* AVX2 + FMA + F16C vector helpers for the generic kernel bodies (native/kernels/*.inc).
+ * Everything is static inline; vector constants are locals. Tails use maskload/maskstore so a
+ * kernel never touches memory past the end of a row. */
+#ifndef CF_SIMD_AVX2_H
+#define CF_SIMD_AVX2_H
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "avx2.h needs -mavx2 -mfma -mf16c (the avx2 flags from cpufuse/_isa.py)"
+#endif
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef __m256 vf;
+#define VW 8
+
+static inline __m256i cf_tailmask(int64_t n) {
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), iota);
+}
+static inline vf vf_set1(float a) { return _mm256_set1_ps(a); }
+static inline vf vf_zero(void) { return _mm256_setzero_ps(); }
+static inline vf vf_load(const float *p) { return _mm256_loadu_ps(p); }
+/* n in [1, VW): lanes >= n are `fill` */
+static inline vf vf_loadn(const float *p, int64_t n, float fill) {
+  __m256i m = cf_tailmask(n);
+  return _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
+}
+static inline void vf_store(float *p, vf v) { _mm256_storeu_ps(p, v); }
+static inline void vf_storen(float *p, vf v, int64_t n) { _mm256_maskstore_ps(p, cf_tailmask(n), v); }
+static inline vf vf_load_h(const uint16_t *p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+static inline vf vf_loadn_h(const uint16_t *p, int64_t n, float fill) {
+  uint16_t buf[VW] = {0};
+  memcpy(buf, p, (size_t)n * sizeof(uint16_t));
+  __m256i m = cf_tailmask(n);
+  return _mm256_blendv_ps(_mm256_set1_ps(fill), vf_load_h(buf), _mm256_castsi256_ps(m));
+}
+static inline vf vf_add(vf a, vf b) { return _mm256_add_ps(a, b); }
+static inline vf vf_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+static inline vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline vf vf_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); } /* a*b + c */
+/* max: if either is NaN the second operand is returned; kernels pass the new value second, so
+ * a NaN in the data reaches the running max at least transiently and the row goes NaN via exp. */
+static inline vf vf_max(vf a, vf b) { return _mm256_max_ps(a, b); }
+static inline float vf_hsum(vf v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+static inline float vf_hmax(vf v) {
+  /* NaN-propagating horizontal max: a NaN lane makes the result NaN */
+  __m128 a = _mm256_castps256_ps128(v), b = _mm256_extractf128_ps(v, 1);
+  __m128 s = _mm_max_ps(a, b);
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q))) return __builtin_nanf("");
+  return _mm_cvtss_f32(s);
+}
+
+/* exp(x), <= 2 ulp on [-104, 88.7]; exp(-inf) = 0, exp(NaN) = NaN, exp(+inf) = +inf.
+ * n = round(x*log2 e) by the 1.5*2^23 trick, r = x - n*ln2 (two-constant split), a degree-6
+ * polynomial for e^r on |r| <= ln2/2, and 2^n applied as two exact power-of-two factors so
+ * results in the subnormal range are rounded once. */
+static inline vf vf_exp(vf x) {
+  const vf lo = _mm256_set1_ps(-104.0f), hi = _mm256_set1_ps(88.75f);
+  vf xc = _mm256_min_ps(hi, _mm256_max_ps(lo, x)); /* NaN x stays NaN (second operand) */
+  const vf magic = _mm256_set1_ps(12582912.0f);
+  vf t = _mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), magic);
+  vf n = _mm256_sub_ps(t, magic);
+  vf r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  vf p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  vf r2 = _mm256_mul_ps(r, r);
+  p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  /* 2^n = 2^k1 * 2^k2 with k1 = n >> 1, k2 = n - k1 (both within the normal exponent range) */
+  __m256i ni = _mm256_cvtps_epi32(n);
+  __m256i k1 = _mm256_srai_epi32(ni, 1);
+  __m256i k2 = _mm256_sub_epi32(ni, k1);
+  const __m256i bias = _mm256_set1_epi32(127);
+  vf s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, bias), 23));
+  vf s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, bias), 23));
+  vf y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+  y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(-103.972f), _CMP_LT_OQ));
+  y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(x, _mm256_set1_ps(88.7228f), _CMP_GT_OQ));
+  return y;
+}
+#endif

@@ -1,0 +1,69 @@
+/* AVX-512 (F/BW/VL/DQ) vector helpers for the generic kernel bodies. Tails use __mmask16
+ * masked loads/stores, which never fault on the masked-off lanes; exp uses vscalefps. */
+#ifndef CF_SIMD_AVX512_H
+#define CF_SIMD_AVX512_H
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || !defined(__AVX512DQ__)
+#error "avx512.h needs -mavx512f -mavx512bw -mavx512vl -mavx512dq (the avx512 flags from cpufuse/_isa.py)"
+#endif
+#include <immintrin.h>
+#include <stdint.h>
+
+typedef __m512 vf;
+#define VW 16
+
+static inline __mmask16 cf_tailmask(int64_t n) { return (__mmask16)((1u << n) - 1u); }
+static inline vf vf_set1(float a) { return _mm512_set1_ps(a); }
+static inline vf vf_zero(void) { return _mm512_setzero_ps(); }
+static inline vf vf_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline vf vf_loadn(const float *p, int64_t n, float fill) {
+  return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), cf_tailmask(n), p);
+}
+static inline void vf_store(float *p, vf v) { _mm512_storeu_ps(p, v); }
+static inline void vf_storen(float *p, vf v, int64_t n) { _mm512_mask_storeu_ps(p, cf_tailmask(n), v); }
+static inline vf vf_load_h(const uint16_t *p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+static inline vf vf_loadn_h(const uint16_t *p, int64_t n, float fill) {
+  __mmask16 m = cf_tailmask(n);
+  vf v = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+  return _mm512_mask_blend_ps(m, _mm512_set1_ps(fill), v);
+}
+static inline vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf vf_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vf vf_max(vf a, vf b) { return _mm512_max_ps(a, b); }
+static inline float vf_hsum(vf v) {
+  __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+static inline float vf_hmax(vf v) {
+  if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) return __builtin_nanf("");
+  return _mm512_reduce_max_ps(v);
+}
+/* exp(x), <= 2 ulp; same reduction and polynomial as the AVX2 helper, 2^n via vscalefps, which
+ * rounds once into the subnormal range and gives 0 / inf at the ends. */
+static inline vf vf_exp(vf x) {
+  const vf lo = _mm512_set1_ps(-104.0f), hi = _mm512_set1_ps(88.75f);
+  vf xc = _mm512_min_ps(hi, _mm512_max_ps(lo, x));
+  vf n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  vf r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  vf p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  vf r2 = _mm512_mul_ps(r, r);
+  p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  vf y = _mm512_scalef_ps(p, n);
+  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-103.972f), _CMP_LT_OQ), y, _mm512_setzero_ps());
+  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(88.7228f), _CMP_GT_OQ), y, _mm512_set1_ps(__builtin_inff()));
+  return y;
+}
+#endif

@@ -1,0 +1,69 @@
+/* NEON (aarch64 Advanced SIMD) vector helpers for the generic kernel bodies. f16 is widened with
+ * vcvt_f32_f16 (exact); tails go through a small stack buffer, never past the row. */
+#ifndef CF_SIMD_NEON_H
+#define CF_SIMD_NEON_H
+#if !defined(__ARM_NEON) || !defined(__aarch64__)
+#error "neon.h is for aarch64 builds with Advanced SIMD"
+#endif
+#include <arm_neon.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef float32x4_t vf;
+#define VW 4
+
+static inline vf vf_set1(float a) { return vdupq_n_f32(a); }
+static inline vf vf_zero(void) { return vdupq_n_f32(0.0f); }
+static inline vf vf_load(const float *p) { return vld1q_f32(p); }
+static inline vf vf_loadn(const float *p, int64_t n, float fill) {
+  float buf[VW] = {fill, fill, fill, fill};
+  memcpy(buf, p, (size_t)n * sizeof(float));
+  return vld1q_f32(buf);
+}
+static inline void vf_store(float *p, vf v) { vst1q_f32(p, v); }
+static inline void vf_storen(float *p, vf v, int64_t n) {
+  float buf[VW];
+  vst1q_f32(buf, v);
+  memcpy(p, buf, (size_t)n * sizeof(float));
+}
+static inline vf vf_load_h(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+static inline vf vf_loadn_h(const uint16_t *p, int64_t n, float fill) {
+  uint16_t buf[VW] = {0};
+  memcpy(buf, p, (size_t)n * sizeof(uint16_t));
+  vf v = vf_load_h(buf);
+  const uint32_t iota[VW] = {0, 1, 2, 3};
+  uint32x4_t m = vcltq_u32(vld1q_u32(iota), vdupq_n_u32((uint32_t)n));
+  return vbslq_f32(m, v, vdupq_n_f32(fill));
+}
+static inline vf vf_add(vf a, vf b) { return vaddq_f32(a, b); }
+static inline vf vf_sub(vf a, vf b) { return vsubq_f32(a, b); }
+static inline vf vf_mul(vf a, vf b) { return vmulq_f32(a, b); }
+static inline vf vf_fma(vf a, vf b, vf c) { return vfmaq_f32(c, a, b); }
+static inline vf vf_max(vf a, vf b) { return vmaxq_f32(a, b); } /* NaN-propagating */
+static inline float vf_hsum(vf v) { return vaddvq_f32(v); }
+static inline float vf_hmax(vf v) { return vmaxvq_f32(v); }     /* NaN-propagating */
+static inline vf vf_exp(vf x) {
+  vf xc = vminq_f32(vdupq_n_f32(88.75f), vmaxq_f32(vdupq_n_f32(-104.0f), x));
+  vf n = vrndnq_f32(vmulq_f32(xc, vdupq_n_f32(1.44269504088896341f)));
+  vf r = vfmsq_f32(xc, n, vdupq_n_f32(0.693359375f));
+  r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
+  vf p = vdupq_n_f32(1.9875691500e-4f);
+  p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+  vf r2 = vmulq_f32(r, r);
+  p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, r2);
+  int32x4_t ni = vcvtq_s32_f32(n);
+  int32x4_t k1 = vshrq_n_s32(ni, 1), k2 = vsubq_s32(ni, k1);
+  int32x4_t bias = vdupq_n_s32(127);
+  vf s1 = vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(k1, bias), 23));
+  vf s2 = vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(k2, bias), 23));
+  vf y = vmulq_f32(vmulq_f32(p, s1), s2);
+  y = vbslq_f32(vcltq_f32(x, vdupq_n_f32(-103.972f)), vdupq_n_f32(0.0f), y);
+  y = vbslq_f32(vcgtq_f32(x, vdupq_n_f32(88.7228f)), vdupq_n_f32(__builtin_inff()), y);
+  /* NaN x: the float path already carries NaN through p (comparisons are false) */
+  return y;
+}
+#endif

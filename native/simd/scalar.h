@@ -1,0 +1,67 @@
+/* Scalar "vector" helpers (width 1) for the generic kernel bodies. This translation unit is
+ * compiled with -fno-tree-vectorize -fno-tree-slp-vectorize -ffp-contract=off, so it is a real
+ * scalar baseline: one element per instruction, no FMA contraction. */
+#ifndef CF_SIMD_SCALAR_H
+#define CF_SIMD_SCALAR_H
+#include <stdint.h>
+#include <string.h>
+
+typedef float vf;
+#define VW 1
+
+static inline vf vf_set1(float a) { return a; }
+static inline vf vf_zero(void) { return 0.0f; }
+static inline vf vf_load(const float *p) { return *p; }
+static inline vf vf_loadn(const float *p, int64_t n, float fill) { (void)p; (void)n; return fill; }
+static inline void vf_store(float *p, vf v) { *p = v; }
+static inline void vf_storen(float *p, vf v, int64_t n) { (void)p; (void)v; (void)n; }
+static inline float cf_h2f(uint16_t h) {
+  /* exact binary16 -> binary32, including subnormals, inf and NaN */
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
+  if (e == 0x1f) {
+    bits = sign | 0x7f800000u | (m << 13);
+  } else if (e != 0) {
+    bits = sign | ((e + 112u) << 23) | (m << 13);
+  } else if (m == 0) {
+    bits = sign;
+  } else { /* subnormal: normalize */
+    int sh = 0;
+    while (!(m & 0x400u)) { m <<= 1; sh++; }
+    bits = sign | ((uint32_t)(113 - sh) << 23) | ((m & 0x3ffu) << 13);
+  }
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+static inline vf vf_load_h(const uint16_t *p) { return cf_h2f(*p); }
+static inline vf vf_loadn_h(const uint16_t *p, int64_t n, float fill) { (void)p; (void)n; return fill; }
+static inline vf vf_add(vf a, vf b) { return a + b; }
+static inline vf vf_sub(vf a, vf b) { return a - b; }
+static inline vf vf_mul(vf a, vf b) { return a * b; }
+static inline vf vf_fma(vf a, vf b, vf c) { return a * b + c; } /* two roundings: contraction is off */
+static inline vf vf_max(vf a, vf b) { return a > b ? a : b; }  /* b wins on NaN, like maxps */
+static inline float vf_hsum(vf v) { return v; }
+static inline float vf_hmax(vf v) { return v; }
+static inline vf vf_exp(vf x) {
+  if (x != x) return x;
+  if (x < -103.972f) return 0.0f;
+  if (x > 88.7228f) return __builtin_inff();
+  const float magic = 12582912.0f;
+  float n = (x * 1.44269504088896341f + magic) - magic;
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + (r + 1.0f);
+  int32_t ni = (int32_t)n, k1 = ni >> 1, k2 = ni - k1;
+  uint32_t b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
+  float s1, s2;
+  memcpy(&s1, &b1, sizeof s1);
+  memcpy(&s2, &b2, sizeof s2);
+  return (p * s1) * s2;
+}
+#endif
