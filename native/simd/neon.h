@@ -47,12 +47,11 @@ static inline vf vf_exp(vf x) {
   vf n = vrndnq_f32(vmulq_f32(xc, vdupq_n_f32(1.44269504088896341f)));
   vf r = vfmsq_f32(xc, n, vdupq_n_f32(0.693359375f));
   r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
-  vf p = vdupq_n_f32(1.9875691500e-4f);
-  p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
-  p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
-  p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
-  p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
-  p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+  vf p = vdupq_n_f32(1.379639027e-3f);
+  p = vfmaq_f32(vdupq_n_f32(8.368469775e-3f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(4.166873544e-2f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(1.666652262e-1f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(4.999999106e-1f), p, r);
   vf r2 = vmulq_f32(r, r);
   p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, r2);
   int32x4_t ni = vcvtq_s32_f32(n);

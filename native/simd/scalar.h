@@ -50,12 +50,11 @@ static inline vf vf_exp(vf x) {
   float n = (x * 1.44269504088896341f + magic) - magic;
   float r = x - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
+  float p = 1.379639027e-3f;
+  p = p * r + 8.368469775e-3f;
+  p = p * r + 4.166873544e-2f;
+  p = p * r + 1.666652262e-1f;
+  p = p * r + 4.999999106e-1f;
   p = p * (r * r) + (r + 1.0f);
   int32_t ni = (int32_t)n, k1 = ni >> 1, k2 = ni - k1;
   uint32_t b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
