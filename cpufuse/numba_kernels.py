@@ -89,3 +89,60 @@ def rms_norm(x, r, have_r, w, have_w, b, have_b, eps, h, y):
                     if have_b:
                         v = v + br[i]
                     yr[i] = v
+
+
+@nb.njit(**_JIT)
+def flash_attn(q, k, v, mf, mkind, slopes, have_slopes, sinks, have_sinks, scale, softcap, out):
+    """Per-row online softmax (SPEC 3.4) over f32 K/V (f16 K/V are widened by the caller)."""
+    S, Hq, N, DK = q.shape
+    Hk, T, Hv, DV = k.shape[1], k.shape[2], v.shape[1], v.shape[3]
+    mS, mH = mf.shape[0], mf.shape[1]
+    acc = np.zeros(DV, np.float32)
+    sc = np.float32(scale / softcap) if softcap != 0.0 else np.float32(scale)
+    cap = np.float32(softcap)
+    for s in range(S):
+        for h in range(Hq):
+            kh = h // (Hq // Hk)
+            vh = h // (Hq // Hv)
+            slope = slopes[h] if have_slopes else np.float32(1.0)
+            for n in range(N):
+                M = np.float32(-np.inf)
+                Ssum = np.float32(0.0)
+                acc[:] = 0.0
+                for t in range(T):
+                    a = np.float32(0.0)
+                    if mkind != 0:
+                        a = slope * mf[s % mS, h % mH, n, t]
+                        if a == -np.inf:
+                            continue
+                    dot = np.float32(0.0)
+                    for i in range(DK):
+                        dot += q[s, h, n, i] * k[s, kh, t, i]
+                    z = dot * sc
+                    if softcap != 0.0:
+                        z = cap * np.float32(math.tanh(z))
+                    z = z + a
+                    if z > M:
+                        ms = np.float32(math.exp(M - z))
+                        M = z
+                        for i in range(DV):
+                            acc[i] = acc[i] * ms
+                        vs = np.float32(1.0)
+                    else:
+                        ms = np.float32(1.0)
+                        vs = np.float32(math.exp(z - M))
+                    for i in range(DV):
+                        acc[i] += vs * v[s, vh, t, i]
+                    Ssum = Ssum * ms + vs
+                if have_sinks:
+                    sk = sinks[h]
+                    if sk > M:
+                        ms = np.float32(math.exp(M - sk))
+                        for i in range(DV):
+                            acc[i] = acc[i] * ms
+                        Ssum = Ssum * ms + np.float32(1.0)
+                    elif M != -np.inf:
+                        Ssum += np.float32(math.exp(sk - M))
+                inv = np.float32(0.0) if Ssum == 0.0 else np.float32(1.0) / Ssum
+                for i in range(DV):
+                    out[s, n, h, i] = acc[i] * inv

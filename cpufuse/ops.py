@@ -344,3 +344,143 @@ def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused):
            _ptr(w4) if w4 is not None else _NULL, _ptr(b4) if b4 is not None else _NULL, eps,
            _ptr(h4, writable=True) if h4 is not None else _NULL, _ptr(y4, writable=True))
     return (h_out, y_out) if residual is not None else y_out
+
+
+# ------------------------------------------------------------------------------------------------
+# flash attention
+
+STRATEGIES = {"rows": 1, "tiled": 2, "split": 3}
+DEFAULT_SPLIT_CHUNK = 256  # KV columns per split-KV chunk: fixed, so results never depend on threads
+
+
+def _check_kv(a, name):
+    if not isinstance(a, _ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray of float16 or float32, got {type(a).__name__}")
+    if a.dtype != F32 and a.dtype != F16:
+        raise TypeError(f"{name} must be float16 or float32, got {a.dtype}")
+    if a.ndim != 4:
+        raise ValueError(f"{name} must be 4-D (S, H, T, D), got shape {a.shape}")
+    _check_last_axis(a, name)
+
+
+def choose_strategy(N, T):
+    """Auto strategy (SPEC 3.4-3.6): split-KV for one query over a long KV, tiled GEMM blocks when
+    there are enough query rows to share a K/V block, per-row online softmax otherwise."""
+    if N == 1 and T >= 512:
+        return "split"
+    if N >= 8:
+        return "tiled"
+    return "rows"
+
+
+def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=None, out=None,
+               isa=None, strategy=None, chunk=DEFAULT_SPLIT_CHUNK, q_tile=64, fused=True,
+               ggml_compat=False):
+    """ggml flash_attn_ext (SPEC §3): softmax(q·kᵀ·scale [softcap] + slope·mask)·v per query row.
+
+    q: float32 (S, Hq, N, DK); k: float16/float32 (S, Hk, T, DK); v: float16/float32 (S, Hv, T, DV);
+    Hq % Hk == Hq % Hv == 0 (GQA: head h reads K head h // (Hq/Hk)). mask: float16 (or float32,
+    used as given) (mS, mH, mN, Tm) with mN >= N, Tm >= T, heads/sequences tiled by modulo; a -inf
+    entry excludes that KV position (its K/V are never read). sinks: float32 (Hq,). Returns float32
+    (S, N, Hq, DV), ggml's permuted layout. Strided q/k/v with unit-stride rows are read in place.
+    strategy: None (auto), "rows", "tiled" or "split"; chunk: split-KV chunk (fixed, deterministic).
+    fused=False runs the unfused chain (score matrix, softmax, matmul). ggml_compat=True rounds Q
+    to f16 when K is f16, as upstream's reference path does.
+    """
+    isa = _dispatch.resolve(isa)
+    _check_f32(q, "q")
+    if q.ndim != 4:
+        raise ValueError(f"q must be 4-D (S, Hq, N, DK), got shape {q.shape}")
+    _check_kv(k, "k")
+    _check_kv(v, "v")
+    S, Hq, N, DK = q.shape
+    Sk, Hk, T, DKk = k.shape
+    Sv, Hv, Tv, DV = v.shape
+    if Sk != S or Sv != S:
+        raise ValueError(f"k and v must have q's sequence count S={S}, got k {Sk}, v {Sv}")
+    if DKk != DK:
+        raise ValueError(f"k head size {DKk} must equal q's DK={DK}")
+    if Tv != T:
+        raise ValueError(f"v must have k's KV length T={T}, got {Tv}")
+    if Hk == 0 or Hq % Hk or Hv == 0 or Hq % Hv:
+        raise ValueError(f"q heads ({Hq}) must be a multiple of k heads ({Hk}) and v heads ({Hv})")
+    try:
+        scale = float(scale)
+        max_bias = float(max_bias)
+        softcap = float(softcap)
+    except (TypeError, ValueError):
+        raise TypeError("scale, max_bias and softcap must be real numbers") from None
+    if not (math.isfinite(scale) and math.isfinite(max_bias) and math.isfinite(softcap)):
+        raise ValueError("scale, max_bias and softcap must be finite")
+    mkind, m4 = 0, None
+    if mask is not None:
+        if not isinstance(mask, _ndarray):
+            raise TypeError(f"mask must be a numpy.ndarray of float16 or float32, got {type(mask).__name__}")
+        if mask.dtype == F16:
+            mkind = 2
+        elif mask.dtype == F32:
+            mkind = 1
+        else:
+            raise TypeError(f"mask must be float16 (or float32), got {mask.dtype}")
+        if mask.ndim == 0 or mask.ndim > 4:
+            raise ValueError(f"mask must have 1-4 dims, got {mask.ndim}")
+        _check_last_axis(mask, "mask")
+        m4 = _pad4(mask)
+        mS, mH, mN, mT = m4.shape
+        if mT < T:
+            raise ValueError(f"mask must have at least T={T} columns, got {mT}")
+        if mN < N:
+            raise ValueError(f"mask must have at least N={N} rows (one per query), got {mN}")
+        if mH == 0 or Hq % mH or mS == 0 or S % mS:
+            raise ValueError(f"mask heads/sequences ({mH}, {mS}) must divide q's ({Hq}, {S})")
+    elif max_bias > 0.0:
+        raise ValueError("max_bias > 0 (ALiBi) requires a mask")
+    if sinks is not None:
+        if not isinstance(sinks, _ndarray) or sinks.dtype != F32:
+            raise TypeError("sinks must be a float32 numpy.ndarray")
+        if sinks.shape != (Hq,):
+            raise ValueError(f"sinks must have shape ({Hq},) (one per q head), got {sinks.shape}")
+        sinks = np.ascontiguousarray(sinks)
+    if strategy is None or strategy == "auto":
+        strategy = choose_strategy(N, T)
+    elif strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of auto, {', '.join(STRATEGIES)}; got {strategy!r}")
+    chunk, q_tile = int(chunk), int(q_tile)
+    if chunk < 1 or q_tile < 1:
+        raise ValueError("chunk and q_tile must be >= 1")
+    oshape = (S, N, Hq, DV)
+    if out is None:
+        out = np.empty(oshape, F32)
+    else:
+        _check_out(out, oshape)
+        _check_no_overlap(out, (("q", q), ("k", k), ("v", v), ("mask", mask), ("sinks", sinks)))
+    if out.size == 0:
+        return out
+    if ggml_compat and k.dtype == F16:
+        q = q.astype(F16).astype(F32)
+    slopes = _slopes(Hq, max_bias) if (mask is not None and max_bias > 0.0) else None
+
+    if isa == "numba":
+        dummy = np.zeros(1, F32)
+        mf = m4.astype(F32) if m4 is not None else np.zeros((1, 1, 1, 1), F32)
+        _nb().flash_attn(q, k.astype(F32) if k.dtype == F16 else k, v.astype(F32) if v.dtype == F16 else v,
+                         mf, mkind, slopes if slopes is not None else dummy, slopes is not None,
+                         sinks if sinks is not None else dummy, sinks is not None, scale, softcap, out)
+        return out
+
+    qs, ks, vs, os_ = _el_strides(q), _el_strides(k), _el_strides(v), _el_strides(out)
+    if m4 is not None:
+        ms = _el_strides(m4)
+        md = [m4.shape[0], m4.shape[1], ms[0], ms[1], ms[2], mkind]
+    else:
+        md = [1, 1, 0, 0, 0, 0]
+    d, dp = _desc([S, Hq, N, DK, Hk, Hv, T, DV, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
+                   vs[0], vs[1], vs[2], int(k.dtype == F16), int(v.dtype == F16)] + md
+                  + [os_[0], os_[1], os_[2], STRATEGIES[strategy], chunk, q_tile])
+    fn = getattr(lib, f"cf_flash_attn_f32__{isa}" if fused else f"cf_flash_attn_unfused_f32__{isa}")
+    rc = fn(dp, _ptr(q), _ptr(k), _ptr(v), _ptr(m4) if m4 is not None else _NULL,
+            _fb(_T_F32, slopes) if slopes is not None else _NULL,
+            _fb(_T_F32, sinks) if sinks is not None else _NULL, scale, softcap, _ptr(out, writable=True))
+    if rc != 0:
+        raise MemoryError("flash_attn: could not allocate scratch memory")
+    return out

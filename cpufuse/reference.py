@@ -85,3 +85,43 @@ def nmse(ref, out):
     den = float(np.sum(ref * ref))
     num = float(np.sum((ref - out) ** 2))
     return num / den if den else num
+
+
+def flash_attn(q, k, v, mask=None, scale=1.0, max_bias=0.0, softcap=0.0, sinks=None):
+    """SPEC §3.2 in float64 from the stored values (f16 K/V widened exactly). Output is ggml's
+    permuted layout (S, N, Hq, DV). Excluded positions (slope*mask == -inf) are dropped before the
+    dot products, so NaN/inf stored there never reaches the result; an empty row is zeros."""
+    q4, k4, v4 = (_as4(np.asarray(a)) for a in (q, k, v))
+    S, Hq, N, DK = q4.shape
+    Hk, T, Hv, DV = k4.shape[1], k4.shape[2], v4.shape[1], v4.shape[3]
+    slopes = alibi_slopes(Hq, max_bias)
+    out = np.zeros((S, N, Hq, DV))
+    for s in range(S):
+        for h in range(Hq):
+            qh = q4[s, h].astype(np.float64)
+            kh = k4[s, h // (Hq // Hk)].astype(np.float64)
+            vh = v4[s, h // (Hq // Hv)].astype(np.float64)
+            if mask is not None:
+                m4 = _as4(np.asarray(mask))
+                a = m4[s % m4.shape[0], h % m4.shape[1], :N, :T].astype(np.float32)
+                if slopes is not None:
+                    a = (slopes[h] * a).astype(np.float32)  # upstream forms slope*mask in f32
+                a = a.astype(np.float64)
+            else:
+                a = np.zeros((N, T))
+            inc = a != -np.inf
+            for n in range(N):
+                idx = np.nonzero(inc[n])[0]
+                with np.errstate(invalid="ignore", over="ignore"):
+                    dots = kh[idx] @ qh[n]
+                    z = dots * scale if softcap == 0.0 else softcap * np.tanh(dots * scale / softcap)
+                    z = z + a[n, idx]
+                    M = z.max() if idx.size else -np.inf
+                    if sinks is not None:
+                        M = max(M, float(sinks[h]))
+                    if M == -np.inf:
+                        continue
+                    e = np.exp(z - M)
+                    den = e.sum() + (np.exp(float(sinks[h]) - M) if sinks is not None else 0.0)
+                    out[s, n, h] = (e @ vh[idx]) / den if den else 0.0
+    return out

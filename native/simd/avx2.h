@@ -42,6 +42,14 @@ static inline vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 static inline vf vf_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); } /* a*b + c */
 /* max: if either is NaN the second operand is returned; kernels pass the new value second, so
  * a NaN in the data reaches the running max at least transiently and the row goes NaN via exp. */
+static inline vf vf_div(vf a, vf b) { return _mm256_div_ps(a, b); }
+/* magnitude of m with the sign of s */
+static inline vf vf_copysign(vf m, vf s) {
+  const vf sign = _mm256_set1_ps(-0.0f);
+  return _mm256_or_ps(_mm256_andnot_ps(sign, m), _mm256_and_ps(sign, s));
+}
+/* x == c ? a : b, lane-wise */
+static inline vf vf_where_eq(vf x, vf c, vf a, vf b) { return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, c, _CMP_EQ_OQ)); }
 static inline vf vf_max(vf a, vf b) { return _mm256_max_ps(a, b); }
 static inline float vf_hsum(vf v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

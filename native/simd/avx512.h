@@ -32,6 +32,13 @@ static inline vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
 static inline vf vf_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
 static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 static inline vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vf vf_div(vf a, vf b) { return _mm512_div_ps(a, b); }
+static inline vf vf_copysign(vf m, vf s) {
+  const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_andnot_si512(sign, _mm512_castps_si512(m)),
+                                             _mm512_and_si512(sign, _mm512_castps_si512(s))));
+}
+static inline vf vf_where_eq(vf x, vf c, vf a, vf b) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, c, _CMP_EQ_OQ), b, a); }
 static inline vf vf_max(vf a, vf b) { return _mm512_max_ps(a, b); }
 static inline float vf_hsum(vf v) {
   __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));

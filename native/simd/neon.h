@@ -39,6 +39,12 @@ static inline vf vf_add(vf a, vf b) { return vaddq_f32(a, b); }
 static inline vf vf_sub(vf a, vf b) { return vsubq_f32(a, b); }
 static inline vf vf_mul(vf a, vf b) { return vmulq_f32(a, b); }
 static inline vf vf_fma(vf a, vf b, vf c) { return vfmaq_f32(c, a, b); }
+static inline vf vf_div(vf a, vf b) { return vdivq_f32(a, b); }
+static inline vf vf_copysign(vf m, vf s) {
+  const uint32x4_t sign = vdupq_n_u32(0x80000000u);
+  return vbslq_f32(sign, s, m);
+}
+static inline vf vf_where_eq(vf x, vf c, vf a, vf b) { return vbslq_f32(vceqq_f32(x, c), a, b); }
 static inline vf vf_max(vf a, vf b) { return vmaxq_f32(a, b); } /* NaN-propagating */
 static inline float vf_hsum(vf v) { return vaddvq_f32(v); }
 static inline float vf_hmax(vf v) { return vmaxvq_f32(v); }     /* NaN-propagating */
