@@ -8,3 +8,4 @@ void cf_rms_norm_f32__@ISA@(const int64_t *d, const float *x, const float *r, co
 void cf_rms_norm_unfused_f32__@ISA@(const int64_t *d, const float *x, const float *r, const float *w, const float *b, float eps, float *h, float *y);
 const char *cf_build_info__@ISA@(void);
 int cf_flash_attn_f32__@ISA@(const int64_t *d, const float *q, const void *k, const void *v, const void *mask, const float *slopes, const float *sinks, float scale, float softcap, float *out);
+int cf_flash_attn_unfused_f32__@ISA@(const int64_t *d, const float *q, const void *k, const void *v, const void *mask, const float *slopes, const float *sinks, float scale, float softcap, float *out);

@@ -10,6 +10,27 @@
 #define CF_FN(name) CF_CAT(name, CF_ISA)
 
 #define CF_NEG_INF (-__builtin_inff())
+
+#include <string.h>
+static inline float cf_h2f(uint16_t h) {
+  /* exact binary16 -> binary32, including subnormals, inf and NaN */
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
+  if (e == 0x1f) {
+    bits = sign | 0x7f800000u | (m << 13);
+  } else if (e != 0) {
+    bits = sign | ((e + 112u) << 23) | (m << 13);
+  } else if (m == 0) {
+    bits = sign;
+  } else { /* subnormal: normalize */
+    int sh = 0;
+    while (!(m & 0x400u)) { m <<= 1; sh++; }
+    bits = sign | ((uint32_t)(113 - sh) << 23) | ((m & 0x3ffu) << 13);
+  }
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
 /* Reduction chunk: partial sums stay in f32 vector lanes for this many elements, then are added
  * to an f64 total. Keeps the f32 error per lane tiny at every row length (SPEC 1.3, 2.2). */
 #define CF_CHUNK 256

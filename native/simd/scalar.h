@@ -5,6 +5,7 @@
 #define CF_SIMD_SCALAR_H
 #include <stdint.h>
 #include <string.h>
+#include "../kernels/common.h"
 
 typedef float vf;
 #define VW 1
@@ -15,24 +16,6 @@ static inline vf vf_load(const float *p) { return *p; }
 static inline vf vf_loadn(const float *p, int64_t n, float fill) { (void)p; (void)n; return fill; }
 static inline void vf_store(float *p, vf v) { *p = v; }
 static inline void vf_storen(float *p, vf v, int64_t n) { (void)p; (void)v; (void)n; }
-static inline float cf_h2f(uint16_t h) {
-  /* exact binary16 -> binary32, including subnormals, inf and NaN */
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
-  if (e == 0x1f) {
-    bits = sign | 0x7f800000u | (m << 13);
-  } else if (e != 0) {
-    bits = sign | ((e + 112u) << 23) | (m << 13);
-  } else if (m == 0) {
-    bits = sign;
-  } else { /* subnormal: normalize */
-    int sh = 0;
-    while (!(m & 0x400u)) { m <<= 1; sh++; }
-    bits = sign | ((uint32_t)(113 - sh) << 23) | ((m & 0x3ffu) << 13);
-  }
-  float f;
-  memcpy(&f, &bits, sizeof f);
-  return f;
-}
 static inline vf vf_load_h(const uint16_t *p) { return cf_h2f(*p); }
 static inline vf vf_loadn_h(const uint16_t *p, int64_t n, float fill) { (void)p; (void)n; return fill; }
 static inline vf vf_add(vf a, vf b) { return a + b; }
