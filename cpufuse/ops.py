@@ -25,6 +25,7 @@ if ffi is not None:
     _T_CHAR = ffi.typeof("char[]")
     _fb = ffi.from_buffer
     _cast = ffi.cast
+    _new = ffi.new
     _NULL = ffi.NULL
 
 _numba = None
@@ -62,11 +63,13 @@ def _check_f32(a, name, ndim_max=4):
 
 
 def _check_last_axis(a, name):
-    if a.shape[-1] > 1 and a.strides[-1] != a.itemsize:
-        raise ValueError(f"{name} must have a unit-stride last axis (stride {a.itemsize} bytes), "
-                         f"got stride {a.strides[-1]}")
-    if any(s % a.itemsize for s in a.strides):
-        raise ValueError(f"{name} has strides {a.strides} that are not multiples of its item size")
+    st, it = a.strides, a.itemsize
+    if st[-1] != it and a.shape[-1] > 1:
+        raise ValueError(f"{name} must have a unit-stride last axis (stride {it} bytes), "
+                         f"got stride {st[-1]}")
+    for s in st:
+        if s % it:
+            raise ValueError(f"{name} has strides {st} that are not multiples of its item size")
 
 
 def _pad4(a):
@@ -78,6 +81,13 @@ def _el_strides(a):
     return [s // it for s in a.strides]
 
 
+def _geom4(a):
+    """(shape, element strides) of `a` left-padded to 4-D, without making a view"""
+    pad = 4 - a.ndim
+    it = a.itemsize
+    return (1,) * pad + a.shape, [0] * pad + [s // it for s in a.strides]
+
+
 def _ptr(a, writable=False):
     """cffi pointer to a's first element (any strides)."""
     if a.flags.c_contiguous:
@@ -87,8 +97,7 @@ def _ptr(a, writable=False):
 
 
 def _desc(vals):
-    d = np.array(vals, dtype=I64)
-    return d, _fb(_T_I64, d)
+    return _new(_T_I64, vals)
 
 
 def _check_out(out, shape, name="out"):
@@ -163,8 +172,7 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
     """
     isa = _dispatch.resolve(isa)
     _check_f32(x, "x")
-    x4 = _pad4(x)
-    S, H, R, C = x4.shape
+    S, H, R, C = _geom4(x)[0]
     try:
         scale = float(scale)
         max_bias = float(max_bias)
@@ -211,9 +219,9 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
     if out.size == 0:
         return out
     slopes = _slopes(H, max_bias) if (mask is not None and max_bias > 0.0) else None
-    y4 = _pad4(out)
 
     if isa == "numba":
+        x4, y4 = _pad4(x), _pad4(out)
         dummy32 = np.zeros((1, 1, 1, 1), F32)
         _nb().softmax(x4, m4 if mkind == 1 else dummy32,
                       m4.view(np.uint16) if mkind == 2 else np.zeros((1, 1, 1, 1), np.uint16), mkind,
@@ -222,15 +230,15 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
                       scale, y4)
         return out
 
-    xs, ys = _el_strides(x4), _el_strides(y4)
+    xs, ys = _geom4(x)[1], _geom4(out)[1]
     if m4 is not None:
         ms = _el_strides(m4)
         mdesc = [m4.shape[0], m4.shape[1], ms[0], ms[1], ms[2], mkind]
     else:
         mdesc = [1, 1, 0, 0, 0, 0]
-    d, dp = _desc([S, H, R, C, xs[0], xs[1], xs[2], ys[0], ys[1], ys[2]] + mdesc)
+    dp = _desc([S, H, R, C, xs[0], xs[1], xs[2], ys[0], ys[1], ys[2]] + mdesc)
     fn = getattr(lib, f"cf_softmax_f32__{isa}" if fused else f"cf_softmax_unfused_f32__{isa}")
-    fn(dp, _ptr(x), _ptr(m4) if m4 is not None else _NULL,
+    fn(dp, _ptr(x), _ptr(mask) if m4 is not None else _NULL,
        _fb(_T_F32, slopes) if slopes is not None else _NULL,
        _fb(_T_F32, sinks) if sinks is not None else _NULL,
        scale, _ptr(out, writable=True))
@@ -337,7 +345,7 @@ def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused):
 
         xs, ys = _el_strides(x4), _el_strides(y4)
         hs = _el_strides(h4) if h4 is not None else [0, 0, 0]
-        d, dp = _desc([n3, n2, n1, n0, xs[0], xs[1], xs[2], ys[0], ys[1], ys[2], hs[0], hs[1], hs[2]]
+        dp = _desc([n3, n2, n1, n0, xs[0], xs[1], xs[2], ys[0], ys[1], ys[2], hs[0], hs[1], hs[2]]
                       + tile_desc(r4) + tile_desc(w4) + tile_desc(b4))
         fn = getattr(lib, f"cf_rms_norm_f32__{isa}" if fused else f"cf_rms_norm_unfused_f32__{isa}")
         fn(dp, _ptr(x4), _ptr(r4) if r4 is not None else _NULL,
@@ -474,7 +482,7 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
         md = [m4.shape[0], m4.shape[1], ms[0], ms[1], ms[2], mkind]
     else:
         md = [1, 1, 0, 0, 0, 0]
-    d, dp = _desc([S, Hq, N, DK, Hk, Hv, T, DV, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
+    dp = _desc([S, Hq, N, DK, Hk, Hv, T, DV, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
                    vs[0], vs[1], vs[2], int(k.dtype == F16), int(v.dtype == F16)] + md
                   + [os_[0], os_[1], os_[2], STRATEGIES[strategy], chunk, q_tile])
     fn = getattr(lib, f"cf_flash_attn_f32__{isa}" if fused else f"cf_flash_attn_unfused_f32__{isa}")
