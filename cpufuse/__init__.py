@@ -11,10 +11,11 @@ from . import _backend as _native, _dispatch
 from ._dispatch import AVAILABLE as _AVAILABLE
 from ._dispatch import use_isa
 from ._isa import ALL_ISAS
+from .graph import Graph, GraphError
 from .ops import add_rms_norm, flash_attn, rms_norm, softmax
 
 __version__ = "0.1.0"
-__all__ = ["softmax", "rms_norm", "add_rms_norm", "flash_attn", "use_isa", "available_isas", "info", "ALL_ISAS"]
+__all__ = ["softmax", "rms_norm", "add_rms_norm", "flash_attn", "Graph", "GraphError", "use_isa", "available_isas", "info", "ALL_ISAS"]
 
 OPS = ("softmax", "rms_norm", "add_rms_norm", "flash_attn")
 

@@ -100,6 +100,33 @@ def _desc(vals):
     return _new(_T_I64, vals)
 
 
+# Descriptor builders (layouts: native/kernels/common.h, flash_attn.inc). Each operand is given as
+# its geometry: (4-D shape, 4-D element strides), as _geom4 returns; the graph planner uses these too.
+def softmax_desc(xg, yg, mg, mkind):
+    (S, H, R, C), xs = xg
+    ys = yg[1]
+    md = [mg[0][0], mg[0][1], mg[1][0], mg[1][1], mg[1][2], mkind] if mg else [1, 1, 0, 0, 0, 0]
+    return [S, H, R, C, xs[0], xs[1], xs[2], ys[0], ys[1], ys[2]] + md
+
+
+def rms_desc(xg, yg, hg, rg, wg, bg):
+    def tile(g):
+        return [1, 1, 1, 0, 0, 0] if g is None else [g[0][0], g[0][1], g[0][2], g[1][0], g[1][1], g[1][2]]
+    xs, ys = xg[1], yg[1]
+    hs = hg[1] if hg is not None else [0, 0, 0]
+    return list(xg[0]) + [xs[0], xs[1], xs[2], ys[0], ys[1], ys[2], hs[0], hs[1], hs[2]] + tile(rg) + tile(wg) + tile(bg)
+
+
+def fa_desc(qg, kg, vg, og, mg, mkind, kf16, vf16, strategy, chunk, q_tile):
+    (S, Hq, N, DK), qs = qg
+    (_, Hk, T, _), ks = kg
+    (_, Hv, _, DV), vs = vg
+    os_ = og[1]
+    md = [mg[0][0], mg[0][1], mg[1][0], mg[1][1], mg[1][2], mkind] if mg else [1, 1, 0, 0, 0, 0]
+    return ([S, Hq, N, DK, Hk, Hv, T, DV, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
+             int(kf16), int(vf16)] + md + [os_[0], os_[1], os_[2], STRATEGIES[strategy], chunk, q_tile])
+
+
 def _check_out(out, shape, name="out"):
     if type(out) is not _ndarray and not isinstance(out, _ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray of float32, got {type(out).__name__}")
@@ -230,13 +257,7 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
                       scale, y4)
         return out
 
-    xs, ys = _geom4(x)[1], _geom4(out)[1]
-    if m4 is not None:
-        ms = _el_strides(m4)
-        mdesc = [m4.shape[0], m4.shape[1], ms[0], ms[1], ms[2], mkind]
-    else:
-        mdesc = [1, 1, 0, 0, 0, 0]
-    dp = _desc([S, H, R, C, xs[0], xs[1], xs[2], ys[0], ys[1], ys[2]] + mdesc)
+    dp = _desc(softmax_desc(_geom4(x), _geom4(out), _geom4(mask) if mask is not None else None, mkind))
     fn = getattr(lib, f"cf_softmax_f32__{isa}" if fused else f"cf_softmax_unfused_f32__{isa}")
     fn(dp, _ptr(x), _ptr(mask) if m4 is not None else _NULL,
        _fb(_T_F32, slopes) if slopes is not None else _NULL,
@@ -335,18 +356,8 @@ def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused):
                        b4 if b4 is not None else dummy, b4 is not None,
                        eps, h4 if h4 is not None else dummy, y4)
     else:
-        n3, n2, n1, n0 = x4.shape
-
-        def tile_desc(a4):
-            if a4 is None:
-                return [1, 1, 1, 0, 0, 0]
-            st = _el_strides(a4)
-            return [a4.shape[0], a4.shape[1], a4.shape[2], st[0], st[1], st[2]]
-
-        xs, ys = _el_strides(x4), _el_strides(y4)
-        hs = _el_strides(h4) if h4 is not None else [0, 0, 0]
-        dp = _desc([n3, n2, n1, n0, xs[0], xs[1], xs[2], ys[0], ys[1], ys[2], hs[0], hs[1], hs[2]]
-                      + tile_desc(r4) + tile_desc(w4) + tile_desc(b4))
+        g = lambda a: _geom4(a) if a is not None else None  # noqa: E731
+        dp = _desc(rms_desc(_geom4(x4), _geom4(y4), g(h4), g(r4), g(w4), g(b4)))
         fn = getattr(lib, f"cf_rms_norm_f32__{isa}" if fused else f"cf_rms_norm_unfused_f32__{isa}")
         fn(dp, _ptr(x4), _ptr(r4) if r4 is not None else _NULL,
            _ptr(w4) if w4 is not None else _NULL, _ptr(b4) if b4 is not None else _NULL, eps,
@@ -476,15 +487,8 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
                          sinks if sinks is not None else dummy, sinks is not None, scale, softcap, out)
         return out
 
-    qs, ks, vs, os_ = _el_strides(q), _el_strides(k), _el_strides(v), _el_strides(out)
-    if m4 is not None:
-        ms = _el_strides(m4)
-        md = [m4.shape[0], m4.shape[1], ms[0], ms[1], ms[2], mkind]
-    else:
-        md = [1, 1, 0, 0, 0, 0]
-    dp = _desc([S, Hq, N, DK, Hk, Hv, T, DV, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
-                   vs[0], vs[1], vs[2], int(k.dtype == F16), int(v.dtype == F16)] + md
-                  + [os_[0], os_[1], os_[2], STRATEGIES[strategy], chunk, q_tile])
+    dp = _desc(fa_desc(_geom4(q), _geom4(k), _geom4(v), _geom4(out), _geom4(m4) if m4 is not None else None,
+                       mkind, k.dtype == F16, v.dtype == F16, strategy, chunk, q_tile))
     fn = getattr(lib, f"cf_flash_attn_f32__{isa}" if fused else f"cf_flash_attn_unfused_f32__{isa}")
     rc = fn(dp, _ptr(q), _ptr(k), _ptr(v), _ptr(m4) if m4 is not None else _NULL,
             _fb(_T_F32, slopes) if slopes is not None else _NULL,

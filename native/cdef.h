@@ -9,3 +9,10 @@ void cf_rms_norm_unfused_f32__@ISA@(const int64_t *d, const float *x, const floa
 const char *cf_build_info__@ISA@(void);
 int cf_flash_attn_f32__@ISA@(const int64_t *d, const float *q, const void *k, const void *v, const void *mask, const float *slopes, const float *sinks, float scale, float softcap, float *out);
 int cf_flash_attn_unfused_f32__@ISA@(const int64_t *d, const float *q, const void *k, const void *v, const void *mask, const float *slopes, const float *sinks, float scale, float softcap, float *out);
+double cf_fma_peak__@ISA@(int64_t iters, float *sink);
+void cf_add_f32__@ISA@(int64_t n, const float *a, const float *b, int64_t nb, float *y);
+void cf_mul_f32__@ISA@(int64_t n, const float *a, const float *b, int64_t nb, float *y);
+void cf_swiglu_f32__@ISA@(int64_t n, const float *g, const float *u, int64_t nb, float *y);
+void cf_scale_f32__@ISA@(int64_t n, const float *a, float s, float *y);
+void cf_silu_f32__@ISA@(int64_t n, const float *a, float *y);
+int64_t cf_plan_run__@ISA@(const int64_t *prog, int64_t len, void *const *ptrs, const float *fp, void *const *blas, int ilp64);

@@ -1,0 +1,768 @@
+"""Op graphs in the spirit of ggml's: build nodes, mark outputs, compile to a plan, run it often.
+
+    g = cpufuse.Graph()
+    x = g.input("x", (n_tok, 576))
+    h = g.mul(g.rms_norm(x, eps=1e-5), g.constant(w_norm))      # fused to one RMS_NORM+MUL kernel
+    g.output(h)
+    plan = g.compile()            # fusion=False, or CPUFUSE_DISABLE_FUSION=1, keeps every node
+    print(plan.describe())        # what was fused into what, and why other candidates were not
+    (y,) = plan.run(x=arr)
+
+Fusion legality follows SPEC §4.1/§4.4 (ggml_can_fuse): the chain's nodes are consecutive in
+execution order, every intermediate has exactly one consumer (counted per source slot), is not a
+graph output and is not a view, and the shapes match. The rules:
+  RMS_NORM -> MUL [-> ADD]        one rms_norm kernel with weight [and bias]
+  ADD -> RMS_NORM -> MUL [-> ADD] the residual pattern: a two-output kernel writes h and y
+                                  (h may have other consumers: it is the next residual)
+  [SCALE ->] [ADD(mask) ->] SOFT_MAX   one soft_max_ext kernel
+  SILU -> MUL                     one SwiGLU kernel
+A compiled plan owns its buffers (allocated once; intermediates share memory when their lifetimes
+do not overlap) and runs the kernel sequence in one C call per segment (matmul included, through
+numpy's own BLAS when its cblas_sgemm can be found; otherwise matmul runs through numpy between
+C segments). Outputs are the plan's buffers: they are overwritten by the next run (copy=True to
+get fresh arrays).
+"""
+import ctypes
+import glob
+import math
+import os
+
+import numpy as np
+
+from . import _backend, _dispatch
+from . import ops as _ops
+
+F32 = np.dtype(np.float32)
+F16 = np.dtype(np.float16)
+
+OP_ADD, OP_MUL, OP_SCALE, OP_SILU, OP_SWIGLU, OP_RMS, OP_SOFTMAX, OP_FA, OP_COPY, OP_GEMM = range(1, 11)
+
+
+class GraphError(ValueError):
+    """A graph that cannot be built or compiled: the message names the node."""
+
+
+class Node:
+    __slots__ = ("id", "op", "srcs", "params", "shape", "dtype", "name", "view_of", "view_strides",
+                 "view_offset", "value")
+
+    def __init__(self, nid, op, srcs, params, shape, dtype, name):
+        self.id, self.op, self.srcs, self.params = nid, op, list(srcs), dict(params)
+        self.shape, self.dtype, self.name = tuple(int(s) for s in shape), np.dtype(dtype), name
+        self.view_of = None      # the node whose buffer this view reads
+        self.view_strides = None  # element strides into that buffer
+        self.view_offset = 0
+        self.value = None        # constants
+
+    @property
+    def is_view(self):
+        return self.view_of is not None
+
+    def __repr__(self):
+        return f"<{self.op} {self.name!r} {self.shape}>"
+
+
+def _suffix_tiles(small, big):
+    """ggml-style tiling restricted to a trailing suffix: small's shape (left-padded with 1s) must
+    equal big's trailing dims where it is not 1... here: small == big[-len(small):] after dropping
+    leading 1s of small. Then small, contiguous, repeats over big's leading dims by modulo of its
+    length. Returns True when that holds."""
+    s = list(small)
+    while s and s[0] == 1 and len(s) > 1:
+        s.pop(0)
+    return len(s) <= len(big) and tuple(s) == tuple(big[len(big) - len(s):])
+
+
+class Graph:
+    def __init__(self):
+        self.nodes = []
+        self.outputs = []
+
+    # -- construction --------------------------------------------------------------------------
+    def _add(self, op, srcs, params, shape, dtype=F32, name=None):
+        for s in srcs:
+            if s is not None and (not isinstance(s, Node) or s not in self._ids()):
+                raise GraphError(f"{op}: source {s!r} is not a node of this graph")
+        n = Node(len(self.nodes), op, srcs, params, shape, dtype, name or f"{op}{len(self.nodes)}")
+        self.nodes.append(n)
+        return n
+
+    def _ids(self):
+        return self.nodes
+
+    def input(self, name, shape, dtype=np.float32):
+        dt = np.dtype(dtype)
+        if dt not in (F32, F16):
+            raise GraphError(f"input {name!r}: dtype must be float32 or float16, got {dt}")
+        return self._add("input", [], {}, shape, dt, name)
+
+    def constant(self, value, name=None):
+        a = np.asarray(value)
+        if a.dtype not in (F32, F16):
+            raise GraphError(f"constant {name!r}: dtype must be float32 or float16, got {a.dtype}")
+        n = self._add("const", [], {}, a.shape, a.dtype, name)
+        n.value = np.ascontiguousarray(a)
+        return n
+
+    def _f32(self, node, op, name):
+        if node.dtype != F32:
+            raise GraphError(f"{op} {name!r}: input {node.name!r} must be float32, got {node.dtype}")
+
+    def _binary(self, op, a, b, name):
+        nm = name or f"{op}{len(self.nodes)}"
+        self._f32(a, op, nm)
+        self._f32(b, op, nm)
+        if a.shape == b.shape or _suffix_tiles(b.shape, a.shape):
+            shape = a.shape
+        elif _suffix_tiles(a.shape, b.shape):
+            shape = b.shape
+        else:
+            raise GraphError(f"{op} {nm!r}: shapes {a.shape} and {b.shape} do not tile (one must "
+                             f"equal the other's trailing dims)")
+        return self._add(op, [a, b], {}, shape, F32, name)
+
+    def add(self, a, b, name=None):
+        return self._binary("add", a, b, name)
+
+    def mul(self, a, b, name=None):
+        return self._binary("mul", a, b, name)
+
+    def scale(self, a, s, name=None):
+        self._f32(a, "scale", name)
+        return self._add("scale", [a], {"s": float(s)}, a.shape, F32, name)
+
+    def silu(self, a, name=None):
+        self._f32(a, "silu", name)
+        return self._add("silu", [a], {}, a.shape, F32, name)
+
+    def rms_norm(self, a, eps, name=None):
+        self._f32(a, "rms_norm", name)
+        if not float(eps) >= 0.0:
+            raise GraphError(f"rms_norm {name!r}: eps must be >= 0, got {eps}")
+        return self._add("rms_norm", [a], {"eps": float(eps)}, a.shape, F32, name)
+
+    def softmax(self, a, mask=None, scale=1.0, max_bias=0.0, sinks=None, name=None):
+        nm = name or f"softmax{len(self.nodes)}"
+        self._f32(a, "softmax", nm)
+        if a.shape and len(a.shape) > 4:
+            raise GraphError(f"softmax {nm!r}: at most 4 dims, got {a.shape}")
+        if mask is not None:
+            _softmax_mask_ok(mask.shape, a.shape, nm)
+        elif max_bias > 0:
+            raise GraphError(f"softmax {nm!r}: max_bias > 0 needs a mask")
+        srcs = [a, mask, sinks]
+        return self._add("softmax", srcs, {"scale": float(scale), "max_bias": float(max_bias)}, a.shape, F32, name)
+
+    def flash_attn(self, q, k, v, mask=None, scale=1.0, max_bias=0.0, softcap=0.0, sinks=None, name=None):
+        nm = name or f"flash_attn{len(self.nodes)}"
+        if len(q.shape) != 4 or len(k.shape) != 4 or len(v.shape) != 4:
+            raise GraphError(f"flash_attn {nm!r}: q, k, v must be 4-D, got {q.shape}, {k.shape}, {v.shape}")
+        S, Hq, N, DK = q.shape
+        if k.shape[3] != DK or k.shape[2] != v.shape[2] or Hq % k.shape[1] or Hq % v.shape[1]:
+            raise GraphError(f"flash_attn {nm!r}: incompatible q {q.shape}, k {k.shape}, v {v.shape}")
+        return self._add("flash_attn", [q, k, v, mask, sinks],
+                         {"scale": float(scale), "max_bias": float(max_bias), "softcap": float(softcap)},
+                         (S, N, Hq, v.shape[3]), F32, name)
+
+    def matmul(self, a, b, name=None):
+        nm = name or f"matmul{len(self.nodes)}"
+        self._f32(a, "matmul", nm)
+        self._f32(b, "matmul", nm)
+        if len(a.shape) != 2 or len(b.shape) != 2 or a.shape[1] != b.shape[0]:
+            raise GraphError(f"matmul {nm!r}: needs (M, K) @ (K, N), got {a.shape} @ {b.shape}")
+        return self._add("matmul", [a, b], {}, (a.shape[0], b.shape[1]), F32, name)
+
+    def reshape(self, a, shape, name=None):
+        shape = tuple(int(s) for s in shape)
+        if math.prod(shape) != math.prod(a.shape):
+            raise GraphError(f"reshape {name!r}: cannot reshape {a.shape} to {shape}")
+        n = self._add("reshape", [a], {}, shape, a.dtype, name)
+        base, st, off = _view_root(a)
+        if not _is_contig(a.shape, st):
+            raise GraphError(f"reshape {n.name!r}: input {a.name!r} is a non-contiguous view; "
+                             f"add g.contiguous() first")
+        n.view_of, n.view_strides, n.view_offset = base, _contig_strides(shape), off
+        return n
+
+    def permute(self, a, axes, name=None):
+        axes = tuple(axes)
+        if sorted(axes) != list(range(len(a.shape))):
+            raise GraphError(f"permute {name!r}: axes {axes} do not permute {len(a.shape)} dims")
+        n = self._add("permute", [a], {}, tuple(a.shape[i] for i in axes), a.dtype, name)
+        base, st, off = _view_root(a)
+        n.view_of, n.view_strides, n.view_offset = base, [st[i] for i in axes], off
+        return n
+
+    def contiguous(self, a, name=None):
+        return self._add("copy", [a], {}, a.shape, a.dtype, name)
+
+    def concat(self, a, b, axis, name=None):
+        nm = name or f"concat{len(self.nodes)}"
+        if len(a.shape) != len(b.shape) or a.dtype != b.dtype or any(
+                x != y for i, (x, y) in enumerate(zip(a.shape, b.shape)) if i != axis % len(a.shape)):
+            raise GraphError(f"concat {nm!r}: shapes {a.shape} and {b.shape} differ off axis {axis}")
+        ax = axis % len(a.shape)
+        shape = list(a.shape)
+        shape[ax] += b.shape[ax]
+        return self._add("concat", [a, b], {"axis": ax}, shape, a.dtype, name)
+
+    def output(self, *nodes):
+        for n in nodes:
+            if n not in self.outputs:
+                self.outputs.append(n)
+        return nodes[0] if len(nodes) == 1 else nodes
+
+    def compile(self, fusion=None, isa=None):
+        if fusion is None:
+            fusion = os.environ.get("CPUFUSE_DISABLE_FUSION", "0") in ("", "0")
+        return Plan(self, bool(fusion), _dispatch.resolve(isa))
+
+
+def _softmax_mask_ok(mshape, xshape, nm):
+    m = (1,) * (4 - len(mshape)) + tuple(mshape)
+    x = (1,) * (4 - len(xshape)) + tuple(xshape)
+    if m[3] != x[3] or m[2] < x[2] or x[1] % m[1] or x[0] % m[0]:
+        raise GraphError(f"softmax {nm!r}: mask {mshape} does not fit x {xshape} (soft_max_ext: same "
+                         f"columns, at least as many rows, heads/sequences dividing x's)")
+
+
+def _contig_strides(shape):
+    st, acc = [], 1
+    for s in reversed(shape):
+        st.append(acc)
+        acc *= s
+    return st[::-1]
+
+
+def _is_contig(shape, strides):
+    return all(st == c for st, c, n in zip(strides, _contig_strides(shape), shape) if n != 1)
+
+
+def _view_root(a):
+    """(buffer-owning node, element strides, element offset) for a node or a view of one"""
+    if a.view_of is not None:
+        return a.view_of, list(a.view_strides), a.view_offset
+    return a, _contig_strides(a.shape), 0
+
+
+# ------------------------------------------------------------------------------------------------
+def _find_cblas_sgemm():
+    """numpy's bundled OpenBLAS: ((sgemm, sgemv) addresses, ilp64), or (None, reason)."""
+    try:
+        libdir = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
+        cands = glob.glob(os.path.join(libdir, "libscipy_openblas*.so*")) + glob.glob(
+            os.path.join(libdir, "libopenblas*.so*"))
+        for path in cands:
+            lib = ctypes.CDLL(path)
+            for pre, suf, ilp64 in (("scipy_", "64_", 1), ("", "64_", 1), ("scipy_", "", 0), ("", "", 0)):
+                mm = getattr(lib, f"{pre}cblas_sgemm{suf}", None)
+                mv = getattr(lib, f"{pre}cblas_sgemv{suf}", None)
+                if mm is not None and mv is not None:
+                    addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
+                    return (addr(mm), addr(mv)), ilp64
+        return None, "numpy's bundled OpenBLAS was not found"
+    except OSError as e:
+        return None, str(e)
+
+
+_SGEMM = None
+
+
+def _sgemm():
+    global _SGEMM
+    if _SGEMM is None:
+        _SGEMM = _find_cblas_sgemm() if os.environ.get("CPUFUSE_GRAPH_BLAS", "1") != "0" else (None, "disabled")
+    return _SGEMM
+
+
+class Step:
+    """One kernel call of a plan: kind, the graph nodes it covers, what it reads and writes."""
+    __slots__ = ("kind", "nodes", "ins", "outs", "params", "note")
+
+    def __init__(self, kind, nodes, ins, outs, params=None, note=""):
+        self.kind, self.nodes, self.ins, self.outs = kind, nodes, ins, outs
+        self.params, self.note = params or {}, note
+
+
+class Plan:
+    def __init__(self, graph, fusion, isa):
+        if not graph.outputs:
+            raise GraphError("the graph has no outputs: mark them with g.output(node)")
+        self.graph, self.fusion, self.isa = graph, fusion, isa
+        self.native = isa != "numba" and _backend.lib is not None
+        self.rejected = []
+        nodes = graph.nodes
+        self._uses = [0] * len(nodes)
+        self._consumers = [[] for _ in nodes]
+        for n in nodes:
+            for s in n.srcs:
+                if s is not None:
+                    self._uses[s.id] += 1
+                    self._consumers[s.id].append(n)
+        self._outset = {n.id for n in graph.outputs}
+        self.steps = self._lower()
+        self._allocate()
+        self._build_program()
+
+    # -- fusion ----------------------------------------------------------------------------------
+    def _compute_order(self):
+        return [n for n in self.graph.nodes if n.op not in ("input", "const", "reshape", "permute")]
+
+    def _fusible_intermediate(self, node, nxt, order_pos, why_prefix):
+        """SPEC 4.1 checks for `node` feeding `nxt`; returns None or the reason it fails."""
+        if self._uses[node.id] != 1:
+            return f"{why_prefix}: {node.name!r} has {self._uses[node.id]} consumers"
+        if node.id in self._outset:
+            return f"{why_prefix}: {node.name!r} is a graph output"
+        if node.is_view:
+            return f"{why_prefix}: {node.name!r} is a view"
+        if order_pos[nxt.id] != order_pos[node.id] + 1:
+            return f"{why_prefix}: {nxt.name!r} does not directly follow {node.name!r}"
+        if nxt.shape != node.shape:
+            return f"{why_prefix}: shape {nxt.shape} != {node.shape}"
+        return None
+
+    def _lower(self):
+        order = self._compute_order()
+        pos = {n.id: i for i, n in enumerate(order)}
+        done = set()
+        steps = []
+        for n in order:
+            if n.id in done:
+                continue
+            st = self._try_fuse(n, order, pos) if self.fusion else None
+            if st is None:
+                st = self._single(n)
+            for m in st.nodes:
+                done.add(m.id)
+            steps.append(st)
+        return steps
+
+    def _other(self, binop, node):
+        a, b = binop.srcs
+        if a is node and b is node:
+            return None
+        return b if a is node else a
+
+    def _try_fuse(self, n, order, pos):
+        if n.op == "add" and not n.is_view:
+            # ADD -> RMS_NORM (-> MUL (-> ADD)): the residual pattern, h kept (two outputs)
+            norms = [c for c in self._consumers[n.id] if c.op == "rms_norm" and pos.get(c.id) == pos[n.id] + 1]
+            if norms:
+                r = norms[0]
+                x, res = n.srcs
+                if x.shape != n.shape:
+                    x, res = res, x
+                w, b, tail = self._norm_tail(r, order, pos)
+                return Step("add_rms_norm", [n, r] + tail, [x, res, w, b], [n, tail[-1] if tail else r],
+                            {"eps": r.params["eps"]},
+                            note="ADD -> RMS_NORM" + "".join(" -> " + t.op.upper() for t in tail))
+        if n.op == "rms_norm":
+            w, b, tail = self._norm_tail(n, order, pos)
+            if tail:
+                return Step("rms_norm", [n] + tail, [n.srcs[0], None, w, b], [None, tail[-1]],
+                            {"eps": n.params["eps"]}, note="RMS_NORM" + "".join(" -> " + t.op.upper() for t in tail))
+            return None
+        if n.op in ("scale", "add"):
+            return self._softmax_chain(n, pos)
+        if n.op == "silu":
+            cons = self._consumers[n.id]
+            if cons and cons[0].op == "mul":
+                m = cons[0]
+                why = self._fusible_intermediate(n, m, pos, "SILU -> MUL")
+                u = self._other(m, n)
+                if why is None and u is None:
+                    why = "SILU -> MUL: both MUL operands are the SILU output"
+                if why is None and not (u.shape == n.shape or _suffix_tiles(u.shape, n.shape)):
+                    why = f"SILU -> MUL: {u.name!r} does not tile {n.shape}"
+                if why is None:
+                    return Step("swiglu", [n, m], [n.srcs[0], u], [m], note="SILU -> MUL")
+                self.rejected.append(why)
+        return None
+
+    def _norm_tail(self, r, order, pos):
+        """RMS_NORM's MUL (and ADD) if they can join the rms_norm kernel: (weight, bias, nodes)."""
+        cons = self._consumers[r.id]
+        if not cons or cons[0].op != "mul":
+            return None, None, []
+        m = cons[0]
+        why = self._fusible_intermediate(r, m, pos, "RMS_NORM -> MUL")
+        w = self._other(m, r)
+        if why is None and w is None:
+            why = "RMS_NORM -> MUL: MUL(n, n) uses the norm twice"
+        if why is None and not (w.shape == r.shape or _suffix_tiles(w.shape, r.shape)):
+            why = f"RMS_NORM -> MUL: weight {w.shape} does not tile {r.shape}"
+        if why:
+            self.rejected.append(why)
+            return None, None, []
+        mc = self._consumers[m.id]
+        if mc and mc[0].op == "add":
+            a = mc[0]
+            why = self._fusible_intermediate(m, a, pos, "MUL -> ADD")
+            b = self._other(a, m)
+            if why is None and (b is None or not (b.shape == m.shape or _suffix_tiles(b.shape, m.shape))):
+                why = f"MUL -> ADD: bias does not tile {m.shape}"
+            if why is None:
+                return w, b, [m, a]
+            self.rejected.append(why)
+        return w, None, [m]
+
+    def _softmax_chain(self, n, pos):
+        """[SCALE ->] [ADD(mask) ->] SOFT_MAX starting at n, as one soft_max_ext call"""
+        chain, scale, mask = [n], 1.0, None
+        if n.op == "scale":
+            scale, src = n.params["s"], n.srcs[0]
+            cons = self._consumers[n.id]
+            if cons and cons[0].op == "add" and self._fusible_intermediate(n, cons[0], pos, "") is None:
+                mask = self._other(cons[0], n)
+                if mask is not None:
+                    chain.append(cons[0])
+        else:
+            src, mask = n.srcs
+            if src.shape != n.shape:
+                src, mask = mask, src
+        last = chain[-1]
+        cons = self._consumers[last.id]
+        if not cons or cons[0].op != "softmax" or cons[0].srcs[0] is not last:
+            return None
+        sm = cons[0]
+        label = " -> ".join(c.op.upper() for c in chain) + " -> SOFT_MAX"
+        why = self._fusible_intermediate(last, sm, pos, label)
+        if why is None and (sm.srcs[1] is not None or sm.params["max_bias"] != 0.0):
+            why = f"{label}: the softmax already has a mask or ALiBi"
+        if why is None and mask is not None:
+            if mask.dtype != F32:
+                why = f"{label}: mask {mask.name!r} must be float32"
+            else:
+                try:
+                    _softmax_mask_ok(mask.shape, last.shape, sm.name)
+                except GraphError:
+                    why = f"{label}: {mask.name!r} {mask.shape} is not a soft_max_ext mask for {last.shape}"
+        if why:
+            self.rejected.append(why)
+            return None
+        return Step("softmax", chain + [sm], [src, mask, sm.srcs[2]], [sm],
+                    {"scale": scale * sm.params["scale"], "max_bias": 0.0}, note=label)
+
+    def _single(self, n):
+        kind = {"add": "add", "mul": "mul", "scale": "scale", "silu": "silu", "rms_norm": "rms_norm",
+                "softmax": "softmax", "flash_attn": "flash_attn", "matmul": "matmul", "copy": "copy",
+                "concat": "concat"}[n.op]
+        if kind == "rms_norm":
+            return Step(kind, [n], [n.srcs[0], None, None, None], [None, n], {"eps": n.params["eps"]})
+        if kind == "softmax":
+            return Step(kind, [n], [n.srcs[0], n.srcs[1], n.srcs[2]], [n], dict(n.params))
+        return Step(kind, [n], [s for s in n.srcs], [n], dict(n.params))
+
+    # -- buffers ---------------------------------------------------------------------------------
+    def _allocate(self):
+        """One float32 arena buffer per computed node that owns storage; intermediates whose
+        lifetimes do not overlap share memory (greedy first fit); outputs get their own."""
+        last_use = {}
+        for i, st in enumerate(self.steps):
+            for a in st.ins:
+                if a is not None:
+                    last_use[_view_root(a)[0].id] = i
+        self.buffers = {}  # node id -> ndarray (flat, owning)
+        free = []  # (size, array)
+        for i, st in enumerate(self.steps):
+            for o in st.outs:
+                if o is None or o.id in self.buffers:
+                    continue
+                size = math.prod(o.shape)
+                arr = None
+                if o.id not in self._outset:
+                    for j, (sz, a) in enumerate(free):
+                        if sz >= size:
+                            arr = a
+                            free.pop(j)
+                            break
+                if arr is None:
+                    arr = np.empty(max(size, 1), o.dtype)
+                self.buffers[o.id] = arr
+            for a in st.ins + st.outs:
+                if a is None:
+                    continue
+                root = _view_root(a)[0]
+                if last_use.get(root.id, -1) == i and root.id in self.buffers and root.id not in self._outset \
+                        and root.op not in ("input", "const"):
+                    free.append((self.buffers[root.id].size, self.buffers[root.id]))
+                    del last_use[root.id]
+            free.sort(key=lambda t: t[0])
+        for n in self.graph.nodes:
+            if n.op == "const":
+                self.buffers[n.id] = n.value.reshape(-1)
+
+    def _array(self, node, inputs=None):
+        """ndarray view of a node's data (inputs from the run's arguments)"""
+        root, st, off = _view_root(node)
+        base = inputs[root.name] if root.op == "input" else self.buffers[root.id]
+        flat = base.reshape(-1)
+        it = flat.itemsize
+        return np.lib.stride_tricks.as_strided(flat[off:], shape=node.shape, strides=[s * it for s in st])
+
+    # -- program ---------------------------------------------------------------------------------
+    def _build_program(self):
+        """Segments: runs of steps executed by one cf_plan_run call, or single numpy steps."""
+        self.sgemm, self.ilp64, self.sgemm_why = None, 0, None
+        self._inputs = [n for n in self.graph.nodes if n.op == "input"]
+        self.segments = []
+        if not self.native:
+            self.segments = [("py", st) for st in self.steps]
+            return
+        addr, ilp = _sgemm()
+        if addr:
+            self.sgemm, self.ilp64 = addr, ilp
+        else:
+            self.sgemm_why = ilp
+        ffi = _backend.ffi
+        self._slots, self._slot_addr, self._input_slots, self._keep = {}, [], [], []
+        self._fp = []
+        cur = None
+        for st in self.steps:
+            rec = self._record(st)
+            if rec is None:
+                self.segments.append(("py", st))
+                cur = None
+                continue
+            if cur is None:
+                cur = {"recs": [], "descs": [], "steps": []}
+                self.segments.append(("c", cur))
+            for body, desc in (rec if isinstance(rec, list) else [rec]):
+                if desc is not None:
+                    body[2] = -1 - len(cur["descs"])  # patched below: offset of this descriptor
+                    cur["descs"].append(desc)
+                cur["recs"].append(body)
+                cur["steps"].append(st)
+        self._ptrs = ffi.new("void *[]", max(1, len(self._slot_addr)))
+        for k, a in enumerate(self._slot_addr):
+            if a is not None:
+                self._ptrs[k] = ffi.cast("void *", a)
+        self._fpc = ffi.new("float[]", self._fp or [0.0])
+        fn = getattr(_backend.lib, f"cf_plan_run__{self.isa}")
+        segs = []
+        for kind, seg in self.segments:
+            if kind == "py":
+                segs.append((kind, seg))
+                continue
+            flat = []
+            for body in seg["recs"]:
+                flat += body
+            nrec = len(flat)
+            offs, pos = [], nrec
+            for dsc in seg["descs"]:
+                offs.append(pos)
+                pos += len(dsc)
+            k = 0
+            for body in seg["recs"]:
+                if body[2] < 0 and body[0] in (OP_RMS, OP_SOFTMAX, OP_FA, OP_COPY):
+                    flat[k + 2] = offs[-1 - body[2]]
+                k += len(body)
+            for dsc in seg["descs"]:
+                flat += dsc
+            prog = ffi.new("int64_t[]", flat)
+            segs.append(("c", (fn, prog, nrec, seg["steps"])))
+        self.segments = segs
+        self._blas = ffi.new("void *[2]", [ffi.cast("void *", a) for a in self.sgemm]) if self.sgemm else ffi.NULL
+
+    def _slot(self, node):
+        """pointer-table index for a node's first element (-1 for None)"""
+        if node is None:
+            return -1
+        root, st, off = _view_root(node)
+        key = (root.id, off)
+        if key not in self._slots:
+            self._slots[key] = len(self._slot_addr)
+            if root.op == "input":
+                self._slot_addr.append(None)
+                self._input_slots.append((len(self._slot_addr) - 1, root.name, off * root.dtype.itemsize))
+            else:
+                buf = self.buffers[root.id]
+                self._slot_addr.append(buf.ctypes.data + off * buf.itemsize)
+        return self._slots[key]
+
+    def _fparam(self, v):
+        self._fp.append(float(v))
+        return len(self._fp) - 1
+
+    def _keep_array(self, a):
+        """a constant array the program points at (ALiBi slopes): kept alive by the plan"""
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        self._keep.append(a)
+        self._slots[("keep", len(self._keep))] = len(self._slot_addr)
+        self._slot_addr.append(a.ctypes.data)
+        return len(self._slot_addr) - 1
+
+    @staticmethod
+    def _geom(node):
+        _, st, _ = _view_root(node)
+        pad = 4 - len(node.shape)
+        return (1,) * pad + node.shape, [0] * pad + list(st)
+
+    @staticmethod
+    def _contig(node):
+        return _is_contig(node.shape, _view_root(node)[1])
+
+    def _record(self, st):
+        """([op, nargs, args...], descriptor or None) for a step the C executor can run, else None"""
+        k, S, G = st.kind, self._slot, self._geom
+        ins, outs = st.ins, st.outs
+        if k in ("add", "mul", "swiglu"):
+            out = outs[0]
+            a, b = ins
+            if k != "swiglu" and a.shape != out.shape:
+                a, b = b, a
+            if a.shape != out.shape or not (self._contig(a) and self._contig(b) and self._contig(out)):
+                return None
+            op = {"add": OP_ADD, "mul": OP_MUL, "swiglu": OP_SWIGLU}[k]
+            return [op, 5, math.prod(out.shape), S(a), S(b), math.prod(b.shape), S(out)], None
+        if k in ("scale", "silu"):
+            a, out = ins[0], outs[0]
+            if not (self._contig(a) and self._contig(out)):
+                return None
+            if k == "scale":
+                return [OP_SCALE, 4, math.prod(out.shape), S(a), self._fparam(st.params["s"]), S(out)], None
+            return [OP_SILU, 3, math.prod(out.shape), S(a), S(out)], None
+        if k in ("rms_norm", "add_rms_norm"):
+            x, r, w, b = ins
+            h, y = outs
+            g = lambda n: G(n) if n is not None else None  # noqa: E731
+            desc = _ops.rms_desc(G(x), G(y), g(h), g(r), g(w), g(b))
+            return [OP_RMS, 9, 0, S(x), S(r), S(w), S(b), self._fparam(st.params["eps"]), S(h), S(y), 1], desc
+        if k == "softmax":
+            x, m, sk = ins
+            y = outs[0]
+            slopes = None
+            if st.params["max_bias"] > 0:
+                slopes = self._keep_array(_ops._slopes(G(x)[0][1], st.params["max_bias"]))
+            mkind = 0 if m is None else (2 if m.dtype == F16 else 1)
+            desc = _ops.softmax_desc(G(x), G(y), G(m) if m is not None else None, mkind)
+            return [OP_SOFTMAX, 8, 0, S(x), S(m), slopes if slopes is not None else -1, S(sk),
+                    self._fparam(st.params["scale"]), S(y), 1], desc
+        if k == "flash_attn":
+            q, kk, v, m, sk = ins
+            out = outs[0]
+            p = st.params
+            slopes = None
+            if p["max_bias"] > 0 and m is not None:
+                slopes = self._keep_array(_ops._slopes(q.shape[1], p["max_bias"]))
+            mkind = 0 if m is None else (2 if m.dtype == F16 else 1)
+            N, T = q.shape[2], kk.shape[2]
+            desc = _ops.fa_desc(G(q), G(kk), G(v), G(out), G(m) if m is not None else None, mkind,
+                                kk.dtype == F16, v.dtype == F16, _ops.choose_strategy(N, T),
+                                _ops.DEFAULT_SPLIT_CHUNK, 64)
+            return [OP_FA, 11, 0, S(q), S(kk), S(v), S(m), slopes if slopes is not None else -1, S(sk),
+                    self._fparam(p["scale"]), self._fparam(p["softcap"]), S(out), 1], desc
+        if k == "matmul":
+            a, b = ins
+            c = outs[0]
+            if not self.sgemm or not (self._contig(a) and self._contig(b) and self._contig(c)):
+                return None
+            M, K = a.shape
+            N = b.shape[1]
+            return [OP_GEMM, 9, M, N, K, S(a), K, S(b), N, S(c), N], None
+        if k == "copy":
+            a, out = ins[0], outs[0]
+            ga, go = G(a), G(out)
+            return [OP_COPY, 4, 0, S(a), S(out), a.dtype.itemsize], list(ga[0]) + ga[1] + go[1]
+        if k == "concat":
+            a, b = ins
+            out = outs[0]
+            ax = st.params["axis"]
+            root, ost, off = _view_root(out)
+            pad = 4 - len(out.shape)
+            recs = []
+            for src, start in ((a, 0), (b, a.shape[ax])):
+                gs = G(src)
+                key_node = Node(-1, "part", [], {}, src.shape, out.dtype, f"{out.name}.part")
+                key_node.view_of, key_node.view_strides = root, ost
+                key_node.view_offset = off + start * ost[ax]
+                recs.append(([OP_COPY, 4, 0, S(src), S(key_node), out.dtype.itemsize],
+                             list(gs[0]) + gs[1] + [0] * pad + list(ost)))
+            return recs
+        return None
+
+    def describe(self):
+        """Human-readable plan: every kernel call, the nodes it covers, and rejected fusions."""
+        lines = [f"plan: {len(self.steps)} kernel calls for {len(self._compute_order())} compute nodes, "
+                 f"fusion {'on' if self.fusion else 'off'}, isa {self.isa}, matmul via "
+                 + ("numpy BLAS from C" if self.sgemm else "numpy (Python)" + (f" ({self.sgemm_why})" if self.sgemm_why else ""))]
+        for i, st in enumerate(self.steps):
+            names = ", ".join(n.name for n in st.nodes)
+            lines.append(f"  {i:3d} {st.kind:<12} [{names}]" + (f"  fused: {st.note}" if len(st.nodes) > 1 else ""))
+        if self.rejected:
+            lines.append("rejected fusion candidates:")
+            lines += [f"  - {r}" for r in dict.fromkeys(self.rejected)]
+        return "\n".join(lines)
+
+    __str__ = describe
+
+    def run(self, copy=False, **inputs):
+        """Run the plan on named input arrays; returns the outputs in g.output() order."""
+        arrays = {}
+        for n in self._inputs:
+            if n.name not in inputs:
+                raise GraphError(f"run: missing input {n.name!r}")
+            a = inputs[n.name]
+            if not isinstance(a, np.ndarray) or a.dtype != n.dtype or a.shape != n.shape:
+                raise GraphError(f"run: input {n.name!r} must be a {n.dtype} array of shape {n.shape}, "
+                                 f"got {getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
+            arrays[n.name] = a if a.flags.c_contiguous else np.ascontiguousarray(a)
+        if len(inputs) != len(arrays):
+            raise GraphError(f"run: unknown inputs {sorted(set(inputs) - set(arrays))}")
+        if self.native:
+            cast, ptrs = _backend.ffi.cast, self._ptrs
+            for slot, name, boff in self._input_slots:
+                ptrs[slot] = cast("void *", arrays[name].ctypes.data + boff)
+        for kind, seg in self.segments:
+            if kind == "c":
+                fn, prog, nrec, steps = seg
+                rc = fn(prog, nrec, ptrs, self._fpc, self._blas, self.ilp64)
+                if rc:
+                    raise GraphError(f"run: kernel call failed at {steps[rc - 1].kind} "
+                                     f"[{', '.join(n.name for n in steps[rc - 1].nodes)}]")
+            else:
+                self._exec(seg, arrays)
+        outs = tuple(self._array(n, arrays) for n in self.graph.outputs)
+        return tuple(o.copy() for o in outs) if copy else outs
+
+    def _exec(self, st, arrays):
+        A = lambda n: None if n is None else self._array(n, arrays)  # noqa: E731
+        isa, k = self.isa, st.kind
+        if k in ("add", "mul"):
+            a, b = st.ins
+            out = A(st.outs[0])
+            big, small = (a, b) if a.shape == out.shape else (b, a)
+            x, w = A(big), A(small)
+            np.add(x, w, out=out) if k == "add" else np.multiply(x, w, out=out)
+        elif k == "scale":
+            np.multiply(A(st.ins[0]), np.float32(st.params["s"]), out=A(st.outs[0]))
+        elif k == "silu":
+            x = A(st.ins[0])
+            np.divide(x, 1.0 + np.exp(-x), out=A(st.outs[0]))
+        elif k == "swiglu":
+            g, u = A(st.ins[0]), A(st.ins[1])
+            np.multiply(g / (1.0 + np.exp(-g)), u, out=A(st.outs[0]))
+        elif k == "rms_norm":
+            x, _, w, b = (A(a) for a in st.ins)
+            _ops.rms_norm(x, w, eps=st.params["eps"], bias=b, out=A(st.outs[1]), isa=isa)
+        elif k == "add_rms_norm":
+            x, r, w, b = (A(a) for a in st.ins)
+            _ops.add_rms_norm(x, r, w, eps=st.params["eps"], bias=b, out=(A(st.outs[0]), A(st.outs[1])), isa=isa)
+        elif k == "softmax":
+            x, m, sk = (A(a) for a in st.ins)
+            _ops.softmax(x, m, scale=st.params["scale"], max_bias=st.params["max_bias"], sinks=sk,
+                         out=A(st.outs[0]), isa=isa)
+        elif k == "flash_attn":
+            q, kk, v, m, sk = (A(a) for a in st.ins)
+            p = st.params
+            _ops.flash_attn(q, kk, v, m, scale=p["scale"], max_bias=p["max_bias"], softcap=p["softcap"],
+                            sinks=sk, out=A(st.outs[0]), isa=isa)
+        elif k == "matmul":
+            np.matmul(A(st.ins[0]), A(st.ins[1]), out=A(st.outs[0]))
+        elif k == "copy":
+            np.copyto(A(st.outs[0]), A(st.ins[0]))
+        elif k == "concat":
+            np.concatenate([A(st.ins[0]), A(st.ins[1])], axis=st.params["axis"], out=A(st.outs[0]))
+        else:  # pragma: no cover
+            raise GraphError(f"unknown step {k}")
