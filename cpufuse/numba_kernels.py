@@ -8,7 +8,7 @@ import math
 import numba as nb
 import numpy as np
 
-_JIT = dict(cache=True, nogil=True)
+_JIT = dict(cache=True, nogil=True, error_model="numpy")  # IEEE: 1/0 = inf, no exception
 
 
 @nb.njit(**_JIT)

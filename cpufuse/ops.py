@@ -6,6 +6,7 @@ path with a single cffi call; everything else builds an int64 descriptor of shap
 """
 import functools
 import math
+import numbers as _numbers
 
 import numpy as np
 
@@ -63,6 +64,8 @@ def _check_f32(a, name, ndim_max=4):
 
 
 def _check_last_axis(a, name):
+    if a.size == 0:  # numpy gives empty arrays arbitrary strides; nothing is read
+        return
     st, it = a.strides, a.itemsize
     if st[-1] != it and a.shape[-1] > 1:
         raise ValueError(f"{name} must have a unit-stride last axis (stride {it} bytes), "
@@ -156,11 +159,14 @@ def _check_no_overlap(out, others, alias_ok=None, name="out"):
                             else "; this op does not allow an output to alias its inputs"))
 
 
+def _real(v, name):
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, _numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
+    return float(v)
+
+
 def _check_eps(eps):
-    try:
-        e = float(eps)
-    except (TypeError, ValueError):
-        raise TypeError(f"eps must be a real number, got {type(eps).__name__}") from None
+    e = _real(eps, "eps")
     if not e >= 0.0:  # also rejects NaN
         raise ValueError(f"eps must be >= 0 (SPEC 2.1), got {eps!r}")
     return e
@@ -173,10 +179,10 @@ def _check_tiled(a, name, xshape, allow_dim0_tile=True):
         raise ValueError(f"{name} has {a.ndim} dims but x has {len(xshape)}")
     ash = (1,) * (len(xshape) - a.ndim) + a.shape
     for i, (n, m) in enumerate(zip(xshape, ash)):
-        if m == 0 or n % m:
+        if (m == 0 and n != 0) or (m != 0 and n % m):
             raise ValueError(f"{name} shape {a.shape} cannot tile x shape {xshape}: dim {i - len(xshape)} "
                              f"of x ({n}) must be a multiple of {name}'s ({m})")
-    if ash[-1] != xshape[-1]:
+    if ash[-1] != xshape[-1] and ash[-1] != 0:
         if not allow_dim0_tile:
             raise ValueError(f"{name} last dim must equal x's ({xshape[-1]}), got {ash[-1]}")
         # dim-0 tiling (SPEC 2.3): expand the row once; the kernels index rows by modulo
@@ -200,11 +206,7 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
     isa = _dispatch.resolve(isa)
     _check_f32(x, "x")
     S, H, R, C = _geom4(x)[0]
-    try:
-        scale = float(scale)
-        max_bias = float(max_bias)
-    except (TypeError, ValueError):
-        raise TypeError("scale and max_bias must be real numbers") from None
+    scale, max_bias = _real(scale, "scale"), _real(max_bias, "max_bias")
     if not math.isfinite(max_bias):
         raise ValueError(f"max_bias must be finite, got {max_bias}")
     m4 = None
@@ -286,7 +288,7 @@ def rms_norm(x, weight=None, *, eps, bias=None, out=None, isa=None, fused=True):
             if out is None:
                 out = np.empty(x.shape, F32)
             elif (type(out) is not _ndarray or out.dtype is not F32 or out.shape != x.shape
-                  or not out.flags.c_contiguous or np.may_share_memory(out, x)
+                  or not out.flags.c_contiguous or not out.flags.writeable or np.may_share_memory(out, x)
                   or np.may_share_memory(out, weight)):
                 return _rms_norm_general(x, None, weight, eps, bias, out, isa, fused)
             n = x.shape[-1]
@@ -302,6 +304,8 @@ def add_rms_norm(x, residual, weight=None, *, eps, bias=None, out=None, isa=None
     Returns (h, y). residual, weight and bias tile x by modulo (ggml_can_repeat).
     out: optional (h_out, y_out); h_out may be x or residual itself (in-place residual update).
     """
+    if not isinstance(residual, _ndarray):
+        raise TypeError(f"residual must be a numpy.ndarray of float32, got {type(residual).__name__}")
     return _rms_norm_general(x, residual, weight, eps, bias, out, _dispatch.resolve(isa), fused)
 
 
@@ -423,12 +427,7 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
         raise ValueError(f"v must have k's KV length T={T}, got {Tv}")
     if Hk == 0 or Hq % Hk or Hv == 0 or Hq % Hv:
         raise ValueError(f"q heads ({Hq}) must be a multiple of k heads ({Hk}) and v heads ({Hv})")
-    try:
-        scale = float(scale)
-        max_bias = float(max_bias)
-        softcap = float(softcap)
-    except (TypeError, ValueError):
-        raise TypeError("scale, max_bias and softcap must be real numbers") from None
+    scale, max_bias, softcap = _real(scale, "scale"), _real(max_bias, "max_bias"), _real(softcap, "softcap")
     if not (math.isfinite(scale) and math.isfinite(max_bias) and math.isfinite(softcap)):
         raise ValueError("scale, max_bias and softcap must be finite")
     mkind, m4 = 0, None

@@ -1,0 +1,35 @@
+"""Shared fixtures for the cpufuse test suite.
+
+* `isa`: every name in cpufuse.ALL_ISAS; names that cannot run here are skipped with the reason
+  the dispatcher gives (e.g. "ISA 'avx512' is not available: this CPU lacks it").
+* `native_isa`: the C ISAs only (scalar / avx2 / avx512 / neon); neon is exercised under qemu-user
+  by tests/test_neon_qemu.py on x86 hosts, and the skip reason says so.
+* `rng`: a seeded numpy Generator (the seed is derived from the test id, so every test is
+  reproducible on its own and independent of the order tests run in).
+"""
+import zlib
+
+import numpy as np
+import pytest
+
+import cpufuse
+from _util import NATIVE_ISAS, require_isa
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: slower tests (still run by default; deselect with -m 'not slow')")
+
+
+@pytest.fixture(params=cpufuse.ALL_ISAS)
+def isa(request):
+    return require_isa(request.param)
+
+
+@pytest.fixture(params=NATIVE_ISAS)
+def native_isa(request):
+    return require_isa(request.param)
+
+
+@pytest.fixture
+def rng(request):
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))

@@ -1,0 +1,187 @@
+"""What the build produced: per-ISA compile flags and compiler macros, a scalar baseline with no
+packed-float arithmetic, and a pure-Python wheel (CPUFUSE_BUILD_NATIVE=0) that works on Numba."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import cpufuse
+from cpufuse import _backend, _isa
+from _util import clean_env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+needs_native = pytest.mark.skipif(_backend.lib is None, reason=f"native extension not built: {_backend.LOAD_ERROR}")
+
+EXPECTED_MACROS = {
+    "avx2": {"AVX2", "FMA", "F16C"},
+    "avx512": {"AVX512F", "AVX512BW", "AVX512VL", "AVX512DQ", "AVX2", "FMA", "F16C"},
+    "neon": {"NEON"},
+    "scalar": set(),
+}
+EXPECTED_FLAGS = {
+    "avx2": {"-mavx2", "-mfma", "-mf16c"},
+    "avx512": {"-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"},
+    "neon": set(),
+    "scalar": {"-fno-tree-vectorize", "-fno-tree-slp-vectorize"},
+}
+
+
+def parse_build_info(s):
+    m = re.fullmatch(r"flags=(.*) macros=(.*)", s.strip())
+    assert m, f"unexpected build info {s!r}"
+    return m.group(1).split(), set(m.group(2).split())
+
+
+def compiled_isa_params():
+    return [pytest.param(i, marks=pytest.mark.skipif(i not in _backend.COMPILED, reason=f"{i}: not compiled into this build"))
+            for i in _isa.NATIVE_ISAS]
+
+
+@needs_native
+@pytest.mark.parametrize("isa", compiled_isa_params())
+def test_build_flags_and_macros(isa):
+    flags, macros = parse_build_info(_backend.build_info(isa))
+    assert flags == _isa.cflags(isa), "the object was not built with the flags in cpufuse/_isa.py"
+    assert EXPECTED_FLAGS[isa] <= set(flags)
+    assert EXPECTED_MACROS[isa] <= macros, f"{isa}: macros {sorted(macros)}"
+    assert "FAST_MATH" not in macros and "-ffast-math" not in flags
+    assert not any(f.startswith(("-Ofast", "-funsafe-math", "-ffinite-math", "-fassociative-math")) for f in flags)
+    assert "-ffp-contract=off" in flags
+    if isa == "scalar":
+        assert not {m for m in macros if m.startswith("AVX") or m in ("FMA", "F16C", "NEON")}, sorted(macros)
+    if isa == "avx2":
+        assert not {m for m in macros if m.startswith("AVX512")}
+    assert cpufuse.info()["build_flags"][isa] == _backend.build_info(isa)
+
+
+@needs_native
+def test_compiled_isas_for_this_machine():
+    for isa in _backend.COMPILED:
+        arches = _isa.NATIVE_ISAS[isa][0]
+        assert arches is None or _backend.MACHINE in arches
+    assert "scalar" in _backend.COMPILED
+
+
+# ------------------------------------------------------------------------------------------------
+# the scalar baseline really is scalar
+
+PACKED = re.compile(r"^v?(?:mul|add|sub|div|max|min|sqrt|hadd|hsub|addsub)ps$|^v?f(?:n)?m(?:add|sub|addsub|subadd)\d{3}ps$")
+
+
+def disassemble():
+    if shutil.which("objdump") is None:
+        pytest.skip("objdump is not installed")
+    so = _backend._ext.__file__
+    r = subprocess.run(["objdump", "-d", "--no-show-raw-insn", so], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    funcs, cur = {}, None
+    for line in r.stdout.splitlines():
+        m = re.match(r"^[0-9a-f]+ <(.+)>:$", line)
+        if m:
+            cur = m.group(1)
+            funcs.setdefault(cur, [])
+            continue
+        if cur and "\t" in line:
+            parts = line.split("\t")
+            if len(parts) >= 2:
+                mnem = parts[1].split()[0] if parts[1].split() else ""
+                funcs[cur].append((mnem, line.strip()))
+    return funcs
+
+
+def packed_ops(insns):
+    return [l for m, l in insns if PACKED.match(m)]
+
+
+@needs_native
+def test_scalar_has_no_packed_float_arithmetic():
+    if _backend.MACHINE not in ("x86_64", "AMD64"):
+        pytest.skip(f"the packed-mnemonic check is written for x86 (this is {_backend.MACHINE})")
+    funcs = disassemble()
+    scalar = {n: i for n, i in funcs.items() if "__scalar" in n and not n.endswith("@plt")}
+    assert any(n.startswith("cf_softmax_f32__scalar") for n in scalar), sorted(scalar)[:20]
+    bad = {n: packed_ops(i)[:3] for n, i in scalar.items() if packed_ops(i)}
+    assert not bad, f"packed float arithmetic in scalar functions: {bad}"
+    # the check can see packed code: the vector ISAs' kernels are full of it
+    for isa in ("avx2", "avx512"):
+        if isa in _backend.COMPILED:
+            assert packed_ops(funcs.get(f"cf_exp_f32__{isa}", [])) or any(
+                packed_ops(i) for n, i in funcs.items() if n.endswith(f"__{isa}")), f"no packed ops found in {isa}"
+
+
+# ------------------------------------------------------------------------------------------------
+# pure-Python wheel
+
+# The dev venv has cpufuse installed editable; its meta-path finder would resolve
+# cpufuse._native to the source tree's .so even for the package imported from the wheel. Drop it
+# so the subprocess sees only what the wheel installed.
+HIDE_EDITABLE = textwrap.dedent("""
+    import sys
+    sys.meta_path[:] = [f for f in sys.meta_path if not str(getattr(f, "__module__", "")).startswith("__editable__")]
+    sys.path_hooks[:] = [h for h in sys.path_hooks if not str(getattr(h, "__module__", "")).startswith("__editable__")]
+    sys.path_importer_cache.clear()
+""")
+
+CHECK = HIDE_EDITABLE + textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import cpufuse
+    from cpufuse import reference
+    i = cpufuse.info()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 5, 37)).astype(np.float32)
+    m = rng.uniform(-1, 1, (1, 3, 5, 37)).astype(np.float16)
+    y = cpufuse.softmax(x, m, scale=0.5, max_bias=8.0)
+    e1 = reference.nmse(reference.softmax(x, m, scale=0.5, max_bias=8.0), y)
+    w = rng.uniform(-2, 2, 37).astype(np.float32)
+    z = cpufuse.rms_norm(x, w, eps=1e-6, bias=w)
+    e2 = reference.nmse(reference.rms_norm(x, 1e-6, w, w), z)
+    h, z2 = cpufuse.add_rms_norm(x, x, w, eps=1e-6)
+    e3 = reference.nmse(reference.rms_norm(x, 1e-6, w, residual=x)[1], z2)
+    print(json.dumps({"file": cpufuse.__file__, "native": i["native_extension"], "avail": list(cpufuse.available_isas()),
+                      "auto": i["auto_isa"], "nmse": [e1, e2, e3], "h_ok": bool(np.array_equal(h, x + x))}))
+""")
+
+
+@pytest.mark.slow
+def test_pure_python_wheel(tmp_path):
+    # build from a copy of the source tree: an in-tree build would write build/ and *.egg-info
+    # into the working copy others are editing (and could pick up a stale build/lib)
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", "build", "dist", "*.so", "*.o", "__pycache__", "*.egg-info", "tests", "bench", ".venv*",
+        ".pytest_cache", ".benchmarks", "_native.c"))
+    wheels, target = tmp_path / "wheels", tmp_path / "site"
+    env = clean_env(CPUFUSE_BUILD_NATIVE="0", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w",
+                        str(wheels), str(src)], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    built = list(wheels.glob("cpufuse-*.whl"))
+    assert len(built) == 1, built
+    assert built[0].name.endswith("-py3-none-any.whl"), f"not a pure-Python wheel: {built[0].name}"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
+                        str(built[0])], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not list(target.glob("cpufuse/*.so")), "native code in the pure-Python wheel"
+    run_env = clean_env(PYTHONPATH=str(target))
+    r = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=run_env, timeout=300,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    import json
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["file"].startswith(str(target)), f"imported {res['file']}, not the installed wheel"
+    assert res["native"] is False
+    assert res["avail"] == ["numba"] and res["auto"] == "numba"
+    assert all(e <= 1e-12 for e in res["nmse"]), res["nmse"]
+    assert res["h_ok"]
+    # and the CLI reports it
+    cli = HIDE_EDITABLE + "import runpy; sys.argv = ['cpufuse', 'info']; runpy.run_module('cpufuse', run_name='__main__')"
+    r = subprocess.run([sys.executable, "-c", cli], capture_output=True, text=True, env=run_env, timeout=300,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "native extension : missing" in r.stdout and "(auto: numba)" in r.stdout

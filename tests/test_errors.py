@@ -1,0 +1,241 @@
+"""Bad inputs raise TypeError / ValueError whose message names the offending argument (SPEC §0.4),
+on every available path, including the lean rms_norm path; never a crash."""
+import re
+
+import numpy as np
+import pytest
+
+import cpufuse
+from _util import AVAILABLE
+
+F32 = np.float32
+_rng = np.random.default_rng(11)
+X = _rng.standard_normal((2, 3, 4, 16)).astype(F32)
+X2 = _rng.standard_normal((6, 16)).astype(F32)  # 2-D contiguous: the lean rms_norm path
+W = _rng.standard_normal(16).astype(F32)
+M = np.zeros((1, 3, 4, 16), F32)
+
+
+def _ro(a):
+    a = a.copy()
+    a.setflags(write=False)
+    return a
+
+
+def _buf_overlap():
+    buf = np.zeros(6 * 16 + 8, F32)
+    x = buf[:96].reshape(6, 16)
+    out = buf[8:104].reshape(6, 16)  # shifted by 8 elements: partial overlap
+    x[...] = X2
+    return x, out
+
+
+_bx, _bout = _buf_overlap()
+
+# (id, exception type, argument name that the message must contain, callable(isa))
+SOFTMAX_BAD = [
+    ("x-f64", TypeError, "x", lambda i: cpufuse.softmax(X.astype(np.float64), isa=i)),
+    ("x-int", TypeError, "x", lambda i: cpufuse.softmax(X.astype(np.int32), isa=i)),
+    ("x-f16", TypeError, "x", lambda i: cpufuse.softmax(X.astype(np.float16), isa=i)),
+    ("x-list", TypeError, "x", lambda i: cpufuse.softmax(X2.tolist(), isa=i)),
+    ("x-0d", ValueError, "x", lambda i: cpufuse.softmax(np.array(1.0, F32), isa=i)),
+    ("x-5d", ValueError, "x", lambda i: cpufuse.softmax(X[None], isa=i)),
+    ("x-strided-last", ValueError, "x", lambda i: cpufuse.softmax(X2[:, ::2], isa=i)),
+    ("x-fortran", ValueError, "x", lambda i: cpufuse.softmax(np.asfortranarray(X2), isa=i)),
+    ("x-bool", TypeError, "x", lambda i: cpufuse.softmax(X2 > 0, isa=i)),
+    ("mask-f64", TypeError, "mask", lambda i: cpufuse.softmax(X, M.astype(np.float64), isa=i)),
+    ("mask-int", TypeError, "mask", lambda i: cpufuse.softmax(X, M.astype(np.int16), isa=i)),
+    ("mask-list", TypeError, "mask", lambda i: cpufuse.softmax(X2, X2.tolist(), isa=i)),
+    ("mask-columns", ValueError, "mask", lambda i: cpufuse.softmax(X, np.zeros((1, 3, 4, 15), F32), isa=i)),
+    ("mask-columns-more", ValueError, "mask", lambda i: cpufuse.softmax(X, np.zeros((1, 3, 4, 17), F32), isa=i)),
+    ("mask-rows", ValueError, "mask", lambda i: cpufuse.softmax(X, np.zeros((1, 3, 3, 16), F32), isa=i)),
+    ("mask-heads", ValueError, "mask", lambda i: cpufuse.softmax(X, np.zeros((1, 2, 4, 16), F32), isa=i)),
+    ("mask-seqs", ValueError, "mask", lambda i: cpufuse.softmax(X, np.zeros((3, 1, 4, 16), F32), isa=i)),
+    ("mask-5d", ValueError, "mask", lambda i: cpufuse.softmax(X, M[None], isa=i)),
+    ("mask-strided-last", ValueError, "mask", lambda i: cpufuse.softmax(X2, np.zeros((6, 32), F32)[:, ::2], isa=i)),
+    ("alibi-no-mask", ValueError, "max_bias", lambda i: cpufuse.softmax(X, max_bias=8.0, isa=i)),
+    ("max_bias-inf", ValueError, "max_bias", lambda i: cpufuse.softmax(X, M, max_bias=np.inf, isa=i)),
+    ("scale-str", TypeError, "scale", lambda i: cpufuse.softmax(X, scale="a", isa=i)),
+    ("scale-numeric-str", TypeError, "scale", lambda i: cpufuse.softmax(X, scale="2", isa=i)),
+    ("sinks-shape", ValueError, "sinks", lambda i: cpufuse.softmax(X, sinks=np.zeros(4, F32), isa=i)),
+    ("sinks-2d", ValueError, "sinks", lambda i: cpufuse.softmax(X, sinks=np.zeros((1, 3), F32), isa=i)),
+    ("sinks-dtype", TypeError, "sinks", lambda i: cpufuse.softmax(X, sinks=np.zeros(3), isa=i)),
+    ("sinks-list", TypeError, "sinks", lambda i: cpufuse.softmax(X, sinks=[0.0, 0.0, 0.0], isa=i)),
+    ("out-shape", ValueError, "out", lambda i: cpufuse.softmax(X, out=np.empty((2, 3, 4, 15), F32), isa=i)),
+    ("out-shape-flat", ValueError, "out", lambda i: cpufuse.softmax(X, out=np.empty(X.size, F32), isa=i)),
+    ("out-dtype", TypeError, "out", lambda i: cpufuse.softmax(X, out=np.empty(X.shape), isa=i)),
+    ("out-list", TypeError, "out", lambda i: cpufuse.softmax(X2, out=X2.tolist(), isa=i)),
+    ("out-readonly", ValueError, "out", lambda i: cpufuse.softmax(X, out=_ro(X), isa=i)),
+    ("out-strided-last", ValueError, "out", lambda i: cpufuse.softmax(X2, out=np.empty((6, 32), F32)[:, ::2], isa=i)),
+    ("out-overlaps-x", ValueError, "out", lambda i: cpufuse.softmax(_bx, out=_bout, isa=i)),
+    ("out-overlaps-mask", ValueError, "out", lambda i: cpufuse.softmax(X2, _bx, out=_bout, isa=i)),
+    ("out-x-reversed", ValueError, "out", lambda i: (lambda x: cpufuse.softmax(x, out=x[::-1], isa=i))(X2.copy())),
+    ("isa-unknown", ValueError, "isa", lambda i: cpufuse.softmax(X, isa="foo")),
+    ("isa-none-str", ValueError, "isa", lambda i: cpufuse.softmax(X, isa="")),
+]
+
+RMS_BAD = [
+    ("x-f64", TypeError, "x", lambda i: cpufuse.rms_norm(X2.astype(np.float64), W, eps=1e-6, isa=i)),
+    ("x-f64-plain", TypeError, "x", lambda i: cpufuse.rms_norm(X.astype(np.float64), eps=1e-6, isa=i)),
+    ("x-int", TypeError, "x", lambda i: cpufuse.rms_norm(X2.astype(np.int64), W, eps=1e-6, isa=i)),
+    ("x-f16", TypeError, "x", lambda i: cpufuse.rms_norm(X2.astype(np.float16), W, eps=1e-6, isa=i)),
+    ("x-list", TypeError, "x", lambda i: cpufuse.rms_norm(X2.tolist(), W, eps=1e-6, isa=i)),
+    ("x-0d", ValueError, "x", lambda i: cpufuse.rms_norm(np.array(1.0, F32), eps=1e-6, isa=i)),
+    ("x-5d", ValueError, "x", lambda i: cpufuse.rms_norm(X[None], eps=1e-6, isa=i)),
+    ("x-strided-last", ValueError, "x", lambda i: cpufuse.rms_norm(X2[:, ::2], W[:8], eps=1e-6, isa=i)),
+    ("eps-negative", ValueError, "eps", lambda i: cpufuse.rms_norm(X2, W, eps=-1e-6, isa=i)),
+    ("eps-negative-plain", ValueError, "eps", lambda i: cpufuse.rms_norm(X, eps=-1.0, isa=i)),
+    ("eps-nan", ValueError, "eps", lambda i: cpufuse.rms_norm(X2, W, eps=float("nan"), isa=i)),
+    ("eps-neg-inf", ValueError, "eps", lambda i: cpufuse.rms_norm(X2, W, eps=-np.inf, isa=i)),
+    ("eps-missing", TypeError, "eps", lambda i: cpufuse.rms_norm(X2, W, isa=i)),
+    ("eps-str", TypeError, "eps", lambda i: cpufuse.rms_norm(X2, W, eps="abc", isa=i)),
+    ("eps-numeric-str", TypeError, "eps", lambda i: cpufuse.rms_norm(X2, W, eps="1e-6", isa=i)),
+    ("eps-none", TypeError, "eps", lambda i: cpufuse.rms_norm(X2, W, eps=None, isa=i)),
+    ("bias-without-weight", ValueError, "bias", lambda i: cpufuse.rms_norm(X2, eps=1e-6, bias=W, isa=i)),
+    ("weight-no-tile", ValueError, "weight", lambda i: cpufuse.rms_norm(X2, W[:15], eps=1e-6, isa=i)),
+    ("weight-no-tile-rows", ValueError, "weight", lambda i: cpufuse.rms_norm(X2, np.ones((4, 16), F32), eps=1e-6, isa=i)),
+    ("weight-longer", ValueError, "weight", lambda i: cpufuse.rms_norm(X2, np.ones(32, F32), eps=1e-6, isa=i)),
+    ("weight-too-many-dims", ValueError, "weight", lambda i: cpufuse.rms_norm(X2, np.ones((1, 1, 16), F32), eps=1e-6, isa=i)),
+    ("weight-f64", TypeError, "weight", lambda i: cpufuse.rms_norm(X2, W.astype(np.float64), eps=1e-6, isa=i)),
+    ("weight-list", TypeError, "weight", lambda i: cpufuse.rms_norm(X2, W.tolist(), eps=1e-6, isa=i)),
+    ("weight-strided-last", ValueError, "weight", lambda i: cpufuse.rms_norm(X2, np.ones(32, F32)[::2], eps=1e-6, isa=i)),
+    ("bias-no-tile", ValueError, "bias", lambda i: cpufuse.rms_norm(X2, W, eps=1e-6, bias=np.ones(5, F32), isa=i)),
+    ("bias-f16", TypeError, "bias", lambda i: cpufuse.rms_norm(X2, W, eps=1e-6, bias=W.astype(np.float16), isa=i)),
+    ("out-shape", ValueError, "out", lambda i: cpufuse.rms_norm(X2, W, eps=1e-6, out=np.empty((6, 15), F32), isa=i)),
+    ("out-shape-plain", ValueError, "out", lambda i: cpufuse.rms_norm(X, eps=1e-6, out=np.empty((24, 16), F32), isa=i)),
+    ("out-dtype", TypeError, "out", lambda i: cpufuse.rms_norm(X2, W, eps=1e-6, out=np.empty((6, 16)), isa=i)),
+    ("out-dtype-plain", TypeError, "out", lambda i: cpufuse.rms_norm(X, eps=1e-6, out=np.empty(X.shape, np.float16), isa=i)),
+    ("out-readonly-lean", ValueError, "out", lambda i: cpufuse.rms_norm(X2, W, eps=1e-6, out=_ro(X2), isa=i)),
+    ("out-readonly-plain", ValueError, "out", lambda i: cpufuse.rms_norm(X, eps=1e-6, out=_ro(X), isa=i)),
+    ("out-readonly-bias", ValueError, "out", lambda i: cpufuse.rms_norm(X2, W, eps=1e-6, bias=W, out=_ro(X2), isa=i)),
+    ("out-overlaps-x", ValueError, "out", lambda i: cpufuse.rms_norm(_bx, W, eps=1e-6, out=_bout, isa=i)),
+    ("out-overlaps-x-plain", ValueError, "out", lambda i: cpufuse.rms_norm(_bx, eps=1e-6, out=_bout, isa=i)),
+    ("out-is-x-with-weight", ValueError, "out", lambda i: (lambda x: cpufuse.rms_norm(x, W, eps=1e-6, out=x, isa=i))(X2.copy())),
+    ("out-is-x-with-weight-4d", ValueError, "out", lambda i: (lambda x: cpufuse.rms_norm(x, W, eps=1e-6, out=x, isa=i))(X.copy())),
+    ("out-is-x-with-bias", ValueError, "out", lambda i: (lambda x: cpufuse.rms_norm(x, W, eps=1e-6, bias=W, out=x, isa=i))(X2.copy())),
+    ("out-is-weight", ValueError, "out", lambda i: (lambda w: cpufuse.rms_norm(X2[:1], w, eps=1e-6, out=w, isa=i))(W.copy()[None])),
+    ("isa-unknown", ValueError, "isa", lambda i: cpufuse.rms_norm(X2, W, eps=1e-6, isa="foo")),
+    ("isa-unknown-plain", ValueError, "isa", lambda i: cpufuse.rms_norm(X, eps=1e-6, isa="foo")),
+]
+
+ADD_BAD = [
+    ("residual-f64", TypeError, "residual", lambda i: cpufuse.add_rms_norm(X2, X2.astype(np.float64), eps=1e-6, isa=i)),
+    ("residual-list", TypeError, "residual", lambda i: cpufuse.add_rms_norm(X2, X2.tolist(), eps=1e-6, isa=i)),
+    ("residual-no-tile", ValueError, "residual", lambda i: cpufuse.add_rms_norm(X2, np.ones((4, 16), F32), eps=1e-6, isa=i)),
+    ("residual-none", TypeError, "residual", lambda i: cpufuse.add_rms_norm(X2, None, eps=1e-6, isa=i)),
+    ("x-f64", TypeError, "x", lambda i: cpufuse.add_rms_norm(X2.astype(np.float64), X2, eps=1e-6, isa=i)),
+    ("eps-negative", ValueError, "eps", lambda i: cpufuse.add_rms_norm(X2, X2, eps=-1.0, isa=i)),
+    ("bias-without-weight", ValueError, "bias", lambda i: cpufuse.add_rms_norm(X2, X2, eps=1e-6, bias=W, isa=i)),
+    ("out-not-tuple", TypeError, "out", lambda i: cpufuse.add_rms_norm(X2, X2, eps=1e-6, out=np.empty_like(X2), isa=i)),
+    ("out-tuple-len", TypeError, "out", lambda i: cpufuse.add_rms_norm(X2, X2, eps=1e-6, out=(np.empty_like(X2),), isa=i)),
+    ("out-h-shape", ValueError, "out", lambda i: cpufuse.add_rms_norm(X2, X2, eps=1e-6, out=(np.empty((6, 8), F32), np.empty_like(X2)), isa=i)),
+    ("out-y-dtype", TypeError, "out", lambda i: cpufuse.add_rms_norm(X2, X2, eps=1e-6, out=(np.empty_like(X2), np.empty((6, 16))), isa=i)),
+    ("out-y-readonly", ValueError, "out", lambda i: cpufuse.add_rms_norm(X2, X2, eps=1e-6, out=(np.empty_like(X2), _ro(X2)), isa=i)),
+    ("out-y-is-x", ValueError, "out", lambda i: (lambda x: cpufuse.add_rms_norm(x, X2, eps=1e-6, out=(np.empty_like(x), x), isa=i))(X2.copy())),
+    ("out-y-is-h", ValueError, "out", lambda i: (lambda h: cpufuse.add_rms_norm(X2, X2, eps=1e-6, out=(h, h), isa=i))(np.empty_like(X2))),
+    ("out-h-overlaps-x", ValueError, "out", lambda i: cpufuse.add_rms_norm(_bx, X2, eps=1e-6, out=(_bout, np.empty_like(X2)), isa=i)),
+    ("out-h-is-weight", ValueError, "out", lambda i: (lambda w: cpufuse.add_rms_norm(X2[:1], X2[:1], w, eps=1e-6, out=(w, np.empty((1, 16), F32)), isa=i))(W.copy()[None])),
+    ("isa-unknown", ValueError, "isa", lambda i: cpufuse.add_rms_norm(X2, X2, eps=1e-6, isa="foo")),
+]
+
+
+def _names_arg(msg, name):
+    return re.search(r"(?<![A-Za-z_])" + re.escape(name) + r"(?![A-Za-z_])", msg) is not None
+
+
+def _run_bad(exc, name, fn):
+    for isa in AVAILABLE:
+        with pytest.raises(exc) as ei:
+            fn(isa)
+        assert type(ei.value) is exc or isinstance(ei.value, exc)
+        msg = str(ei.value)
+        assert _names_arg(msg, name), f"[{isa}] {type(ei.value).__name__} message does not name {name!r}: {msg!r}"
+
+
+@pytest.mark.parametrize("exc,name,fn", [pytest.param(e, n, f, id=i) for i, e, n, f in SOFTMAX_BAD])
+def test_softmax_bad(exc, name, fn):
+    _run_bad(exc, name, fn)
+
+
+@pytest.mark.parametrize("exc,name,fn", [pytest.param(e, n, f, id=i) for i, e, n, f in RMS_BAD])
+def test_rms_norm_bad(exc, name, fn):
+    _run_bad(exc, name, fn)
+
+
+@pytest.mark.parametrize("exc,name,fn", [pytest.param(e, n, f, id=i) for i, e, n, f in ADD_BAD])
+def test_add_rms_norm_bad(exc, name, fn):
+    _run_bad(exc, name, fn)
+
+
+def test_failed_call_leaves_out_untouched():
+    out = np.full(X2.shape, 3.0, F32)
+    with pytest.raises(ValueError):
+        cpufuse.rms_norm(X2, W[:15], eps=1e-6, out=out)
+    with pytest.raises(ValueError):
+        cpufuse.softmax(X2, np.zeros((5, 16), F32), out=out)
+    assert np.all(out == 3.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# what is allowed
+
+def test_out_is_x_allowed_softmax_and_plain_rms_norm():
+    for isa in AVAILABLE:
+        x = X.copy()
+        assert cpufuse.softmax(x, out=x, isa=isa) is x
+        x = X.copy()
+        assert cpufuse.softmax(x, M, out=x, isa=isa) is x
+        x = X.copy()
+        assert cpufuse.rms_norm(x, eps=1e-6, out=x, isa=isa) is x
+        x = X2.copy()
+        assert cpufuse.rms_norm(x, eps=1e-6, out=x, isa=isa) is x
+
+
+def test_accepted_scalars():
+    """eps / scale / max_bias accept python ints and numpy scalars"""
+    ref = cpufuse.rms_norm(X2, W, eps=1.0)
+    for eps in (1, np.float32(1.0), np.float64(1.0), np.int64(1)):
+        assert np.array_equal(cpufuse.rms_norm(X2, W, eps=eps), ref)
+    ref = cpufuse.softmax(X, M, scale=2.0, max_bias=8.0)
+    for s in (2, np.float32(2.0), np.int32(2)):
+        assert np.array_equal(cpufuse.softmax(X, M, scale=s, max_bias=np.float32(8)), ref)
+
+
+# ------------------------------------------------------------------------------------------------
+# ISA names
+
+def test_unknown_isa_message_lists_isas():
+    for fn in (lambda: cpufuse.softmax(X, isa="foo"), lambda: cpufuse.rms_norm(X2, W, eps=1e-6, isa="foo")):
+        with pytest.raises(ValueError) as ei:
+            fn()
+        msg = str(ei.value)
+        assert "foo" in msg
+        for name in cpufuse.available_isas():
+            assert name in msg
+
+
+@pytest.mark.parametrize("name", [i for i in cpufuse.ALL_ISAS if i not in cpufuse.available_isas()] or ["<none>"])
+def test_unavailable_isa(name):
+    if name == "<none>":
+        pytest.skip("every ISA is available on this machine")
+    calls = [lambda: cpufuse.softmax(X, isa=name), lambda: cpufuse.rms_norm(X2, W, eps=1e-6, isa=name),
+             lambda: cpufuse.rms_norm(X, eps=1e-6, isa=name), lambda: cpufuse.add_rms_norm(X2, X2, eps=1e-6, isa=name)]
+    for fn in calls:
+        with pytest.raises(ValueError) as ei:
+            fn()
+        msg = str(ei.value)
+        assert name in msg and "isa" in msg
+        assert "available" in msg
+        for ok in cpufuse.available_isas():
+            assert ok in msg, f"{ok!r} missing from {msg!r}"
+    with pytest.raises(ValueError) as ei:
+        with cpufuse.use_isa(name):
+            pass
+    assert all(ok in str(ei.value) for ok in cpufuse.available_isas())
+
+
+def test_use_isa_unknown():
+    with pytest.raises(ValueError) as ei:
+        with cpufuse.use_isa("foo"):
+            pass
+    assert "foo" in str(ei.value)
