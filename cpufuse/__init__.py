@@ -9,13 +9,13 @@
 """
 from . import _backend as _native, _dispatch
 from ._dispatch import AVAILABLE as _AVAILABLE
-from ._dispatch import use_isa
+from ._dispatch import get_num_threads, set_num_threads, use_isa
 from ._isa import ALL_ISAS
 from .graph import Graph, GraphError
 from .ops import add_rms_norm, flash_attn, rms_norm, softmax
 
 __version__ = "0.1.0"
-__all__ = ["softmax", "rms_norm", "add_rms_norm", "flash_attn", "Graph", "GraphError", "use_isa", "available_isas", "info", "ALL_ISAS"]
+__all__ = ["set_num_threads", "get_num_threads", "softmax", "rms_norm", "add_rms_norm", "flash_attn", "Graph", "GraphError", "use_isa", "available_isas", "info", "ALL_ISAS"]
 
 OPS = ("softmax", "rms_norm", "add_rms_norm", "flash_attn")
 
@@ -40,5 +40,6 @@ def info():
         "auto_isa": _AVAILABLE[0],
         "override": {"source": _dispatch.override(), "isa": cur if _dispatch.override() else None},
         "ops": {op: cur for op in OPS},
+        "num_threads": _dispatch.get_num_threads(),
         "build_flags": {isa: _native.build_info(isa) for isa in _native.COMPILED},
     }

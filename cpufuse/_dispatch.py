@@ -79,3 +79,51 @@ def resolve(isa):
     if isa in _AVAILABLE_SET:
         return isa
     return check_isa(isa)
+
+
+# ------------------------------------------------------------------------------------------------
+# threads: per-call n_threads= > set_num_threads() > CPUFUSE_NUM_THREADS > the cores this process
+# may run on (its CPU affinity, not the machine's core count)
+
+def _affinity_cores():
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _check_threads(n, source):
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{source} must be an integer >= 1, got {n!r}")
+    return n
+
+
+def _initial_threads():
+    env = os.environ.get("CPUFUSE_NUM_THREADS", "").strip()
+    if env:
+        try:
+            return _check_threads(int(env), "CPUFUSE_NUM_THREADS")
+        except ValueError:
+            raise ValueError(f"CPUFUSE_NUM_THREADS must be an integer >= 1, got {env!r}") from None
+    return _affinity_cores()
+
+
+_threads = [_initial_threads()]
+
+
+def set_num_threads(n):
+    """Default thread count for every op (per call: n_threads=)."""
+    _threads[0] = _check_threads(n, "n_threads")
+
+
+def get_num_threads():
+    return _threads[0]
+
+
+def threads(n):
+    """Hot path: the per-call keyword or the default."""
+    if n is None:
+        return _threads[0]
+    if type(n) is int and n >= 1:
+        return n
+    return _check_threads(n, "n_threads")

@@ -697,8 +697,9 @@ class Plan:
 
     __str__ = describe
 
-    def run(self, copy=False, **inputs):
+    def run(self, copy=False, n_threads=None, **inputs):
         """Run the plan on named input arrays; returns the outputs in g.output() order."""
+        nth = _dispatch.threads(n_threads)
         arrays = {}
         for n in self._inputs:
             if n.name not in inputs:
@@ -717,16 +718,16 @@ class Plan:
         for kind, seg in self.segments:
             if kind == "c":
                 fn, prog, nrec, steps = seg
-                rc = fn(prog, nrec, ptrs, self._fpc, self._blas, self.ilp64)
+                rc = fn(prog, nrec, ptrs, self._fpc, self._blas, self.ilp64, nth)
                 if rc:
                     raise GraphError(f"run: kernel call failed at {steps[rc - 1].kind} "
                                      f"[{', '.join(n.name for n in steps[rc - 1].nodes)}]")
             else:
-                self._exec(seg, arrays)
+                self._exec(seg, arrays, nth)
         outs = tuple(self._array(n, arrays) for n in self.graph.outputs)
         return tuple(o.copy() for o in outs) if copy else outs
 
-    def _exec(self, st, arrays):
+    def _exec(self, st, arrays, nth=None):
         A = lambda n: None if n is None else self._array(n, arrays)  # noqa: E731
         isa, k = self.isa, st.kind
         if k in ("add", "mul"):
@@ -745,19 +746,19 @@ class Plan:
             np.multiply(g / (1.0 + np.exp(-g)), u, out=A(st.outs[0]))
         elif k == "rms_norm":
             x, _, w, b = (A(a) for a in st.ins)
-            _ops.rms_norm(x, w, eps=st.params["eps"], bias=b, out=A(st.outs[1]), isa=isa)
+            _ops.rms_norm(x, w, eps=st.params["eps"], bias=b, out=A(st.outs[1]), isa=isa, n_threads=nth)
         elif k == "add_rms_norm":
             x, r, w, b = (A(a) for a in st.ins)
-            _ops.add_rms_norm(x, r, w, eps=st.params["eps"], bias=b, out=(A(st.outs[0]), A(st.outs[1])), isa=isa)
+            _ops.add_rms_norm(x, r, w, eps=st.params["eps"], bias=b, out=(A(st.outs[0]), A(st.outs[1])), isa=isa, n_threads=nth)
         elif k == "softmax":
             x, m, sk = (A(a) for a in st.ins)
             _ops.softmax(x, m, scale=st.params["scale"], max_bias=st.params["max_bias"], sinks=sk,
-                         out=A(st.outs[0]), isa=isa)
+                         out=A(st.outs[0]), isa=isa, n_threads=nth)
         elif k == "flash_attn":
             q, kk, v, m, sk = (A(a) for a in st.ins)
             p = st.params
             _ops.flash_attn(q, kk, v, m, scale=p["scale"], max_bias=p["max_bias"], softcap=p["softcap"],
-                            sinks=sk, out=A(st.outs[0]), isa=isa)
+                            sinks=sk, out=A(st.outs[0]), isa=isa, n_threads=nth)
         elif k == "matmul":
             np.matmul(A(st.ins[0]), A(st.ins[1]), out=A(st.outs[0]))
         elif k == "copy":

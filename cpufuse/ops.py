@@ -18,6 +18,7 @@ F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
 I64 = np.dtype(np.int64)
 _ndarray = np.ndarray
+_threads = _dispatch.threads
 
 # cffi types resolved once
 if ffi is not None:
@@ -193,7 +194,8 @@ def _check_tiled(a, name, xshape, allow_dim0_tile=True):
 # ------------------------------------------------------------------------------------------------
 # softmax
 
-def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=None, fused=True):
+def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=None, fused=True,
+            n_threads=None):
     """ggml soft_max_ext (SPEC §1): softmax(x*scale + slope*mask) over the last axis, with sinks.
 
     x: float32, 1-4 dims (S, H, R, C), last axis unit-stride. mask: float32 or float16 with shape
@@ -261,17 +263,19 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
 
     dp = _desc(softmax_desc(_geom4(x), _geom4(out), _geom4(mask) if mask is not None else None, mkind))
     fn = getattr(lib, f"cf_softmax_f32__{isa}" if fused else f"cf_softmax_unfused_f32__{isa}")
-    fn(dp, _ptr(x), _ptr(mask) if m4 is not None else _NULL,
-       _fb(_T_F32, slopes) if slopes is not None else _NULL,
-       _fb(_T_F32, sinks) if sinks is not None else _NULL,
-       scale, _ptr(out, writable=True))
+    rc = fn(dp, _ptr(x), _ptr(mask) if m4 is not None else _NULL,
+            _fb(_T_F32, slopes) if slopes is not None else _NULL,
+            _fb(_T_F32, sinks) if sinks is not None else _NULL,
+            scale, _ptr(out, writable=True), _dispatch.threads(n_threads))
+    if rc:
+        raise MemoryError("softmax: could not allocate scratch memory")
     return out
 
 
 # ------------------------------------------------------------------------------------------------
 # rms_norm
 
-def rms_norm(x, weight=None, *, eps, bias=None, out=None, isa=None, fused=True):
+def rms_norm(x, weight=None, *, eps, bias=None, out=None, isa=None, fused=True, n_threads=None):
     """ggml RMS_NORM (+MUL, +MUL+ADD) fused (SPEC §2): y = (x * s) * weight + bias per row, with
     s = 1/sqrt(mean(x^2) + eps). weight and bias tile x by modulo in every dim (ggml_can_repeat),
     including the last when it divides the row length. The fused result is bit-identical to
@@ -290,15 +294,16 @@ def rms_norm(x, weight=None, *, eps, bias=None, out=None, isa=None, fused=True):
             elif (type(out) is not _ndarray or out.dtype is not F32 or out.shape != x.shape
                   or not out.flags.c_contiguous or not out.flags.writeable or np.may_share_memory(out, x)
                   or np.may_share_memory(out, weight)):
-                return _rms_norm_general(x, None, weight, eps, bias, out, isa, fused)
+                return _rms_norm_general(x, None, weight, eps, bias, out, isa, fused, n_threads)
             n = x.shape[-1]
             getattr(lib, f"cf_rms_norm_rows_f32__{isa}")(x.size // n, n, _fb(_T_F32, x), _fb(_T_F32, weight),
-                                                        eps, _fb(_T_F32, out, require_writable=True))
+                                                        eps, _fb(_T_F32, out, require_writable=True),
+                                                        _threads(n_threads))
             return out
-    return _rms_norm_general(x, None, weight, eps, bias, out, _dispatch.resolve(isa), fused)
+    return _rms_norm_general(x, None, weight, eps, bias, out, _dispatch.resolve(isa), fused, n_threads)
 
 
-def add_rms_norm(x, residual, weight=None, *, eps, bias=None, out=None, isa=None, fused=True):
+def add_rms_norm(x, residual, weight=None, *, eps, bias=None, out=None, isa=None, fused=True, n_threads=None):
     """The pre-norm residual pattern (SPEC §2.1, §4.4): h = x + residual, y = rms_norm(h) * weight
     (+ bias), computed with one sweep that writes h and sums its squares, then one that writes y.
     Returns (h, y). residual, weight and bias tile x by modulo (ggml_can_repeat).
@@ -306,10 +311,10 @@ def add_rms_norm(x, residual, weight=None, *, eps, bias=None, out=None, isa=None
     """
     if not isinstance(residual, _ndarray):
         raise TypeError(f"residual must be a numpy.ndarray of float32, got {type(residual).__name__}")
-    return _rms_norm_general(x, residual, weight, eps, bias, out, _dispatch.resolve(isa), fused)
+    return _rms_norm_general(x, residual, weight, eps, bias, out, _dispatch.resolve(isa), fused, n_threads)
 
 
-def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused):
+def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused, n_threads=None):
     _check_f32(x, "x")
     eps = _check_eps(eps)
     shape = x.shape
@@ -365,7 +370,8 @@ def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused):
         fn = getattr(lib, f"cf_rms_norm_f32__{isa}" if fused else f"cf_rms_norm_unfused_f32__{isa}")
         fn(dp, _ptr(x4), _ptr(r4) if r4 is not None else _NULL,
            _ptr(w4) if w4 is not None else _NULL, _ptr(b4) if b4 is not None else _NULL, eps,
-           _ptr(h4, writable=True) if h4 is not None else _NULL, _ptr(y4, writable=True))
+           _ptr(h4, writable=True) if h4 is not None else _NULL, _ptr(y4, writable=True),
+           _dispatch.threads(n_threads))
     return (h_out, y_out) if residual is not None else y_out
 
 
@@ -398,7 +404,7 @@ def choose_strategy(N, T):
 
 def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=None, out=None,
                isa=None, strategy=None, chunk=DEFAULT_SPLIT_CHUNK, q_tile=64, fused=True,
-               ggml_compat=False):
+               ggml_compat=False, n_threads=None):
     """ggml flash_attn_ext (SPEC §3): softmax(q·kᵀ·scale [softcap] + slope·mask)·v per query row.
 
     q: float32 (S, Hq, N, DK); k: float16/float32 (S, Hk, T, DK); v: float16/float32 (S, Hv, T, DV);
@@ -491,7 +497,8 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
     fn = getattr(lib, f"cf_flash_attn_f32__{isa}" if fused else f"cf_flash_attn_unfused_f32__{isa}")
     rc = fn(dp, _ptr(q), _ptr(k), _ptr(v), _ptr(m4) if m4 is not None else _NULL,
             _fb(_T_F32, slopes) if slopes is not None else _NULL,
-            _fb(_T_F32, sinks) if sinks is not None else _NULL, scale, softcap, _ptr(out, writable=True))
+            _fb(_T_F32, sinks) if sinks is not None else _NULL, scale, softcap, _ptr(out, writable=True),
+            _dispatch.threads(n_threads))
     if rc != 0:
         raise MemoryError("flash_attn: could not allocate scratch memory")
     return out

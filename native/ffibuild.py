@@ -86,9 +86,9 @@ ffibuilder.set_source(
     "cpufuse._native",
     "#include <stdint.h>\n" + _decls + "\n"
     f'const char *cf_compiled_isas(void) {{ return "{",".join(ISAS)}"; }}\n',
-    sources=[os.path.relpath(os.path.join(HERE, "src", "cpuinfo.c"), ROOT)],
-    extra_compile_args=["-O2", "-fno-math-errno"],
-    libraries=["m"],
+    sources=[os.path.relpath(os.path.join(HERE, "src", f), ROOT) for f in ("cpuinfo.c", "pool.c")],
+    extra_compile_args=["-O2", "-fno-math-errno", "-std=c11"],
+    libraries=["m", "pthread"],
 )
 
 

@@ -1,0 +1,421 @@
+"""Optional peers for the benchmark table: PyTorch (CPU), onnxruntime and ggml (via ctypes).
+
+One builder per peer: ``build(case, inp) -> ((fn, get), None)`` or ``(None, reason)``.
+``fn`` is a zero-argument callable doing one op call (this is what is timed); ``get()`` runs it
+once more and returns the output (or (h, y) for add_rms_norm) as numpy arrays for the check.
+A peer that cannot be imported or loaded gives a reason and is skipped, never an error.
+
+``case`` has .op ("softmax" | "rms_norm" | "add_rms_norm"), .scale, .eps and .mode ("kernel",
+"alloc", "out"); ``inp`` is a dict with x, mask (or None), w, r (add_rms_norm).
+All peers run on one thread.
+"""
+import ctypes
+import functools
+import glob
+import importlib.util
+import os
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GGML_LOCAL = os.path.join(HERE, ".ggml")  # where peers_setup.py puts a ggml-only build
+
+
+# ------------------------------------------------------------------------------------------------
+# PyTorch
+
+_torch = None
+
+
+def _load_torch():
+    global _torch
+    if _torch is None:
+        try:
+            import torch
+        except Exception as e:  # ImportError, or a broken install
+            _torch = (None, f"torch not importable: {type(e).__name__}: {e}")
+        else:
+            torch.set_num_threads(1)
+            try:
+                torch.set_num_interop_threads(1)
+            except RuntimeError:
+                pass
+            _torch = (torch, None)
+    return _torch
+
+
+def torch_build(case, inp):
+    """torch.softmax(x*scale + mask, -1); F.rms_norm(x, (n,), w, eps); add: h = x + r, rms_norm(h).
+    Written as users write them (each call allocates its result)."""
+    torch, why = _load_torch()
+    if torch is None:
+        return None, why
+    F = torch.nn.functional
+    x = torch.from_numpy(inp["x"])
+    n = inp["x"].shape[-1]
+    if case.op == "softmax":
+        m = torch.from_numpy(inp["mask"]) if inp["mask"] is not None else None
+        s = case.scale
+        if m is None:
+            fn = (lambda: torch.softmax(x * s, -1)) if s != 1.0 else functools.partial(torch.softmax, x, -1)
+        else:
+            fn = lambda: torch.softmax(x * s + m, -1)  # noqa: E731  (f32 + f16 promotes to f32)
+        return (fn, lambda: fn().numpy()), None
+    w = torch.from_numpy(inp["w"])
+    if case.op == "rms_norm":
+        fn = functools.partial(F.rms_norm, x, (n,), w, case.eps)
+        return (fn, lambda: fn().numpy()), None
+    r = torch.from_numpy(inp["r"])
+
+    def fn():
+        h = x + r
+        return h, F.rms_norm(h, (n,), w, case.eps)
+
+    return (fn, lambda: tuple(t.numpy() for t in fn())), None
+
+
+def torch_version():
+    torch, _ = _load_torch()
+    return torch.__version__ if torch is not None else None
+
+
+# ------------------------------------------------------------------------------------------------
+# onnxruntime
+
+_ort = None
+
+
+def _load_ort():
+    global _ort
+    if _ort is None:
+        try:
+            import onnx
+            import onnxruntime
+        except Exception as e:
+            _ort = (None, None, f"onnx/onnxruntime not importable: {type(e).__name__}: {e}")
+        else:
+            _ort = (onnx, onnxruntime, None)
+    return _ort
+
+
+def _ort_model(onnx, case, inp, use_rmsnorm_op):
+    from onnx import TensorProto, helper, numpy_helper
+    x = inp["x"]
+    shape = list(x.shape)
+    f32 = TensorProto.FLOAT
+    nodes, inits = [], []
+    ins = [helper.make_tensor_value_info("X", f32, shape)]
+    if case.op == "softmax":
+        opset = 13
+        outs = [helper.make_tensor_value_info("Y", f32, shape)]
+        z = "X"
+        if case.scale != 1.0:
+            inits.append(numpy_helper.from_array(np.array(case.scale, np.float32), "scale"))
+            nodes.append(helper.make_node("Mul", ["X", "scale"], ["xs"]))
+            z = "xs"
+        m = inp["mask"]
+        if m is not None:
+            mt = TensorProto.FLOAT16 if m.dtype == np.float16 else f32
+            ins.append(helper.make_tensor_value_info("M", mt, list(m.shape)))
+            mm = "M"
+            if m.dtype == np.float16:
+                nodes.append(helper.make_node("Cast", ["M"], ["Mf"], to=f32))
+                mm = "Mf"
+            nodes.append(helper.make_node("Add", [z, mm], ["zm"]))
+            z = "zm"
+        nodes.append(helper.make_node("Softmax", [z], ["Y"], axis=-1))
+    else:
+        n = shape[-1]
+        ins.append(helper.make_tensor_value_info("W", f32, [n]))
+        h = "X"
+        outs = []
+        if case.op == "add_rms_norm":
+            ins.append(helper.make_tensor_value_info("R", f32, shape))
+            nodes.append(helper.make_node("Add", ["X", "R"], ["H"]))
+            outs.append(helper.make_tensor_value_info("H", f32, shape))
+            h = "H"
+        outs.append(helper.make_tensor_value_info("Y", f32, shape))
+        if use_rmsnorm_op:
+            opset = 23
+            nodes.append(helper.make_node("RMSNormalization", [h, "W"], ["Y"], axis=-1, epsilon=case.eps))
+        else:
+            opset = 18
+            inits += [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+                      numpy_helper.from_array(np.array(case.eps, np.float32), "eps"),
+                      numpy_helper.from_array(np.array([-1], np.int64), "axes")]
+            nodes += [helper.make_node("Pow", [h, "two"], ["sq"]),
+                      helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], keepdims=1),
+                      helper.make_node("Add", ["ms", "eps"], ["mse"]),
+                      helper.make_node("Sqrt", ["mse"], ["rms"]),
+                      helper.make_node("Div", [h, "rms"], ["xn"]),
+                      helper.make_node("Mul", ["xn", "W"], ["Y"])]
+    graph = helper.make_graph(nodes, "cpufuse_bench", ins, outs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = min(model.ir_version, 10)
+    return model
+
+
+def ort_build(case, inp):
+    """Tiny in-memory ONNX graphs, one intra-op thread. Kernel rows bind preallocated numpy inputs
+    and outputs (io_binding); the "alloc" latency row uses plain run(), which allocates outputs."""
+    onnx, ort, why = _load_ort()
+    if onnx is None:
+        return None, why
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    sess, errors = None, []
+    for use_op in ((True, False) if case.op != "softmax" else (False,)):
+        try:
+            model = _ort_model(onnx, case, inp, use_op)
+            sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            break
+        except Exception as e:
+            errors.append(f"{'RMSNormalization' if use_op else 'graph'}: {type(e).__name__}: {e}")
+    if sess is None:
+        return None, "onnxruntime session failed: " + "; ".join(errors)
+    feeds = {"X": inp["x"]}
+    if case.op == "softmax" and inp["mask"] is not None:
+        feeds["M"] = inp["mask"]
+    if case.op != "softmax":
+        feeds["W"] = inp["w"]
+    if case.op == "add_rms_norm":
+        feeds["R"] = inp["r"]
+    out_names = [o.name for o in sess.get_outputs()]
+
+    def unpack(res):
+        return tuple(res) if len(res) == 2 else res[0]
+
+    if case.mode == "alloc":
+        fn = functools.partial(sess.run, None, feeds)
+        return (fn, lambda: unpack(fn())), None
+    io = sess.io_binding()
+    for k, v in feeds.items():
+        io.bind_cpu_input(k, v)
+    outs = []
+    for nm in out_names:
+        o = np.empty_like(inp["x"])
+        io.bind_output(nm, "cpu", 0, np.float32, list(o.shape), o.ctypes.data)
+        outs.append(o)
+    fn = functools.partial(sess.run_with_iobinding, io)
+
+    def get():
+        fn()
+        return unpack([o.copy() for o in outs])
+
+    fn._keep = (io, outs, sess)  # partial objects accept attributes; keeps buffers alive
+    return (fn, get), None
+
+
+def ort_version():
+    onnx, ort, _ = _load_ort()
+    return ort.__version__ if ort is not None else None
+
+
+# ------------------------------------------------------------------------------------------------
+# ggml (the reference implementation cpufuse mirrors), through ctypes on its shared libraries
+
+GGML_TYPE_F32, GGML_TYPE_F16 = 0, 1
+
+
+class _InitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+
+class _CPlan(ctypes.Structure):
+    _fields_ = [("work_size", ctypes.c_size_t), ("work_data", ctypes.c_void_p), ("n_threads", ctypes.c_int),
+                ("threadpool", ctypes.c_void_p), ("abort_callback", ctypes.c_void_p),
+                ("abort_callback_data", ctypes.c_void_p), ("use_ref", ctypes.c_bool)]
+
+
+class _TPParams(ctypes.Structure):
+    _fields_ = [("cpumask", ctypes.c_bool * 512), ("n_threads", ctypes.c_int), ("prio", ctypes.c_int),
+                ("poll", ctypes.c_uint32), ("strict_cpu", ctypes.c_bool), ("paused", ctypes.c_bool)]
+
+
+def ggml_lib_dirs():
+    """Candidate directories holding libggml-base.so and libggml-cpu.so, in order of preference."""
+    dirs = []
+    env = os.environ.get("CPUFUSE_GGML_LIB_DIR")
+    if env:
+        dirs.append(env)
+    dirs.append(os.path.join(GGML_LOCAL, "lib"))
+    try:
+        spec = importlib.util.find_spec("llama_cpp")
+    except Exception:
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        for loc in spec.submodule_search_locations:
+            dirs.append(os.path.join(loc, "lib"))
+    return dirs
+
+
+_ggml = None
+
+
+def _find_so(d, stem):
+    hits = sorted(glob.glob(os.path.join(d, stem + ".so*")), key=len)
+    return hits[0] if hits else None
+
+
+def _load_ggml():
+    """(namespace with base/cpu CDLLs and the thread pool, None) or (None, reason)."""
+    global _ggml
+    if _ggml is not None:
+        return _ggml
+    tried = []
+    for d in ggml_lib_dirs():
+        base_p, cpu_p = _find_so(d, "libggml-base"), _find_so(d, "libggml-cpu")
+        if not (base_p and cpu_p):
+            tried.append(d)
+            continue
+        try:
+            base = ctypes.CDLL(base_p, mode=ctypes.RTLD_GLOBAL)
+            cpu = ctypes.CDLL(cpu_p, mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            _ggml = (None, f"ggml libraries in {d} failed to load: {e}")
+            return _ggml
+        P, V = ctypes.c_void_p, ctypes.c_void_p
+        sig = {
+            (base, "ggml_init"): (P, [_InitParams]),
+            (base, "ggml_free"): (None, [P]),
+            (base, "ggml_tensor_overhead"): (ctypes.c_size_t, []),
+            (base, "ggml_graph_overhead"): (ctypes.c_size_t, []),
+            (base, "ggml_new_tensor_1d"): (P, [P, ctypes.c_int, ctypes.c_int64]),
+            (base, "ggml_new_tensor_2d"): (P, [P, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]),
+            (base, "ggml_get_data"): (V, [P]),
+            (base, "ggml_nbytes"): (ctypes.c_size_t, [P]),
+            (base, "ggml_soft_max_ext"): (P, [P, P, P, ctypes.c_float, ctypes.c_float]),
+            (base, "ggml_rms_norm"): (P, [P, P, ctypes.c_float]),
+            (base, "ggml_mul"): (P, [P, P, P]),
+            (base, "ggml_add"): (P, [P, P, P]),
+            (base, "ggml_new_graph"): (P, [P]),
+            (base, "ggml_build_forward_expand"): (None, [P, P]),
+            (base, "ggml_threadpool_params_init"): (None, [ctypes.POINTER(_TPParams), ctypes.c_int]),
+            (cpu, "ggml_cpu_init"): (None, []),
+            (cpu, "ggml_threadpool_new"): (P, [ctypes.POINTER(_TPParams)]),
+            (cpu, "ggml_graph_plan"): (_CPlan, [P, ctypes.c_int, P]),
+            (cpu, "ggml_graph_compute"): (ctypes.c_int, [P, ctypes.POINTER(_CPlan)]),
+        }
+        try:
+            for (lib, name), (res, args) in sig.items():
+                f = getattr(lib, name)
+                f.restype, f.argtypes = res, args
+        except AttributeError as e:
+            _ggml = (None, f"ggml in {d} lacks a symbol this benchmark needs: {e}")
+            return _ggml
+        cpu.ggml_cpu_init()
+        tpp = _TPParams()
+        base.ggml_threadpool_params_init(ctypes.byref(tpp), 1)
+        pool = cpu.ggml_threadpool_new(ctypes.byref(tpp))
+
+        class NS:
+            pass
+        ns = NS()
+        ns.base, ns.cpu, ns.pool, ns.dir = base, cpu, pool, d
+        _ggml = (ns, None)
+        return _ggml
+    _ggml = (None, "ggml shared libraries not found (looked in: " + ", ".join(tried)
+             + "); run `python -m bench.peers_setup`")
+    return _ggml
+
+
+class _GgmlGraph:
+    """One ggml context holding the inputs, the graph and its work buffer; compute() runs it."""
+
+    def __init__(self, g, mem_size):
+        self.g = g
+        self.ctx = g.base.ggml_init(_InitParams(mem_size, None, False))
+        if not self.ctx:
+            raise MemoryError("ggml_init failed")
+
+    def tensor(self, arr):
+        b = self.g.base
+        t = (b.ggml_new_tensor_1d(self.ctx, GGML_TYPE_F32, arr.shape[0]) if arr.ndim == 1 else
+             b.ggml_new_tensor_2d(self.ctx, GGML_TYPE_F16 if arr.dtype == np.float16 else GGML_TYPE_F32,
+                                  arr.shape[1], arr.shape[0]))
+        self.view(t, arr.shape, arr.dtype)[...] = arr  # copy the data in once
+        return t
+
+    def view(self, t, shape, dtype=np.float32):
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        assert n == self.g.base.ggml_nbytes(t)
+        buf = (ctypes.c_char * n).from_address(self.g.base.ggml_get_data(t))
+        return np.frombuffer(buf, dtype=dtype).reshape(shape)
+
+    def finish(self, *outs):
+        b, c = self.g.base, self.g.cpu
+        self.gf = b.ggml_new_graph(self.ctx)
+        for o in outs:
+            b.ggml_build_forward_expand(self.gf, o)
+        self.plan = c.ggml_graph_plan(self.gf, 1, self.g.pool)
+        self.work = np.empty(max(1, self.plan.work_size), np.uint8)
+        self.plan.work_data = self.work.ctypes.data
+        self.plan.threadpool = self.g.pool
+        self.compute = functools.partial(c.ggml_graph_compute, self.gf, ctypes.byref(self.plan))
+
+    def __del__(self):
+        try:
+            self.g.base.ggml_free(self.ctx)
+        except Exception:
+            pass
+
+
+def ggml_build(case, inp):
+    """ggml_soft_max_ext(x, mask, scale, 0); ggml_mul(ggml_rms_norm(x, eps), w) (which ggml's CPU
+    backend fuses into one RMS_NORM+MUL kernel); add: ggml_add then the same. Tensors are created
+    and filled once; only ggml_graph_compute (1 thread, persistent thread pool) is timed."""
+    g, why = _load_ggml()
+    if g is None:
+        return None, why
+    x = inp["x"]
+    if x.ndim != 2:
+        return None, "the ggml peer here handles 2-D x only"
+    arrays = [x, x, x, x] + [a for a in (inp.get("mask"), inp.get("w"), inp.get("r")) if a is not None]
+    mem = sum(a.nbytes for a in arrays) + 16 * g.base.ggml_tensor_overhead() + g.base.ggml_graph_overhead() + (1 << 20)
+    gr = _GgmlGraph(g, mem)
+    b = g.base
+    tx = gr.tensor(x)
+    if case.op == "softmax":
+        tm = gr.tensor(inp["mask"]) if inp["mask"] is not None else None
+        ty = b.ggml_soft_max_ext(gr.ctx, tx, tm, case.scale, 0.0)
+        outs = (ty,)
+    else:
+        tw = gr.tensor(inp["w"])
+        th = b.ggml_add(gr.ctx, tx, gr.tensor(inp["r"])) if case.op == "add_rms_norm" else tx
+        ty = b.ggml_mul(gr.ctx, b.ggml_rms_norm(gr.ctx, th, case.eps), tw)
+        outs = (th, ty) if case.op == "add_rms_norm" else (ty,)
+    gr.finish(*outs)
+    views = [gr.view(t, x.shape) for t in outs]
+    fn = gr.compute
+
+    def get():
+        st = fn()
+        if st != 0:
+            raise RuntimeError(f"ggml_graph_compute returned status {st}")
+        res = [v.copy() for v in views]
+        return tuple(res) if len(res) == 2 else res[0]
+
+    fn._keep = gr
+    return (fn, get), None
+
+
+def ggml_version():
+    g, _ = _load_ggml()
+    if g is None:
+        return None
+    so = _find_so(g.dir, "libggml-base")
+    real = os.path.realpath(so)
+    return {"lib_dir": g.dir, "libggml_base": os.path.basename(real)}
+
+
+PEERS = {"torch": torch_build, "onnxruntime": ort_build, "ggml": ggml_build}
+PEER_VERSIONS = {"torch": torch_version, "onnxruntime": ort_version, "ggml": ggml_version}
+
+
+def availability():
+    """{peer: None (usable) or reason} without building anything case-specific."""
+    return {"torch": _load_torch()[1], "onnxruntime": _load_ort()[2], "ggml": _load_ggml()[1]}

@@ -1,0 +1,13 @@
+/* A small fork-join thread pool shared by every ISA's kernels (native/src/pool.c).
+ * cf_parallel_for runs fn(ctx, chunk, tid) for chunk = 0..nchunks-1 on up to nth threads, the
+ * caller included (tid 0). Work is split into chunks the kernel chose without looking at nth, and
+ * each chunk writes its own outputs, so results are bit-identical for every thread count.
+ * One parallel job runs at a time: a call that finds the pool busy (another Python thread is in
+ * a kernel) runs its chunks serially on its own thread, so threads never oversubscribe the pool. */
+#ifndef CF_POOL_H
+#define CF_POOL_H
+#include <stdint.h>
+typedef void (*cf_task_fn)(void *ctx, int64_t chunk, int tid);
+void cf_parallel_for(int nth, int64_t nchunks, cf_task_fn fn, void *ctx);
+#define CF_MAX_THREADS 256
+#endif
