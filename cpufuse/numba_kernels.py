@@ -9,6 +9,9 @@ import numba as nb
 import numpy as np
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy")  # IEEE: 1/0 = inf, no exception
+# rows (softmax, rms_norm) and (sequence, head, query) rows (attention) run under prange; each row is
+# computed the same way on any thread, so results do not depend on the thread count
+_PJIT = dict(_JIT, parallel=True)
 
 
 @nb.njit(**_JIT)
@@ -24,15 +27,16 @@ def _h2f(b):
     return np.float32(sign * (1024 + m) * 2.0 ** (e - 25))
 
 
-@nb.njit(**_JIT)
+@nb.njit(**_PJIT)
 def softmax(x, mf, mh, mkind, slopes, have_slopes, sinks, have_sinks, scale, y):
     S, H, R, C = x.shape
     mS, mH = (mf.shape[0], mf.shape[1]) if mkind == 1 else (mh.shape[0], mh.shape[1])
     sc = np.float32(scale)
-    for s in range(S):
-        for h in range(H):
+    for k in nb.prange(S * H * R):
+        s, h, r = k // (H * R), (k // R) % H, k % R
+        if True:
             slope = slopes[h] if have_slopes else np.float32(1.0)
-            for r in range(R):
+            if True:
                 M = np.float32(-np.inf)
                 for c in range(C):
                     z = x[s, h, r, c] * sc
@@ -57,13 +61,14 @@ def softmax(x, mf, mh, mkind, slopes, have_slopes, sinks, have_sinks, scale, y):
                     y[s, h, r, c] = y[s, h, r, c] * inv
 
 
-@nb.njit(**_JIT)
+@nb.njit(**_PJIT)
 def rms_norm(x, r, have_r, w, have_w, b, have_b, eps, h, y):
     n3, n2, n1, n = x.shape
     e = np.float32(eps)
-    for i3 in range(n3):
-        for i2 in range(n2):
-            for i1 in range(n1):
+    for k in nb.prange(n3 * n2 * n1):
+        i3, i2, i1 = k // (n2 * n1), (k // n1) % n2, k % n1
+        if True:
+            if True:
                 ss = 0.0
                 if have_r:
                     rr = r[i3 % r.shape[0], i2 % r.shape[1], i1 % r.shape[2]]
@@ -91,21 +96,22 @@ def rms_norm(x, r, have_r, w, have_w, b, have_b, eps, h, y):
                     yr[i] = v
 
 
-@nb.njit(**_JIT)
+@nb.njit(**_PJIT)
 def flash_attn(q, k, v, mf, mkind, slopes, have_slopes, sinks, have_sinks, scale, softcap, out):
     """Per-row online softmax (SPEC 3.4) over f32 K/V (f16 K/V are widened by the caller)."""
     S, Hq, N, DK = q.shape
     Hk, T, Hv, DV = k.shape[1], k.shape[2], v.shape[1], v.shape[3]
     mS, mH = mf.shape[0], mf.shape[1]
-    acc = np.zeros(DV, np.float32)
     sc = np.float32(scale / softcap) if softcap != 0.0 else np.float32(scale)
     cap = np.float32(softcap)
-    for s in range(S):
-        for h in range(Hq):
+    for row in nb.prange(S * Hq * N):
+        s, h, n = row // (Hq * N), (row // N) % Hq, row % N
+        acc = np.zeros(DV, np.float32)
+        if True:
             kh = h // (Hq // Hk)
             vh = h // (Hq // Hv)
             slope = slopes[h] if have_slopes else np.float32(1.0)
-            for n in range(N):
+            if True:
                 M = np.float32(-np.inf)
                 Ssum = np.float32(0.0)
                 acc[:] = 0.0

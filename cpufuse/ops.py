@@ -19,6 +19,8 @@ F16 = np.dtype(np.float16)
 I64 = np.dtype(np.int64)
 _ndarray = np.ndarray
 _threads = _dispatch.threads
+_ctx_get = _dispatch._ctx.get
+_empty = np.empty
 
 # cffi types resolved once
 if ffi is not None:
@@ -31,13 +33,21 @@ if ffi is not None:
     _NULL = ffi.NULL
 
 _numba = None
+# lean-path kernels by ISA name (only native ISAs usable here: anything else takes the long way)
+_RMS_ROWS = {i: getattr(lib, f"cf_rms_norm_rows_f32__{i}") for i in _dispatch.AVAILABLE if i != "numba"} if lib else {}
 
 
-def _nb():
+def _nb(n_threads=None):
+    """the numba kernels, with numba's thread count set for this call (capped at its pool size)"""
     global _numba
     if _numba is None:
+        import numba
+
         from . import numba_kernels
         _numba = numba_kernels
+        _numba.set_threads = numba.set_num_threads
+        _numba.max_threads = numba.config.NUMBA_NUM_THREADS
+    _numba.set_threads(min(_dispatch.threads(n_threads), _numba.max_threads))
     return _numba
 
 
@@ -254,7 +264,7 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
     if isa == "numba":
         x4, y4 = _pad4(x), _pad4(out)
         dummy32 = np.zeros((1, 1, 1, 1), F32)
-        _nb().softmax(x4, m4 if mkind == 1 else dummy32,
+        _nb(n_threads).softmax(x4, m4 if mkind == 1 else dummy32,
                       m4.view(np.uint16) if mkind == 2 else np.zeros((1, 1, 1, 1), np.uint16), mkind,
                       slopes if slopes is not None else dummy32.reshape(1), slopes is not None,
                       sinks if sinks is not None else dummy32.reshape(1), sinks is not None,
@@ -282,24 +292,29 @@ def rms_norm(x, weight=None, *, eps, bias=None, out=None, isa=None, fused=True, 
     RMS_NORM followed by MUL (and ADD). out may be x only without weight and bias.
     fused=False runs the unfused chain (norm = sum of squares + copy + scale, then MUL, then ADD).
     """
-    # lean path: the decode/prefill call, 2-D (or 1-D) contiguous x with a 1-D row weight
-    if (fused and bias is None and type(x) is _ndarray and type(weight) is _ndarray
-            and x.dtype is F32 and weight.dtype is F32 and 0 < x.ndim <= 2 and weight.ndim == 1
-            and x.flags.c_contiguous and weight.flags.c_contiguous and weight.shape[0] == x.shape[-1]
-            and x.shape[-1] > 0 and lib is not None):
-        isa = _dispatch.resolve(isa)
-        if isa != "numba" and type(eps) is float and eps >= 0.0:
+    # lean path: the decode/prefill call, 1-D/2-D C-contiguous x with a 1-D row weight. Contiguity
+    # and writability are checked by from_buffer (it refuses a non-C-contiguous or, for out, a
+    # read-only buffer), overlap by the kernel (return code); anything unusual goes the long way.
+    if type(x) is _ndarray and type(weight) is _ndarray and bias is None and fused and type(eps) is float:
+        sh = x.shape
+        fn = _RMS_ROWS.get(isa or _ctx_get() or _dispatch.DEFAULT) if (
+            x.dtype is F32 and weight.dtype is F32 and 0 < len(sh) <= 2 and weight.shape == sh[-1:]
+            and sh[-1] > 0 and eps >= 0.0) else None
+        if fn is not None:
             if out is None:
-                out = np.empty(x.shape, F32)
-            elif (type(out) is not _ndarray or out.dtype is not F32 or out.shape != x.shape
-                  or not out.flags.c_contiguous or not out.flags.writeable or np.may_share_memory(out, x)
-                  or np.may_share_memory(out, weight)):
-                return _rms_norm_general(x, None, weight, eps, bias, out, isa, fused, n_threads)
-            n = x.shape[-1]
-            getattr(lib, f"cf_rms_norm_rows_f32__{isa}")(x.size // n, n, _fb(_T_F32, x), _fb(_T_F32, weight),
-                                                        eps, _fb(_T_F32, out, require_writable=True),
-                                                        _threads(n_threads))
-            return out
+                out = _empty(sh, F32)
+            elif (type(out) is not _ndarray or out.dtype is not F32 or out.shape != sh
+                  or not out.flags.writeable):
+                fn = None
+            if fn is not None:
+                n = sh[-1]
+                try:
+                    rc = fn(x.size // n, n, _fb(_T_F32, x), _fb(_T_F32, weight), eps, _fb(_T_F32, out),
+                            _threads(n_threads))
+                except (ValueError, TypeError, BufferError):
+                    rc = -1  # not C-contiguous, or out read-only: the general path says which
+                if rc == 0:
+                    return out
     return _rms_norm_general(x, None, weight, eps, bias, out, _dispatch.resolve(isa), fused, n_threads)
 
 
@@ -360,7 +375,7 @@ def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused, n_threads
 
     if isa == "numba":
         dummy = np.zeros((1, 1, 1, 1), F32)
-        _nb().rms_norm(x4, r4 if r4 is not None else dummy, r4 is not None,
+        _nb(n_threads).rms_norm(x4, r4 if r4 is not None else dummy, r4 is not None,
                        w4 if w4 is not None else dummy, w4 is not None,
                        b4 if b4 is not None else dummy, b4 is not None,
                        eps, h4 if h4 is not None else dummy, y4)
@@ -487,7 +502,7 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
     if isa == "numba":
         dummy = np.zeros(1, F32)
         mf = m4.astype(F32) if m4 is not None else np.zeros((1, 1, 1, 1), F32)
-        _nb().flash_attn(q, k.astype(F32) if k.dtype == F16 else k, v.astype(F32) if v.dtype == F16 else v,
+        _nb(n_threads).flash_attn(q, k.astype(F32) if k.dtype == F16 else k, v.astype(F32) if v.dtype == F16 else v,
                          mf, mkind, slopes if slopes is not None else dummy, slopes is not None,
                          sinks if sinks is not None else dummy, sinks is not None, scale, softcap, out)
         return out

@@ -3,7 +3,7 @@
 void cf_exp_f32__@ISA@(int64_t n, const float *x, float *y);
 int cf_softmax_f32__@ISA@(const int64_t *d, const float *x, const void *mask, const float *slopes, const float *sinks, float scale, float *y, int nth);
 int cf_softmax_unfused_f32__@ISA@(const int64_t *d, const float *x, const void *mask, const float *slopes, const float *sinks, float scale, float *y, int nth);
-void cf_rms_norm_rows_f32__@ISA@(int64_t rows, int64_t n, const float *x, const float *w, float eps, float *y, int nth);
+int cf_rms_norm_rows_f32__@ISA@(int64_t rows, int64_t n, const float *x, const float *w, float eps, float *y, int nth);
 void cf_rms_norm_f32__@ISA@(const int64_t *d, const float *x, const float *r, const float *w, const float *b, float eps, float *h, float *y, int nth);
 void cf_rms_norm_unfused_f32__@ISA@(const int64_t *d, const float *x, const float *r, const float *w, const float *b, float eps, float *h, float *y, int nth);
 const char *cf_build_info__@ISA@(void);

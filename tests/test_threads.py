@@ -1,0 +1,163 @@
+"""Threads (issue 5): every op gives bit-identical results at 1, 2, 3 and 7 threads (fixed
+chunking, SPEC §0.4.5), concurrent calls from several Python threads are correct, the GIL is
+released during native calls, and the thread-count settings are validated."""
+import threading
+
+import numpy as np
+import pytest
+
+import cpufuse
+from cpufuse import blocks
+from cpufuse import reference as ref
+from _util import assert_bit_identical, assert_nmse
+
+THREADS = (1, 2, 3, 7)
+
+
+def _softmax_case(rng):
+    x = rng.uniform(-4, 4, (2, 3, 37, 1029)).astype(np.float32)
+    m = rng.uniform(-1, 1, (1, 3, 40, 1029)).astype(np.float16)
+    m[..., ::5] = -np.inf
+    sinks = rng.uniform(-1, 1, 3).astype(np.float32)
+    return x, m, sinks
+
+
+def test_softmax_any_thread_count(isa, rng):
+    x, m, sinks = _softmax_case(rng)
+    outs = [cpufuse.softmax(x, m, scale=0.5, max_bias=8.0, sinks=sinks, isa=isa, n_threads=t) for t in THREADS]
+    for t, o in zip(THREADS[1:], outs[1:]):
+        assert_bit_identical(outs[0], o, f"softmax {isa} n_threads={t}")
+    if isa != "numba":
+        u = [cpufuse.softmax(x, m, scale=0.5, max_bias=8.0, sinks=sinks, isa=isa, fused=False, n_threads=t)
+             for t in THREADS]
+        for o in u[1:]:
+            assert_bit_identical(u[0], o, f"softmax unfused {isa}")
+    assert_nmse(ref.softmax(x, m, 0.5, 8.0, sinks), outs[0], 1e-12)
+
+
+def test_rms_norm_any_thread_count(isa, rng):
+    x = rng.uniform(-3, 3, (3, 5, 29, 1031)).astype(np.float32)
+    w = rng.uniform(-2, 2, 1031).astype(np.float32)
+    b = rng.uniform(-2, 2, (5, 1, 1031)).astype(np.float32)
+    r = rng.uniform(-2, 2, (29, 1031)).astype(np.float32)
+    x2 = x.reshape(-1, 1031)
+    runs = {
+        "plain": lambda t: cpufuse.rms_norm(x, eps=1e-5, isa=isa, n_threads=t),
+        "lean": lambda t: cpufuse.rms_norm(x2, w, eps=1e-5, isa=isa, n_threads=t),
+        "weight+bias": lambda t: cpufuse.rms_norm(x, w, eps=1e-5, bias=b, isa=isa, n_threads=t),
+        "add_rms_norm": lambda t: np.concatenate([a.ravel() for a in cpufuse.add_rms_norm(
+            x, r, w, eps=1e-5, isa=isa, n_threads=t)]),
+    }
+    for name, run in runs.items():
+        outs = [run(t) for t in THREADS]
+        for t, o in zip(THREADS[1:], outs[1:]):
+            assert_bit_identical(outs[0], o, f"{name} {isa} n_threads={t}")
+
+
+@pytest.mark.parametrize("strategy", ["rows", "tiled", "split"])
+def test_flash_attn_any_thread_count(native_isa, strategy, rng):
+    q = rng.uniform(-1, 1, (2, 8, 1 if strategy == "split" else 70, 64)).astype(np.float32)
+    k = rng.uniform(-1, 1, (2, 2, 700, 64)).astype(np.float16)
+    v = rng.uniform(-1, 1, (2, 2, 700, 64)).astype(np.float16)
+    m = rng.uniform(-1, 1, (1, 1, q.shape[2], 700)).astype(np.float16)
+    m[..., 100:200] = -np.inf
+    sinks = rng.uniform(-3, 3, 8).astype(np.float32)
+    outs = [cpufuse.flash_attn(q, k, v, m, scale=0.125, sinks=sinks, isa=native_isa, strategy=strategy,
+                               chunk=128, n_threads=t) for t in THREADS]
+    for t, o in zip(THREADS[1:], outs[1:]):
+        assert_bit_identical(outs[0], o, f"flash_attn {strategy} {native_isa} n_threads={t}")
+    assert_nmse(ref.flash_attn(q, k, v, m, 0.125, 0.0, 0.0, sinks), outs[0], 1e-10)
+
+
+def test_numba_flash_attn_any_thread_count(rng):
+    if "numba" not in cpufuse.available_isas():
+        pytest.skip("numba: not installed")
+    q = rng.uniform(-1, 1, (1, 4, 5, 32)).astype(np.float32)
+    k = rng.uniform(-1, 1, (1, 2, 90, 32)).astype(np.float32)
+    v = rng.uniform(-1, 1, (1, 2, 90, 32)).astype(np.float32)
+    outs = [cpufuse.flash_attn(q, k, v, scale=0.2, isa="numba", n_threads=t) for t in THREADS]
+    for o in outs[1:]:
+        assert_bit_identical(outs[0], o, "numba flash_attn")
+
+
+def test_graph_plan_any_thread_count(rng):
+    cfg = dict(d=64, n_head=4, n_kv=2, head_dim=16, ffn=96, eps=1e-5)
+    W = blocks.make_weights(cfg, rng)
+    inp = blocks.make_inputs(cfg, 9, 5, rng)
+    plan = blocks.build_graph(cfg, W, 9, 5).compile()
+    outs = [plan.run(copy=True, n_threads=t, **inp)[0] for t in THREADS]
+    for o in outs[1:]:
+        assert_bit_identical(outs[0], o, "decoder block plan")
+
+
+def test_concurrent_python_threads(rng):
+    """4 Python threads run ops at once (each kernel may itself ask for 2 threads: the pool runs one
+    parallel job at a time and the others run serially), all results match the reference."""
+    cases = []
+    for i in range(8):
+        x = rng.uniform(-3, 3, (16, 2053)).astype(np.float32)
+        w = rng.uniform(-1, 1, 2053).astype(np.float32)
+        cases.append((x, w))
+    expect = [(ref.softmax(x), ref.rms_norm(x, 1e-5, w)) for x, w in cases]
+    errors = []
+
+    def work(j):
+        try:
+            for it in range(20):
+                i = (j + it) % len(cases)
+                x, w = cases[i]
+                s = cpufuse.softmax(x, n_threads=2)
+                r = cpufuse.rms_norm(x, w, eps=1e-5, n_threads=2)
+                assert ref.nmse(expect[i][0], s) <= 1e-12
+                assert ref.nmse(expect[i][1], r) <= 1e-12
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    ts = [threading.Thread(target=work, args=(j,)) for j in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors
+
+
+def test_gil_released_during_native_call(rng):
+    """a Python thread keeps running while another thread is inside a long native call"""
+    if cpufuse.available_isas()[0] == "numba":
+        pytest.skip("native extension not built")
+    q = rng.uniform(-1, 1, (1, 8, 256, 64)).astype(np.float32)
+    k = rng.uniform(-1, 1, (1, 8, 2048, 64)).astype(np.float32)
+    done = threading.Event()
+    ticks = [0]
+
+    def ticker():
+        while not done.is_set():
+            ticks[0] += 1
+
+    t = threading.Thread(target=ticker)
+    t.start()
+    before = ticks[0]
+    cpufuse.flash_attn(q, k, k, scale=0.125, n_threads=1)
+    during = ticks[0] - before
+    done.set()
+    t.join()
+    assert during > 100, f"the ticker thread advanced only {during} times during the native call"
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
+def test_bad_thread_counts(bad):
+    x = np.ones((2, 8), np.float32)
+    with pytest.raises(ValueError, match="n_threads"):
+        cpufuse.softmax(x, n_threads=bad)
+    with pytest.raises(ValueError, match="n_threads"):
+        cpufuse.set_num_threads(bad)
+
+
+def test_set_num_threads_roundtrip():
+    old = cpufuse.get_num_threads()
+    try:
+        cpufuse.set_num_threads(3)
+        assert cpufuse.get_num_threads() == 3
+        assert cpufuse.info()["num_threads"] == 3
+    finally:
+        cpufuse.set_num_threads(old)
