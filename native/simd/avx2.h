@@ -36,6 +36,10 @@ static inline vf vf_loadn_h(const uint16_t *p, int64_t n, float fill) {
   __m256i m = cf_tailmask(n);
   return _mm256_blendv_ps(_mm256_set1_ps(fill), vf_load_h(buf), _mm256_castsi256_ps(m));
 }
+/* non-temporal store (p 32-byte aligned), for outputs much larger than the caches */
+#define VALIGN 32
+static inline void vf_stream(float *p, vf v) { _mm256_stream_ps(p, v); }
+static inline void vf_stream_fence(void) { _mm_sfence(); }
 static inline vf vf_add(vf a, vf b) { return _mm256_add_ps(a, b); }
 static inline vf vf_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
 static inline vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }

@@ -28,6 +28,9 @@ static inline vf vf_loadn_h(const uint16_t *p, int64_t n, float fill) {
   vf v = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
   return _mm512_mask_blend_ps(m, _mm512_set1_ps(fill), v);
 }
+#define VALIGN 64
+static inline void vf_stream(float *p, vf v) { _mm512_stream_ps(p, v); }
+static inline void vf_stream_fence(void) { _mm_sfence(); }
 static inline vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
 static inline vf vf_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
 static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }

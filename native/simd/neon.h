@@ -35,6 +35,9 @@ static inline vf vf_loadn_h(const uint16_t *p, int64_t n, float fill) {
   uint32x4_t m = vcltq_u32(vld1q_u32(iota), vdupq_n_u32((uint32_t)n));
   return vbslq_f32(m, v, vdupq_n_f32(fill));
 }
+#define VALIGN 0 /* no streaming stores: plain stores */
+static inline void vf_stream(float *p, vf v) { vst1q_f32(p, v); }
+static inline void vf_stream_fence(void) {}
 static inline vf vf_add(vf a, vf b) { return vaddq_f32(a, b); }
 static inline vf vf_sub(vf a, vf b) { return vsubq_f32(a, b); }
 static inline vf vf_mul(vf a, vf b) { return vmulq_f32(a, b); }

@@ -18,6 +18,9 @@ static inline void vf_store(float *p, vf v) { *p = v; }
 static inline void vf_storen(float *p, vf v, int64_t n) { (void)p; (void)v; (void)n; }
 static inline vf vf_load_h(const uint16_t *p) { return cf_h2f(*p); }
 static inline vf vf_loadn_h(const uint16_t *p, int64_t n, float fill) { (void)p; (void)n; return fill; }
+#define VALIGN 0 /* no streaming stores: plain stores */
+static inline void vf_stream(float *p, vf v) { *p = v; }
+static inline void vf_stream_fence(void) {}
 static inline vf vf_add(vf a, vf b) { return a + b; }
 static inline vf vf_sub(vf a, vf b) { return a - b; }
 static inline vf vf_mul(vf a, vf b) { return a * b; }
