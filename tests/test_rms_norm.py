@@ -155,6 +155,13 @@ def test_lean_path_is_taken(native_isa, rng, monkeypatch):
     """the two paths compared above really are different entry points"""
     rec = _Recorder(ops.lib)
     monkeypatch.setattr(ops, "lib", rec)
+    # the lean path keeps its kernels in a per-ISA table resolved at import: record those too
+    lean = ops._RMS_ROWS[native_isa]
+
+    def lean_rec(*a):
+        rec.calls.append(f"cf_rms_norm_rows_f32__{native_isa}")
+        return lean(*a)
+    monkeypatch.setitem(ops._RMS_ROWS, native_isa, lean_rec)
     x, w = U(rng, (4, 40)), U(rng, (40,))
     cpufuse.rms_norm(x, w, eps=1e-6, isa=native_isa)
     assert rec.calls == [f"cf_rms_norm_rows_f32__{native_isa}"]
