@@ -104,6 +104,16 @@ class Graph:
         n.value = np.ascontiguousarray(a)
         return n
 
+    def _name(self, op, name):
+        return name or f"{op}{len(self.nodes)}"
+
+    def _unit_rows(self, node, op, name):
+        """row ops read rows in place: the last axis of a view must be unit-stride"""
+        st = _view_root(node)[1]
+        if node.shape and node.shape[-1] > 1 and st[-1] != 1:
+            raise GraphError(f"{op} {name!r}: input {node.name!r} is a view whose last axis is not "
+                             f"unit-stride; add g.contiguous() first")
+
     def _f32(self, node, op, name):
         if node.dtype != F32:
             raise GraphError(f"{op} {name!r}: input {node.name!r} must be float32, got {node.dtype}")
@@ -112,9 +122,10 @@ class Graph:
         nm = name or f"{op}{len(self.nodes)}"
         self._f32(a, op, nm)
         self._f32(b, op, nm)
-        if a.shape == b.shape or _suffix_tiles(b.shape, a.shape):
+        b_tiles_a, a_tiles_b = _suffix_tiles(b.shape, a.shape), _suffix_tiles(a.shape, b.shape)
+        if a.shape == b.shape or (b_tiles_a and not (a_tiles_b and len(b.shape) > len(a.shape))):
             shape = a.shape
-        elif _suffix_tiles(a.shape, b.shape):
+        elif a_tiles_b:
             shape = b.shape
         else:
             raise GraphError(f"{op} {nm!r}: shapes {a.shape} and {b.shape} do not tile (one must "
@@ -128,22 +139,25 @@ class Graph:
         return self._binary("mul", a, b, name)
 
     def scale(self, a, s, name=None):
-        self._f32(a, "scale", name)
+        self._f32(a, "scale", self._name("scale", name))
         return self._add("scale", [a], {"s": float(s)}, a.shape, F32, name)
 
     def silu(self, a, name=None):
-        self._f32(a, "silu", name)
+        self._f32(a, "silu", self._name("silu", name))
         return self._add("silu", [a], {}, a.shape, F32, name)
 
     def rms_norm(self, a, eps, name=None):
-        self._f32(a, "rms_norm", name)
+        nm = self._name("rms_norm", name)
+        self._f32(a, "rms_norm", nm)
+        self._unit_rows(a, "rms_norm", nm)
         if not float(eps) >= 0.0:
-            raise GraphError(f"rms_norm {name!r}: eps must be >= 0, got {eps}")
+            raise GraphError(f"rms_norm {nm!r}: eps must be >= 0, got {eps}")
         return self._add("rms_norm", [a], {"eps": float(eps)}, a.shape, F32, name)
 
     def softmax(self, a, mask=None, scale=1.0, max_bias=0.0, sinks=None, name=None):
         nm = name or f"softmax{len(self.nodes)}"
         self._f32(a, "softmax", nm)
+        self._unit_rows(a, "softmax", nm)
         if a.shape and len(a.shape) > 4:
             raise GraphError(f"softmax {nm!r}: at most 4 dims, got {a.shape}")
         if mask is not None:
@@ -157,6 +171,8 @@ class Graph:
         nm = name or f"flash_attn{len(self.nodes)}"
         if len(q.shape) != 4 or len(k.shape) != 4 or len(v.shape) != 4:
             raise GraphError(f"flash_attn {nm!r}: q, k, v must be 4-D, got {q.shape}, {k.shape}, {v.shape}")
+        for t in (q, k, v):
+            self._unit_rows(t, "flash_attn", nm)
         S, Hq, N, DK = q.shape
         if k.shape[3] != DK or k.shape[2] != v.shape[2] or Hq % k.shape[1] or Hq % v.shape[1]:
             raise GraphError(f"flash_attn {nm!r}: incompatible q {q.shape}, k {k.shape}, v {v.shape}")
@@ -174,20 +190,22 @@ class Graph:
 
     def reshape(self, a, shape, name=None):
         shape = tuple(int(s) for s in shape)
+        nm = self._name("reshape", name)
         if math.prod(shape) != math.prod(a.shape):
-            raise GraphError(f"reshape {name!r}: cannot reshape {a.shape} to {shape}")
-        n = self._add("reshape", [a], {}, shape, a.dtype, name)
+            raise GraphError(f"reshape {nm!r}: cannot reshape {a.shape} to {shape}")
         base, st, off = _view_root(a)
         if not _is_contig(a.shape, st):
-            raise GraphError(f"reshape {n.name!r}: input {a.name!r} is a non-contiguous view; "
+            raise GraphError(f"reshape {nm!r}: input {a.name!r} is a non-contiguous view; "
                              f"add g.contiguous() first")
+        n = self._add("reshape", [a], {}, shape, a.dtype, name)
         n.view_of, n.view_strides, n.view_offset = base, _contig_strides(shape), off
         return n
 
     def permute(self, a, axes, name=None):
         axes = tuple(axes)
         if sorted(axes) != list(range(len(a.shape))):
-            raise GraphError(f"permute {name!r}: axes {axes} do not permute {len(a.shape)} dims")
+            raise GraphError(f"permute {self._name('permute', name)!r}: axes {axes} do not permute "
+                             f"{len(a.shape)} dims")
         n = self._add("permute", [a], {}, tuple(a.shape[i] for i in axes), a.dtype, name)
         base, st, off = _view_root(a)
         n.view_of, n.view_strides, n.view_offset = base, [st[i] for i in axes], off
@@ -208,6 +226,8 @@ class Graph:
 
     def output(self, *nodes):
         for n in nodes:
+            if not isinstance(n, Node) or not any(n is m for m in self.nodes):
+                raise GraphError(f"output: {n!r} is not a node of this graph")
             if n not in self.outputs:
                 self.outputs.append(n)
         return nodes[0] if len(nodes) == 1 else nodes
@@ -300,6 +320,8 @@ class Plan:
                     self._uses[s.id] += 1
                     self._consumers[s.id].append(n)
         self._outset = {n.id for n in graph.outputs}
+        # buffers that outputs live in (an output may be a view of a computed node)
+        self._out_roots = {_view_root(n)[0].id for n in graph.outputs}
         self.steps = self._lower()
         self._allocate()
         self._build_program()
@@ -354,6 +376,10 @@ class Plan:
                 if x.shape != n.shape:
                     x, res = res, x
                 w, b, tail = self._norm_tail(r, order, pos)
+                if w is n or b is n:
+                    self.rejected.append(f"ADD -> RMS_NORM: {n.name!r} is also the weight or bias of "
+                                         f"its own norm")
+                    return None
                 return Step("add_rms_norm", [n, r] + tail, [x, res, w, b], [n, tail[-1] if tail else r],
                             {"eps": r.params["eps"]},
                             note="ADD -> RMS_NORM" + "".join(" -> " + t.op.upper() for t in tail))
@@ -383,9 +409,14 @@ class Plan:
     def _norm_tail(self, r, order, pos):
         """RMS_NORM's MUL (and ADD) if they can join the rms_norm kernel: (weight, bias, nodes)."""
         cons = self._consumers[r.id]
-        if not cons or cons[0].op != "mul":
+        muls = [c for c in cons if c.op == "mul"]
+        if not muls:
+            for c in cons:
+                if c.is_view and any(cc.op == "mul" for cc in self._consumers[c.id]):
+                    self.rejected.append(f"RMS_NORM -> MUL: {r.name!r} reaches the MUL through the view "
+                                         f"{c.name!r}")
             return None, None, []
-        m = cons[0]
+        m = muls[0]
         why = self._fusible_intermediate(r, m, pos, "RMS_NORM -> MUL")
         w = self._other(m, r)
         if why is None and w is None:
@@ -430,6 +461,8 @@ class Plan:
         why = self._fusible_intermediate(last, sm, pos, label)
         if why is None and (sm.srcs[1] is not None or sm.params["max_bias"] != 0.0):
             why = f"{label}: the softmax already has a mask or ALiBi"
+        if why is None and mask is not None and sm.params["scale"] != 1.0:
+            why = f"{label}: the softmax's own scale would multiply the mask too"
         if why is None and mask is not None:
             if mask.dtype != F32:
                 why = f"{label}: mask {mask.name!r} must be float32"
@@ -471,7 +504,7 @@ class Plan:
                     continue
                 size = math.prod(o.shape)
                 arr = None
-                if o.id not in self._outset:
+                if o.id not in self._out_roots:
                     for j, (sz, a) in enumerate(free):
                         if sz >= size:
                             arr = a
@@ -484,7 +517,7 @@ class Plan:
                 if a is None:
                     continue
                 root = _view_root(a)[0]
-                if last_use.get(root.id, -1) == i and root.id in self.buffers and root.id not in self._outset \
+                if last_use.get(root.id, -1) == i and root.id in self.buffers and root.id not in self._out_roots \
                         and root.op not in ("input", "const"):
                     free.append((self.buffers[root.id].size, self.buffers[root.id]))
                     del last_use[root.id]
