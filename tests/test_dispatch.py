@@ -39,7 +39,7 @@ def spy(monkeypatch):
         real_nb = ops._nb()
         nrec = Recorder(real_nb, "numba:")
         nrec.calls = calls
-        monkeypatch.setattr(ops, "_nb", lambda: nrec)
+        monkeypatch.setattr(ops, "_nb", lambda n_threads=None: nrec)
 
     def used():
         isas = []

@@ -55,6 +55,10 @@ static inline vf vf_copysign(vf m, vf s) {
 /* x == c ? a : b, lane-wise */
 static inline vf vf_where_eq(vf x, vf c, vf a, vf b) { return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, c, _CMP_EQ_OQ)); }
 static inline vf vf_max(vf a, vf b) { return _mm256_max_ps(a, b); }
+/* NaN-propagating max (either operand NaN gives NaN) */
+static inline vf vf_max_nan(vf a, vf b) {
+  return _mm256_blendv_ps(_mm256_max_ps(a, b), _mm256_add_ps(a, b), _mm256_cmp_ps(a, b, _CMP_UNORD_Q));
+}
 static inline float vf_hsum(vf v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));

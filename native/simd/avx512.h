@@ -43,6 +43,9 @@ static inline vf vf_copysign(vf m, vf s) {
 }
 static inline vf vf_where_eq(vf x, vf c, vf a, vf b) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, c, _CMP_EQ_OQ), b, a); }
 static inline vf vf_max(vf a, vf b) { return _mm512_max_ps(a, b); }
+static inline vf vf_max_nan(vf a, vf b) {
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q), _mm512_max_ps(a, b), _mm512_add_ps(a, b));
+}
 static inline float vf_hsum(vf v) {
   __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));

@@ -49,6 +49,7 @@ static inline vf vf_copysign(vf m, vf s) {
 }
 static inline vf vf_where_eq(vf x, vf c, vf a, vf b) { return vbslq_f32(vceqq_f32(x, c), a, b); }
 static inline vf vf_max(vf a, vf b) { return vmaxq_f32(a, b); } /* NaN-propagating */
+static inline vf vf_max_nan(vf a, vf b) { return vmaxq_f32(a, b); } /* already NaN-propagating */
 static inline float vf_hsum(vf v) { return vaddvq_f32(v); }
 static inline float vf_hmax(vf v) { return vmaxvq_f32(v); }     /* NaN-propagating */
 static inline vf vf_exp(vf x) {

@@ -29,6 +29,7 @@ static inline vf vf_div(vf a, vf b) { return a / b; }
 static inline vf vf_copysign(vf m, vf s) { return __builtin_copysignf(m, s); }
 static inline vf vf_where_eq(vf x, vf c, vf a, vf b) { return x == c ? a : b; }
 static inline vf vf_max(vf a, vf b) { return a > b ? a : b; }  /* b wins on NaN, like maxps */
+static inline vf vf_max_nan(vf a, vf b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
 static inline float vf_hsum(vf v) { return v; }
 static inline float vf_hmax(vf v) { return v; }
 static inline vf vf_exp(vf x) {
