@@ -50,6 +50,12 @@ static inline vf vf_copysign(vf m, vf s) {
 static inline vf vf_where_eq(vf x, vf c, vf a, vf b) { return vbslq_f32(vceqq_f32(x, c), a, b); }
 static inline vf vf_max(vf a, vf b) { return vmaxq_f32(a, b); } /* NaN-propagating */
 static inline vf vf_max_nan(vf a, vf b) { return vmaxq_f32(a, b); } /* already NaN-propagating */
+static inline uint32_t vf_bits_not_ninf(vf v) {
+  const uint32x4_t ne = vmvnq_u32(vceqq_f32(v, vdupq_n_f32(-__builtin_inff())));
+  const uint32_t w[VW] = {1, 2, 4, 8};
+  return vaddvq_u32(vandq_u32(ne, vld1q_u32(w)));
+}
+#define CF_HAVE_T8 0 /* the packing loop transposes element by element */
 static inline float vf_hsum(vf v) { return vaddvq_f32(v); }
 static inline float vf_hmax(vf v) { return vmaxvq_f32(v); }     /* NaN-propagating */
 static inline vf vf_exp(vf x) {

@@ -30,6 +30,8 @@ static inline vf vf_copysign(vf m, vf s) { return __builtin_copysignf(m, s); }
 static inline vf vf_where_eq(vf x, vf c, vf a, vf b) { return x == c ? a : b; }
 static inline vf vf_max(vf a, vf b) { return a > b ? a : b; }  /* b wins on NaN, like maxps */
 static inline vf vf_max_nan(vf a, vf b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
+static inline uint32_t vf_bits_not_ninf(vf v) { return v != -__builtin_inff(); }
+#define CF_HAVE_T8 0 /* the packing loop transposes element by element */
 static inline float vf_hsum(vf v) { return v; }
 static inline float vf_hmax(vf v) { return v; }
 static inline vf vf_exp(vf x) {
