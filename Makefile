@@ -6,7 +6,7 @@ PIN     ?= taskset -c 0
 # Old-OpenBLAS tuning variables slow a current numpy's BLAS: unset them for benchmarks only.
 BENCHENV := env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE
 
-.PHONY: all venv build test test-fast bench bench-quick bench-peers info neon-test clean
+.PHONY: all venv build test test-fast bench bench-quick bench-scaling bench-peers info neon-test clean
 
 all: test
 
@@ -31,19 +31,24 @@ test-fast: build
 info: build
 	$(VPY) -m cpufuse info
 
-# The main job: the benchmark table (1 thread, pinned), written to bench/results/latest.{json,md}.
+# The main job: the benchmark table, written to bench/results/latest.{json,md}. The harness pins its
+# own 1-thread columns to one core and runs the all-core columns unpinned (--threads both).
 bench: build
-	$(BENCHENV) $(PIN) $(VPY) -m bench.run --json bench/results/latest.json --md bench/results/latest.md
+	$(BENCHENV) $(VPY) -m bench.run --threads both --json bench/results/latest.json --md bench/results/latest.md
 
 bench-quick: build
-	$(BENCHENV) $(PIN) $(VPY) -m bench.run --quick
+	$(BENCHENV) $(VPY) -m bench.run --quick --threads both
+
+# Thread scaling (1, 2, 4, 8, 16 threads, up to the cores available): make bench-scaling TAG=name
+bench-scaling: build
+	$(BENCHENV) $(VPY) -m bench.scaling $(if $(TAG),--tag $(TAG))
 
 # Peers in the same table: PyTorch (CPU build), onnxruntime and ggml are optional extras.
 bench-peers: build
 	$(VPY) -m pip install -q onnx onnxruntime || echo "bench-peers: onnxruntime unavailable"
 	$(VPY) -m pip install -q torch==2.13.0 || echo "bench-peers: torch unavailable"
 	$(VPY) -m bench.peers_setup || echo "bench-peers: ggml unavailable"
-	$(BENCHENV) $(PIN) $(VPY) -m bench.run --peers --json bench/results/peers.json --md bench/results/peers.md
+	$(BENCHENV) $(VPY) -m bench.run --peers --threads both --json bench/results/peers.json --md bench/results/peers.md
 
 # The NEON kernels, cross-compiled for aarch64 and run under qemu-user.
 neon-test:

@@ -7,6 +7,9 @@ A peer that cannot be imported or loaded gives a reason and is skipped, never an
 
 ``case`` has .op ("softmax" | "rms_norm" | "add_rms_norm"), .scale, .eps and .mode ("kernel",
 "alloc", "out"); ``inp`` is a dict with x, mask (or None), w, r (add_rms_norm).
+Attention cases (bench/attn.py) have .op == "flash_attn" and ``inp`` with q (S, Hq, N, D) f32,
+k, v (S, Hkv, T, D) f16/f32, mask (1, 1, N, T) f16 or None, causal (bool), scale; the output is
+compared in cpufuse's (S, N, Hq, D) layout.
 All peers run on one thread.
 """
 import ctypes
@@ -50,6 +53,10 @@ def torch_build(case, inp):
     torch, why = _load_torch()
     if torch is None:
         return None, why
+    if case.op == "flash_attn":
+        return torch_sdpa_build(torch, case, inp)
+    if case.op not in ("softmax", "rms_norm", "add_rms_norm"):
+        return None, f"no torch column for {case.op}"
     F = torch.nn.functional
     x = torch.from_numpy(inp["x"])
     n = inp["x"].shape[-1]
@@ -72,6 +79,36 @@ def torch_build(case, inp):
         return h, F.rms_norm(h, (n,), w, case.eps)
 
     return (fn, lambda: tuple(t.numpy() for t in fn())), None
+
+
+def torch_sdpa_build(torch, case, inp):
+    """F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True) on
+    (S, H, N|T, D) tensors, as a PyTorch user calls it. f16 K/V are upcast to f32 inside the timed
+    call (CPU SDPA needs one dtype; a user holding an f16 cache writes k.float()). When enable_gqa
+    is missing (torch < 2.5), K/V heads are repeated with repeat_interleave (also timed)."""
+    F = torch.nn.functional
+    q = torch.from_numpy(inp["q"])
+    k, v = torch.from_numpy(inp["k"]), torch.from_numpy(inp["v"])
+    up = inp["k"].dtype == np.float16
+    causal, scale = bool(inp["causal"]), float(inp["scale"])
+    if inp["mask"] is not None and not causal:
+        return None, "the torch column handles causal or no mask only"
+    rep = q.shape[1] // k.shape[1]
+    try:
+        F.scaled_dot_product_attention(q[:, :, :1], k[:, :, :1].float(), v[:, :, :1].float(), enable_gqa=True)
+        gqa = True
+    except TypeError:
+        gqa = False
+
+    def fn():
+        kk = k.float() if up else k
+        vv = v.float() if up else v
+        if gqa:
+            return F.scaled_dot_product_attention(q, kk, vv, is_causal=causal, scale=scale, enable_gqa=True)
+        kk, vv = kk.repeat_interleave(rep, dim=1), vv.repeat_interleave(rep, dim=1)
+        return F.scaled_dot_product_attention(q, kk, vv, is_causal=causal, scale=scale)
+
+    return (fn, lambda: fn().permute(0, 2, 1, 3).numpy()), None
 
 
 def torch_version():
@@ -158,6 +195,8 @@ def _ort_model(onnx, case, inp, use_rmsnorm_op):
 def ort_build(case, inp):
     """Tiny in-memory ONNX graphs, one intra-op thread. Kernel rows bind preallocated numpy inputs
     and outputs (io_binding); the "alloc" latency row uses plain run(), which allocates outputs."""
+    if case.op not in ("softmax", "rms_norm", "add_rms_norm"):
+        return None, f"no onnxruntime column for {case.op} (ONNX Attention needs opset 23, and ORT's GQA op is a contrib op with its own KV-cache layout)"
     onnx, ort, why = _load_ort()
     if onnx is None:
         return None, why
@@ -307,6 +346,16 @@ def _load_ggml():
         except AttributeError as e:
             _ggml = (None, f"ggml in {d} lacks a symbol this benchmark needs: {e}")
             return _ggml
+        # attention (optional: an older ggml without them still gives the softmax/rms_norm columns)
+        I64 = ctypes.c_int64
+        fa_why = None
+        try:
+            base.ggml_new_tensor_4d.restype = P
+            base.ggml_new_tensor_4d.argtypes = [P, ctypes.c_int, I64, I64, I64, I64]
+            base.ggml_flash_attn_ext.restype = P
+            base.ggml_flash_attn_ext.argtypes = [P, P, P, P, P, ctypes.c_float, ctypes.c_float, ctypes.c_float]
+        except AttributeError as e:
+            fa_why = f"ggml in {d} lacks {e}"
         cpu.ggml_cpu_init()
         tpp = _TPParams()
         base.ggml_threadpool_params_init(ctypes.byref(tpp), 1)
@@ -315,7 +364,7 @@ def _load_ggml():
         class NS:
             pass
         ns = NS()
-        ns.base, ns.cpu, ns.pool, ns.dir = base, cpu, pool, d
+        ns.base, ns.cpu, ns.pool, ns.dir, ns.fa_why = base, cpu, pool, d, fa_why
         _ggml = (ns, None)
         return _ggml
     _ggml = (None, "ggml shared libraries not found (looked in: " + ", ".join(tried)
@@ -334,9 +383,12 @@ class _GgmlGraph:
 
     def tensor(self, arr):
         b = self.g.base
-        t = (b.ggml_new_tensor_1d(self.ctx, GGML_TYPE_F32, arr.shape[0]) if arr.ndim == 1 else
-             b.ggml_new_tensor_2d(self.ctx, GGML_TYPE_F16 if arr.dtype == np.float16 else GGML_TYPE_F32,
-                                  arr.shape[1], arr.shape[0]))
+        typ = GGML_TYPE_F16 if arr.dtype == np.float16 else GGML_TYPE_F32
+        if arr.ndim == 4:  # ggml's ne is numpy's shape reversed (ne0 = the contiguous axis)
+            t = b.ggml_new_tensor_4d(self.ctx, typ, arr.shape[3], arr.shape[2], arr.shape[1], arr.shape[0])
+        else:
+            t = (b.ggml_new_tensor_1d(self.ctx, GGML_TYPE_F32, arr.shape[0]) if arr.ndim == 1 else
+                 b.ggml_new_tensor_2d(self.ctx, typ, arr.shape[1], arr.shape[0]))
         self.view(t, arr.shape, arr.dtype)[...] = arr  # copy the data in once
         return t
 
@@ -371,6 +423,10 @@ def ggml_build(case, inp):
     g, why = _load_ggml()
     if g is None:
         return None, why
+    if case.op == "flash_attn":
+        return ggml_fa_build(g, case, inp)
+    if case.op not in ("softmax", "rms_norm", "add_rms_norm"):
+        return None, f"no ggml column for {case.op}"
     x = inp["x"]
     if x.ndim != 2:
         return None, "the ggml peer here handles 2-D x only"
@@ -398,6 +454,40 @@ def ggml_build(case, inp):
             raise RuntimeError(f"ggml_graph_compute returned status {st}")
         res = [v.copy() for v in views]
         return tuple(res) if len(res) == 2 else res[0]
+
+    fn._keep = gr
+    return (fn, get), None
+
+
+def ggml_fa_build(g, case, inp):
+    """ggml_flash_attn_ext(q, k, v, mask, scale, 0, 0): q f32 [D, N, Hq, S], k/v f16 or f32
+    [D, T, Hkv, S] (v not transposed), mask f16 [T, N, 1, 1] (this ggml needs no GGML_KQ_MASK_PAD
+    row padding: the mask must be f16, contiguous, with >= N rows); result [D, Hq, N, S], which is
+    cpufuse's (S, N, Hq, D). Tensors are filled once; only ggml_graph_compute (1 thread) is timed.
+    ggml rounds Q to f16 when K is f16 (its vec_dot type), so its error is that of f16 Q."""
+    if g.fa_why:
+        return None, g.fa_why
+    q, k, v, m = inp["q"], inp["k"], inp["v"], inp["mask"]
+    if m is not None and m.dtype != np.float16:
+        return None, "ggml_flash_attn_ext takes an f16 mask only"
+    S, Hq, N, D = q.shape
+    out_bytes = S * N * Hq * v.shape[3] * 4
+    arrays = [a for a in (q, k, v, m) if a is not None]
+    mem = sum(a.nbytes for a in arrays) + out_bytes + 16 * g.base.ggml_tensor_overhead() + \
+        g.base.ggml_graph_overhead() + (1 << 20)
+    gr = _GgmlGraph(g, mem)
+    tq, tk, tv = gr.tensor(q), gr.tensor(k), gr.tensor(v)
+    tm = gr.tensor(np.ascontiguousarray(m)) if m is not None else None
+    ty = g.base.ggml_flash_attn_ext(gr.ctx, tq, tk, tv, tm, float(inp["scale"]), 0.0, 0.0)
+    gr.finish(ty)
+    view = gr.view(ty, (S, N, Hq, v.shape[3]))
+    fn = gr.compute
+
+    def get():
+        st = fn()
+        if st != 0:
+            raise RuntimeError(f"ggml_graph_compute returned status {st}")
+        return view.copy()
 
     fn._keep = gr
     return (fn, get), None

@@ -1,9 +1,14 @@
-"""cpufuse benchmark: one table of cases x variants, single thread, medians in µs.
+"""cpufuse benchmark: tables of cases x variants, medians, 1-thread and all-core columns.
 
-    python -m bench.run [--quick] [--peers] [--json PATH] [--md PATH] [--only SUBSTR]
+    python -m bench.run [--quick] [--peers] [--threads auto|1|both] [--no-big] [--section NAME]
+                        [--json PATH] [--md PATH] [--only SUBSTR]
 
-Pin it (`taskset -c 0`) and unset old OpenBLAS tuning variables for numpy's sake
-(`env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE`), as `make bench` does. See bench/README.md.
+Sections: ops (softmax, rms_norm: the original table), attention (flash_attn decode / prefill),
+graph (the llama decoder block as a plan, fused / unfused / numpy) and dispatch (per-node plan
+overhead). Unset old OpenBLAS tuning variables for numpy's sake (`env -u OPENBLAS_CORETYPE -u
+OPENBLAS_L2_SIZE`). Run it unpinned to get the all-core columns: the 1-thread columns pin their
+own thread to one core (bench/threads.py); under `taskset -c 0` only the 1-thread columns run.
+See bench/README.md.
 """
 import argparse
 import datetime
@@ -13,6 +18,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 import zlib
 from dataclasses import asdict, dataclass
 
@@ -21,7 +27,7 @@ import numpy as np
 import cpufuse
 from cpufuse import reference as ref
 
-from . import timing
+from . import attn, graphbench, threads, timing
 
 EPS = 1e-6
 SIMD_ISAS = ("avx512", "avx2", "neon")
@@ -141,13 +147,13 @@ def build_numpy(case, inp):
     return fn, fn
 
 
-def build_cpufuse(isa, fused=True):
-    """cpufuse on one ISA. Kernel rows and the out= row pass preallocated outputs; the alloc row
-    lets cpufuse allocate."""
+def build_cpufuse(isa, fused=True, nth=1):
+    """cpufuse on one ISA, n_threads=nth (always passed: the default is every core). Kernel rows
+    and the out= row pass preallocated outputs; the alloc row lets cpufuse allocate."""
     def build(case, inp):
         if isa not in cpufuse.available_isas():
             raise Unavailable(f"ISA {isa} not available here")
-        x, kw = inp["x"], {"isa": isa}
+        x, kw = inp["x"], {"isa": isa, "n_threads": nth}
         if not fused:
             kw["fused"] = False
         alloc = case.mode == "alloc"
@@ -181,15 +187,23 @@ def _best_simd():
 @dataclass(frozen=True)
 class Variant:
     name: str
-    kind: str               # user | cpufuse | peer
+    kind: str               # user | cpufuse | peer | baseline (timed, not checked: matmul-only runs)
     isa: str = None         # cpufuse ISA (None for user/peer)
     fused: bool = True
     tol: float = 1e-10      # NMSE limit against the float64 reference
+    nth: int = 1            # threads: 1, or threads.ALL (every core of the affinity set)
+    strategy: str = None    # flash_attn strategy (None: auto)
+    max_call_s: float = None  # not timed when one call takes longer than this
 
 
-def variants(peers=False):
+def all_core_name(name):
+    return f"{name} ×{threads.n_all}"
+
+
+def variants(peers=False, all_core=False):
     """The columns, in table order, for this machine (unavailable ISAs are left out here;
-    peers that fail to load are reported as skipped)."""
+    peers that fail to load are reported as skipped). all_core adds the best SIMD ISA on every
+    core (n_threads = the affinity set's size)."""
     avail = cpufuse.available_isas()
     vs = [Variant("numpy", "user", tol=1e-6)]
     if "numba" in avail:
@@ -204,6 +218,8 @@ def variants(peers=False):
             vs.append(Variant(isa, "cpufuse", isa))
     if peers:
         vs += [Variant(p, "peer", tol=1e-6) for p in ("torch", "onnxruntime", "ggml")]
+    if all_core and b:
+        vs.append(Variant(all_core_name(b), "cpufuse", b, nth=threads.ALL))
     return vs
 
 
@@ -225,16 +241,17 @@ def builder(v):
     if v.kind == "user":
         return build_numpy
     if v.kind == "cpufuse":
-        return build_cpufuse(v.isa, v.fused)
+        return build_cpufuse(v.isa, v.fused, threads.resolve(v.nth))
     return build_peer(v.name)
 
 
 # ------------------------------------------------------------------------------------------------
-# Checking, timing, derived numbers
+# Checking
 
-def check(case, v, got, want):
+def check(case, v, got, want, tol=None):
     """NMSE of each output against the float64 reference; (ok, nmse)."""
-    if case.op == "add_rms_norm":
+    tol = v.tol if tol is None else tol
+    if getattr(case, "op", None) == "add_rms_norm":
         pairs = list(zip(got, want))
     else:
         pairs = [(got, want)]
@@ -244,14 +261,277 @@ def check(case, v, got, want):
         if g.shape != np.shape(w) or not np.all(np.isfinite(g)):
             return False, float("inf")
         worst = max(worst, ref.nmse(w, g))
-    return worst <= v.tol, worst
+    return worst <= tol, worst
 
 
-def derived(case, res, copy_bw):
-    """Ratios for one case from {variant: result dict} (median_ns of variants that ran)."""
-    t = {k: r["median_ns"] for k, r in res.items() if r.get("median_ns")}
-    simd = {k: t[k] for k in SIMD_ISAS if k in t}
-    cf = {k: t[k] for k, r in res.items() if k in t and r["kind"] == "cpufuse"}
+# ------------------------------------------------------------------------------------------------
+# Sections: each gives its cases, its columns, and how to build / check / measure one of them
+
+class OpsSection:
+    key, title = "ops", "softmax / rms_norm"
+
+    def __init__(self, peers, all_core):
+        self.vlist = variants(peers, all_core)
+
+    def cases(self, a):
+        return [c for c in CASES if (not a.quick or c.quick)]
+
+    def inputs(self, case):
+        return make_inputs(case)
+
+    def reference(self, case, inp):
+        return reference(case, inp)
+
+    def build(self, case, v, inp):
+        return builder(v)(case, inp)
+
+    def tol(self, case, v):
+        return v.tol, None
+
+    def work(self, case, inp):
+        return {"bytes": min_bytes(case, inp)}
+
+    def annotate(self, case, r, work):
+        r["median_us"] = r["median_ns"] / 1e3
+        r["gbps"] = work["bytes"] / r["median_ns"]
+
+
+def _peer(case, v, inp):
+    from . import peers
+    res, why = peers.PEERS[v.name](case, inp)
+    if res is None:
+        raise Unavailable(why)
+    return res
+
+
+class AttnSection:
+    key, title = "attention", "flash attention"
+    STRATS = ("rows", "split", "tiled")
+
+    def __init__(self, peers, all_core):
+        avail = cpufuse.available_isas()
+        b = _best_simd()
+        vs = [Variant("numpy", "user", tol=1e-6)]
+        for isa in ("numba", "scalar"):
+            if isa in avail:
+                vs.append(Variant(isa, "cpufuse", isa, max_call_s=2.0))
+        if b:
+            vs.append(Variant(f"{b} unfused", "cpufuse", b, fused=False))
+        for isa in SIMD_ISAS:
+            if isa in avail:
+                vs.append(Variant(isa, "cpufuse", isa))
+        if b:
+            vs += [Variant(f"{b} {s}", "cpufuse", b, strategy=s) for s in self.STRATS]
+        if peers:
+            vs += [Variant(p, "peer", tol=1e-6) for p in ("torch", "ggml")]
+        if all_core and b:
+            vs.append(Variant(all_core_name(b), "cpufuse", b, nth=threads.ALL))
+        self.vlist = vs
+
+    def cases(self, a):
+        return [c for c in attn.CASES if (not a.quick or c.quick)]
+
+    def inputs(self, case):
+        return attn.make_inputs(case)
+
+    def reference(self, case, inp):
+        return attn.reference(case, inp)
+
+    def build(self, case, v, inp):
+        if v.kind == "peer":
+            return _peer(case, v, inp)
+        try:
+            return attn.build(case, v, inp, threads.resolve(v.nth))
+        except LookupError as e:
+            raise Unavailable(str(e)) from None
+
+    def tol(self, case, v):
+        return attn.peer_tol(case, v) if v.kind == "peer" else (v.tol, None)
+
+    def work(self, case, inp):
+        return attn.work(case, inp)
+
+    def annotate(self, case, r, work):
+        r["median_us"] = r["median_ns"] / 1e3
+        r["gbps"] = work["bytes"] / r["median_ns"]
+        r["gflops"] = work["flops"] / r["median_ns"]
+
+
+class GraphSection:
+    key, title = "graph", "llama decoder block"
+    settle_s = 0.2  # after an all-core column, let OpenBLAS's spinning workers sleep (threads.settle_s)
+
+    def __init__(self, peers, all_core):
+        b = cpufuse.available_isas()[0]
+        self.isa = b
+        vs = [Variant("numpy", "user", tol=1e-6),
+              Variant("plan unfused", "cpufuse", b, fused=False),
+              Variant("plan fused", "cpufuse", b)]
+        if all_core:
+            vs.append(Variant(all_core_name("plan fused"), "cpufuse", b, nth=threads.ALL))
+        vs += [Variant("matmuls plan", "baseline", b), Variant("matmuls numpy", "baseline")]
+        if all_core:
+            vs.append(Variant(all_core_name("matmuls plan"), "baseline", b, nth=threads.ALL))
+        self.vlist = vs
+
+    def cases(self, a):
+        return [c for c in graphbench.CASES if (not a.quick or c.quick) and not (c.big and a.no_big)]
+
+    def inputs(self, case):
+        return graphbench.make_inputs(case)
+
+    def reference(self, case, inp):
+        return graphbench.reference(case, inp)
+
+    def build(self, case, v, inp):
+        try:
+            return graphbench.build(case, v, inp, threads.resolve(v.nth))
+        except LookupError as e:
+            raise Unavailable(str(e)) from None
+
+    def tol(self, case, v):
+        return v.tol, None
+
+    def work(self, case, inp):
+        return graphbench.work(case, inp)
+
+    def annotate(self, case, r, work):
+        r["median_us"] = r["median_ns"] / 1e3
+
+
+class DispatchSection:
+    key, title = "dispatch", "per-node plan overhead"
+
+    def __init__(self, peers, all_core):
+        b = cpufuse.available_isas()[0]
+        self.vlist = [Variant("plan fused", "cpufuse", b), Variant("plan unfused", "cpufuse", b, fused=False),
+                      Variant("Python per-op", "user", tol=1e-10)]
+
+    def cases(self, a):
+        return list(graphbench.DISPATCH_CASES)
+
+    def inputs(self, case):
+        return graphbench.dispatch_inputs(case)
+
+    def reference(self, case, inp):
+        return graphbench.dispatch_reference(case, inp)
+
+    def build(self, case, v, inp):
+        return graphbench.dispatch_build(case, v, inp, threads.resolve(v.nth))
+
+    def tol(self, case, v):
+        return v.tol, None
+
+    def work(self, case, inp):
+        return {"nodes": case.n_nodes}
+
+    def annotate(self, case, r, work):
+        r["median_us"] = r["median_ns"] / 1e3
+        r["ns_per_node"] = r["median_ns"] / case.n_nodes
+        if r["kind"] == "cpufuse":
+            r["kernel_calls"] = graphbench.dispatch_kernel_calls(case, r["fused"])
+        else:
+            r["kernel_calls"] = case.n_nodes if case.chain == "scale_add" else case.n_nodes // 2
+        r["ns_per_call"] = r["median_ns"] / r["kernel_calls"]
+
+
+SECTIONS = {"ops": OpsSection, "attention": AttnSection, "graph": GraphSection, "dispatch": DispatchSection}
+
+
+# ------------------------------------------------------------------------------------------------
+# Preparing and timing a case
+
+def prepare(section, case, vlist, log):
+    """Build and check every variant for one case: (work, results, {variant: fn}, {variant: pre})."""
+    inp = section.inputs(case)
+    want = section.reference(case, inp)
+    fns, pre, res = {}, {}, {}
+    for v in vlist:
+        r = res[v.name] = {"kind": v.kind, "isa": v.isa, "fused": v.fused, "strategy": v.strategy,
+                           "n_threads": threads.resolve(v.nth), "status": "ok"}
+        threads.enter(v.nth)
+        try:
+            fn, get = section.build(case, v, inp)
+            t0 = time.perf_counter()
+            got = get()
+            dt = time.perf_counter() - t0
+            if v.max_call_s and dt > v.max_call_s:  # maybe a JIT compile: one more call decides
+                t0 = time.perf_counter()
+                got = get()
+                dt = min(dt, time.perf_counter() - t0)
+            if v.kind == "baseline":
+                ok, err, tol, note = True, None, None, None
+            else:
+                tol, note = section.tol(case, v)
+                ok, err = check(case, v, got, want, tol)
+        except Unavailable as e:
+            r.update(status="skipped", reason=str(e))
+            continue
+        except Exception as e:  # a crashing variant is a loud failure, not the end of the run
+            r.update(status="error", reason=f"{type(e).__name__}: {e}")
+            log(f"!!! {case.name} / {v.name}: ERROR {r['reason']}")
+            continue
+        finally:
+            got = None
+        r["nmse"] = err
+        if note:
+            r["tol"], r["tol_note"] = tol, note
+        if not ok:
+            r.update(status="failed", reason=f"NMSE {err:.3g} > {tol:g}")
+            log(f"!!! {case.name} / {v.name}: FAILED CHECK, NMSE {err:.3g} > {tol:g}; not timed")
+            continue
+        if v.max_call_s and dt > v.max_call_s:
+            r.update(status="skipped", reason=f"too slow to time: one call took {dt:.1f} s (> {v.max_call_s:g} s)",
+                     one_call_s=dt)
+            continue
+        fns[v.name] = fn
+        pre[v.name] = functools.partial(threads.enter, v.nth)
+    return section.work(case, inp), res, fns, pre
+
+
+def run_cases(section, group, vlist, target_s, rounds, log):
+    """Time one case, or a group of cases (same `group`) interleaved together, so that rows meant
+    to be compared with each other (alloc vs out=) see the same machine conditions."""
+    vlist_nth = {v.name: v.nth for v in vlist}
+    threads.settle_s[0] = getattr(section, "settle_s", 0.0)
+    prepared = [prepare(section, c, vlist, log) for c in group]
+    fns = {(i, k): fn for i, (_, _, f, _) in enumerate(prepared) for k, fn in f.items()}
+    pre = {(i, k): p for i, (_, _, _, pp) in enumerate(prepared) for k, p in pp.items()}
+    # each variant gets ~target_s of calls (>= one per round), interleaved over the rounds
+    blocks = {key: ("1" if vlist_nth[key[1]] == 1 else "n") for key in fns}
+    threads.settle_s[0] = getattr(section, "settle_s", 0.0)
+    timed = timing.measure(fns, target_s=target_s, rounds=rounds, per_call=group[0].mode != "kernel", pre=pre,
+                           blocks=blocks)
+    threads.settle_s[0] = 0.0
+    for (i, k), tr in timed.items():
+        work, res, _, _ = prepared[i]
+        res[k].update(tr)
+        section.annotate(group[i], res[k], work)
+    return [(c, work, res) for c, (work, res, _, _) in zip(group, prepared)]
+
+
+# ------------------------------------------------------------------------------------------------
+# Derived numbers
+
+def _times(res):
+    return {k: r["median_ns"] for k, r in res.items() if r.get("median_ns") and r.get("status") == "ok"}
+
+
+def _all_core(res):
+    """(name, result) of the all-core column, if it ran"""
+    for k, r in res.items():
+        if r.get("n_threads", 1) > 1 and r.get("median_ns") and r["kind"] == "cpufuse":
+            return k, r
+    return None, None
+
+
+def derived(case, res, env):
+    """Ratios for one ops case from {variant: result dict} (median_ns of variants that ran)."""
+    copy_bw = env["copy_bw"]
+    t = _times(res)
+    one = {k: v for k, v in t.items() if res[k].get("n_threads", 1) == 1}
+    simd = {k: t[k] for k in SIMD_ISAS if k in one}
+    cf = {k: one[k] for k in one if res[k]["kind"] == "cpufuse"}
     d = {}
     if simd:
         best_simd = min(simd, key=simd.get)
@@ -273,48 +553,95 @@ def derived(case, res, copy_bw):
         for p in ("torch", "onnxruntime", "ggml"):
             if p in t:
                 d[f"{p}_over_cpufuse"] = t[p] / cf[best]
+        k, r = _all_core(res)
+        if k:
+            d["all_core"] = k
+            d["all_core_us"] = r["median_ns"] / 1e3
+            d["all_core_gbps"] = r["gbps"]
+            d["all_core_speedup"] = cf[best] / r["median_ns"]
+            if "dram_all" in copy_bw:
+                d["pct_dram_copy_all"] = 100 * r["gbps"] / copy_bw["dram_all"]["gbps"]
     return d
 
 
-def prepare(case, vlist, log):
-    """Build and check every variant for one case: (nbytes, results, {variant: fn} of those to time)."""
-    inp = make_inputs(case)
-    want = reference(case, inp)
-    fns, res = {}, {}
-    for v in vlist:
-        r = res[v.name] = {"kind": v.kind, "isa": v.isa, "fused": v.fused, "status": "ok"}
-        try:
-            fn, get = builder(v)(case, inp)
-            ok, err = check(case, v, get(), want)
-        except Unavailable as e:
-            r.update(status="skipped", reason=str(e))
-            continue
-        except Exception as e:  # a crashing variant is a loud failure, not the end of the run
-            r.update(status="error", reason=f"{type(e).__name__}: {e}")
-            log(f"!!! {case.name} / {v.name}: ERROR {r['reason']}")
-            continue
-        r["nmse"] = err
-        if not ok:
-            r.update(status="failed", reason=f"NMSE {err:.3g} > {v.tol:g}")
-            log(f"!!! {case.name} / {v.name}: FAILED CHECK, NMSE {err:.3g} > {v.tol:g}; not timed")
-            continue
-        fns[v.name] = fn
-    return min_bytes(case, inp), res, fns
+def derived_attn(case, res, env):
+    copy_bw, peak = env["copy_bw"], env["fma_peak"]
+    t = _times(res)
+    one = {k: v for k, v in t.items() if res[k].get("n_threads", 1) == 1}
+    cf = {k: v for k, v in one.items() if res[k]["kind"] == "cpufuse"}
+    d = {"kind": case.kind, "strategy_auto": cpufuse.ops.choose_strategy(case.N, case.T)}
+    b = _best_simd()
+    if cf:
+        best = min(cf, key=cf.get)
+        r = res[best]
+        d.update(best_cpufuse=best, best_cpufuse_us=cf[best] / 1e3, best_cpufuse_gbps=r["gbps"],
+                 best_cpufuse_gflops=r["gflops"])
+        d["pct_dram_copy"] = 100 * r["gbps"] / copy_bw["dram"]["gbps"]
+        if peak.get("gflops_1"):
+            d["pct_fma_peak"] = 100 * r["gflops"] / peak["gflops_1"]
+        if "numpy" in t:
+            d["user_gain"] = t["numpy"] / cf[best]
+        for p in ("torch", "ggml"):
+            if p in t:
+                d[f"{p}_over_cpufuse"] = t[p] / cf[best]
+        k, ra = _all_core(res)
+        if k:
+            d.update(all_core=k, all_core_us=ra["median_ns"] / 1e3, all_core_gbps=ra["gbps"],
+                     all_core_gflops=ra["gflops"], all_core_speedup=cf[best] / ra["median_ns"])
+            if "dram_all" in copy_bw:
+                d["pct_dram_copy_all"] = 100 * ra["gbps"] / copy_bw["dram_all"]["gbps"]
+            if peak.get("gflops_all"):
+                d["pct_fma_peak_all"] = 100 * ra["gflops"] / peak["gflops_all"]
+    if b:
+        strat = {s: t[f"{b} {s}"] for s in AttnSection.STRATS if f"{b} {s}" in t}
+        if strat:
+            d["fastest_strategy"] = min(strat, key=strat.get)
+            d["strategy_us"] = {s: v / 1e3 for s, v in strat.items()}
+            if b in t:
+                d["auto_over_fastest_strategy"] = t[b] / strat[d["fastest_strategy"]]
+        if f"{b} unfused" in t and b in t:
+            d["fusion_gain"] = t[f"{b} unfused"] / t[b]
+        if "scalar" in t and b in t:
+            d["vector_gain"] = t["scalar"] / t[b]
+    return d
 
 
-def run_cases(group, vlist, target_s, rounds, log):
-    """Time one case, or a group of cases (same `group`) interleaved together, so that rows meant
-    to be compared with each other (alloc vs out=) see the same machine conditions."""
-    prepared = [prepare(c, vlist, log) for c in group]
-    fns = {(i, k): fn for i, (_, _, f) in enumerate(prepared) for k, fn in f.items()}
-    # each variant gets ~target_s of calls (>= one per round), interleaved over the rounds
-    timed = timing.measure(fns, target_s=target_s, rounds=rounds, per_call=group[0].mode != "kernel")
-    for (i, k), tr in timed.items():
-        nbytes, res, _ = prepared[i]
-        res[k].update(tr)
-        res[k]["median_us"] = tr["median_ns"] / 1e3
-        res[k]["gbps"] = nbytes / tr["median_ns"]
-    return [(c, nbytes, res) for c, (nbytes, res, _) in zip(group, prepared)]
+def derived_graph(case, res, env):
+    t = _times(res)
+    d = {"matmul_gflop": graphbench.matmul_flops(case) / 1e9}
+    base1 = t.get("matmuls plan")
+    basen = t.get("matmuls numpy")
+    basea = next((v for k, v in t.items() if k.startswith("matmuls plan ×")), None)
+    shares = {}
+    for k, v in t.items():
+        r = res[k]
+        if r["kind"] == "baseline":
+            continue
+        mm = basen if k == "numpy" else (basea if r["n_threads"] > 1 else base1)
+        if mm:
+            shares[k] = (v - mm) / v
+    d["non_matmul_share"] = shares
+    if base1:
+        d["matmul_plan_gflops"] = graphbench.matmul_flops(case) / base1
+    if "plan unfused" in t and "plan fused" in t:
+        d["fusion_gain"] = t["plan unfused"] / t["plan fused"]
+    if "numpy" in t and "plan fused" in t:
+        d["user_gain"] = t["numpy"] / t["plan fused"]
+    k, ra = _all_core(res)
+    if k and "plan fused" in t:
+        d["all_core_speedup"] = t["plan fused"] / ra["median_ns"]
+    return d
+
+
+def derived_dispatch(case, res, env):
+    t = _times(res)
+    d = {}
+    if "plan fused" in t and "Python per-op" in t:
+        d["python_over_plan"] = t["Python per-op"] / t["plan fused"]
+    return d
+
+
+DERIVED = {"ops": derived, "attention": derived_attn, "graph": derived_graph, "dispatch": derived_dispatch}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -345,12 +672,14 @@ def machine_info(peers):
         numba_v = None
     info = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "hostname": platform.node(),
         "cpu_model": cpu,
         "platform": platform.platform(),
         "python": sys.version.split()[0],
         "numpy": np.__version__,
         "numba": numba_v,
-        "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "affinity": threads.ALL_CORES,
+        "threads": threads.describe(),
         "os_cpu_count": os.cpu_count(),
         "loadavg_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "openblas_env": {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ},
@@ -371,6 +700,13 @@ def _fmt_us(us):
     return f"{us:.2f}" if us < 10 else f"{us:,.0f}" if us >= 1000 else f"{us:.1f}"
 
 
+def _fmt_ms(us):
+    if us is None:
+        return "–"
+    ms = us / 1e3
+    return f"{ms:.3f}" if ms < 1 else f"{ms:.2f}" if ms < 100 else f"{ms:,.0f}"
+
+
 def _fmt_load(v):
     return "?" if not v else f"{v[0]:.2f}"
 
@@ -379,151 +715,384 @@ def _fmt_x(v):
     return "–" if v is None else f"{v:.2f}×"
 
 
-def markdown(report):
+def _fmt_pct(v):
+    return "–" if v is None else f"{v:.0f}%"
+
+
+def _fmt_g(v):
+    return "–" if v is None else f"{v:.1f}"
+
+
+def _time_table(entries, cols, fmt=_fmt_us, key="median_us"):
+    lines = ["| case | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    for c in entries:
+        t = {k: r.get(key) for k, r in c["results"].items() if r.get("status") == "ok" and r["kind"] != "baseline"}
+        best = min((v for v in t.values() if v), default=None)
+        cells = []
+        for k in cols:
+            r = c["results"].get(k, {})
+            if r.get("status") == "ok":
+                s = fmt(r.get(key))
+                cells.append(f"**{s}**" if r.get(key) == best else s)
+            else:
+                cells.append({"skipped": "n/a", "failed": "FAIL", "error": "ERR"}.get(r.get("status"), "–"))
+        lines.append(f"| {c['case']['name']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _notes(entries, extra=()):
+    notes = list(extra)
+    for c in entries:
+        for k, r in c["results"].items():
+            if r.get("status") in ("failed", "error"):
+                notes.append(f"- **{r['status'].upper()}** {c['case']['name']} / {k}: {r['reason']}")
+            if r.get("tol_note"):
+                notes.append(f"- {c['case']['name']} / {k}: {r['tol_note']} (NMSE {r['nmse']:.2g})")
+    skipped = {}
+    for c in entries:
+        for k, r in c["results"].items():
+            if r.get("status") == "skipped":
+                skipped.setdefault((k, r["reason"]), []).append(c["case"]["name"])
+    for (k, why), names in skipped.items():
+        where = "all cases" if len(names) == len(entries) else ", ".join(names)
+        notes.append(f"- skipped {k} ({where}): {why}")
+    return ["", "Notes:", ""] + notes if notes else []
+
+
+def _header(report):
     m = report["machine"]
-    cols = [v["name"] for v in report["variants"]]
-    lines = [
+    cb = report["copy_bw"]
+    thr = m["threads"]
+    all_line = ""
+    if "dram_all" in cb:
+        all_line = (f" All-core ({cb['dram_all']['threads']} threads, np.copyto on disjoint slices): DRAM "
+                    f"{cb['dram_all']['gbps']:.1f} GB/s.")
+    pk = report.get("fma_peak", {})
+    peak = ""
+    if pk.get("gflops_1"):
+        peak = (f" FMA peak ({pk['isa']}, cf_fma_peak, best of runs): {pk['gflops_1']:.1f} GFLOP/s 1 thread"
+                + (f", {pk['gflops_all']:.1f} GFLOP/s on {thr['n_all']} threads" if pk.get("gflops_all") else "") + ".")
+    mode = (f"1-thread columns pinned to core {thr['pin_core']}, all-core columns (×{thr['n_all']}) on "
+            f"cores {thr['affinity']}" if report["all_core"] else
+            f"1 thread only ({'affinity is one core' if thr['n_all'] == 1 else '--threads 1'})")
+    return [
         "# cpufuse benchmark",
         "",
-        f"{m['date']} · {m['cpu_model']} · Python {m['python']} · numpy {m['numpy']} · numba {m['numba']} · "
-        f"cpufuse {m['cpufuse']['version']} ({', '.join(m['cpufuse']['available_isas'])}) · "
+        f"{m['date']} · {m['cpu_model']} · {m['hostname']} · Python {m['python']} · numpy {m['numpy']} · "
+        f"numba {m['numba']} · cpufuse {m['cpufuse']['version']} ({', '.join(m['cpufuse']['available_isas'])}) · "
         f"git {m['git_commit']}{' (dirty)' if m['git_dirty'] else ''} · affinity {m['affinity']}"
-        f"{' · QUICK' if report['quick'] else ''}",
+        f"{' · QUICK' if report['quick'] else ''} · {mode} · run took {report.get('runtime_s', 0):.0f} s",
         "",
-        f"Copy bandwidth (np.copyto, counted as read + write): DRAM {report['copy_bw']['dram']['gbps']:.1f} GB/s "
-        f"({report['copy_bw']['dram']['bytes'] >> 20} MiB array), L2 {report['copy_bw']['l2']['gbps']:.1f} GB/s "
-        f"({report['copy_bw']['l2']['bytes'] >> 10} KiB array); medians of {report['copy_bw']['dram']['samples']} "
-        f"samples spread over the run. Timer pair: {report['timer_overhead_ns']:.0f} ns. "
+        f"Copy bandwidth (np.copyto, counted as read + write): DRAM {cb['dram']['gbps']:.1f} GB/s "
+        f"({cb['dram']['bytes'] >> 20} MiB array), L2 {cb['l2']['gbps']:.1f} GB/s "
+        f"({cb['l2']['bytes'] >> 10} KiB array), 1 thread; medians of {cb['dram']['samples']} "
+        f"samples spread over the run.{all_line}{peak} Timer pair: {report['timer_overhead_ns']:.0f} ns. "
         f"Load average at start / end: {_fmt_load(m.get('loadavg_start'))} / {_fmt_load(report.get('loadavg_end'))}.",
+    ]
+
+
+def markdown_ops(report, sec):
+    entries = sec["cases"]
+    cols = [v["name"] for v in sec["variants"]]
+    peer_cols = [p for p in ("torch", "onnxruntime", "ggml") if p in cols]
+    allc = any(v["nth"] != 1 for v in sec["variants"])
+    lines = [
+        "",
+        "## softmax / rms_norm",
         "",
         "Masks: `32×4096` = 32 new tokens at the end of a 4096-token context (row i masks keys j > 4064 + i); "
         "`4096×512` = 8 heads × 512 queries over 512 keys, flattened (row i masks keys j > i mod 512), f16. "
         "Kernel rows: back-to-back calls, cpufuse / onnxruntime / ggml write into preallocated outputs, numpy and "
         "torch allocate as users write them. Latency rows: each call timed on its own.",
         "",
-        "Median time per call, µs (1 thread; **bold** = fastest in the row):",
+        "Median time per call, µs (1 thread unless the column says ×N; **bold** = fastest in the row):",
         "",
-        "| case | " + " | ".join(cols) + " |",
-        "|---|" + "---:|" * len(cols),
-    ]
-    for c in report["cases"]:
-        t = {k: r.get("median_us") for k, r in c["results"].items()}
-        best = min((v for v in t.values() if v), default=None)
-        cells = []
-        for k in cols:
-            r = c["results"].get(k, {})
-            if r.get("status") == "ok":
-                s = _fmt_us(t[k])
-                cells.append(f"**{s}**" if t[k] == best else s)
-            else:
-                cells.append({"skipped": "n/a", "failed": "FAIL", "error": "ERR"}.get(r.get("status"), "–"))
-        lines.append(f"| {c['case']['name']} | " + " | ".join(cells) + " |")
-    peer_cols = [p for p in ("torch", "onnxruntime", "ggml") if p in cols]
+    ] + _time_table(entries, cols)
     lines += [
         "",
-        "Derived (best cpufuse = fastest cpufuse column; GB/s = minimum bytes moved / median time):",
+        "Derived (best cpufuse = fastest 1-thread cpufuse column; GB/s = minimum bytes moved / median time):",
         "",
         "| case | MB moved | best cpufuse | GB/s | vector gain | fusion gain | user gain | % DRAM copy |"
-        + "".join(f" {p} / best |" for p in peer_cols),
-        "|---|---:|---|---:|---:|---:|---:|---:|" + "---:|" * len(peer_cols),
+        + "".join(f" {p} / best |" for p in peer_cols)
+        + (" all-core GB/s | all-core speedup | % all-core DRAM copy |" if allc else ""),
+        "|---|---:|---|---:|---:|---:|---:|---:|" + "---:|" * len(peer_cols) + ("---:|---:|---:|" if allc else ""),
     ]
-    for c in report["cases"]:
+    for c in entries:
         d = c["derived"]
-        pct = f"{d['pct_dram_copy']:.0f}%" if c["case"]["dram"] and "pct_dram_copy" in d else ""
+        dram = c["case"].get("dram")
+        pct = f"{d['pct_dram_copy']:.0f}%" if dram and "pct_dram_copy" in d else ""
         gb = f"{d['best_cpufuse_gbps']:.1f}" if "best_cpufuse_gbps" in d else "–"
-        lines.append(
-            f"| {c['case']['name']} | {c['bytes'] / 1e6:.3g} | {d.get('best_cpufuse', '–')} | {gb} | "
-            f"{_fmt_x(d.get('vector_gain'))} | {_fmt_x(d.get('fusion_gain'))} | {_fmt_x(d.get('user_gain'))} | {pct} |"
-            + "".join(f" {_fmt_x(d.get(f'{p}_over_cpufuse'))} |" for p in peer_cols))
+        row = (f"| {c['case']['name']} | {c['work']['bytes'] / 1e6:.3g} | {d.get('best_cpufuse', '–')} | {gb} | "
+               f"{_fmt_x(d.get('vector_gain'))} | {_fmt_x(d.get('fusion_gain'))} | {_fmt_x(d.get('user_gain'))} | {pct} |"
+               + "".join(f" {_fmt_x(d.get(f'{p}_over_cpufuse'))} |" for p in peer_cols))
+        if allc:
+            row += (f" {_fmt_g(d.get('all_core_gbps'))} | {_fmt_x(d.get('all_core_speedup'))} | "
+                    f"{_fmt_pct(d.get('pct_dram_copy_all')) if dram else ''} |")
+        lines.append(row)
     lines += [
         "",
         "vector gain = scalar fused / best SIMD fused · fusion gain = SIMD unfused / SIMD fused (same ISA) · "
         "user gain = numpy / best cpufuse" + (" · peer / best = peer time / best cpufuse time (> 1: cpufuse faster)"
-                                             if peer_cols else ""),
+                                             if peer_cols else "")
+        + (" · all-core speedup = best 1-thread cpufuse / all-core column" if allc else ""),
     ]
-    notes = []
-    err = m["cpufuse"].get("native_load_error")
+    extra = []
+    err = report["machine"]["cpufuse"].get("native_load_error")
     if err:
-        notes.append(f"- **WARNING: the cpufuse native extension did not load** ({err}); only numba runs")
+        extra.append(f"- **WARNING: the cpufuse native extension did not load** ({err}); only numba runs")
     for isa, why in report.get("unavailable_isas", {}).items():
-        notes.append(f"- no {isa} column: {why}")
-    for c in report["cases"]:
-        for k, r in c["results"].items():
-            if r.get("status") in ("failed", "error"):
-                notes.append(f"- **{r['status'].upper()}** {c['case']['name']} / {k}: {r['reason']}")
-    skipped = {}
-    for c in report["cases"]:
-        for k, r in c["results"].items():
-            if r.get("status") == "skipped":
-                skipped.setdefault((k, r["reason"]), []).append(c["case"]["name"])
-    for (k, why), names in skipped.items():
-        where = "all cases" if len(names) == len(report["cases"]) else ", ".join(names)
-        notes.append(f"- skipped {k} ({where}): {why}")
+        extra.append(f"- no {isa} column: {why}")
+    return lines + _notes(entries, extra)
+
+
+def markdown_attn(report, sec):
+    entries = sec["cases"]
+    cols = [v["name"] for v in sec["variants"]]
+    allc = any(v["nth"] != 1 for v in sec["variants"])
+    lines = [
+        "",
+        "## flash attention",
+        "",
+        f"q f32 (1, {attn.HQ}, N, {attn.D}), K/V (1, {attn.HKV}, T, {attn.D}) f16 or f32 (GQA {attn.HQ // attn.HKV}), "
+        f"scale 1/√{attn.D}, out (1, N, {attn.HQ}, {attn.D}) preallocated for cpufuse. Decode: N = 1, no mask. "
+        "Prefill: N = T = 512, causal f16 mask. numpy = `q @ kᵀ` per KV-head group (q heads reshaped "
+        "(Hkv, G·N, D)), softmax, `@ v`, f16 K/V upcast with astype (as users write it; allocates). "
+        "torch = `F.scaled_dot_product_attention(..., is_causal, enable_gqa=True)`, f16 K/V upcast with "
+        "`.float()` inside the timed call. ggml = `ggml_flash_attn_ext`, 1 thread, graph prepared once. "
+        "`<isa> rows / split / tiled` force cpufuse's strategy; the plain ISA column is the auto choice.",
+        "",
+        "Median time per call, µs (**bold** = fastest):",
+        "",
+    ] + _time_table(entries, cols)
+    lines += [
+        "",
+        "Derived. Decode: GB/s = bytes of K + V / time (vs the 1-thread DRAM copy); prefill: GFLOP/s with "
+        "flops = 4·D·Hq·(visible query–key pairs) = 4·D·Hq·T(T+1)/2 for causal N = T "
+        "(causal fraction (T+1)/2T ≈ 0.5 of 4·N·T·D·Hq), vs the FMA peak:",
+        "",
+        "| case | K+V MB | GFLOP | best 1-thread | GB/s | % DRAM copy | GFLOP/s | % FMA peak | auto → | fastest strategy "
+        "| auto / fastest | fusion gain | vector gain | user gain | torch / best | ggml / best |"
+        + (" all-core GB/s | % all-core copy | all-core GFLOP/s | % all-core peak | speedup |" if allc else ""),
+        "|---|---:|---:|---|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" * 5 if allc else ""),
+    ]
+    for c in entries:
+        d = c["derived"]
+        dec = d["kind"] == "decode"
+        row = (f"| {c['case']['name']} | {c['work']['bytes'] / 1e6:.1f} | {c['work']['flops'] / 1e9:.3g} | "
+               f"{d.get('best_cpufuse', '–')} | {_fmt_g(d.get('best_cpufuse_gbps')) if dec else ''} | "
+               f"{_fmt_pct(d.get('pct_dram_copy')) if dec else ''} | {_fmt_g(d.get('best_cpufuse_gflops'))} | "
+               f"{_fmt_pct(d.get('pct_fma_peak'))} | {d['strategy_auto']} | {d.get('fastest_strategy', '–')} | "
+               f"{_fmt_x(d.get('auto_over_fastest_strategy'))} | {_fmt_x(d.get('fusion_gain'))} | "
+               f"{_fmt_x(d.get('vector_gain'))} | {_fmt_x(d.get('user_gain'))} | "
+               f"{_fmt_x(d.get('torch_over_cpufuse'))} | {_fmt_x(d.get('ggml_over_cpufuse'))} |")
+        if allc:
+            row += (f" {_fmt_g(d.get('all_core_gbps')) if dec else ''} | {_fmt_pct(d.get('pct_dram_copy_all')) if dec else ''} | "
+                    f"{_fmt_g(d.get('all_core_gflops'))} | {_fmt_pct(d.get('pct_fma_peak_all'))} | "
+                    f"{_fmt_x(d.get('all_core_speedup'))} |")
+        lines.append(row)
+    lines += [
+        "",
+        "auto → = the strategy cpufuse picks (`choose_strategy`) · auto / fastest = auto column / fastest forced "
+        "strategy (> 1: auto picked a slower one) · fusion gain = SIMD unfused / SIMD auto · vector gain = scalar / "
+        "SIMD auto · user gain = numpy / best 1-thread cpufuse · peer / best > 1: cpufuse faster",
+    ]
+    return lines + _notes(entries)
+
+
+def markdown_graph(report, sec):
+    entries = sec["cases"]
+    cols = [v["name"] for v in sec["variants"]]
+    lines = [
+        "",
+        "## llama decoder block (graph)",
+        "",
+        "`cpufuse.blocks` pre-norm block (rms_norm·w, q/k/v matmuls, KV-cache concat, flash_attn with causal "
+        "f16 mask, o matmul, residual, rms_norm·w, SwiGLU FFN, residual), f32 weights and cache. "
+        "plan = `build_graph(...).compile()` (fusion=False for unfused), `plan.run(n_threads=…)`; numpy = "
+        "`blocks.numpy_block` (f32). matmuls = the block's 7 matmuls alone with the same shapes: as a cpufuse "
+        "plan (C → numpy's OpenBLAS, as the block plan) and as `np.matmul(..., out=)`. The 1-thread columns "
+        "limit OpenBLAS to 1 thread; the ×N columns give it N.",
+        "",
+        "Median time per block, ms (**bold** = fastest):",
+        "",
+    ] + _time_table(entries, cols, fmt=_fmt_ms)
+    share_cols = [k for k in cols if not k.startswith("matmuls")]
+    lines += [
+        "",
+        "Share of the block's time outside matmul = (block − matmuls) / block (numpy vs the numpy matmuls, plans "
+        "vs the plan matmuls with the same thread count):",
+        "",
+        "| case | weights MB | matmul GFLOP | matmul GFLOP/s (plan, 1 thr) | " + " | ".join(
+            f"non-matmul {k}" for k in share_cols) + " | fusion gain | user gain | all-core speedup |",
+        "|---|---:|---:|---:|" + "---:|" * len(share_cols) + "---:|---:|---:|",
+    ]
+    for c in entries:
+        d = c["derived"]
+        sh = d.get("non_matmul_share", {})
+        lines.append(
+            f"| {c['case']['name']} | {c['work']['bytes'] / 1e6:.0f} | {d['matmul_gflop']:.3g} | "
+            f"{_fmt_g(d.get('matmul_plan_gflops'))} | "
+            + " | ".join(_fmt_pct(100 * sh[k]) if k in sh else "–" for k in share_cols)
+            + f" | {_fmt_x(d.get('fusion_gain'))} | {_fmt_x(d.get('user_gain'))} | {_fmt_x(d.get('all_core_speedup'))} |")
+    lines += ["", "fusion gain = plan unfused / plan fused · user gain = numpy / plan fused · all-core speedup = "
+              "plan fused / plan fused ×N"]
+    return lines + _notes(entries)
+
+
+def markdown_dispatch(report, sec):
+    entries = sec["cases"]
+    cols = [v["name"] for v in sec["variants"]]
+    lines = [
+        "",
+        "## per-node dispatch overhead",
+        "",
+        "A chain of tiny nodes compiled into one plan (one C call runs every kernel) vs the same chain as Python "
+        "calls into preallocated buffers (numpy ufuncs `np.multiply/np.add(..., out=)` for scale/add; "
+        "`cpufuse.rms_norm(x, w, out=)` for rms_norm·w, which the fused plan runs as 50 kernels). ns per graph "
+        "node (per kernel call in brackets):",
+        "",
+        "| case | " + " | ".join(cols) + " | Python / plan fused |",
+        "|---|" + "---:|" * (len(cols) + 1),
+    ]
+    for c in entries:
+        cells = []
+        for k in cols:
+            r = c["results"].get(k, {})
+            cells.append(f"{r['ns_per_node']:.0f} ({r['ns_per_call']:.0f})" if r.get("ns_per_node") else
+                         {"skipped": "n/a", "failed": "FAIL", "error": "ERR"}.get(r.get("status"), "–"))
+        lines.append(f"| {c['case']['name']} | " + " | ".join(cells)
+                     + f" | {_fmt_x(c['derived'].get('python_over_plan'))} |")
+    return lines + _notes(entries)
+
+
+MARKDOWN = {"ops": markdown_ops, "attention": markdown_attn, "graph": markdown_graph, "dispatch": markdown_dispatch}
+
+
+def markdown(report):
+    lines = _header(report)
+    for key in SECTIONS:
+        if key in report["sections"]:
+            lines += MARKDOWN[key](report, report["sections"][key])
+    notes = []
+    if report["threads_note"]:
+        notes.append(f"- {report['threads_note']}")
     if notes:
-        lines += ["", "Notes:", ""] + notes
+        lines += ["", "## Run notes", ""] + notes
     return "\n".join(lines) + "\n"
 
+
+# ------------------------------------------------------------------------------------------------
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="short timings (smoke run, < 1 min)")
+    ap.add_argument("--quick", action="store_true", help="short timings, fewer cases (smoke run, ~1 min)")
     ap.add_argument("--peers", action="store_true", help="add PyTorch, onnxruntime and ggml columns")
     ap.add_argument("--json", metavar="PATH", help="write the full results as JSON")
     ap.add_argument("--md", metavar="PATH", help="write the markdown tables")
     ap.add_argument("--only", metavar="SUBSTR", action="append", help="run only cases whose name contains this")
+    ap.add_argument("--section", action="append", choices=list(SECTIONS),
+                    help="run only this section (repeatable; default: all)")
+    ap.add_argument("--threads", choices=("auto", "1", "both"), default="auto",
+                    help="1: 1-thread columns only; both: also the all-core columns; auto (default): both when "
+                         "the process may use more than one core")
+    ap.add_argument("--pin-core", type=int, default=None, help="core for the 1-thread columns (default: the first)")
+    ap.add_argument("--no-big", action="store_true", help="skip the Llama-7B block cases (~810 MB of weights)")
     ap.add_argument("--target", type=float, default=None, help="seconds of timing per variant and case")
-    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds per case")
+    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds per case (overrides per-case)")
     a = ap.parse_args(argv)
+    t_start = time.perf_counter()
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
+    if a.pin_core is not None:
+        threads.set_pin_core(a.pin_core)
+    threads_note = None
+    all_core = a.threads in ("auto", "both") and threads.n_all > 1
+    if a.threads == "both" and threads.n_all == 1:
+        threads_note = ("all-core columns skipped: this process may run on one core only "
+                        f"(affinity {threads.ALL_CORES}); run without taskset for them")
+    elif a.threads != "1" and threads.n_all == 1:
+        threads_note = "1-thread columns only: the process affinity is one core (run unpinned for the all-core columns)"
     target = a.target if a.target is not None else (0.03 if a.quick else 0.6)
     rounds = a.rounds if a.rounds is not None else (3 if a.quick else 15)
-    cases = [c for c in CASES if (not a.quick or c.quick) and (not a.only or any(s in c.name for s in a.only))]
-    vlist = variants(a.peers)
+    keys = [k for k in SECTIONS if not a.section or k in a.section]
     machine = machine_info(a.peers)
     if a.peers:
         for p, d in machine["peers"].items():
             if d["unavailable"]:
                 log(f"peer {p} skipped: {d['unavailable']}")
-    log(f"cpufuse ISAs {', '.join(cpufuse.available_isas())}; variants: {', '.join(v.name for v in vlist)}; "
-        f"affinity {machine['affinity']}")
     if machine["cpufuse"]["native_load_error"]:
         log(f"!!! cpufuse native extension failed to load: {machine['cpufuse']['native_load_error']}")
-    if machine["affinity"] and len(machine["affinity"]) > 1:
-        log("note: not pinned to one core (use taskset -c 0)")
+    sections = {k: SECTIONS[k](a.peers, all_core) for k in keys}
+    log(f"cpufuse ISAs {', '.join(cpufuse.available_isas())}; affinity {threads.ALL_CORES}; "
+        f"{'1-thread pinned to core %s + all-core x%d' % (threads.pin_core(), threads.n_all) if all_core else '1 thread'}")
 
     # copy bandwidth: samples at the start, then one after every case; medians over all of them
-    copiers = {"dram": timing.CopyBandwidth(256 << 20, reps=7), "l2": timing.CopyBandwidth(256 << 10, reps=15)}
+    pin1 = functools.partial(threads.enter, 1)
+    copiers = {"dram": timing.CopyBandwidth(256 << 20, reps=7, pre=pin1),
+               "l2": timing.CopyBandwidth(256 << 10, reps=15, pre=pin1)}
+    if all_core:
+        copiers["dram_all"] = threads.ParallelCopyBandwidth(256 << 20, threads.n_all)
     for c in copiers.values():
         c.sample(3 if a.quick else 7)
     copy_bw = {k: c.result() for k, c in copiers.items()}
-    report = {"quick": a.quick, "peers": a.peers, "machine": machine, "unavailable_isas": unavailable_isas(),
-              "copy_bw": copy_bw,
+    log("copy bandwidth at start: " + ", ".join(f"{k} {v['gbps']:.1f} GB/s" for k, v in copy_bw.items()))
+    b = _best_simd()
+    peak = {"isa": b}
+    if b and "attention" in keys:
+        peak["gflops_1"] = threads.fma_peak(b, 1)
+        if all_core:
+            peak["gflops_all"] = threads.fma_peak(b, threads.n_all)
+        log(f"FMA peak {b}: {peak}")
+    report = {"quick": a.quick, "peers": a.peers, "all_core": all_core, "threads_note": threads_note,
+              "machine": machine, "unavailable_isas": unavailable_isas(), "copy_bw": copy_bw, "fma_peak": peak,
               "timer_overhead_ns": timing.timer_overhead_ns(), "target_s": target, "rounds": rounds,
-              "eps": EPS, "variants": [asdict(v) for v in vlist], "cases": []}
-    log(f"copy bandwidth at start: DRAM {copy_bw['dram']['gbps']:.1f} GB/s, L2 {copy_bw['l2']['gbps']:.1f} GB/s")
-    groups = []
-    for case in cases:
-        if groups and case.group and groups[-1][0].group == case.group:
-            groups[-1].append(case)
-        else:
-            groups.append([case])
-    for group in groups:
-        for case, nbytes, res in run_cases(group, vlist, target, rounds, log):
-            report["cases"].append({"case": case, "bytes": nbytes, "results": res})
-            log(f"{case.name}: " + ", ".join(f"{k} {r['median_us']:.3g}" for k, r in res.items() if "median_us" in r))
-        for c in copiers.values():
-            c.sample()
+              "eps": EPS, "sections": {}}
+    for key, sec in sections.items():
+        cases = [c for c in sec.cases(a) if not a.only or any(s in c.name for s in a.only)]
+        if not cases:
+            continue
+        log(f"== {sec.title}: variants {', '.join(v.name for v in sec.vlist)}")
+        entries = []
+        groups = []
+        for case in cases:
+            if groups and case.group and groups[-1][0].group == case.group:
+                groups[-1].append(case)
+            else:
+                groups.append([case])
+        for group in groups:
+            r = a.rounds if a.rounds is not None else min(rounds, getattr(group[0], "rounds", None) or rounds)
+            t0 = time.perf_counter()
+            for case, work, res in run_cases(sec, group, sec.vlist, target, r, log):
+                entries.append({"case": case, "work": work, "results": res})
+                log(f"{case.name} ({time.perf_counter() - t0:.0f} s): "
+                    + ", ".join(f"{k} {r['median_us']:.4g}" for k, r in res.items() if "median_us" in r))
+            for c in copiers.values():
+                c.sample()
+        if key == "graph":
+            graphbench.release()
+        report["sections"][key] = {"title": sec.title, "variants": [asdict(v) for v in sec.vlist], "cases": entries}
+    if b and "attention" in keys:  # best of the start and end probes
+        p2 = threads.fma_peak(b, 1)
+        peak["gflops_1"] = max(peak["gflops_1"] or 0, p2 or 0) or None
+        if all_core:
+            peak["gflops_all"] = max(peak["gflops_all"] or 0, threads.fma_peak(b, threads.n_all) or 0) or None
+    threads.enter(1)
     report["copy_bw"] = copy_bw = {k: c.result() for k, c in copiers.items()}
     for c in copiers.values():
         c.release()
-    for entry in report["cases"]:
-        entry["derived"] = derived(entry["case"], entry["results"], copy_bw)
-        entry["case"] = asdict(entry["case"])
+    env = {"copy_bw": copy_bw, "fma_peak": peak}
+    for key, sec in report["sections"].items():
+        for entry in sec["cases"]:
+            entry["derived"] = DERIVED[key](entry["case"], entry["results"], env)
+            entry["case"] = asdict(entry["case"])
+    if "ops" in report["sections"]:  # the original layout's keys, for old readers of the JSON
+        report["cases"] = [dict(e, bytes=e["work"]["bytes"]) for e in report["sections"]["ops"]["cases"]]
+        report["variants"] = report["sections"]["ops"]["variants"]
     report["loadavg_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    report["runtime_s"] = time.perf_counter() - t_start
     md = markdown(report)
     print(md)
     if a.json:
@@ -534,8 +1103,9 @@ def main(argv=None):
         os.makedirs(os.path.dirname(os.path.abspath(a.md)), exist_ok=True)
         with open(a.md, "w") as f:
             f.write(md)
-    bad = [(c["case"]["name"], k) for c in report["cases"] for k, r in c["results"].items()
-           if r["status"] in ("failed", "error") and r["kind"] == "cpufuse"]
+    bad = [(c["case"]["name"], k) for s in report["sections"].values() for c in s["cases"]
+           for k, r in c["results"].items() if r["status"] in ("failed", "error") and r["kind"] == "cpufuse"]
+    log(f"total run time {report['runtime_s']:.0f} s")
     if bad:
         log(f"!!! {len(bad)} cpufuse variant(s) failed the check: {bad}")
     return 1 if bad else 0

@@ -1,6 +1,6 @@
 """Timing primitives for the benchmark: interleaved rounds, copy bandwidth, timer overhead.
 
-Everything is single-threaded and uses time.perf_counter_ns. A *sample* is the mean time of one
+Timing is done on the calling thread with time.perf_counter_ns (the variants may use threads). A *sample* is the mean time of one
 sub-batch of k back-to-back calls (k chosen so a sub-batch lasts >= ~20 µs, which makes the
 timer's own cost negligible); k = 1 for the per-call latency rows. Variants are interleaved in
 rounds (each round runs every variant's batch once, in a rotated order) so that slow drifts and
@@ -64,23 +64,50 @@ def plan(est_ns, target_s, rounds, per_call=False, sub_batch_ns=20_000, max_call
     return per_round, k
 
 
-def measure(fns, *, target_s=0.3, rounds=5, per_call=False, warm_s=0.01):
+def _round_order(names, r, blocks):
+    """names rotated by r; with blocks ({name: block key}), each block's names are rotated among
+    themselves and the blocks follow each other in first-appearance order, so a round switches
+    between blocks (e.g. 1-thread and all-core variants) only once."""
+    if not names:
+        return []
+    if not blocks:
+        return names[r % len(names):] + names[:r % len(names)]
+    keys = list(dict.fromkeys(blocks.get(nm) for nm in names))
+    out = []
+    for key in keys:
+        grp = [nm for nm in names if blocks.get(nm) == key]
+        out += grp[r % len(grp):] + grp[:r % len(grp)]
+    return out
+
+
+def measure(fns, *, target_s=0.3, rounds=5, per_call=False, warm_s=0.01, pre=None, blocks=None):
     """Time every zero-arg callable in `fns` (dict name -> fn) in interleaved rounds.
 
+    pre: optional {name: callable} run (untimed) before that variant's warm-up and before each of
+    its batches, e.g. to set the thread's CPU affinity for 1-thread vs all-core variants.
+    blocks: optional {name: key}: variants of one key are kept together in every round's order
+    (rotated among themselves), e.g. to switch thread modes only twice per round.
     Returns {name: {"median_ns", "min_ns", "p10_ns", "p90_ns", "samples", "calls", "k"}}.
     """
     names = list(fns)
+    pre = pre or {}
+    if blocks:  # warm up in block order too
+        names = _round_order(names, 0, blocks)
     plans = {}
     for nm in names:
+        if nm in pre:
+            pre[nm]()
         est = warm_up(fns[nm], min_s=warm_s)
         plans[nm] = plan(est, target_s, rounds, per_call)
     samples = {nm: [] for nm in names}
     for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)] if names else []
+        order = _round_order(names, r, blocks)
         for nm in order:
             fn = fns[nm]
             per_round, k = plans[nm]
             s = samples[nm]
+            if nm in pre:
+                pre[nm]()
             for _ in range(per_round // k):
                 s.append(_time_k(fn, k))
     res = {}
@@ -106,7 +133,10 @@ class CopyBandwidth:
     the start and one after every case, so the figure (median over all samples) sees the same
     machine conditions as the cases."""
 
-    def __init__(self, nbytes, min_s=0.05, reps=7):
+    def __init__(self, nbytes, min_s=0.05, reps=7, pre=None):
+        self.pre = pre  # run before sampling (the harness pins the thread to one core there)
+        if pre is not None:
+            pre()
         n = nbytes // 4
         self.nbytes, self.reps = nbytes, reps
         self.src = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
@@ -117,6 +147,8 @@ class CopyBandwidth:
         self.samples = []
 
     def sample(self, n=1):
+        if self.pre is not None:
+            self.pre()
         for _ in range(n):
             self.samples.append(_time_k(self.fn, self.k))
 
