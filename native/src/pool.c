@@ -46,15 +46,19 @@ static void *worker(void *arg) {
    * the lock, so a worker that starts late still sees that job as new */
   const int tid = ((int *)arg)[0];
   unsigned long long seen = spawn[tid].gen0;
+  int worked = 1;
   for (;;) {
-    /* spin up to ~50 us for the next job, then sleep */
+    /* a worker that took part in the last job spins up to ~50 us for the next one (back-to-back
+     * kernels), then sleeps; one that sat the last job out sleeps at once */
     const uint64_t t0 = now_ns();
-    while (atomic_load_explicit(&job.gen, memory_order_acquire) == seen && now_ns() - t0 < 50000) sched_yield();
+    while (worked && atomic_load_explicit(&job.gen, memory_order_acquire) == seen && now_ns() - t0 < 50000)
+      sched_yield();
     pthread_mutex_lock(&mu);
     while (atomic_load(&job.gen) == seen) pthread_cond_wait(&cv_start, &mu);
     seen = atomic_load(&job.gen);
     const int part = tid <= job.active;
     pthread_mutex_unlock(&mu);
+    worked = part;
     if (!part) continue;
     run_chunks(tid);
     if (atomic_fetch_sub(&job.remaining, 1) == 1) {
