@@ -82,11 +82,12 @@ static inline float vf_hmax(vf v) {
   if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) return __builtin_nanf("");
   return _mm512_reduce_max_ps(v);
 }
-/* exp(x), <= 2 ulp; same reduction and polynomial as the AVX2 helper, 2^n via vscalefps, which
- * rounds once into the subnormal range and gives 0 / inf at the ends. */
-static inline vf vf_exp(vf x) {
-  const vf lo = _mm512_set1_ps(-104.0f), hi = _mm512_set1_ps(88.75f);
-  vf xc = _mm512_min_ps(hi, _mm512_max_ps(lo, x));
+/* exp(x), <= 2 ulp; same reduction and polynomial as the AVX2 helper, 2^n via vscalefps.
+ * The common path clamps at -87.34 so no lane ever produces a subnormal: on Intel cores a
+ * subnormal result costs a microcode assist, and masked (-inf) softmax lanes would otherwise hit
+ * it on every vector. Lanes below -103.97 (including -inf) are 0; only a vector holding a lane
+ * whose true result is subnormal takes the exact (and slower) scalef path for that lane. */
+static inline vf cf_exp_core(vf xc) {
   vf n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   vf r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
@@ -98,9 +99,19 @@ static inline vf vf_exp(vf x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.999999106e-1f));
   vf r2 = _mm512_mul_ps(r, r);
   p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  vf y = _mm512_scalef_ps(p, n);
-  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-103.972f), _CMP_LT_OQ), y, _mm512_setzero_ps());
-  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(88.7228f), _CMP_GT_OQ), y, _mm512_set1_ps(__builtin_inff()));
-  return y;
+  return _mm512_scalef_ps(p, n);
+}
+static inline vf vf_exp(vf x) {
+  const vf lo = _mm512_set1_ps(-87.33654f);
+  vf xc = _mm512_min_ps(_mm512_set1_ps(88.75f), _mm512_max_ps(lo, x)); /* NaN stays NaN */
+  vf y = cf_exp_core(xc);
+  const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  if (under) {
+    y = _mm512_mask_blend_ps(under, y, _mm512_setzero_ps());
+    const __mmask16 tiny = under & _mm512_cmp_ps_mask(x, _mm512_set1_ps(-103.972f), _CMP_GE_OQ);
+    if (tiny) y = _mm512_mask_blend_ps(tiny, y, cf_exp_core(_mm512_max_ps(_mm512_set1_ps(-104.0f), x)));
+  }
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(88.7228f), _CMP_GT_OQ), y,
+                              _mm512_set1_ps(__builtin_inff()));
 }
 #endif
