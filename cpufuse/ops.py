@@ -201,6 +201,34 @@ def _check_tiled(a, name, xshape, allow_dim0_tile=True):
     return _pad4(a)
 
 
+def _check_mask(mask, S, H, rows, cols, exact_cols, who):
+    """soft_max_ext / flash_attn_ext mask: f32 or f16, (mS, mH, mR, mC) left-padded, mR >= rows,
+    columns == cols (softmax) or >= cols (attention: the first T are used), heads and sequences
+    dividing the input's. Returns (4-D view, kind: 1 f32, 2 f16)."""
+    if not isinstance(mask, _ndarray):
+        raise TypeError(f"mask must be a numpy.ndarray of float16 or float32, got {type(mask).__name__}")
+    if mask.dtype == F32:
+        kind = 1
+    elif mask.dtype == F16:
+        kind = 2
+    else:
+        raise TypeError(f"mask must be float16 or float32, got {mask.dtype}")
+    if mask.ndim == 0 or mask.ndim > 4:
+        raise ValueError(f"mask must have 1-4 dims, got {mask.ndim}")
+    _check_last_axis(mask, "mask")
+    m4 = _pad4(mask)
+    mS, mH, mR, mC = m4.shape
+    if (mC != cols) if exact_cols else (mC < cols):
+        raise ValueError(f"mask must have {'' if exact_cols else 'at least '}{cols} columns "
+                         f"({who}'s {'last dim' if exact_cols else 'KV length T'}), got {mC}")
+    if mR < rows:
+        raise ValueError(f"mask must have at least {rows} rows ({who}'s {'rows' if exact_cols else 'queries N'}), "
+                         f"got {mR}")
+    if mH == 0 or H % mH or mS == 0 or S % mS:
+        raise ValueError(f"mask heads/sequences ({mH}, {mS}) must divide {who}'s ({H}, {S})")
+    return m4, kind
+
+
 # ------------------------------------------------------------------------------------------------
 # softmax
 
@@ -224,25 +252,7 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
     m4 = None
     mkind = 0
     if mask is not None:
-        if not isinstance(mask, _ndarray):
-            raise TypeError(f"mask must be a numpy.ndarray of float32 or float16, got {type(mask).__name__}")
-        if mask.dtype == F32:
-            mkind = 1
-        elif mask.dtype == F16:
-            mkind = 2
-        else:
-            raise TypeError(f"mask must be float32 or float16, got {mask.dtype}")
-        if mask.ndim == 0 or mask.ndim > 4:
-            raise ValueError(f"mask must have 1-4 dims, got {mask.ndim}")
-        _check_last_axis(mask, "mask")
-        m4 = _pad4(mask)
-        mS, mH, mR, mC = m4.shape
-        if mC != C:
-            raise ValueError(f"mask must have {C} columns (x's last dim), got {mC}")
-        if mR < R:
-            raise ValueError(f"mask must have at least {R} rows (x's rows), got {mR}")
-        if mH == 0 or H % mH or mS == 0 or S % mS:
-            raise ValueError(f"mask heads/sequences ({mH}, {mS}) must divide x's ({H}, {S})")
+        m4, mkind = _check_mask(mask, S, H, R, C, True, "x")
     elif max_bias > 0.0:
         raise ValueError("max_bias > 0 (ALiBi) requires a mask")
     if sinks is not None:
@@ -453,25 +463,7 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
         raise ValueError("scale, max_bias and softcap must be finite")
     mkind, m4 = 0, None
     if mask is not None:
-        if not isinstance(mask, _ndarray):
-            raise TypeError(f"mask must be a numpy.ndarray of float16 or float32, got {type(mask).__name__}")
-        if mask.dtype == F16:
-            mkind = 2
-        elif mask.dtype == F32:
-            mkind = 1
-        else:
-            raise TypeError(f"mask must be float16 (or float32), got {mask.dtype}")
-        if mask.ndim == 0 or mask.ndim > 4:
-            raise ValueError(f"mask must have 1-4 dims, got {mask.ndim}")
-        _check_last_axis(mask, "mask")
-        m4 = _pad4(mask)
-        mS, mH, mN, mT = m4.shape
-        if mT < T:
-            raise ValueError(f"mask must have at least T={T} columns, got {mT}")
-        if mN < N:
-            raise ValueError(f"mask must have at least N={N} rows (one per query), got {mN}")
-        if mH == 0 or Hq % mH or mS == 0 or S % mS:
-            raise ValueError(f"mask heads/sequences ({mH}, {mS}) must divide q's ({Hq}, {S})")
+        m4, mkind = _check_mask(mask, S, Hq, N, T, False, "q")
     elif max_bias > 0.0:
         raise ValueError("max_bias > 0 (ALiBi) requires a mask")
     if sinks is not None:
