@@ -161,3 +161,22 @@ def test_set_num_threads_roundtrip():
         assert cpufuse.info()["num_threads"] == 3
     finally:
         cpufuse.set_num_threads(old)
+
+
+def test_parallel_call_in_a_forked_child(rng):
+    """a child forked after the parent started the pool (multiprocessing's default on Linux)
+    must not wait for workers it does not have"""
+    import multiprocessing as mp
+    import os
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform")
+    x = rng.uniform(-3, 3, (64, 1024)).astype(np.float32)
+    expect = cpufuse.softmax(x, n_threads=2)  # starts the pool in the parent
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply_async(_child_softmax, (x,)).get(timeout=60)
+    assert_bit_identical(expect, got, "softmax in a forked child")
+
+
+def _child_softmax(x):
+    return cpufuse.softmax(x, n_threads=2)

@@ -70,9 +70,23 @@ static void *worker(void *arg) {
   return NULL;
 }
 
+/* A forked child has none of the parent's workers: start over with an empty pool (fresh locks,
+ * since a worker may have held one at the fork). Registered once, on the first parallel call. */
+static void pool_after_fork_child(void) {
+  pthread_mutex_init(&job_lock, NULL);
+  pthread_mutex_init(&mu, NULL);
+  pthread_cond_init(&cv_start, NULL);
+  pthread_cond_init(&cv_done, NULL);
+  n_workers = 0;
+  atomic_store(&job.remaining, 0);
+}
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void register_atfork(void) { pthread_atfork(NULL, NULL, pool_after_fork_child); }
+
 void cf_parallel_for(int nth, int64_t nchunks, cf_task_fn fn, void *ctx) {
   if (nth > nchunks) nth = (int)nchunks;
   if (nth > CF_MAX_THREADS) nth = CF_MAX_THREADS;
+  if (nth > 1) pthread_once(&atfork_once, register_atfork);
   if (nth <= 1 || pthread_mutex_trylock(&job_lock) != 0) {
     for (int64_t c = 0; c < nchunks; c++) fn(ctx, c, 0);
     return;
