@@ -395,16 +395,21 @@ class Plan:
             cons = self._consumers[n.id]
             if cons and cons[0].op == "mul":
                 m = cons[0]
-                why = self._fusible_intermediate(n, m, pos, "SILU -> MUL")
-                u = self._other(m, n)
-                if why is None and u is None:
-                    why = "SILU -> MUL: both MUL operands are the SILU output"
-                if why is None and not (u.shape == n.shape or _suffix_tiles(u.shape, n.shape)):
-                    why = f"SILU -> MUL: {u.name!r} does not tile {n.shape}"
+                u, why = self._mul_operand(n, m, pos, "SILU -> MUL")
                 if why is None:
                     return Step("swiglu", [n, m], [n.srcs[0], u], [m], note="SILU -> MUL")
                 self.rejected.append(why)
         return None
+
+    def _mul_operand(self, n, m, pos, label):
+        """MUL m consuming n: (its other operand, None) if n may fuse into it, else (_, reason)"""
+        why = self._fusible_intermediate(n, m, pos, label)
+        other = self._other(m, n)
+        if why is None and other is None:
+            why = f"{label}: MUL(n, n) uses {n.name!r} twice"
+        if why is None and not (other.shape == n.shape or _suffix_tiles(other.shape, n.shape)):
+            why = f"{label}: {other.name!r} {other.shape} does not tile {n.shape}"
+        return other, why
 
     def _norm_tail(self, r, order, pos):
         """RMS_NORM's MUL (and ADD) if they can join the rms_norm kernel: (weight, bias, nodes)."""
@@ -417,12 +422,7 @@ class Plan:
                                          f"{c.name!r}")
             return None, None, []
         m = muls[0]
-        why = self._fusible_intermediate(r, m, pos, "RMS_NORM -> MUL")
-        w = self._other(m, r)
-        if why is None and w is None:
-            why = "RMS_NORM -> MUL: MUL(n, n) uses the norm twice"
-        if why is None and not (w.shape == r.shape or _suffix_tiles(w.shape, r.shape)):
-            why = f"RMS_NORM -> MUL: weight {w.shape} does not tile {r.shape}"
+        w, why = self._mul_operand(r, m, pos, "RMS_NORM -> MUL")
         if why:
             self.rejected.append(why)
             return None, None, []

@@ -229,6 +229,15 @@ def _check_mask(mask, S, H, rows, cols, exact_cols, who):
     return m4, kind
 
 
+def _check_sinks(sinks, H):
+    """one float32 sink logit per (query) head"""
+    if not isinstance(sinks, _ndarray) or sinks.dtype != F32:
+        raise TypeError(f"sinks must be a float32 numpy.ndarray, got {getattr(sinks, 'dtype', type(sinks).__name__)}")
+    if sinks.shape != (H,):
+        raise ValueError(f"sinks must have shape ({H},) (one per head), got {sinks.shape}")
+    return np.ascontiguousarray(sinks)
+
+
 # ------------------------------------------------------------------------------------------------
 # softmax
 
@@ -256,12 +265,7 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
     elif max_bias > 0.0:
         raise ValueError("max_bias > 0 (ALiBi) requires a mask")
     if sinks is not None:
-        if not isinstance(sinks, _ndarray) or sinks.dtype != F32:
-            raise TypeError(f"sinks must be a float32 numpy.ndarray, got "
-                            f"{getattr(sinks, 'dtype', type(sinks).__name__)}")
-        if sinks.shape != (H,):
-            raise ValueError(f"sinks must have shape ({H},) (one per head), got {sinks.shape}")
-        sinks = np.ascontiguousarray(sinks)
+        sinks = _check_sinks(sinks, H)
     if out is None:
         out = np.empty(x.shape, F32)
     else:
@@ -467,11 +471,7 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
     elif max_bias > 0.0:
         raise ValueError("max_bias > 0 (ALiBi) requires a mask")
     if sinks is not None:
-        if not isinstance(sinks, _ndarray) or sinks.dtype != F32:
-            raise TypeError("sinks must be a float32 numpy.ndarray")
-        if sinks.shape != (Hq,):
-            raise ValueError(f"sinks must have shape ({Hq},) (one per q head), got {sinks.shape}")
-        sinks = np.ascontiguousarray(sinks)
+        sinks = _check_sinks(sinks, Hq)
     if strategy is None or strategy == "auto":
         strategy = choose_strategy(N, T)
     elif strategy not in STRATEGIES:
