@@ -56,6 +56,9 @@ static inline uint32_t vf_bits_not_ninf(vf v) {
   return vaddvq_u32(vandq_u32(ne, vld1q_u32(w)));
 }
 #define CF_HAVE_T8 0 /* the packing loop transposes element by element */
+static inline void vf_hsum4(vf a, vf b, vf c, vf d, float *out) {
+  vst1q_f32(out, vpaddq_f32(vpaddq_f32(a, b), vpaddq_f32(c, d)));
+}
 static inline float vf_hsum(vf v) { return vaddvq_f32(v); }
 static inline float vf_hmax(vf v) { return vmaxvq_f32(v); }     /* NaN-propagating */
 static inline vf vf_exp(vf x) {

@@ -32,6 +32,9 @@ static inline vf vf_max(vf a, vf b) { return a > b ? a : b; }  /* b wins on NaN,
 static inline vf vf_max_nan(vf a, vf b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
 static inline uint32_t vf_bits_not_ninf(vf v) { return v != -__builtin_inff(); }
 #define CF_HAVE_T8 0 /* the packing loop transposes element by element */
+static inline void vf_hsum4(vf a, vf b, vf c, vf d, float *out) {
+  out[0] = a; out[1] = b; out[2] = c; out[3] = d;
+}
 static inline float vf_hsum(vf v) { return v; }
 static inline float vf_hmax(vf v) { return v; }
 static inline vf vf_exp(vf x) {
