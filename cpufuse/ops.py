@@ -90,11 +90,6 @@ def _pad4(a):
     return a.reshape((1,) * (4 - a.ndim) + a.shape) if a.ndim < 4 else a
 
 
-def _el_strides(a):
-    it = a.itemsize
-    return [s // it for s in a.strides]
-
-
 def _geom4(a):
     """(shape, element strides) of `a` left-padded to 4-D, without making a view"""
     pad = 4 - a.ndim
@@ -183,7 +178,7 @@ def _check_eps(eps):
     return e
 
 
-def _check_tiled(a, name, xshape, allow_dim0_tile=True):
+def _check_tiled(a, name, xshape):
     """weight / bias / residual: float32, every x dim a multiple of the operand's (ggml tiling)."""
     _check_f32(a, name)
     if a.ndim > len(xshape):
@@ -194,11 +189,18 @@ def _check_tiled(a, name, xshape, allow_dim0_tile=True):
             raise ValueError(f"{name} shape {a.shape} cannot tile x shape {xshape}: dim {i - len(xshape)} "
                              f"of x ({n}) must be a multiple of {name}'s ({m})")
     if ash[-1] != xshape[-1] and ash[-1] != 0:
-        if not allow_dim0_tile:
-            raise ValueError(f"{name} last dim must equal x's ({xshape[-1]}), got {ash[-1]}")
         # dim-0 tiling (SPEC 2.3): expand the row once; the kernels index rows by modulo
         a = np.tile(a.reshape(ash), (1,) * (len(ash) - 1) + (xshape[-1] // ash[-1],))
     return _pad4(a)
+
+
+def _check_mask_sinks(mask, max_bias, sinks, S, H, rows, cols, exact_cols, who):
+    """mask (None or checked by _check_mask), ALiBi needing a mask, sinks (one per head):
+    returns (4-D mask or None, mask kind 0/1/2, contiguous sinks or None)"""
+    m4, mkind = _check_mask(mask, S, H, rows, cols, exact_cols, who) if mask is not None else (None, 0)
+    if mask is None and max_bias > 0.0:
+        raise ValueError("max_bias > 0 (ALiBi) requires a mask")
+    return m4, mkind, (_check_sinks(sinks, H) if sinks is not None else None)
 
 
 def _check_mask(mask, S, H, rows, cols, exact_cols, who):
@@ -254,18 +256,12 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
     """
     isa = _dispatch.resolve(isa)
     _check_f32(x, "x")
-    S, H, R, C = _geom4(x)[0]
+    xg = _geom4(x)
+    S, H, R, C = xg[0]
     scale, max_bias = _real(scale, "scale"), _real(max_bias, "max_bias")
     if not math.isfinite(max_bias):
         raise ValueError(f"max_bias must be finite, got {max_bias}")
-    m4 = None
-    mkind = 0
-    if mask is not None:
-        m4, mkind = _check_mask(mask, S, H, R, C, True, "x")
-    elif max_bias > 0.0:
-        raise ValueError("max_bias > 0 (ALiBi) requires a mask")
-    if sinks is not None:
-        sinks = _check_sinks(sinks, H)
+    m4, mkind, sinks = _check_mask_sinks(mask, max_bias, sinks, S, H, R, C, True, "x")
     if out is None:
         out = np.empty(x.shape, F32)
     else:
@@ -285,7 +281,7 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
                       scale, y4)
         return out
 
-    dp = _desc(softmax_desc(_geom4(x), _geom4(out), _geom4(mask) if mask is not None else None, mkind))
+    dp = _desc(softmax_desc(xg, _geom4(out), _geom4(mask) if mask is not None else None, mkind))
     fn = getattr(lib, f"cf_softmax_f32__{isa}" if fused else f"cf_softmax_unfused_f32__{isa}")
     rc = fn(dp, _ptr(x), _ptr(mask) if m4 is not None else _NULL,
             _fb(_T_F32, slopes) if slopes is not None else _NULL,
@@ -465,13 +461,7 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
     scale, max_bias, softcap = _real(scale, "scale"), _real(max_bias, "max_bias"), _real(softcap, "softcap")
     if not (math.isfinite(scale) and math.isfinite(max_bias) and math.isfinite(softcap)):
         raise ValueError("scale, max_bias and softcap must be finite")
-    mkind, m4 = 0, None
-    if mask is not None:
-        m4, mkind = _check_mask(mask, S, Hq, N, T, False, "q")
-    elif max_bias > 0.0:
-        raise ValueError("max_bias > 0 (ALiBi) requires a mask")
-    if sinks is not None:
-        sinks = _check_sinks(sinks, Hq)
+    m4, mkind, sinks = _check_mask_sinks(mask, max_bias, sinks, S, Hq, N, T, False, "q")
     if strategy is None or strategy == "auto":
         strategy = choose_strategy(N, T)
     elif strategy not in STRATEGIES:
