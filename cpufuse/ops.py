@@ -166,6 +166,8 @@ def _check_no_overlap(out, others, alias_ok=None, name="out"):
 
 
 def _real(v, name):
+    if type(v) is float:  # the common case, first
+        return v
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, _numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
     return float(v)
@@ -404,6 +406,7 @@ def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused, n_threads
 # flash attention
 
 STRATEGIES = {"rows": 1, "tiled": 2, "split": 3}
+_FA_DESCS = {}  # flash_attn descriptors (cffi int64 arrays, read-only to the kernels) by geometry
 DEFAULT_SPLIT_CHUNK = 256  # KV columns per split-KV chunk: fixed, so results never depend on threads
 
 
@@ -489,8 +492,16 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
                          sinks if sinks is not None else dummy, sinks is not None, scale, softcap, out)
         return out
 
-    dp = _desc(fa_desc(_geom4(q), _geom4(k), _geom4(v), _geom4(out), _geom4(m4) if m4 is not None else None,
-                       mkind, k.dtype == F16, v.dtype == F16, strategy, chunk, q_tile))
+    # the descriptor depends only on geometry and options: decode calls repeat it, so it is cached
+    key = (q.shape, q.strides, k.shape, k.strides, k.dtype.char, v.shape, v.strides, v.dtype.char, out.strides,
+           None if m4 is None else (m4.shape, m4.strides, mkind), strategy, chunk, q_tile)
+    dp = _FA_DESCS.get(key)
+    if dp is None:
+        dp = _desc(fa_desc(_geom4(q), _geom4(k), _geom4(v), _geom4(out), _geom4(m4) if m4 is not None else None,
+                           mkind, k.dtype == F16, v.dtype == F16, strategy, chunk, q_tile))
+        if len(_FA_DESCS) >= 256:
+            _FA_DESCS.clear()
+        _FA_DESCS[key] = dp
     fn = getattr(lib, f"cf_flash_attn_f32__{isa}" if fused else f"cf_flash_attn_unfused_f32__{isa}")
     rc = fn(dp, _ptr(q), _ptr(k), _ptr(v), _ptr(m4) if m4 is not None else _NULL,
             _fb(_T_F32, slopes) if slopes is not None else _NULL,

@@ -12,6 +12,7 @@
 
 typedef __m256 vf;
 #define VW 8
+#define CF_VREGS 16 /* vector registers: sizes the flash-attention register tiles */
 
 static inline __m256i cf_tailmask(int64_t n) {
   const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);

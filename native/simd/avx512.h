@@ -10,6 +10,7 @@
 
 typedef __m512 vf;
 #define VW 16
+#define CF_VREGS 32 /* vector registers: sizes the flash-attention register tiles */
 
 static inline __mmask16 cf_tailmask(int64_t n) { return (__mmask16)((1u << n) - 1u); }
 static inline vf vf_set1(float a) { return _mm512_set1_ps(a); }
@@ -78,6 +79,30 @@ static inline void vf_hsum4(vf a, vf b, vf c, vf d, float *out) {
   const __m256 d8 = _mm256_add_ps(_mm512_castps512_ps256(d), _mm512_extractf32x8_ps(d, 1));
   const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a8, b8), _mm256_hadd_ps(c8, d8));
   _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)));
+}
+/* The 16 sums of a 4x4 tile of dot-product accumulators x<4*m + l> (m: K row, l: query row),
+ * stored as dst[l * ds + m]: three shuffle-and-add rounds (30 shuffles, 15 adds for 16 sums, where
+ * four vf_hsum4 calls take 44 shuffles and 32 adds). Round 1 folds 512 -> 256 bits pairwise,
+ * round 2 leaves 128-bit lane l of t[m] holding x[4m + l], round 3 reduces inside the lanes. */
+#define CF_HAVE_HSUM16 1
+static inline __attribute__((always_inline)) void vf_hsum16(vf x0, vf x1, vf x2, vf x3, vf x4, vf x5, vf x6, vf x7,
+                                                            vf x8, vf x9, vf x10, vf x11, vf x12, vf x13, vf x14,
+                                                            vf x15, float *dst, int64_t ds) {
+#define CF_H16_R1(a, b) _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE))
+#define CF_H16_R2(a, b) _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD))
+  const vf t0 = CF_H16_R2(CF_H16_R1(x0, x1), CF_H16_R1(x2, x3));
+  const vf t1 = CF_H16_R2(CF_H16_R1(x4, x5), CF_H16_R1(x6, x7));
+  const vf t2 = CF_H16_R2(CF_H16_R1(x8, x9), CF_H16_R1(x10, x11));
+  const vf t3 = CF_H16_R2(CF_H16_R1(x12, x13), CF_H16_R1(x14, x15));
+#undef CF_H16_R1
+#undef CF_H16_R2
+  const vf u01 = _mm512_add_ps(_mm512_unpacklo_ps(t0, t1), _mm512_unpackhi_ps(t0, t1));
+  const vf u23 = _mm512_add_ps(_mm512_unpacklo_ps(t2, t3), _mm512_unpackhi_ps(t2, t3));
+  const vf r = _mm512_add_ps(_mm512_shuffle_ps(u01, u23, 0x44), _mm512_shuffle_ps(u01, u23, 0xEE));
+  _mm_storeu_ps(dst, _mm512_castps512_ps128(r));
+  _mm_storeu_ps(dst + ds, _mm512_extractf32x4_ps(r, 1));
+  _mm_storeu_ps(dst + 2 * ds, _mm512_extractf32x4_ps(r, 2));
+  _mm_storeu_ps(dst + 3 * ds, _mm512_extractf32x4_ps(r, 3));
 }
 static inline float vf_hsum(vf v) {
   __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));

@@ -11,6 +11,7 @@
 
 typedef float32x4_t vf;
 #define VW 4
+#define CF_VREGS 32 /* vector registers: sizes the flash-attention register tiles */
 
 static inline vf vf_set1(float a) { return vdupq_n_f32(a); }
 static inline vf vf_zero(void) { return vdupq_n_f32(0.0f); }

@@ -9,6 +9,7 @@
 
 typedef float vf;
 #define VW 1
+#define CF_VREGS 16 /* vector registers: sizes the flash-attention register tiles */
 
 static inline vf vf_set1(float a) { return a; }
 static inline vf vf_zero(void) { return 0.0f; }
