@@ -38,6 +38,17 @@ def header(path):
     return ""
 
 
+def section_header(path, heading):
+    """the run header inside a section (a section re-measured after the rest of the file), if any"""
+    inside = False
+    for ln in open(path, encoding="utf-8"):
+        if ln.startswith("## "):
+            inside = ln.strip() == heading
+        elif inside and re.match(r"^\d{4}-\d\d-\d\dT", ln):
+            return ln.strip()
+    return None
+
+
 def main(local, attn, xeon, sc_local, sc_xeon, peers=None):
     p = print
     p(f"Machine A (this project's machines and CI: 2-core AMD EPYC VM, AVX2): {header(local)}\n")
@@ -59,6 +70,9 @@ def main(local, attn, xeon, sc_local, sc_xeon, peers=None):
     p(f"\nMachine B (lent 16-core Intel Xeon, AVX-512): {header(xeon)}\n")
     p(pick(xeon, "Median time per call, µs", "| case | numpy"))
     p("\n")
+    ah = section_header(xeon, "## flash attention")
+    if ah:
+        p(f"flash attention on machine B, a later run: {ah}\n")
     p(pick(xeon, "Median time per call, µs", "| case | numpy | numba | scalar | avx512 unfused | avx512 | avx2 | avx512 rows"))
     p("\n")
     p(pick(xeon, "Derived. Decode:", "| case | K+V MB",
