@@ -434,6 +434,34 @@ def test_masked_block_and_garbage_masked_for_all_rows(path):
 
 
 @pytest.mark.parametrize("path", PATHS, ids=[_path_id(p) for p in PATHS])
+def test_block_tail_masked_for_all_rows(path):
+    """In the second KV block only the first `ncol` columns are included (for every row), so the
+    block GEMM and the epilogue stop there; every width a vector chunk can end on is covered. The
+    first block's mask is all zero (the epilogue's nothing-to-add path), then all zero but for one
+    finite value, then ALiBi (mask 0 times a slope is still 0). NaN/inf planted in the excluded
+    columns changes nothing."""
+    need(path[0])
+    rng = seeded("block-tail")
+    N, T = 70, 128
+    q, k, v = small(rng, Hq=8, Hk=2, N=N, T=T, DK=72, DV=40)
+    for ncol in (1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64):
+        for variant in ("zero", "one-finite", "alibi"):
+            mask = np.zeros((1, 1, N, T), F16)
+            mask[..., 64 + ncol:] = -np.inf
+            if variant == "one-finite":
+                mask[0, 0, 3, 10] = -0.75
+            kw = dict(scale=0.125, max_bias=8.0 if variant == "alibi" else 0.0)
+            out = run(path, q, k, v, mask, **kw)
+            what = f"ncol={ncol} {variant}"
+            assert_close(reference.flash_attn(q, k, v, mask, **kw), out, TOL, what)
+            if ncol < 64 and variant == "zero":
+                dead = list(range(64 + ncol, T))
+                bad = [np.nan, np.inf, -np.inf] * 22
+                dirty = run(path, q, _plant(k, dead, bad), _plant(v, dead[::-1], bad), mask, **kw)
+                assert same_bits(out, dirty), f"{what}: NaN/inf in excluded columns changed the output"
+
+
+@pytest.mark.parametrize("path", PATHS, ids=[_path_id(p) for p in PATHS])
 def test_garbage_masked_for_some_rows(path):
     """Per-head masks and a causal mask: columns that some rows of a GQA group (or of a Q tile)
     exclude and others include. NaN/inf planted in K and V there must reach exactly the rows that

@@ -64,6 +64,9 @@ static inline vf vf_max_nan(vf a, vf b) {
 static inline uint32_t vf_bits_not_ninf(vf v) {
   return (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(-__builtin_inff()), _CMP_NEQ_UQ));
 }
+/* bitwise or; vf_any_nonzero: some lane is not +-0 (NaN counts) */
+static inline vf vf_or(vf a, vf b) { return _mm256_or_ps(a, b); }
+static inline int vf_any_nonzero(vf v) { return _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_NEQ_UQ)) != 0; }
 /* 8x8 transpose: dst[c][r] = src[r][c] for r, c < 8 (row strides in floats) */
 #define CF_HAVE_T8 1
 static inline void cf_transpose8x8(const float *src, int64_t ss, float *dst, int64_t ds) {

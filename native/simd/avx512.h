@@ -50,6 +50,9 @@ static inline vf vf_max_nan(vf a, vf b) {
 static inline uint32_t vf_bits_not_ninf(vf v) {
   return (uint32_t)_mm512_cmp_ps_mask(v, _mm512_set1_ps(-__builtin_inff()), _CMP_NEQ_UQ);
 }
+/* bitwise or; vf_any_nonzero: some lane is not +-0 (NaN counts) */
+static inline vf vf_or(vf a, vf b) { return _mm512_or_ps(a, b); }
+static inline int vf_any_nonzero(vf v) { return _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_NEQ_UQ) != 0; }
 /* 8x8 transpose: dst[c][r] = src[r][c] for r, c < 8 (row strides in floats) */
 #define CF_HAVE_T8 1
 static inline void cf_transpose8x8(const float *src, int64_t ss, float *dst, int64_t ds) {

@@ -56,6 +56,9 @@ static inline uint32_t vf_bits_not_ninf(vf v) {
   const uint32_t w[VW] = {1, 2, 4, 8};
   return vaddvq_u32(vandq_u32(ne, vld1q_u32(w)));
 }
+/* bitwise or; vf_any_nonzero: some lane is not +-0 (NaN counts) */
+static inline vf vf_or(vf a, vf b) { return vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(a), vreinterpretq_u32_f32(b))); }
+static inline int vf_any_nonzero(vf v) { return vminvq_u32(vceqq_f32(v, vdupq_n_f32(0.0f))) == 0; }
 #define CF_HAVE_T8 0 /* the packing loop transposes element by element */
 static inline void vf_hsum4(vf a, vf b, vf c, vf d, float *out) {
   vst1q_f32(out, vpaddq_f32(vpaddq_f32(a, b), vpaddq_f32(c, d)));

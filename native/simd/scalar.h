@@ -32,6 +32,13 @@ static inline vf vf_where_eq(vf x, vf c, vf a, vf b) { return x == c ? a : b; }
 static inline vf vf_max(vf a, vf b) { return a > b ? a : b; }  /* b wins on NaN, like maxps */
 static inline vf vf_max_nan(vf a, vf b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
 static inline uint32_t vf_bits_not_ninf(vf v) { return v != -__builtin_inff(); }
+/* bitwise or of the two floats' bit patterns; vf_any_nonzero: some lane is not +-0 (NaN counts) */
+static inline vf vf_or(vf a, vf b) {
+  union { float f; uint32_t u; } x = {a}, y = {b};
+  x.u |= y.u;
+  return x.f;
+}
+static inline int vf_any_nonzero(vf v) { return v != 0.0f; }
 #define CF_HAVE_T8 0 /* the packing loop transposes element by element */
 static inline void vf_hsum4(vf a, vf b, vf c, vf d, float *out) {
   out[0] = a; out[1] = b; out[2] = c; out[3] = d;
