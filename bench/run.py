@@ -326,7 +326,12 @@ class AttnSection:
             vs += [Variant(p, "peer", tol=1e-6) for p in ("torch", "ggml")]
         if all_core and b:
             vs.append(Variant(all_core_name(b), "cpufuse", b, nth=threads.ALL))
+        if b:  # the FMA peak timed in the prefill case's own rounds: % of peak under the same conditions
+            vs.append(Variant(self.PROBE, "baseline", b))
         self.vlist = vs
+        self.probe_flops = {}
+
+    PROBE = "FMA peak probe"
 
     def cases(self, a):
         return [c for c in attn.CASES if (not a.quick or c.quick)]
@@ -340,6 +345,14 @@ class AttnSection:
     def build(self, case, v, inp):
         if v.kind == "peer":
             return _peer(case, v, inp)
+        if v.kind == "baseline":
+            if case.kind != "prefill":
+                raise Unavailable("timed only beside the prefill cases (their % of FMA peak)")
+            fn, flops = threads.fma_probe(v.isa, seconds=0.002)
+            if fn is None:
+                raise Unavailable(f"no cf_fma_peak for {v.isa}")
+            self.probe_flops[case.name] = flops
+            return fn, fn
         try:
             return attn.build(case, v, inp, threads.resolve(v.nth))
         except LookupError as e:
@@ -353,6 +366,9 @@ class AttnSection:
 
     def annotate(self, case, r, work):
         r["median_us"] = r["median_ns"] / 1e3
+        if r["kind"] == "baseline":  # the FMA peak probe
+            r["gflops"] = self.probe_flops[case.name] / r["median_ns"]
+            return
         r["gbps"] = work["bytes"] / r["median_ns"]
         r["gflops"] = work["flops"] / r["median_ns"]
 
@@ -579,6 +595,10 @@ def derived_attn(case, res, env):
         d["pct_dram_copy"] = 100 * r["gbps"] / copy_bw["dram"]["gbps"]
         if peak.get("gflops_1"):
             d["pct_fma_peak"] = 100 * r["gflops"] / peak["gflops_1"]
+        pr = res.get(AttnSection.PROBE, {})
+        if pr.get("status") == "ok" and pr.get("gflops"):  # same rounds, same statistic (medians)
+            d["probe_gflops"] = pr["gflops"]
+            d["pct_probe_peak"] = 100 * r["gflops"] / pr["gflops"]
         if "numpy" in t:
             d["user_gain"] = t["numpy"] / cf[best]
         for p in ("torch", "ggml"):
@@ -847,7 +867,7 @@ def markdown_ops(report, sec):
 
 def markdown_attn(report, sec):
     entries = sec["cases"]
-    cols = [v["name"] for v in sec["variants"]]
+    cols = [v["name"] for v in sec["variants"] if v["name"] != AttnSection.PROBE]
     allc = any(v["nth"] != 1 for v in sec["variants"])
     lines = [
         "",
@@ -868,12 +888,14 @@ def markdown_attn(report, sec):
         "",
         "Derived. Decode: GB/s = bytes of K + V / time (vs the 1-thread DRAM copy); prefill: GFLOP/s with "
         "flops = 4·D·Hq·(visible query–key pairs) = 4·D·Hq·T(T+1)/2 for causal N = T "
-        "(causal fraction (T+1)/2T ≈ 0.5 of 4·N·T·D·Hq), vs the FMA peak:",
+        "(causal fraction (T+1)/2T ≈ 0.5 of 4·N·T·D·Hq), vs the FMA peak. % FMA peak: against the run's "
+        "best probe (start and end of the run); % adjacent peak: the median of the same probe timed in the prefill "
+        "case's own interleaved rounds (same clock, same neighbours, same statistic as the kernel's median):",
         "",
-        "| case | K+V MB | GFLOP | best 1-thread | GB/s | % DRAM copy | GFLOP/s | % FMA peak | auto → | fastest strategy "
+        "| case | K+V MB | GFLOP | best 1-thread | GB/s | % DRAM copy | GFLOP/s | % FMA peak | % adjacent peak | auto → | fastest strategy "
         "| auto / fastest | fusion gain | vector gain | user gain | torch / best | ggml / best |"
         + (" all-core GB/s | % all-core copy | all-core GFLOP/s | % all-core peak | speedup |" if allc else ""),
-        "|---|---:|---:|---|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" * 5 if allc else ""),
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" * 5 if allc else ""),
     ]
     for c in entries:
         d = c["derived"]
@@ -881,7 +903,7 @@ def markdown_attn(report, sec):
         row = (f"| {c['case']['name']} | {c['work']['bytes'] / 1e6:.1f} | {c['work']['flops'] / 1e9:.3g} | "
                f"{d.get('best_cpufuse', '–')} | {_fmt_g(d.get('best_cpufuse_gbps')) if dec else ''} | "
                f"{_fmt_pct(d.get('pct_dram_copy')) if dec else ''} | {_fmt_g(d.get('best_cpufuse_gflops'))} | "
-               f"{_fmt_pct(d.get('pct_fma_peak'))} | {d['strategy_auto']} | {d.get('fastest_strategy', '–')} | "
+               f"{_fmt_pct(d.get('pct_fma_peak'))} | {_fmt_pct(d.get('pct_probe_peak'))} | {d['strategy_auto']} | {d.get('fastest_strategy', '–')} | "
                f"{_fmt_x(d.get('auto_over_fastest_strategy'))} | {_fmt_x(d.get('fusion_gain'))} | "
                f"{_fmt_x(d.get('vector_gain'))} | {_fmt_x(d.get('user_gain'))} | "
                f"{_fmt_x(d.get('torch_over_cpufuse'))} | {_fmt_x(d.get('ggml_over_cpufuse'))} |")

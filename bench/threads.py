@@ -183,6 +183,29 @@ class ParallelCopyBandwidth:
 # ------------------------------------------------------------------------------------------------
 # FMA peak: cpufuse's cf_fma_peak__<isa>(iters, sink) returns the flops it did; we time it.
 
+def fma_probe(isa, seconds=0.002):
+    """(fn, flops): a zero-arg call of `isa`'s FMA peak probe on the calling thread taking about
+    `seconds`, and the flops one call does; (None, None) when the probe is missing. For timing the
+    probe in the same interleaved rounds as a kernel, so both see the same clock and neighbours."""
+    from cpufuse import _backend
+    lib, ffi = _backend.lib, _backend.ffi
+    fn = getattr(lib, f"cf_fma_peak__{isa}", None) if lib is not None else None
+    if fn is None:
+        return None, None
+    sink = ffi.new("float *")
+    it = 10_000
+    while True:
+        t0 = time.perf_counter()
+        fn(it, sink)
+        dt = time.perf_counter() - t0
+        if dt > 0.0005:
+            break
+        it *= 4
+    it = max(1, int(it * seconds / dt))
+    flops = fn(it, sink)
+    return (lambda: fn(it, sink)), flops
+
+
 def fma_peak(isa, n_threads=1, seconds=0.2, tries=5):
     """Single-precision FMA peak (GFLOP/s) of `isa` on n_threads threads (cffi releases the GIL):
     best of `tries` runs of about seconds / tries each. None when the probe is missing."""
