@@ -19,7 +19,8 @@ from cpufuse import reference as ref
 
 PEERS = os.environ.get("CPUFUSE_BENCH_PEERS", "") not in ("", "0")
 VARIANTS = run.variants(peers=PEERS)
-ATTN_VARIANTS = run.AttnSection(PEERS, False).vlist
+# the FMA peak probe is a baseline timed beside the prefill case by bench.run, not an attention kernel
+ATTN_VARIANTS = [v for v in run.AttnSection(PEERS, False).vlist if v.kind != "baseline"]
 ATTN_CASES = [c for c in attn.CASES if c.T <= 4096]
 
 
@@ -118,3 +119,19 @@ def test_harness_scaling_thread_counts():
     counts, skipped = scaling.thread_counts()
     assert counts[0] == 1 and counts[-1] == threads.n_all
     assert all(n > threads.n_all for n in skipped)
+
+
+def test_harness_fma_probe_and_adjacent_peak():
+    import cpufuse
+    isa = cpufuse.available_isas()[0]
+    fn, flops = threads.fma_probe(isa, seconds=0.001)
+    if fn is None:
+        pytest.skip(f"no cf_fma_peak for {isa} (native extension not loaded)")
+    assert flops > 0 and fn() == flops  # the same work every call
+    # % adjacent peak = the kernel's GFLOP/s over the probe's, both from the case's own medians
+    case = next(c for c in attn.CASES if c.kind == "prefill")
+    res = {"FMA peak probe": {"kind": "baseline", "status": "ok", "median_ns": 1e6, "gflops": 100.0},
+           "k": {"kind": "cpufuse", "status": "ok", "median_ns": 2e6, "gbps": 1.0, "gflops": 40.0, "n_threads": 1}}
+    env = {"copy_bw": {"dram": {"gbps": 10.0}}, "fma_peak": {"gflops_1": 80.0}}
+    d = run.derived_attn(case, res, env)
+    assert d["pct_probe_peak"] == pytest.approx(40.0) and d["pct_fma_peak"] == pytest.approx(50.0)

@@ -183,48 +183,48 @@ class ParallelCopyBandwidth:
 # ------------------------------------------------------------------------------------------------
 # FMA peak: cpufuse's cf_fma_peak__<isa>(iters, sink) returns the flops it did; we time it.
 
-def fma_probe(isa, seconds=0.002):
-    """(fn, flops): a zero-arg call of `isa`'s FMA peak probe on the calling thread taking about
-    `seconds`, and the flops one call does; (None, None) when the probe is missing. For timing the
-    probe in the same interleaved rounds as a kernel, so both see the same clock and neighbours."""
+def _probe(isa):
+    """cf_fma_peak__<isa>, or None when the probe is missing"""
     from cpufuse import _backend
-    lib, ffi = _backend.lib, _backend.ffi
-    fn = getattr(lib, f"cf_fma_peak__{isa}", None) if lib is not None else None
-    if fn is None:
-        return None, None
-    sink = ffi.new("float *")
+    lib = _backend.lib
+    return getattr(lib, f"cf_fma_peak__{isa}", None) if lib is not None else None
+
+
+def _probe_iters(fn, sink, seconds):
+    """iterations for one call of the probe to take about `seconds` (calibrated on this thread)"""
     it = 10_000
     while True:
         t0 = time.perf_counter()
         fn(it, sink)
         dt = time.perf_counter() - t0
-        if dt > 0.0005:
-            break
+        if dt > min(0.005, seconds / 4):
+            return max(1, int(it * seconds / dt))
         it *= 4
-    it = max(1, int(it * seconds / dt))
-    flops = fn(it, sink)
-    return (lambda: fn(it, sink)), flops
+
+
+def fma_probe(isa, seconds=0.002):
+    """(fn, flops): a zero-arg call of `isa`'s FMA peak probe on the calling thread taking about
+    `seconds`, and the flops one call does; (None, None) when the probe is missing. For timing the
+    probe in the same interleaved rounds as a kernel, so both see the same clock and neighbours."""
+    fn = _probe(isa)
+    if fn is None:
+        return None, None
+    from cpufuse import _backend
+    sink = _backend.ffi.new("float *")
+    it = _probe_iters(fn, sink, seconds)
+    return (lambda: fn(it, sink)), fn(it, sink)
 
 
 def fma_peak(isa, n_threads=1, seconds=0.2, tries=5):
     """Single-precision FMA peak (GFLOP/s) of `isa` on n_threads threads (cffi releases the GIL):
     best of `tries` runs of about seconds / tries each. None when the probe is missing."""
-    from cpufuse import _backend
-    lib, ffi = _backend.lib, _backend.ffi
-    fn = getattr(lib, f"cf_fma_peak__{isa}", None) if lib is not None else None
+    fn = _probe(isa)
     if fn is None:
         return None
+    from cpufuse import _backend
     enter(n_threads)
-    sinks = [ffi.new("float *") for _ in range(n_threads)]
-    it = 100_000
-    while True:  # calibrate on one thread: one run ~ seconds / tries
-        t0 = time.perf_counter()
-        fn(it, sinks[0])
-        dt = time.perf_counter() - t0
-        if dt > 0.005:
-            break
-        it *= 4
-    it = max(1, int(it * (seconds / tries) / dt))
+    sinks = [_backend.ffi.new("float *") for _ in range(n_threads)]
+    it = _probe_iters(fn, sinks[0], seconds / tries)
     best = 0.0
     for _ in range(tries):
         if n_threads == 1:
