@@ -3,6 +3,7 @@
  * build otherwise). */
 #define CF_ISA avx2
 #include "../simd/avx2.h"
+#include "../simd/avx2_q.h" /* int8 block-dot helpers for quant.inc */
 #include "../kernels/body.inc"
 
 /* What this translation unit was compiled with, for cpufuse.info() and the build-flag test:

@@ -3,6 +3,7 @@
  * build otherwise). */
 #define CF_ISA avx512
 #include "../simd/avx512.h"
+#include "../simd/avx512_q.h" /* int8 block-dot helpers for quant.inc */
 #include "../kernels/body.inc"
 
 /* What this translation unit was compiled with, for cpufuse.info() and the build-flag test:

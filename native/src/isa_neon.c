@@ -3,6 +3,7 @@
  * build otherwise). */
 #define CF_ISA neon
 #include "../simd/neon.h"
+#include "../simd/neon_q.h" /* int8 block-dot helpers for quant.inc */
 #include "../kernels/body.inc"
 
 /* What this translation unit was compiled with, for cpufuse.info() and the build-flag test:
