@@ -1,4 +1,59 @@
-/* Integer block-dot helpers for the quantized matmul (native/kernels/quant.inc), scalar. */
+/* Integer block-dot helpers for the quantized matmul (native/kernels/quant.inc), scalar C.
+ * Same contract as avx2_q.h (vq: 32 int8 codes in element order; vi: 8 int32 lanes, lane L =
+ * elements 4L..4L+3; vf8: 8 floats), written as plain loops. This translation unit is compiled
+ * with -fno-tree-vectorize, so they stay one element per instruction. */
 #ifndef CF_SIMD_SCALAR_Q_H
 #define CF_SIMD_SCALAR_Q_H
+#include <stdint.h>
+
+typedef struct { int8_t b[32]; } vq;
+typedef struct { int32_t l[8]; } vi;
+typedef struct { float f[8]; } vf8;
+
+static inline vq vq_load32(const uint8_t *p) { vq r; for (int i = 0; i < 32; i++) r.b[i] = (int8_t)p[i]; return r; }
+static inline vq vq_nib16(const uint8_t *p) {
+  vq r;
+  for (int i = 0; i < 16; i++) { r.b[i] = (int8_t)(p[i] & 15); r.b[i + 16] = (int8_t)(p[i] >> 4); }
+  return r;
+}
+static inline vq vq_nib32(const uint8_t *p, int hi) {
+  vq r;
+  for (int i = 0; i < 32; i++) r.b[i] = (int8_t)(hi ? p[i] >> 4 : p[i] & 15);
+  return r;
+}
+static inline vq vq_bit5(uint32_t qh) { vq r; for (int i = 0; i < 32; i++) r.b[i] = (int8_t)(((qh >> i) & 1) << 4); return r; }
+static inline vq vq_bitsel(const uint8_t *p, int bit) { vq r; for (int i = 0; i < 32; i++) r.b[i] = (int8_t)(((p[i] >> bit) & 1) << 4); return r; }
+static inline vq vq_2bits(const uint8_t *p, int shift) { vq r; for (int i = 0; i < 32; i++) r.b[i] = (int8_t)(((p[i] >> shift) & 3) << 4); return r; }
+static inline vq vq_or(vq a, vq b) { for (int i = 0; i < 32; i++) a.b[i] = (int8_t)(a.b[i] | b.b[i]); return a; }
+static inline vq vq_sub8(vq a, int c) { for (int i = 0; i < 32; i++) a.b[i] = (int8_t)(a.b[i] - c); return a; }
+static inline vi vi_dot_ss(vq a, vq b) {
+  vi r;
+  for (int l = 0; l < 8; l++) {
+    int32_t s = 0;
+    for (int e = 4 * l; e < 4 * l + 4; e++) s += (int32_t)a.b[e] * (int32_t)b.b[e];
+    r.l[l] = s;
+  }
+  return r;
+}
+static inline vi vi_dot_us(vq u, vq s) { return vi_dot_ss(u, s); } /* u holds 0..127: same as signed */
+static inline vf8 vf8_cvt(vi a) { vf8 r; for (int i = 0; i < 8; i++) r.f[i] = (float)a.l[i]; return r; }
+static inline vf8 vf8_zero(void) { vf8 r; for (int i = 0; i < 8; i++) r.f[i] = 0.0f; return r; }
+static inline vf8 vf8_set1(float a) { vf8 r; for (int i = 0; i < 8; i++) r.f[i] = a; return r; }
+static inline vf8 vf8_set2(float a, float b) { vf8 r; for (int i = 0; i < 4; i++) { r.f[i] = a; r.f[i + 4] = b; } return r; }
+static inline vf8 vf8_load(const float *p) { vf8 r; for (int i = 0; i < 8; i++) r.f[i] = p[i]; return r; }
+static inline vf8 vf8_load_h(const uint16_t *p) { vf8 r; for (int i = 0; i < 8; i++) r.f[i] = cf_h2f(p[i]); return r; }
+static inline vf8 vf8_load_bf(const uint16_t *p) {
+  vf8 r;
+  for (int i = 0; i < 8; i++) { uint32_t u = (uint32_t)p[i] << 16; memcpy(&r.f[i], &u, 4); }
+  return r;
+}
+static inline vf8 vf8_mul(vf8 a, vf8 b) { for (int i = 0; i < 8; i++) a.f[i] *= b.f[i]; return a; }
+static inline vf8 vf8_add(vf8 a, vf8 b) { for (int i = 0; i < 8; i++) a.f[i] += b.f[i]; return a; }
+static inline vf8 vf8_fma(vf8 a, vf8 b, vf8 c) { for (int i = 0; i < 8; i++) c.f[i] = a.f[i] * b.f[i] + c.f[i]; return c; } /* two roundings */
+static inline float vf8_hsum(vf8 v) {
+  return ((v.f[0] + v.f[4]) + (v.f[2] + v.f[6])) + ((v.f[1] + v.f[5]) + (v.f[3] + v.f[7]));
+}
+static inline void vq_to_f32(vq q, vf8 *o) {
+  for (int j = 0; j < 4; j++) for (int i = 0; i < 8; i++) o[j].f[i] = (float)q.b[8 * j + i];
+}
 #endif

@@ -1,0 +1,231 @@
+"""Fused dequantize x matmul on GGUF weights: `matmul`, `matmul_multi`, `matmul_swiglu`.
+
+y = x . dequant(W)^T, where W is a `QTensor` (the GGUF bytes, never dequantized to memory).
+Two activation modes (docs/quant-design.md):
+  act="q8"  : activations quantized per 32/256-element block as ggml does (Q8_0, Q8_1 or Q8_K by the
+              weight's vec_dot type), integer block dot products (the default: it is what llama.cpp
+              computes, and the faster mode; see README "Quantized matmul");
+  act="f32" : f32 activations, exact to float64 up to the f32 summation order.
+Fusions: an RMS_NORM x w prologue (norm_weight=, eps=) that normalizes and quantizes each row in
+one pass; several weights sharing one activation quantization (matmul_multi, e.g. Q, K, V); gate
+and up products with the SwiGLU in the epilogue (matmul_swiglu), the two products never stored.
+"""
+import numpy as np
+
+from . import _backend as _native, _dispatch
+from .qtypes import QTensor
+
+ffi, lib = _native.ffi, _native.lib
+F32 = np.dtype(np.float32)
+ACT_MODES = ("q8", "f32")
+DEFAULT_ACT = "q8"
+_QM_W0, _QW_LEN = 7, 4
+_ERRORS = {1: "unsupported weight type for this kernel", 2: "out of memory (scratch allocation)"}
+_FN = {}
+
+
+def _fn(isa):
+    f = _FN.get(isa)
+    if f is None:
+        f = _FN[isa] = getattr(lib, f"cf_qmatmul_f32__{isa}")
+    return f
+
+
+def _check_x(x, n_in, name="x"):
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray of float32, got {type(x).__name__}")
+    if x.dtype != F32:
+        raise TypeError(f"{name} must be float32, got {x.dtype}")
+    if x.ndim < 1:
+        raise ValueError(f"{name} must have at least 1 dimension, got a 0-d array")
+    if x.shape[-1] != n_in:
+        raise ValueError(f"{name} must have last dimension n_in={n_in} (the weight's), got shape {x.shape}")
+    x2 = x.reshape(-1, n_in)  # a view when the leading axes allow it, else a copy (x is never written)
+    if x2.size and x2.strides[-1] != 4 and n_in > 1:
+        x2 = np.ascontiguousarray(x2)
+    if x2.shape[0] > 1 and x2.strides[0] % 4:
+        x2 = np.ascontiguousarray(x2)
+    return x2
+
+
+def _check_w(w, name):
+    if not isinstance(w, QTensor):
+        raise TypeError(f"{name} must be a cpufuse.QTensor, got {type(w).__name__}")
+    return w
+
+
+def _check_act(act):
+    if act is None:
+        return DEFAULT_ACT
+    if act not in ACT_MODES:
+        raise ValueError(f"act must be one of {ACT_MODES} or None, got {act!r}")
+    return act
+
+
+def _check_out(out, shape, name):
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray of float32, got {type(out).__name__}")
+    if out.dtype != F32:
+        raise TypeError(f"{name} must be float32, got {out.dtype}")
+    if out.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {out.shape}")
+    if not out.flags.writeable:
+        raise ValueError(f"{name} is read-only")
+    n = shape[-1]
+    try:
+        o2 = out.view()
+        o2.shape = (-1, n)  # raises instead of copying when the leading axes do not merge
+    except AttributeError:
+        raise ValueError(f"{name} must be viewable as (rows, {n}) without a copy (merge-able leading "
+                         f"axes), got strides {out.strides}") from None
+    if o2.size and ((o2.strides[-1] != 4 and n > 1) or (o2.shape[0] > 1 and o2.strides[0] % 4)):
+        raise ValueError(f"{name} must have a unit-stride last axis, got strides {out.strides}")
+    return o2
+
+
+def _check_norm(norm_weight, eps, n_in):
+    if norm_weight is None and eps is None:
+        return None, 0.0, 0
+    if eps is None:
+        raise ValueError("eps must be given with norm_weight (the RMS_NORM epsilon, e.g. 1e-5)")
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.floating, np.integer)):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    if not float(eps) >= 0.0:
+        raise ValueError(f"eps must be >= 0, got {eps!r}")
+    if norm_weight is not None:
+        if not isinstance(norm_weight, np.ndarray) or norm_weight.dtype != F32:
+            raise TypeError(f"norm_weight must be a float32 numpy.ndarray, got "
+                            f"{getattr(norm_weight, 'dtype', type(norm_weight).__name__)}")
+        if norm_weight.shape != (n_in,):
+            raise ValueError(f"norm_weight must have shape ({n_in},), got {norm_weight.shape}")
+        norm_weight = np.ascontiguousarray(norm_weight)
+    return norm_weight, float(eps), 1
+
+
+def _no_overlap(outs, ins):
+    for oname, o in outs:
+        for iname, a in ins:
+            if a is not None and np.may_share_memory(o, a):
+                raise ValueError(f"{oname} overlaps the input {iname!r}; the output must not alias an input")
+
+
+def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead):
+    n_in = ws[0].shape[1]
+    for w, nm in zip(ws, names):
+        _check_w(w, nm)
+        if w.shape[1] != n_in:
+            raise ValueError(f"{nm} has n_in={w.shape[1]}, but {names[0]} has n_in={n_in}; the weights "
+                             f"must share the activation")
+    x2 = _check_x(x, n_in)
+    act = _check_act(act)
+    nw_arr, eps_f, do_norm = _check_norm(norm_weight, eps, n_in)
+    isa = _dispatch.resolve(isa)
+    nth = _dispatch.threads(n_threads)
+    rows = x2.shape[0]
+    n_out = [w.shape[0] for w in ws] if epi == 0 else [ws[0].shape[0]]
+    ys, y2 = [], []
+    for i, n in enumerate(n_out):
+        shape = lead + (n,)
+        oname = "out" if len(n_out) == 1 else f"out[{i}]"
+        o = outs[i] if outs is not None else None
+        if o is None:
+            o = np.empty(shape, F32)
+        o2 = _check_out(o, shape, oname)
+        ys.append(o)
+        y2.append(o2)
+    _no_overlap([(f"out[{i}]" if len(ys) > 1 else "out", o) for i, o in enumerate(ys)],
+                [("x", x), ("norm_weight", norm_weight)] + [(nm, w.raw) for w, nm in zip(ws, names)])
+    if len(ys) > 1:
+        for i in range(len(ys)):
+            for j in range(i):
+                if np.may_share_memory(ys[i], ys[j]):
+                    raise ValueError(f"out[{i}] overlaps out[{j}]")
+    if rows == 0 or any(n == 0 for n in n_out):
+        return ys
+    if isa == "numba":
+        from . import numba_quant
+        numba_quant.qmatmul(x2, nw_arr, eps_f, bool(do_norm), tuple(w.raw for w in ws),
+                            tuple(w.type_id for w in ws), act == "q8", epi, tuple(y2), nth)
+        return ys
+    d = [rows, n_in, x2.strides[0] // 4 if rows > 1 else n_in, 1 if act == "q8" else 0, len(ws), epi, do_norm]
+    for i in range(3):
+        if i < len(ws):
+            w = ws[i]
+            yi = y2[i] if i < len(y2) else y2[0]
+            d += [w.type_id, w.shape[0], w.row_bytes, yi.strides[0] // 4 if yi.shape[0] > 1 else w.shape[0]]
+        else:
+            d += [0, 0, 0, 0]
+    wp = [ffi.from_buffer(w.raw) for w in ws] + [ffi.NULL] * (3 - len(ws))
+    yp = [ffi.cast("float *", o.ctypes.data) for o in y2] + [ffi.NULL] * (3 - len(y2))
+    xp = ffi.cast("const float *", x2.ctypes.data)
+    np_ = ffi.cast("const float *", nw_arr.ctypes.data) if nw_arr is not None else ffi.NULL
+    rc = _fn(isa)(d, xp, np_, eps_f, wp[0], wp[1], wp[2], yp[0], yp[1], yp[2], nth)
+    if rc:
+        raise RuntimeError(f"cpufuse.matmul: the {isa} kernel failed: {_ERRORS.get(rc, rc)}")
+    return ys
+
+
+def matmul(x, w, *, act=None, out=None, isa=None, n_threads=None, norm_weight=None, eps=None):
+    """y = x . dequant(w)^T for a QTensor w of shape (n_out, n_in); x float32 (..., n_in).
+
+    act: "q8" (ggml's activation quantization and integer dots; the default) or "f32".
+    norm_weight, eps: fuse RMS_NORM(x) * norm_weight in front (norm_weight None with eps given:
+    RMS_NORM alone); the normalized rows are quantized in the same pass and never returned.
+    out: optional float32 (..., n_out) output. Returns the result."""
+    lead = _lead(x)
+    return _run(x, (w,), ("w",), act, None if out is None else [out], isa, n_threads, norm_weight, eps, 0, lead)[0]
+
+
+def matmul_multi(x, ws, *, act=None, out=None, isa=None, n_threads=None, norm_weight=None, eps=None):
+    """Several weights (1 to 3, e.g. Q, K and V) on one activation, quantized (and normalized) once.
+    Returns a tuple of outputs, one per weight; `out` may be a sequence of preallocated outputs."""
+    if not isinstance(ws, (tuple, list)) or not 1 <= len(ws) <= 3:
+        raise ValueError(f"ws must be a tuple of 1 to 3 QTensors, got {type(ws).__name__}"
+                         + (f" of length {len(ws)}" if isinstance(ws, (tuple, list)) else ""))
+    if out is not None and (not isinstance(out, (tuple, list)) or len(out) != len(ws)):
+        raise ValueError(f"out must be a sequence of {len(ws)} arrays (one per weight) or None")
+    lead = _lead(x)
+    return tuple(_run(x, tuple(ws), tuple(f"ws[{i}]" for i in range(len(ws))), act, out, isa, n_threads,
+                      norm_weight, eps, 0, lead))
+
+
+def matmul_swiglu(x, w_gate, w_up, *, act=None, out=None, isa=None, n_threads=None, norm_weight=None, eps=None):
+    """silu(x . Wg^T) * (x . Wu^T) in one kernel: both products of an output are computed together
+    and combined in the epilogue; neither is stored. Wg and Wu must have the same shape."""
+    _check_w(w_gate, "w_gate")
+    _check_w(w_up, "w_up")
+    if w_gate.shape != w_up.shape:
+        raise ValueError(f"w_gate and w_up must have the same shape, got {w_gate.shape} and {w_up.shape}")
+    lead = _lead(x)
+    return _run(x, (w_gate, w_up), ("w_gate", "w_up"), act, None if out is None else [out], isa, n_threads,
+                norm_weight, eps, 1, lead)[0]
+
+
+def _lead(x):
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"x must be a numpy.ndarray of float32, got {type(x).__name__}")
+    if x.ndim < 1:
+        raise ValueError("x must have at least 1 dimension, got a 0-d array")
+    return x.shape[:-1]
+
+
+def quantize_act(x, vtype, isa=None):
+    """The activation blocks ggml's vec_dot would use (vtype "Q8_0", "Q8_1" or "Q8_K"), as GGUF block
+    bytes of shape (rows, blocks*bytes): what the q8 mode computes with (for tests and inspection)."""
+    ids = {"Q8_0": (8, 32, 34), "Q8_1": (9, 32, 36), "Q8_K": (15, 256, 292)}
+    if vtype not in ids:
+        raise ValueError(f"vtype must be one of {tuple(ids)}, got {vtype!r}")
+    vid, blk, nb = ids[vtype]
+    if not isinstance(x, np.ndarray) or x.dtype != F32 or x.ndim != 2:
+        raise TypeError("x must be a 2-D float32 numpy.ndarray")
+    if x.shape[1] % blk:
+        raise ValueError(f"x: n_in={x.shape[1]} is not a multiple of the {vtype} block size {blk}")
+    isa = _dispatch.resolve(isa)
+    x = np.ascontiguousarray(x)
+    out = np.empty((x.shape[0], x.shape[1] // blk * nb), np.uint8)
+    if isa == "numba":
+        from . import numba_quant
+        return numba_quant.quantize_act(x, vid)
+    getattr(lib, f"cf_quantize_act__{isa}")(vid, x.shape[0], x.shape[1], ffi.cast("const float *", x.ctypes.data),
+                                           x.shape[1], ffi.from_buffer(out, require_writable=True))
+    return out
