@@ -2,6 +2,8 @@
 
     import cpufuse
     y = cpufuse.softmax(scores, mask, scale=0.125)           # ggml soft_max_ext
+    w = cpufuse.QTensor(raw_gguf_bytes, "Q4_K", (n_out, n_in)) # GGUF weight, stays quantized
+    y = cpufuse.matmul(x, w)                                  # fused dequantize x matmul
     y = cpufuse.rms_norm(x, weight, eps=1e-6)                 # RMS_NORM+MUL, one pass
     h, y = cpufuse.add_rms_norm(x, residual, weight, eps=1e-6)
     with cpufuse.use_isa("scalar"): ...                       # or isa="avx2", or CPUFUSE_ISA=numba
@@ -13,11 +15,13 @@ from ._dispatch import get_num_threads, set_num_threads, use_isa
 from ._isa import ALL_ISAS
 from .graph import Graph, GraphError
 from .ops import add_rms_norm, flash_attn, rms_norm, softmax
+from .qmatmul import matmul, matmul_multi, matmul_swiglu
+from .qtypes import QTensor
 
 __version__ = "0.1.0"
-__all__ = ["set_num_threads", "get_num_threads", "softmax", "rms_norm", "add_rms_norm", "flash_attn", "Graph", "GraphError", "use_isa", "available_isas", "info", "ALL_ISAS"]
+__all__ = ["set_num_threads", "get_num_threads", "softmax", "rms_norm", "add_rms_norm", "flash_attn", "QTensor", "matmul", "matmul_multi", "matmul_swiglu", "Graph", "GraphError", "use_isa", "available_isas", "info", "ALL_ISAS"]
 
-OPS = ("softmax", "rms_norm", "add_rms_norm", "flash_attn")
+OPS = ("softmax", "rms_norm", "add_rms_norm", "flash_attn", "matmul")
 
 
 def available_isas():

@@ -81,4 +81,6 @@ static inline void vq_to_f32(vq q, vf8 *o) {
   o[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
   o[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
 }
+/* f16 bits -> f32 (F16C) */
+static inline float vq_h2f(uint16_t h) { return _cvtsh_ss(h); }
 #endif

@@ -56,4 +56,5 @@ static inline float vf8_hsum(vf8 v) {
 static inline void vq_to_f32(vq q, vf8 *o) {
   for (int j = 0; j < 4; j++) for (int i = 0; i < 8; i++) o[j].f[i] = (float)q.b[8 * j + i];
 }
+static inline float vq_h2f(uint16_t h) { return cf_h2f(h); }
 #endif
