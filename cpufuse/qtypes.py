@@ -1,0 +1,315 @@
+"""GGUF weight types: the type table, `QTensor` (a weight's raw GGUF bytes plus its type), and
+pure-numpy unpacking and dequantization of every supported type (SPEC-QUANT §1, §2).
+
+Dequantization is bit-identical to `gguf.quants.dequantize`: the same float32 operations in the
+same order (e.g. Q4_1 x = f32(f32(q*d) + m); K-quants x = f32(f32(d*sc)*q - f32(dmin*m))).
+All multi-byte fields are read little-endian, whatever the host.
+"""
+import numbers
+from collections import namedtuple
+
+import numpy as np
+
+__all__ = ["QType", "QTYPES", "SUPPORTED", "resolve_qtype", "QTensor", "unpack_blocks", "dequantize"]
+
+QType = namedtuple("QType", "name type_id block_size type_size vec_dot_type")
+QType.__doc__ = """One supported ggml type: name, ggml/GGUF id, elements per block, bytes per block,
+and the activation type its CPU vec_dot uses ("Q8_0", "Q8_1", "Q8_K"; None for float types)."""
+
+_TABLE = (
+    QType("F32", 0, 1, 4, None),
+    QType("F16", 1, 1, 2, None),
+    QType("BF16", 30, 1, 2, None),
+    QType("Q4_0", 2, 32, 18, "Q8_0"),
+    QType("Q4_1", 3, 32, 20, "Q8_1"),
+    QType("Q5_0", 6, 32, 22, "Q8_0"),
+    QType("Q5_1", 7, 32, 24, "Q8_1"),
+    QType("Q8_0", 8, 32, 34, "Q8_0"),
+    QType("Q4_K", 12, 256, 144, "Q8_K"),
+    QType("Q5_K", 13, 256, 176, "Q8_K"),
+    QType("Q6_K", 14, 256, 210, "Q8_K"),
+)
+QTYPES = {t.name: t for t in _TABLE}          # by name
+_BY_ID = {t.type_id: t for t in _TABLE}
+SUPPORTED = tuple(t.name for t in _TABLE)
+
+# ggml types (past and present) that cpufuse does not support, by id
+_UNSUPPORTED = {
+    4: "Q4_2", 5: "Q4_3", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS",
+    18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8",
+    25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 31: "Q4_0_4_4", 32: "Q4_0_4_8",
+    33: "Q4_0_8_8", 34: "TQ1_0", 35: "TQ2_0", 36: "IQ4_NL_4_4", 37: "IQ4_NL_4_8", 38: "IQ4_NL_8_8",
+    39: "MXFP4", 40: "NVFP4", 41: "Q1_0", 42: "Q2_0",
+}
+_UNSUPPORTED_NAMES = {n: i for i, n in _UNSUPPORTED.items()}
+
+
+def _unsupported(name, type_id):
+    return NotImplementedError(
+        f"qtype: ggml type {name} (id {type_id}) is not supported; supported: {', '.join(SUPPORTED)}")
+
+
+def resolve_qtype(qtype):
+    """The QType entry for `qtype`: a name (case-insensitive, e.g. "q4_k"), a ggml type id, a
+    `gguf.GGMLQuantizationType` member (or any enum with .name/.value), or a QType.
+    Known but unsupported ggml types raise NotImplementedError; anything else TypeError/ValueError."""
+    if isinstance(qtype, QType):
+        if QTYPES.get(qtype.name) != qtype:
+            raise ValueError(f"qtype: {qtype!r} is not an entry of the cpufuse type table")
+        return qtype
+    if isinstance(qtype, str):
+        key = qtype.strip().upper()
+        if key in QTYPES:
+            return QTYPES[key]
+        if key in _UNSUPPORTED_NAMES:
+            raise _unsupported(key, _UNSUPPORTED_NAMES[key])
+        raise ValueError(f"qtype: unknown ggml type name {qtype!r}; supported: {', '.join(SUPPORTED)}")
+    if isinstance(qtype, bool):
+        raise TypeError("qtype must be a type name, a ggml type id or a GGMLQuantizationType, got bool")
+    value = getattr(qtype, "value", None)
+    if hasattr(qtype, "name") and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        qtype = value                       # an enum member (gguf.GGMLQuantizationType is an IntEnum)
+    if isinstance(qtype, numbers.Integral):
+        i = int(qtype)
+        if i in _BY_ID:
+            return _BY_ID[i]
+        if i in _UNSUPPORTED:
+            raise _unsupported(_UNSUPPORTED[i], i)
+        raise ValueError(f"qtype: {i} is not a ggml type id; supported: "
+                         + ", ".join(f"{t.name}={t.type_id}" for t in _TABLE))
+    raise TypeError("qtype must be a type name (str), a ggml type id (int) or a GGMLQuantizationType, "
+                    f"got {type(qtype).__name__}")
+
+
+# ------------------------------------------------------------------------------------------------
+# raw bytes
+
+# dtypes accepted for `raw` besides uint8, per float type
+_FLOAT_RAW_DTYPES = {"F32": (np.dtype(np.float32),), "F16": (np.dtype(np.float16), np.dtype(np.uint16)),
+                     "BF16": (np.dtype(np.uint16),)}
+_U8 = np.dtype(np.uint8)
+
+
+def _check_shape(shape):
+    if not isinstance(shape, (tuple, list)):
+        raise TypeError(f"shape must be a tuple (n_out, n_in) of 2 ints, got {type(shape).__name__}")
+    if len(shape) != 2:
+        raise ValueError(f"shape must be (n_out, n_in), 2 ints, got {len(shape)} values: {tuple(shape)!r}")
+    for v in shape:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"shape must be a tuple (n_out, n_in) of 2 ints, got {tuple(shape)!r}")
+    n_out, n_in = int(shape[0]), int(shape[1])
+    if n_out <= 0 or n_in <= 0:
+        raise ValueError(f"shape: n_out and n_in must be positive, got {(n_out, n_in)}")
+    return n_out, n_in
+
+
+def _check_raw(raw, t):
+    """raw's dtype must suit type t; returns raw as a flat uint8 view (no copy; raw C-contiguous)"""
+    if not isinstance(raw, np.ndarray):
+        raise TypeError(f"raw must be a numpy.ndarray of the tensor's GGUF bytes, got {type(raw).__name__}")
+    ok = (_U8,) + _FLOAT_RAW_DTYPES.get(t.name, ())
+    if raw.dtype not in ok:
+        raise TypeError(f"raw: dtype {raw.dtype} does not fit a {t.name} tensor; expected "
+                        + " or ".join(str(d) for d in ok))
+    if not raw.flags.c_contiguous:
+        raise ValueError(f"raw must be C-contiguous (got shape {raw.shape}, strides {raw.strides}); "
+                         "QTensor never copies, pass np.ascontiguousarray(raw) if a copy is acceptable")
+    return raw.reshape(-1).view(dtype=_U8, type=np.ndarray)
+
+
+def _row_bytes(t, n_in):
+    if isinstance(n_in, bool) or not isinstance(n_in, numbers.Integral):
+        raise TypeError(f"n_in must be an int, got {type(n_in).__name__}")
+    n_in = int(n_in)
+    if n_in <= 0:
+        raise ValueError(f"n_in must be positive, got {n_in}")
+    if n_in % t.block_size:
+        raise ValueError(f"shape: n_in={n_in} is not a multiple of the {t.name} block size {t.block_size}")
+    return n_in // t.block_size * t.type_size
+
+
+# ------------------------------------------------------------------------------------------------
+# unpacking (bytes -> codes and scales) and dequantization
+
+def _h2f(b, off):
+    """f16 field at byte offset `off` of every block (last axis) -> float32, exact"""
+    u = b[..., off].astype(np.uint16) | (b[..., off + 1].astype(np.uint16) << np.uint16(8))
+    return u.view(np.float16).astype(np.float32)
+
+
+def _u32(b, off):
+    u = b[..., off].astype(np.uint32)
+    for k in range(1, 4):
+        u |= b[..., off + k].astype(np.uint32) << np.uint32(8 * k)
+    return u
+
+
+def _nibbles(qs):
+    """(..., 16) bytes -> (..., 32) codes: low nibbles first, then high nibbles (Q4_0 order)"""
+    return np.concatenate([qs & np.uint8(15), qs >> np.uint8(4)], axis=-1)
+
+
+_BIT32 = np.arange(32, dtype=np.uint32)
+_BIT8 = np.arange(8, dtype=np.uint8)
+
+
+def _high_bits32(b, off):
+    """Q5_0/Q5_1 qh (uint32 at off): bit e of it, for e = 0..31, as uint8 (..., 32)"""
+    return ((_u32(b, off)[..., None] >> _BIT32) & np.uint32(1)).astype(np.uint8)
+
+
+def _scale_min_k4(s):
+    """(..., 12) packed bytes -> (sc, m), each (..., 8) uint8 in 0..63 (SPEC-QUANT §2.8)"""
+    lo, mid, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = np.concatenate([lo & np.uint8(63), (hi & np.uint8(15)) | ((lo >> np.uint8(6)) << np.uint8(4))], axis=-1)
+    m = np.concatenate([mid & np.uint8(63), (hi >> np.uint8(4)) | ((mid >> np.uint8(6)) << np.uint8(4))], axis=-1)
+    return sc, m
+
+
+def unpack_blocks(raw, qtype, n_in):
+    """Unpack quantized rows into integer codes and float32 scales, without arithmetic.
+
+    raw: the GGUF bytes of whole rows (any array accepted by QTensor, or a 2-D uint8 array of shape
+    (rows, row_bytes)); returns a dict of arrays with leading axes (rows, n_blocks):
+      Q4_0, Q5_0, Q8_0: q int8 (..., 32) signed codes (q-8 for Q4_0, q-16 for Q5_0), d float32
+      Q4_1, Q5_1:       q uint8 (..., 32) in 0..15 / 0..31, d, m float32
+      Q4_K, Q5_K:       q uint8 (..., 8, 32), sc, m uint8 (..., 8) in 0..63, d, dmin float32
+      Q6_K:             q int8 (..., 16, 16) in -32..31, sc int8 (..., 16), d float32
+    Float types have no blocks: ValueError.
+    """
+    t = resolve_qtype(qtype)
+    if t.block_size == 1:
+        raise ValueError(f"qtype: {t.name} is a float type, it has no quantized blocks to unpack")
+    rb = _row_bytes(t, n_in)
+    flat = _check_raw(np.ascontiguousarray(raw), t)
+    if flat.size % rb:
+        raise ValueError(f"raw: {flat.size} bytes is not a whole number of {t.name} rows of n_in={n_in} "
+                         f"({rb} bytes each)")
+    b = flat.reshape(flat.size // rb, rb // t.type_size, t.type_size)
+    n = t.name
+    if n in ("Q4_0", "Q5_0"):
+        q = _nibbles(b[..., -16:])
+        off = 8
+        if n == "Q5_0":
+            q = q | (_high_bits32(b, 2) << np.uint8(4))
+            off = 16
+        return {"q": (q.astype(np.int16) - off).astype(np.int8), "d": _h2f(b, 0)}
+    if n in ("Q4_1", "Q5_1"):
+        q = _nibbles(b[..., -16:])
+        if n == "Q5_1":
+            q = q | (_high_bits32(b, 4) << np.uint8(4))
+        return {"q": q, "d": _h2f(b, 0), "m": _h2f(b, 2)}
+    if n == "Q8_0":
+        return {"q": b[..., 2:34].view(np.int8).copy(), "d": _h2f(b, 0)}
+    if n in ("Q4_K", "Q5_K"):
+        sc, m = _scale_min_k4(b[..., 4:16])
+        qs = b[..., -128:].reshape(b.shape[:2] + (4, 32))
+        q = np.stack([qs & np.uint8(15), qs >> np.uint8(4)], axis=-2).reshape(b.shape[:2] + (8, 32))
+        if n == "Q5_K":   # 5th bit of sub-block s, element l: bit s of qh[l]
+            qh = b[..., 16:48]
+            q = q | (((qh[..., None, :] >> _BIT8[:, None]) & np.uint8(1)) << np.uint8(4))
+        return {"q": q, "sc": sc, "m": m, "d": _h2f(b, 0), "dmin": _h2f(b, 2)}
+    if n == "Q6_K":
+        lead = b.shape[:2]
+        ql = b[..., 0:128].reshape(lead + (2, 2, 32))      # [half, g mod 2, l]
+        low = np.stack([ql & np.uint8(15), ql >> np.uint8(4)], axis=-3).reshape(lead + (2, 4, 32))  # [half, g, l]
+        qh = b[..., 128:192].reshape(lead + (2, 1, 32))
+        high = (qh >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & np.uint8(3)
+        q = ((low | (high << np.uint8(4))).astype(np.int16) - 32).astype(np.int8)
+        return {"q": q.reshape(lead + (16, 16)), "sc": b[..., 192:208].view(np.int8).copy(), "d": _h2f(b, 208)}
+    raise AssertionError(n)  # pragma: no cover
+
+
+def dequantize(raw, qtype, n_in):
+    """Dequantize whole rows of GGUF bytes to a new float32 array (rows, n_in), bit-identical to
+    gguf.quants.dequantize. raw: as for QTensor, or any array of whole rows (copied if needed)."""
+    t = resolve_qtype(qtype)
+    rb = _row_bytes(t, n_in)
+    n_in = int(n_in)
+    if t.block_size == 1:
+        flat = _check_raw(np.ascontiguousarray(raw), t)
+        if flat.size % rb:
+            raise ValueError(f"raw: {flat.size} bytes is not a whole number of {t.name} rows of n_in={n_in} "
+                             f"({rb} bytes each)")
+        if t.name == "F32":
+            out = flat.view("<f4").astype(np.float32)          # a copy, native order
+        elif t.name == "F16":
+            out = flat.view("<f2").astype(np.float32)
+        else:  # BF16: the upper half of a float32
+            out = (flat.view("<u2").astype(np.uint32) << np.uint32(16)).view(np.float32)
+        return out.reshape(-1, n_in)
+    f = unpack_blocks(raw, t, n_in)
+    with np.errstate(invalid="ignore", over="ignore"):      # any byte pattern decodes, inf/NaN d too
+        x = _dequant_fields(t.name, f)
+    return x.reshape(x.shape[0], n_in)
+
+
+def _dequant_fields(n, f):
+    d = f["d"]
+    if n in ("Q4_0", "Q5_0", "Q8_0"):
+        x = f["q"].astype(np.float32) * d[..., None]
+    elif n in ("Q4_1", "Q5_1"):
+        x = d[..., None] * f["q"].astype(np.float32) + f["m"][..., None]
+    elif n in ("Q4_K", "Q5_K"):
+        a = d[..., None] * f["sc"].astype(np.float32)
+        b = f["dmin"][..., None] * f["m"].astype(np.float32)
+        x = a[..., None] * f["q"].astype(np.float32) - b[..., None]
+    else:  # Q6_K
+        a = d[..., None] * f["sc"].astype(np.float32)
+        x = a[..., None] * f["q"].astype(np.float32)
+    return x
+
+
+# ------------------------------------------------------------------------------------------------
+
+class QTensor:
+    """A weight matrix (n_out, n_in) held as its GGUF bytes, without copying them.
+
+    raw: the bytes as a C-contiguous numpy array of any shape: uint8 for every type, or float32
+    (F32), float16/uint16 (F16), uint16 (BF16), e.g. `gguf.GGUFReader(path).tensors[i].data`
+    (a memmap works). qtype: anything `resolve_qtype` accepts. shape: (n_out, n_in), numpy order.
+    `.raw` is a read-only 2-D uint8 view (n_out, row_bytes) of the caller's buffer; the caller's
+    array and its flags are left untouched.
+    """
+    __slots__ = ("raw", "qtype", "type_id", "shape", "n_out", "n_in", "block_size", "type_size",
+                 "row_bytes", "nbytes", "vec_dot_type")
+
+    def __init__(self, raw, qtype, shape):
+        t = resolve_qtype(qtype)
+        n_out, n_in = _check_shape(shape)
+        row_bytes = _row_bytes(t, n_in)
+        flat = _check_raw(raw, t)
+        want = n_out * row_bytes
+        if flat.size != want:
+            raise ValueError(f"raw: a {t.name} tensor of shape ({n_out}, {n_in}) needs {want} bytes "
+                             f"({n_out} rows x {row_bytes}), got {flat.size} bytes (raw shape {raw.shape}, "
+                             f"dtype {raw.dtype})")
+        v = flat.reshape(n_out, row_bytes)
+        v.flags.writeable = False                # on our view only
+        s = object.__setattr__
+        s(self, "raw", v)
+        s(self, "qtype", t.name)
+        s(self, "type_id", t.type_id)
+        s(self, "shape", (n_out, n_in))
+        s(self, "n_out", n_out)
+        s(self, "n_in", n_in)
+        s(self, "block_size", t.block_size)
+        s(self, "type_size", t.type_size)
+        s(self, "row_bytes", row_bytes)
+        s(self, "nbytes", want)
+        s(self, "vec_dot_type", t.vec_dot_type)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"QTensor is immutable (cannot set {name!r})")
+
+    def __delattr__(self, name):
+        raise AttributeError(f"QTensor is immutable (cannot delete {name!r})")
+
+    def dequantize(self):
+        """A new float32 array (n_out, n_in), bit-identical to gguf.quants.dequantize."""
+        return dequantize(self.raw, self.qtype, self.n_in)
+
+    def __repr__(self):
+        return (f"QTensor({self.qtype}, shape=({self.n_out}, {self.n_in}), {self.nbytes} bytes, "
+                f"vec_dot_type={self.vec_dot_type})")
