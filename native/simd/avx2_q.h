@@ -81,6 +81,44 @@ static inline void vq_to_f32(vq q, vf8 *o) {
   o[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
   o[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
 }
+/* 4 lane sums into one vector: lanes 0-3 = elements 0-15 of d0..d3, lanes 4-7 = elements 16-31 */
+static inline vi vi_hsum4(vi d0, vi d1, vi d2, vi d3) {
+  return _mm256_hadd_epi32(_mm256_hadd_epi32(d0, d1), _mm256_hadd_epi32(d2, d3));
+}
+/* lanes 0-3 from lo[0..3], lanes 4-7 from hi[0..3] */
+static inline vf8 vf8_load44(const float *lo, const float *hi) {
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(lo)), _mm_loadu_ps(hi), 1);
+}
+/* out[i] = v[i] + v[i + 4], i < 4 */
+static inline void vf8_fold4(vf8 v, float *out) {
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
+}
+/* four f16 scales -> lanes 0-3 and again 4-7 */
+static inline vf8 vf8_h4(uint16_t a, uint16_t b, uint16_t c, uint16_t d) {
+  const __m128 s = _mm_cvtph_ps(_mm_setr_epi16((short)a, (short)b, (short)c, (short)d, 0, 0, 0, 0));
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(s), s, 1);
+}
+/* 8 unsigned bytes -> 8 floats */
+static inline vf8 vf8_u8(uint64_t b) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)b))); }
+/* rows r[0..3] of 8 values (one per sub-block j) -> out[j][0..3] */
+static inline void vf8_t4x8(const vf8 *r, float (*out)[4]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  _mm_storeu_ps(out[0], _mm256_castps256_ps128(u0)); _mm_storeu_ps(out[4], _mm256_extractf128_ps(u0, 1));
+  _mm_storeu_ps(out[1], _mm256_castps256_ps128(u1)); _mm_storeu_ps(out[5], _mm256_extractf128_ps(u1, 1));
+  _mm_storeu_ps(out[2], _mm256_castps256_ps128(u2)); _mm_storeu_ps(out[6], _mm256_extractf128_ps(u2, 1));
+  _mm_storeu_ps(out[3], _mm256_castps256_ps128(u3)); _mm_storeu_ps(out[7], _mm256_extractf128_ps(u3, 1));
+}
+/* d4 - ([h[0] x4 | h[1] x4] << sh): removes a code offset of 2^sh using the activation's 16-element sums */
+static inline vi vi_sub_off(vi d4, const int32_t *h, int sh) {
+  const __m256i v = _mm256_permutevar8x32_epi32(_mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)h)),
+                                                _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+  return _mm256_sub_epi32(d4, _mm256_sll_epi32(v, _mm_cvtsi32_si128(sh)));
+}
+/* 8 signed bytes -> 8 floats */
+static inline vf8 vf8_i8(uint64_t b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128((long long)b))); }
 /* f16 bits -> f32 (F16C) */
 static inline float vq_h2f(uint16_t h) { return _cvtsh_ss(h); }
 #endif

@@ -56,5 +56,34 @@ static inline float vf8_hsum(vf8 v) {
 static inline void vq_to_f32(vq q, vf8 *o) {
   for (int j = 0; j < 4; j++) for (int i = 0; i < 8; i++) o[j].f[i] = (float)q.b[8 * j + i];
 }
+static inline vi vi_hsum4(vi d0, vi d1, vi d2, vi d3) {
+  const vi *d[4] = {&d0, &d1, &d2, &d3};
+  vi r;
+  for (int n = 0; n < 4; n++) {
+    r.l[n] = (d[n]->l[0] + d[n]->l[1]) + (d[n]->l[2] + d[n]->l[3]);
+    r.l[n + 4] = (d[n]->l[4] + d[n]->l[5]) + (d[n]->l[6] + d[n]->l[7]);
+  }
+  return r;
+}
+static inline vf8 vf8_load44(const float *lo, const float *hi) {
+  vf8 r;
+  for (int i = 0; i < 4; i++) { r.f[i] = lo[i]; r.f[i + 4] = hi[i]; }
+  return r;
+}
+static inline void vf8_fold4(vf8 v, float *out) { for (int i = 0; i < 4; i++) out[i] = v.f[i] + v.f[i + 4]; }
+static inline vf8 vf8_h4(uint16_t a, uint16_t b, uint16_t c, uint16_t d) {
+  vf8 r;
+  r.f[0] = r.f[4] = cf_h2f(a); r.f[1] = r.f[5] = cf_h2f(b); r.f[2] = r.f[6] = cf_h2f(c); r.f[3] = r.f[7] = cf_h2f(d);
+  return r;
+}
+static inline vf8 vf8_u8(uint64_t b) { vf8 r; for (int i = 0; i < 8; i++) r.f[i] = (float)((b >> (8 * i)) & 0xff); return r; }
+static inline void vf8_t4x8(const vf8 *r, float (*out)[4]) {
+  for (int j = 0; j < 8; j++) for (int n = 0; n < 4; n++) out[j][n] = r[n].f[j];
+}
+static inline vi vi_sub_off(vi d4, const int32_t *h, int sh) {
+  for (int i = 0; i < 8; i++) d4.l[i] -= h[i >> 2] * (1 << sh);
+  return d4;
+}
+static inline vf8 vf8_i8(uint64_t b) { vf8 r; for (int i = 0; i < 8; i++) r.f[i] = (float)(int8_t)((b >> (8 * i)) & 0xff); return r; }
 static inline float vq_h2f(uint16_t h) { return cf_h2f(h); }
 #endif
