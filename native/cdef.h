@@ -16,3 +16,4 @@ void cf_swiglu_f32__@ISA@(int64_t n, const float *g, const float *u, int64_t nb,
 void cf_scale_f32__@ISA@(int64_t n, const float *a, float s, float *y);
 void cf_silu_f32__@ISA@(int64_t n, const float *a, float *y);
 int64_t cf_plan_run__@ISA@(const int64_t *prog, int64_t len, void *const *ptrs, const float *fp, void *const *blas, int ilp64, int nth);
+int cf_rope_f32__@ISA@(const int64_t *d, const float *x, const int32_t *pos, const float *freq_factors, const double *fp, void *y, int nth);
