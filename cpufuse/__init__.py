@@ -4,6 +4,8 @@
     y = cpufuse.softmax(scores, mask, scale=0.125)           # ggml soft_max_ext
     y = cpufuse.rms_norm(x, weight, eps=1e-6)                 # RMS_NORM+MUL, one pass
     h, y = cpufuse.add_rms_norm(x, residual, weight, eps=1e-6)
+    q = cpufuse.rope(q, pos, n_dims=128)                     # ggml rope_ext (f64 angles)
+    cpufuse.rope(k, pos, n_dims=128, cache=(k_cache, pos0))  # rope + f16 KV-cache write
     with cpufuse.use_isa("scalar"): ...                       # or isa="avx2", or CPUFUSE_ISA=numba
     print(cpufuse.info())
 """
@@ -13,11 +15,12 @@ from ._dispatch import get_num_threads, set_num_threads, use_isa
 from ._isa import ALL_ISAS
 from .graph import Graph, GraphError
 from .ops import add_rms_norm, flash_attn, rms_norm, softmax
+from .rope import rope
 
 __version__ = "0.1.0"
-__all__ = ["set_num_threads", "get_num_threads", "softmax", "rms_norm", "add_rms_norm", "flash_attn", "Graph", "GraphError", "use_isa", "available_isas", "info", "ALL_ISAS"]
+__all__ = ["set_num_threads", "get_num_threads", "softmax", "rms_norm", "add_rms_norm", "flash_attn", "rope", "Graph", "GraphError", "use_isa", "available_isas", "info", "ALL_ISAS"]
 
-OPS = ("softmax", "rms_norm", "add_rms_norm", "flash_attn")
+OPS = ("softmax", "rms_norm", "add_rms_norm", "flash_attn", "rope")
 
 
 def available_isas():
