@@ -6,6 +6,8 @@
     y = cpufuse.matmul(x, w)                                  # fused dequantize x matmul
     y = cpufuse.rms_norm(x, weight, eps=1e-6)                 # RMS_NORM+MUL, one pass
     h, y = cpufuse.add_rms_norm(x, residual, weight, eps=1e-6)
+    q = cpufuse.rope(q, pos, n_dims=128)                     # ggml rope_ext (f64 angles)
+    cpufuse.rope(k, pos, n_dims=128, cache=(k_cache, pos0))  # rope + f16 KV-cache write
     with cpufuse.use_isa("scalar"): ...                       # or isa="avx2", or CPUFUSE_ISA=numba
     print(cpufuse.info())
 """
@@ -17,11 +19,12 @@ from .graph import Graph, GraphError
 from .ops import add_rms_norm, flash_attn, rms_norm, softmax
 from .qmatmul import matmul, matmul_multi, matmul_swiglu
 from .qtypes import QTensor
+from .rope import rope
 
 __version__ = "0.1.0"
-__all__ = ["set_num_threads", "get_num_threads", "softmax", "rms_norm", "add_rms_norm", "flash_attn", "QTensor", "matmul", "matmul_multi", "matmul_swiglu", "Graph", "GraphError", "use_isa", "available_isas", "info", "ALL_ISAS"]
+__all__ = ["set_num_threads", "get_num_threads", "softmax", "rms_norm", "add_rms_norm", "flash_attn", "QTensor", "matmul", "matmul_multi", "matmul_swiglu", "rope", "Graph", "GraphError", "use_isa", "available_isas", "info", "ALL_ISAS"]
 
-OPS = ("softmax", "rms_norm", "add_rms_norm", "flash_attn", "matmul")
+OPS = ("softmax", "rms_norm", "add_rms_norm", "flash_attn", "matmul", "rope")
 
 
 def available_isas():

@@ -41,6 +41,18 @@ static inline vf vf_loadn_h(const uint16_t *p, int64_t n, float fill) {
 #define VALIGN 32
 static inline void vf_stream(float *p, vf v) { _mm256_stream_ps(p, v); }
 static inline void vf_stream_fence(void) { _mm_sfence(); }
+/* f32 -> f16 stores, round to nearest even (rope's cache write); pair duplication for interleaved
+ * (x[2k], x[2k+1]) pairs: dup_even = (v0, v0, v2, v2, ...), dup_odd = (v1, v1, v3, v3, ...) */
+static inline void vf_store_h(uint16_t *p, vf v) {
+  _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+static inline void vf_storen_h(uint16_t *p, vf v, int64_t n) {
+  uint16_t buf[VW];
+  vf_store_h(buf, v);
+  memcpy(p, buf, (size_t)n * sizeof(uint16_t));
+}
+static inline vf vf_dup_even(vf v) { return _mm256_moveldup_ps(v); }
+static inline vf vf_dup_odd(vf v) { return _mm256_movehdup_ps(v); }
 static inline vf vf_add(vf a, vf b) { return _mm256_add_ps(a, b); }
 static inline vf vf_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
 static inline vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }

@@ -32,6 +32,16 @@ static inline vf vf_loadn_h(const uint16_t *p, int64_t n, float fill) {
 #define VALIGN 64
 static inline void vf_stream(float *p, vf v) { _mm512_stream_ps(p, v); }
 static inline void vf_stream_fence(void) { _mm_sfence(); }
+/* f32 -> f16 stores, round to nearest even (rope's cache write); pair duplication for interleaved
+ * (x[2k], x[2k+1]) pairs: dup_even = (v0, v0, v2, v2, ...), dup_odd = (v1, v1, v3, v3, ...) */
+static inline void vf_store_h(uint16_t *p, vf v) {
+  _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+static inline void vf_storen_h(uint16_t *p, vf v, int64_t n) {
+  _mm256_mask_storeu_epi16(p, cf_tailmask(n), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+static inline vf vf_dup_even(vf v) { return _mm512_moveldup_ps(v); }
+static inline vf vf_dup_odd(vf v) { return _mm512_movehdup_ps(v); }
 static inline vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
 static inline vf vf_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
 static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }

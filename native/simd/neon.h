@@ -39,6 +39,16 @@ static inline vf vf_loadn_h(const uint16_t *p, int64_t n, float fill) {
 #define VALIGN 0 /* no streaming stores: plain stores */
 static inline void vf_stream(float *p, vf v) { vst1q_f32(p, v); }
 static inline void vf_stream_fence(void) {}
+/* f32 -> f16 stores, round to nearest even (FPCR default; rope's cache write); pair duplication for
+ * interleaved (x[2k], x[2k+1]) pairs: dup_even = (v0, v0, v2, v2), dup_odd = (v1, v1, v3, v3) */
+static inline void vf_store_h(uint16_t *p, vf v) { vst1_u16(p, vreinterpret_u16_f16(vcvt_f16_f32(v))); }
+static inline void vf_storen_h(uint16_t *p, vf v, int64_t n) {
+  uint16_t buf[VW];
+  vf_store_h(buf, v);
+  memcpy(p, buf, (size_t)n * sizeof(uint16_t));
+}
+static inline vf vf_dup_even(vf v) { return vtrn1q_f32(v, v); }
+static inline vf vf_dup_odd(vf v) { return vtrn2q_f32(v, v); }
 static inline vf vf_add(vf a, vf b) { return vaddq_f32(a, b); }
 static inline vf vf_sub(vf a, vf b) { return vsubq_f32(a, b); }
 static inline vf vf_mul(vf a, vf b) { return vmulq_f32(a, b); }

@@ -1,5 +1,5 @@
 /* Standalone test of the NEON kernels (native/src/isa_neon.c), for aarch64 (native or qemu-user).
- * Links isa_neon.c and isa_scalar.c; checks exp, softmax, rms_norm and flash attention against
+ * Links isa_neon.c and isa_scalar.c; checks exp, softmax, rms_norm, flash attention and rope against
  * double references written here (SPEC 1, 2, 3, 5.1), the neon results against the scalar ones,
  * and that no kernel writes past a row (guard elements) or reads past an array (guard page).
  * The flash-attention descriptor layout (the FA_* enum of native/kernels/flash_attn.inc) comes
@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include "../kernels/common.h"
 #include "fa_desc.h" /* the FA_* enum of native/kernels/flash_attn.inc (run_neon_qemu.sh) */
+#include "../kernels/rope.h" /* the RP_* descriptor layout of native/kernels/rope.inc */
 
 #if !defined(__aarch64__)
 #error "neon_test.c is an aarch64 program (it uses __fp16 and the neon kernels)"
@@ -787,6 +788,179 @@ static void test_fa_all(void) {
   }
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * rope (SPEC-MODEL 2): accurate mode vs a double reference (NMSE <= 1e-12); ggml_compat mode vs
+ * ggml's f32 chain written here (libm powf/cosf/sinf/logf, fmaf where GCC contracts), bit for bit
+ * on neon and without the FMA of the rotation on scalar; f16 output = f2h(f32 output); in place;
+ * thread counts 1 and 3 identical; guards after every row untouched. */
+typedef struct {
+  int64_t T, H, D, nd;
+  int mode, compat, ext, ff;
+  double base, fs;
+} rp_case;
+
+static void rp_params(const rp_case *c, double *fp) {
+  fp[RPF_BASE] = c->base, fp[RPF_SCALE] = c->fs, fp[RPF_EXT] = c->ext ? 1.0 : 0.0;
+  fp[RPF_ATTN] = c->ext ? 0.9 : 1.0, fp[RPF_BETA_FAST] = 32.0, fp[RPF_BETA_SLOW] = 1.0;
+}
+
+/* the rotation pairs of pair k */
+static void rp_pair(const rp_case *c, int64_t k, int64_t *ia, int64_t *ib) {
+  if (c->mode == 0) *ia = 2 * k, *ib = 2 * k + 1;
+  else *ia = k, *ib = k + c->nd / 2;
+}
+
+/* per-token tables: double (accurate reference) and ggml's float chain */
+static void rp_ref_tables(const rp_case *c, const double *fp, const int32_t *pos, const float *ff,
+                          int64_t nco, double *Cd, double *Sd, float *Cf, float *Sf) {
+  const int64_t half = c->nd / 2;
+  /* double */
+  double lo = 0, hi = 0, m = fp[RPF_ATTN];
+  if (c->ext) {
+    const double cf = (double)c->nd * log((double)nco / (fp[RPF_BETA_FAST] * 2 * 3.14159265358979323846)) / (2 * log(fp[RPF_BASE]));
+    const double cs = (double)c->nd * log((double)nco / (fp[RPF_BETA_SLOW] * 2 * 3.14159265358979323846)) / (2 * log(fp[RPF_BASE]));
+    lo = fmax(0.0, floor(cf)), hi = fmin((double)(c->nd - 1), ceil(cs));
+    m *= 1.0 + 0.1 * log(1.0 / fp[RPF_SCALE]);
+  }
+  for (int64_t t = 0; t < c->T; t++)
+    for (int64_t k = 0; k < half; k++) {
+      const double te = pos[t] * pow(fp[RPF_BASE], -2.0 * (double)k / (double)c->nd) / (ff ? ff[k] : 1.0);
+      double phi = fp[RPF_SCALE] * te;
+      if (c->ext) {
+        double y = ((double)k - lo) / fmax(0.001, hi - lo);
+        y = y < 0 ? 0 : y > 1 ? 1 : y;
+        const double r = (1 - y) * fp[RPF_EXT];
+        phi = phi * (1 - r) + te * r;
+      }
+      Cd[t * half + k] = cos(phi) * m, Sd[t * half + k] = sin(phi) * m;
+    }
+  /* float, ggml's order of operations */
+  const float base = (float)fp[RPF_BASE], fs = (float)fp[RPF_SCALE], ef = (float)fp[RPF_EXT];
+  const float ts = powf(base, -2.0f / (float)c->nd);
+  float mf = (float)fp[RPF_ATTN], lof = 0, hif = 0;
+  if (c->ext) {
+    const float cf = (float)c->nd * logf((float)nco / ((float)fp[RPF_BETA_FAST] * 2.0f * (float)3.14159265358979323846)) / (2.0f * logf(base));
+    const float cs = (float)c->nd * logf((float)nco / ((float)fp[RPF_BETA_SLOW] * 2.0f * (float)3.14159265358979323846)) / (2.0f * logf(base));
+    lof = fmaxf(0.0f, floorf(cf)), hif = fminf((float)(c->nd - 1), ceilf(cs));
+    mf = mf * (1.0f + 0.1f * logf(1.0f / fs));
+  }
+  for (int64_t t = 0; t < c->T; t++) {
+    float theta = (float)pos[t];
+    for (int64_t k = 0; k < half; k++) {
+      const float te = ff ? theta / ff[k] : theta, ti = fs * te;
+      float phi = ti;
+      if (c->ext) {
+        float y = ((float)k - lof) / fmaxf(0.001f, hif - lof);
+        y = y < 0 ? 0 : y > 1 ? 1 : y;
+        const float r = (1.0f - y) * ef;
+        phi = fmaf(ti, 1.0f - r, te * r);
+      }
+      Cf[t * half + k] = cosf(phi) * mf, Sf[t * half + k] = sinf(phi) * mf;
+      theta = theta * ts;
+    }
+  }
+}
+
+static void test_rope(const rp_case *c) {
+  const int64_t T = c->T, H = c->H, D = c->D, nd = c->nd, half = nd / 2, XS1 = D + 3, XS0 = H * XS1 + 5;
+  const int64_t YS1 = D + 1, YS0 = H * YS1 + 2, nco = 4096;
+  double fp[RPF_LEN];
+  rp_params(c, fp);
+  int32_t *pos = xmalloc((size_t)T * sizeof(int32_t));
+  static const int32_t P[] = {0, 1, 131072, 65535, 8192, 7, 131071};
+  for (int64_t t = 0; t < T; t++) pos[t] = t < 7 ? P[t] : (int32_t)(urand() * 131072);
+  float *ff = NULL;
+  if (c->ff) {
+    ff = xmalloc((size_t)half * sizeof(float));
+    for (int64_t k = 0; k < half; k++) ff[k] = uni(0.5f, 8.0f);
+  }
+  float *x = fbuf(T * XS0);
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t i = 0; i < D; i++) x[t * XS0 + h * XS1 + i] = uni(-4, 4);
+  double *Cd = xmalloc((size_t)(T * half) * sizeof(double)), *Sd = xmalloc((size_t)(T * half) * sizeof(double));
+  float *Cf = xmalloc((size_t)(T * half) * sizeof(float)), *Sf = xmalloc((size_t)(T * half) * sizeof(float));
+  rp_ref_tables(c, fp, pos, ff, nco, Cd, Sd, Cf, Sf);
+  int64_t d[RP_LEN] = {[RP_T] = T, [RP_H] = H, [RP_D] = D, [RP_NDIMS] = nd, [RP_MODE] = c->mode,
+                       [RP_COMPAT] = c->compat, [RP_YF16] = 0, [RP_XS0] = XS0, [RP_XS1] = XS1,
+                       [RP_YS0] = YS0, [RP_YS1] = YS1, [RP_NCTX_ORIG] = nco};
+  float *y = fbuf(T * YS0), *y3 = fbuf(T * YS0), *ys = fbuf(T * YS0);
+  CHECK(cf_rope_f32__neon(d, x, pos, ff, fp, y, 1) == 0, "neon rc");
+  CHECK(cf_rope_f32__neon(d, x, pos, ff, fp, y3, 3) == 0, "neon rc (3 threads)");
+  CHECK(cf_rope_f32__scalar(d, x, pos, ff, fp, ys, 1) == 0, "scalar rc");
+  CHECK(memcmp(y, y3, (size_t)(T * YS0) * sizeof(float)) == 0, "1 vs 3 threads differ");
+  double num = 0, den = 0;
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t h = 0; h < H; h++) {
+      const float *xr = x + t * XS0 + h * XS1, *yr = y + t * YS0 + h * YS1, *sr = ys + t * YS0 + h * YS1;
+      for (int64_t k = 0; k < half; k++) {
+        int64_t ia, ib;
+        rp_pair(c, k, &ia, &ib);
+        const double a = xr[ia], b = xr[ib], C = Cd[t * half + k], S = Sd[t * half + k];
+        const double ra = a * C - b * S, rb = a * S + b * C;
+        num += (yr[ia] - ra) * (yr[ia] - ra) + (yr[ib] - rb) * (yr[ib] - rb), den += ra * ra + rb * rb;
+        if (c->compat) { /* ggml's f32 chain: FMA form on neon, separate products on scalar */
+          const float Cg = Cf[t * half + k], Sg = Sf[t * half + k], fa = xr[ia], fb = xr[ib];
+          const float ga = fmaf(fa, Cg, -(fb * Sg)), gb = fmaf(fa, Sg, fb * Cg);
+          const float pa1 = fa * Cg, pa2 = fb * Sg, pb1 = fa * Sg, pb2 = fb * Cg;
+          CHECK(yr[ia] == ga && yr[ib] == gb, "neon vs ggml chain t=%lld h=%lld k=%lld: %.9g %.9g vs %.9g %.9g",
+                (long long)t, (long long)h, (long long)k, yr[ia], yr[ib], ga, gb);
+          CHECK(sr[ia] == pa1 - pa2 && sr[ib] == pb1 + pb2, "scalar vs ggml chain (no FMA) t=%lld k=%lld",
+                (long long)t, (long long)k);
+        }
+      }
+      for (int64_t i = nd; i < D; i++) CHECK(yr[i] == xr[i], "pass-through dim %lld", (long long)i);
+      CHECK(is_guard(yr[D]), "guard after row t=%lld h=%lld overwritten", (long long)t, (long long)h);
+    }
+  const double e = den > 0 ? num / den : num;
+  if (!c->compat) CHECK(e <= 1e-12, "neon nmse %.3g vs double", e);
+  else CHECK(e <= 1e-5, "compat nmse %.3g vs double (ggml's f32 angles)", e);
+  /* f16 output (the cache write): exactly the f32 result rounded to nearest even */
+  uint16_t *yh = xmalloc((size_t)(T * YS0 + 1) * sizeof(uint16_t)), *yhs = xmalloc((size_t)(T * YS0 + 1) * sizeof(uint16_t));
+  for (int64_t i = 0; i <= T * YS0; i++) yh[i] = yhs[i] = 0x7777;
+  d[RP_YF16] = 1;
+  cf_rope_f32__neon(d, x, pos, ff, fp, yh, 3);
+  cf_rope_f32__scalar(d, x, pos, ff, fp, yhs, 1);
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t h = 0; h < H; h++) {
+      for (int64_t i = 0; i < D; i++) {
+        const int64_t o = t * YS0 + h * YS1 + i;
+        CHECK(yh[o] == f2h(y[o]), "neon f16 t=%lld h=%lld i=%lld", (long long)t, (long long)h, (long long)i);
+        CHECK(yhs[o] == f2h(ys[o]), "scalar f16 t=%lld h=%lld i=%lld", (long long)t, (long long)h, (long long)i);
+      }
+      CHECK(yh[t * YS0 + h * YS1 + D] == 0x7777, "f16 guard after row overwritten");
+    }
+  /* in place on the strided x */
+  d[RP_YF16] = 0, d[RP_YS0] = XS0, d[RP_YS1] = XS1;
+  cf_rope_f32__neon(d, x, pos, ff, fp, x, 3);
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t h = 0; h < H; h++) {
+      CHECK(memcmp(x + t * XS0 + h * XS1, y + t * YS0 + h * YS1, (size_t)D * sizeof(float)) == 0,
+            "in place != out of place t=%lld h=%lld", (long long)t, (long long)h);
+      CHECK(is_guard(x[t * XS0 + h * XS1 + D]), "in place wrote past the row");
+    }
+  free(pos), free(ff), free(x), free(Cd), free(Sd), free(Cf), free(Sf), free(y), free(y3), free(ys);
+  free(yh), free(yhs);
+}
+
+static void test_rope_all(void) {
+  static const int64_t dims[][2] = {{6, 6}, {10, 6}, {34, 34}, {64, 64}, {80, 64}, {128, 128}, {128, 32}};
+  static const int64_t Hs[] = {1, 3, 9};
+  int i = 0;
+  for (size_t a = 0; a < sizeof dims / sizeof dims[0]; a++)
+    for (int mode = 0; mode < 2; mode++)
+      for (int compat = 0; compat < 2; compat++, i++) {
+        rp_case c = {.T = i % 4 == 0 ? 37 : 7, .H = Hs[i % 3], .D = dims[a][0], .nd = dims[a][1],
+                     .mode = mode, .compat = compat, .ext = i % 3 == 1, .ff = i % 5 == 2,
+                     .base = i % 2 ? 500000.0 : 10000.0, .fs = i % 3 == 1 ? 0.25 : 1.0};
+        begin("rope D=%lld n_dims=%lld H=%lld T=%lld %s %s%s%s base=%g", (long long)c.D, (long long)c.nd,
+              (long long)c.H, (long long)c.T, mode ? "neox" : "norm", compat ? "ggml_compat" : "accurate",
+              c.ext ? " yarn" : "", c.ff ? " freq_factors" : "", c.base);
+        test_rope(&c);
+        end();
+      }
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   printf("neon build: %s\n", cf_build_info__neon());
@@ -799,6 +973,7 @@ int main(void) {
   test_softmax_all();
   test_rms_all();
   test_fa_all();
+  test_rope_all();
   printf("neon: %d passed, %d failed\n", g_pass, g_fail);
   return g_fail ? 1 : 0;
 }

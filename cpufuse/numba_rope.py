@@ -1,0 +1,179 @@
+"""Numba fallback of cpufuse.rope (the "numba" ISA): the same two phases as native/kernels/rope.inc.
+
+1. table_accurate / table_compat: per token, C[k] and S[k] (float32) of its n_dims/2 pairs into
+   tab[t, 0, k] and tab[t, 1, k]. The per-op constants (1/freq_k, theta_scale, mscale, the YaRN
+   ramps) come from cpufuse/rope.py. The compat table calls the C library's cosf/sinf through
+   ctypes, as ggml does (numpy's or LLVM's float cos may differ by an ulp); it is compiled without
+   the on-disk cache because it embeds the function addresses.
+2. apply: every (token, head) row under prange, y_a = fma(x_a, C, -(x_b*S)),
+   y_b = fma(x_a, S, x_b*C) with an exact float32 FMA (float64 product, TwoSum, midpoint fix-up),
+   stored as float32 or float16 (round to nearest even, integer-exact).
+Every row is computed the same way on any thread: the result does not depend on the thread count.
+"""
+import ctypes
+import ctypes.util
+import math
+
+import numba as nb
+import numpy as np
+
+_JIT = dict(cache=True, nogil=True, error_model="numpy")
+_PJIT = dict(_JIT, parallel=True)
+
+
+def _libm_fn(name):
+    try:
+        lib = ctypes.util.find_library("m")
+        fn = getattr(ctypes.CDLL(lib), name) if lib else None
+    except (OSError, AttributeError):
+        return None
+    if fn is not None:
+        fn.restype = ctypes.c_float
+        fn.argtypes = [ctypes.c_float]
+    return fn
+
+
+_cosf = _libm_fn("cosf")
+_sinf = _libm_fn("sinf")
+HAVE_LIBM = _cosf is not None and _sinf is not None
+
+
+@nb.njit(inline="always", **_JIT)
+def fma32(a, b, c):
+    """float32 fma(a, b, c) with one rounding: a*b is exact in float64; the float64 sum's error is
+    recovered exactly (TwoSum); when the float64 sum sits exactly on a float32 midpoint the error
+    picks the side (the only case where rounding twice differs from rounding once)."""
+    p = np.float64(a) * np.float64(b)
+    cd = np.float64(c)
+    s = p + cd
+    bb = s - p
+    err = (p - (s - bb)) + (cd - bb)
+    r = np.float32(s)
+    if err != 0.0:
+        rd = np.float64(r)
+        t = s - rd
+        if t != 0.0:
+            r2 = np.float32(rd + 2.0 * t)
+            if (rd + np.float64(r2)) * 0.5 == s:
+                if err > 0.0:
+                    r = r if r > r2 else r2
+                else:
+                    r = r if r < r2 else r2
+    return r
+
+
+@nb.njit(inline="always", **_JIT)
+def _rne(v):
+    # round half to even, v >= 0 and small (<= 2^12): exact in float64
+    r = math.floor(v + 0.5)
+    if r - v == 0.5 and r % 2.0 == 1.0:
+        r -= 1.0
+    return r
+
+
+@nb.njit(**_JIT)
+def f2h(v):
+    """float32 -> binary16 bits, round to nearest even"""
+    if v != v:
+        return np.uint16(0x7E00)
+    a = np.float64(v)
+    sign = 0
+    if a < 0.0 or (a == 0.0 and math.copysign(1.0, a) < 0.0):
+        sign = 0x8000
+        a = -a
+    if a >= 65520.0:
+        return np.uint16(sign | 0x7C00)
+    if a < 6.103515625e-05:  # 2^-14: subnormal half, units of 2^-24
+        return np.uint16(sign | int(_rne(a * 16777216.0)))
+    m, e = math.frexp(a)  # a = m * 2^e, m in [0.5, 1)
+    q = int(_rne(m * 2048.0))
+    if q == 2048:
+        q = 1024
+        e += 1
+    E = e - 1 + 15
+    if E >= 31:
+        return np.uint16(sign | 0x7C00)
+    return np.uint16(sign | (E << 10) | (q - 1024))
+
+
+@nb.njit(**_PJIT)
+def table_accurate(pos, invf, fs, rampd, ext, mscale, half, tab):
+    T = pos.shape[0]
+    for t in nb.prange(T):
+        p = np.float64(pos[t])
+        for k in range(half):
+            te = p * invf[k]
+            ti = fs * te
+            phi = ti
+            if ext:
+                r = rampd[k]
+                phi = ti * (1.0 - r) + te * r
+            tab[t, 0, k] = np.float32(math.cos(phi) * mscale)
+            tab[t, 1, k] = np.float32(math.sin(phi) * mscale)
+
+
+if HAVE_LIBM:
+    _cosf_c, _sinf_c = _cosf, _sinf
+
+    @nb.njit(parallel=True, nogil=True, error_model="numpy")
+    def table_compat(pos, ff, fs, theta_scale, ramp, ext, mscale, half, tab):
+        T = pos.shape[0]
+        for t in nb.prange(T):
+            theta = np.float32(pos[t])
+            for k in range(half):
+                te = theta / ff[k]
+                ti = fs * te
+                phi = ti
+                if ext:
+                    r = ramp[k]
+                    phi = fma32(ti, np.float32(1.0) - r, te * r)
+                tab[t, 0, k] = np.float32(_cosf_c(phi)) * mscale
+                tab[t, 1, k] = np.float32(_sinf_c(phi)) * mscale
+                theta = theta * theta_scale
+else:  # no C library found: float64 cos/sin rounded to float32 (within an ulp of cosf/sinf)
+    @nb.njit(**_PJIT)
+    def table_compat(pos, ff, fs, theta_scale, ramp, ext, mscale, half, tab):
+        T = pos.shape[0]
+        for t in nb.prange(T):
+            theta = np.float32(pos[t])
+            for k in range(half):
+                te = theta / ff[k]
+                ti = fs * te
+                phi = ti
+                if ext:
+                    r = ramp[k]
+                    phi = fma32(ti, np.float32(1.0) - r, te * r)
+                tab[t, 0, k] = np.float32(math.cos(np.float64(phi))) * mscale
+                tab[t, 1, k] = np.float32(math.sin(np.float64(phi))) * mscale
+                theta = theta * theta_scale
+
+
+@nb.njit(**_PJIT)
+def apply(x, tab, nd, mode, yh, y, f16):
+    T, H, D = x.shape
+    half = nd // 2
+    for kk in nb.prange(T * H):
+        t = kk // H
+        h = kk % H
+        for k in range(half):
+            if mode == 0:
+                ia, ib = 2 * k, 2 * k + 1
+            else:
+                ia, ib = k, k + half
+            a = x[t, h, ia]
+            b = x[t, h, ib]
+            C = tab[t, 0, k]
+            S = tab[t, 1, k]
+            ya = fma32(a, C, b * (-S))
+            yb = fma32(a, S, b * C)
+            if f16:
+                yh[t, h, ia] = f2h(ya)
+                yh[t, h, ib] = f2h(yb)
+            else:
+                y[t, h, ia] = ya
+                y[t, h, ib] = yb
+        for i in range(nd, D):
+            if f16:
+                yh[t, h, i] = f2h(x[t, h, i])
+            else:
+                y[t, h, i] = x[t, h, i]

@@ -1,0 +1,333 @@
+"""RoPE: ggml rope_ext (SPEC-MODEL §2), with the f16 KV-cache write fused in (§3.4).
+
+`rope` checks its arguments, allocates the output, and calls the native kernel of the chosen ISA
+(native/kernels/rope.inc, descriptor layout native/kernels/rope.h) or the Numba fallback
+(cpufuse/numba_rope.py). Errors: TypeError for types/dtypes, ValueError for shapes, strides and
+parameters; the message names the argument, what was expected and what was received.
+"""
+import ctypes
+import ctypes.util
+import math
+import numbers as _numbers
+
+import numpy as np
+
+from . import _backend as _native, _dispatch
+
+ffi, lib = _native.ffi, _native.lib
+F32 = np.dtype(np.float32)
+F16 = np.dtype(np.float16)
+I32 = np.dtype(np.int32)
+_ndarray = np.ndarray
+
+# descriptor layout: native/kernels/rope.h
+RP_LEN = 12
+_MODES = {"norm": 0, "neox": 1, 0: 0, 2: 1}
+_GGML_OTHER_MODES = {8: "MROPE", 24: "VISION", 40: "IMROPE"}
+
+_numba = None
+
+
+def _nb(n_threads=None):
+    global _numba
+    if _numba is None:
+        import numba
+
+        from . import numba_rope
+        _numba = numba_rope
+        _numba.set_threads = numba.set_num_threads
+        _numba.max_threads = numba.config.NUMBA_NUM_THREADS
+    _numba.set_threads(min(_dispatch.threads(n_threads), _numba.max_threads))
+    return _numba
+
+
+# ------------------------------------------------------------------------------------------------
+# argument checks
+
+def _real(v, name, positive=False):
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, _numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
+    f = float(v)
+    if not math.isfinite(f):
+        raise ValueError(f"{name} must be finite, got {v!r}")
+    if positive and not f > 0.0:
+        raise ValueError(f"{name} must be > 0, got {v!r}")
+    return f
+
+
+def _int(v, name):
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, _numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(v).__name__}")
+    return int(v)
+
+
+def _mode(mode):
+    if isinstance(mode, str):
+        m = _MODES.get(mode.lower())
+    elif isinstance(mode, _numbers.Integral) and not isinstance(mode, (bool, np.bool_)):
+        m = _MODES.get(int(mode))
+        if m is None and int(mode) in _GGML_OTHER_MODES:
+            raise ValueError(f"mode {int(mode)} ({_GGML_OTHER_MODES[int(mode)]}) is not supported; "
+                             "expected 'norm' (0) or 'neox' (2)")
+    else:
+        raise TypeError(f"mode must be 'norm', 'neox', 0 or 2, got {type(mode).__name__}")
+    if m is None:
+        raise ValueError(f"mode must be 'norm', 'neox', 0 or 2, got {mode!r}")
+    return m
+
+
+def _last_axis_ok(a, name):
+    it = a.itemsize
+    if a.size and a.shape[-1] > 1 and a.strides[-1] != it:
+        raise ValueError(f"{name} must have a unit-stride last axis (stride {it} bytes), got stride {a.strides[-1]}")
+    if any(s % it for s in a.strides):
+        raise ValueError(f"{name} has strides {a.strides} that are not multiples of its item size {it}")
+
+
+def _check_cache(cache, shape):
+    if not isinstance(cache, (tuple, list)) or len(cache) != 2:
+        raise TypeError(f"cache must be a (k_cache, pos0) pair, got {type(cache).__name__}"
+                        + (f" of length {len(cache)}" if isinstance(cache, (tuple, list)) else ""))
+    kc, pos0 = cache
+    if not isinstance(kc, _ndarray):
+        raise TypeError(f"cache: k_cache must be a numpy.ndarray of float16 or float32, got {type(kc).__name__}")
+    if kc.dtype != F16 and kc.dtype != F32:
+        raise TypeError(f"cache: k_cache must be float16 or float32, got {kc.dtype}")
+    T, H, D = shape
+    if kc.ndim != 3 or kc.shape[1:] != (H, D):
+        raise ValueError(f"cache: k_cache must have shape (n_ctx, {H}, {D}) (n_ctx, n_heads, head_dim of x), "
+                         f"got {kc.shape}")
+    it = kc.itemsize
+    if kc.shape[0] and (kc.strides[2] != it and D > 1 or kc.strides[1] != D * it and H > 1
+                        or kc.strides[0] % it):
+        raise ValueError(f"cache: k_cache rows must be C-contiguous (strides (*, {D * it}, {it}) bytes), "
+                         f"got strides {kc.strides}")
+    if not kc.flags.writeable:
+        raise ValueError("cache: k_cache is read-only")
+    p0 = _int(pos0, "cache pos0")
+    if p0 < 0:
+        raise ValueError(f"cache: pos0 must be >= 0, got {p0}")
+    if p0 + T > kc.shape[0]:
+        raise ValueError(f"cache: pos0 + n_tokens = {p0} + {T} = {p0 + T} exceeds the context size "
+                         f"n_ctx = {kc.shape[0]} of k_cache")
+    return kc, p0
+
+
+def _yarn_consts_f32(n_dims, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow,
+                     n_ctx_orig):
+    """ggml's per-op f32 constants (SPEC-MODEL 2.2, 2.3) for the Numba path: theta_scale, mscale,
+    ramp(k)*ext_factor. powf/logf come from the C library (ctypes) as upstream; numpy otherwise."""
+    f = np.float32
+    lm = _libm()
+    powf = (lambda a, b: f(lm.powf(a, b))) if lm else (lambda a, b: f(np.power(f(a), f(b))))
+    logf = (lambda a: f(lm.logf(a))) if lm else (lambda a: f(np.log(f(a))))
+    nd = f(n_dims)
+    theta_scale = powf(f(freq_base), f(f(-2.0) / nd))
+    mscale = f(attn_factor)
+    ramp = np.zeros(max(n_dims // 2, 1), np.float32)
+    if ext_factor != 0.0:
+        fs, base = f(freq_scale), f(freq_base)
+        mscale = f(mscale * f(f(1.0) + f(f(0.1) * logf(f(f(1.0) / fs)))))
+
+        def corr(r):
+            return f(f(nd * logf(f(f(n_ctx_orig) / f(f(f(r) * f(2.0)) * f(math.pi))))) / f(f(2.0) * logf(base)))
+        with np.errstate(all="ignore"):
+            lo0, hi0 = f(np.floor(corr(beta_fast))), f(np.ceil(corr(beta_slow)))
+        lo = f(0.0) if f(0.0) > lo0 else lo0
+        hi = f(n_dims - 1) if f(n_dims - 1) < hi0 else hi0
+        den = f(0.001) if f(0.001) > f(hi - lo) else f(hi - lo)
+        for k in range(n_dims // 2):
+            y = f(f(f(k) - lo) / den)
+            m0 = f(0.0) if f(0.0) > y else y
+            cl = f(1.0) if f(1.0) < m0 else m0
+            ramp[k] = f(f(f(1.0) - cl) * f(ext_factor))
+    return theta_scale, mscale, ramp
+
+
+_LIBM = []
+
+
+def _libm():
+    """the C library's float math (powf, logf, cosf, sinf) through ctypes, or None"""
+    if not _LIBM:
+        lm = None
+        try:
+            name = ctypes.util.find_library("m")
+            lm = ctypes.CDLL(name) if name else None
+            if lm is not None:
+                for fn in ("powf", "logf", "cosf", "sinf"):
+                    g = getattr(lm, fn)
+                    g.restype = ctypes.c_float
+                    g.argtypes = [ctypes.c_float] * (2 if fn == "powf" else 1)
+        except (OSError, AttributeError):
+            lm = None
+        _LIBM.append(lm)
+    return _LIBM[0]
+
+
+def _yarn_consts_f64(n_dims, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow,
+                     n_ctx_orig, ff):
+    """the accurate path's per-op constants in float64: 1/freq_k (base^(-2k/n_dims)/ff_k), mscale,
+    ramp(k)*ext_factor (the same formulas as rope.inc)"""
+    half = n_dims // 2
+    k = np.arange(half, dtype=np.float64)
+    invf = np.array([math.pow(freq_base, -2.0 * kk / n_dims) for kk in k], np.float64)
+    if ff is not None:
+        invf = invf / ff.astype(np.float64)
+    mscale = attn_factor
+    ramp = np.zeros(max(half, 1), np.float64)
+    if ext_factor != 0.0:
+        mscale = mscale * (1.0 + 0.1 * math.log(1.0 / freq_scale))
+
+        def corr(r):
+            with np.errstate(all="ignore"):
+                arg = np.float64(n_ctx_orig) / (np.float64(r) * 2.0 * np.pi)
+                return np.float64(n_dims) * np.log(arg) / (2.0 * np.log(np.float64(freq_base)))
+        lo0, hi0 = np.floor(corr(beta_fast)), np.ceil(corr(beta_slow))
+        lo = lo0 if lo0 > 0.0 else 0.0
+        hi = (n_dims - 1) if (n_dims - 1) < hi0 else hi0
+        den = 0.001 if 0.001 > hi - lo else hi - lo
+        y = (k - lo) / den
+        ramp[:half] = (1.0 - np.clip(y, 0.0, 1.0)) * ext_factor
+    return np.ascontiguousarray(invf), mscale, ramp
+
+
+# ------------------------------------------------------------------------------------------------
+
+def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_factor=0.0,
+         attn_factor=1.0, beta_fast=32.0, beta_slow=1.0, n_ctx_orig=0, freq_factors=None,
+         ggml_compat=False, out=None, cache=None, isa=None, n_threads=None):
+    """ggml rope_ext (SPEC-MODEL §2) on x of shape (n_tokens, n_heads, head_dim).
+
+    mode: "norm" / 0 rotates the adjacent pairs (x[2k], x[2k+1]) (llama); "neox" / 2 rotates
+    (x[k], x[k + n_dims/2]) (qwen2, gpt-neox). Pair k of token t turns by
+    theta = pos[t] * freq_scale * freq_base^(-2k/n_dims) / freq_factors[k]; dims >= n_dims pass
+    through unchanged (partial rotary). YaRN (ext_factor != 0): theta mixes the interpolated and
+    extrapolated angles with ramp(k) * ext_factor (corr dims from beta_fast, beta_slow, n_ctx_orig)
+    and cos/sin are scaled by attn_factor * (1 + 0.1 ln(1/freq_scale)); with ext_factor == 0 they
+    are scaled by attn_factor. freq_factors: float32 (n_dims/2,) (Llama 3.1 rope_freqs) or None.
+
+    Angles. Default (ggml_compat=False), accurate: theta in float64 and cos/sin in float64, once
+    per (token, pair) and shared by every head, rounded once to float32. ggml's own f32 chain
+    (theta *= powf(base, -2/n_dims) repeated in float, cosf/sinf of a float angle) is off by up to
+    ~1e-2 rad at position 131072 (SPEC-MODEL 2.5), so float64 is the default: it is what the model
+    was trained with up to f32 rounding. ggml_compat=True reproduces ggml's chain step for step
+    (libm powf/logf/cosf/sinf, the YaRN mix as one FMA), to agree with llama.cpp bit for bit.
+    The rotation itself is y_a = fma(x_a, C, -x_b*S), y_b = fma(x_a, S, x_b*C) (ggml's GCC
+    form) on the FMA ISAs and the Numba path; the scalar ISA rounds the two products separately
+    (its no-FMA baseline), which can differ by 1 ulp.
+
+    x: float32, 3-D, unit stride on the last axis (other strides any). pos: int32 (n_tokens,),
+    the absolute positions. Returns a new array, or writes `out` (same shape, float32; may be x
+    itself for in place, must not otherwise overlap x) and returns it. x is never modified
+    unless out is x.
+
+    cache=(k_cache, pos0): k_cache is float16 (or float32) of shape (n_ctx, n_heads, head_dim)
+    with C-contiguous rows; the rotated rows of token t go straight into k_cache[pos0 + t]
+    (float16 rounded to nearest even), no f32 intermediate, and rope returns None.
+
+    The result does not depend on n_threads (bit-identical for every thread count).
+    """
+    isa = _dispatch.resolve(isa)
+    if not isinstance(x, _ndarray):
+        raise TypeError(f"x must be a numpy.ndarray of float32, got {type(x).__name__}")
+    if x.dtype != F32:
+        raise TypeError(f"x must be float32, got {x.dtype}")
+    if x.ndim != 3:
+        raise ValueError(f"x must have 3 dims (n_tokens, n_heads, head_dim), got shape {x.shape}")
+    _last_axis_ok(x, "x")
+    T, H, D = x.shape
+    if not isinstance(pos, _ndarray):
+        raise TypeError(f"pos must be a numpy.ndarray of int32, got {type(pos).__name__}")
+    if pos.dtype != I32:
+        raise TypeError(f"pos must be int32, got {pos.dtype}")
+    if pos.shape != (T,):
+        raise ValueError(f"pos must have shape ({T},) (one position per token of x), got {pos.shape}")
+    nd = _int(n_dims, "n_dims")
+    if nd <= 0 or nd % 2 or nd > D:
+        raise ValueError(f"n_dims must be even, > 0 and <= head_dim = {D}, got {nd}")
+    m = _mode(mode)
+    base = _real(freq_base, "freq_base", positive=True)
+    fs = _real(freq_scale, "freq_scale", positive=True)
+    ext = _real(ext_factor, "ext_factor")
+    attn = _real(attn_factor, "attn_factor")
+    bfast = _real(beta_fast, "beta_fast")
+    bslow = _real(beta_slow, "beta_slow")
+    nco = _int(n_ctx_orig, "n_ctx_orig")
+    if nco < 0:
+        raise ValueError(f"n_ctx_orig must be >= 0, got {nco}")
+    if not isinstance(ggml_compat, (bool, np.bool_)):
+        raise TypeError(f"ggml_compat must be a bool, got {type(ggml_compat).__name__}")
+    ff = None
+    if freq_factors is not None:
+        if not isinstance(freq_factors, _ndarray):
+            raise TypeError(f"freq_factors must be a numpy.ndarray of float32, got {type(freq_factors).__name__}")
+        if freq_factors.dtype != F32:
+            raise TypeError(f"freq_factors must be float32, got {freq_factors.dtype}")
+        if freq_factors.shape != (nd // 2,):
+            raise ValueError(f"freq_factors must have shape ({nd // 2},) (n_dims/2), got {freq_factors.shape}")
+        ff = np.ascontiguousarray(freq_factors)
+    n_th = _dispatch.threads(n_threads)
+
+    if cache is not None and out is not None:
+        raise ValueError("out and cache are exclusive: cache writes the rows into k_cache and returns None")
+    ret = None
+    if cache is not None:
+        kc, p0 = _check_cache(cache, x.shape)
+        for nm, a in (("x", x), ("pos", pos), ("freq_factors", freq_factors)):
+            if a is not None and np.may_share_memory(kc, a):
+                raise ValueError(f"cache: k_cache overlaps the input {nm!r}")
+        y = kc[p0:p0 + T]
+    else:
+        if out is None:
+            out = np.empty(x.shape, F32)
+        else:
+            if not isinstance(out, _ndarray):
+                raise TypeError(f"out must be a numpy.ndarray of float32, got {type(out).__name__}")
+            if out.dtype != F32:
+                raise TypeError(f"out must be float32, got {out.dtype}")
+            if out.shape != x.shape:
+                raise ValueError(f"out must have shape {x.shape} (that of x), got {out.shape}")
+            if not out.flags.writeable:
+                raise ValueError("out is read-only")
+            _last_axis_ok(out, "out")
+            same = (out.__array_interface__["data"][0] == x.__array_interface__["data"][0]
+                    and out.strides == x.strides)
+            if np.may_share_memory(out, x) and not same:
+                raise ValueError("out overlaps the input 'x'; only exact in-place aliasing (out is x) is allowed")
+            for nm, a in (("pos", pos), ("freq_factors", freq_factors)):
+                if a is not None and np.may_share_memory(out, a):
+                    raise ValueError(f"out overlaps the input {nm!r}")
+        y = ret = out
+    if T == 0 or H == 0:
+        return ret
+    posc = np.ascontiguousarray(pos)
+    f16 = y.dtype == F16
+
+    if isa == "numba":
+        nbk = _nb(n_threads)
+        half = nd // 2
+        tab = np.empty((T, 2, max(half, 1)), np.float32)
+        if ggml_compat:
+            ts, ms, ramp = _yarn_consts_f32(nd, base, fs, ext, attn, bfast, bslow, nco)
+            nbk.table_compat(posc, ff if ff is not None else np.ones(max(half, 1), np.float32),
+                             np.float32(fs), np.float32(ts), ramp, ext != 0.0, np.float32(ms), half, tab)
+        else:
+            invf, ms, ramp = _yarn_consts_f64(nd, base, fs, ext, attn, bfast, bslow, nco, ff)
+            nbk.table_accurate(posc, invf, fs, ramp, ext != 0.0, ms, half, tab)
+        dummy32 = np.zeros((1, 1, 1), np.float32)
+        dummy16 = np.zeros((1, 1, 1), np.uint16)
+        nbk.apply(x, tab, nd, m, y.view(np.uint16) if f16 else dummy16, dummy32 if f16 else y, f16)
+        return ret
+
+    it = y.itemsize
+    d = ffi.new("int64_t[]", [T, H, D, nd, m, int(bool(ggml_compat)), int(f16),
+                              x.strides[0] // 4, x.strides[1] // 4, y.strides[0] // it, y.strides[1] // it, nco])
+    fp = ffi.new("double[]", [base, fs, ext, attn, bfast, bslow])
+    rc = getattr(lib, f"cf_rope_f32__{isa}")(
+        d, ffi.cast("const float *", x.ctypes.data), ffi.cast("const int32_t *", posc.ctypes.data),
+        ffi.cast("const float *", ff.ctypes.data) if ff is not None else ffi.NULL, fp,
+        ffi.cast("void *", y.ctypes.data), n_th)
+    if rc:
+        raise MemoryError("rope: could not allocate scratch memory")
+    return ret
