@@ -31,6 +31,28 @@ static inline float cf_h2f(uint16_t h) {
   return f;
 }
 
+/* f32 -> binary16, round to nearest even; NaN stays NaN (quiet), overflow gives inf */
+static inline uint16_t cf_f2h(float f) {
+  uint32_t x;
+  memcpy(&x, &f, sizeof x);
+  const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+  if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 (and inf) */
+  if (ax < 0x38800000u) {                                   /* below 2^-14: subnormal half */
+    if (ax <= 0x33000000u) return (uint16_t)sign;           /* <= 2^-25: ties to even 0 */
+    const uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u, sh = 126u - e;
+    uint32_t q = m >> sh;
+    const uint32_t rem = m & ((1u << sh) - 1u), half = 1u << (sh - 1u);
+    if (rem > half || (rem == half && (q & 1u))) q++;
+    return (uint16_t)(sign | q);
+  }
+  const uint32_t r = ax - 0x38000000u; /* rebias the exponent from 127 to 15 */
+  uint32_t q = r >> 13;
+  const uint32_t rem = r & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (q & 1u))) q++;
+  return (uint16_t)(sign | q);
+}
+
 /* Reduction chunk: partial sums stay in f32 vector lanes for this many elements, then are added
  * to an f64 total. Keeps the f32 error per lane tiny at every row length (SPEC 1.3, 2.2). */
 #define CF_CHUNK 256

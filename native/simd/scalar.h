@@ -25,26 +25,6 @@ static inline void vf_stream_fence(void) {}
 /* f32 -> f16, round to nearest even, in integer arithmetic (rope's cache write). NaN stays a quiet
  * NaN with the top payload bits; |f| >= 65520 is inf; subnormal halves are rounded exactly.
  * (No vf_dup_even/odd: with one lane the bodies take interleaved pairs two scalars at a time.) */
-static inline uint16_t cf_f2h(float f) {
-  uint32_t x;
-  memcpy(&x, &f, sizeof x);
-  const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
-  if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 (and inf) */
-  if (ax < 0x38800000u) {                                   /* below 2^-14: subnormal half */
-    if (ax <= 0x33000000u) return (uint16_t)sign;           /* <= 2^-25: ties to even 0 */
-    const uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u, sh = 126u - e;
-    uint32_t q = m >> sh;
-    const uint32_t rem = m & ((1u << sh) - 1u), half = 1u << (sh - 1u);
-    if (rem > half || (rem == half && (q & 1u))) q++;
-    return (uint16_t)(sign | q);
-  }
-  const uint32_t r = ax - 0x38000000u; /* rebias the exponent from 127 to 15 */
-  uint32_t q = r >> 13;
-  const uint32_t rem = r & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (q & 1u))) q++;
-  return (uint16_t)(sign | q);
-}
 static inline void vf_store_h(uint16_t *p, vf v) { *p = cf_f2h(v); }
 static inline void vf_storen_h(uint16_t *p, vf v, int64_t n) { (void)p; (void)v; (void)n; }
 static inline vf vf_add(vf a, vf b) { return a + b; }
