@@ -12,17 +12,20 @@ COMMON_CFLAGS = ["-O3", "-std=c11", "-fno-math-errno", "-ffp-contract=off", "-fP
 CPU_BITS = {
     "avx2": 1 << 0, "fma": 1 << 1, "f16c": 1 << 2, "os_avx": 1 << 3,
     "avx512f": 1 << 4, "avx512bw": 1 << 5, "avx512vl": 1 << 6, "avx512dq": 1 << 7,
-    "os_avx512": 1 << 8, "avx512fp16": 1 << 9, "amx": 1 << 10,
+    "os_avx512": 1 << 8, "avx512fp16": 1 << 9, "amx": 1 << 10, "avx512vnni": 1 << 11,
     "neon": 1 << 16, "asimdhp": 1 << 17,
 }
 
 # name: (machines it can be built for, extra cflags, CPU bits it needs at run time)
+# The avx512 ISA includes AVX512_VNNI (VPDPBUSD for the quantized matmul's int8 dots), so it
+# needs the avx512vnni bit: AVX-512 CPUs without VNNI (Skylake-SP/X) run the avx2 path.
 # Order is priority, best first; "scalar" is the portable C baseline and cannot be vectorized
 # by the compiler; "numba" is the JIT fallback (no C at all).
 NATIVE_ISAS = {
     "avx512": (("x86_64", "AMD64"),
-               ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"],
-               ("avx512f", "avx512bw", "avx512vl", "avx512dq", "os_avx512", "avx2", "fma", "f16c", "os_avx")),
+               ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mavx2", "-mfma", "-mf16c"],
+               ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vnni", "os_avx512", "avx2", "fma", "f16c",
+                "os_avx")),
     "avx2": (("x86_64", "AMD64"), ["-mavx2", "-mfma", "-mf16c"], ("avx2", "fma", "f16c", "os_avx")),
     "neon": (("aarch64", "arm64"), [], ("neon",)),
     "scalar": (None, ["-fno-tree-vectorize", "-fno-tree-slp-vectorize"], ()),

@@ -19,13 +19,13 @@ needs_native = pytest.mark.skipif(_backend.lib is None, reason=f"native extensio
 
 EXPECTED_MACROS = {
     "avx2": {"AVX2", "FMA", "F16C"},
-    "avx512": {"AVX512F", "AVX512BW", "AVX512VL", "AVX512DQ", "AVX2", "FMA", "F16C"},
+    "avx512": {"AVX512F", "AVX512BW", "AVX512VL", "AVX512DQ", "AVX512VNNI", "AVX2", "FMA", "F16C"},
     "neon": {"NEON"},
     "scalar": set(),
 }
 EXPECTED_FLAGS = {
     "avx2": {"-mavx2", "-mfma", "-mf16c"},
-    "avx512": {"-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"},
+    "avx512": {"-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni"},
     "neon": set(),
     "scalar": {"-fno-tree-vectorize", "-fno-tree-slp-vectorize"},
 }

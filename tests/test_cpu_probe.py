@@ -30,9 +30,9 @@ def native():
         pytest.skip(f"the native extension is not built: {_backend.LOAD_ERROR}")
 
 
-X86_FLAGS = ["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"]
+X86_FLAGS = ["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vnni"]
 # /proc/cpuinfo spells some flags differently from cpu_features()
-PROC_NAME = {"avx512fp16": "avx512_fp16"}
+PROC_NAME = {"avx512fp16": "avx512_fp16", "avx512vnni": "avx512_vnni"}
 
 
 @pytest.mark.parametrize("flag", X86_FLAGS + ["avx512fp16"])

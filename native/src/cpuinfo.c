@@ -7,7 +7,7 @@ enum {
   CF_CPU_AVX2 = 1 << 0, CF_CPU_FMA = 1 << 1, CF_CPU_F16C = 1 << 2, CF_CPU_OS_AVX = 1 << 3,
   CF_CPU_AVX512F = 1 << 4, CF_CPU_AVX512BW = 1 << 5, CF_CPU_AVX512VL = 1 << 6,
   CF_CPU_AVX512DQ = 1 << 7, CF_CPU_OS_AVX512 = 1 << 8, CF_CPU_AVX512FP16 = 1 << 9,
-  CF_CPU_AMX = 1 << 10, CF_CPU_NEON = 1 << 16, CF_CPU_FPHP = 1 << 17
+  CF_CPU_AMX = 1 << 10, CF_CPU_AVX512VNNI = 1 << 11, CF_CPU_NEON = 1 << 16, CF_CPU_FPHP = 1 << 17
 };
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -35,6 +35,7 @@ uint32_t cf_cpu_features(void) {
     if (b & (1u << 17)) f |= CF_CPU_AVX512DQ;
     if (b & (1u << 30)) f |= CF_CPU_AVX512BW;
     if (b & (1u << 31)) f |= CF_CPU_AVX512VL;
+    if (c & (1u << 11)) f |= CF_CPU_AVX512VNNI; /* CPUID.(EAX=7,ECX=0):ECX[11] */
     if (d & (1u << 23)) f |= CF_CPU_AVX512FP16;
     if (d & (1u << 24)) f |= CF_CPU_AMX; /* AMX-TILE */
   }

@@ -40,6 +40,9 @@ const char *cf_build_info__avx512(void) {
 #ifdef __AVX512DQ__
          "AVX512DQ "
 #endif
+#ifdef __AVX512VNNI__
+         "AVX512VNNI "
+#endif
 #ifdef __ARM_NEON
          "NEON "
 #endif
