@@ -16,6 +16,14 @@ graph output and is not a view, and the shapes match. The rules:
                                   (h may have other consumers: it is the next residual)
   [SCALE ->] [ADD(mask) ->] SOFT_MAX   one soft_max_ext kernel
   SILU -> MUL                     one SwiGLU kernel
+Quantized weights (g.qmatmul: a QTensor held as a parameter; these steps run from Python):
+  QMATMUL x2..3 on one input      one matmul_multi call, one shared activation quantization (QKV)
+  QMATMUL(x,Wg) -> SILU -> MUL(., QMATMUL(x,Wu))   one matmul_swiglu call, products never stored
+  RMS_NORM -> MUL(w) -> (one of the two above, or one QMATMUL)   the norm folded into the matmul's
+                                  prologue (the MUL's consumers must be exactly that group's matmuls)
+  ROPE -> CACHE_WRITE             one rope call writing the rotated rows into the KV cache
+CACHE_WRITE (g.cache_write) has a side effect on a user-owned array: it is always executed, whether
+or not it is marked as an output (every node of a graph runs; plans do no dead-node elimination).
 A compiled plan owns its buffers (allocated once; intermediates share memory when their lifetimes
 do not overlap) and runs the kernel sequence in one C call per segment (matmul included, through
 numpy's own BLAS when its cblas_sgemm can be found; otherwise matmul runs through numpy between
@@ -34,6 +42,7 @@ from . import ops as _ops
 
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
+I32 = np.dtype(np.int32)
 
 OP_ADD, OP_MUL, OP_SCALE, OP_SILU, OP_SWIGLU, OP_RMS, OP_SOFTMAX, OP_FA, OP_COPY, OP_GEMM = range(1, 11)
 
@@ -91,9 +100,11 @@ class Graph:
         return self.nodes
 
     def input(self, name, shape, dtype=np.float32):
+        """A named run-time input: float32 or float16 data, or int32 (token positions for g.rope,
+        the cache offset for g.cache_write)."""
         dt = np.dtype(dtype)
-        if dt not in (F32, F16):
-            raise GraphError(f"input {name!r}: dtype must be float32 or float16, got {dt}")
+        if dt not in (F32, F16, I32):
+            raise GraphError(f"input {name!r}: dtype must be float32, float16 or int32, got {dt}")
         return self._add("input", [], {}, shape, dt, name)
 
     def constant(self, value, name=None):
@@ -224,6 +235,73 @@ class Graph:
         shape[ax] += b.shape[ax]
         return self._add("concat", [a, b], {"axis": ax}, shape, a.dtype, name)
 
+    # -- quantized matmul, rope, KV-cache writes -------------------------------------------------
+    def qmatmul(self, x, w, act=None, name=None):
+        """y = x . dequant(w)^T (cpufuse.matmul): x a float32 node (..., n_in), w a cpufuse.QTensor
+        of shape (n_out, n_in) held as a parameter (not a node); act "q8" (default) or "f32".
+        Output (..., n_out). Fusions: see the module docstring (QKV, SwiGLU, RMS_NORM prologue)."""
+        from .qtypes import QTensor
+        nm = self._name("qmatmul", name)
+        if not isinstance(x, Node):
+            raise GraphError(f"qmatmul {nm!r}: x must be a node of this graph, got {type(x).__name__}")
+        self._f32(x, "qmatmul", nm)
+        if not isinstance(w, QTensor):
+            raise GraphError(f"qmatmul {nm!r}: w must be a cpufuse.QTensor, got {type(w).__name__}")
+        if act not in (None, "q8", "f32"):
+            raise GraphError(f"qmatmul {nm!r}: act must be 'q8', 'f32' or None, got {act!r}")
+        if len(x.shape) < 1 or x.shape[-1] != w.shape[1]:
+            raise GraphError(f"qmatmul {nm!r}: x {x.name!r} {x.shape} must end in the weight's "
+                             f"n_in={w.shape[1]} (w is {tuple(w.shape)})")
+        self._unit_rows(x, "qmatmul", nm)
+        return self._add("qmatmul", [x], {"w": w, "act": act or "q8"}, x.shape[:-1] + (w.shape[0],), F32, name)
+
+    def rope(self, x, pos, n_dims, mode="norm", name=None, **rope_kwargs):
+        """ggml rope_ext (cpufuse.rope) on x (n_tokens, n_heads, head_dim) float32 with pos an int32
+        input node (n_tokens,); rope_kwargs (freq_base=..., ...) go to cpufuse.rope unchanged.
+        Output: same shape as x."""
+        nm = self._name("rope", name)
+        self._f32(x, "rope", nm)
+        self._unit_rows(x, "rope", nm)
+        if len(x.shape) != 3:
+            raise GraphError(f"rope {nm!r}: x must be (n_tokens, n_heads, head_dim), got {x.shape}")
+        if not isinstance(pos, Node) or pos.op != "input" or pos.dtype != I32 or pos.shape != (x.shape[0],):
+            raise GraphError(f"rope {nm!r}: pos must be an int32 input node of shape ({x.shape[0]},), got "
+                             f"{pos!r}" + (f" {pos.dtype}" if isinstance(pos, Node) else ""))
+        n_dims = int(n_dims)
+        if n_dims <= 0 or n_dims % 2 or n_dims > x.shape[2]:
+            raise GraphError(f"rope {nm!r}: n_dims must be even and in [2, head_dim={x.shape[2]}], got {n_dims}")
+        for k in ("out", "cache", "isa", "n_threads"):
+            if k in rope_kwargs:
+                raise GraphError(f"rope {nm!r}: {k}= is set by the plan, not by the graph")
+        return self._add("rope", [x, pos], {"n_dims": n_dims, "mode": mode, "kw": dict(rope_kwargs)},
+                         x.shape, F32, name)
+
+    def cache_write(self, src, cache, pos0, name=None):
+        """Write src (n_tokens, n_heads, head_dim) float32 into rows cache[pos0 : pos0 + n_tokens] of
+        cache, a C-contiguous user-owned numpy array (n_ctx, n_heads, head_dim), float16 (converted,
+        round to nearest even) or float32, written in place at every run; pos0 an int32 input node of
+        shape (1,) read at run time (a GraphError if the rows do not fit). The node's value is the
+        whole cache (the user's array, not a copy): it may be read downstream (e.g. as flash_attn's
+        K or V after a reshape/permute) or marked as an output. A cache write is a side effect and
+        is ALWAYS executed by plan.run, even when neither it nor anything reading it is an output."""
+        nm = self._name("cache_write", name)
+        self._f32(src, "cache_write", nm)
+        if len(src.shape) != 3:
+            raise GraphError(f"cache_write {nm!r}: src must be (n_tokens, n_heads, head_dim), got {src.shape}")
+        if not isinstance(cache, np.ndarray) or cache.dtype not in (F32, F16):
+            raise GraphError(f"cache_write {nm!r}: cache must be a float16 or float32 numpy array, got "
+                             f"{getattr(cache, 'dtype', type(cache).__name__)}")
+        if cache.ndim != 3 or cache.shape[1:] != src.shape[1:] or cache.shape[0] < src.shape[0]:
+            raise GraphError(f"cache_write {nm!r}: cache {cache.shape} does not hold rows of src {src.shape} "
+                             f"(needs (n_ctx >= {src.shape[0]}, {src.shape[1]}, {src.shape[2]}))")
+        if not cache.flags.c_contiguous or not cache.flags.writeable:
+            raise GraphError(f"cache_write {nm!r}: cache must be C-contiguous and writeable")
+        if not isinstance(pos0, Node) or pos0.op != "input" or pos0.dtype != I32 or pos0.shape != (1,):
+            raise GraphError(f"cache_write {nm!r}: pos0 must be an int32 input node of shape (1,), got {pos0!r}"
+                             + (f" {pos0.dtype}" if isinstance(pos0, Node) else ""))
+        n = self._add("cache_write", [src, pos0], {"cache": cache}, cache.shape, cache.dtype, name)
+        return n
+
     def output(self, *nodes):
         for n in nodes:
             if not isinstance(n, Node) or not any(n is m for m in self.nodes):
@@ -306,7 +384,7 @@ class Step:
 
 class Plan:
     def __init__(self, graph, fusion, isa):
-        if not graph.outputs:
+        if not graph.outputs and not any(n.op == "cache_write" for n in graph.nodes):
             raise GraphError("the graph has no outputs: mark them with g.output(node)")
         self.graph, self.fusion, self.isa = graph, fusion, isa
         self.native = isa != "numba" and _backend.lib is not None
@@ -370,6 +448,10 @@ class Plan:
         if n.op == "add" and not n.is_view:
             # ADD -> RMS_NORM (-> MUL (-> ADD)): the residual pattern, h kept (two outputs)
             norms = [c for c in self._consumers[n.id] if c.op == "rms_norm" and pos.get(c.id) == pos[n.id] + 1]
+            if norms and self._qgroup_after_norm(norms[0], pos, order, quiet=True) is not None:
+                self.rejected.append(f"ADD -> RMS_NORM: {norms[0].name!r} is folded into the QMATMUL "
+                                     f"prologue instead")
+                norms = []
             if norms:
                 r = norms[0]
                 x, res = n.srcs
@@ -384,6 +466,9 @@ class Plan:
                             {"eps": r.params["eps"]},
                             note="ADD -> RMS_NORM" + "".join(" -> " + t.op.upper() for t in tail))
         if n.op == "rms_norm":
+            st = self._qgroup_after_norm(n, pos, order)
+            if st is not None:
+                return st
             w, b, tail = self._norm_tail(n, order, pos)
             if tail:
                 return Step("rms_norm", [n] + tail, [n.srcs[0], None, w, b], [None, tail[-1]],
@@ -391,6 +476,13 @@ class Plan:
             return None
         if n.op in ("scale", "add"):
             return self._softmax_chain(n, pos)
+        if n.op == "qmatmul":
+            grp = self._qgroup(n, order, pos)
+            if grp is not None:
+                return self._qstep(grp, None)
+            return None
+        if n.op == "rope":
+            return self._rope_cache(n, pos)
         if n.op == "silu":
             cons = self._consumers[n.id]
             if cons and cons[0].op == "mul":
@@ -400,6 +492,160 @@ class Plan:
                     return Step("swiglu", [n, m], [n.srcs[0], u], [m], note="SILU -> MUL")
                 self.rejected.append(why)
         return None
+
+    # -- quantized matmul groups -----------------------------------------------------------------
+    def _intermediate(self, node, label):
+        """single consumer, not an output, not a view: None or the reason it fails"""
+        if self._uses[node.id] != 1:
+            return f"{label}: {node.name!r} has {self._uses[node.id]} consumers"
+        if node.id in self._outset:
+            return f"{label}: {node.name!r} is a graph output"
+        if node.is_view:
+            return f"{label}: {node.name!r} is a view"
+        return None
+
+    def _swiglu_group(self, n, order, pos, record=True):
+        """n a QMATMUL: (gate, up, silu, mul) when n is the gate or up product of the SwiGLU pattern
+        QMATMUL(x,Wg) -> SILU -> MUL(silu, QMATMUL(x,Wu)), else None (reason recorded if any)."""
+        cons = self._consumers[n.id]
+        if len(cons) != 1:
+            return None
+        c = cons[0]
+        if c.op == "silu":
+            s = c
+            sc = self._consumers[s.id]
+            if len(sc) != 1 or sc[0].op != "mul":
+                return None
+            m = sc[0]
+            g, u = n, self._other(m, s)
+        elif c.op == "mul":
+            m = c
+            s = self._other(m, n)
+            if s is None or s.op != "silu" or s.srcs[0].op != "qmatmul":
+                return None
+            g, u = s.srcs[0], n
+        else:
+            return None
+        if u is None or u.op != "qmatmul" or g is u:
+            return None
+        label = "QMATMUL x2 -> SILU -> MUL"
+        why = None
+        for node in (g, u, s):
+            why = why or self._intermediate(node, label)
+        if why is None and g.srcs[0] is not u.srcs[0]:
+            why = f"{label}: {g.name!r} and {u.name!r} read different inputs"
+        if why is None and g.params["act"] != u.params["act"]:
+            why = f"{label}: {g.name!r} and {u.name!r} use different act modes"
+        if why is None and tuple(g.params["w"].shape) != tuple(u.params["w"].shape):
+            why = f"{label}: weights {tuple(g.params['w'].shape)} and {tuple(u.params['w'].shape)} differ in shape"
+        if why is None and m.shape != s.shape:
+            why = f"{label}: MUL {m.name!r} {m.shape} broadcasts"
+        if why is None:
+            ps = sorted(pos[k.id] for k in (g, u, s, m))
+            if ps != list(range(ps[0], ps[0] + 4)):
+                why = f"{label}: {g.name!r}, {u.name!r}, {s.name!r}, {m.name!r} are not consecutive"
+        if why:
+            if record:
+                self.rejected.append(why)
+            return None
+        return [g, u, s, m]
+
+    def _qgroup(self, n, order, pos, record=True):
+        """the fused QMATMUL group starting at n (the first in execution order): ("swiglu", nodes)
+        or ("multi", [2..3 qmatmuls]) or None."""
+        sw = self._swiglu_group(n, order, pos, record)
+        if sw is not None:
+            if pos[sw[0].id] == pos[n.id] or pos[sw[1].id] == pos[n.id]:
+                return ("swiglu", sw)
+            return None
+        grp = [n]
+        i = pos[n.id] + 1
+        while len(grp) < 3 and i < len(order):
+            c = order[i]
+            if c.op != "qmatmul" or c.srcs[0] is not n.srcs[0] or c.params["act"] != n.params["act"]:
+                break
+            grp.append(c)
+            i += 1
+        return ("multi", grp) if len(grp) > 1 else None
+
+    def _qgroup_after_norm(self, r, pos, order, quiet=False):
+        """RMS_NORM r -> MUL(w) -> a QMATMUL group reading exactly the MUL: the fused step, or None"""
+        cons = self._consumers[r.id]
+        if len(cons) != 1 or cons[0].op != "mul":
+            return None
+        m = cons[0]
+        mc = self._consumers[m.id]
+        if not mc or not all(c.op == "qmatmul" for c in mc):
+            return None
+        label = "RMS_NORM -> MUL -> QMATMUL"
+        rejected = []
+        why = self._intermediate(r, label)
+        w = self._other(m, r)
+        if why is None and (w is None or pos.get(m.id) != pos[r.id] + 1):
+            why = f"{label}: {m.name!r} does not directly follow {r.name!r}" if w is not None else \
+                f"{label}: MUL(n, n) uses {r.name!r} twice"
+        n_in = r.shape[-1] if r.shape else 0
+        if why is None:
+            ws = list(w.shape)
+            while len(ws) > 1 and ws[0] == 1:
+                ws.pop(0)
+            if w.op not in ("const", "input") or w.is_view or w.dtype != F32 or tuple(ws) != (n_in,):
+                why = (f"{label}: the norm weight {w.name!r} must be a float32 const or input node of shape "
+                       f"({n_in},), got {w.op} {w.dtype} {w.shape}")
+        if why is None and m.id in self._outset:
+            why = f"{label}: {m.name!r} is a graph output"
+        if why is None and m.shape != r.shape:
+            why = f"{label}: MUL {m.name!r} {m.shape} broadcasts"
+        first = min(mc, key=lambda c: pos[c.id])
+        grp = None
+        if why is None and pos[first.id] != pos[m.id] + 1:
+            why = f"{label}: {first.name!r} does not directly follow {m.name!r}"
+        if why is None:
+            grp = self._qgroup(first, order, pos, record=not quiet) or ("multi", [first])
+            qs = grp[1][:2] if grp[0] == "swiglu" else grp[1]
+            if {c.id for c in mc} != {q.id for q in qs} or self._uses[m.id] != len(qs):
+                why = (f"{label}: the consumers of {m.name!r} ({', '.join(c.name for c in mc)}) are not "
+                       f"exactly one fused QMATMUL group ({', '.join(q.name for q in qs)})")
+        if why:
+            if not quiet:
+                self.rejected.append(why)
+            return None
+        return self._qstep(grp, (r, m, w))
+
+    def _qstep(self, grp, norm):
+        kind, nodes = grp
+        r = m = w = None
+        if norm is not None:
+            r, m, w = norm
+        pre = [r, m] if norm is not None else []
+        x = r.srcs[0] if norm is not None else nodes[0].srcs[0]
+        eps = r.params["eps"] if norm is not None else None
+        head = "RMS_NORM -> MUL -> " if norm is not None else ""
+        act = nodes[0].params["act"]
+        if kind == "swiglu":
+            g, u, s, mm = nodes
+            return Step("qmatmul_swiglu", pre + nodes, [x, w], [mm],
+                        {"ws": (g.params["w"], u.params["w"]), "act": act, "eps": eps},
+                        note=head + "QMATMUL x2 -> SILU -> MUL (matmul_swiglu)")
+        k = len(nodes)
+        note = head + ("QMATMUL" if k == 1 else f"QMATMUL x{k} (shared activation)")
+        return Step("qmatmul", pre + nodes, [x, w], list(nodes),
+                    {"ws": tuple(q.params["w"] for q in nodes), "act": act, "eps": eps}, note=note)
+
+    def _rope_cache(self, n, pos):
+        cons = self._consumers[n.id]
+        if len(cons) != 1 or cons[0].op != "cache_write":
+            return None
+        cw = cons[0]
+        why = self._intermediate(n, "ROPE -> CACHE_WRITE")
+        if why is None and pos[cw.id] != pos[n.id] + 1:
+            why = f"ROPE -> CACHE_WRITE: {cw.name!r} does not directly follow {n.name!r}"
+        if why:
+            self.rejected.append(why)
+            return None
+        return Step("rope_cache", [n, cw], [n.srcs[0], n.srcs[1], cw.srcs[1]], [cw],
+                    {"n_dims": n.params["n_dims"], "mode": n.params["mode"], "kw": n.params["kw"],
+                     "cache": cw.params["cache"]}, note="ROPE -> CACHE_WRITE")
 
     def _mul_operand(self, n, m, pos, label):
         """MUL m consuming n: (its other operand, None) if n may fuse into it, else (_, reason)"""
@@ -480,7 +726,9 @@ class Plan:
     def _single(self, n):
         kind = {"add": "add", "mul": "mul", "scale": "scale", "silu": "silu", "rms_norm": "rms_norm",
                 "softmax": "softmax", "flash_attn": "flash_attn", "matmul": "matmul", "copy": "copy",
-                "concat": "concat"}[n.op]
+                "concat": "concat", "qmatmul": "qmatmul", "rope": "rope", "cache_write": "cache_write"}[n.op]
+        if kind == "qmatmul":
+            return Step(kind, [n], [n.srcs[0], None], [n], {"ws": (n.params["w"],), "act": n.params["act"], "eps": None})
         if kind == "rms_norm":
             return Step(kind, [n], [n.srcs[0], None, None, None], [None, n], {"eps": n.params["eps"]})
         if kind == "softmax":
@@ -497,6 +745,9 @@ class Plan:
                 if a is not None:
                     last_use[_view_root(a)[0].id] = i
         self.buffers = {}  # node id -> ndarray (flat, owning)
+        for n in self.graph.nodes:
+            if n.op == "cache_write":  # the user's cache array is the node's buffer
+                self.buffers[n.id] = n.params["cache"].reshape(-1)
         free = []  # (size, array)
         for i, st in enumerate(self.steps):
             for o in st.outs:
@@ -518,7 +769,7 @@ class Plan:
                     continue
                 root = _view_root(a)[0]
                 if last_use.get(root.id, -1) == i and root.id in self.buffers and root.id not in self._out_roots \
-                        and root.op not in ("input", "const"):
+                        and root.op not in ("input", "const", "cache_write"):
                     free.append((self.buffers[root.id].size, self.buffers[root.id]))
                     del last_use[root.id]
             free.sort(key=lambda t: t[0])
@@ -798,5 +1049,52 @@ class Plan:
             np.copyto(A(st.outs[0]), A(st.ins[0]))
         elif k == "concat":
             np.concatenate([A(st.ins[0]), A(st.ins[1])], axis=st.params["axis"], out=A(st.outs[0]))
+        elif k in ("qmatmul", "qmatmul_swiglu"):
+            from . import qmatmul as _qm
+            p = st.params
+            x = A(st.ins[0])
+            kw = {"act": p["act"], "isa": isa, "n_threads": nth}
+            if p["eps"] is not None:
+                kw["eps"] = p["eps"]
+                if st.ins[1] is not None:
+                    kw["norm_weight"] = np.ascontiguousarray(A(st.ins[1])).reshape(-1)
+            if k == "qmatmul_swiglu":
+                _qm.matmul_swiglu(x, p["ws"][0], p["ws"][1], out=A(st.outs[0]), **kw)
+            elif len(p["ws"]) == 1:
+                _qm.matmul(x, p["ws"][0], out=A(st.outs[0]), **kw)
+            else:
+                _qm.matmul_multi(x, p["ws"], out=tuple(A(o) for o in st.outs), **kw)
+        elif k == "rope":
+            p = st.params
+            _rope_fn(st.nodes[0].name)(A(st.ins[0]), A(st.ins[1]), n_dims=p["n_dims"], mode=p["mode"],
+                                       out=A(st.outs[0]), isa=isa, n_threads=nth, **p["kw"])
+        elif k == "cache_write":
+            src, cw = st.ins[0], st.outs[0]
+            p0 = self._pos0(st.ins[1], src.shape[0], cw, arrays)
+            cache = cw.params["cache"]
+            cache[p0:p0 + src.shape[0]] = A(src)  # f32 -> f16 rounds to nearest even
+        elif k == "rope_cache":
+            p = st.params
+            cw = st.outs[0]
+            p0 = self._pos0(st.ins[2], st.ins[0].shape[0], cw, arrays)
+            r = _rope_fn(st.nodes[0].name)(A(st.ins[0]), A(st.ins[1]), n_dims=p["n_dims"], mode=p["mode"],
+                                           cache=(p["cache"], p0), isa=isa, n_threads=nth, **p["kw"])
         else:  # pragma: no cover
             raise GraphError(f"unknown step {k}")
+
+    def _pos0(self, node, n_tokens, cw, arrays):
+        p0 = int(self._array(node, arrays)[0])
+        n_ctx = cw.shape[0]
+        if p0 < 0 or p0 + n_tokens > n_ctx:
+            raise GraphError(f"run: cache_write {cw.name!r}: rows [{p0}, {p0 + n_tokens}) of input "
+                             f"{node.name!r} do not fit the cache's n_ctx={n_ctx}")
+        return p0
+
+
+def _rope_fn(name):
+    """cpufuse.rope, imported when a plan first runs a rope step (it lives in another module)."""
+    import cpufuse
+    fn = getattr(cpufuse, "rope", None)
+    if fn is None:
+        raise GraphError(f"run: rope {name!r}: cpufuse.rope is not available in this build")
+    return fn

@@ -116,9 +116,11 @@ def test_norm_prologue_equals_unfused(isa, act, rng):
 
 @pytest.mark.parametrize("act", ["f32", "q8"])
 def test_swiglu_epilogue_equals_unfused(isa, act, rng):
-    for qtype, rows in [("Q4_0", 1), ("Q4_K", 3), ("Q8_0", 6), ("F16", 2)]:
-        n_in = 256 if qtype.endswith("K") else 64
-        wg, wu = _weight(qtype, 11, n_in, rng), _weight(qtype, 11, n_in, rng)
+    for qtype, rows in [("Q4_0", 1), ("Q4_K", 3), ("Q8_0", 6), ("F16", 2), ("Q8_0/Q4_1", 5), ("Q4_K/Q6_K", 4),
+                        ("Q4_0/F16", 3)]:
+        tg, tu = (qtype.split("/") * 2)[:2]
+        n_in = 256 if qtype.endswith("K") or "K/" in qtype else 64
+        wg, wu = _weight(tg, 11, n_in, rng), _weight(tu, 11, n_in, rng)
         x = rng.standard_normal((rows, n_in)).astype(np.float32)
         g = cpufuse.matmul(x, wg, act=act, isa=isa)
         u = cpufuse.matmul(x, wu, act=act, isa=isa)

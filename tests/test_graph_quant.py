@@ -1,0 +1,419 @@
+"""cpufuse.Graph with quantized weights, RoPE and KV-cache writes: g.qmatmul / g.rope / g.cache_write;
+the QKV (shared activation), gate/up + SwiGLU, RMS_NORM -> MUL prologue and ROPE -> CACHE_WRITE
+fusions equal the unfused plan (bit for bit, SwiGLU to NMSE 1e-12), illegal candidates stay unfused
+with a reason, C segments around the Python steps still run, cache writes always run."""
+import numpy as np
+import pytest
+
+import cpufuse
+from cpufuse import Graph, GraphError, qref
+from _util import assert_nmse
+
+NMSE = 1e-12
+HAS_ROPE = hasattr(cpufuse, "rope")
+need_rope = pytest.mark.skipif(not HAS_ROPE, reason="cpufuse.rope is not importable in this build "
+                                                     "(written in another branch)")
+
+
+@pytest.fixture(params=["best", "numba"])
+def qisa(request):
+    """the best native ISA and numba (the quantized kernels' two implementations)"""
+    if request.param == "numba":
+        if "numba" not in cpufuse.available_isas():
+            pytest.skip("numba is not available")
+        return "numba"
+    return [i for i in cpufuse.available_isas() if i != "numba"][0]
+
+
+def U(rng, shape):
+    return rng.uniform(-2, 2, shape).astype(np.float32)
+
+
+def fused(plan):
+    return [st for st in plan.steps if len(st.nodes) > 1]
+
+
+def both(g, isa, exact=True, **inputs):
+    pf, pu = g.compile(fusion=True, isa=isa), g.compile(fusion=False, isa=isa)
+    of, ou = pf.run(copy=True, **inputs), pu.run(copy=True, **inputs)
+    for k, (a, b) in enumerate(zip(of, ou)):
+        assert a.shape == b.shape == g.outputs[k].shape
+        if exact:
+            assert np.array_equal(a, b), f"output {k} ({g.outputs[k].name}):\n{pf.describe()}"
+        else:
+            assert_nmse(b.astype(np.float64), a, NMSE, f"output {k}")
+    assert all(len(st.nodes) == 1 for st in pu.steps) and "fused:" not in pu.describe()
+    return pf, pu, of
+
+
+def weights(rng, n_in, outs, qtype="Q4_0"):
+    if qtype == "Q4_0":
+        return [qref.make_weight("Q4_0", n, n_in, rng) for n in outs]
+    return [qref.random_blocks(qtype, n, n_in, rng) for n in outs]
+
+
+@pytest.mark.parametrize("act", ["q8", "f32"])
+@pytest.mark.parametrize("k", [2, 3])
+def test_qkv_shared_activation(qisa, rng, act, k):
+    n_in, T = 256, 3
+    ws = weights(rng, n_in, [256, 64, 64][:k])
+    g = Graph()
+    x = g.input("x", (T, n_in))
+    qs = [g.qmatmul(x, w, act=act, name=f"q{i}") for i, w in enumerate(ws)]
+    g.output(*qs)
+    X = U(rng, (T, n_in))
+    pf, pu, of = both(g, qisa, x=X)
+    assert [st.note for st in fused(pf)] == [f"QMATMUL x{k} (shared activation)"], pf.describe()
+    assert f"fused: QMATMUL x{k} (shared activation)" in pf.describe() and pf.rejected == []
+    assert len(pf.steps) == 1 and len(pu.steps) == k
+    for y, w in zip(of, ws):  # = the op itself
+        assert np.array_equal(y, cpufuse.matmul(X, w, act=act, isa=qisa))
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_norm_prologue_qkv(qisa, rng, k):
+    n_in, T = 256, 4
+    ws = weights(rng, n_in, [128, 64, 32][:k])
+    g = Graph()
+    x = g.input("x", (T, n_in))
+    nw = g.constant(U(rng, (n_in,)), "attn_norm.weight")
+    h = g.mul(g.rms_norm(x, 1e-5, name="norm"), nw, name="h")
+    g.output(*[g.qmatmul(h, w, name=f"q{i}") for i, w in enumerate(ws)])
+    pf, pu, _ = both(g, qisa, x=U(rng, (T, n_in)))
+    note = "RMS_NORM -> MUL -> QMATMUL" + (f" x{k} (shared activation)" if k > 1 else "")
+    assert [st.note for st in fused(pf)] == [note] and len(pf.steps) == 1, pf.describe()
+    assert f"fused: {note}" in pf.describe() and pf.rejected == []
+    assert [s.kind for s in pu.steps] == ["rms_norm", "mul"] + ["qmatmul"] * k
+
+
+def test_norm_prologue_input_weight(rng):
+    """the norm weight may be a run-time input (weight first in the MUL too)"""
+    n_in, T = 256, 2
+    (w,) = weights(rng, n_in, [64], "Q4_K")
+    g = Graph()
+    x, nw = g.input("x", (T, n_in)), g.input("nw", (n_in,))
+    g.output(g.qmatmul(g.mul(nw, g.rms_norm(x, 1e-6)), w))
+    pf, _, _ = both(g, None, x=U(rng, (T, n_in)), nw=U(rng, (n_in,)))
+    assert [st.note for st in fused(pf)] == ["RMS_NORM -> MUL -> QMATMUL"], pf.describe()
+
+
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("order", ["g_u_s_m", "g_s_u_m", "u_g_s_m"])
+def test_swiglu(qisa, rng, norm, order):
+    n_in, n_ff, T = 256, 96, 3
+    wg, wu = weights(rng, n_in, [n_ff, n_ff], "Q4_K")
+    g = Graph()
+    x = g.input("x", (T, n_in))
+    if norm:
+        x2 = g.mul(g.rms_norm(x, 1e-5), g.constant(U(rng, (n_in,)), "ffn_norm.weight"))
+    else:
+        x2 = x
+    if order == "g_u_s_m":
+        gt, up = g.qmatmul(x2, wg, name="gate"), g.qmatmul(x2, wu, name="up")
+        s = g.silu(gt)
+    elif order == "g_s_u_m":
+        gt = g.qmatmul(x2, wg, name="gate")
+        s = g.silu(gt)
+        up = g.qmatmul(x2, wu, name="up")
+    else:
+        up, gt = g.qmatmul(x2, wu, name="up"), g.qmatmul(x2, wg, name="gate")
+        s = g.silu(gt)
+    g.output(g.mul(s, up, name="ffn") if order != "g_s_u_m" else g.mul(up, s, name="ffn"))
+    X = U(rng, (T, n_in))
+    pf, pu, (y,) = both(g, qisa, exact=False, x=X)
+    note = ("RMS_NORM -> MUL -> " if norm else "") + "QMATMUL x2 -> SILU -> MUL (matmul_swiglu)"
+    assert [st.note for st in fused(pf)] == [note] and len(pf.steps) == 1, pf.describe()
+    assert pf.steps[0].kind == "qmatmul_swiglu" and pf.rejected == []
+    if not norm:
+        assert np.array_equal(y, cpufuse.matmul_swiglu(X, wg, wu, isa=qisa))
+
+
+def _block(rng, n_in=256, T=5):
+    Wq, Wk, Wv = weights(rng, n_in, [256, 64, 64])
+    Wg, Wu = weights(rng, n_in, [n_in, n_in], "Q4_K")
+    g = Graph()
+    x = g.input("x", (T, n_in))
+    nw = g.constant(U(rng, (n_in,)), "attn_norm")
+    h = g.mul(g.rms_norm(x, 1e-5, name="norm"), nw, name="hn")
+    q, k, v = g.qmatmul(h, Wq, name="q"), g.qmatmul(h, Wk, name="k"), g.qmatmul(h, Wv, name="v")
+    r = g.add(q, x, name="res")
+    h2 = g.mul(g.rms_norm(r, 1e-5, name="norm2"), g.constant(U(rng, (n_in,)), "ffn_norm"), name="hn2")
+    gg, uu = g.qmatmul(h2, Wg, name="gate"), g.qmatmul(h2, Wu, name="up")
+    y = g.add(g.mul(g.silu(gg, name="s"), uu, name="ffn"), r, name="out")
+    g.output(k, v, y)
+    return g, U(rng, (T, n_in))
+
+
+def test_block_fused_unfused(qisa, rng):
+    g, X = _block(rng)
+    pf, pu, of = both(g, qisa, exact=False, x=X)
+    notes = [st.note for st in fused(pf)]
+    assert notes == ["RMS_NORM -> MUL -> QMATMUL x3 (shared activation)",
+                     "RMS_NORM -> MUL -> QMATMUL x2 -> SILU -> MUL (matmul_swiglu)"], pf.describe()
+    # the residual ADD gives its norm to the matmul prologue, and says so
+    assert any("folded into the QMATMUL prologue" in r for r in pf.rejected), pf.describe()
+    # k and v are bit-identical (no swiglu on their path)
+    of2 = pf.run(copy=True, x=X)
+    assert all(np.array_equal(a, b) for a, b in zip(of, of2))
+    if qisa != "numba":  # C segments run between the Python steps
+        assert [k for k, _ in pf.segments] == ["py", "c", "py", "c"], pf.describe()
+        assert [k for k, _ in pu.segments].count("c") >= 3
+
+
+def test_native_segments_around_qmatmul(rng):
+    """C ops before and after a Python qmatmul step: softmax -> qmatmul -> rms_norm*w"""
+    n_in, T = 64, 3
+    (w,) = weights(rng, n_in, [64])
+    g = Graph()
+    x = g.input("x", (T, n_in))
+    s = g.softmax(g.scale(x, 0.5))
+    y = g.mul(g.rms_norm(g.qmatmul(s, w, act="f32"), 1e-6), g.constant(U(rng, (64,)), "w"))
+    g.output(y)
+    X = U(rng, (T, n_in))
+    pf, pu, (yf,) = both(g, None, x=X)
+    assert [k for k, _ in pf.segments] == ["c", "py", "c"], pf.describe()
+    ref = cpufuse.rms_norm(cpufuse.matmul(cpufuse.softmax(X, scale=0.5), w, act="f32"),
+                           g.nodes[-2].value, eps=1e-6)
+    assert np.array_equal(yf, ref)
+
+
+# -- illegal candidates ------------------------------------------------------------------------
+def test_swiglu_gate_is_output(rng):
+    n_in = 256
+    wg, wu = weights(rng, n_in, [64, 64])
+    g = Graph()
+    x = g.input("x", (2, n_in))
+    gt, up = g.qmatmul(x, wg, name="gate"), g.qmatmul(x, wu, name="up")
+    g.output(g.mul(g.silu(gt), up), gt)
+    pf, _, _ = both(g, None, x=U(rng, (2, n_in)))
+    assert "QMATMUL x2 -> SILU -> MUL: 'gate' is a graph output" in pf.describe()
+    assert [st.note for st in fused(pf)] == ["QMATMUL x2 (shared activation)", "SILU -> MUL"], pf.describe()
+
+
+def test_swiglu_mixed_weight_types(qisa, rng):
+    """same shape, different quant types: still one matmul_swiglu"""
+    n_in = 256
+    wg, wu = qref.make_weight("Q8_0", 64, n_in, rng), qref.make_weight("Q4_0", 64, n_in, rng)
+    g = Graph()
+    x = g.input("x", (2, n_in))
+    g.output(g.mul(g.silu(g.qmatmul(x, wg)), g.qmatmul(x, wu)))
+    pf, _, _ = both(g, qisa, exact=False, x=U(rng, (2, n_in)))
+    assert [st.kind for st in pf.steps] == ["qmatmul_swiglu"], pf.describe()
+
+
+def test_swiglu_shared_gate_up_act_differs(rng):
+    n_in = 256
+    wg, wu = weights(rng, n_in, [64, 64])
+    g = Graph()
+    x = g.input("x", (2, n_in))
+    g.output(g.mul(g.silu(g.qmatmul(x, wg, name="gate")), g.qmatmul(x, wu, act="f32", name="up")))
+    pf, _, _ = both(g, None, x=U(rng, (2, n_in)))
+    assert "QMATMUL x2 -> SILU -> MUL: 'gate' and 'up' use different act modes" in pf.describe()
+    assert fused(pf) == [], pf.describe()
+
+
+def test_different_inputs_or_act_not_grouped(rng):
+    n_in = 256
+    w1, w2 = weights(rng, n_in, [64, 64])
+    g = Graph()
+    x, z = g.input("x", (2, n_in)), g.input("z", (2, n_in))
+    g.output(g.qmatmul(x, w1), g.qmatmul(z, w2), g.qmatmul(x, w1, act="f32"), g.qmatmul(x, w2, act="f32"))
+    pf, _, _ = both(g, None, x=U(rng, (2, n_in)), z=U(rng, (2, n_in)))
+    assert [st.note for st in fused(pf)] == ["QMATMUL x2 (shared activation)"], pf.describe()
+    assert len(pf.steps) == 3
+
+
+def test_norm_mul_with_extra_consumer(rng):
+    n_in = 256
+    w1, w2 = weights(rng, n_in, [64, 64])
+    g = Graph()
+    x = g.input("x", (2, n_in))
+    h = g.mul(g.rms_norm(x, 1e-5), g.constant(U(rng, (n_in,)), "nw"), name="h")
+    g.output(g.qmatmul(h, w1), g.qmatmul(h, w2), g.scale(h, 2.0))
+    pf, _, _ = both(g, None, x=U(rng, (2, n_in)))
+    assert [st.note for st in fused(pf)] == ["RMS_NORM -> MUL", "QMATMUL x2 (shared activation)"], pf.describe()
+    g = Graph()
+    x = g.input("x", (2, n_in))
+    h = g.mul(g.rms_norm(x, 1e-5), g.constant(U(rng, (n_in,)), "nw"), name="h")
+    g.output(g.qmatmul(h, w1), g.qmatmul(h, w2), h)
+    pf, _, _ = both(g, None, x=U(rng, (2, n_in)))
+    assert "RMS_NORM -> MUL -> QMATMUL: 'h' is a graph output" in pf.describe()
+
+
+def test_norm_weight_computed_node(rng):
+    n_in = 256
+    (w,) = weights(rng, n_in, [64])
+    g = Graph()
+    x = g.input("x", (2, n_in))
+    nw = g.scale(g.constant(U(rng, (n_in,)), "nw0"), 2.0, name="nw")
+    g.output(g.qmatmul(g.mul(g.rms_norm(x, 1e-5), nw), w))
+    pf, _, _ = both(g, None, x=U(rng, (2, n_in)))
+    assert "the norm weight 'nw' must be a float32 const or input node" in pf.describe()
+    assert [st.note for st in fused(pf)] == ["RMS_NORM -> MUL"], pf.describe()
+
+
+def test_qmatmul_errors(rng):
+    (w,) = weights(rng, 256, [64])
+    g = Graph()
+    x = g.input("x", (2, 128))
+    with pytest.raises(GraphError, match="qmatmul 'qq'.*n_in=256"):
+        g.qmatmul(x, w, name="qq")
+    with pytest.raises(GraphError, match="qmatmul 'qq'.*QTensor"):
+        g.qmatmul(x, np.zeros((64, 128), np.float32), name="qq")
+    x2 = g.input("x2", (2, 256))
+    with pytest.raises(GraphError, match="qmatmul 'qq'.*act"):
+        g.qmatmul(x2, w, act="int8", name="qq")
+    with pytest.raises(GraphError, match="qmatmul 'qq'.*float32"):
+        g.qmatmul(g.input("h", (2, 256), np.float16), w, name="qq")
+    y = g.qmatmul(g.input("x3", (4, 2, 256)), w)
+    assert y.shape == (4, 2, 64)
+
+
+# -- cache writes and rope ---------------------------------------------------------------------
+@pytest.mark.parametrize("cdt", [np.float16, np.float32])
+def test_cache_write_side_effect(qisa, rng, cdt):
+    T, H, D, n_ctx = 3, 2, 64, 8
+    cache = np.zeros((n_ctx, H, D), cdt)
+    g = Graph()
+    x = g.input("x", (T, H * D))
+    p0 = g.input("pos0", (1,), np.int32)
+    k = g.reshape(g.scale(x, 0.5), (T, H, D))
+    g.cache_write(k, cache, p0, name="kc")   # not an output: still runs
+    g.output(g.scale(x, 3.0, name="other"))
+    X = U(rng, (T, H * D))
+    for fusion in (True, False):
+        cache[:] = 0
+        plan = g.compile(fusion=fusion, isa=qisa)
+        plan.run(x=X, pos0=np.array([2], np.int32))
+        plan.run(x=X + 1, pos0=np.array([5], np.int32))
+        want = np.zeros_like(cache)
+        want[2:5] = (X * 0.5).reshape(T, H, D).astype(cdt)
+        want[5:8] = ((X + 1) * np.float32(0.5)).reshape(T, H, D).astype(cdt)
+        assert np.array_equal(cache, want)
+        with pytest.raises(GraphError, match="'kc'.*n_ctx=8"):
+            plan.run(x=X, pos0=np.array([6], np.int32))
+
+
+def test_cache_write_as_output_and_downstream(rng):
+    T, H, D, n_ctx = 2, 1, 32, 4
+    cache = np.zeros((n_ctx, H, D), np.float32)
+    g = Graph()
+    x, p0 = g.input("x", (T, H, D)), g.input("p0", (1,), np.int32)
+    kc = g.cache_write(x, cache, p0)
+    tot = g.scale(g.contiguous(g.permute(kc, (1, 0, 2))), 2.0)
+    g.output(kc, tot)
+    X = U(rng, (T, H, D))
+    c, t = g.compile().run(x=X, p0=np.array([1], np.int32))
+    assert np.shares_memory(c, cache) and np.array_equal(cache[1:3], X) and not cache[0].any()
+    assert np.array_equal(t, 2 * cache.transpose(1, 0, 2))
+
+
+def test_cache_write_only_graph_and_errors(rng):
+    cache = np.zeros((4, 1, 32), np.float16)
+    g = Graph()
+    x, p0 = g.input("x", (2, 1, 32)), g.input("p0", (1,), np.int32)
+    g.cache_write(x, cache, p0)
+    X = U(rng, (2, 1, 32))
+    g.compile().run(x=X, p0=np.array([0], np.int32))
+    assert np.array_equal(cache[:2], X.astype(np.float16))
+    with pytest.raises(GraphError, match="'cw'.*int32 input node of shape \\(1,\\)"):
+        g.cache_write(x, cache, g.input("p1", (2,), np.int32), name="cw")
+    with pytest.raises(GraphError, match="'cw'.*does not hold rows"):
+        g.cache_write(x, np.zeros((4, 2, 32), np.float16), p0, name="cw")
+    with pytest.raises(GraphError, match="'cw'.*C-contiguous"):
+        g.cache_write(x, np.zeros((4, 1, 64), np.float16)[..., ::2], p0, name="cw")
+    with pytest.raises(GraphError, match="'cw'.*float16 or float32"):
+        g.cache_write(x, np.zeros((4, 1, 32), np.float64), p0, name="cw")
+
+
+def _rope_graph(cache, T=3, H=2, D=64, n_dims=64, **kw):
+    g = Graph()
+    x = g.input("x", (T, H * D))
+    pos, p0 = g.input("pos", (T,), np.int32), g.input("pos0", (1,), np.int32)
+    k = g.rope(g.reshape(g.scale(x, 1.0), (T, H, D)), pos, n_dims, name="rope_k", **kw)
+    g.cache_write(k, cache, p0, name="k_cache")
+    q = g.rope(g.reshape(g.scale(x, -1.0), (T, H, D)), pos, n_dims, name="rope_q", **kw)
+    g.output(q)
+    return g
+
+
+def _fake_rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, out=None, cache=None, isa=None,
+               n_threads=None):
+    """numpy stand-in with cpufuse.rope's signature (ggml 'norm' mode: adjacent pairs)"""
+    x = np.asarray(x, np.float32)
+    theta = pos[:, None].astype(np.float32) * np.float32(freq_base) ** (
+        -np.arange(0, n_dims, 2, dtype=np.float32) / np.float32(n_dims))
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    y = x.copy()
+    a, b = x[..., 0:n_dims:2], x[..., 1:n_dims:2]
+    y[..., 0:n_dims:2], y[..., 1:n_dims:2] = a * c - b * s, a * s + b * c
+    if cache is not None:
+        arr, p0 = cache
+        arr[p0:p0 + len(x)] = y
+        return None
+    if out is None:
+        return y
+    out[...] = y
+    return out
+
+
+def _check_rope(g, cache, rng, T=3, H=2, D=64):
+    X = U(rng, (T, H * D))
+    pos = np.arange(4, 4 + T, dtype=np.int32)
+    pf, pu = g.compile(fusion=True), g.compile(fusion=False)
+    assert [st.note for st in fused(pf)] == ["ROPE -> CACHE_WRITE"] and pf.rejected == [], pf.describe()
+    assert "fused: ROPE -> CACHE_WRITE" in pf.describe()
+    cache[:] = 0
+    (qf,) = pf.run(copy=True, x=X, pos=pos, pos0=np.array([4], np.int32))
+    cf = cache.copy()
+    cache[:] = 0
+    (qu,) = pu.run(copy=True, x=X, pos=pos, pos0=np.array([4], np.int32))
+    assert np.array_equal(qf, qu) and np.array_equal(cf, cache)
+    assert cf[4:4 + T].any() and not cf[:4].any()
+    return qf, cf
+
+
+@pytest.mark.parametrize("cdt", [np.float16, np.float32])
+def test_rope_cache_wiring_with_stand_in(monkeypatch, rng, cdt):
+    """the plan's rope steps against a numpy stand-in with cpufuse.rope's signature (runs whether or
+    not the real kernel is built)"""
+    monkeypatch.setattr(cpufuse, "rope", _fake_rope, raising=False)
+    cache = np.zeros((8, 2, 64), cdt)
+    qf, cf = _check_rope(_rope_graph(cache, freq_base=500.0), cache, rng)
+
+
+@need_rope
+@pytest.mark.parametrize("cdt", [np.float16, np.float32])
+@pytest.mark.parametrize("mode,n_dims", [("norm", 64), ("neox", 32)])
+def test_rope_cache_fused(rng, cdt, mode, n_dims):
+    cache = np.zeros((8, 2, 64), cdt)
+    _check_rope(_rope_graph(cache, n_dims=n_dims, mode=mode), cache, rng)
+
+
+def test_rope_errors():
+    g = Graph()
+    x = g.input("x", (3, 2, 64))
+    with pytest.raises(GraphError, match="rope 'r'.*pos must be an int32 input"):
+        g.rope(x, g.input("p", (3,), np.float32), 64, name="r")
+    pos = g.input("pos", (3,), np.int32)
+    with pytest.raises(GraphError, match="rope 'r'.*n_dims"):
+        g.rope(x, pos, 65, name="r")
+    with pytest.raises(GraphError, match="rope 'r'.*cache="):
+        g.rope(x, pos, 64, name="r", cache=None)
+    with pytest.raises(GraphError, match="rope 'r'.*n_tokens, n_heads, head_dim"):
+        g.rope(g.input("x2", (3, 128)), pos, 64, name="r")
+
+
+def test_rope_with_other_consumer_not_fused(monkeypatch, rng):
+    monkeypatch.setattr(cpufuse, "rope", _fake_rope, raising=False)
+    cache = np.zeros((8, 2, 64), np.float32)
+    g = Graph()
+    x = g.input("x", (3, 2, 64))
+    pos, p0 = g.input("pos", (3,), np.int32), g.input("pos0", (1,), np.int32)
+    k = g.rope(x, pos, 64, name="rk")
+    g.cache_write(k, cache, p0)
+    g.output(k)
+    pf = g.compile()
+    assert "ROPE -> CACHE_WRITE: 'rk' is a graph output" in pf.describe()
+    (y,) = pf.run(x=U(rng, (3, 2, 64)), pos=np.arange(3, dtype=np.int32), pos0=np.array([0], np.int32))
+    assert np.array_equal(cache[:3], y)
