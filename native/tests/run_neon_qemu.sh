@@ -4,6 +4,8 @@
 # layout are generated here from native/cdef.h and native/kernels/flash_attn.inc, so they follow
 # the kernels. Exit status: 0 pass, 1 fail (build or test), 77 when the cross compiler or
 # qemu-aarch64 is missing (the reason is printed). Last line of a run: "neon: N passed, M failed".
+# Then native/tests/neon_quant_test.c (the quantized matmul) is built and run the same way, plain and
+# with the dot-product extension; the last line then gives the totals of all three runs.
 # Needs (Debian/Ubuntu): apt-get install -y gcc-aarch64-linux-gnu qemu-user libc6-dev-arm64-cross
 set -u
 
@@ -86,11 +88,56 @@ if ! "$CC" "${COMMON[@]}" "${OBJS[@]}" -o "$TMP/neon_test" -lm -pthread 2>"$TMP/
   RUN=(env QEMU_LD_PREFIX="$SYSROOT" "$QEMU")
 fi
 
-"${RUN[@]}" "$TMP/neon_test"
-rc=$?
+"${RUN[@]}" "$TMP/neon_test" | tee "$TMP/neon_test.out"
+rc=${PIPESTATUS[0]}
 case "$rc" in
-  0) exit 0 ;;
-  1) exit 1 ;; # failures, already reported with the summary line
+  0|1) ;; # 1: failures, already reported with the summary line
   *) echo "neon: test program died with status $rc (crash or signal; 139 = SIGSEGV, e.g. a read past an array)"
      exit 1 ;;
 esac
+
+# The quantized matmul (native/simd/neon_q.h): native/tests/neon_quant_test.c, built and run twice,
+# against isa_neon.c as built above (plain armv8-a: the vmull_s8 int8 dot) and against a second
+# isa_neon.c object with the dot-product extension (the sdot path). Its descriptor layout (the
+# QM_*/QW_* enums) is taken from native/kernels/quant.inc. The last line is the total of all runs.
+grep -E '^enum \{ (QM_|QW_)|^#define QM_LEN' "$NATIVE/kernels/quant.inc" >"$TMP/qm_desc.h"
+if [ "$(grep -c . "$TMP/qm_desc.h")" -ne 3 ]; then
+  echo "neon: could not find the QM_*/QW_* descriptor enums in $NATIVE/kernels/quant.inc"
+  exit 1
+fi
+DOT=(-march=armv8.2-a+dotprod)
+compile "$TMP/isa_neon_dot.o" "$NATIVE/src/isa_neon.c" "${DOT[@]}"
+pass=0
+fail=0
+tally() { # adds the counts of the summary line ending the output file $1
+  if [[ "$(tail -n 1 "$1")" =~ ([0-9]+)\ passed,\ ([0-9]+)\ failed ]]; then
+    pass=$((pass + BASH_REMATCH[1]))
+    fail=$((fail + BASH_REMATCH[2]))
+  else
+    fail=$((fail + 1))
+  fi
+}
+tally "$TMP/neon_test.out"
+LINK=("${BASE[@]}")
+[ "${#RUN[@]}" -eq 1 ] && LINK=("${COMMON[@]}") # static unless the link above fell back
+for v in plain dotprod; do
+  extra=()
+  neon_obj="$TMP/isa_neon.o"
+  if [ "$v" = dotprod ]; then extra=("${DOT[@]}"); neon_obj="$TMP/isa_neon_dot.o"; fi
+  compile "$TMP/nq_$v.o" "$HERE/neon_quant_test.c" -I"$TMP" ${extra[@]+"${extra[@]}"}
+  if ! "$CC" "${LINK[@]}" ${extra[@]+"${extra[@]}"} "$TMP/nq_$v.o" "$neon_obj" "${OBJS[@]:2}" \
+       -o "$TMP/nq_$v" -lm -pthread; then
+    echo "neon: link of neon_quant_test ($v) failed"
+    exit 1
+  fi
+  "${RUN[@]}" "$TMP/nq_$v" "$v" | tee "$TMP/nq_$v.out"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" -gt 1 ]; then
+    echo "neon: neon_quant_test ($v) died with status $rc (crash or signal; 132 = SIGILL, 139 = SIGSEGV)"
+    fail=$((fail + 1))
+  else
+    tally "$TMP/nq_$v.out"
+  fi
+done
+echo "neon: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
