@@ -10,7 +10,8 @@ A peer that cannot be imported or loaded gives a reason and is skipped, never an
 Attention cases (bench/attn.py) have .op == "flash_attn" and ``inp`` with q (S, Hq, N, D) f32,
 k, v (S, Hkv, T, D) f16/f32, mask (1, 1, N, T) f16 or None, causal (bool), scale; the output is
 compared in cpufuse's (S, N, Hq, D) layout.
-All peers run on one thread.
+All peers run on one thread, except ggml_mul_mat_build (the quantized-matmul section, bench/quant.py),
+which takes a thread count and runs through the ggml-backend API, plain or CPU_REPACK weights.
 """
 import ctypes
 import functools
@@ -491,6 +492,228 @@ def ggml_fa_build(g, case, inp):
 
     fn._keep = gr
     return (fn, get), None
+
+
+# ------------------------------------------------------------------------------------------------
+# ggml MUL_MAT on quantized weights, through the ggml-backend API (the quantized-matmul section,
+# bench/quant.py). Weights live in a backend buffer: the CPU device's plain buffer type (vec_dot /
+# llamafile sgemm) or its CPU_REPACK extra buffer type (the repacked gemv/gemm that llama.cpp runs by
+# default for Q4_0 and Q4_K on AVX2), and the graph runs with ggml_backend_graph_compute on a CPU
+# backend with n threads and a persistent thread pool, as llama.cpp drives it.
+
+GGML_BACKEND_BUFFER_USAGE_WEIGHTS = 1
+GGML_QTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10,
+               "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "BF16": 30}
+# llamafile_sgemm on x86 (ggml-cpu/llamafile/sgemm.cpp): these weight types x Q8_0 activations, n >= 2
+_SGEMM_X86 = {"Q8_0", "Q4_0", "Q5_0", "IQ4_NL"}
+# ggml_repack_get_optimal_repack_type on x86 (ggml-cpu/repack.cpp): layout name, ISA needed
+_REPACK_X86 = {"Q4_0": ("q4_0_8x8", "avx2"), "Q4_K": ("q4_K_8x8", "avx2"), "IQ4_NL": ("iq4_nl_8x8", "avx2"),
+               "Q2_K": ("q2_K_8x8", "avx512")}
+
+_gb = None
+_EXTRA_BUFTS_FN = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
+
+
+def _load_ggml_backend():
+    """(namespace with the backend API bound, None) or (None, reason). Binds the ggml-backend
+    functions on the libraries _load_ggml found; the CPU device's extra buffer types come from
+    ggml_backend_reg_get_proc_address(ggml_backend_cpu_reg(), "ggml_backend_dev_get_extra_bufts")."""
+    global _gb
+    if _gb is not None:
+        return _gb
+    g, why = _load_ggml()
+    if g is None:
+        _gb = (None, why)
+        return _gb
+    base, cpu = g.base, g.cpu
+    P, I64, SZ = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t
+    sig = {
+        (base, "ggml_mul_mat"): (P, [P, P, P]),
+        (base, "ggml_type_size"): (SZ, [ctypes.c_int]),
+        (base, "ggml_row_size"): (SZ, [ctypes.c_int, I64]),
+        (base, "ggml_backend_reg_dev_get"): (P, [P, SZ]),
+        (base, "ggml_backend_reg_get_proc_address"): (P, [P, ctypes.c_char_p]),
+        (base, "ggml_backend_dev_buffer_type"): (P, [P]),
+        (base, "ggml_backend_dev_supports_op"): (ctypes.c_bool, [P, P]),
+        (base, "ggml_backend_buft_name"): (ctypes.c_char_p, [P]),
+        (base, "ggml_backend_alloc_ctx_tensors_from_buft"): (P, [P, P]),
+        (base, "ggml_backend_buffer_set_usage"): (None, [P, ctypes.c_int]),
+        (base, "ggml_backend_buffer_free"): (None, [P]),
+        (base, "ggml_backend_tensor_set"): (None, [P, P, SZ, SZ]),
+        (base, "ggml_backend_graph_compute"): (ctypes.c_int, [P, P]),
+        (base, "ggml_backend_free"): (None, [P]),
+        (cpu, "ggml_backend_cpu_reg"): (P, []),
+        (cpu, "ggml_backend_cpu_init"): (P, []),
+        (cpu, "ggml_backend_cpu_set_n_threads"): (None, [P, ctypes.c_int]),
+        (cpu, "ggml_backend_cpu_set_threadpool"): (None, [P, P]),
+        (cpu, "ggml_threadpool_free"): (None, [P]),
+        (cpu, "ggml_cpu_has_avx2"): (ctypes.c_int, []),
+        (cpu, "ggml_cpu_has_avx512"): (ctypes.c_int, []),
+        (cpu, "ggml_cpu_has_llamafile"): (ctypes.c_int, []),
+    }
+    try:
+        for (lib, name), (res, args) in sig.items():
+            f = getattr(lib, name)
+            f.restype, f.argtypes = res, args
+    except AttributeError as e:
+        _gb = (None, f"ggml in {g.dir} lacks a backend-API symbol the quantized matmul needs: {e}")
+        return _gb
+    reg = cpu.ggml_backend_cpu_reg()
+    dev = base.ggml_backend_reg_dev_get(reg, 0)
+    extra, why_extra = {}, None
+    fp = base.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts")
+    if not fp:
+        why_extra = "the CPU backend exports no ggml_backend_dev_get_extra_bufts"
+    else:
+        arr = _EXTRA_BUFTS_FN(fp)(dev)  # NULL-terminated array of buffer types
+        i = 0
+        while arr and arr[i]:
+            extra[base.ggml_backend_buft_name(arr[i]).decode()] = arr[i]
+            i += 1
+        if "CPU_REPACK" not in extra:
+            why_extra = f"the CPU device has no CPU_REPACK buffer type (extra: {sorted(extra) or 'none'})"
+
+    class NS:
+        pass
+    ns = NS()
+    ns.g, ns.base, ns.cpu, ns.reg, ns.dev = g, base, cpu, reg, dev
+    ns.plain_buft = base.ggml_backend_dev_buffer_type(dev)
+    ns.extra_bufts = extra
+    ns.repack_buft = extra.get("CPU_REPACK")
+    ns.repack_why = why_extra
+    ns.has_avx2, ns.has_avx512 = bool(cpu.ggml_cpu_has_avx2()), bool(cpu.ggml_cpu_has_avx512())
+    ns.has_llamafile = bool(cpu.ggml_cpu_has_llamafile())
+    _gb = (ns, None)
+    return _gb
+
+
+def ggml_repack_layout(qtype, n_out):
+    """The repacked layout ggml picks for this weight on this (x86) CPU, or None: SPEC-QUANT 5.4,
+    ggml_repack_get_optimal_repack_type. The peer itself asks ggml (ggml_backend_dev_supports_op);
+    this is for labels and for deciding up front."""
+    gb, _ = _load_ggml_backend()
+    if gb is None or gb.repack_buft is None:
+        return None
+    lay = _REPACK_X86.get(qtype)
+    if lay is None or n_out % 8:
+        return None
+    return lay[0] if (gb.has_avx512 if lay[1] == "avx512" else gb.has_avx2) else None
+
+
+class _GgmlMulMat:
+    """W (qtype, n_out x K) in a backend buffer, X f32 (rows x K), Y = ggml_mul_mat(W, X); a CPU
+    backend with n_threads and its own thread pool. compute() is one ggml_backend_graph_compute."""
+
+    def __init__(self, gb, raw, qtype, n_out, n_in, rows, n_threads, repack):
+        self.gb, b, c = gb, gb.base, gb.cpu
+        self.ctx_w = self.ctx_g = self.buf_w = self.buf_g = self.backend = self.pool = None
+        tid = GGML_QTYPES[qtype]
+        ov = b.ggml_tensor_overhead()
+        self.ctx_w = b.ggml_init(_InitParams(4 * ov + 4096, None, True))       # no_alloc: data in backend buffers
+        self.ctx_g = b.ggml_init(_InitParams(8 * ov + b.ggml_graph_overhead() + 4096, None, True))
+        if not (self.ctx_w and self.ctx_g):
+            raise MemoryError("ggml_init failed")
+        self.w = b.ggml_new_tensor_2d(self.ctx_w, tid, n_in, n_out)
+        nbytes = b.ggml_nbytes(self.w)
+        raw = np.ascontiguousarray(raw)
+        if raw.nbytes != nbytes:
+            raise ValueError(f"ggml {qtype} ({n_out}, {n_in}) takes {nbytes} bytes, the weight has {raw.nbytes}")
+        buft = gb.repack_buft if repack else gb.plain_buft
+        self.buf_w = b.ggml_backend_alloc_ctx_tensors_from_buft(self.ctx_w, buft)
+        if not self.buf_w:
+            raise MemoryError("ggml_backend_alloc_ctx_tensors_from_buft (weights) failed")
+        b.ggml_backend_buffer_set_usage(self.buf_w, GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+        self.x = b.ggml_new_tensor_2d(self.ctx_g, GGML_TYPE_F32, n_in, rows)
+        self.y = b.ggml_mul_mat(self.ctx_g, self.w, self.x)
+        # what llama.cpp's weight_buft_supported asks before placing a weight in an extra buffer type;
+        # the repack buffer's set_tensor asserts a layout exists, so this must come first
+        self.supported = bool(b.ggml_backend_dev_supports_op(gb.dev, self.y))
+        if repack and not self.supported:
+            return
+        b.ggml_backend_tensor_set(self.w, raw.ctypes.data, 0, nbytes)          # repacks in CPU_REPACK
+        self.buf_g = b.ggml_backend_alloc_ctx_tensors_from_buft(self.ctx_g, gb.plain_buft)
+        if not self.buf_g:
+            raise MemoryError("ggml_backend_alloc_ctx_tensors_from_buft (activations) failed")
+        self.gf = b.ggml_new_graph(self.ctx_g)
+        b.ggml_build_forward_expand(self.gf, self.y)
+        self.backend = c.ggml_backend_cpu_init()
+        c.ggml_backend_cpu_set_n_threads(self.backend, int(n_threads))
+        tpp = _TPParams()
+        b.ggml_threadpool_params_init(ctypes.byref(tpp), int(n_threads))
+        self.pool = c.ggml_threadpool_new(ctypes.byref(tpp))
+        c.ggml_backend_cpu_set_threadpool(self.backend, self.pool)
+        self.xv = self._view(self.x, (rows, n_in))
+        self.yv = self._view(self.y, (rows, n_out))
+        self.compute = functools.partial(b.ggml_backend_graph_compute, self.backend, self.gf)
+
+    def _view(self, t, shape):
+        b = self.gb.base
+        n = int(np.prod(shape)) * 4
+        assert n == b.ggml_nbytes(t)
+        return np.frombuffer((ctypes.c_char * n).from_address(b.ggml_get_data(t)), np.float32).reshape(shape)
+
+    def __del__(self):
+        try:
+            b, c = self.gb.base, self.gb.cpu
+            if self.backend:
+                b.ggml_backend_free(self.backend)
+            if self.pool:
+                c.ggml_threadpool_free(self.pool)
+            for buf in (self.buf_g, self.buf_w):
+                if buf:
+                    b.ggml_backend_buffer_free(buf)
+            for ctx in (self.ctx_g, self.ctx_w):
+                if ctx:
+                    b.ggml_free(ctx)
+        except Exception:
+            pass
+
+
+def ggml_mul_mat_build(raw, qtype, n_out, n_in, x, n_threads=1, repack=False):
+    """ggml_mul_mat(W, X) with W the GGUF bytes `raw` of a (n_out, n_in) `qtype` weight and X the f32
+    activations x (rows, n_in): ((fn, get, info), None) or (None, reason). fn() = one
+    ggml_backend_graph_compute (what is timed; x is copied in once at build); get() runs it and
+    returns Y (rows, n_out). repack=True puts W in the CPU_REPACK extra buffer type (ggml repacks it
+    in ggml_backend_tensor_set); (None, reason) when ggml has no repacked layout for it here.
+    info: {"path": "repack" | "sgemm" | "vec_dot", "layout", "buffer_type"}."""
+    gb, why = _load_ggml_backend()
+    if gb is None:
+        return None, why
+    if qtype not in GGML_QTYPES:
+        return None, f"no ggml type id for {qtype} here"
+    if repack and gb.repack_buft is None:
+        return None, gb.repack_why
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    rows = x.shape[0]
+    mm = _GgmlMulMat(gb, raw, qtype, n_out, n_in, rows, n_threads, repack)
+    if repack and not mm.supported:
+        lay = _REPACK_X86.get(qtype)
+        if lay is not None and n_out % 8:
+            return None, (f"ggml repacks {qtype} only when n_out % 8 == 0 (n_out={n_out}); llama.cpp keeps this "
+                          "weight in the plain buffer")
+        return None, (f"ggml has no repacked layout for {qtype} on this CPU (ggml_repack_get_optimal_repack_type); "
+                      "llama.cpp keeps it in the plain buffer")
+    if not mm.supported:
+        return None, f"ggml's CPU device does not support MUL_MAT {qtype} x F32"
+    mm.xv[...] = x
+    if repack:
+        path, layout = "repack", ggml_repack_layout(qtype, n_out) or "?"
+    elif gb.has_llamafile and rows >= 2 and qtype in _SGEMM_X86 and gb.has_avx2:
+        path, layout = "sgemm", "tinyBLAS_Q0"
+    else:
+        path, layout = "vec_dot", None
+    fn = mm.compute
+
+    def get():
+        st = fn()
+        if st != 0:
+            raise RuntimeError(f"ggml_backend_graph_compute returned status {st}")
+        return mm.yv.copy()
+
+    info = {"path": path, "layout": layout,
+            "buffer_type": gb.base.ggml_backend_buft_name(gb.repack_buft if repack else gb.plain_buft).decode()}
+    fn._keep = mm  # partial objects accept attributes; keeps the tensors, buffers and backend alive
+    return (fn, get, info), None
 
 
 def ggml_version():

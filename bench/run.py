@@ -989,6 +989,10 @@ def markdown_dispatch(report, sec):
 
 MARKDOWN = {"ops": markdown_ops, "attention": markdown_attn, "graph": markdown_graph, "dispatch": markdown_dispatch}
 
+# the quantized-matmul section (bench/quant.py) adds itself to SECTIONS, DERIVED and MARKDOWN
+from . import quant  # noqa: E402
+quant.register(sys.modules[__name__])
+
 
 def markdown(report):
     lines = _header(report)

@@ -135,3 +135,175 @@ def test_harness_fma_probe_and_adjacent_peak():
     env = {"copy_bw": {"dram": {"gbps": 10.0}}, "fma_peak": {"gflops_1": 80.0}}
     d = run.derived_attn(case, res, env)
     assert d["pct_probe_peak"] == pytest.approx(40.0) and d["pct_fma_peak"] == pytest.approx(50.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# the quantized-matmul section (bench/quant.py) and its ggml peer (bench/peers.py ggml_mul_mat_build)
+
+def test_harness_quant_cases():
+    from bench import quant
+    names = [c.name for c in quant.CASES]
+    assert len(names) == len(set(names))
+    mm = [c for c in quant.CASES if c.kind == "matmul"]
+    assert {(c.qtype, c.n_in, c.n_out) for c in mm if c.model == "SmolLM2-135M"} == {
+        (t, k, n) for t in ("Q4_1", "Q8_0") for k, n, _ in quant.SMOL_SHAPES}
+    assert {(c.qtype, c.n_in, c.n_out) for c in mm if c.model == "Llama-7B"} == {
+        (t, k, n) for t in ("Q4_0", "Q4_K", "Q6_K") for k, n, _ in quant.LLAMA_SHAPES}
+    assert all({c.rows for c in mm if (c.qtype, c.n_in, c.n_out) == (x.qtype, x.n_in, x.n_out)} == {1, 128} for x in mm)
+    # --quick and --no-big leave out the Llama-7B prefill rows only
+    assert all(c.quick for c in mm if c.model != "Llama-7B" or c.rows == 1)
+    assert not any(c.quick or not c.big for c in mm if c.model == "Llama-7B" and c.rows == 128)
+    # the section is registered in bench.run
+    assert run.SECTIONS["quant"] is quant.QuantSection and "quant" in run.DERIVED and "quant" in run.MARKDOWN
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+def test_harness_quant_weights(qtype):
+    from bench import quant
+    gguf = pytest.importorskip("gguf")
+    T = gguf.GGMLQuantizationType[qtype]
+    block, tsize = gguf.GGML_QUANT_SIZES[T]
+    raw = quant.make_raw(qtype, 16, 512, np.random.default_rng(0))
+    assert raw.dtype == np.uint8 and raw.shape == (16, 512 // block * tsize)
+    wf = quant.dequantize(raw, qtype, 512)
+    assert wf.shape == (16, 512) and np.all(np.isfinite(wf))
+    if qtype in ("Q4_K", "Q6_K"):  # f16 d (and dmin) in [1e-4, 1e-3]
+        b = raw.reshape(-1, tsize)
+        d = b[:, -2:] if qtype == "Q6_K" else b[:, 0:2]
+        d = d.copy().view("<f2").astype(np.float32).ravel()
+        assert d.min() >= 9.9e-5 and d.max() <= 1.001e-3
+        assert 0 < np.abs(wf).max() < 1e-3 * 128 * 32 * 1.01   # Q6_K: d * int8 scale * 6-bit code
+    else:  # quantized N(0, 0.02^2)
+        assert 0.015 < wf.std() < 0.025
+
+
+def _ggml_or_skip():
+    from bench import peers
+    gb, why = peers._load_ggml_backend()
+    if gb is None:
+        pytest.skip(why)
+    return peers, gb
+
+
+@pytest.mark.parametrize("qtype,n_out,rows", [("Q4_0", 64, 1), ("Q4_0", 64, 5), ("Q8_0", 40, 4), ("Q4_1", 32, 1),
+                                               ("Q4_K", 32, 4), ("Q6_K", 16, 1)])
+def test_harness_ggml_mul_mat(qtype, n_out, rows):
+    """ggml's MUL_MAT (plain and repacked weights, 1 and 2 threads) computes x . dequant(W)^T to the
+    activation quantization's error, the same on every thread count"""
+    from bench import quant
+    peers, gb = _ggml_or_skip()
+    n_in = 512
+    raw = quant.make_raw(qtype, n_out, n_in, np.random.default_rng(1))
+    x = np.random.default_rng(2).standard_normal((rows, n_in), dtype=np.float32)
+    want = quant.ref_matmul64(x, quant.dequantize(raw, qtype, n_in))
+    outs = {}
+    for repack in (False, True):
+        for nth in (1, 2):
+            res, why = peers.ggml_mul_mat_build(raw, qtype, n_out, n_in, x, nth, repack=repack)
+            if res is None:
+                assert repack, why
+                assert peers.ggml_repack_layout(qtype, n_out) is None
+                continue
+            fn, get, info = res
+            y = get()
+            assert y.shape == (rows, n_out)
+            assert ref.nmse(want, y) < 1e-3, (qtype, repack, nth, info)
+            if repack:
+                assert info["path"] == "repack" and info["buffer_type"] == "CPU_REPACK"
+            else:
+                assert info["path"] == ("sgemm" if rows >= 2 and qtype in ("Q4_0", "Q8_0") and gb.has_llamafile
+                                        and gb.has_avx2 else "vec_dot")
+            outs[(repack, nth)] = y
+    for (repack, nth), y in outs.items():
+        assert np.array_equal(y, outs[(repack, 1)])   # x86: independent of the thread count (SPEC-QUANT 6)
+    if gb.has_avx2 and qtype in ("Q4_0", "Q4_K"):
+        assert (True, 1) in outs   # llama.cpp's default path on AVX2: repacked
+
+
+def test_harness_ggml_mul_mat_agrees_with_q8_reference():
+    """ggml's vec_dot and cpufuse.qref's float64 of the block arithmetic compute the same thing"""
+    from bench import quant
+    peers, gb = _ggml_or_skip()
+    cf = pytest.importorskip("cpufuse")
+    qref = pytest.importorskip("cpufuse.qref")
+    if not hasattr(cf, "QTensor"):
+        pytest.skip("cpufuse.QTensor not available")
+    for qtype in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"):
+        raw = quant.make_raw(qtype, 16, 256, np.random.default_rng(3))
+        x = np.random.default_rng(4).standard_normal((3, 256), dtype=np.float32)
+        want = qref.ref_matmul_q8(x, cf.QTensor(raw, qtype, (16, 256)))
+        (fn, get, info), _ = peers.ggml_mul_mat_build(raw, qtype, 16, 256, x, 1)
+        assert ref.nmse(want, get()) < 1e-10, qtype
+
+
+def test_harness_quant_read_probe():
+    from bench import quant
+    fn = quant.read_probe(1)
+    assert fn() == 1.0
+    if threads.n_all > 1:
+        threads.enter(threads.ALL)
+        assert quant.read_probe(threads.n_all)() == 1.0
+        threads.enter(1)
+    quant.release()
+
+
+class _StubQTensor:
+    """stands in for cpufuse.QTensor while cpufuse has none (harness test only)"""
+
+    def __init__(self, raw, qtype, shape):
+        from bench import quant
+        self.raw, self.qtype, self.shape = raw, qtype, shape
+        self.nbytes = raw.nbytes
+        self._wf = quant.dequantize(raw, qtype, shape[1])
+
+
+def _stub_matmul(x, w, *, act=None, out=None, n_threads=None, norm_weight=None, eps=None, isa=None):
+    if norm_weight is not None:
+        x = x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * norm_weight
+    y = x @ w._wf.T
+    if out is None:
+        return y
+    out[...] = y
+    return out
+
+
+def test_harness_quant_section_with_stub(monkeypatch):
+    """the section end to end on two small rows (prepare, timing, derived, markdown), with cpufuse.matmul
+    stubbed by numpy so the harness is tested whatever state cpufuse's quantized matmul is in"""
+    import cpufuse
+    from bench import quant
+    monkeypatch.setattr(cpufuse, "QTensor", _StubQTensor, raising=False)
+    monkeypatch.setattr(cpufuse, "matmul", _stub_matmul, raising=False)
+    cases = [quant.QCase("t Q8_0 64→32 ×1", "matmul", "SmolLM2-135M", "Q8_0", 64, 32, 1),
+             quant.QCase("t Q4_0 64→32 ×4", "matmul", "SmolLM2-135M", "Q4_0", 64, 32, 4),
+             quant.QCase("t norm Q8_0 64→32 ×2", "norm_matmul", "SmolLM2-135M", "Q8_0", 64, 32, 2)]
+    sec = quant.QuantSection(False, threads.n_all > 1)
+    sec.q8ref_max = 0   # the stub has no q8 mode
+    logs = []
+    entries = []
+    for case in cases:
+        for c, work, res in run.run_cases(sec, [case], sec.vlist, 0.002, 2, logs.append):
+            entries.append({"case": c, "work": work, "results": res})
+    assert not logs, logs
+    r0 = entries[0]["results"]
+    for k in ("cpufuse", "cpufuse f32", "cpufuse q8", "numpy", "DRAM read"):
+        assert r0[k]["status"] == "ok", (k, r0[k])
+    assert r0["ggml repack"]["status"] == "skipped"          # no repacked Q8_0 on x86 (or no ggml)
+    assert entries[1]["results"]["DRAM read"]["status"] == "skipped"   # decode rows only
+    assert entries[2]["results"]["fused"]["status"] == "ok"  # the norm fusion hook, via the stub
+    assert entries[2]["results"]["cpufuse"]["reason"] == quant.NA
+    env = {"copy_bw": {"dram": {"gbps": 10.0}}}
+    for e in entries:
+        e["derived"] = quant.derived(e["case"], e["results"], env)
+        e["case"] = run.asdict(e["case"])
+    d0 = entries[0]["derived"]
+    assert d0["numpy_over_cpufuse"] > 0 and d0["cpufuse_gbps"] > 0 and d0["pct_read"] > 0
+    if entries[0]["results"]["ggml"]["status"] == "ok":
+        assert d0["ggml_path"]["ggml"] == "vec_dot" and d0["ggml_over_cpufuse"] > 0
+    assert "fusion_gain" in entries[2]["derived"]
+    report = {"copy_bw": {"dram": {"gbps": 10.0}}}
+    md = "\n".join(quant.markdown(report, {"cases": entries, "variants": [run.asdict(v) for v in sec.vlist]}))
+    assert "## quantized matmul" in md and "t Q8_0 64→32 ×1" in md and "RMSNorm" in md
+    quant.release()
+    quant.PROBES.clear()
+    quant.EXTRA.clear()

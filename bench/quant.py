@@ -1,0 +1,872 @@
+"""The "quantized matmul" section of bench.run: cpufuse.matmul on GGUF weights vs ggml's MUL_MAT and numpy.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m bench.run --section quant [--quick] [--no-big]
+
+Rows (QCase): SmolLM2-135M projections (K -> N: 576->576, 576->192, 576->1536, 1536->576) in Q4_1 and
+Q8_0, Llama-7B projections (4096->4096, 4096->11008, 11008->4096) in Q4_0, Q4_K and Q6_K, each at
+1 row (decode) and 128 rows (prefill). Weights: Q4_0/Q4_1/Q8_0 = gguf.quants.quantize of
+N(0,1)*0.02 floats; K-quants = random code bytes with f16 d / dmin uniform in [1e-4, 1e-3]
+(valid blocks, no quantizer run). x = N(0,1) f32. One weight is generated per (type, shape) and
+reused by its decode and prefill rows (bench/quant.py keeps one at a time).
+
+Columns (1 thread pinned to one core, and xN on every core, as the rest of bench.run):
+  cpufuse        cpufuse.matmul(x, w, out=y, n_threads=n) (its default act)
+  cpufuse f32    act="f32";   cpufuse q8: act="q8"
+  ggml           ggml_mul_mat(W, X) with W in the CPU device's plain buffer: vec_dot, or llamafile
+                 sgemm (tinyBLAS) at >= 2 rows for Q4_0/Q5_0/Q8_0 (llama.cpp's --no-repack path)
+  ggml repack    W in the CPU_REPACK extra buffer type (ggml repacks it in ggml_backend_tensor_set):
+                 what llama.cpp runs by default where ggml has a repacked layout (Q4_0 / Q4_K with
+                 n_out % 8 == 0 on AVX2); n/a elsewhere
+  numpy          np.matmul(x, Wf.T, out=y) on the pre-dequantized f32 weights (OpenBLAS sgemm/sgemv)
+  DRAM read      baseline, decode rows only: np.max over a 256 MiB float32 array (xN: N slices read by
+                 N Python threads at once), timed in the same interleaved rounds
+ggml runs through the ggml-backend API (bench/peers.py ggml_mul_mat_build): ggml_backend_graph_compute
+on a CPU backend with the same thread count and a persistent ggml thread pool.
+
+Checks: every column against float64 x @ dequant(W).T: cpufuse f32 NMSE <= 1e-10; q8 columns and
+ggml <= 1e-3 (the activation quantization's error, ~3e-5 here); numpy <= 1e-6. Where it is cheap
+(rows x N x K <= Q8REF_MAX), the cpufuse q8 columns must also match cpufuse.qref.ref_matmul_q8 (the
+float64 of ggml's integer block arithmetic) to NMSE <= 1e-10, and the NMSE of both ggml columns
+against that reference is recorded (it shows ggml computes the same arithmetic).
+
+Fused-op rows (hooks: they run once cpufuse has the function, else their columns are n/a):
+  gate/up+SwiGLU          cpufuse.matmul_swiglu(x, wg, wu) vs two cpufuse.matmul + a compiled
+                          silu*mul plan (cpufuse's graph swiglu) vs numpy
+  RMSNorm->quant->matmul  cpufuse.matmul(x, w, norm_weight=g, eps=1e-5) vs cpufuse.rms_norm then
+                          cpufuse.matmul vs numpy
+  QKV shared activation   cpufuse.matmul_multi(x, (wq, wk, wv)) vs three cpufuse.matmul vs numpy
+  RoPE + f16 cache write  cpufuse.rope(k, pos, n_dims=128, cache=(kc, pos0)) at Llama-7B K size
+                          (32 heads x 128), 1 and 512 tokens, vs cpufuse.rope then a cast copy into
+                          the cache, vs copy bandwidth (np.copyto of k into an f32 scratch; the rope
+                          moves 4 + 2 bytes per element, the copy 4 + 4)
+"""
+import concurrent.futures
+import functools
+import math
+import statistics
+import sys
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+import cpufuse
+
+from . import threads
+
+R = None  # the bench.run module (set by register(): bench.run may run as __main__)
+
+EPS_NORM = 1e-5
+Q8REF_MAX = 2e8          # rows * N * K up to which the q8 block reference is computed (~2 s at 4.5e7)
+Q8REF_MAX_QUICK = 1e7    # the same with --quick (SmolLM2 rows only)
+READ_BYTES = 256 << 20   # the DRAM read probe's array
+NA = "not a column of this row kind"
+
+SMOL_SHAPES = [(576, 576, "q/o"), (576, 192, "k/v"), (576, 1536, "gate/up"), (1536, 576, "down")]
+LLAMA_SHAPES = [(4096, 4096, "q/k/v/o"), (4096, 11008, "gate/up"), (11008, 4096, "down")]
+SMOL_TYPES = ("Q4_1", "Q8_0")
+LLAMA_TYPES = ("Q4_0", "Q4_K", "Q6_K")
+LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+ROPE_HEADS, ROPE_DIM, ROPE_CTX = 32, 128, 1024
+
+
+@dataclass(frozen=True)
+class QCase:
+    name: str
+    kind: str               # matmul | swiglu | norm_matmul | qkv | rope
+    model: str              # SmolLM2-135M | Llama-7B
+    qtype: str              # weight type ("F16" for the rope rows' cache)
+    n_in: int               # K (rope: heads * head_dim)
+    n_out: int              # N (qkv: q's; rope: 0)
+    rows: int               # tokens
+    proj: str = ""
+    n_kv: int = 0           # qkv: the k and v projections' N
+    quick: bool = True      # part of --quick
+    big: bool = False       # skipped by --no-big
+    rounds: int = None      # at most this many interleaved rounds (bench.run honours it)
+    group: str = None
+    mode: str = "kernel"
+
+
+def _mm_cases():
+    out = []
+    for qt in SMOL_TYPES:
+        for k, n, proj in SMOL_SHAPES:
+            for rows in (1, 128):
+                out.append(QCase(f"SmolLM2 {proj} {k}→{n} {qt} ×{rows}", "matmul", "SmolLM2-135M", qt, k, n, rows, proj))
+    for qt in LLAMA_TYPES:
+        for k, n, proj in LLAMA_SHAPES:
+            out.append(QCase(f"Llama-7B {proj} {k}→{n} {qt} ×1", "matmul", "Llama-7B", qt, k, n, 1, proj))
+            out.append(QCase(f"Llama-7B {proj} {k}→{n} {qt} ×128", "matmul", "Llama-7B", qt, k, n, 128, proj,
+                             quick=False, big=True, rounds=3))
+    return out
+
+
+def _fused_cases():
+    out = []
+    for rows in (1, 128):
+        out.append(QCase(f"SmolLM2 gate/up+SwiGLU 576→1536 Q8_0 ×{rows}", "swiglu", "SmolLM2-135M", "Q8_0", 576, 1536, rows))
+    for rows in (1, 128):
+        out.append(QCase(f"Llama-7B gate/up+SwiGLU 4096→11008 Q4_K ×{rows}", "swiglu", "Llama-7B", "Q4_K", 4096, 11008,
+                         rows, quick=False, big=rows > 1, rounds=3 if rows > 1 else None))
+    for rows in (1, 128):
+        out.append(QCase(f"SmolLM2 RMSNorm→quant→matmul 576→576 Q8_0 ×{rows}", "norm_matmul", "SmolLM2-135M", "Q8_0",
+                         576, 576, rows))
+    for rows in (1, 128):
+        out.append(QCase(f"Llama-7B RMSNorm→quant→matmul 4096→4096 Q4_K ×{rows}", "norm_matmul", "Llama-7B", "Q4_K",
+                         4096, 4096, rows, quick=False, big=rows > 1, rounds=3 if rows > 1 else None))
+    for rows in (1, 128):
+        out.append(QCase(f"SmolLM2 QKV 576→576+192+192 Q8_0 ×{rows}", "qkv", "SmolLM2-135M", "Q8_0", 576, 576, rows,
+                         n_kv=192))
+    for rows in (1, 128):
+        out.append(QCase(f"Llama-7B QKV 3×4096→4096 Q4_K ×{rows}", "qkv", "Llama-7B", "Q4_K", 4096, 4096, rows, n_kv=4096,
+                         quick=False, big=rows > 1, rounds=3 if rows > 1 else None))
+    for t in (1, 512):
+        out.append(QCase(f"Llama-7B RoPE+f16 cache write {ROPE_HEADS}×{ROPE_DIM} ×{t}", "rope", "Llama-7B", "F16",
+                         ROPE_HEADS * ROPE_DIM, 0, t))
+    return out
+
+
+CASES = _mm_cases() + _fused_cases()
+
+
+# ------------------------------------------------------------------------------------------------
+# Weights
+
+def _gguf():
+    import gguf
+    return gguf
+
+
+def make_raw(qtype, n_out, n_in, rng):
+    """GGUF bytes (n_out, row_bytes) uint8 of a random (n_out, n_in) weight of type qtype."""
+    gg = _gguf()
+    T = gg.GGMLQuantizationType[qtype]
+    if qtype in LEGACY:
+        w = rng.standard_normal((n_out, n_in), dtype=np.float32) * np.float32(0.02)
+        return np.ascontiguousarray(gg.quants.quantize(w, T))
+    block, tsize = gg.GGML_QUANT_SIZES[T]
+    nb = n_out * n_in // block
+    b = rng.integers(0, 256, (nb, tsize), dtype=np.uint8)
+
+    def f16(lo, hi):
+        return rng.uniform(lo, hi, nb).astype("<f2").view(np.uint8).reshape(nb, 2)
+    if qtype in ("Q4_K", "Q5_K"):          # d, dmin at bytes 0..3
+        b[:, 0:2], b[:, 2:4] = f16(1e-4, 1e-3), f16(1e-4, 1e-3)
+    elif qtype == "Q6_K":                  # d at the end
+        b[:, tsize - 2:] = f16(1e-4, 1e-3)
+    elif qtype == "Q2_K":                  # d, dmin at the end
+        b[:, tsize - 4:tsize - 2], b[:, tsize - 2:] = f16(1e-4, 1e-3), f16(1e-4, 1e-3)
+    elif qtype == "Q3_K":
+        b[:, tsize - 2:] = f16(1e-4, 1e-3)
+    else:
+        raise ValueError(f"no random-bytes recipe for {qtype}")
+    return b.reshape(n_out, -1)
+
+
+def dequantize(raw, qtype, n_in):
+    gg = _gguf()
+    return np.ascontiguousarray(gg.quants.dequantize(raw, gg.GGMLQuantizationType[qtype]).reshape(-1, n_in),
+                                dtype=np.float32)
+
+
+class Weight:
+    """One weight: raw GGUF bytes, the cpufuse QTensor (None while cpufuse has none), the f32
+    dequantized matrix for the numpy column."""
+
+    def __init__(self, qtype, n_out, n_in, tag=""):
+        rng = np.random.default_rng(zlib.crc32(f"{qtype}{n_out}{n_in}{tag}".encode()))
+        self.qtype, self.n_out, self.n_in = qtype, n_out, n_in
+        self.raw = make_raw(qtype, n_out, n_in, rng)
+        self.wf = dequantize(self.raw, qtype, n_in)
+        QT = getattr(cpufuse, "QTensor", None)
+        self.qt = QT(self.raw, qtype, (n_out, n_in)) if QT is not None else None
+        self.nbytes = self.raw.nbytes
+
+
+_wcache = {}
+
+
+def weight(qtype, n_out, n_in, tag=""):
+    """the weight of this (type, shape, tag); the cache holds the last case's weights only (Llama-7B
+    down in f32 is 180 MB)"""
+    key = (qtype, n_out, n_in, tag)
+    if key not in _wcache:
+        w = Weight(qtype, n_out, n_in, tag)
+        _wcache[key] = w
+    return _wcache[key]
+
+
+def _keep_only(keys):
+    for k in list(_wcache):
+        if k not in keys:
+            del _wcache[k]
+
+
+def release():
+    _wcache.clear()
+    _read.clear()
+
+
+# ------------------------------------------------------------------------------------------------
+# Inputs and float64 references
+
+def _rng(case, what):
+    return np.random.default_rng(zlib.crc32(f"{case.kind}{case.n_in}{case.rows}{what}".encode()))
+
+
+def inputs(case):
+    inp = {}
+    if case.kind == "rope":
+        T, H, D = case.rows, ROPE_HEADS, ROPE_DIM
+        pos0 = 0 if T > 1 else ROPE_CTX // 2 - 1
+        inp["k"] = _rng(case, "k").standard_normal((T, H, D), dtype=np.float32)
+        inp["pos"] = np.arange(pos0, pos0 + T, dtype=np.int32)
+        inp["pos0"] = pos0
+        inp["kc"] = np.zeros((ROPE_CTX, H, D), np.float16)
+        return inp
+    x = _rng(case, "x").standard_normal((case.rows, case.n_in), dtype=np.float32)
+    inp["x"] = x
+    if case.kind == "matmul":
+        _keep_only({(case.qtype, case.n_out, case.n_in, "")})
+        inp["w"] = [weight(case.qtype, case.n_out, case.n_in)]
+    elif case.kind == "swiglu":
+        keys = [(case.qtype, case.n_out, case.n_in, t) for t in ("gate", "up")]
+        _keep_only(set(keys))
+        inp["w"] = [weight(*k) for k in keys]
+    elif case.kind == "norm_matmul":
+        _keep_only({(case.qtype, case.n_out, case.n_in, "")})
+        inp["w"] = [weight(case.qtype, case.n_out, case.n_in)]
+        inp["g"] = (1.0 + 0.1 * _rng(case, "g").standard_normal(case.n_in, dtype=np.float32)).astype(np.float32)
+    elif case.kind == "qkv":
+        keys = [(case.qtype, n, case.n_in, t) for n, t in ((case.n_out, "q"), (case.n_kv, "k"), (case.n_kv, "v"))]
+        _keep_only(set(keys))
+        inp["w"] = [weight(*k) for k in keys]
+    return inp
+
+
+def ref_matmul64(x, wf, chunk=1024):
+    """float64 x @ wf.T, converting wf to float64 a chunk of rows at a time"""
+    x64 = x.astype(np.float64)
+    y = np.empty((x.shape[0], wf.shape[0]))
+    for o in range(0, wf.shape[0], chunk):
+        y[:, o:o + chunk] = x64 @ wf[o:o + chunk].astype(np.float64).T
+    return y
+
+
+def _rms64(x, g, eps):
+    x64 = x.astype(np.float64)
+    return x64 / np.sqrt(np.mean(x64 * x64, -1, keepdims=True) + eps) * g.astype(np.float64)
+
+
+def rope_ref64(k, pos, n_dims, base=10000.0):
+    """ggml rope_ext, normal (LLaMA) mode, freq_scale 1, no YaRN: pairs (2i, 2i+1) rotated by
+    pos * base^(-2i/n_dims); float64. k (T, H, D)."""
+    k64 = k.astype(np.float64)
+    out = k64.copy()
+    i = np.arange(n_dims // 2)
+    theta = pos.astype(np.float64)[:, None] * base ** (-2.0 * i / n_dims)[None, :]   # (T, n_dims/2)
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    x0, x1 = k64[..., 0:n_dims:2], k64[..., 1:n_dims:2]
+    out[..., 0:n_dims:2] = x0 * c - x1 * s
+    out[..., 1:n_dims:2] = x0 * s + x1 * c
+    return out
+
+
+def reference(case, inp):
+    if case.kind == "rope":
+        try:
+            r = cpufuse.reference.rope(inp["k"], inp["pos"], n_dims=ROPE_DIM)
+            return np.asarray(r, np.float64)
+        except (AttributeError, TypeError):
+            return rope_ref64(inp["k"], inp["pos"], ROPE_DIM)
+    x, ws = inp["x"], inp["w"]
+    if case.kind == "matmul":
+        return ref_matmul64(x, ws[0].wf)
+    if case.kind == "swiglu":
+        g, u = ref_matmul64(x, ws[0].wf), ref_matmul64(x, ws[1].wf)
+        return g / (1.0 + np.exp(-g)) * u
+    if case.kind == "norm_matmul":
+        return _rms64(x, inp["g"], EPS_NORM) @ ws[0].wf.astype(np.float64).T
+    if case.kind == "qkv":
+        return np.concatenate([ref_matmul64(x, w.wf) for w in ws], axis=-1)
+    raise ValueError(case.kind)
+
+
+# ------------------------------------------------------------------------------------------------
+# The DRAM read probe: np.max over 256 MiB (1 thread), or N slices by N Python threads at once
+
+_read = {}
+
+
+def _read_array():
+    if "a" not in _read:
+        _read["a"] = np.full(READ_BYTES // 4, 1.0, np.float32)
+    return _read["a"]
+
+
+def read_probe(n_threads):
+    """a zero-argument call reading READ_BYTES once (numpy releases the GIL in the reduction)"""
+    a = _read_array()
+    if n_threads <= 1:
+        return functools.partial(np.max, a)
+    key = ("pool", n_threads)
+    if key not in _read:  # started while the caller is in all-core mode: the workers get every core
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=n_threads)
+        n = a.size
+        b = [n * i // n_threads // 16 * 16 for i in range(n_threads)] + [n]
+        parts = [a[lo:hi] for lo, hi in zip(b[:-1], b[1:])]
+        list(pool.map(np.max, parts))  # start every worker now
+
+        def fn():
+            return max(pool.map(np.max, parts))
+        _read[key] = fn
+    return _read[key]
+
+
+# ------------------------------------------------------------------------------------------------
+# The section (bench.run protocol: cases / inputs / reference / build / tol / work / annotate)
+
+MM_COLS = ("cpufuse", "cpufuse f32", "cpufuse q8", "ggml", "ggml repack", "numpy", "DRAM read")
+FUSED_COLS = ("fused", "unfused", "numpy unfused", "copy")
+KIND_COLS = {"matmul": MM_COLS[:-1] + ("DRAM read",),
+             "swiglu": FUSED_COLS[:3], "norm_matmul": FUSED_COLS[:3], "qkv": FUSED_COLS[:3],
+             "rope": ("fused", "unfused", "copy")}
+KIND_TITLE = {"swiglu": "gate/up + SwiGLU: `matmul_swiglu` vs two matmuls + swiglu",
+              "norm_matmul": "RMSNorm → quant → matmul: `matmul(norm_weight=g, eps=1e-5)` vs `rms_norm` then `matmul`",
+              "qkv": "QKV on one activation: `matmul_multi(x, (wq, wk, wv))` vs three matmuls",
+              "rope": "RoPE + f16 KV-cache write: `rope(k, pos, n_dims=128, cache=(kc, pos0))` vs rope then a cast copy "
+                      "into the cache, vs numpy's copy bandwidth"}
+HOOK_FN = {"swiglu": "matmul_swiglu", "norm_matmul": "matmul", "qkv": "matmul_multi", "rope": "rope"}
+
+
+def _default_act():
+    qm = sys.modules.get("cpufuse.qmatmul")
+    return getattr(qm, "DEFAULT_ACT", None)
+
+
+class QuantSection:
+    key, title = "quant", "quantized matmul"
+    settle_s = 0.1  # after the all-core columns: OpenBLAS's idle workers spin ~0.1 s (threads.settle_s)
+
+    def __init__(self, peers, all_core):
+        V = R.Variant
+        self.col = {}
+        vs = []
+        specs = [("cpufuse", "cpufuse", 1e-3), ("cpufuse f32", "cpufuse", 1e-10), ("cpufuse q8", "cpufuse", 1e-3),
+                 ("ggml", "peer", 1e-3), ("ggml repack", "peer", 1e-3), ("numpy", "user", 1e-6),
+                 ("DRAM read", "baseline", None),
+                 ("fused", "cpufuse", 1e-3), ("unfused", "cpufuse", 1e-3), ("numpy unfused", "user", 1e-6),
+                 ("copy", "baseline", None)]
+        for nth in ((1, threads.ALL) if all_core else (1,)):
+            for name, kind, tol in specs:
+                nm = name if nth == 1 else R.all_core_name(name)
+                self.col[nm] = name
+                slow = 3.0 if kind in ("cpufuse", "user") else None
+                vs.append(V(nm, kind, None, tol=tol if tol is not None else 0.0, nth=nth, max_call_s=slow))
+        self.vlist = vs
+        self.stash = {}   # (case name) -> {column name: output}, for the cross checks in work()
+        self.info = {}    # (case name) -> {column name: ggml path info}
+        self.q8ref = {}   # (case name) -> float64 q8 block reference (or None)
+        self.q8ref_max = Q8REF_MAX
+
+    # ---- protocol
+    def cases(self, a):
+        self.q8ref_max = Q8REF_MAX_QUICK if a.quick else Q8REF_MAX
+        return [c for c in CASES if (not a.quick or c.quick) and not (c.big and a.no_big)]
+
+    def inputs(self, case):
+        return inputs(case)
+
+    def reference(self, case, inp):
+        return reference(case, inp)
+
+    def tol(self, case, v):
+        col = self.col[v.name]
+        if col == "cpufuse" and _default_act() == "f32":
+            return 1e-10, None
+        if case.kind == "rope":
+            return 1e-6, None   # f16 cache: the f16 rounding (~1e-7)
+        return v.tol, None
+
+    def build(self, case, v, inp):
+        col = self.col[v.name]
+        if col not in KIND_COLS[case.kind]:
+            raise R.Unavailable(NA)
+        nth = threads.resolve(v.nth)
+        if col == "DRAM read":
+            if case.rows != 1:
+                raise R.Unavailable("timed beside the decode rows only")
+            fn = read_probe(nth)
+            return fn, fn
+        if case.kind == "matmul":
+            fn, get = self._build_matmul(case, col, inp, nth, v.name)
+        else:
+            fn, get = self._build_fused(case, col, inp, nth)
+        return fn, (self._stashing(case, v.name, get) if v.kind != "baseline" else get)
+
+    def _stashing(self, case, name, get):
+        def g():
+            y = get()
+            self.stash.setdefault(case.name, {})[name] = np.array(y, copy=True)
+            return y
+        return g
+
+    def _build_matmul(self, case, col, inp, nth, vname):
+        x, w = inp["x"], inp["w"][0]
+        y = np.empty((case.rows, case.n_out), np.float32)
+        if col.startswith("cpufuse"):
+            if not hasattr(cpufuse, "matmul") or w.qt is None:
+                raise R.Unavailable("cpufuse.matmul / cpufuse.QTensor not available in this cpufuse")
+            kw = {"out": y, "n_threads": nth}
+            if col != "cpufuse":
+                kw["act"] = col.split()[1]
+            fn = functools.partial(cpufuse.matmul, x, w.qt, **kw)
+            act = kw.get("act") or _default_act() or "q8"
+
+            def get():
+                fn()
+                out = y.copy()
+                if act == "q8":
+                    self._check_q8(case, inp, out)
+                return out
+            return fn, get
+        if col.startswith("ggml"):
+            from . import peers
+            res, why = peers.ggml_mul_mat_build(w.raw, w.qtype, w.n_out, w.n_in, x, nth, repack=col == "ggml repack")
+            if res is None:
+                raise R.Unavailable(why)
+            fn, get, info = res
+            self.info.setdefault(case.name, {})[vname] = info
+            return fn, get
+        if col == "numpy":
+            wt = w.wf.T
+            fn = functools.partial(np.matmul, x, wt, out=y)
+            return fn, lambda: (fn(), y.copy())[1]
+        raise R.Unavailable(NA)
+
+    def _q8_reference(self, case, inp):
+        if case.name not in self.q8ref:
+            ref = None
+            if case.rows * case.n_out * case.n_in <= self.q8ref_max:
+                try:
+                    from cpufuse import qref
+                    ref = qref.ref_matmul_q8(inp["x"], inp["w"][0].qt)
+                except (ImportError, AttributeError):
+                    ref = None
+            self.q8ref[case.name] = ref
+        return self.q8ref[case.name]
+
+    def _check_q8(self, case, inp, out):
+        """cpufuse's q8 mode must be the float64 of ggml's integer block arithmetic (design doc)"""
+        ref = self._q8_reference(case, inp)
+        if ref is None:
+            return
+        e = _nmse(ref, out)
+        if not e <= 1e-10:
+            raise AssertionError(f"q8 mode: NMSE {e:.3g} > 1e-10 against cpufuse.qref.ref_matmul_q8")
+
+    def _build_fused(self, case, col, inp, nth):
+        if case.kind == "rope":
+            return self._build_rope(case, col, inp, nth)
+        x, ws = inp["x"], inp["w"]
+        if col != "numpy unfused":
+            fname = HOOK_FN[case.kind]
+            if not hasattr(cpufuse, fname) or not hasattr(cpufuse, "matmul") or any(w.qt is None for w in ws):
+                raise R.Unavailable(f"cpufuse.{fname} not available in this cpufuse")
+        rows = case.rows
+        if case.kind == "swiglu":
+            wg, wu = ws
+            y = np.empty((rows, case.n_out), np.float32)
+            g = np.empty_like(y)
+            u = np.empty_like(y)
+            if col == "fused":
+                fn = functools.partial(cpufuse.matmul_swiglu, x, wg.qt, wu.qt, out=y, n_threads=nth)
+            elif col == "unfused":
+                plan = _swiglu_plan(rows, case.n_out)
+
+                def fn():
+                    cpufuse.matmul(x, wg.qt, out=g, n_threads=nth)
+                    cpufuse.matmul(x, wu.qt, out=u, n_threads=nth)
+                    r = plan.run(gate=g, up=u, n_threads=nth)
+                    return r[0] if isinstance(r, (list, tuple)) else r
+
+                def get():
+                    return np.array(fn(), copy=True)
+                return _typeerror_as_unavailable(fn, get)
+            else:
+                wgt, wut = wg.wf.T, wu.wf.T
+
+                def fn():
+                    np.matmul(x, wgt, out=g)
+                    np.matmul(x, wut, out=u)
+                    np.negative(g, out=y)
+                    np.exp(y, out=y)
+                    np.add(y, 1.0, out=y)
+                    np.divide(g, y, out=y)
+                    np.multiply(y, u, out=y)
+        elif case.kind == "norm_matmul":
+            w, gw = ws[0], inp["g"]
+            y = np.empty((rows, case.n_out), np.float32)
+            t = np.empty_like(x)
+            if col == "fused":
+                fn = functools.partial(cpufuse.matmul, x, w.qt, norm_weight=gw, eps=EPS_NORM, out=y, n_threads=nth)
+            elif col == "unfused":
+                def fn():
+                    cpufuse.rms_norm(x, gw, eps=EPS_NORM, out=t, n_threads=nth)
+                    cpufuse.matmul(t, w.qt, out=y, n_threads=nth)
+            else:
+                wt = w.wf.T
+                ms = np.empty((rows, 1), np.float32)
+
+                def fn():
+                    np.multiply(x, x, out=t)
+                    np.mean(t, axis=-1, keepdims=True, out=ms)
+                    np.add(ms, EPS_NORM, out=ms)
+                    np.sqrt(ms, out=ms)
+                    np.divide(x, ms, out=t)
+                    np.multiply(t, gw, out=t)
+                    np.matmul(t, wt, out=y)
+        elif case.kind == "qkv":
+            ys = [np.empty((rows, w.n_out), np.float32) for w in ws]
+            y = None
+            if col == "fused":
+                fn = functools.partial(cpufuse.matmul_multi, x, tuple(w.qt for w in ws), out=tuple(ys), n_threads=nth)
+            elif col == "unfused":
+                def fn():
+                    for w, o in zip(ws, ys):
+                        cpufuse.matmul(x, w.qt, out=o, n_threads=nth)
+            else:
+                wts = [w.wf.T for w in ws]
+
+                def fn():
+                    for wt, o in zip(wts, ys):
+                        np.matmul(x, wt, out=o)
+
+            def get():
+                fn()
+                return np.concatenate(ys, axis=-1)
+            return _typeerror_as_unavailable(fn, get)
+        else:
+            raise R.Unavailable(NA)
+
+        def get():
+            fn()
+            return y.copy()
+        return _typeerror_as_unavailable(fn, get)
+
+    def _build_rope(self, case, col, inp, nth):
+        k, pos, pos0, kc = inp["k"], inp["pos"], inp["pos0"], inp["kc"]
+        T = case.rows
+        dst = kc[pos0:pos0 + T]
+        if col == "copy":  # plain copy bandwidth: k into an f32 scratch (read + write 4 bytes per element)
+            scratch = np.empty_like(k)
+            fn = functools.partial(np.copyto, scratch, k)
+            return fn, lambda: (fn(), scratch)[1]
+        if not hasattr(cpufuse, "rope"):
+            raise R.Unavailable("cpufuse.rope not available in this cpufuse")
+        if col == "fused":
+            fn = functools.partial(cpufuse.rope, k, pos, n_dims=ROPE_DIM, cache=(kc, pos0), n_threads=nth)
+        else:
+            tmp = np.empty_like(k)
+
+            def fn():
+                cpufuse.rope(k, pos, n_dims=ROPE_DIM, out=tmp, n_threads=nth)
+                np.copyto(dst, tmp, casting="same_kind")
+
+        def get():
+            fn()
+            return dst.astype(np.float32)
+        return _typeerror_as_unavailable(fn, get)
+
+    def work(self, case, inp):
+        """bytes and flops of the row; also the cross checks on the outputs the checks just made
+        (runs after every column of the case was built and checked, before timing)"""
+        if case.kind == "rope":
+            w = {"bytes": case.rows * case.n_in * 6, "weight_bytes": 0, "flops": 0}
+        else:
+            ws = inp["w"]
+            n_out = sum(x.n_out for x in ws)
+            w = {"weight_bytes": sum(x.nbytes for x in ws), "weight_f32_bytes": sum(x.wf.nbytes for x in ws),
+                 "flops": 2 * case.rows * case.n_in * n_out, "bytes": sum(x.nbytes for x in ws)}
+        outs = self.stash.pop(case.name, {})
+        extra = EXTRA.setdefault(case.name, {})
+        extra["ggml_info"] = self.info.pop(case.name, {})
+        q8 = self.q8ref.pop(case.name, None)
+        if q8 is not None:
+            extra["nmse_vs_q8ref"] = {k: _nmse(q8, o) for k, o in outs.items()
+                                      if self.col[k] in ("cpufuse", "cpufuse q8", "ggml", "ggml repack")}
+        # every thread count must give the same bits (cpufuse's contract; ggml's on x86, SPEC-QUANT 6)
+        same = {}
+        for k, o in outs.items():
+            if k != self.col[k] and self.col[k] in outs:
+                same[self.col[k]] = bool(np.array_equal(o, outs[self.col[k]]))
+        extra["threads_bit_identical"] = same
+        return w
+
+    def annotate(self, case, r, work):
+        r["median_us"] = r["median_ns"] / 1e3
+        if r["kind"] == "baseline" and case.kind != "rope":   # the DRAM read probe
+            r["gbps"] = READ_BYTES / r["median_ns"]
+            PROBES.setdefault(r["n_threads"], []).append(r["gbps"])
+            return
+        if r["kind"] == "baseline":                           # rope rows: the f32 copy of k, read + write
+            r["gbps"] = 2 * 4 * case.rows * case.n_in / r["median_ns"]
+            return
+        r["gbps"] = work["bytes"] / r["median_ns"]
+        if work.get("flops"):
+            r["gflops"] = work["flops"] / r["median_ns"]
+
+
+def _typeerror_as_unavailable(fn, get):
+    """a hook whose guessed signature does not match the function that landed is skipped, not an error"""
+    def g():
+        try:
+            return get()
+        except TypeError as e:
+            raise R.Unavailable(f"the hook's call does not match this cpufuse: TypeError: {e}") from None
+    return fn, g
+
+
+@functools.lru_cache(maxsize=8)
+def _swiglu_plan(rows, n):
+    g = cpufuse.Graph()
+    a = g.input("gate", (rows, n))
+    b = g.input("up", (rows, n))
+    g.output(g.mul(g.silu(a, name="silu"), b, name="swiglu"))
+    return g.compile(fusion=True)
+
+
+def _nmse(want, got):
+    want = np.asarray(want, np.float64)
+    d = np.asarray(got, np.float64) - want
+    return float((d * d).sum() / max((want * want).sum(), 1e-300))
+
+
+EXTRA = {}     # case name -> cross checks and ggml path info (filled in work(), read in derived())
+PROBES = {}    # thread count -> DRAM read GB/s of every decode row's probe
+
+
+# ------------------------------------------------------------------------------------------------
+# Derived numbers and the markdown
+
+def _ok(res, k):
+    r = res.get(k)
+    return r if r and r.get("status") == "ok" and r.get("median_ns") else None
+
+
+def _cols(res, nth_all):
+    """{base column: result} for the 1-thread (nth_all False) or all-core columns"""
+    out = {}
+    for k, r in res.items():
+        if r.get("status") != "ok" or not r.get("median_ns"):
+            continue
+        allc = r.get("n_threads", 1) > 1
+        if allc == nth_all:
+            out[k.split(" ×")[0]] = r
+    return out
+
+
+def derived(case, res, env):
+    release()   # the section is done (derived runs after every section): drop its weights and arrays
+    ex = EXTRA.get(case.name, {})
+    d = {"kind": case.kind, "threads_bit_identical": ex.get("threads_bit_identical"),
+         "nmse_vs_q8ref": ex.get("nmse_vs_q8ref")}
+    info = ex.get("ggml_info", {})
+    d["ggml_path"] = {k: (v["path"] + (f" {v['layout']}" if v.get("layout") and v["path"] == "repack" else ""))
+                      for k, v in info.items()}
+    for suffix, allc in (("", False), ("_all", True)):
+        c = _cols(res, allc)
+        if not c:
+            continue
+        if case.kind == "matmul":
+            cf = c.get("cpufuse")
+            gg = c.get("ggml repack") or c.get("ggml")
+            d["ggml_default" + suffix] = "ggml repack" if "ggml repack" in c else ("ggml" if "ggml" in c else None)
+            if cf:
+                t = cf["median_ns"]
+                d["cpufuse_us" + suffix] = t / 1e3
+                if gg:
+                    d["ggml_over_cpufuse" + suffix] = gg["median_ns"] / t
+                if "ggml" in c:
+                    d["ggml_plain_over_cpufuse" + suffix] = c["ggml"]["median_ns"] / t
+                if "numpy" in c:
+                    d["numpy_over_cpufuse" + suffix] = c["numpy"]["median_ns"] / t
+                if case.rows == 1:
+                    d["cpufuse_gbps" + suffix] = cf["gbps"]
+                else:
+                    d["cpufuse_gflops" + suffix] = cf["gflops"]
+            q8 = [c[k] for k in ("cpufuse", "cpufuse q8") if k in c]
+            if q8 and gg:
+                d["ggml_over_best_cpufuse_q8" + suffix] = gg["median_ns"] / min(r["median_ns"] for r in q8)
+            if case.rows == 1:
+                if gg:
+                    d["ggml_gbps" + suffix] = gg["gbps"]
+                pl = PROBES.get(threads.n_all if allc else 1)
+                probe = statistics.median(pl) if pl else None
+                if "DRAM read" in c:
+                    d["read_gbps_row" + suffix] = c["DRAM read"]["gbps"]
+                if probe:
+                    d["read_gbps" + suffix] = probe
+                    if cf:
+                        d["pct_read" + suffix] = 100 * cf["gbps"] / probe
+                    if gg:
+                        d["ggml_pct_read" + suffix] = 100 * gg["gbps"] / probe
+        else:
+            f = c.get("fused")
+            if f:
+                d["fused_us" + suffix] = f["median_ns"] / 1e3
+                if "unfused" in c:
+                    d["fusion_gain" + suffix] = c["unfused"]["median_ns"] / f["median_ns"]
+                if "numpy unfused" in c:
+                    d["user_gain" + suffix] = c["numpy unfused"]["median_ns"] / f["median_ns"]
+                if "copy" in c:
+                    d["fused_over_copy" + suffix] = f["median_ns"] / c["copy"]["median_ns"]
+                    d["pct_copy_gbps" + suffix] = 100 * f["gbps"] / c["copy"]["gbps"]
+                d["gbps" + suffix] = f["gbps"]
+            if "copy" in c:
+                d["copy_gbps" + suffix] = c["copy"]["gbps"]
+    return d
+
+
+def _fx(v):
+    return "–" if v is None else f"{v:.2f}×"
+
+
+def _fg(v):
+    return "–" if v is None else f"{v:.1f}"
+
+
+def _fp(v):
+    return "–" if v is None else f"{v:.0f}%"
+
+
+def _fe(v):
+    return "–" if v is None else f"{v:.1e}"
+
+
+def markdown(report, sec):
+    entries = sec["cases"]
+    allc = any(v["nth"] != 1 for v in sec["variants"])
+    N = threads.n_all
+    names = [v["name"] for v in sec["variants"]]
+
+    def cols_for(kind):
+        base = KIND_COLS[kind]
+        return [n for n in names if n.split(" ×")[0] in base]
+
+    mm = [c for c in entries if c["case"]["kind"] == "matmul"]
+    lines = ["", "## quantized matmul", "",
+             "y = x · dequant(W)ᵀ, W a GGUF weight (n_out × K), x f32 (rows × K); y preallocated. cpufuse = "
+             f"`cpufuse.matmul(x, w, out=y, n_threads=…)` (default act = {_default_act() or '?'}; f32 / q8 forced); "
+             "ggml = `ggml_mul_mat(W, X)` through the ggml-backend API, W in the CPU buffer (vec_dot, or llamafile "
+             "sgemm at ≥ 2 rows for Q4_0/Q8_0), ggml repack = W in the CPU_REPACK extra buffer (what llama.cpp runs by "
+             "default when ggml has a repacked layout: Q4_0 / Q4_K on AVX2), same thread count, persistent thread pool; "
+             "numpy = `np.matmul(x, Wf.T, out=y)` on pre-dequantized f32 weights. Legacy weights: gguf quantize of "
+             "N(0, 0.02²); K-quants: random valid blocks. DRAM read = np.max over 256 MiB (×N: N threads on N slices), "
+             "timed in the decode rows' own rounds. % DRAM read > 100% means the weights (or part of them) came from "
+             "the caches: SmolLM2's are 0.07–0.9 MB, Llama-7B's 9–37 MB, against this CPU's L2 + L3. "
+             "NMSE vs q8 ref = against `cpufuse.qref.ref_matmul_q8` (float64 of ggml's integer block arithmetic on the "
+             "same quantized activations; computed where rows·N·K is small enough): ~1e-14 means the same arithmetic, "
+             "while both differ from the f32 result by the activation quantization (~3e-5).", ""]
+    if mm:
+        lines += ["Median time per call, µs (**bold** = fastest):", ""]
+        lines += R._time_table(mm, [n for n in cols_for("matmul") if not n.startswith("DRAM read")])
+        hdr = ("| case | W MB | ggml path (plain / repack) | ggml / cpufuse | ggml plain / cpufuse | numpy / cpufuse "
+               "| cpufuse GB/s or GFLOP/s | % DRAM read | ggml % DRAM read |")
+        sep = "|---|---:|---|---:|---:|---:|---:|---:|---:|"
+        if allc:
+            hdr += (f" ggml / cpufuse ×{N} | numpy / cpufuse ×{N} | GB/s or GFLOP/s ×{N} | % DRAM read ×{N} "
+                    f"| ggml % DRAM read ×{N} |")
+            sep += "---:|" * 5
+        hdr += " NMSE vs q8 ref: cpufuse q8 / ggml / ggml repack | thread counts bit-identical |"
+        sep += "---|---|"
+        lines += ["", "Same-run ratios (> 1: cpufuse faster; ggml = the path llama.cpp runs by default, i.e. repack where "
+                  "ggml repacks this weight, else plain). Decode rows: GB/s = weight bytes streamed / time, % of the "
+                  "run's DRAM read probe (median over the decode rows); prefill rows: GFLOP/s = 2·rows·K·N / time:", "",
+                  hdr, sep]
+        for c in mm:
+            d, ca = c["derived"], c["case"]
+            dec = ca["rows"] == 1
+            gp = d.get("ggml_path", {})
+            path = " / ".join(gp.get(k, "n/a") for k in ("ggml", "ggml repack"))
+            perf = _fg(d.get("cpufuse_gbps")) if dec else _fg(d.get("cpufuse_gflops"))
+            row = (f"| {ca['name']} | {c['work']['weight_bytes'] / 1e6:.2f} | {path} | {_fx(d.get('ggml_over_cpufuse'))} | "
+                   f"{_fx(d.get('ggml_plain_over_cpufuse'))} | {_fx(d.get('numpy_over_cpufuse'))} | {perf} | "
+                   f"{_fp(d.get('pct_read')) if dec else ''} | {_fp(d.get('ggml_pct_read')) if dec else ''} |")
+            if allc:
+                perf_a = _fg(d.get("cpufuse_gbps_all")) if dec else _fg(d.get("cpufuse_gflops_all"))
+                row += (f" {_fx(d.get('ggml_over_cpufuse_all'))} | {_fx(d.get('numpy_over_cpufuse_all'))} | {perf_a} | "
+                        f"{_fp(d.get('pct_read_all')) if dec else ''} | {_fp(d.get('ggml_pct_read_all')) if dec else ''} |")
+            nq = d.get("nmse_vs_q8ref") or {}
+            row += (" " + " / ".join(_fe(nq.get(k)) for k in ("cpufuse q8", "ggml", "ggml repack")) + " | "
+                    + (", ".join(f"{k} {'yes' if v else '**NO**'}" for k, v in (d.get("threads_bit_identical") or {}).items()
+                                 if k in ("cpufuse", "cpufuse q8", "cpufuse f32", "ggml", "ggml repack")) or "–") + " |")
+            lines.append(row)
+        probes = {n: statistics.median(v) for n, v in PROBES.items() if v}
+        if probes:
+            lines += ["", "DRAM read probe (median over the decode rows): " + ", ".join(
+                f"{v:.1f} GB/s on {n} thread{'s' if n > 1 else ''}" for n, v in sorted(probes.items()))
+                + f"; DRAM copy (np.copyto, read + write) {report['copy_bw']['dram']['gbps']:.1f} GB/s."]
+    for kind in ("swiglu", "norm_matmul", "qkv", "rope"):
+        rows = [c for c in entries if c["case"]["kind"] == kind]
+        if not rows:
+            continue
+        lines += ["", f"### {KIND_TITLE[kind]}", "", "Median time per call, µs:", ""]
+        lines += R._time_table(rows, cols_for(kind))
+        if kind == "rope":
+            hdr = "| case | MB moved | fused GB/s | copy GB/s | % copy GB/s | fused / copy | fusion gain |"
+            sep = "|---|---:|---:|---:|---:|---:|---:|"
+        else:
+            hdr, sep = "| case | W MB | fusion gain | user gain |", "|---|---:|---:|---:|"
+        if allc:
+            hdr += (f" fusion gain ×{N} | user gain ×{N} |" if kind != "rope" else
+                    f" fused GB/s ×{N} | % copy GB/s ×{N} | fused / copy ×{N} |")
+            sep += "---:|---:|" if kind != "rope" else "---:|---:|---:|"
+        lines += ["", hdr, sep]
+        for c in rows:
+            d = c["derived"]
+            if kind == "rope":
+                row = (f"| {c['case']['name']} | {c['work']['bytes'] / 1e6:.2f} | {_fg(d.get('gbps'))} | "
+                       f"{_fg(d.get('copy_gbps'))} | {_fp(d.get('pct_copy_gbps'))} | {_fx(d.get('fused_over_copy'))} | "
+                       f"{_fx(d.get('fusion_gain'))} |")
+                if allc:
+                    row += (f" {_fg(d.get('gbps_all'))} | {_fp(d.get('pct_copy_gbps_all'))} | "
+                            f"{_fx(d.get('fused_over_copy_all'))} |")
+            else:
+                row = (f"| {c['case']['name']} | {c['work']['weight_bytes'] / 1e6:.2f} | {_fx(d.get('fusion_gain'))} | "
+                       f"{_fx(d.get('user_gain'))} |")
+                if allc:
+                    row += f" {_fx(d.get('fusion_gain_all'))} | {_fx(d.get('user_gain_all'))} |"
+            lines.append(row)
+        lines += ["", "fusion gain = unfused / fused (cpufuse calls) · user gain = numpy unfused / fused"
+                  + (" · MB moved = k read (f32) + cache written (f16); copy = `np.copyto` of k into an f32 scratch, "
+                     "GB/s counted as read + write: % copy GB/s = the fused rope's GB/s against plain copy bandwidth"
+                     if kind == "rope" else "")]
+    # notes: failures, errors and real skips (not the "not a column of this row kind" ones)
+    notes = []
+    for c in entries:
+        for k, r in c["results"].items():
+            if r.get("status") in ("failed", "error"):
+                notes.append(f"- **{r['status'].upper()}** {c['case']['name']} / {k}: {r['reason']}")
+    skipped = {}
+    for c in entries:
+        for k, r in c["results"].items():
+            if r.get("status") == "skipped" and r["reason"] not in (NA, "timed beside the decode rows only"):
+                skipped.setdefault((k.split(" ×")[0], r["reason"]), []).append(c["case"]["name"])
+    for (k, why), names_ in skipped.items():
+        names_ = list(dict.fromkeys(names_))  # the 1-thread and xN columns give the same reason
+        where = ", ".join(names_) if len(names_) <= 3 else f"{len(names_)} rows"
+        notes.append(f"- skipped {k} ({where}): {why}")
+    return lines + (["", "Notes:", ""] + notes if notes else [])
+
+
+# ------------------------------------------------------------------------------------------------
+
+def register(run_module):
+    """Add the section to bench.run (called at its import, with the module itself: it may be __main__)."""
+    global R
+    R = run_module
+    run_module.SECTIONS["quant"] = QuantSection
+    run_module.DERIVED["quant"] = derived
+    run_module.MARKDOWN["quant"] = markdown
