@@ -13,7 +13,7 @@ all: test
 $(VENV)/.ok: pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q setuptools wheel "cffi>=1.15" numpy numba pytest pytest-benchmark gguf
+	$(VPY) -m pip install -q setuptools wheel "cffi>=1.15" numpy numba pytest pytest-benchmark gguf tokenizers jinja2
 	touch $@
 
 venv: $(VENV)/.ok

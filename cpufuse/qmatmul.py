@@ -155,7 +155,7 @@ def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead):
             d += [w.type_id, w.shape[0], w.row_bytes, yi.strides[0] // 4 if yi.shape[0] > 1 else w.shape[0]]
         else:
             d += [0, 0, 0, 0]
-    wp = [ffi.from_buffer(w.raw) for w in ws] + [ffi.NULL] * (3 - len(ws))
+    wp = [_wptr(w)[0] for w in ws] + [ffi.NULL] * (3 - len(ws))
     yp = [ffi.cast("float *", o.ctypes.data) for o in y2] + [ffi.NULL] * (3 - len(y2))
     xp = ffi.cast("const float *", x2.ctypes.data)
     np_ = ffi.cast("const float *", nw_arr.ctypes.data) if nw_arr is not None else ffi.NULL
@@ -165,6 +165,55 @@ def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead):
     return ys
 
 
+def _wptr(w):
+    c = w._c
+    if c is None:
+        a = w.raw.__array_interface__["data"][0]
+        c = (ffi.from_buffer(w.raw), a, a + w.nbytes)
+        object.__setattr__(w, "_c", c)
+    return c
+
+
+_ndarray = np.ndarray
+_ACT = {None: 1 if DEFAULT_ACT == "q8" else 0, "q8": 1, "f32": 0}
+
+
+def _lean(x, w, act, out, isa, n_threads):
+    """The common call (2-D or 1-D C-contiguous x, optional C-contiguous out, native path) with
+    the fewest checks that still catch every bad input; None when it does not apply."""
+    if type(x) is not _ndarray or type(w) is not QTensor or x.dtype != F32 or not x.flags.c_contiguous:
+        return None
+    nd = x.ndim
+    if nd not in (1, 2) or x.shape[-1] != w.n_in or act not in _ACT:
+        return None
+    isa = _dispatch.resolve(isa)
+    if isa == "numba" or lib is None:
+        return None
+    rows = x.shape[0] if nd == 2 else 1
+    n = w.n_out
+    shape = (rows, n) if nd == 2 else (n,)
+    if out is None:
+        out = np.empty(shape, F32)
+    elif (type(out) is not _ndarray or out.dtype != F32 or out.shape != shape or not out.flags.c_contiguous
+          or not out.flags.writeable):
+        return None  # the full path raises the precise error
+    wc = _wptr(w)
+    xa = x.__array_interface__["data"][0]
+    oa = out.__array_interface__["data"][0]
+    ob = oa + rows * n * 4
+    if (oa < xa + x.nbytes and xa < ob) or (oa < wc[2] and wc[1] < ob):
+        return None
+    if rows == 0 or n == 0:
+        return out
+    nth = _dispatch.threads(n_threads)
+    d = [rows, w.n_in, w.n_in, _ACT[act], 1, 0, 0, w.type_id, n, w.row_bytes, n, 0, 0, 0, 0, 0, 0, 0, 0]
+    rc = _fn(isa)(d, ffi.cast("const float *", xa), ffi.NULL, 0.0, wc[0], ffi.NULL, ffi.NULL,
+                  ffi.cast("float *", oa), ffi.NULL, ffi.NULL, nth)
+    if rc:
+        raise RuntimeError(f"cpufuse.matmul: the {isa} kernel failed: {_ERRORS.get(rc, rc)}")
+    return out
+
+
 def matmul(x, w, *, act=None, out=None, isa=None, n_threads=None, norm_weight=None, eps=None):
     """y = x . dequant(w)^T for a QTensor w of shape (n_out, n_in); x float32 (..., n_in).
 
@@ -172,6 +221,10 @@ def matmul(x, w, *, act=None, out=None, isa=None, n_threads=None, norm_weight=No
     norm_weight, eps: fuse RMS_NORM(x) * norm_weight in front (norm_weight None with eps given:
     RMS_NORM alone); the normalized rows are quantized in the same pass and never returned.
     out: optional float32 (..., n_out) output. Returns the result."""
+    if norm_weight is None and eps is None:
+        y = _lean(x, w, act, out, isa, n_threads)
+        if y is not None:
+            return y
     lead = _lead(x)
     return _run(x, (w,), ("w",), act, None if out is None else [out], isa, n_threads, norm_weight, eps, 0, lead)[0]
 

@@ -273,7 +273,7 @@ class QTensor:
     array and its flags are left untouched.
     """
     __slots__ = ("raw", "qtype", "type_id", "shape", "n_out", "n_in", "block_size", "type_size",
-                 "row_bytes", "nbytes", "vec_dot_type")
+                 "row_bytes", "nbytes", "vec_dot_type", "_c")
 
     def __init__(self, raw, qtype, shape):
         t = resolve_qtype(qtype)
@@ -299,6 +299,7 @@ class QTensor:
         s(self, "row_bytes", row_bytes)
         s(self, "nbytes", want)
         s(self, "vec_dot_type", t.vec_dot_type)
+        s(self, "_c", None)  # (cffi pointer, address, end) of raw, made by cpufuse.qmatmul on first use
 
     def __setattr__(self, name, value):
         raise AttributeError(f"QTensor is immutable (cannot set {name!r})")

@@ -13,8 +13,9 @@ typedef __m256 vf8;
 static inline vq vq_load32(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
 /* 16 bytes -> 32 codes: element e < 16 is the low nibble of p[e], e >= 16 the high nibble of p[e-16] */
 static inline vq vq_nib16(const uint8_t *p) {
-  const __m128i b = _mm_loadu_si128((const __m128i *)p);
-  const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(b), _mm_srli_epi16(b, 4), 1);
+  /* the 16 bytes in both halves, the upper half shifted right by 4 (per 32-bit lane), then masked */
+  const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+  const __m256i v = _mm256_srlv_epi32(b, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
   return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
 }
 /* 32 bytes -> their low (hi = 0) or high (hi = 1) nibbles */
@@ -84,6 +85,15 @@ static inline void vq_to_f32(vq q, vf8 *o) {
 /* 4 lane sums into one vector: lanes 0-3 = elements 0-15 of d0..d3, lanes 4-7 = elements 16-31 */
 static inline vi vi_hsum4(vi d0, vi d1, vi d2, vi d3) {
   return _mm256_hadd_epi32(_mm256_hadd_epi32(d0, d1), _mm256_hadd_epi32(d2, d3));
+}
+/* vi_hsum4 of the four u8 x s8 products of one activation block with codes of at most 5 bits:
+ * the 16-bit pair sums are added twice more in 16 bits (at most 4 x 31 x 127 x 2 = 31496) and
+ * widened once, instead of widening each of the four */
+static inline vi vi_dot4_small(vq w0, vq w1, vq w2, vq w3, vq a) {
+  const __m256i p0 = _mm256_maddubs_epi16(w0, a), p1 = _mm256_maddubs_epi16(w1, a);
+  const __m256i p2 = _mm256_maddubs_epi16(w2, a), p3 = _mm256_maddubs_epi16(w3, a);
+  const __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(p0, p1), _mm256_hadd_epi16(p2, p3));
+  return _mm256_madd_epi16(h, _mm256_set1_epi16(1));
 }
 /* lanes 0-3 from lo[0..3], lanes 4-7 from hi[0..3] */
 static inline vf8 vf8_load44(const float *lo, const float *hi) {

@@ -194,6 +194,10 @@ static inline vi vi_hsum4(vi d0, vi d1, vi d2, vi d3) {
   r.val[1] = vpaddq_s32(vpaddq_s32(d0.val[1], d1.val[1]), vpaddq_s32(d2.val[1], d3.val[1]));
   return r;
 }
+/* the x4 tile's dot of four small-code rows: no 16-bit shortcut on NEON, the plain reduction */
+static inline vi vi_dot4_small(vq w0, vq w1, vq w2, vq w3, vq a) {
+  return vi_hsum4(vi_dot_us(w0, a), vi_dot_us(w1, a), vi_dot_us(w2, a), vi_dot_us(w3, a));
+}
 /* lanes 0-3 from lo[0..3], lanes 4-7 from hi[0..3] */
 static inline vf8 vf8_load44(const float *lo, const float *hi) {
   vf8 r;

@@ -65,6 +65,9 @@ static inline vi vi_hsum4(vi d0, vi d1, vi d2, vi d3) {
   }
   return r;
 }
+static inline vi vi_dot4_small(vq w0, vq w1, vq w2, vq w3, vq a) {
+  return vi_hsum4(vi_dot_us(w0, a), vi_dot_us(w1, a), vi_dot_us(w2, a), vi_dot_us(w3, a));
+}
 static inline vf8 vf8_load44(const float *lo, const float *hi) {
   vf8 r;
   for (int i = 0; i < 4; i++) { r.f[i] = lo[i]; r.f[i + 4] = hi[i]; }
