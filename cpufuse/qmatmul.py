@@ -168,8 +168,9 @@ def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead):
 def _wptr(w):
     c = w._c
     if c is None:
-        a = w.raw.__array_interface__["data"][0]
-        c = (ffi.from_buffer(w.raw), a, a + w.nbytes)
+        b = ffi.from_buffer(w.raw)
+        a = int(ffi.cast("intptr_t", b))
+        c = (b, a, a + w.nbytes, {})  # pointer, address span, descriptors cached by call shape
         object.__setattr__(w, "_c", c)
     return c
 
@@ -178,40 +179,114 @@ _ndarray = np.ndarray
 _ACT = {None: 1 if DEFAULT_ACT == "q8" else 0, "q8": 1, "f32": 0}
 
 
-def _lean(x, w, act, out, isa, n_threads):
-    """The common call (2-D or 1-D C-contiguous x, optional C-contiguous out, native path) with
-    the fewest checks that still catch every bad input; None when it does not apply."""
-    if type(x) is not _ndarray or type(w) is not QTensor or x.dtype != F32 or not x.flags.c_contiguous:
+_fb = ffi.from_buffer if ffi is not None else None
+_addr = (lambda b: int(ffi.cast("intptr_t", b))) if ffi is not None else None
+
+
+def _span(a):
+    lo = a.__array_interface__["data"][0]
+    return lo, lo + a.nbytes
+
+
+def _entry(ws, rows, act, epi, do_norm):
+    """(descriptor, weight pointers, output widths) for a call shape, or None when the weights
+    do not fit the lean path. Cached on the first weight (see _lean)."""
+    w0 = ws[0]
+    K = w0.n_in
+    for w in ws:
+        if type(w) is not QTensor or w.n_in != K:
+            return None
+    if epi and (len(ws) != 2 or ws[1].n_out != w0.n_out):
+        return None
+    n_out = tuple(w.n_out for w in ws) if not epi else (w0.n_out,)
+    d = [rows, K, K, _ACT[act], len(ws), epi, do_norm]
+    for i in range(3):
+        d += [ws[i].type_id, ws[i].n_out, ws[i].row_bytes, n_out[i if not epi else 0]] if i < len(ws) else [0, 0, 0, 0]
+    wp = [_wptr(w)[0] for w in ws] + [ffi.NULL] * (3 - len(ws))
+    spans = tuple(_wptr(w)[1:3] for w in ws)
+    return ffi.new("int64_t[]", d), wp, n_out, spans
+
+
+def _lean(x, ws, act, outs, isa, n_threads, norm_weight, eps, epi):
+    """The common call (1-D or 2-D C-contiguous x and outputs, native path) with the fewest
+    checks that still catch every bad input; None when it does not apply (the full path then
+    checks everything and raises the precise error). The descriptor for a (weights, rows, act)
+    shape is built once and cached on the first weight; pointers come from ffi.from_buffer,
+    which costs a tenth of __array_interface__."""
+    if type(x) is not _ndarray or x.dtype != F32 or not x.flags.c_contiguous:
+        return None
+    w0 = ws[0]
+    if type(w0) is not QTensor:
         return None
     nd = x.ndim
-    if nd not in (1, 2) or x.shape[-1] != w.n_in or act not in _ACT:
+    if nd == 2:
+        rows = x.shape[0]
+    elif nd == 1:
+        rows = 1
+    else:
         return None
+    if x.shape[-1] != w0.n_in or act not in _ACT:
+        return None
+    do_norm = 0
+    nwp = ffi.NULL
+    if norm_weight is not None or eps is not None:
+        if type(eps) is not float or not eps >= 0.0:
+            return None
+        if norm_weight is not None:
+            if (type(norm_weight) is not _ndarray or norm_weight.dtype != F32 or norm_weight.shape != (w0.n_in,)
+                    or not norm_weight.flags.c_contiguous):
+                return None
+            nwp = _fb("float[]", norm_weight)
+        do_norm = 1
     isa = _dispatch.resolve(isa)
     if isa == "numba" or lib is None:
         return None
-    rows = x.shape[0] if nd == 2 else 1
-    n = w.n_out
-    shape = (rows, n) if nd == 2 else (n,)
-    if out is None:
-        out = np.empty(shape, F32)
-    elif (type(out) is not _ndarray or out.dtype != F32 or out.shape != shape or not out.flags.c_contiguous
-          or not out.flags.writeable):
-        return None  # the full path raises the precise error
-    wc = _wptr(w)
-    xa = x.__array_interface__["data"][0]
-    oa = out.__array_interface__["data"][0]
-    ob = oa + rows * n * 4
-    if (oa < xa + x.nbytes and xa < ob) or (oa < wc[2] and wc[1] < ob):
-        return None
-    if rows == 0 or n == 0:
-        return out
-    nth = _dispatch.threads(n_threads)
-    d = [rows, w.n_in, w.n_in, _ACT[act], 1, 0, 0, w.type_id, n, w.row_bytes, n, 0, 0, 0, 0, 0, 0, 0, 0]
-    rc = _fn(isa)(d, ffi.cast("const float *", xa), ffi.NULL, 0.0, wc[0], ffi.NULL, ffi.NULL,
-                  ffi.cast("float *", oa), ffi.NULL, ffi.NULL, nth)
+    cache = (w0._c or _wptr(w0))[3]
+    key = (rows, act, epi, do_norm) + tuple(ws[1:])
+    ent = cache.get(key)
+    if ent is None:
+        ent = _entry(ws, rows, act, epi, do_norm)
+        if ent is None:
+            return None
+        if len(cache) > 64:
+            cache.clear()
+        cache[key] = ent
+    d, wp, n_out, wspans = ent
+    xb = _fb("float[]", x)
+    if outs is None:
+        if nd == 2:
+            ys = [np.empty((rows, n), F32) for n in n_out]
+        else:
+            ys = [np.empty(n, F32) for n in n_out]
+        yb = [_fb("float[]", o) for o in ys]
+    else:
+        ys = outs
+        yb = []
+        for o, n in zip(outs, n_out):
+            if (type(o) is not _ndarray or o.dtype != F32 or o.shape != ((rows, n) if nd == 2 else (n,))
+                    or not o.flags.c_contiguous or not o.flags.writeable):
+                return None
+            yb.append(_fb("float[]", o))
+        xa = _addr(xb)
+        ins = [(xa, xa + x.nbytes)] + list(wspans)
+        if do_norm and norm_weight is not None:
+            na = _addr(nwp)
+            ins.append((na, na + norm_weight.nbytes))
+        for o, b in zip(outs, yb):
+            lo = _addr(b)
+            hi = lo + o.nbytes
+            for a, e in ins:
+                if lo < e and a < hi:
+                    return None
+            ins.append((lo, hi))
+    if rows == 0 or 0 in n_out:
+        return ys
+    n = len(yb)
+    rc = _fn(isa)(d, xb, nwp, eps if do_norm else 0.0, wp[0], wp[1], wp[2], yb[0],
+                  yb[1] if n > 1 else ffi.NULL, yb[2] if n > 2 else ffi.NULL, _dispatch.threads(n_threads))
     if rc:
         raise RuntimeError(f"cpufuse.matmul: the {isa} kernel failed: {_ERRORS.get(rc, rc)}")
-    return out
+    return ys
 
 
 def matmul(x, w, *, act=None, out=None, isa=None, n_threads=None, norm_weight=None, eps=None):
@@ -221,10 +296,9 @@ def matmul(x, w, *, act=None, out=None, isa=None, n_threads=None, norm_weight=No
     norm_weight, eps: fuse RMS_NORM(x) * norm_weight in front (norm_weight None with eps given:
     RMS_NORM alone); the normalized rows are quantized in the same pass and never returned.
     out: optional float32 (..., n_out) output. Returns the result."""
-    if norm_weight is None and eps is None:
-        y = _lean(x, w, act, out, isa, n_threads)
-        if y is not None:
-            return y
+    y = _lean(x, (w,), act, None if out is None else [out], isa, n_threads, norm_weight, eps, 0)
+    if y is not None:
+        return y[0]
     lead = _lead(x)
     return _run(x, (w,), ("w",), act, None if out is None else [out], isa, n_threads, norm_weight, eps, 0, lead)[0]
 
@@ -237,6 +311,9 @@ def matmul_multi(x, ws, *, act=None, out=None, isa=None, n_threads=None, norm_we
                          + (f" of length {len(ws)}" if isinstance(ws, (tuple, list)) else ""))
     if out is not None and (not isinstance(out, (tuple, list)) or len(out) != len(ws)):
         raise ValueError(f"out must be a sequence of {len(ws)} arrays (one per weight) or None")
+    y = _lean(x, tuple(ws), act, out, isa, n_threads, norm_weight, eps, 0)
+    if y is not None:
+        return tuple(y)
     lead = _lead(x)
     return tuple(_run(x, tuple(ws), tuple(f"ws[{i}]" for i in range(len(ws))), act, out, isa, n_threads,
                       norm_weight, eps, 0, lead))
@@ -245,6 +322,9 @@ def matmul_multi(x, ws, *, act=None, out=None, isa=None, n_threads=None, norm_we
 def matmul_swiglu(x, w_gate, w_up, *, act=None, out=None, isa=None, n_threads=None, norm_weight=None, eps=None):
     """silu(x . Wg^T) * (x . Wu^T) in one kernel: both products of an output are computed together
     and combined in the epilogue; neither is stored. Wg and Wu must have the same shape."""
+    y = _lean(x, (w_gate, w_up), act, None if out is None else [out], isa, n_threads, norm_weight, eps, 1)
+    if y is not None:
+        return y[0]
     _check_w(w_gate, "w_gate")
     _check_w(w_up, "w_up")
     if w_gate.shape != w_up.shape:
