@@ -1,11 +1,14 @@
-"""python -m cpufuse info"""
+"""python -m cpufuse info | python -m cpufuse generate ... (see cpufuse/llama/cli.py)"""
 import sys
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "generate":
+        from cpufuse.llama.cli import main as generate_main
+        return generate_main(argv[1:])
     if not argv or argv[0] != "info":
-        print("usage: python -m cpufuse info", file=sys.stderr)
+        print("usage: python -m cpufuse info | python -m cpufuse generate [-m PATH] -p PROMPT ...", file=sys.stderr)
         return 2
     import cpufuse
     i = cpufuse.info()

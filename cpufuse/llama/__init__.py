@@ -1,0 +1,11 @@
+"""Run GGUF llama-architecture models on CPU (tokenizer, chat template, model, sampling)."""
+
+
+def __getattr__(name):  # lazy: `cpufuse.llama.Model` without importing the model engine eagerly
+    if name in ("Model", "GenerationResult"):
+        from . import model
+        return getattr(model, name)
+    if name == "Sampler":
+        from .sampling import Sampler
+        return Sampler
+    raise AttributeError(f"module 'cpufuse.llama' has no attribute {name!r}")

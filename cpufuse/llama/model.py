@@ -1,0 +1,720 @@
+"""A llama-architecture GGUF model on cpufuse's fused kernels (SPEC-MODEL §1, §3).
+
+    from cpufuse.llama import Model
+    m = Model.load("SmolLM2-135M-Instruct.Q4_1.gguf", n_ctx=2048, n_threads=2)
+    r = m.generate([{"role": "user", "content": "Hi!"}], max_tokens=64, temperature=0)
+    print(r.text, r.prompt_tps, r.decode_tps)
+    for piece in m.generate("Once upon a time", stream=True): print(piece, end="")
+    lg = m.logits(m.tokenize("Hello"))          # (n_tokens, n_vocab) float32, from an empty cache
+
+The GGUF is memory-mapped (gguf.GGUFReader) and every weight stays in its file bytes as a
+`cpufuse.QTensor`; nothing is dequantized except the token-embedding rows a batch needs.
+
+Per layer (SPEC-MODEL §3.2), with every buffer preallocated at load time:
+    q, k, v = matmul_multi(x, (Wq, Wk, Wv), norm_weight=attn_norm)   RMS_NORM fused in front
+    rope(q) in place;  rope(k, cache=(K[l], pos0))                    RoPE + f16 K-cache store
+    V[l][pos0:pos0+n] = v                                             f16 V-cache store
+    a = flash_attn(q, K[l][:T], V[l][:T], causal mask)                GQA over the cache views
+    x += a @ Wo^T
+    g = matmul_swiglu(x, Wgate, Wup, norm_weight=ffn_norm)            RMS_NORM + SwiGLU fused
+    x += g @ Wdown^T
+then logits = matmul(x, Whead, norm_weight=output_norm) (Whead = token_embd when tied).
+
+Architectures: llama (RoPE NORM), qwen2 (Q/K/V biases, RoPE NEOX), qwen3 (per-head Q/K RMSNorm,
+NEOX). Anything else is refused with a ValueError naming the architecture.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import numpy as np
+
+from cpufuse import flash_attn, matmul, matmul_multi, matmul_swiglu, rms_norm, rope
+from cpufuse.qtypes import QTensor, dequantize, resolve_qtype
+
+__all__ = ["Model", "HParams", "GenerationResult", "SUPPORTED_ARCHS"]
+
+F32 = np.float32
+F16 = np.float16
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
+_ROPE_MODE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox"}
+DEFAULT_N_CTX = 2048
+DEFAULT_N_BATCH = 512
+
+
+# ------------------------------------------------------------------------------------------------
+# metadata
+
+def _field(reader, key, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    v = f.contents()
+    return v
+
+
+def _scalar_or_uniform(v, key):
+    """a per-layer array key (head_count, feed_forward_length) must be uniform here"""
+    if isinstance(v, (list, tuple, np.ndarray)):
+        vals = set(int(x) for x in v)
+        if len(vals) != 1:
+            raise ValueError(f"{key}: per-layer values {sorted(vals)} are not supported (only uniform layers)")
+        return vals.pop()
+    return v
+
+
+@dataclass
+class HParams:
+    """The hyperparameters read from the GGUF (SPEC-MODEL §1.2) and decided at load (§1.4)."""
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_rot: int
+    n_vocab: int
+    n_ctx_train: int
+    eps: float
+    freq_base: float
+    freq_scale: float = 1.0
+    rope_mode: str = "norm"
+    rope_scaling: str = "none"
+    ext_factor: float = 0.0
+    attn_factor: float = 1.0
+    n_ctx_orig: int = 0
+    kq_scale: float = 0.0
+
+    @classmethod
+    def from_reader(cls, reader, n_vocab):
+        arch = _field(reader, "general.architecture")
+        if arch is None:
+            raise ValueError("GGUF has no general.architecture key")
+        arch = str(arch)
+        if arch not in SUPPORTED_ARCHS:
+            raise ValueError(f"architecture {arch!r} is not supported by cpufuse.llama "
+                             f"(supported: {', '.join(SUPPORTED_ARCHS)})")
+        p = arch + "."
+
+        def req(k):
+            v = _field(reader, p + k)
+            if v is None:
+                raise ValueError(f"GGUF is missing the required key {p + k}")
+            return _scalar_or_uniform(v, p + k)
+
+        n_embd = int(req("embedding_length"))
+        n_layer = int(req("block_count"))
+        n_head = int(req("attention.head_count"))
+        n_ff = int(req("feed_forward_length"))
+        n_head_kv = int(_scalar_or_uniform(_field(reader, p + "attention.head_count_kv", n_head),
+                                           p + "attention.head_count_kv"))
+        d_k = int(_field(reader, p + "attention.key_length", n_embd // n_head))
+        d_v = int(_field(reader, p + "attention.value_length", d_k))
+        if d_v != d_k:
+            raise ValueError(f"key_length {d_k} != value_length {d_v} is not supported")
+        n_rot = int(_field(reader, p + "rope.dimension_count", d_k))
+        if arch == "llama" and n_rot != d_k:
+            raise ValueError(f"llama: rope.dimension_count {n_rot} != head dim {d_k} (llama.cpp rejects this too)")
+        if n_head_kv <= 0 or n_head % n_head_kv:
+            raise ValueError(f"head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
+        eps = _field(reader, p + "attention.layer_norm_rms_epsilon")
+        if eps is None:
+            raise ValueError(f"GGUF is missing the required key {p}attention.layer_norm_rms_epsilon")
+        n_ctx_train = int(req("context_length"))
+        freq_base = float(_field(reader, p + "rope.freq_base", 10000.0))
+        scaling = str(_field(reader, p + "rope.scaling.type", "linear"))
+        factor = _field(reader, p + "rope.scaling.factor")
+        if factor is None:
+            factor = _field(reader, p + "rope.scale_linear")
+        freq_scale = 1.0 / float(factor) if factor else 1.0
+        if scaling == "none":
+            freq_scale = 1.0
+        if scaling not in ("none", "linear", "yarn"):
+            raise ValueError(f"rope scaling type {scaling!r} is not supported (none, linear, yarn)")
+        n_ctx_orig = int(_field(reader, p + "rope.scaling.original_context_length", n_ctx_train))
+        ext_factor = 1.0 if scaling == "yarn" else 0.0
+        attn_factor = 1.0
+        if ext_factor != 0.0:           # SPEC-MODEL §1.4: the two 0.1·ln(factor) terms cancel
+            fct = 1.0 / freq_scale
+            a = 0.1 * math.log(fct) + 1.0 if fct > 1.0 else 1.0
+            attn_factor = a * (1.0 / (1.0 + 0.1 * math.log(fct)))
+        attn_factor *= float(_field(reader, p + "rope.scaling.attn_factor", 1.0))
+        return cls(arch=arch, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
+                   head_dim=d_k, n_rot=n_rot, n_vocab=n_vocab, n_ctx_train=n_ctx_train, eps=float(eps),
+                   freq_base=freq_base, freq_scale=freq_scale, rope_mode=_ROPE_MODE[arch],
+                   rope_scaling=scaling, ext_factor=ext_factor, attn_factor=attn_factor,
+                   n_ctx_orig=n_ctx_orig, kq_scale=1.0 / math.sqrt(d_k))
+
+
+class _Layer:
+    __slots__ = ("attn_norm", "wq", "wk", "wv", "bq", "bk", "bv", "wo", "bo", "q_norm", "k_norm",
+                 "ffn_norm", "wg", "wu", "wd", "bd")
+
+
+@dataclass
+class GenerationResult:
+    """What `Model.generate(..., stream=False)` returns."""
+    tokens: List[int]                 # generated ids (without the stopping EOG token)
+    text: str
+    prompt_tokens: int                # prompt length
+    prompt_eval_tokens: int           # prompt tokens actually evaluated (after cache reuse)
+    prompt_time: float                # seconds
+    decode_tokens: int                # single-token decode steps
+    decode_time: float
+    stop_reason: str                  # "eog" | "length" | "context"
+    stop_token: Optional[int] = None
+    prompt_ids: List[int] = field(default_factory=list)
+
+    @property
+    def prompt_tps(self):
+        return self.prompt_eval_tokens / self.prompt_time if self.prompt_time > 0 else float("nan")
+
+    @property
+    def decode_tps(self):
+        return self.decode_tokens / self.decode_time if self.decode_time > 0 else float("nan")
+
+    def timings(self):
+        return {"prompt_tokens": self.prompt_eval_tokens, "prompt_s": self.prompt_time,
+                "prompt_tps": self.prompt_tps, "decode_tokens": self.decode_tokens,
+                "decode_s": self.decode_time, "decode_tps": self.decode_tps}
+
+    def __str__(self):
+        return self.text
+
+
+class _Streamer:
+    """Iterator of text pieces; `.result` holds the GenerationResult once exhausted."""
+
+    def __init__(self, gen):
+        self._gen = gen
+        self.result = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self._gen)
+        except StopIteration as e:
+            self.result = e.value
+            raise StopIteration from None
+
+    def close(self):
+        self._gen.close()
+
+
+# ------------------------------------------------------------------------------------------------
+
+class Model:
+    """A loaded GGUF model with its KV cache. Not thread-safe (one sequence, one cache)."""
+
+    def __init__(self):
+        raise TypeError("use Model.load(path, ...)")
+
+    # -------------------------------------------------------------------------------- loading
+    @classmethod
+    def load(cls, path, n_ctx=DEFAULT_N_CTX, n_threads=None, kv_dtype="f16", act=None,
+             n_batch=DEFAULT_N_BATCH, rope_ggml_compat=False, isa=None):
+        """Memory-map the GGUF at `path` and prepare a KV cache of n_ctx cells.
+
+        n_ctx: the context size (KV cells); 0 or None = the model's context_length.
+        n_threads: threads for every kernel (None: cpufuse's default, see cpufuse.set_num_threads).
+        kv_dtype: "f16" (llama.cpp's default) or "f32". act: the matmul activation mode, "q8"
+        (default, as llama.cpp) or "f32" (exact f32 activations). n_batch: the largest micro-batch
+        a prompt is processed in (longer prompts are split). rope_ggml_compat: use ggml's f32
+        angle chain (bit-compatible with llama.cpp) instead of cpufuse's float64 angles.
+        isa: force a cpufuse ISA for every kernel (None = auto)."""
+        import gguf
+
+        self = object.__new__(cls)
+        path = os.fspath(path)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"no such GGUF file: {path}")
+        reader = gguf.GGUFReader(path, "r")
+        self.path = path
+        self.reader = reader
+        tensors = {t.name: t for t in reader.tensors}
+        tok_list = reader.fields.get("tokenizer.ggml.tokens")
+        n_vocab = len(tok_list.data) if tok_list is not None else None
+        arch = _field(reader, "general.architecture")
+        if arch is not None and str(arch) not in SUPPORTED_ARCHS:
+            raise ValueError(f"architecture {str(arch)!r} is not supported by cpufuse.llama "
+                             f"(supported: {', '.join(SUPPORTED_ARCHS)})")
+        if n_vocab is None:
+            te = tensors.get("token_embd.weight")
+            if te is None:
+                raise ValueError("GGUF has neither tokenizer.ggml.tokens nor token_embd.weight")
+            n_vocab = int(te.shape[1])
+        hp = HParams.from_reader(reader, n_vocab)
+        self.hparams = hp
+        if kv_dtype not in ("f16", "f32"):
+            raise ValueError(f"kv_dtype must be 'f16' or 'f32', got {kv_dtype!r}")
+        if act not in (None, "q8", "f32"):
+            raise ValueError(f"act must be None, 'q8' or 'f32', got {act!r}")
+        self.act = act
+        self.isa = isa
+        self.kv_dtype = kv_dtype
+        self.rope_ggml_compat = bool(rope_ggml_compat)
+        if n_threads is not None and (int(n_threads) < 1):
+            raise ValueError(f"n_threads must be >= 1, got {n_threads}")
+        self.n_threads = None if n_threads is None else int(n_threads)
+        n_ctx = hp.n_ctx_train if not n_ctx else int(n_ctx)
+        if n_ctx < 1:
+            raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
+        self.n_ctx = n_ctx
+        self.n_batch = max(1, min(int(n_batch), n_ctx))
+
+        used = set()
+
+        def qt(name, shape, required=True):
+            t = tensors.get(name)
+            if t is None:
+                if required:
+                    raise ValueError(f"GGUF is missing the tensor {name}")
+                return None
+            used.add(name)
+            ne = [int(s) for s in t.shape]
+            n_in = ne[0]
+            n_out = int(np.prod(ne[1:])) if len(ne) > 1 else 1
+            if shape is not None and (n_out, n_in) != tuple(shape):
+                raise ValueError(f"tensor {name}: shape (n_out, n_in) = {(n_out, n_in)}, expected {tuple(shape)}")
+            try:
+                return QTensor(t.data, t.tensor_type, (n_out, n_in))
+            except NotImplementedError as e:
+                raise NotImplementedError(f"tensor {name}: {e}") from None
+
+        def vec(name, n, required=True):
+            t = tensors.get(name)
+            if t is None:
+                if required:
+                    raise ValueError(f"GGUF is missing the tensor {name}")
+                return None
+            used.add(name)
+            ne = [int(s) for s in t.shape]
+            if int(np.prod(ne)) != n:
+                raise ValueError(f"tensor {name}: {int(np.prod(ne))} elements, expected {n}")
+            a = dequantize(np.ascontiguousarray(t.data), resolve_qtype(t.tensor_type), n).reshape(n)
+            return np.ascontiguousarray(a, dtype=F32)
+
+        E, H, Hkv, D, FF = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff
+        self.tok_embd = qt("token_embd.weight", None)
+        if self.tok_embd.n_in != E:
+            raise ValueError(f"token_embd.weight has n_embd {self.tok_embd.n_in}, expected {E}")
+        if self.tok_embd.n_out < hp.n_vocab:
+            raise ValueError(f"token_embd.weight has {self.tok_embd.n_out} rows < n_vocab {hp.n_vocab}")
+        self.output_norm = vec("output_norm.weight", E)
+        self.output = qt("output.weight", None, required=False)
+        self.tied = self.output is None
+        if self.tied:
+            self.output = self.tok_embd
+        if self.output.n_in != E:
+            raise ValueError(f"output.weight has n_in {self.output.n_in}, expected {E}")
+        self.output_bias = vec("output.bias", self.output.n_out, required=False)
+        self.n_logits = self.output.n_out
+        ff = tensors.get("rope_freqs.weight")
+        self.rope_freqs = vec("rope_freqs.weight", hp.n_rot // 2) if ff is not None else None
+
+        layers = []
+        for i in range(hp.n_layer):
+            b = f"blk.{i}."
+            L = _Layer()
+            L.attn_norm = vec(b + "attn_norm.weight", E)
+            if b + "attn_qkv.weight" in tensors:   # fused QKV: three row ranges of one tensor
+                w = qt(b + "attn_qkv.weight", ((H + 2 * Hkv) * D, E))
+                raw = w.raw
+                L.wq = QTensor(raw[:H * D], w.qtype, (H * D, E))
+                L.wk = QTensor(raw[H * D:(H + Hkv) * D], w.qtype, (Hkv * D, E))
+                L.wv = QTensor(raw[(H + Hkv) * D:], w.qtype, (Hkv * D, E))
+                bqkv = vec(b + "attn_qkv.bias", (H + 2 * Hkv) * D, required=False)
+                if bqkv is not None:
+                    L.bq, L.bk, L.bv = bqkv[:H * D], bqkv[H * D:(H + Hkv) * D], bqkv[(H + Hkv) * D:]
+                else:
+                    L.bq = L.bk = L.bv = None
+            else:
+                L.wq = qt(b + "attn_q.weight", (H * D, E))
+                L.wk = qt(b + "attn_k.weight", (Hkv * D, E))
+                L.wv = qt(b + "attn_v.weight", (Hkv * D, E))
+                L.bq = vec(b + "attn_q.bias", H * D, required=False)
+                L.bk = vec(b + "attn_k.bias", Hkv * D, required=False)
+                L.bv = vec(b + "attn_v.bias", Hkv * D, required=False)
+            L.wo = qt(b + "attn_output.weight", (E, H * D))
+            L.bo = vec(b + "attn_output.bias", E, required=False)
+            if hp.arch == "qwen3":
+                L.q_norm = vec(b + "attn_q_norm.weight", D)
+                L.k_norm = vec(b + "attn_k_norm.weight", D)
+            else:
+                L.q_norm = L.k_norm = None
+            L.ffn_norm = vec(b + "ffn_norm.weight", E)
+            L.wg = qt(b + "ffn_gate.weight", (FF, E))
+            L.wu = qt(b + "ffn_up.weight", (FF, E))
+            L.wd = qt(b + "ffn_down.weight", (E, FF))
+            L.bd = vec(b + "ffn_down.bias", E, required=False)
+            for nm in ("ffn_gate.bias", "ffn_up.bias"):
+                if b + nm in tensors:
+                    raise ValueError(f"tensor {b + nm}: FFN gate/up biases are not supported")
+            layers.append(L)
+        self.layers = layers
+
+        # tokenizer (built from the same reader's metadata)
+        self._tokenizer = None
+        self._tokenizer_error = None
+        try:
+            from .tokenizer import Tokenizer
+            self._tokenizer = Tokenizer(reader)
+        except Exception as e:   # a model without (supported) tokenizer metadata still runs on ids
+            self._tokenizer_error = e
+
+        self._rope_kw = dict(n_dims=hp.n_rot, mode=hp.rope_mode, freq_base=hp.freq_base,
+                             freq_scale=hp.freq_scale, ext_factor=hp.ext_factor, attn_factor=hp.attn_factor,
+                             n_ctx_orig=hp.n_ctx_orig, freq_factors=self.rope_freqs,
+                             ggml_compat=self.rope_ggml_compat, isa=isa, n_threads=self.n_threads)
+        self._alloc()
+        self.reset()
+        return self
+
+    def _alloc(self):
+        hp = self.hparams
+        E, H, Hkv, D, FF, B = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, self.n_batch
+        kvt = F16 if self.kv_dtype == "f16" else F32
+        self.k_cache = np.zeros((hp.n_layer, self.n_ctx, Hkv, D), kvt)
+        self.v_cache = np.zeros((hp.n_layer, self.n_ctx, Hkv, D), kvt)
+        self._x = np.zeros((B, E), F32)
+        self._q = np.zeros((B, H * D), F32)
+        self._k = np.zeros((B, Hkv * D), F32)
+        self._v = np.zeros((B, Hkv * D), F32)
+        self._attn = np.zeros((1, B, H, D), F32)
+        self._o = np.zeros((B, E), F32)
+        self._g = np.zeros((B, FF), F32)
+        self._mask = np.zeros((B, self.n_ctx), F16)
+        self._logits1 = np.zeros((1, self.n_logits), F32)
+        self._views = {}
+
+    def _views_for(self, n):
+        v = self._views.get(n)
+        if v is None:
+            hp = self.hparams
+            H, Hkv, D = hp.n_head, hp.n_head_kv, hp.head_dim
+            q = self._q[:n]
+            k = self._k[:n]
+            v_ = self._v[:n]
+            q3 = q.reshape(n, H, D)
+            k3 = k.reshape(n, Hkv, D)
+            v3 = v_.reshape(n, Hkv, D)
+            q4 = q3.transpose(1, 0, 2)[None]          # (1, H, n, D) view for flash_attn
+            attn = self._attn[:, :n]                  # (1, n, H, D)
+            attn2 = self._attn.reshape(-1, H * D)[:n]
+            v = self._views[n] = (self._x[:n], q, k, v_, q3, k3, v3, q4, attn, attn2, self._o[:n], self._g[:n])
+        return v
+
+    # ------------------------------------------------------------------------------ properties
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            raise RuntimeError(f"this GGUF has no usable tokenizer: {self._tokenizer_error}")
+        return self._tokenizer
+
+    @property
+    def n_vocab(self):
+        return self.hparams.n_vocab
+
+    @property
+    def n_past(self):
+        """tokens currently held in the KV cache"""
+        return self._n_past
+
+    @property
+    def eog_ids(self):
+        return self.tokenizer.eog_ids if self._tokenizer is not None else frozenset()
+
+    def __repr__(self):
+        hp = self.hparams
+        return (f"Model({os.path.basename(self.path)!r}, arch={hp.arch}, n_layer={hp.n_layer}, "
+                f"n_embd={hp.n_embd}, heads={hp.n_head}/{hp.n_head_kv}, n_ff={hp.n_ff}, n_vocab={hp.n_vocab}, "
+                f"n_ctx={self.n_ctx}, kv={self.kv_dtype}, weights={self.layers[0].wq.qtype})")
+
+    # ------------------------------------------------------------------------------- tokenizer
+    def tokenize(self, text, add_bos=None, special=False):
+        return self.tokenizer.tokenize(text, add_bos=add_bos, special=special)
+
+    def detokenize(self, ids, special=False):
+        return self.tokenizer.detokenize(ids, special=special)
+
+    # --------------------------------------------------------------------------------- forward
+    def reset(self):
+        """Forget the KV cache contents (cells are overwritten lazily)."""
+        self._n_past = 0
+        self._cached = []        # the token ids whose K/V are in the cache, in order
+
+    def _embed(self, tokens, out):
+        te = self.tok_embd
+        ids = np.asarray(tokens, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.hparams.n_vocab):
+            bad = ids[(ids < 0) | (ids >= self.hparams.n_vocab)][0]
+            raise ValueError(f"token id {int(bad)} out of range [0, {self.hparams.n_vocab})")
+        out[...] = dequantize(te.raw[ids], te.qtype, te.n_in)   # GET_ROWS: only these rows
+
+    def _forward(self, tokens, all_logits_out=None):
+        """Run one micro-batch (len(tokens) <= n_batch) at positions n_past.. and append it to
+        the cache. Writes the last position's logits into self._logits1 (returned), or every
+        position's into all_logits_out (n, n_vocab)."""
+        n = len(tokens)
+        pos0 = self._n_past
+        T = pos0 + n
+        if T > self.n_ctx:
+            raise ValueError(f"context overflow: {pos0} cached + {n} new tokens = {T} > n_ctx = {self.n_ctx} "
+                             f"(load the model with a larger n_ctx, or call reset())")
+        hp = self.hparams
+        eps = hp.eps
+        act = self.act
+        nt = self.n_threads
+        isa = self.isa
+        x, q, k, v, q3, k3, v3, q4, attn, attn2, o, g = self._views_for(n)
+        self._embed(tokens, x)
+        pos = np.arange(pos0, T, dtype=np.int32)
+        if n == 1:
+            mask = None              # one query at the newest position sees every cached cell
+        else:
+            mask = self._mask[:n, :T]
+            mask[:, :pos0] = 0
+            tri = np.triu(np.full((n, n), -np.inf, F16), 1)
+            mask[:, pos0:T] = tri
+            mask = mask[None, None]
+        rope_kw = self._rope_kw
+        scale = hp.kq_scale
+        kc_all, vc_all = self.k_cache, self.v_cache
+        qkv_out = (q, k, v)
+        for li, L in enumerate(self.layers):
+            matmul_multi(x, (L.wq, L.wk, L.wv), out=qkv_out, norm_weight=L.attn_norm, eps=eps, act=act,
+                         isa=isa, n_threads=nt)
+            if L.bq is not None:
+                q += L.bq
+            if L.bk is not None:
+                k += L.bk
+            if L.bv is not None:
+                v += L.bv
+            if L.q_norm is not None:   # qwen3: per-head RMSNorm of q and k before RoPE
+                q2 = q.reshape(-1, hp.head_dim)
+                q2[...] = rms_norm(q2, L.q_norm, eps=eps, isa=isa, n_threads=nt)
+                k2 = k.reshape(-1, hp.head_dim)
+                k2[...] = rms_norm(k2, L.k_norm, eps=eps, isa=isa, n_threads=nt)
+            kc = kc_all[li]
+            vc = vc_all[li]
+            rope(q3, pos, out=q3, **rope_kw)
+            rope(k3, pos, cache=(kc, pos0), **rope_kw)
+            vc[pos0:T] = v3
+            flash_attn(q4, kc[:T].transpose(1, 0, 2)[None], vc[:T].transpose(1, 0, 2)[None], mask,
+                       scale=scale, out=attn, isa=isa, n_threads=nt)
+            matmul(attn2, L.wo, out=o, act=act, isa=isa, n_threads=nt)
+            if L.bo is not None:
+                o += L.bo
+            x += o
+            matmul_swiglu(x, L.wg, L.wu, out=g, norm_weight=L.ffn_norm, eps=eps, act=act, isa=isa, n_threads=nt)
+            matmul(g, L.wd, out=o, act=act, isa=isa, n_threads=nt)
+            if L.bd is not None:
+                o += L.bd
+            x += o
+        self._n_past = T
+        self._cached.extend(int(t) for t in tokens)
+        if all_logits_out is not None:
+            matmul(x, self.output, out=all_logits_out, norm_weight=self.output_norm, eps=eps, act=act,
+                   isa=isa, n_threads=nt)
+            if self.output_bias is not None:
+                all_logits_out += self.output_bias
+            return all_logits_out
+        out = self._logits1
+        matmul(x[n - 1:n], self.output, out=out, norm_weight=self.output_norm, eps=eps, act=act,
+               isa=isa, n_threads=nt)
+        if self.output_bias is not None:
+            out += self.output_bias
+        return out
+
+    def eval(self, tokens, logits_all=False):
+        """Append `tokens` to the cache (in micro-batches of n_batch) and return the logits: of
+        the last token, (n_vocab,) float32 (a view, valid until the next call), or with
+        logits_all (len(tokens), n_vocab), a new array."""
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            raise ValueError("eval: no tokens")
+        if self._n_past + len(tokens) > self.n_ctx:
+            raise ValueError(f"context overflow: {self._n_past} cached + {len(tokens)} new tokens = "
+                             f"{self._n_past + len(tokens)} > n_ctx = {self.n_ctx} "
+                             f"(load the model with a larger n_ctx, or call reset())")
+        B = self.n_batch
+        if logits_all:
+            res = np.empty((len(tokens), self.n_logits), F32)
+            for s in range(0, len(tokens), B):
+                self._forward(tokens[s:s + B], all_logits_out=res[s:s + B])
+            return res
+        for s in range(0, len(tokens), B):
+            out = self._forward(tokens[s:s + B])
+        return out[0]
+
+    def logits(self, tokens):
+        """(len(tokens), n_vocab) float32 logits of every position, from an empty cache."""
+        self.reset()
+        return self.eval(tokens, logits_all=True)
+
+    # ------------------------------------------------------------------------------ generation
+    def _prompt_ids(self, prompt):
+        if isinstance(prompt, str):
+            return self.tokenize(prompt, add_bos=None, special=True)
+        if isinstance(prompt, (bytes, bytearray)):
+            return self.tokenize(bytes(prompt), add_bos=None, special=True)
+        if isinstance(prompt, np.ndarray):
+            prompt = prompt.tolist()
+        if isinstance(prompt, (list, tuple)):
+            if prompt and all(isinstance(m, dict) for m in prompt):
+                from .chat import chat_prompt
+                text = chat_prompt(self.tokenizer, list(prompt), add_generation_prompt=True)
+                return self.tokenize(text, add_bos=False, special=True)
+            if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt):
+                return [int(t) for t in prompt]
+        raise TypeError("prompt must be a str, a list of token ids, or a list of chat messages "
+                        "({'role': ..., 'content': ...} dicts)")
+
+    def generate(self, prompt, max_tokens=128, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
+                 repeat_penalty=1.0, seed=None, stream=False, penalty_last_n=64, stop_at_eog=True,
+                 reuse_cache=True, sampler=None):
+        """Generate up to max_tokens after `prompt` (text; token ids; or chat messages rendered with
+        the GGUF chat template and tokenized with special=True). Sampling is llama.cpp's common
+        chain (penalties, top-k, top-p, min-p, temperature, dist; see cpufuse.llama.sampling);
+        temperature <= 0 is greedy. Stops at an end-of-generation token (not included).
+
+        stream=False: returns a GenerationResult (.tokens, .text, .prompt_tps, .decode_tps, ...).
+        stream=True: returns an iterator of text pieces; its .result is set when it is exhausted.
+        reuse_cache: keep the KV cells of the longest common prefix with the previous sequence.
+        """
+        from .sampling import Sampler
+        ids = self._prompt_ids(prompt)
+        if not ids:
+            raise ValueError("empty prompt")
+        if sampler is None:
+            sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                              repeat_penalty=repeat_penalty, penalty_last_n=penalty_last_n, seed=seed)
+        gen = self._generate(ids, int(max_tokens), sampler, stop_at_eog, reuse_cache)
+        if stream:
+            return _Streamer(gen)
+        try:
+            while True:
+                next(gen)
+        except StopIteration as e:
+            return e.value
+
+    def _generate(self, ids, max_tokens, sampler, stop_at_eog, reuse_cache):
+        from .tokenizer import StreamDecoder
+        if len(ids) > self.n_ctx:
+            raise ValueError(f"context overflow: the prompt has {len(ids)} tokens > n_ctx = {self.n_ctx}")
+        # prefix reuse (llama-cpp-python style): keep the cached cells that match, re-evaluate >= 1
+        keep = 0
+        if reuse_cache:
+            c = self._cached
+            m = min(len(c), len(ids) - 1)
+            while keep < m and c[keep] == ids[keep]:
+                keep += 1
+        self._n_past = keep
+        del self._cached[keep:]
+        eog = self.eog_ids if stop_at_eog else frozenset()
+        dec = StreamDecoder(self.tokenizer) if self._tokenizer is not None else None
+        sampler.accept_prompt(ids)
+        t0 = time.perf_counter()
+        logits = self.eval(ids[keep:])
+        t_prompt = time.perf_counter() - t0
+        out, t_dec, n_dec = [], 0.0, 0
+        stop, stop_tok = "length", None
+        text_parts = []
+        for i in range(max_tokens):
+            tok = sampler.sample(logits)
+            if tok in eog:
+                stop, stop_tok = "eog", tok
+                break
+            out.append(tok)
+            if dec is not None:
+                s = dec.push(tok)
+                if s:
+                    text_parts.append(s)
+                    yield s
+            if i == max_tokens - 1:
+                break
+            if self._n_past >= self.n_ctx:
+                stop = "context"
+                break
+            t0 = time.perf_counter()
+            logits = self.eval([tok])
+            t_dec += time.perf_counter() - t0
+            n_dec += 1
+        if dec is not None:
+            s = dec.flush()
+            if s:
+                text_parts.append(s)
+                yield s
+        return GenerationResult(tokens=out, text="".join(text_parts), prompt_tokens=len(ids),
+                                prompt_eval_tokens=len(ids) - keep, prompt_time=t_prompt,
+                                decode_tokens=n_dec, decode_time=t_dec, stop_reason=stop, stop_token=stop_tok,
+                                prompt_ids=list(ids))
+
+    # ------------------------------------------------------------------------------- profiling
+    def profile_decode(self, n_steps=8, token=None):
+        """Per-op wall time (seconds, mean per decode step) of `n_steps` single-token decodes
+        appended to the current cache: each op is timed with perf_counter around its call."""
+        import collections
+        tm = collections.defaultdict(float)
+        hp = self.hparams
+        token = int(token if token is not None else (self._cached[-1] if self._cached else 0))
+        pc = time.perf_counter
+        for _ in range(n_steps):
+            if self._n_past + 1 > self.n_ctx:
+                raise ValueError("profile_decode: context full")
+            t_all = pc()
+            n = 1
+            pos0 = self._n_past
+            T = pos0 + 1
+            eps, act, nt, isa = hp.eps, self.act, self.n_threads, self.isa
+            t = pc()
+            x, q, k, v, q3, k3, v3, q4, attn, attn2, o, g = self._views_for(n)
+            self._embed([token], x)
+            pos = np.arange(pos0, T, dtype=np.int32)
+            rope_kw = self._rope_kw
+            tm["embed+setup"] += pc() - t
+            for li, L in enumerate(self.layers):
+                t = pc()
+                matmul_multi(x, (L.wq, L.wk, L.wv), out=(q, k, v), norm_weight=L.attn_norm, eps=eps, act=act,
+                             isa=isa, n_threads=nt)
+                t1 = pc(); tm["norm+qkv matmul"] += t1 - t  # noqa: E702
+                if L.bq is not None:
+                    q += L.bq
+                    k += L.bk
+                    v += L.bv
+                kc, vc = self.k_cache[li], self.v_cache[li]
+                rope(q3, pos, out=q3, **rope_kw)
+                t2 = pc(); tm["rope q"] += t2 - t1  # noqa: E702
+                rope(k3, pos, cache=(kc, pos0), **rope_kw)
+                t3 = pc(); tm["rope k + cache store"] += t3 - t2  # noqa: E702
+                vc[pos0:T] = v3
+                t4 = pc(); tm["v cache store"] += t4 - t3  # noqa: E702
+                flash_attn(q4, kc[:T].transpose(1, 0, 2)[None], vc[:T].transpose(1, 0, 2)[None], None,
+                           scale=hp.kq_scale, out=attn, isa=isa, n_threads=nt)
+                t5 = pc(); tm["flash_attn"] += t5 - t4  # noqa: E702
+                matmul(attn2, L.wo, out=o, act=act, isa=isa, n_threads=nt)
+                t6 = pc(); tm["attn_output matmul"] += t6 - t5  # noqa: E702
+                x += o
+                t7 = pc(); tm["residual adds"] += t7 - t6  # noqa: E702
+                matmul_swiglu(x, L.wg, L.wu, out=g, norm_weight=L.ffn_norm, eps=eps, act=act, isa=isa,
+                              n_threads=nt)
+                t8 = pc(); tm["norm+gate/up swiglu"] += t8 - t7  # noqa: E702
+                matmul(g, L.wd, out=o, act=act, isa=isa, n_threads=nt)
+                t9 = pc(); tm["ffn_down matmul"] += t9 - t8  # noqa: E702
+                x += o
+                tm["residual adds"] += pc() - t9
+            t = pc()
+            matmul(x, self.output, out=self._logits1, norm_weight=self.output_norm, eps=eps, act=act,
+                   isa=isa, n_threads=nt)
+            tm["norm+output matmul"] += pc() - t
+            self._n_past = T
+            self._cached.append(token)
+            tm["TOTAL"] += pc() - t_all
+        return {k: v / n_steps for k, v in tm.items()}

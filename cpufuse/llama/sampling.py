@@ -1,0 +1,152 @@
+"""Token sampling: llama.cpp's `common` sampler chain with its defaults (SPEC-MODEL §5.1, §5.2).
+
+Chain (disabled stages are no-ops):
+    penalties (repeat over the last penalty_last_n tokens, prompt included, as llama-completion)
+    -> top-k -> top-p -> min-p -> temperature -> dist (seeded numpy Generator)
+The filters act on unscaled logits; temperature comes last. temperature <= 0 is greedy: the first
+maximal logit after the penalties (what llama.cpp's temp-0 stage keeps).
+
+The random stream is a numpy Generator (PCG64), not std::mt19937, so a seeded draw is reproducible
+here but is not the same token stream as llama.cpp's for the same seed.
+"""
+from __future__ import annotations
+
+import collections
+import math
+from typing import Iterable
+
+import numpy as np
+
+__all__ = ["Sampler", "DEFAULTS", "apply_penalties", "top_k", "top_p", "min_p"]
+
+DEFAULTS = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, penalty_last_n=64,
+                frequency_penalty=0.0, presence_penalty=0.0)
+
+
+def apply_penalties(logits, history, repeat=1.0, freq=0.0, present=0.0):
+    """llama.cpp penalties on a float32 copy: for each token seen c > 0 times in `history`:
+    l <- l*r if l <= 0 else l/r; then l <- l - c*freq - present. Returns (maybe a new) array."""
+    if not history or (repeat == 1.0 and freq == 0.0 and present == 0.0):
+        return logits
+    cnt = collections.Counter(history)
+    ids = np.fromiter(cnt.keys(), np.int64, len(cnt))
+    c = np.fromiter(cnt.values(), np.float32, len(cnt))
+    ids_ok = ids < logits.shape[0]
+    ids, c = ids[ids_ok], c[ids_ok]
+    out = logits.astype(np.float32, copy=True)
+    lv = out[ids]
+    r = np.float32(repeat)
+    lv = np.where(lv <= 0, lv * r, lv / r).astype(np.float32)
+    lv = lv - c * np.float32(freq) - np.float32(present)
+    out[ids] = lv
+    return out
+
+
+def _sorted_desc(vals, idx):
+    o = np.argsort(-vals, kind="stable")
+    return vals[o], idx[o]
+
+
+def top_k(logits, k):
+    """(values, ids) of the k largest logits, descending (k <= 0: all of them, sorted)."""
+    n = logits.shape[0]
+    if k <= 0 or k >= n:
+        idx = np.argsort(-logits, kind="stable")
+        return logits[idx], idx
+    idx = np.argpartition(-logits, k - 1)[:k]
+    return _sorted_desc(logits[idx], idx)
+
+
+def _softmax_f32(vals):
+    e = np.exp((vals - vals[0]).astype(np.float32))
+    return e / np.float32(e.sum(dtype=np.float32))
+
+
+def top_p(vals, idx, p, min_keep=1):
+    """keep the shortest descending prefix whose cumulative probability reaches p (>= min_keep)"""
+    if p >= 1.0 or vals.shape[0] <= 1:
+        return vals, idx
+    probs = _softmax_f32(vals)
+    cum = np.cumsum(probs, dtype=np.float32)
+    hit = np.nonzero(cum >= np.float32(p))[0]
+    last = int(hit[0]) + 1 if hit.size else vals.shape[0]
+    last = max(last, min_keep)
+    return vals[:last], idx[:last]
+
+
+def min_p(vals, idx, p, min_keep=1):
+    """keep logits >= max + log(p) (prob >= p * prob_max)"""
+    if p <= 0.0 or vals.shape[0] <= 1:
+        return vals, idx
+    thr = np.float32(vals[0] + np.float32(math.log(p)))
+    keep = vals >= thr
+    nk = int(keep.sum())
+    if nk < min_keep:
+        return vals[:min_keep], idx[:min_keep]
+    return vals[keep], idx[keep]          # vals are sorted, so keep is a prefix
+
+
+class Sampler:
+    """Stateful sampler: seeded RNG and the penalty history.
+
+    sample(logits) -> token id; it records the token in the history (llama.cpp's accept)."""
+
+    def __init__(self, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0,
+                 penalty_last_n=64, frequency_penalty=0.0, presence_penalty=0.0, seed=None,
+                 min_keep=1):
+        self.temperature = float(temperature)
+        self.top_k = int(top_k)
+        self.top_p = float(top_p)
+        self.min_p = float(min_p)
+        self.repeat_penalty = float(repeat_penalty)
+        self.penalty_last_n = int(penalty_last_n)
+        self.frequency_penalty = float(frequency_penalty)
+        self.presence_penalty = float(presence_penalty)
+        self.min_keep = max(1, int(min_keep))
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        self.history = collections.deque(maxlen=max(self.penalty_last_n, 0) or None)
+        if self.penalty_last_n == 0:
+            self.history = collections.deque(maxlen=1)
+
+    @property
+    def greedy(self):
+        return self.temperature <= 0.0
+
+    def accept(self, token):
+        if self.penalty_last_n != 0:
+            self.history.append(int(token))
+
+    def accept_prompt(self, ids: Iterable[int]):
+        """feed the prompt into the penalty history (llama-completion does)"""
+        for t in ids:
+            self.accept(t)
+
+    def _penalized(self, logits):
+        if self.penalty_last_n == 0:
+            return logits
+        return apply_penalties(logits, list(self.history), self.repeat_penalty, self.frequency_penalty,
+                               self.presence_penalty)
+
+    def sample(self, logits):
+        logits = np.asarray(logits, dtype=np.float32).reshape(-1)
+        lg = self._penalized(logits)
+        if self.greedy:
+            tok = int(np.argmax(lg))            # first index among equal maxima
+        else:
+            vals, idx = top_k(lg, self.top_k)
+            vals, idx = top_p(vals, idx, self.top_p, self.min_keep)
+            vals, idx = min_p(vals, idx, self.min_p, self.min_keep)
+            vals = (vals / np.float32(self.temperature)).astype(np.float32)
+            w = np.exp((vals - vals.max()).astype(np.float32)).astype(np.float64)
+            cum = np.cumsum(w)
+            u = self.rng.random() * cum[-1]
+            i = int(np.searchsorted(cum, u, side="left"))
+            tok = int(idx[min(i, idx.shape[0] - 1)])
+        self.accept(tok)
+        return tok
+
+    def __repr__(self):
+        return (f"Sampler(temperature={self.temperature}, top_k={self.top_k}, top_p={self.top_p}, "
+                f"min_p={self.min_p}, repeat_penalty={self.repeat_penalty}, "
+                f"penalty_last_n={self.penalty_last_n}, seed={self.seed})")

