@@ -172,4 +172,53 @@ static inline vf vf_exp(vf x) {
   }
   return y;
 }
+
+/* float64 vectors for rope's accurate angle table (native/kernels/rope.inc): plain mul/add, no
+ * FMA, so the table is the same on every ISA. vd_quadrant: t holds n + 1.5*2^52 (n the quadrant
+ * index, low bits of the mantissa = n mod 4); from sin r, cos r it gives sin and cos of
+ * r + n*pi/2. vd_store_cs: round to f32 and store C, S and -S; vd_store_cs_il: the interleaved
+ * pair tables (C0, S0, C1, S1, ...) and (-S0, C0, -S1, C1, ...) of 2*VDW floats each. */
+typedef __m256d vd;
+#define VDW 4
+static inline vd vd_set1(double a) { return _mm256_set1_pd(a); }
+static inline vd vd_load(const double *p) { return _mm256_loadu_pd(p); }
+static inline void vd_store(double *p, vd v) { _mm256_storeu_pd(p, v); }
+static inline vd vd_add(vd a, vd b) { return _mm256_add_pd(a, b); }
+static inline vd vd_sub(vd a, vd b) { return _mm256_sub_pd(a, b); }
+static inline vd vd_mul(vd a, vd b) { return _mm256_mul_pd(a, b); }
+/* every lane |v| <= lim (a NaN lane is not) */
+static inline int vd_all_abs_le(vd v, double lim) {
+  const vd a = _mm256_andnot_pd(_mm256_set1_pd(-0.0), v);
+  return _mm256_movemask_pd(_mm256_cmp_pd(a, _mm256_set1_pd(lim), _CMP_LE_OQ)) == 0xF;
+}
+static inline void vd_quadrant(vd t, vd s, vd c, vd *so, vd *co) {
+  const __m256i b = _mm256_castpd_si256(t), two = _mm256_set1_epi64x(2);
+  const vd swap = _mm256_castsi256_pd(_mm256_slli_epi64(b, 63)); /* blendv reads the sign bit */
+  const vd s1 = _mm256_blendv_pd(s, c, swap), c1 = _mm256_blendv_pd(c, s, swap);
+  const __m256i ss = _mm256_slli_epi64(_mm256_and_si256(b, two), 62);
+  const __m256i cs = _mm256_slli_epi64(_mm256_and_si256(_mm256_add_epi64(b, _mm256_set1_epi64x(1)), two), 62);
+  *so = _mm256_xor_pd(s1, _mm256_castsi256_pd(ss));
+  *co = _mm256_xor_pd(c1, _mm256_castsi256_pd(cs));
+}
+static inline void vd_store_cs(float *C, float *S, float *N, vd c, vd s) {
+  const __m128 cf = _mm256_cvtpd_ps(c), sf = _mm256_cvtpd_ps(s);
+  _mm_storeu_ps(C, cf);
+  _mm_storeu_ps(S, sf);
+  _mm_storeu_ps(N, _mm_xor_ps(sf, _mm_set1_ps(-0.0f)));
+}
+static inline void vd_store_cs_il(float *T1, float *T2, vd c, vd s) {
+  const __m128 cf = _mm256_cvtpd_ps(c), sf = _mm256_cvtpd_ps(s), nf = _mm_xor_ps(sf, _mm_set1_ps(-0.0f));
+  _mm_storeu_ps(T1, _mm_unpacklo_ps(cf, sf));
+  _mm_storeu_ps(T1 + 4, _mm_unpackhi_ps(cf, sf));
+  _mm_storeu_ps(T2, _mm_unpacklo_ps(nf, cf));
+  _mm_storeu_ps(T2 + 4, _mm_unpackhi_ps(nf, cf));
+}
+
+/* a load kept in a register: not folded into each of its uses (rope's dup_even/dup_odd of one x
+ * vector would otherwise load it twice, which costs when rows are not 32-byte aligned) */
+static inline vf vf_load_reg(const float *p) {
+  vf v = _mm256_loadu_ps(p);
+  __asm__("" : "+x"(v));
+  return v;
+}
 #endif

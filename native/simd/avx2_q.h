@@ -65,6 +65,7 @@ static inline vf8 vf8_load_h(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loa
 static inline vf8 vf8_load_bf(const uint16_t *p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
+static inline void vf8_store8(float *p, vf8 v) { _mm256_storeu_ps(p, v); }
 static inline vf8 vf8_mul(vf8 a, vf8 b) { return _mm256_mul_ps(a, b); }
 static inline vf8 vf8_add(vf8 a, vf8 b) { return _mm256_add_ps(a, b); }
 static inline vf8 vf8_fma(vf8 a, vf8 b, vf8 c) { return _mm256_fmadd_ps(a, b, c); }
@@ -129,6 +130,27 @@ static inline vi vi_sub_off(vi d4, const int32_t *h, int sh) {
 }
 /* 8 signed bytes -> 8 floats */
 static inline vf8 vf8_i8(uint64_t b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128((long long)b))); }
+/* integer-scaled dots for the K-quant tiles: vs holds 16-bit scales, lanes 0-7 for elements
+ * 0-15 and 8-15 for elements 16-31; vi_dot_sc(u, a, s) = per lane L (elements 4L..4L+3) the
+ * sum of u*a*scale, as 32-bit integers (maddubs pairs stay within 16 bits: u <= 63) */
+typedef __m256i vs;
+#ifndef CF_QK_MR
+#define CF_QK_MR 2 /* activation rows per pass of the K-quant tiles (16 registers) */
+#endif
+static inline vs vs_set2(int lo, int hi) {
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)lo)), _mm_set1_epi16((short)hi), 1);
+}
+static inline vs vs_set1(int v) { return _mm256_set1_epi16((short)v); }
+static inline vi vi_dot_sc(vq u, vq a, vs s) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), s); }
+static inline vi vi_add(vi a, vi b) { return _mm256_add_epi32(a, b); }
+/* acc + vi_dot_sc(u, a, s) */
+#ifndef CF_HAVE_DOT_SC_ACC
+static inline vi vi_dot_sc_acc(vi acc, vq u, vq a, vs s) { return _mm256_add_epi32(acc, vi_dot_sc(u, a, s)); }
+#endif
+static inline vi vi_zero(void) { return _mm256_setzero_si256(); }
+/* |w| and a with w's sign, for signed codes through vi_dot_sc */
+static inline vq vq_abs(vq w) { return _mm256_sign_epi8(w, w); }
+static inline vq vq_signof(vq a, vq w) { return _mm256_sign_epi8(a, w); }
 /* f16 bits -> f32 (F16C) */
 static inline float vq_h2f(uint16_t h) { return _cvtsh_ss(h); }
 #endif

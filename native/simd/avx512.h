@@ -160,4 +160,53 @@ static inline vf vf_exp(vf x) {
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(88.7228f), _CMP_GT_OQ), y,
                               _mm512_set1_ps(__builtin_inff()));
 }
+
+/* float64 vectors for rope's accurate angle table (native/kernels/rope.inc): plain mul/add, no
+ * FMA, so the table is the same on every ISA. vd_quadrant: t holds n + 1.5*2^52 (n the quadrant
+ * index, low bits of the mantissa = n mod 4); from sin r, cos r it gives sin and cos of
+ * r + n*pi/2. vd_store_cs: round to f32 and store C, S and -S; vd_store_cs_il: the interleaved
+ * pair tables (C0, S0, C1, S1, ...) and (-S0, C0, -S1, C1, ...) of 2*VDW floats each. */
+typedef __m512d vd;
+#define VDW 8
+static inline vd vd_set1(double a) { return _mm512_set1_pd(a); }
+static inline vd vd_load(const double *p) { return _mm512_loadu_pd(p); }
+static inline void vd_store(double *p, vd v) { _mm512_storeu_pd(p, v); }
+static inline vd vd_add(vd a, vd b) { return _mm512_add_pd(a, b); }
+static inline vd vd_sub(vd a, vd b) { return _mm512_sub_pd(a, b); }
+static inline vd vd_mul(vd a, vd b) { return _mm512_mul_pd(a, b); }
+static inline int vd_all_abs_le(vd v, double lim) {
+  return _mm512_cmp_pd_mask(_mm512_abs_pd(v), _mm512_set1_pd(lim), _CMP_LE_OQ) == 0xFF;
+}
+static inline void vd_quadrant(vd t, vd s, vd c, vd *so, vd *co) {
+  const __m512i b = _mm512_castpd_si512(t), two = _mm512_set1_epi64(2);
+  const __mmask8 swap = _mm512_test_epi64_mask(b, _mm512_set1_epi64(1));
+  const vd s1 = _mm512_mask_blend_pd(swap, s, c), c1 = _mm512_mask_blend_pd(swap, c, s);
+  const __m512i ss = _mm512_slli_epi64(_mm512_and_si512(b, two), 62);
+  const __m512i cs = _mm512_slli_epi64(_mm512_and_si512(_mm512_add_epi64(b, _mm512_set1_epi64(1)), two), 62);
+  *so = _mm512_xor_pd(s1, _mm512_castsi512_pd(ss));
+  *co = _mm512_xor_pd(c1, _mm512_castsi512_pd(cs));
+}
+static inline void vd_store_cs(float *C, float *S, float *N, vd c, vd s) {
+  const __m256 cf = _mm512_cvtpd_ps(c), sf = _mm512_cvtpd_ps(s);
+  _mm256_storeu_ps(C, cf);
+  _mm256_storeu_ps(S, sf);
+  _mm256_storeu_ps(N, _mm256_xor_ps(sf, _mm256_set1_ps(-0.0f)));
+}
+static inline void vd_store_cs_il(float *T1, float *T2, vd c, vd s) {
+  const __m256 cf = _mm512_cvtpd_ps(c), sf = _mm512_cvtpd_ps(s), nf = _mm256_xor_ps(sf, _mm256_set1_ps(-0.0f));
+  const __m256 a = _mm256_unpacklo_ps(cf, sf), b = _mm256_unpackhi_ps(cf, sf); /* (c0 s0 c1 s1 | c4 s4 c5 s5) */
+  const __m256 e = _mm256_unpacklo_ps(nf, cf), f = _mm256_unpackhi_ps(nf, cf);
+  _mm256_storeu_ps(T1, _mm256_permute2f128_ps(a, b, 0x20));
+  _mm256_storeu_ps(T1 + 8, _mm256_permute2f128_ps(a, b, 0x31));
+  _mm256_storeu_ps(T2, _mm256_permute2f128_ps(e, f, 0x20));
+  _mm256_storeu_ps(T2 + 8, _mm256_permute2f128_ps(e, f, 0x31));
+}
+
+/* a load kept in a register: not folded into each of its uses (rope's dup_even/dup_odd of one x
+ * vector would otherwise load it twice, which costs when rows are not 64-byte aligned) */
+static inline vf vf_load_reg(const float *p) {
+  vf v = _mm512_loadu_ps(p);
+  __asm__("" : "+v"(v));
+  return v;
+}
 #endif

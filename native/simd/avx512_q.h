@@ -13,9 +13,14 @@
 #define CF_SIMD_AVX512_Q_H
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 /* take the AVX2 header under other names for its two dots, then define the VNNI ones */
+#define CF_QK_MR 4 /* 32 vector registers */
 #define vi_dot_us cf_avx2_vi_dot_us
 #define vi_dot_ss cf_avx2_vi_dot_ss
+#define CF_HAVE_DOT_SC_ACC 1
 #include "avx2_q.h"
+/* acc + the scaled 16-bit pair sums in one VPDPWSSD: the accumulator is an operand, so the
+ * compiler keeps one running sum per output instead of materializing every product */
+static inline vi vi_dot_sc_acc(vi acc, vq u, vq a, vs s) { return _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(u, a), s); }
 #undef vi_dot_us
 #undef vi_dot_ss
 #define CF_Q_VNNI 1

@@ -98,4 +98,45 @@ static inline vf vf_exp(vf x) {
   /* NaN x: the float path already carries NaN through p (comparisons are false) */
   return y;
 }
+
+/* float64 vectors for rope's accurate angle table (native/kernels/rope.inc): plain mul/add, no
+ * FMA, so the table is the same on every ISA. vd_quadrant: t holds n + 1.5*2^52 (n the quadrant
+ * index, low bits of the mantissa = n mod 4); from sin r, cos r it gives sin and cos of
+ * r + n*pi/2. vd_store_cs: round to f32 and store C, S and -S; vd_store_cs_il: the interleaved
+ * pair tables (C0, S0, C1, S1, ...) and (-S0, C0, -S1, C1, ...) of 2*VDW floats each. */
+typedef float64x2_t vd;
+#define VDW 2
+static inline vd vd_set1(double a) { return vdupq_n_f64(a); }
+static inline vd vd_load(const double *p) { return vld1q_f64(p); }
+static inline void vd_store(double *p, vd v) { vst1q_f64(p, v); }
+static inline vd vd_add(vd a, vd b) { return vaddq_f64(a, b); }
+static inline vd vd_sub(vd a, vd b) { return vsubq_f64(a, b); }
+static inline vd vd_mul(vd a, vd b) { return vmulq_f64(a, b); }
+static inline int vd_all_abs_le(vd v, double lim) {
+  const uint64x2_t m = vcleq_f64(vabsq_f64(v), vdupq_n_f64(lim));
+  return (vgetq_lane_u64(m, 0) & vgetq_lane_u64(m, 1)) != 0;
+}
+static inline void vd_quadrant(vd t, vd s, vd c, vd *so, vd *co) {
+  const uint64x2_t b = vreinterpretq_u64_f64(t), two = vdupq_n_u64(2);
+  const uint64x2_t swap = vtstq_u64(b, vdupq_n_u64(1));
+  const vd s1 = vbslq_f64(swap, c, s), c1 = vbslq_f64(swap, s, c);
+  const uint64x2_t ss = vshlq_n_u64(vandq_u64(b, two), 62);
+  const uint64x2_t cs = vshlq_n_u64(vandq_u64(vaddq_u64(b, vdupq_n_u64(1)), two), 62);
+  *so = vreinterpretq_f64_u64(veorq_u64(vreinterpretq_u64_f64(s1), ss));
+  *co = vreinterpretq_f64_u64(veorq_u64(vreinterpretq_u64_f64(c1), cs));
+}
+static inline void vd_store_cs(float *C, float *S, float *N, vd c, vd s) {
+  const float32x2_t cf = vcvt_f32_f64(c), sf = vcvt_f32_f64(s);
+  vst1_f32(C, cf);
+  vst1_f32(S, sf);
+  vst1_f32(N, vneg_f32(sf));
+}
+static inline void vd_store_cs_il(float *T1, float *T2, vd c, vd s) {
+  const float32x2_t cf = vcvt_f32_f64(c), sf = vcvt_f32_f64(s), nf = vneg_f32(sf);
+  vst1q_f32(T1, vcombine_f32(vzip1_f32(cf, sf), vzip2_f32(cf, sf)));
+  vst1q_f32(T2, vcombine_f32(vzip1_f32(nf, cf), vzip2_f32(nf, cf)));
+}
+
+/* a load kept in a register (rope's dup_even/dup_odd; NEON never folds loads into shuffles) */
+static inline vf vf_load_reg(const float *p) { return vld1q_f32(p); }
 #endif

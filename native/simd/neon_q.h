@@ -109,6 +109,30 @@ static inline vi vi_dot_ss(vq a, vq b) {
 /* unsigned codes u (0..127) times signed codes s: u fits int8, so the signed dot is exact */
 static inline vi vi_dot_us(vq u, vq s) { return vi_dot_ss(u, s); }
 
+/* integer-scaled dots for the K-quant tiles (contract in avx2_q.h): the lane sums times a 16-bit
+ * scale per half (vmulq_n_s32 on each 4-lane half) */
+typedef struct { int32_t lo, hi; } vs;
+#define CF_QK_MR 4 /* 32 vector registers */
+static inline vs vs_set2(int lo, int hi) { vs r = {lo, hi}; return r; }
+static inline vs vs_set1(int v) { return vs_set2(v, v); }
+static inline vi vi_dot_sc(vq u, vq a, vs s) {
+  vi r = vi_dot_us(u, a);
+  r.val[0] = vmulq_n_s32(r.val[0], s.lo);
+  r.val[1] = vmulq_n_s32(r.val[1], s.hi);
+  return r;
+}
+static inline vi vi_add(vi a, vi b) {
+  a.val[0] = vaddq_s32(a.val[0], b.val[0]);
+  a.val[1] = vaddq_s32(a.val[1], b.val[1]);
+  return a;
+}
+static inline vi vi_dot_sc_acc(vi acc, vq u, vq a, vs s) { return vi_add(acc, vi_dot_sc(u, a, s)); }
+static inline vi vi_zero(void) { vi r; r.val[0] = vdupq_n_s32(0); r.val[1] = vdupq_n_s32(0); return r; }
+/* signed codes go through vi_dot_sc as they are (the NEON dot is signed x signed) */
+static inline vq vq_abs(vq w) { return w; }
+static inline vq vq_signof(vq a, vq w) { (void)w; return a; }
+
+static inline void vf8_store8(float *p, vf8 v) { vst1q_f32(p, v.val[0]); vst1q_f32(p + 4, v.val[1]); }
 static inline vf8 vf8_cvt(vi a) {
   vf8 r;
   r.val[0] = vcvtq_f32_s32(a.val[0]);

@@ -71,4 +71,36 @@ static inline vf vf_exp(vf x) {
   memcpy(&s2, &b2, sizeof s2);
   return (p * s1) * s2;
 }
+
+/* float64 "vectors" (width 1) for rope's accurate angle table (native/kernels/rope.inc): the
+ * same mul/add sequence as the SIMD ISAs (no FMA anywhere), so the table is the same on every
+ * ISA. vd_quadrant: t holds n + 1.5*2^52 (n the quadrant index, low mantissa bits = n mod 4);
+ * from sin r, cos r it gives sin and cos of r + n*pi/2. vd_store_cs: round to f32, store C, S,
+ * -S; vd_store_cs_il: the interleaved pair tables (C, S) and (-S, C). */
+typedef double vd;
+#define VDW 1
+static inline vd vd_set1(double a) { return a; }
+static inline vd vd_load(const double *p) { return *p; }
+static inline void vd_store(double *p, vd v) { *p = v; }
+static inline vd vd_add(vd a, vd b) { return a + b; }
+static inline vd vd_sub(vd a, vd b) { return a - b; }
+static inline vd vd_mul(vd a, vd b) { return a * b; }
+static inline int vd_all_abs_le(vd v, double lim) { return __builtin_fabs(v) <= lim; }
+static inline void vd_quadrant(vd t, vd s, vd c, vd *so, vd *co) {
+  uint64_t b;
+  memcpy(&b, &t, sizeof b);
+  const vd s1 = (b & 1) ? c : s, c1 = (b & 1) ? s : c;
+  *so = (b & 2) ? -s1 : s1;
+  *co = ((b + 1) & 2) ? -c1 : c1;
+}
+static inline void vd_store_cs(float *C, float *S, float *N, vd c, vd s) {
+  const float cf = (float)c, sf = (float)s;
+  *C = cf, *S = sf, *N = -sf;
+}
+static inline void vd_store_cs_il(float *T1, float *T2, vd c, vd s) {
+  const float cf = (float)c, sf = (float)s;
+  T1[0] = cf, T1[1] = sf, T2[0] = -sf, T2[1] = cf;
+}
+
+static inline vf vf_load_reg(const float *p) { return *p; } /* rope's x loads */
 #endif

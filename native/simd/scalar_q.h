@@ -47,6 +47,7 @@ static inline vf8 vf8_load_bf(const uint16_t *p) {
   for (int i = 0; i < 8; i++) { uint32_t u = (uint32_t)p[i] << 16; memcpy(&r.f[i], &u, 4); }
   return r;
 }
+static inline void vf8_store8(float *p, vf8 v) { for (int i = 0; i < 8; i++) p[i] = v.f[i]; }
 static inline vf8 vf8_mul(vf8 a, vf8 b) { for (int i = 0; i < 8; i++) a.f[i] *= b.f[i]; return a; }
 static inline vf8 vf8_add(vf8 a, vf8 b) { for (int i = 0; i < 8; i++) a.f[i] += b.f[i]; return a; }
 static inline vf8 vf8_fma(vf8 a, vf8 b, vf8 c) { for (int i = 0; i < 8; i++) c.f[i] = a.f[i] * b.f[i] + c.f[i]; return c; } /* two roundings */
@@ -88,5 +89,26 @@ static inline vi vi_sub_off(vi d4, const int32_t *h, int sh) {
   return d4;
 }
 static inline vf8 vf8_i8(uint64_t b) { vf8 r; for (int i = 0; i < 8; i++) r.f[i] = (float)(int8_t)((b >> (8 * i)) & 0xff); return r; }
+typedef struct { int16_t lo, hi; } vs;
+#define CF_QK_MR 4
+static inline vs vs_set2(int lo, int hi) { vs r = {(int16_t)lo, (int16_t)hi}; return r; }
+static inline vs vs_set1(int v) { return vs_set2(v, v); }
+static inline vi vi_dot_sc(vq u, vq a, vs s) {
+  vi r;
+  for (int l = 0; l < 8; l++) {
+    int32_t t = 0;
+    for (int e = 4 * l; e < 4 * l + 4; e++) t += (int32_t)u.b[e] * (int32_t)a.b[e];
+    r.l[l] = t * (l < 4 ? s.lo : s.hi);
+  }
+  return r;
+}
+static inline vi vi_add(vi a, vi b) { for (int i = 0; i < 8; i++) a.l[i] += b.l[i]; return a; }
+static inline vi vi_dot_sc_acc(vi acc, vq u, vq a, vs s) { return vi_add(acc, vi_dot_sc(u, a, s)); }
+static inline vi vi_zero(void) { vi r; for (int i = 0; i < 8; i++) r.l[i] = 0; return r; }
+static inline vq vq_abs(vq w) { for (int i = 0; i < 32; i++) w.b[i] = (int8_t)(w.b[i] < 0 ? -w.b[i] : w.b[i]); return w; }
+static inline vq vq_signof(vq a, vq w) {
+  for (int i = 0; i < 32; i++) a.b[i] = (int8_t)(w.b[i] < 0 ? -a.b[i] : (w.b[i] == 0 ? 0 : a.b[i]));
+  return a;
+}
 static inline float vq_h2f(uint16_t h) { return cf_h2f(h); }
 #endif
