@@ -16,7 +16,9 @@ graph output and is not a view, and the shapes match. The rules:
                                   (h may have other consumers: it is the next residual)
   [SCALE ->] [ADD(mask) ->] SOFT_MAX   one soft_max_ext kernel
   SILU -> MUL                     one SwiGLU kernel
-Quantized weights (g.qmatmul: a QTensor held as a parameter; these steps run from Python):
+Quantized weights (g.qmatmul: a QTensor held as a parameter; these steps run inside the C plan
+executor like the others, one cf_qmatmul / cf_rope call each, so a whole decoder layer (or model)
+can be one C call; a step the executor cannot take, e.g. a non-contiguous operand, runs from Python):
   QMATMUL x2..3 on one input      one matmul_multi call, one shared activation quantization (QKV)
   QMATMUL(x,Wg) -> SILU -> MUL(., QMATMUL(x,Wu))   one matmul_swiglu call, products never stored
   RMS_NORM -> MUL(w) -> (one of the two above, or one QMATMUL)   the norm folded into the matmul's
@@ -26,8 +28,11 @@ CACHE_WRITE (g.cache_write) has a side effect on a user-owned array: it is alway
 or not it is marked as an output (every node of a graph runs; plans do no dead-node elimination).
 A compiled plan owns its buffers (allocated once; intermediates share memory when their lifetimes
 do not overlap) and runs the kernel sequence in one C call per segment (matmul included, through
-numpy's own BLAS when its cblas_sgemm can be found; otherwise matmul runs through numpy between
-C segments). Outputs are the plan's buffers: they are overwritten by the next run (copy=True to
+numpy's own BLAS when its cblas_sgemm can be found, otherwise matmul runs through numpy between
+C segments; quantized matmuls, RoPE and cache writes included, the cache row offset read from the
+pos0 input and checked by the executor at run time), so a whole decoder stack with its KV-cache
+writes is one C call; describe() ends with the segment split. graph.PY_STEPS forces step kinds
+back to Python steps (to compare the two). Outputs are the plan's buffers: they are overwritten by the next run (copy=True to
 get fresh arrays).
 """
 import ctypes
@@ -44,7 +49,14 @@ F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
 I32 = np.dtype(np.int32)
 
-OP_ADD, OP_MUL, OP_SCALE, OP_SILU, OP_SWIGLU, OP_RMS, OP_SOFTMAX, OP_FA, OP_COPY, OP_GEMM = range(1, 11)
+OP_ADD, OP_MUL, OP_SCALE, OP_SILU, OP_SWIGLU, OP_RMS, OP_SOFTMAX, OP_FA, OP_COPY, OP_GEMM, OP_QMM, OP_ROPE, \
+    OP_CACHE_WRITE = range(1, 14)
+_DESC_OPS = (OP_RMS, OP_SOFTMAX, OP_FA, OP_COPY, OP_QMM, OP_ROPE)  # records whose args[0] is a descriptor
+_RP_LEN, _RPF_LEN = 12, 6  # native/kernels/rope.h
+
+# Step kinds forced to run as Python steps even where the C executor could run them (tests and
+# benchmarks compare the two; e.g. {"qmatmul", "qmatmul_swiglu", "rope", "rope_cache", "cache_write"}).
+PY_STEPS = set()
 
 
 class GraphError(ValueError):
@@ -804,7 +816,7 @@ class Plan:
         self._fp = []
         cur = None
         for st in self.steps:
-            rec = self._record(st)
+            rec = self._record(st) if st.kind not in PY_STEPS else None
             if rec is None:
                 self.segments.append(("py", st))
                 cur = None
@@ -839,7 +851,7 @@ class Plan:
                 pos += len(dsc)
             k = 0
             for body in seg["recs"]:
-                if body[2] < 0 and body[0] in (OP_RMS, OP_SOFTMAX, OP_FA, OP_COPY):
+                if body[2] < 0 and body[0] in _DESC_OPS:
                     flat[k + 2] = offs[-1 - body[2]]
                 k += len(body)
             for dsc in seg["descs"]:
@@ -876,6 +888,111 @@ class Plan:
         self._slots[("keep", len(self._keep))] = len(self._slot_addr)
         self._slot_addr.append(a.ctypes.data)
         return len(self._slot_addr) - 1
+
+    def _wslot(self, w):
+        """pointer-table index for a QTensor's GGUF bytes (the tensor is kept alive by the plan)"""
+        from .qmatmul import _wptr
+        key = ("w", id(w))
+        if key not in self._slots:
+            self._keep.append(w)
+            self._slots[key] = len(self._slot_addr)
+            self._slot_addr.append(_wptr(w)[1])
+        return self._slots[key]
+
+    @staticmethod
+    def _rows(node):
+        """(rows, row stride in elements) when a node's leading axes merge into one row axis over
+        unit-stride rows (what cf_qmatmul reads), else None"""
+        shape, st = node.shape, _view_root(node)[1]
+        if shape and shape[-1] > 1 and st[-1] != 1:
+            return None
+        lead = [(n, s) for n, s in zip(shape[:-1], st[:-1]) if n != 1]
+        rows = math.prod(n for n, _ in lead) if lead else 1
+        for (n0, s0), (n1, s1) in zip(lead, lead[1:]):
+            if s0 != s1 * n1:
+                return None
+        return rows, (lead[-1][1] if lead else shape[-1])
+
+    def _qmm_record(self, st):
+        """OP_QMM for a qmatmul / qmatmul_swiglu step (its descriptor as quant.inc's QM_* / QW_*)"""
+        p = st.params
+        x, nw = st.ins
+        ws = p["ws"]
+        epi = 1 if st.kind == "qmatmul_swiglu" else 0
+        geo = self._rows(x)
+        if geo is None or not all(self._contig(o) for o in st.outs):
+            return None
+        rows, xs = geo
+        K = ws[0].shape[1]
+        if rows == 0 or any(math.prod(o.shape) == 0 for o in st.outs):
+            return None
+        if nw is not None and not self._contig(nw):
+            return None
+        do_norm = 1 if p["eps"] is not None else 0
+        d = [rows, K, xs if rows > 1 else K, 1 if p["act"] == "q8" else 0, len(ws), epi, do_norm]
+        for i in range(3):
+            if i < len(ws):
+                n = ws[0].shape[0] if epi else ws[i].shape[0]
+                d += [ws[i].type_id, ws[i].shape[0], ws[i].row_bytes, n]
+            else:
+                d += [0, 0, 0, 0]
+        wsl = [self._wslot(w) for w in ws] + [-1] * (3 - len(ws))
+        ysl = [self._slot(o) for o in st.outs] + [-1] * (3 - len(st.outs))
+        eps = self._fparam(p["eps"] if do_norm else 0.0)
+        return [OP_QMM, 10, 0, self._slot(x), self._slot(nw) if do_norm else -1, eps] + wsl + ysl, d
+
+    def _rope_record(self, st):
+        """OP_ROPE for a rope or rope_cache step: descriptor RP_* then the RPF_* doubles' bits"""
+        try:  # the module (the package's `rope` attribute is the function)
+            import importlib
+            _rp = importlib.import_module(__package__ + ".rope")
+        except ImportError:  # pragma: no cover - a build without cpufuse.rope
+            return None
+        p = st.params
+        x, pos = st.ins[0], st.ins[1]
+        kw = dict(p["kw"])
+        try:
+            import inspect
+            dflt = {k: v.default for k, v in inspect.signature(_rp.rope).parameters.items()
+                    if v.kind == v.KEYWORD_ONLY}
+            known = ("freq_base", "freq_scale", "ext_factor", "attn_factor", "beta_fast", "beta_slow",
+                     "n_ctx_orig", "freq_factors", "ggml_compat")
+            if set(kw) - set(known) or not set(known) <= set(dflt):
+                return None  # the Python step raises the precise error (or runs a newer rope)
+            v = {k: kw.get(k, dflt[k]) for k in known}
+            m = _rp._mode(p["mode"])
+            fps = [_rp._real(v["freq_base"], "freq_base", positive=True),
+                   _rp._real(v["freq_scale"], "freq_scale", positive=True),
+                   _rp._real(v["ext_factor"], "ext_factor"), _rp._real(v["attn_factor"], "attn_factor"),
+                   _rp._real(v["beta_fast"], "beta_fast"), _rp._real(v["beta_slow"], "beta_slow")]
+            nco = _rp._int(v["n_ctx_orig"], "n_ctx_orig")
+        except (TypeError, ValueError, AttributeError):
+            return None
+        compat, ff = v["ggml_compat"], v["freq_factors"]
+        nd = p["n_dims"]
+        if nco < 0 or not isinstance(compat, (bool, np.bool_)):
+            return None
+        if ff is not None and (not isinstance(ff, np.ndarray) or ff.dtype != F32 or ff.shape != (nd // 2,)):
+            return None
+        T, H, D = x.shape
+        xst = _view_root(x)[1]
+        if D > 1 and xst[2] != 1:
+            return None
+        ffs = self._keep_array(ff) if ff is not None else -1
+        if st.kind == "rope_cache":
+            cw = st.outs[0]
+            cache = p["cache"]
+            f16 = cache.dtype == F16
+            y, p0, n_ctx, row_b = self._slot(cw), self._slot(st.ins[2]), cache.shape[0], H * D * cache.itemsize
+        else:
+            out = st.outs[0]
+            if not self._contig(out):
+                return None
+            f16, y, p0, n_ctx, row_b = False, self._slot(out), -1, 0, 0
+        d = [T, H, D, nd, m, int(bool(compat)), int(f16), xst[0], xst[1], H * D, D, nco]
+        assert len(d) == _RP_LEN and len(fps) == _RPF_LEN
+        d += np.array(fps, np.float64).view(np.int64).tolist()
+        return [OP_ROPE, 8, 0, self._slot(x), self._slot(pos), ffs, y, p0, n_ctx, row_b], d
 
     @staticmethod
     def _geom(node):
@@ -964,7 +1081,34 @@ class Plan:
                 recs.append(([OP_COPY, 4, 0, S(src), S(key_node), out.dtype.itemsize],
                              list(gs[0]) + gs[1] + [0] * pad + list(ost)))
             return recs
+        if k in ("qmatmul", "qmatmul_swiglu"):
+            return self._qmm_record(st)
+        if k in ("rope", "rope_cache"):
+            return self._rope_record(st)
+        if k == "cache_write":
+            src, p0 = ins
+            cw = outs[0]
+            if not self._contig(src):
+                return None
+            return [OP_CACHE_WRITE, 7, math.prod(src.shape), S(src), S(cw), S(p0), cw.shape[0], src.shape[0],
+                    int(cw.dtype == F16)], None
         return None
+
+    def _segment_summary(self):
+        """one line: how the steps split into C calls and Python steps"""
+        if not self.native:
+            return f"segments: {len(self.steps)} Python steps (isa {self.isa} has no C plan executor)"
+        parts = []
+        for kind, seg in self.segments:
+            if kind == "c":
+                n = len({id(s) for s in seg[3]})
+                parts.append(f"C x{n}")
+            else:
+                parts.append(f"py {seg.kind}")
+        nc = sum(1 for k, _ in self.segments if k == "c")
+        head = ("segments: the whole plan is ONE C call" if [k for k, _ in self.segments] == ["c"]
+                else f"segments: {nc} C call(s), {len(self.segments) - nc} Python step(s)")
+        return head + " [" + ", ".join(parts) + "]"
 
     def describe(self):
         """Human-readable plan: every kernel call, the nodes it covers, and rejected fusions."""
@@ -974,6 +1118,7 @@ class Plan:
         for i, st in enumerate(self.steps):
             names = ", ".join(n.name for n in st.nodes)
             lines.append(f"  {i:3d} {st.kind:<12} [{names}]" + (f"  fused: {st.note}" if len(st.nodes) > 1 else ""))
+        lines.append(self._segment_summary())
         if self.rejected:
             lines.append("rejected fusion candidates:")
             lines += [f"  - {r}" for r in dict.fromkeys(self.rejected)]
@@ -1004,6 +1149,10 @@ class Plan:
                 fn, prog, nrec, steps = seg
                 rc = fn(prog, nrec, ptrs, self._fpc, self._blas, self.ilp64, nth)
                 if rc:
+                    bad = steps[rc - 1]
+                    if bad.kind in ("cache_write", "rope_cache"):  # the rows do not fit: say so
+                        self._pos0(bad.ins[1 if bad.kind == "cache_write" else 2], bad.ins[0].shape[0],
+                                   bad.outs[0], arrays)
                     raise GraphError(f"run: kernel call failed at {steps[rc - 1].kind} "
                                      f"[{', '.join(n.name for n in steps[rc - 1].nodes)}]")
             else:
