@@ -127,6 +127,12 @@ def test_swiglu_epilogue_equals_unfused(isa, act, rng):
         ref = (g.astype(np.float64) / (1 + np.exp(-g.astype(np.float64)))) * u
         y = cpufuse.matmul_swiglu(x, wg, wu, act=act, isa=isa)
         assert_nmse(ref, y, 1e-12, f"{isa} {qtype} swiglu")
+        if isa != "numba":  # the epilogue is the graph's SwiGLU kernel: equal to the unfused chain
+            from cpufuse._backend import ffi, lib
+            u2 = np.empty_like(g)
+            getattr(lib, f"cf_swiglu_f32__{isa}")(g.size, ffi.from_buffer("float[]", g), ffi.from_buffer("float[]", u),
+                                                  g.size, ffi.from_buffer("float[]", u2))
+            assert np.array_equal(y, u2), f"{isa} {qtype} swiglu epilogue != cf_swiglu_f32"
 
 
 @pytest.mark.parametrize("act", ["f32", "q8"])
