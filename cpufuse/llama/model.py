@@ -20,11 +20,21 @@ Per layer (SPEC-MODEL §3.2), with every buffer preallocated at load time:
     x += g @ Wdown^T
 then logits = matmul(x, Whead, norm_weight=output_norm) (Whead = token_embd when tied).
 
+One-token decode steps (use_plan=True, the default) run the same chain as ONE compiled
+cpufuse.Graph plan: one C call per token, no Python per layer (see `_decode_graph`). A plan has
+fixed shapes, so it attends over a fixed KV length (a bucket: 256, 511, 1024, 2048, ... up to
+n_ctx; 511 keeps flash_attn's strategy, which changes at 512, the same as over pos+1 cells) with
+an f16 mask input that is 0 for cells <= pos and -inf after. A -inf cell is never read by
+flash_attn (select semantics) and fully masked split-KV chunks are skipped, so the plan's logits
+and KV cache equal the Python-step decode's bit for bit. Plans are compiled lazily, one per
+bucket reached. Prompt batches (n > 1) keep the per-layer Python path.
+
 Architectures: llama (RoPE NORM), qwen2 (Q/K/V biases, RoPE NEOX), qwen3 (per-head Q/K RMSNorm,
 NEOX). Anything else is refused with a ValueError naming the architecture.
 """
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import time
@@ -33,7 +43,9 @@ from typing import List, Optional
 
 import numpy as np
 
-from cpufuse import flash_attn, matmul, matmul_multi, matmul_swiglu, rms_norm, rope
+from cpufuse import _backend, _dispatch, flash_attn, matmul, matmul_multi, matmul_swiglu, rms_norm, rope
+from cpufuse.graph import Graph
+from cpufuse.ops import choose_strategy
 from cpufuse.qtypes import QTensor, dequantize, resolve_qtype
 
 __all__ = ["Model", "HParams", "GenerationResult", "SUPPORTED_ARCHS"]
@@ -44,6 +56,28 @@ SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
 _ROPE_MODE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox"}
 DEFAULT_N_CTX = 2048
 DEFAULT_N_BATCH = 512
+PLAN_MIN_BUCKET = 256   # the smallest KV length a decode plan attends over
+DIRECT_PLAN_CALL = True  # decode: call the plan's one C segment directly after the first plan.run
+
+
+def kv_buckets(n_ctx, min_bucket=PLAN_MIN_BUCKET):
+    """The KV lengths decode plans are compiled for: powers of two from min_bucket, n_ctx last,
+    plus L-1 wherever flash_attn's auto strategy for one query changes at length L (512: rows ->
+    split-KV), so that a bucket always runs the strategy the Python step runs over pos+1 cells."""
+    n_ctx = int(n_ctx)
+    bs, b = set(), int(min_bucket)
+    while b < n_ctx:
+        bs.add(b)
+        b *= 2
+    bs.add(n_ctx)
+    prev = choose_strategy(1, 1)
+    for t in range(2, min(n_ctx, 1 << 16) + 1):
+        cur = choose_strategy(1, t)
+        if cur != prev:
+            bs.add(t - 1)
+        prev = cur
+    # a power of two right after a strategy bucket (512 after 511) would serve one length only
+    return sorted(b for b in bs if b == n_ctx or (b - 1) not in bs or b & (b - 1))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -210,6 +244,57 @@ class _Streamer:
 
 # ------------------------------------------------------------------------------------------------
 
+class _DecodePlan:
+    """A compiled one-token decode plan over nkv KV cells and its mask input (0 for the cells
+    [0, n) attended to, -inf after; only the changed cells are rewritten per step).
+
+    run(): the plan's inputs are always the same three arrays, so after one plan.run() (which
+    checks them and points the plan at them) the plan's single C call is made directly, skipping
+    plan.run's per-call input checks and output views (~0.1 ms a token on a cold cache). Anything
+    unexpected (a plan that is not exactly one C call, a failing call) goes through plan.run."""
+    __slots__ = ("plan", "nkv", "lo", "mask", "n", "_fast", "_out")
+
+    def __init__(self, plan, nkv, lo):
+        self.plan, self.nkv, self.lo = plan, nkv, lo   # serves the KV lengths (lo, nkv]
+        self.mask = np.full((1, 1, 1, nkv), -np.inf, F16)
+        self.n = 0
+        self._fast = None
+        self._out = None
+
+    def set_len(self, n):
+        m = self.mask.reshape(-1)
+        if n > self.n:
+            m[self.n:n] = 0
+        elif n < self.n:
+            m[n:self.n] = -np.inf
+        self.n = n
+
+    def run(self, x, pos, n_threads):
+        f = self._fast
+        if f is not None and f[0] is x and f[1] is pos:
+            _, _, ptrs, inp, fn, prog, nrec, fpc, blas, ilp64 = f
+            for slot, p in inp:          # (re)point the plan at our inputs: cheap, and safe should
+                ptrs[slot] = p           # someone have run the plan on other arrays meanwhile
+            if fn(prog, nrec, ptrs, fpc, blas, ilp64, _dispatch.threads(n_threads)) == 0:
+                return self._out
+        pl = self.plan       # the first call, or a failing one: plan.run checks and raises
+        out = pl.run(x=x, pos=pos, mask=self.mask, n_threads=n_threads)[0]
+        self._out = out
+        self._fast = None
+        if DIRECT_PLAN_CALL:
+            try:
+                ((kind, seg),) = pl.segments
+                fn, prog, nrec, _ = seg
+                arrs = {"x": x, "pos": pos, "mask": self.mask}
+                cast = _backend.ffi.cast
+                inp = [(slot, cast("void *", arrs[name].ctypes.data + boff)) for slot, name, boff in pl._input_slots]
+                if kind == "c":
+                    self._fast = (x, pos, pl._ptrs, inp, fn, prog, nrec, pl._fpc, pl._blas, pl.ilp64)
+            except (AttributeError, TypeError, ValueError, KeyError):
+                self._fast = None
+        return out
+
+
 class Model:
     """A loaded GGUF model with its KV cache. Not thread-safe (one sequence, one cache)."""
 
@@ -219,7 +304,7 @@ class Model:
     # -------------------------------------------------------------------------------- loading
     @classmethod
     def load(cls, path, n_ctx=DEFAULT_N_CTX, n_threads=None, kv_dtype="f16", act=None,
-             n_batch=DEFAULT_N_BATCH, rope_ggml_compat=False, isa=None):
+             n_batch=DEFAULT_N_BATCH, rope_ggml_compat=False, isa=None, use_plan=True):
         """Memory-map the GGUF at `path` and prepare a KV cache of n_ctx cells.
 
         n_ctx: the context size (KV cells); 0 or None = the model's context_length.
@@ -228,7 +313,10 @@ class Model:
         (default, as llama.cpp) or "f32" (exact f32 activations). n_batch: the largest micro-batch
         a prompt is processed in (longer prompts are split). rope_ggml_compat: use ggml's f32
         angle chain (bit-compatible with llama.cpp) instead of cpufuse's float64 angles.
-        isa: force a cpufuse ISA for every kernel (None = auto)."""
+        isa: force a cpufuse ISA for every kernel (None = auto). use_plan: run one-token decode
+        steps as one compiled graph plan per KV-length bucket (one C call per token); False keeps
+        the per-layer Python calls (the plan is also skipped where it cannot be built, e.g. an ISA
+        without the C plan executor: see `plan_error`)."""
         import gguf
 
         self = object.__new__(cls)
@@ -373,6 +461,8 @@ class Model:
                              freq_scale=hp.freq_scale, ext_factor=hp.ext_factor, attn_factor=hp.attn_factor,
                              n_ctx_orig=hp.n_ctx_orig, freq_factors=self.rope_freqs,
                              ggml_compat=self.rope_ggml_compat, isa=isa, n_threads=self.n_threads)
+        self.use_plan = bool(use_plan)
+        self.plan_error = None      # why the decode plan is not used (None: it is, or not tried yet)
         self._alloc()
         self.reset()
         return self
@@ -393,6 +483,11 @@ class Model:
         self._mask = np.zeros((B, self.n_ctx), F16)
         self._logits1 = np.zeros((1, self.n_logits), F32)
         self._views = {}
+        self._plans = {}            # KV bucket -> _DecodePlan
+        self._dp_last = None
+        self._buckets = None
+        self._x1 = np.zeros((1, E), F32)      # the decode plan's inputs
+        self._pos1 = np.zeros(1, np.int32)
 
     def _views_for(self, n):
         v = self._views.get(n)
@@ -468,6 +563,14 @@ class Model:
         if T > self.n_ctx:
             raise ValueError(f"context overflow: {pos0} cached + {n} new tokens = {T} > n_ctx = {self.n_ctx} "
                              f"(load the model with a larger n_ctx, or call reset())")
+        if n == 1 and self.use_plan and self.plan_error is None:
+            dp = self._decode_plan(T)
+            if dp is not None:
+                out = self._forward_plan(dp, tokens[0], pos0)
+                if all_logits_out is not None:
+                    all_logits_out[...] = out
+                    return all_logits_out
+                return out
         hp = self.hparams
         eps = hp.eps
         act = self.act
@@ -532,6 +635,122 @@ class Model:
         if self.output_bias is not None:
             out += self.output_bias
         return out
+
+    # ----------------------------------------------------------------------------- decode plan
+    def _decode_graph(self, nkv):
+        """One decode step over every layer as a cpufuse.Graph attending over KV cells [0, nkv):
+        inputs x (1, n_embd) f32 (the token's embedding row), pos (1,) int32 (the RoPE position
+        and the cache row), mask (1, 1, 1, nkv) f16; output the logits (1, n_vocab). The plan
+        fuses RMS_NORM -> MUL -> Q/K/V (one matmul_multi with the norm prologue), ROPE(k) ->
+        CACHE_WRITE, RMS_NORM -> MUL -> gate/up -> SILU -> MUL (one matmul_swiglu) and the head's
+        norm prologue, the same kernels as `_forward`, in one C call."""
+        hp = self.hparams
+        E, H, Hkv, D, eps, act = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.eps, self.act
+        rkw = {k: v for k, v in self._rope_kw.items() if k not in ("n_dims", "mode", "isa", "n_threads")}
+        if rkw.get("freq_factors") is None:
+            rkw.pop("freq_factors", None)
+        g = Graph()
+        x = g.input("x", (1, E))
+        pos = g.input("pos", (1,), np.int32)          # RoPE position = cache row (one token)
+        mask = g.input("mask", (1, 1, 1, nkv), np.float16)
+
+        def c(a, name):
+            return g.constant(a, name)
+
+        for li, L in enumerate(self.layers):
+            p = f"l{li}."
+            kc, vc = self.k_cache[li, :nkv], self.v_cache[li, :nkv]   # C-contiguous views
+            h = g.mul(g.rms_norm(x, eps, name=p + "attn_norm"), c(L.attn_norm, p + "attn_norm.w"))
+            q, k, v = (g.qmatmul(h, w, act=act, name=p + nm) for w, nm in ((L.wq, "q"), (L.wk, "k"), (L.wv, "v")))
+            if L.bq is not None:
+                q = g.add(q, c(L.bq, p + "bq"), name=p + "q+b")
+            if L.bk is not None:
+                k = g.add(k, c(L.bk, p + "bk"), name=p + "k+b")
+            if L.bv is not None:
+                v = g.add(v, c(L.bv, p + "bv"), name=p + "v+b")
+            q3, k3 = g.reshape(q, (1, H, D)), g.reshape(k, (1, Hkv, D))
+            if L.q_norm is not None:   # qwen3: per-head RMSNorm of q and k before RoPE
+                q3 = g.reshape(g.mul(g.rms_norm(g.reshape(q3, (H, D)), eps, name=p + "q_norm"),
+                                     c(L.q_norm, p + "q_norm.w")), (1, H, D))
+                k3 = g.reshape(g.mul(g.rms_norm(g.reshape(k3, (Hkv, D)), eps, name=p + "k_norm"),
+                                     c(L.k_norm, p + "k_norm.w")), (1, Hkv, D))
+            kr = g.rope(k3, pos, hp.n_rot, mode=hp.rope_mode, name=p + "rope_k", **rkw)
+            kcw = g.cache_write(kr, kc, pos, name=p + "k_cache")
+            vcw = g.cache_write(g.reshape(v, (1, Hkv, D)), vc, pos, name=p + "v_cache")
+            qr = g.rope(q3, pos, hp.n_rot, mode=hp.rope_mode, name=p + "rope_q", **rkw)
+            Q = g.permute(g.reshape(qr, (1, 1, H, D)), (0, 2, 1, 3))
+            K = g.permute(g.reshape(kcw, (1, nkv, Hkv, D)), (0, 2, 1, 3))
+            V = g.permute(g.reshape(vcw, (1, nkv, Hkv, D)), (0, 2, 1, 3))
+            a = g.flash_attn(Q, K, V, mask, scale=hp.kq_scale, name=p + "attn")
+            o = g.qmatmul(g.reshape(a, (1, H * D)), L.wo, act=act, name=p + "o")
+            if L.bo is not None:
+                o = g.add(o, c(L.bo, p + "bo"), name=p + "o+b")
+            r = g.add(x, o, name=p + "res")
+            h2 = g.mul(g.rms_norm(r, eps, name=p + "ffn_norm"), c(L.ffn_norm, p + "ffn_norm.w"))
+            gt = g.qmatmul(h2, L.wg, act=act, name=p + "gate")
+            up = g.qmatmul(h2, L.wu, act=act, name=p + "up")
+            f = g.mul(g.silu(gt, name=p + "silu"), up, name=p + "ffn")
+            dn = g.qmatmul(f, L.wd, act=act, name=p + "down")
+            if L.bd is not None:
+                dn = g.add(dn, c(L.bd, p + "bd"), name=p + "down+b")
+            x = g.add(r, dn, name=p + "out")
+        hn = g.mul(g.rms_norm(x, eps, name="output_norm"), c(self.output_norm, "output_norm.w"))
+        lg = g.qmatmul(hn, self.output, act=act, name="output")
+        if self.output_bias is not None:
+            lg = g.add(lg, c(self.output_bias, "output.b"), name="output+b")
+        g.output(lg)
+        return g
+
+    def _decode_plan(self, T):
+        """the compiled decode plan for a step that leaves T cells in the cache, or None (and
+        plan_error set) when it cannot be built"""
+        dp = self._dp_last
+        if dp is not None and dp.lo < T <= dp.nkv:   # the common case: the previous step's bucket
+            return dp
+        if self._buckets is None:
+            self._buckets = kv_buckets(self.n_ctx)
+        i = bisect.bisect_left(self._buckets, T)
+        b = self._buckets[i]
+        dp = self._plans.get(b)
+        if dp is None:
+            try:
+                plan = self._decode_graph(b).compile(isa=self.isa)
+            except Exception as e:   # a graph the plan cannot express: the Python steps run instead
+                self.plan_error = f"{type(e).__name__}: {e}"
+                return None
+            if not plan.native:
+                self.plan_error = f"isa {plan.isa} has no C plan executor"
+                return None
+            dp = self._plans[b] = _DecodePlan(plan, b, self._buckets[i - 1] if i else 0)
+        self._dp_last = dp
+        return dp
+
+    def _forward_plan(self, dp, tok, pos0):
+        """one token at position pos0 through the decode plan; returns the (1, n_vocab) logits
+        (the plan's buffer: valid until the next call)"""
+        tok = int(tok)
+        if tok < 0 or tok >= self.hparams.n_vocab:
+            raise ValueError(f"token id {tok} out of range [0, {self.hparams.n_vocab})")
+        te = self.tok_embd
+        x = self._x1
+        x[...] = dequantize(te.raw[tok:tok + 1], te.qtype, te.n_in)   # GET_ROWS: one row
+        dp.set_len(pos0 + 1)
+        self._pos1[0] = pos0
+        out = dp.run(x, self._pos1, self.n_threads)
+        self._n_past = pos0 + 1
+        self._cached.append(tok)
+        return out
+
+    def decode_plan(self, n_kv=None):
+        """The compiled decode plan for KV length n_kv (default: the next step's), e.g. to read
+        its describe(); None when the plan route is off or cannot be built (see plan_error)."""
+        if not self.use_plan:
+            return None
+        T = self._n_past + 1 if n_kv is None else int(n_kv)
+        if not 1 <= T <= self.n_ctx:
+            raise ValueError(f"n_kv must be in [1, {self.n_ctx}], got {T}")
+        dp = self._decode_plan(T) if self.plan_error is None else None
+        return None if dp is None else dp.plan
 
     def eval(self, tokens, logits_all=False):
         """Append `tokens` to the cache (in micro-batches of n_batch) and return the logits: of
