@@ -1,7 +1,8 @@
 """Numba fallback of cpufuse.rope (the "numba" ISA): the same two phases as native/kernels/rope.inc.
 
 1. table_accurate / table_compat: per token, C[k] and S[k] (float32) of its n_dims/2 pairs into
-   tab[t, 0, k] and tab[t, 1, k]. The per-op constants (1/freq_k, theta_scale, mscale, the YaRN
+   tab[t, 0, k] and tab[t, 1, k]. The accurate table uses `sincos`, the same float64 operations
+   as the native kernels (no libm, no FMA), so it is the same table bit for bit. The per-op constants (1/freq_k, theta_scale, mscale, the YaRN
    ramps) come from cpufuse/rope.py. The compat table calls the C library's cosf/sinf through
    ctypes, as ggml does (numpy's or LLVM's float cos may differ by an ulp); it is compiled without
    the on-disk cache because it embeds the function addresses.
@@ -96,6 +97,44 @@ def f2h(v):
     return np.uint16(sign | (E << 10) | (q - 1024))
 
 
+@nb.njit(inline="always", **_JIT)
+def sincos(phi):
+    """sin and cos of a float64 angle, the same operations as rp_sincos in native/kernels/rope.inc
+    (so the same bits): n = round(phi*2/pi) by the 1.5*2^52 trick, r = phi - n*pi/2 by
+    Cody-Waite with a three-constant split of pi/2 (exact n*P1, n*P2 for |n| < 2^23), cephes'
+    polynomials for sin r and cos r on |r| <= pi/4, the quadrant n mod 4. |phi| > 1e7 or NaN:
+    math.sin/math.cos (libm), as the native kernels."""
+    if not abs(phi) <= 1.0e7:
+        return math.sin(phi), math.cos(phi)
+    t = phi * 0.63661977236758138 + 6755399441055744.0
+    n = t - 6755399441055744.0
+    r = phi - n * 1.5707963276654482
+    r = r - n * -8.705515692000731e-10
+    r = r - n * -3.50343439808993e-19
+    z = r * r
+    ps = 1.58962301576546568060e-10
+    ps = ps * z + -2.50507477628578072866e-8
+    ps = ps * z + 2.75573136213857245213e-6
+    ps = ps * z + -1.98412698295895385996e-4
+    ps = ps * z + 8.33333333332211858878e-3
+    ps = ps * z + -1.66666666666666307295e-1
+    sr = r + (r * z) * ps
+    pc = -1.13585365213876817300e-11
+    pc = pc * z + 2.08757008419747316778e-9
+    pc = pc * z + -2.75573141792967388112e-7
+    pc = pc * z + 2.48015872888517045348e-5
+    pc = pc * z + -1.38888888888730564116e-3
+    pc = pc * z + 4.16666666666665929218e-2
+    cr = (1.0 - 0.5 * z) + (z * z) * pc
+    q = np.int64(n) & 3
+    s, c = (cr, sr) if q & 1 else (sr, cr)
+    if q & 2:
+        s = -s
+    if (q + 1) & 2:
+        c = -c
+    return s, c
+
+
 @nb.njit(**_PJIT)
 def table_accurate(pos, invf, fs, rampd, ext, mscale, half, tab):
     T = pos.shape[0]
@@ -108,8 +147,9 @@ def table_accurate(pos, invf, fs, rampd, ext, mscale, half, tab):
             if ext:
                 r = rampd[k]
                 phi = ti * (1.0 - r) + te * r
-            tab[t, 0, k] = np.float32(math.cos(phi) * mscale)
-            tab[t, 1, k] = np.float32(math.sin(phi) * mscale)
+            s, c = sincos(phi)
+            tab[t, 0, k] = np.float32(c * mscale)
+            tab[t, 1, k] = np.float32(s * mscale)
 
 
 if HAVE_LIBM:

@@ -193,6 +193,87 @@ def _yarn_consts_f64(n_dims, freq_base, freq_scale, ext_factor, attn_factor, bet
 
 
 # ------------------------------------------------------------------------------------------------
+# the lean path: the common call with the fewest checks that still catch every bad input
+
+_FNS = {}
+_DESC = {}   # (T, H, D, nd, mode, compat, nco) -> int64_t[RP_LEN] for C-contiguous x and y
+_PARAMS = {}  # (base, fs, ext, attn, beta_fast, beta_slow) -> double[6], validated on insertion
+_NUM = (float, int)
+_INF = float("inf")
+
+
+def _lean_params(key):
+    fp = _PARAMS.get(key)
+    if fp is None:
+        try:
+            vals = [float(v) for v in key if type(v) in _NUM]
+        except OverflowError:
+            return None
+        if len(vals) != 6 or not all(-_INF < v < _INF for v in vals) or not (vals[0] > 0 and vals[1] > 0):
+            return None  # the full path raises the precise error
+        if len(_PARAMS) >= 64:
+            _PARAMS.clear()
+        fp = _PARAMS[key] = ffi.new("double[]", vals)
+    return fp
+
+
+def _lean(x, pos, nd, mode, key, nco, compat, cache, out, isa, n_threads):
+    """The common call: x C-contiguous float32 (T, H, D), pos C-contiguous int32 (T,), no
+    freq_factors, and either cache=(C-contiguous float16 k_cache, int pos0) or out None; plain
+    Python numbers for the parameters. Returns (True, result), or None where anything is unusual
+    (the full path then checks everything and raises the precise error)."""
+    if (type(x) is not _ndarray or x.dtype is not F32 or type(pos) is not _ndarray or pos.dtype is not I32
+            or x.ndim != 3 or type(nd) is not int or type(compat) is not bool or type(nco) is not int
+            or nco < 0 or not x.flags.c_contiguous or not pos.flags.c_contiguous):
+        return None
+    T, H, D = x.shape
+    if pos.shape != (T,) or nd <= 0 or nd & 1 or nd > D or T == 0 or H == 0:
+        return None
+    tm = type(mode)
+    m = _MODES.get(mode) if tm is str or tm is int else None
+    if m is None:
+        return None
+    fp = _lean_params(key)
+    if fp is None:
+        return None
+    isa = _dispatch.resolve(isa)
+    if isa == "numba" or lib is None:
+        return None
+    if cache is None:
+        if out is not None:
+            return None
+        y = ret = np.empty((T, H, D), F32)
+        yb = ffi.from_buffer("float[]", y)
+        f16 = 0
+    else:
+        if type(cache) is not tuple or len(cache) != 2 or out is not None:
+            return None
+        kc, p0 = cache
+        if type(kc) is not _ndarray or kc.dtype is not F16 or type(p0) is not int or kc.ndim != 3:
+            return None
+        kf = kc.flags
+        if (not kf.c_contiguous or not kf.writeable or kc.shape[1] != H or kc.shape[2] != D or p0 < 0
+                or p0 + T > kc.shape[0] or np.may_share_memory(kc, x) or np.may_share_memory(kc, pos)):
+            return None
+        yb = ffi.from_buffer("uint16_t[]", kc) + p0 * H * D
+        ret = None
+        f16 = 1
+    dk = (T, H, D, nd, m, compat, nco, f16)
+    d = _DESC.get(dk)
+    if d is None:
+        if len(_DESC) >= 64:
+            _DESC.clear()
+        d = _DESC[dk] = ffi.new("int64_t[]", [T, H, D, nd, m, int(compat), f16, H * D, D, H * D, D, nco])
+    fn = _FNS.get(isa)
+    if fn is None:
+        fn = _FNS[isa] = getattr(lib, f"cf_rope_f32__{isa}")
+    if fn(d, ffi.from_buffer("float[]", x), ffi.from_buffer("int32_t[]", pos), ffi.NULL, fp, yb,
+          _dispatch.threads(n_threads)):
+        raise MemoryError("rope: could not allocate scratch memory")
+    return True, ret
+
+
+# ------------------------------------------------------------------------------------------------
 
 def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_factor=0.0,
          attn_factor=1.0, beta_fast=32.0, beta_slow=1.0, n_ctx_orig=0, freq_factors=None,
@@ -208,7 +289,10 @@ def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_
     are scaled by attn_factor. freq_factors: float32 (n_dims/2,) (Llama 3.1 rope_freqs) or None.
 
     Angles. Default (ggml_compat=False), accurate: theta in float64 and cos/sin in float64, once
-    per (token, pair) and shared by every head, rounded once to float32. ggml's own f32 chain
+    per (token, pair) and shared by every head, rounded once to float32. sin/cos come from a
+    float64 Cody-Waite reduction modulo pi/2 and polynomials (SIMD, no libm, ~1e-16; libm beyond
+    |theta| = 1e7), the same float64 operations on every ISA and Numba, so the table is the same
+    bits everywhere. ggml's own f32 chain
     (theta *= powf(base, -2/n_dims) repeated in float, cosf/sinf of a float angle) is off by up to
     ~1e-2 rad at position 131072 (SPEC-MODEL 2.5), so float64 is the default: it is what the model
     was trained with up to f32 rounding. ggml_compat=True reproduces ggml's chain step for step
@@ -228,6 +312,11 @@ def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_
 
     The result does not depend on n_threads (bit-identical for every thread count).
     """
+    if freq_factors is None:
+        r = _lean(x, pos, n_dims, mode, (freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow),
+                  n_ctx_orig, ggml_compat, cache, out, isa, n_threads)
+        if r is not None:
+            return r[1]
     isa = _dispatch.resolve(isa)
     if not isinstance(x, _ndarray):
         raise TypeError(f"x must be a numpy.ndarray of float32, got {type(x).__name__}")

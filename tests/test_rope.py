@@ -15,6 +15,7 @@
 """
 import ctypes
 import ctypes.util
+import math
 
 import numpy as np
 import pytest
@@ -209,6 +210,78 @@ def test_accurate(isa, mode, D, nd, H, rng):
     assert rel < 2e-6, f"max error {rel:.3e} of max|x|"
 
 
+def rope_table(isa, pos, nd, mode="norm", **kw):
+    """the (C, S) table of the accurate path, read through the rotation of a one-hot x (x_a = 1,
+    x_b = 0 gives y_a = C, y_b = S exactly on every path, FMA or not)"""
+    x = np.zeros((len(pos), 1, nd), F32)
+    ia, ib = pair_index(nd, mode)
+    x[..., ia] = 1.0
+    y = cpufuse.rope(x, pos, n_dims=nd, mode=mode, isa=isa, **kw)
+    return y[:, 0, ia], y[:, 0, ib]
+
+
+EXTREME_POS = np.array([131071, 131072, 131070, 100003, 65537, 0, 1, -131071, 2 ** 20 + 1, 2 ** 23 - 1,
+                        9_999_999, 10_000_001, 2 ** 31 - 1, -2 ** 31], np.int32)
+
+
+@pytest.mark.parametrize("base", [1e4, 1e6])
+@pytest.mark.parametrize("nd", [6, 64, 128, 256])
+def test_accurate_angles_extreme(isa, base, nd):
+    """the accurate table (float64 angle, Cody-Waite reduction, polynomial sin/cos; libm beyond
+    |phi| = 1e7) vs numpy's float64 cos/sin: NMSE <= 1e-12 and within 1 f32 ulp of the exact value
+    element by element, at the largest positions; and the same bits on every ISA"""
+    C, S = rope_table(isa, EXTREME_POS, nd, freq_base=base)
+    # the float64 angle as defined (libm pow, then one product), so that the reference differs
+    # only by cos/sin: numpy's vectorized power may be an ulp off pow, 2e-7 rad at pos 2^31
+    invf = np.array([math.pow(base, -2.0 * k / nd) for k in range(nd // 2)], F64)
+    phi = EXTREME_POS.astype(F64)[:, None] * invf
+    rc, rs = np.cos(phi), np.sin(phi)
+    assert_nmse(np.concatenate([rc, rs]), np.concatenate([C, S]).astype(F64), NMSE_TOL, f"{isa} base={base} nd={nd}")
+    err = np.maximum(np.abs(C - rc), np.abs(S - rs))
+    assert err.max() <= 2.0 ** -24, f"max table error {err.max():.3e} (> 1 f32 ulp of 1)"
+    # the angle itself: atan2 of the table against phi mod 2 pi
+    dphi = np.angle(np.exp(1j * (np.arctan2(S.astype(F64), C.astype(F64)) - phi)))
+    assert np.abs(dphi).max() < 2e-7
+    Cs, Ss = rope_table("scalar", EXTREME_POS, nd, freq_base=base)
+    assert_bit_identical(C, Cs, f"{isa} vs scalar table (cos)")
+    assert_bit_identical(S, Ss, f"{isa} vs scalar table (sin)")
+
+
+def test_lean_path_matches_full(rng):
+    """the lean path (plain arguments) and the full path (numpy scalars, lists) give the same bits,
+    and the lean path's guards fall back to the full checks"""
+    T, H, D = 5, 4, 64
+    x = U(rng, (T, H, D))
+    pos = positions(rng, T)
+    kc = np.zeros((8, H, D), np.float16)
+    cpufuse.rope(x, pos, n_dims=D, cache=(kc, 2), freq_base=500000.0)
+    kc2 = np.zeros((8, H, D), np.float16)
+    cpufuse.rope(x, pos, n_dims=np.int64(D), cache=[kc2, np.int32(2)], freq_base=np.float64(500000.0))
+    assert np.array_equal(kc.view(np.uint16), kc2.view(np.uint16))
+    y = cpufuse.rope(x, pos, n_dims=D, mode=2, freq_scale=0.5)
+    y2 = cpufuse.rope(x, pos, n_dims=D, mode="NEOX", freq_scale=np.float32(0.5))
+    assert_bit_identical(y, y2, "lean vs full")
+    # overlaps the lean path must not miss
+    buf = np.zeros(8192, np.uint8)
+    kco = buf[:8 * H * D * 2].view(np.float16).reshape(8, H, D)
+    xo = buf[1024:1024 + T * H * D * 4].view(np.float32).reshape(T, H, D)
+    with pytest.raises(ValueError, match="cache"):
+        cpufuse.rope(xo, pos, n_dims=D, cache=(kco, 0))
+    po = buf[16:16 + 4 * T].view(np.int32)
+    with pytest.raises(ValueError, match="cache"):
+        cpufuse.rope(x, po, n_dims=D, cache=(kco, 0))
+    with pytest.raises(ValueError, match="cache"):
+        cpufuse.rope(x, pos, n_dims=D, cache=(kc, 4))  # 4 + 5 > 8
+    with pytest.raises(TypeError, match="pos0"):
+        cpufuse.rope(x, pos, n_dims=D, cache=(kc, True))
+    with pytest.raises(ValueError, match="freq_base"):
+        cpufuse.rope(x, pos, n_dims=D, cache=(kc, 0), freq_base=float("inf"))
+    with pytest.raises(TypeError, match="ggml_compat"):
+        cpufuse.rope(x, pos, n_dims=D, cache=(kc, 0), ggml_compat=1)
+    with pytest.raises(TypeError, match="mode"):
+        cpufuse.rope(x, pos, n_dims=D, mode=False)
+
+
 YARN = {
     "plain": {},
     "base5e5": dict(base=500000.0),
@@ -393,6 +466,22 @@ def test_threads_bit_identical(isa, mode, compat, rng):
         cpufuse.rope(x, pos, n_dims=nd, mode=mode, isa=isa, ggml_compat=compat, cache=(kc, 2), n_threads=n)
         kcs.append(kc.view(np.uint16))
     assert np.array_equal(kcs[0], kcs[1])
+
+
+@pytest.mark.parametrize("mode", ["norm", "neox"])
+def test_many_heads_split_tokens(isa, mode, rng):
+    """more heads than a chunk holds (each token's heads split over chunks, each computing the
+    token's table): same bits for 1 and 3 threads, accurate vs float64, and the cache write"""
+    T, H, D, nd = 3, 70, 128, 128
+    x = U(rng, (T, H, D))
+    pos = positions(rng, T)
+    y1 = cpufuse.rope(x, pos, n_dims=nd, mode=mode, isa=isa, n_threads=1)
+    y3 = cpufuse.rope(x, pos, n_dims=nd, mode=mode, isa=isa, n_threads=3)
+    assert_bit_identical(y1, y3, "1 vs 3 threads")
+    assert_nmse(ref64(x, pos, nd, mode), y1, NMSE_TOL, f"{isa} {mode} H={H}")
+    kc = np.zeros((T + 1, H, D), np.float16)
+    cpufuse.rope(x, pos, n_dims=nd, mode=mode, isa=isa, cache=(kc, 1), n_threads=3)
+    assert np.array_equal(kc[1:].view(np.uint16), y1.astype(np.float16).view(np.uint16))
 
 
 def test_int_modes_and_empty(isa, rng):
