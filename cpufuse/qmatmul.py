@@ -13,6 +13,7 @@ and up products with the SwiGLU in the epilogue (matmul_swiglu), the two product
 import numpy as np
 
 from . import _backend as _native, _dispatch
+from . import ops as _ops
 from .qtypes import QTensor
 
 ffi, lib = _native.ffi, _native.lib
@@ -63,14 +64,7 @@ def _check_act(act):
 
 
 def _check_out(out, shape, name):
-    if not isinstance(out, np.ndarray):
-        raise TypeError(f"{name} must be a numpy.ndarray of float32, got {type(out).__name__}")
-    if out.dtype != F32:
-        raise TypeError(f"{name} must be float32, got {out.dtype}")
-    if out.shape != shape:
-        raise ValueError(f"{name} must have shape {shape}, got {out.shape}")
-    if not out.flags.writeable:
-        raise ValueError(f"{name} is read-only")
+    _ops._check_out(out, shape, name)  # type, dtype, shape, writeable, unit-stride last axis
     n = shape[-1]
     try:
         o2 = out.view()

@@ -360,14 +360,19 @@ class Model:
 
         used = set()
 
-        def qt(name, shape, required=True):
+        def get(name, required):
             t = tensors.get(name)
             if t is None:
                 if required:
                     raise ValueError(f"GGUF is missing the tensor {name}")
-                return None
+                return None, None
             used.add(name)
-            ne = [int(s) for s in t.shape]
+            return t, [int(s) for s in t.shape]
+
+        def qt(name, shape, required=True):
+            t, ne = get(name, required)
+            if t is None:
+                return None
             n_in = ne[0]
             n_out = int(np.prod(ne[1:])) if len(ne) > 1 else 1
             if shape is not None and (n_out, n_in) != tuple(shape):
@@ -378,13 +383,9 @@ class Model:
                 raise NotImplementedError(f"tensor {name}: {e}") from None
 
         def vec(name, n, required=True):
-            t = tensors.get(name)
+            t, ne = get(name, required)
             if t is None:
-                if required:
-                    raise ValueError(f"GGUF is missing the tensor {name}")
                 return None
-            used.add(name)
-            ne = [int(s) for s in t.shape]
             if int(np.prod(ne)) != n:
                 raise ValueError(f"tensor {name}: {int(np.prod(ne))} elements, expected {n}")
             a = dequantize(np.ascontiguousarray(t.data), resolve_qtype(t.tensor_type), n).reshape(n)

@@ -28,37 +28,7 @@
 #error "neon_quant_test.c is an aarch64 program (it uses __fp16 and the neon kernels)"
 #endif
 
-/* ---------------------------------------------------------------------------------------------
- * bookkeeping (as neon_test.c): a case passes when no CHECK inside it failed */
-static int g_pass, g_fail, c_fail;
-static char c_name[320];
-static void begin(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void begin(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(c_name, sizeof c_name, fmt, ap);
-  va_end(ap);
-  c_fail = 0;
-}
-static void end(void) {
-  if (c_fail) g_fail++, printf("FAIL %s (%d failed checks)\n", c_name, c_fail);
-  else g_pass++;
-}
-#define CHECK(cond, ...)                                                                          \
-  do {                                                                                            \
-    if (!(cond) && c_fail++ < 4) {                                                                \
-      printf("  [%s] check failed: %s: ", c_name, #cond);                                         \
-      printf(__VA_ARGS__);                                                                        \
-      printf("\n");                                                                               \
-    }                                                                                             \
-  } while (0)
-
-static uint64_t g_rng = 0x243f6a8885a308d3ull;
-static double urand(void) { /* [0, 1) */
-  g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-  return (double)(g_rng >> 11) * 0x1.0p-53;
-}
-static float uni(float lo, float hi) { return (float)(lo + (hi - lo) * urand()); }
+#include "test_util.h" /* begin/end/CHECK, g_rng/urand/uni */
 static uint8_t rbyte(void) { return (uint8_t)(urand() * 256.0); }
 
 static const float GUARD = -12345.5f;
@@ -537,6 +507,7 @@ static void test_quantize_act(int vt, int64_t K, int64_t rows) {
 }
 
 int main(int argc, char **argv) {
+  g_rng = 0x243f6a8885a308d3ull;
   setvbuf(stdout, NULL, _IOLBF, 0);
   const char *label = argc > 1 ? argv[1] : "neon";
   printf("neon quant [%s] build: %s\n", label, cf_build_info__neon());

@@ -40,38 +40,7 @@ typedef __typeof__(&cf_softmax_f32__neon) sm_fn;
 typedef __typeof__(&cf_rms_norm_f32__neon) rn_fn;
 typedef __typeof__(&cf_flash_attn_f32__neon) fa_fn;
 
-/* ---------------------------------------------------------------------------------------------
- * bookkeeping: a case passes when no CHECK inside it failed; the first few failures are printed */
-static int g_pass, g_fail, c_fail;
-static char c_name[320];
-static void begin(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void begin(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(c_name, sizeof c_name, fmt, ap);
-  va_end(ap);
-  c_fail = 0;
-}
-static void end(void) {
-  if (c_fail) g_fail++, printf("FAIL %s (%d failed checks)\n", c_name, c_fail);
-  else g_pass++;
-}
-#define CHECK(cond, ...)                                                                          \
-  do {                                                                                            \
-    if (!(cond) && c_fail++ < 4) {                                                                \
-      printf("  [%s] check failed: %s: ", c_name, #cond);                                         \
-      printf(__VA_ARGS__);                                                                        \
-      printf("\n");                                                                               \
-    }                                                                                             \
-  } while (0)
-
-/* deterministic data */
-static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-static double urand(void) { /* [0, 1) */
-  g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-  return (double)(g_rng >> 11) * 0x1.0p-53;
-}
-static float uni(float lo, float hi) { return (float)(lo + (hi - lo) * urand()); }
+#include "test_util.h" /* begin/end/CHECK, g_rng/urand/uni */
 
 static const float GUARD = -12345.5f; /* sentinel in every padding element */
 static int is_guard(float v) { return memcmp(&v, &GUARD, sizeof v) == 0; }
@@ -962,6 +931,7 @@ static void test_rope_all(void) {
 }
 
 int main(void) {
+  g_rng = 0x9e3779b97f4a7c15ull;
   setvbuf(stdout, NULL, _IOLBF, 0);
   printf("neon build: %s\n", cf_build_info__neon());
   begin("neon build info reports NEON");
