@@ -18,11 +18,11 @@ def test_neon_kernels_under_qemu():
     if shutil.which("bash") is None:
         pytest.skip("bash not found (needed for native/tests/run_neon_qemu.sh)")
     try:
-        r = subprocess.run(["bash", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        r = subprocess.run(["bash", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=900)
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"")
         out = out.decode(errors="replace") if isinstance(out, bytes) else out
-        pytest.fail(f"{SCRIPT} timed out after 300 s; output so far:\n{out[-6000:]}")
+        pytest.fail(f"{SCRIPT} timed out after 900 s; output so far:\n{out[-6000:]}")
     out = (r.stdout + r.stderr).strip()
     if r.returncode == 77:
         pytest.skip(f"neon under qemu: {out.splitlines()[-1] if out else 'tools missing'}")
