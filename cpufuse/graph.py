@@ -1173,10 +1173,12 @@ class Plan:
             np.multiply(A(st.ins[0]), np.float32(st.params["s"]), out=A(st.outs[0]))
         elif k == "silu":
             x = A(st.ins[0])
-            np.divide(x, 1.0 + np.exp(-x), out=A(st.outs[0]))
+            with np.errstate(over="ignore"):  # exp(-x) = inf for very negative x: silu -> -0, as in C
+                np.divide(x, 1.0 + np.exp(-x), out=A(st.outs[0]))
         elif k == "swiglu":
             g, u = A(st.ins[0]), A(st.ins[1])
-            np.multiply(g / (1.0 + np.exp(-g)), u, out=A(st.outs[0]))
+            with np.errstate(over="ignore"):
+                np.multiply(g / (1.0 + np.exp(-g)), u, out=A(st.outs[0]))
         elif k == "rms_norm":
             x, _, w, b = (A(a) for a in st.ins)
             _ops.rms_norm(x, w, eps=st.params["eps"], bias=b, out=A(st.outs[1]), isa=isa, n_threads=nth)
