@@ -152,40 +152,35 @@ def table_accurate(pos, invf, fs, rampd, ext, mscale, half, tab):
             tab[t, 1, k] = np.float32(s * mscale)
 
 
-if HAVE_LIBM:
-    _cosf_c, _sinf_c = _cosf, _sinf
-
-    @nb.njit(parallel=True, nogil=True, error_model="numpy")
-    def table_compat(pos, ff, fs, theta_scale, ramp, ext, mscale, half, tab):
-        T = pos.shape[0]
-        for t in nb.prange(T):
-            theta = np.float32(pos[t])
-            for k in range(half):
-                te = theta / ff[k]
-                ti = fs * te
-                phi = ti
-                if ext:
-                    r = ramp[k]
-                    phi = fma32(ti, np.float32(1.0) - r, te * r)
-                tab[t, 0, k] = np.float32(_cosf_c(phi)) * mscale
-                tab[t, 1, k] = np.float32(_sinf_c(phi)) * mscale
-                theta = theta * theta_scale
+if HAVE_LIBM:  # the C library's cosf/sinf, as ggml calls them (ctypes calls: not disk-cacheable)
+    _cos32, _sin32 = _cosf, _sinf
+    _TC_JIT = dict(parallel=True, nogil=True, error_model="numpy")
 else:  # no C library found: float64 cos/sin rounded to float32 (within an ulp of cosf/sinf)
-    @nb.njit(**_PJIT)
-    def table_compat(pos, ff, fs, theta_scale, ramp, ext, mscale, half, tab):
-        T = pos.shape[0]
-        for t in nb.prange(T):
-            theta = np.float32(pos[t])
-            for k in range(half):
-                te = theta / ff[k]
-                ti = fs * te
-                phi = ti
-                if ext:
-                    r = ramp[k]
-                    phi = fma32(ti, np.float32(1.0) - r, te * r)
-                tab[t, 0, k] = np.float32(math.cos(np.float64(phi))) * mscale
-                tab[t, 1, k] = np.float32(math.sin(np.float64(phi))) * mscale
-                theta = theta * theta_scale
+    @nb.njit(cache=True)
+    def _cos32(x):
+        return np.float32(math.cos(np.float64(x)))
+
+    @nb.njit(cache=True)
+    def _sin32(x):
+        return np.float32(math.sin(np.float64(x)))
+    _TC_JIT = _PJIT
+
+
+@nb.njit(**_TC_JIT)
+def table_compat(pos, ff, fs, theta_scale, ramp, ext, mscale, half, tab):
+    T = pos.shape[0]
+    for t in nb.prange(T):
+        theta = np.float32(pos[t])
+        for k in range(half):
+            te = theta / ff[k]
+            ti = fs * te
+            phi = ti
+            if ext:
+                r = ramp[k]
+                phi = fma32(ti, np.float32(1.0) - r, te * r)
+            tab[t, 0, k] = np.float32(_cos32(phi)) * mscale
+            tab[t, 1, k] = np.float32(_sin32(phi)) * mscale
+            theta = theta * theta_scale
 
 
 @nb.njit(**_PJIT)
