@@ -42,7 +42,6 @@ Fused-op rows (hooks: they run once cpufuse has the function, else their columns
 """
 import concurrent.futures
 import functools
-import math
 import statistics
 import sys
 import zlib

@@ -127,3 +127,17 @@ def threads(n):
     if type(n) is int and n >= 1:
         return n
     return _check_threads(n, "n_threads")
+
+
+_numba_set = []
+
+
+def numba_module(name, n_threads=None):
+    """cpufuse.<name> (a Numba kernel module), with numba's thread count set for this call to
+    n_threads (or the default), capped at numba's pool size"""
+    import importlib
+    if not _numba_set:
+        import numba
+        _numba_set[:] = [numba.set_num_threads, numba.config.NUMBA_NUM_THREADS]
+    _numba_set[0](min(threads(n_threads), _numba_set[1]))
+    return importlib.import_module(f"cpufuse.{name}")

@@ -590,7 +590,6 @@ class Plan:
         if not mc or not all(c.op == "qmatmul" for c in mc):
             return None
         label = "RMS_NORM -> MUL -> QMATMUL"
-        rejected = []
         why = self._intermediate(r, label)
         w = self._other(m, r)
         if why is None and (w is None or pos.get(m.id) != pos[r.id] + 1):

@@ -32,23 +32,13 @@ if ffi is not None:
     _new = ffi.new
     _NULL = ffi.NULL
 
-_numba = None
 # lean-path kernels by ISA name (only native ISAs usable here: anything else takes the long way)
 _RMS_ROWS = {i: getattr(lib, f"cf_rms_norm_rows_f32__{i}") for i in _dispatch.AVAILABLE if i != "numba"} if lib else {}
 
 
 def _nb(n_threads=None):
-    """the numba kernels, with numba's thread count set for this call (capped at its pool size)"""
-    global _numba
-    if _numba is None:
-        import numba
-
-        from . import numba_kernels
-        _numba = numba_kernels
-        _numba.set_threads = numba.set_num_threads
-        _numba.max_threads = numba.config.NUMBA_NUM_THREADS
-    _numba.set_threads(min(_dispatch.threads(n_threads), _numba.max_threads))
-    return _numba
+    """the Numba kernels, with numba's thread count set for this call"""
+    return _dispatch.numba_module("numba_kernels", n_threads)
 
 
 @functools.lru_cache(maxsize=256)

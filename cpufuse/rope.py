@@ -25,20 +25,9 @@ RP_LEN = 12
 _MODES = {"norm": 0, "neox": 1, 0: 0, 2: 1}
 _GGML_OTHER_MODES = {8: "MROPE", 24: "VISION", 40: "IMROPE"}
 
-_numba = None
-
-
 def _nb(n_threads=None):
-    global _numba
-    if _numba is None:
-        import numba
-
-        from . import numba_rope
-        _numba = numba_rope
-        _numba.set_threads = numba.set_num_threads
-        _numba.max_threads = numba.config.NUMBA_NUM_THREADS
-    _numba.set_threads(min(_dispatch.threads(n_threads), _numba.max_threads))
-    return _numba
+    """the Numba kernels, with numba's thread count set for this call"""
+    return _dispatch.numba_module("numba_rope", n_threads)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -34,7 +34,6 @@ NEOX). Anything else is refused with a ValueError naming the architecture.
 """
 from __future__ import annotations
 
-import gc
 import bisect
 import math
 import os
@@ -465,12 +464,10 @@ class Model:
                              ggml_compat=self.rope_ggml_compat, isa=isa, n_threads=self.n_threads)
         self.use_plan = bool(use_plan)
         self.plan_error = None      # why the decode plan is not used (None: it is, or not tried yet)
-        # The reader's parsed metadata (tens of thousands of small arrays for the vocabulary) is
-        # ~130 MB of RSS on SmolLM2; the weights are views of the memory map and keep it alive on
-        # their own, and the tokenizer has what it needs. Drop it.
+        # Keep no reference to the reader: its parsed metadata (tens of thousands of small arrays
+        # for the vocabulary) is ~130 MB of RSS on SmolLM2 and goes when load() returns. The
+        # weights are views of the memory map, which keeps it alive; the tokenizer has its copy.
         self.reader = None
-        del reader, tensors
-        gc.collect()
         self._alloc()
         self.reset()
         return self
