@@ -177,11 +177,6 @@ _fb = ffi.from_buffer if ffi is not None else None
 _addr = (lambda b: int(ffi.cast("intptr_t", b))) if ffi is not None else None
 
 
-def _span(a):
-    lo = a.__array_interface__["data"][0]
-    return lo, lo + a.nbytes
-
-
 def _entry(ws, rows, act, epi, do_norm):
     """(descriptor, weight pointers, output widths) for a call shape, or None when the weights
     do not fit the lean path. Cached on the first weight (see _lean)."""
