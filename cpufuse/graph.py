@@ -1127,7 +1127,12 @@ class Plan:
 
     def run(self, copy=False, n_threads=None, **inputs):
         """Run the plan on named input arrays; returns the outputs in g.output() order."""
-        nth = _dispatch.threads(n_threads)
+        return self.bind(**inputs)(copy=copy, n_threads=n_threads)
+
+    def bind(self, **inputs):
+        """Check the named input arrays once and return a callable `f(copy=False, n_threads=None)`
+        that runs the plan on exactly these arrays (their contents may change between calls,
+        not the arrays): the repeated-call form of run(), without its per-call checks."""
         arrays = {}
         for n in self._inputs:
             if n.name not in inputs:
@@ -1139,25 +1144,32 @@ class Plan:
             arrays[n.name] = a if a.flags.c_contiguous else np.ascontiguousarray(a)
         if len(inputs) != len(arrays):
             raise GraphError(f"run: unknown inputs {sorted(set(inputs) - set(arrays))}")
+        inp = []
         if self.native:
-            cast, ptrs = _backend.ffi.cast, self._ptrs
-            for slot, name, boff in self._input_slots:
-                ptrs[slot] = cast("void *", arrays[name].ctypes.data + boff)
-        for kind, seg in self.segments:
-            if kind == "c":
-                fn, prog, nrec, steps = seg
-                rc = fn(prog, nrec, ptrs, self._fpc, self._blas, self.ilp64, nth)
-                if rc:
-                    bad = steps[rc - 1]
-                    if bad.kind in ("cache_write", "rope_cache"):  # the rows do not fit: say so
-                        self._pos0(bad.ins[1 if bad.kind == "cache_write" else 2], bad.ins[0].shape[0],
-                                   bad.outs[0], arrays)
-                    raise GraphError(f"run: kernel call failed at {steps[rc - 1].kind} "
-                                     f"[{', '.join(n.name for n in steps[rc - 1].nodes)}]")
-            else:
-                self._exec(seg, arrays, nth)
+            cast = _backend.ffi.cast
+            inp = [(slot, cast("void *", arrays[name].ctypes.data + boff)) for slot, name, boff in self._input_slots]
         outs = tuple(self._array(n, arrays) for n in self.graph.outputs)
-        return tuple(o.copy() for o in outs) if copy else outs
+        ptrs, segments = getattr(self, "_ptrs", None), self.segments
+
+        def bound(copy=False, n_threads=None):
+            nth = _dispatch.threads(n_threads)
+            for slot, p in inp:  # (re)point the plan at these inputs: another bind may have run since
+                ptrs[slot] = p
+            for kind, seg in segments:
+                if kind == "c":
+                    fn, prog, nrec, steps = seg
+                    rc = fn(prog, nrec, ptrs, self._fpc, self._blas, self.ilp64, nth)
+                    if rc:
+                        bad = steps[rc - 1]
+                        if bad.kind in ("cache_write", "rope_cache"):  # the rows do not fit: say so
+                            self._pos0(bad.ins[1 if bad.kind == "cache_write" else 2], bad.ins[0].shape[0],
+                                       bad.outs[0], arrays)
+                        raise GraphError(f"run: kernel call failed at {bad.kind} "
+                                         f"[{', '.join(n.name for n in bad.nodes)}]")
+                else:
+                    self._exec(seg, arrays, nth)
+            return tuple(o.copy() for o in outs) if copy else outs
+        return bound
 
     def _exec(self, st, arrays, nth=None):
         A = lambda n: None if n is None else self._array(n, arrays)  # noqa: E731

@@ -43,7 +43,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from cpufuse import _backend, _dispatch, flash_attn, matmul, matmul_multi, matmul_swiglu, rms_norm, rope
+from cpufuse import flash_attn, matmul, matmul_multi, matmul_swiglu, rms_norm, rope
 from cpufuse.graph import Graph
 from cpufuse.ops import choose_strategy
 from cpufuse.qtypes import QTensor, dequantize, resolve_qtype
@@ -57,7 +57,7 @@ _ROPE_MODE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox"}
 DEFAULT_N_CTX = 2048
 DEFAULT_N_BATCH = 512
 PLAN_MIN_BUCKET = 256   # the smallest KV length a decode plan attends over
-DIRECT_PLAN_CALL = True  # decode: call the plan's one C segment directly after the first plan.run
+DIRECT_PLAN_CALL = True  # decode: run the plan bound once to its inputs (Plan.bind), not plan.run
 
 
 def kv_buckets(n_ctx, min_bucket=PLAN_MIN_BUCKET):
@@ -248,18 +248,17 @@ class _DecodePlan:
     """A compiled one-token decode plan over nkv KV cells and its mask input (0 for the cells
     [0, n) attended to, -inf after; only the changed cells are rewritten per step).
 
-    run(): the plan's inputs are always the same three arrays, so after one plan.run() (which
-    checks them and points the plan at them) the plan's single C call is made directly, skipping
-    plan.run's per-call input checks and output views (~0.1 ms a token on a cold cache). Anything
-    unexpected (a plan that is not exactly one C call, a failing call) goes through plan.run."""
-    __slots__ = ("plan", "nkv", "lo", "mask", "n", "_fast", "_out")
+    run(): the plan's inputs are always the same three arrays, so the plan is bound to them once
+    (Plan.bind checks them) and each step is one call of the bound plan, skipping plan.run's
+    per-call input checks and output views (~0.1 ms a token on a cold cache)."""
+    __slots__ = ("plan", "nkv", "lo", "mask", "n", "_fast", "_key")
 
     def __init__(self, plan, nkv, lo):
         self.plan, self.nkv, self.lo = plan, nkv, lo   # serves the KV lengths (lo, nkv]
         self.mask = np.full((1, 1, 1, nkv), -np.inf, F16)
         self.n = 0
-        self._fast = None
-        self._out = None
+        self._fast = None   # the plan bound to (x, pos, mask)
+        self._key = None
 
     def set_len(self, n):
         m = self.mask.reshape(-1)
@@ -270,29 +269,13 @@ class _DecodePlan:
         self.n = n
 
     def run(self, x, pos, n_threads):
-        f = self._fast
-        if f is not None and f[0] is x and f[1] is pos:
-            _, _, ptrs, inp, fn, prog, nrec, fpc, blas, ilp64 = f
-            for slot, p in inp:          # (re)point the plan at our inputs: cheap, and safe should
-                ptrs[slot] = p           # someone have run the plan on other arrays meanwhile
-            if fn(prog, nrec, ptrs, fpc, blas, ilp64, _dispatch.threads(n_threads)) == 0:
-                return self._out
-        pl = self.plan       # the first call, or a failing one: plan.run checks and raises
-        out = pl.run(x=x, pos=pos, mask=self.mask, n_threads=n_threads)[0]
-        self._out = out
-        self._fast = None
-        if DIRECT_PLAN_CALL:
-            try:
-                ((kind, seg),) = pl.segments
-                fn, prog, nrec, _ = seg
-                arrs = {"x": x, "pos": pos, "mask": self.mask}
-                cast = _backend.ffi.cast
-                inp = [(slot, cast("void *", arrs[name].ctypes.data + boff)) for slot, name, boff in pl._input_slots]
-                if kind == "c":
-                    self._fast = (x, pos, pl._ptrs, inp, fn, prog, nrec, pl._fpc, pl._blas, pl.ilp64)
-            except (AttributeError, TypeError, ValueError, KeyError):
-                self._fast = None
-        return out
+        if not DIRECT_PLAN_CALL:
+            self._fast = None
+            return self.plan.run(x=x, pos=pos, mask=self.mask, n_threads=n_threads)[0]
+        if self._fast is None or self._key[0] is not x or self._key[1] is not pos:
+            self._fast = self.plan.bind(x=x, pos=pos, mask=self.mask)
+            self._key = (x, pos)
+        return self._fast(n_threads=n_threads)[0]
 
 
 class Model:
