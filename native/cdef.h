@@ -1,6 +1,7 @@
 /* cffi cdef: one block of prototypes per compiled ISA, with @ISA@ replaced by its name.
  * Descriptor layouts (int64 arrays) are in native/kernels/common.h. */
 void cf_exp_f32__@ISA@(int64_t n, const float *x, float *y);
+void cf_exp_le0_f32__@ISA@(int64_t n, const float *x, float *y);
 int cf_softmax_f32__@ISA@(const int64_t *d, const float *x, const void *mask, const float *slopes, const float *sinks, float scale, float *y, int nth);
 int cf_softmax_unfused_f32__@ISA@(const int64_t *d, const float *x, const void *mask, const float *slopes, const float *sinks, float scale, float *y, int nth);
 int cf_rms_norm_rows_f32__@ISA@(int64_t rows, int64_t n, const float *x, const float *w, float eps, float *y, int nth);

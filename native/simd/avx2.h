@@ -8,6 +8,7 @@
 #endif
 #include <immintrin.h>
 #include <stdint.h>
+#include "../kernels/common.h"
 #include <string.h>
 
 typedef __m256 vf;
@@ -122,28 +123,27 @@ static inline float vf_hmax(vf v) {
   return _mm_cvtss_f32(s);
 }
 
-/* exp(x), <= 2 ulp on [-104, 88.7]; exp(-inf) = 0, exp(NaN) = NaN, exp(+inf) = +inf.
- * n = round(x*log2 e) by the magic-constant trick, r = x - n*ln2 (two-constant split), a degree-6
- * polynomial (own least-squares fit, 0.8 ulp in f32) for e^r on |r| <= ln2/2.
+/* exp (SPEC 5.1), degree-5 polynomial (CF_EXP_C2..C5 in common.h). n = round(x*log2 e) by the
+ * magic-constant trick, r = x - n*ln2 (two-constant split), e^r - 1 = r + r^2*q(r).
  * Common path: lanes in [-87.34, 88.37], where 2^n is a normal float built straight from the bits
- * of the magic sum. Lanes below -103.97 (including -inf) are 0. Only a vector holding a lane whose
- * result is subnormal, or one above 88.37, takes the slow path, which applies 2^n as two exact
- * power-of-two factors so the result is rounded once. */
-static inline vf cf_exp_poly(vf r) {
-  vf p = _mm256_set1_ps(1.379639027e-3f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.368469775e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166873544e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666652262e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.999999106e-1f));
-  return _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r); /* e^r - 1 */
+ * of the magic sum and y = s + s*(e^r - 1) rounds once. Lanes below -103.97 (including -inf) are 0.
+ * Only a vector holding a lane whose result is subnormal, or one above 88.37, takes the slow path,
+ * which applies 2^n as two exact power-of-two factors so the result is rounded once. */
+static inline vf cf_exp_m1(vf r) {
+  vf q = _mm256_fmadd_ps(_mm256_set1_ps(CF_EXP_C5), r, _mm256_set1_ps(CF_EXP_C4));
+  q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(CF_EXP_C3));
+  q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(CF_EXP_C2));
+  return _mm256_fmadd_ps(q, _mm256_mul_ps(r, r), r); /* e^r - 1 */
+}
+static inline vf cf_exp_r(vf xc, vf n) {
+  vf r = _mm256_fnmadd_ps(n, _mm256_set1_ps(CF_LN2_HI), xc);
+  return _mm256_fnmadd_ps(n, _mm256_set1_ps(CF_LN2_LO), r);
 }
 static vf cf_exp_slow(vf x) {
   vf xc = _mm256_min_ps(_mm256_set1_ps(88.75f), _mm256_max_ps(_mm256_set1_ps(-104.0f), x));
   const vf magic = _mm256_set1_ps(12582912.0f);
   vf n = _mm256_sub_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), magic), magic);
-  vf r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  vf p = _mm256_add_ps(cf_exp_poly(r), _mm256_set1_ps(1.0f));
+  vf p = _mm256_add_ps(cf_exp_m1(cf_exp_r(xc, n)), _mm256_set1_ps(1.0f));
   __m256i ni = _mm256_cvtps_epi32(n);
   __m256i k1 = _mm256_srai_epi32(ni, 1), k2 = _mm256_sub_epi32(ni, k1);
   const __m256i bias = _mm256_set1_epi32(127);
@@ -153,16 +153,18 @@ static vf cf_exp_slow(vf x) {
   y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(-103.972f), _CMP_LT_OQ));
   return _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(x, _mm256_set1_ps(88.7228f), _CMP_GT_OQ));
 }
-static inline vf vf_exp(vf x) {
-  const vf lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.37f);
-  vf xc = _mm256_min_ps(hi, _mm256_max_ps(lo, x)); /* NaN x stays NaN (second operand) */
+/* the common path on xc clamped to [lo, ...]: 2^n from the low bits of t = x*log2e + 1.5*2^23 + 127 */
+static inline vf cf_exp_fast(vf xc, int one_const) {
   const vf magic = _mm256_set1_ps(12583039.0f);   /* 1.5*2^23 + 127: low bits of t are n + 127 */
   vf t = _mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), magic);
   vf s = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(t), 23)); /* 2^n */
   vf n = _mm256_sub_ps(t, magic);
-  vf r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  vf y = _mm256_fmadd_ps(cf_exp_poly(r), s, s);
+  vf r = one_const ? _mm256_fnmadd_ps(n, _mm256_set1_ps(CF_LN2_F), xc) : cf_exp_r(xc, n);
+  return _mm256_fmadd_ps(cf_exp_m1(r), s, s);
+}
+static inline vf vf_exp(vf x) {
+  const vf lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.37f);
+  vf y = cf_exp_fast(_mm256_min_ps(hi, _mm256_max_ps(lo, x)), 0); /* NaN x stays NaN */
   vf under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ), over = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
   if (_mm256_movemask_ps(_mm256_or_ps(under, over))) {
     y = _mm256_andnot_ps(under, y); /* far below: 0 */
@@ -172,6 +174,11 @@ static inline vf vf_exp(vf x) {
   }
   return y;
 }
+/* exp for arguments <= 0 (softmax, attention: z - max), no branch: the clamp at -88 makes n = -127,
+ * whose 2^n bit pattern is +0, so every lane below about -87.7 (-inf included) gives +0 instead of
+ * a subnormal (SPEC 1.5: underflow to +0 is fine); NaN stays NaN (NaN * 0); one-constant
+ * reduction (CF_LN2_F). */
+static inline vf vf_exp_le0(vf x) { return cf_exp_fast(_mm256_max_ps(_mm256_set1_ps(-88.0f), x), 1); }
 
 /* float64 vectors for rope's accurate angle table (native/kernels/rope.inc): plain mul/add, no
  * FMA, so the table is the same on every ISA. vd_quadrant: t holds n + 1.5*2^52 (n the quadrant

@@ -7,6 +7,7 @@
 #endif
 #include <immintrin.h>
 #include <stdint.h>
+#include "../kernels/common.h"
 
 typedef __m512 vf;
 #define VW 16
@@ -128,37 +129,48 @@ static inline float vf_hmax(vf v) {
   if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) return __builtin_nanf("");
   return _mm512_reduce_max_ps(v);
 }
-/* exp(x), <= 2 ulp; same reduction and polynomial as the AVX2 helper, 2^n via vscalefps.
- * The common path clamps at -87.34 so no lane ever produces a subnormal: on Intel cores a
- * subnormal result costs a microcode assist, and masked (-inf) softmax lanes would otherwise hit
- * it on every vector. Lanes below -103.97 (including -inf) are 0; only a vector holding a lane
- * whose true result is subnormal takes the exact (and slower) scalef path for that lane. */
-static inline vf cf_exp_core(vf xc) {
-  vf n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
-                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  vf r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  vf p = _mm512_set1_ps(1.379639027e-3f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.368469775e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.166873544e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.666652262e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.999999106e-1f));
-  vf r2 = _mm512_mul_ps(r, r);
-  p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
+/* exp (SPEC 5.1), degree-5 polynomial (CF_EXP_C2..C5 in common.h), 2^n via vscalefps.
+ * n = round(x*log2 e) by the magic-constant trick, r = x - n*ln2 with ln2 split in two,
+ * e^r = 1 + (r + r^2*q(r)). The common path clamps at -87.34 so no lane produces a subnormal:
+ * on Intel cores a subnormal result costs a microcode assist, and masked (-inf) softmax lanes
+ * would otherwise hit it on every vector. Overflow needs no test: above 88.72 the clamp at 88.75
+ * gives n = 128 and vscalefps returns +inf. */
+static inline vf cf_exp_p(vf xc, vf *n, int one_const) {
+  const vf magic = _mm512_set1_ps(12582912.0f);
+  *n = _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), magic), magic);
+  vf r;
+  if (one_const) {
+    r = _mm512_fnmadd_ps(*n, _mm512_set1_ps(CF_LN2_F), xc);
+  } else {
+    r = _mm512_fnmadd_ps(*n, _mm512_set1_ps(CF_LN2_HI), xc);
+    r = _mm512_fnmadd_ps(*n, _mm512_set1_ps(CF_LN2_LO), r);
+  }
+  vf q = _mm512_fmadd_ps(_mm512_set1_ps(CF_EXP_C5), r, _mm512_set1_ps(CF_EXP_C4));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(CF_EXP_C3));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(CF_EXP_C2));
+  return _mm512_add_ps(_mm512_fmadd_ps(q, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
 }
+/* full range: exp(-inf) = 0, NaN stays NaN, +inf gives +inf; a vector holding a lane below
+ * -87.34 takes the exact scalef path for that lane (a subnormal or zero result). */
 static inline vf vf_exp(vf x) {
   const vf lo = _mm512_set1_ps(-87.33654f);
-  vf xc = _mm512_min_ps(_mm512_set1_ps(88.75f), _mm512_max_ps(lo, x)); /* NaN stays NaN */
-  vf y = cf_exp_core(xc);
+  vf n, xc = _mm512_min_ps(_mm512_set1_ps(88.75f), _mm512_max_ps(lo, x)); /* NaN stays NaN */
+  const vf p = cf_exp_p(xc, &n, 0);
+  vf y = _mm512_scalef_ps(p, n);
   const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
   if (under) {
-    y = _mm512_mask_blend_ps(under, y, _mm512_setzero_ps());
-    const __mmask16 tiny = under & _mm512_cmp_ps_mask(x, _mm512_set1_ps(-103.972f), _CMP_GE_OQ);
-    if (tiny) y = _mm512_mask_blend_ps(tiny, y, cf_exp_core(_mm512_max_ps(_mm512_set1_ps(-104.0f), x)));
+    vf n2, p2 = cf_exp_p(_mm512_max_ps(_mm512_set1_ps(-104.0f), x), &n2, 0);
+    y = _mm512_mask_scalef_ps(y, under, p2, n2); /* x = -inf: p2 * 2^-150 rounds to 0 */
   }
-  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(88.7228f), _CMP_GT_OQ), y,
-                              _mm512_set1_ps(__builtin_inff()));
+  return y;
+}
+/* exp for arguments <= 0 (softmax, attention: z - max): lanes below -87.34 give +0 instead of a
+ * subnormal (SPEC 1.5: underflow to +0 is fine), NaN stays NaN; no branch; one-constant
+ * reduction (CF_LN2_F). */
+static inline vf vf_exp_le0(vf x) {
+  const vf lo = _mm512_set1_ps(-87.33654f);
+  vf n, p = cf_exp_p(_mm512_max_ps(lo, x), &n, 1);
+  return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ), p, n);
 }
 
 /* float64 vectors for rope's accurate angle table (native/kernels/rope.inc): plain mul/add, no

@@ -8,6 +8,7 @@
 #include <arm_neon.h>
 #include <stdint.h>
 #include <string.h>
+#include "../kernels/common.h"
 
 typedef float32x4_t vf;
 #define VW 4
@@ -75,18 +76,17 @@ static inline void vf_hsum4(vf a, vf b, vf c, vf d, float *out) {
 }
 static inline float vf_hsum(vf v) { return vaddvq_f32(v); }
 static inline float vf_hmax(vf v) { return vmaxvq_f32(v); }     /* NaN-propagating */
+/* exp (SPEC 5.1): the x86 reduction and degree-5 polynomial (common.h), round-to-nearest n by
+ * vrndnq; 2^n as two exact factors (no slow path); below -103.97 (and -inf) 0, above 88.72 +inf. */
 static inline vf vf_exp(vf x) {
   vf xc = vminq_f32(vdupq_n_f32(88.75f), vmaxq_f32(vdupq_n_f32(-104.0f), x));
   vf n = vrndnq_f32(vmulq_f32(xc, vdupq_n_f32(1.44269504088896341f)));
-  vf r = vfmsq_f32(xc, n, vdupq_n_f32(0.693359375f));
-  r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
-  vf p = vdupq_n_f32(1.379639027e-3f);
-  p = vfmaq_f32(vdupq_n_f32(8.368469775e-3f), p, r);
-  p = vfmaq_f32(vdupq_n_f32(4.166873544e-2f), p, r);
-  p = vfmaq_f32(vdupq_n_f32(1.666652262e-1f), p, r);
-  p = vfmaq_f32(vdupq_n_f32(4.999999106e-1f), p, r);
-  vf r2 = vmulq_f32(r, r);
-  p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, r2);
+  vf r = vfmsq_f32(xc, n, vdupq_n_f32(CF_LN2_HI));
+  r = vfmsq_f32(r, n, vdupq_n_f32(CF_LN2_LO));
+  vf q = vfmaq_f32(vdupq_n_f32(CF_EXP_C4), vdupq_n_f32(CF_EXP_C5), r);
+  q = vfmaq_f32(vdupq_n_f32(CF_EXP_C3), q, r);
+  q = vfmaq_f32(vdupq_n_f32(CF_EXP_C2), q, r);
+  vf p = vaddq_f32(vfmaq_f32(r, q, vmulq_f32(r, r)), vdupq_n_f32(1.0f)); /* 1 + (e^r - 1) */
   int32x4_t ni = vcvtq_s32_f32(n);
   int32x4_t k1 = vshrq_n_s32(ni, 1), k2 = vsubq_s32(ni, k1);
   int32x4_t bias = vdupq_n_s32(127);
@@ -98,6 +98,8 @@ static inline vf vf_exp(vf x) {
   /* NaN x: the float path already carries NaN through p (comparisons are false) */
   return y;
 }
+/* exp of an argument <= 0 (softmax, attention): the same function here */
+static inline vf vf_exp_le0(vf x) { return vf_exp(x); }
 
 /* float64 vectors for rope's accurate angle table (native/kernels/rope.inc): plain mul/add, no
  * FMA, so the table is the same on every ISA. vd_quadrant: t holds n + 1.5*2^52 (n the quadrant

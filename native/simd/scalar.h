@@ -50,20 +50,21 @@ static inline void vf_hsum4(vf a, vf b, vf c, vf d, float *out) {
 }
 static inline float vf_hsum(vf v) { return v; }
 static inline float vf_hmax(vf v) { return v; }
+/* exp (SPEC 5.1): the SIMD ISAs' reduction and degree-5 polynomial (common.h); 2^n as two exact
+ * power-of-two factors, so subnormal results round once. */
 static inline vf vf_exp(vf x) {
   if (x != x) return x;
   if (x < -103.972f) return 0.0f;
   if (x > 88.7228f) return __builtin_inff();
   const float magic = 12582912.0f;
   float n = (x * 1.44269504088896341f + magic) - magic;
-  float r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.379639027e-3f;
-  p = p * r + 8.368469775e-3f;
-  p = p * r + 4.166873544e-2f;
-  p = p * r + 1.666652262e-1f;
-  p = p * r + 4.999999106e-1f;
-  p = p * (r * r) + (r + 1.0f);
+  float r = x - n * CF_LN2_HI;
+  r = r - n * CF_LN2_LO;
+  float q = CF_EXP_C5;
+  q = q * r + CF_EXP_C4;
+  q = q * r + CF_EXP_C3;
+  q = q * r + CF_EXP_C2;
+  float p = q * (r * r) + (r + 1.0f);
   int32_t ni = (int32_t)n, k1 = ni >> 1, k2 = ni - k1;
   uint32_t b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
   float s1, s2;
@@ -71,6 +72,8 @@ static inline vf vf_exp(vf x) {
   memcpy(&s2, &b2, sizeof s2);
   return (p * s1) * s2;
 }
+/* exp of an argument <= 0 (softmax, attention): the same function here */
+static inline vf vf_exp_le0(vf x) { return vf_exp(x); }
 
 /* float64 "vectors" (width 1) for rope's accurate angle table (native/kernels/rope.inc): the
  * same mul/add sequence as the SIMD ISAs (no FMA anywhere), so the table is the same on every
