@@ -598,7 +598,7 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
     # chunk and q_tile; one cached descriptor per shape. Anything else, and every error, goes the long way.
     if (mask is None and sinks is None and type(q) is _ndarray and type(k) is _ndarray and type(v) is _ndarray
             and type(scale) is float and type(softcap) is float and type(max_bias) is float and max_bias == 0.0
-            and strategy is None and chunk is DEFAULT_SPLIT_CHUNK and q_tile == 64 and type(q_tile) is int
+            and strategy is None and chunk is DEFAULT_SPLIT_CHUNK and type(q_tile) is int and q_tile == 64
             and fused is True and ggml_compat is False and -_INF < scale < _INF and -_INF < softcap < _INF
             and (n_threads is None or type(n_threads) is int and n_threads > 0)):
         fn = _lean_fn(_FA_FN, isa)
