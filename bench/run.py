@@ -990,8 +990,9 @@ def markdown_dispatch(report, sec):
 MARKDOWN = {"ops": markdown_ops, "attention": markdown_attn, "graph": markdown_graph, "dispatch": markdown_dispatch}
 
 # the quantized-matmul section (bench/quant.py) adds itself to SECTIONS, DERIVED and MARKDOWN
-from . import quant  # noqa: E402
+from . import quant, smallcalls  # noqa: E402
 quant.register(sys.modules[__name__])
+smallcalls.register(sys.modules[__name__])  # the "calls" section: small calls vs np.add
 
 
 def markdown(report):

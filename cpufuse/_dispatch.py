@@ -7,6 +7,7 @@ import contextlib
 import contextvars
 import importlib.util
 import os
+import threading
 
 from . import _backend as _native
 from ._isa import ALL_ISAS
@@ -130,14 +131,25 @@ def threads(n):
 
 
 _numba_set = []
+_numba_mods = {}
+_numba_tls = threading.local()
 
 
 def numba_module(name, n_threads=None):
     """cpufuse.<name> (a Numba kernel module), with numba's thread count set for this call to
-    n_threads (or the default), capped at numba's pool size"""
-    import importlib
-    if not _numba_set:
+    n_threads (or the default), capped at numba's pool size. The module is looked up once; numba's
+    count is per calling thread, and numba.set_num_threads (~1 us, numba.get_num_threads as much)
+    is called only when the count differs from the one this thread last set here."""
+    m = _numba_mods.get(name)
+    if m is None:
+        import importlib
+
         import numba
-        _numba_set[:] = [numba.set_num_threads, numba.config.NUMBA_NUM_THREADS]
-    _numba_set[0](min(threads(n_threads), _numba_set[1]))
-    return importlib.import_module(f"cpufuse.{name}")
+        if not _numba_set:
+            _numba_set[:] = [numba.set_num_threads, numba.config.NUMBA_NUM_THREADS]
+        m = _numba_mods[name] = importlib.import_module(f"cpufuse.{name}")
+    n = min(threads(n_threads), _numba_set[1])
+    if getattr(_numba_tls, "n", 0) != n:
+        _numba_set[0](n)
+        _numba_tls.n = n
+    return m

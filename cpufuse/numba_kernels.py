@@ -4,6 +4,7 @@ Inputs arrive as 4-D views; optional operands come as 1-element dummies with a f
 kernel compiles to one signature per dtype combination. Compiled once per machine (cache=True).
 """
 import math
+import types
 
 import numba as nb
 import numpy as np
@@ -27,8 +28,7 @@ def _h2f(b):
     return np.float32(sign * (1024 + m) * 2.0 ** (e - 25))
 
 
-@nb.njit(**_PJIT)
-def softmax(x, mf, mh, mkind, slopes, have_slopes, sinks, have_sinks, scale, y):
+def _softmax(x, mf, mh, mkind, slopes, have_slopes, sinks, have_sinks, scale, y):
     S, H, R, C = x.shape
     mS, mH = (mf.shape[0], mf.shape[1]) if mkind == 1 else (mh.shape[0], mh.shape[1])
     sc = np.float32(scale)
@@ -61,8 +61,7 @@ def softmax(x, mf, mh, mkind, slopes, have_slopes, sinks, have_sinks, scale, y):
                     y[s, h, r, c] = y[s, h, r, c] * inv
 
 
-@nb.njit(**_PJIT)
-def rms_norm(x, r, have_r, w, have_w, b, have_b, eps, h, y):
+def _rms_norm(x, r, have_r, w, have_w, b, have_b, eps, h, y):
     n3, n2, n1, n = x.shape
     e = np.float32(eps)
     for k in nb.prange(n3 * n2 * n1):
@@ -94,6 +93,21 @@ def rms_norm(x, r, have_r, w, have_w, b, have_b, eps, h, y):
                     if have_b:
                         v = v + br[i]
                     yr[i] = v
+
+
+def _serial(f, name):
+    """a twin of the Python function f for the serial (non-parallel) jit: the same code (prange
+    runs as range), so the same per-row arithmetic; its own name, so its own cache files"""
+    g = types.FunctionType(f.__code__, f.__globals__, name, f.__defaults__, f.__closure__)
+    g.__qualname__ = name
+    return nb.njit(**_JIT)(g)
+
+
+# small calls take the serial twins (cpufuse.ops._NB_SMALL): no parallel region to start
+softmax = nb.njit(**_PJIT)(_softmax)
+softmax_serial = _serial(_softmax, "softmax_serial")
+rms_norm = nb.njit(**_PJIT)(_rms_norm)
+rms_norm_serial = _serial(_rms_norm, "rms_norm_serial")
 
 
 @nb.njit(**_PJIT)

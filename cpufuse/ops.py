@@ -33,12 +33,50 @@ if ffi is not None:
     _NULL = ffi.NULL
 
 # lean-path kernels by ISA name (only native ISAs usable here: anything else takes the long way)
-_RMS_ROWS = {i: getattr(lib, f"cf_rms_norm_rows_f32__{i}") for i in _dispatch.AVAILABLE if i != "numba"} if lib else {}
+_NATIVE = [i for i in _dispatch.AVAILABLE if i != "numba"] if lib else []
+_RMS_ROWS = {i: getattr(lib, f"cf_rms_norm_rows_f32__{i}") for i in _NATIVE}
+_RMS_FN = {i: getattr(lib, f"cf_rms_norm_f32__{i}") for i in _NATIVE}
+_SM_FN = {i: getattr(lib, f"cf_softmax_f32__{i}") for i in _NATIVE}
+_FA_FN = {i: getattr(lib, f"cf_flash_attn_f32__{i}") for i in _NATIVE}
+_thr = _dispatch._threads  # [default thread count]
+_NB_SMALL = 1 << 15  # calls of at most this many elements take the serial Numba kernels (no parallel start-up)
+
+
+def _lean_fn(table, isa):
+    """the kernel of a lean path: table[isa or the ISA in force], or None (numba, an unknown name: the
+    long way resolves and checks it). None too where ops.lib has been replaced (tests that record
+    which kernels are looked up): the long way then looks them up there."""
+    return table.get(isa or _ctx_get() or _dispatch.DEFAULT) if lib is _native.lib else None
+_SM_DESCS, _RN_DESCS, _FA_LEAN = {}, {}, {}  # lean-path descriptors (cffi int64 arrays, read-only) by shape
+
+
+def _lean_desc(cache, sh, build):
+    """the descriptor for a C-contiguous array of shape sh (1-D or 2-D): build(rows, n)"""
+    if len(cache) >= 256:
+        cache.clear()
+    d = cache[sh] = _desc(build(sh[0] if len(sh) == 2 else 1, sh[-1]))
+    return d
+
+
+def _rows_geom(rows, n):
+    """the 4-D geometry of a C-contiguous (rows, n) array"""
+    return (1, 1, rows, n), [0, 0, n, 1]
+
+
+# Overlap tests of the lean paths, on from_buffer pointers of C-contiguous operands: the float ranges
+# [a, a + na) and [b, b + nb) share a byte iff -nb < (b + 0) - a < na. cffi refuses (ValueError) to
+# subtract pointers that are not a whole number of floats apart; such a call goes the long way.
 
 
 def _nb(n_threads=None):
     """the Numba kernels, with numba's thread count set for this call"""
     return _dispatch.numba_module("numba_kernels", n_threads)
+
+
+@functools.lru_cache(maxsize=1)
+def _nb_dummies():
+    """the 1-element stand-ins for absent optional operands of the Numba kernels (never written)"""
+    return np.zeros((1, 1, 1, 1), F32), np.zeros((1, 1, 1, 1), np.uint16), np.zeros(1, F32)
 
 
 @functools.lru_cache(maxsize=256)
@@ -246,6 +284,48 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
     (in place). A fully masked row without sinks is NaN (as upstream and PyTorch).
     fused=False runs the separate-pass chain ggml uses (for benchmarks and equivalence tests).
     """
+    # lean path: 1-D/2-D C-contiguous rows, no mask/sinks/ALiBi, out None, x itself or a C-contiguous
+    # array that shares no byte with x; one cached descriptor per shape. Anything else, and every
+    # error, goes the long way.
+    if (mask is None and sinks is None and type(x) is _ndarray and type(scale) is float and type(max_bias) is float
+            and max_bias == 0.0 and fused is True and (n_threads is None or type(n_threads) is int
+                                                                 and n_threads > 0)):
+        fn = _lean_fn(_SM_FN, isa)
+        sh = x.shape
+        dp = _SM_DESCS.get(sh)
+        if dp is None and fn is not None and 0 < len(sh) <= 2 and x.size:
+            dp = _lean_desc(_SM_DESCS, sh, lambda r, n: softmax_desc(_rows_geom(r, n), _rows_geom(r, n), None, 0))
+        if dp is not None and fn is not None and x.dtype is F32:
+            y = _empty(sh, F32) if out is None else out if (
+                type(out) is _ndarray and out.dtype is F32 and out.shape == sh and out.flags.writeable) else None
+            if y is not None:
+                try:
+                    xb = _fb(_T_F32, x)
+                    yb = xb if y is x else _fb(_T_F32, y)
+                except (ValueError, TypeError, BufferError):
+                    yb = None  # not C-contiguous
+                if yb is not None:
+                    n = len(xb)
+                    try:
+                        ok = y is x or out is None or not -n < (yb + 0) - xb < n  # no shared byte
+                    except ValueError:
+                        ok = False
+                    if ok:
+                        if fn(dp, xb, _NULL, _NULL, _NULL, scale, yb, n_threads or _thr[0]):
+                            raise MemoryError("softmax: could not allocate scratch memory")
+                        return y
+        elif (fn is None and (isa or _ctx_get() or _dispatch.DEFAULT) == "numba" and x.dtype is F32 and 0 < len(sh) <= 2
+              and x.flags.c_contiguous):
+            y = _empty(sh, F32) if out is None else out if (
+                type(out) is _ndarray and out.dtype is F32 and out.shape == sh and out.flags.writeable
+                and out.flags.c_contiguous and (out is x or not np.may_share_memory(out, x))) else None
+            if y is not None and x.size:
+                sh4 = (1, 1, x.size // sh[-1], sh[-1])
+                d32, d16, d1 = _nb_dummies()
+                nbk = _nb(n_threads)
+                (nbk.softmax_serial if x.size <= _NB_SMALL else nbk.softmax)(
+                    x.reshape(sh4), d32, d16, 0, d1, False, d1, False, scale, y.reshape(sh4))
+                return y
     isa = _dispatch.resolve(isa)
     _check_f32(x, "x")
     xg = _geom4(x)
@@ -265,12 +345,12 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
 
     if isa == "numba":
         x4, y4 = _pad4(x), _pad4(out)
-        dummy32 = np.zeros((1, 1, 1, 1), F32)
-        _nb(n_threads).softmax(x4, m4 if mkind == 1 else dummy32,
-                      m4.view(np.uint16) if mkind == 2 else np.zeros((1, 1, 1, 1), np.uint16), mkind,
-                      slopes if slopes is not None else dummy32.reshape(1), slopes is not None,
-                      sinks if sinks is not None else dummy32.reshape(1), sinks is not None,
-                      scale, y4)
+        nbk = _nb(n_threads)
+        d32, d16, d1 = _nb_dummies()
+        (nbk.softmax_serial if out.size <= _NB_SMALL else nbk.softmax)(
+            x4, m4 if mkind == 1 else d32, m4.view(np.uint16) if mkind == 2 else d16, mkind,
+            slopes if slopes is not None else d1, slopes is not None,
+            sinks if sinks is not None else d1, sinks is not None, scale, y4)
         return out
 
     dp = _desc(softmax_desc(xg, _geom4(out), _geom4(mask) if mask is not None else None, mkind))
@@ -295,28 +375,36 @@ def rms_norm(x, weight=None, *, eps, bias=None, out=None, isa=None, fused=True, 
     fused=False runs the unfused chain (norm = sum of squares + copy + scale, then MUL, then ADD).
     """
     # lean path: the decode/prefill call, 1-D/2-D C-contiguous x with a 1-D row weight. Contiguity
-    # and writability are checked by from_buffer (it refuses a non-C-contiguous or, for out, a
-    # read-only buffer), overlap by the kernel (return code); anything unusual goes the long way.
-    if type(x) is _ndarray and type(weight) is _ndarray and bias is None and fused and type(eps) is float:
+    # is checked by from_buffer (it refuses a non-C-contiguous buffer), overlap by the kernel (return
+    # code; np.may_share_memory on the Numba path); anything unusual goes the long way.
+    if (type(x) is _ndarray and type(weight) is _ndarray and bias is None and fused is True and type(eps) is float
+            and (n_threads is None or type(n_threads) is int and n_threads > 0)):
         sh = x.shape
-        fn = _RMS_ROWS.get(isa or _ctx_get() or _dispatch.DEFAULT) if (
-            x.dtype is F32 and weight.dtype is F32 and 0 < len(sh) <= 2 and weight.shape == sh[-1:]
-            and sh[-1] > 0 and eps >= 0.0) else None
-        if fn is not None:
-            if out is None:
-                out = _empty(sh, F32)
-            elif (type(out) is not _ndarray or out.dtype is not F32 or out.shape != sh
-                  or not out.flags.writeable):
-                fn = None
-            if fn is not None:
+        if (x.dtype is F32 and weight.dtype is F32 and 0 < len(sh) <= 2 and weight.shape == sh[-1:]
+                and sh[-1] > 0 and eps >= 0.0):
+            y = _empty(sh, F32) if out is None else out if (
+                type(out) is _ndarray and out.dtype is F32 and out.shape == sh and out.flags.writeable) else None
+            if y is not None:
+                isa_ = isa or _ctx_get() or _dispatch.DEFAULT
+                fn = _RMS_ROWS.get(isa_)
                 n = sh[-1]
-                try:
-                    rc = fn(x.size // n, n, _fb(_T_F32, x), _fb(_T_F32, weight), eps, _fb(_T_F32, out),
-                            _threads(n_threads))
-                except (ValueError, TypeError, BufferError):
-                    rc = -1  # not C-contiguous, or out read-only: the general path says which
-                if rc == 0:
-                    return out
+                if fn is not None:
+                    try:
+                        rc = fn(x.size // n, n, _fb(_T_F32, x), _fb(_T_F32, weight), eps, _fb(_T_F32, y),
+                                n_threads or _thr[0])
+                    except (ValueError, TypeError, BufferError):
+                        rc = -1  # not C-contiguous: the general path says which
+                    if rc == 0:
+                        return y
+                elif isa_ == "numba" and x.flags.c_contiguous and weight.flags.c_contiguous and (
+                        out is None or y.flags.c_contiguous and not np.may_share_memory(y, x)
+                        and not np.may_share_memory(y, weight)):
+                    sh4 = (1, 1, x.size // n, n)
+                    nbk = _nb(n_threads)
+                    d = _nb_dummies()[0]
+                    (nbk.rms_norm_serial if x.size <= _NB_SMALL else nbk.rms_norm)(
+                        x.reshape(sh4), d, False, weight.reshape(1, 1, 1, n), True, d, False, eps, d, y.reshape(sh4))
+                    return y
     return _rms_norm_general(x, None, weight, eps, bias, out, _dispatch.resolve(isa), fused, n_threads)
 
 
@@ -326,6 +414,47 @@ def add_rms_norm(x, residual, weight=None, *, eps, bias=None, out=None, isa=None
     Returns (h, y). residual, weight and bias tile x by modulo (ggml_can_repeat).
     out: optional (h_out, y_out); h_out may be x or residual itself (in-place residual update).
     """
+    # lean path: 1-D/2-D C-contiguous x and residual of one shape, a 1-D row weight, outputs new or
+    # C-contiguous, h_out = x or residual exactly or sharing no byte with them (y_out shares none with
+    # anything): exact pointer-range tests. Anything else, and every error, goes the long way.
+    if (type(x) is _ndarray and type(residual) is _ndarray and type(weight) is _ndarray and bias is None
+            and fused is True and type(eps) is float and (n_threads is None or type(n_threads) is int and n_threads > 0)):
+        fn = _lean_fn(_RMS_FN, isa)
+        sh = x.shape
+        dp = _RN_DESCS.get(sh)
+        if dp is None and fn is not None and 0 < len(sh) <= 2 and x.size:
+            dp = _lean_desc(_RN_DESCS, sh, lambda r, n: rms_desc(_rows_geom(r, n), _rows_geom(r, n), _rows_geom(r, n),
+                                                                 _rows_geom(r, n), ((1, 1, 1, n), [0, 0, 0, 1]), None))
+        if (dp is not None and fn is not None and x.dtype is F32 and residual.dtype is F32 and weight.dtype is F32
+                and residual.shape == sh and weight.shape == sh[-1:] and eps >= 0.0):
+            if out is None:
+                h, y = _empty(sh, F32), _empty(sh, F32)
+            elif type(out) is tuple and len(out) == 2:
+                h, y = out
+                if not (type(h) is _ndarray and type(y) is _ndarray and h.dtype is F32 and y.dtype is F32
+                        and h.shape == sh and y.shape == sh and h.flags.writeable and y.flags.writeable):
+                    h = None
+            else:
+                h = None
+            if h is not None:
+                try:
+                    xb, rb, wb, hb, yb = (_fb(_T_F32, x), _fb(_T_F32, residual), _fb(_T_F32, weight), _fb(_T_F32, h),
+                                          _fb(_T_F32, y))
+                except (ValueError, TypeError, BufferError):
+                    xb = None  # not C-contiguous
+                if xb is not None:
+                    L, n = len(xb), sh[-1]
+                    y0, h0 = yb + 0, hb + 0
+                    try:
+                        ok = out is None or not (
+                            -L < y0 - xb < L or -L < y0 - rb < L or -L < y0 - wb < n or -L < y0 - hb < L
+                            or -L < h0 - wb < n or h is not x and -L < h0 - xb < L
+                            or h is not residual and -L < h0 - rb < L)
+                    except ValueError:
+                        ok = False
+                    if ok:
+                        fn(dp, xb, rb, wb, _NULL, eps, hb, yb, n_threads or _thr[0])
+                        return h, y
     if not isinstance(residual, _ndarray):
         raise TypeError(f"residual must be a numpy.ndarray of float32, got {type(residual).__name__}")
     return _rms_norm_general(x, residual, weight, eps, bias, out, _dispatch.resolve(isa), fused, n_threads)
@@ -376,11 +505,11 @@ def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused, n_threads
     h4 = _pad4(h_out) if h_out is not None else None
 
     if isa == "numba":
-        dummy = np.zeros((1, 1, 1, 1), F32)
-        _nb(n_threads).rms_norm(x4, r4 if r4 is not None else dummy, r4 is not None,
-                       w4 if w4 is not None else dummy, w4 is not None,
-                       b4 if b4 is not None else dummy, b4 is not None,
-                       eps, h4 if h4 is not None else dummy, y4)
+        nbk = _nb(n_threads)
+        dummy = _nb_dummies()[0]  # never written: h is written only with a residual
+        (nbk.rms_norm_serial if x.size <= _NB_SMALL else nbk.rms_norm)(
+            x4, r4 if r4 is not None else dummy, r4 is not None, w4 if w4 is not None else dummy, w4 is not None,
+            b4 if b4 is not None else dummy, b4 is not None, eps, h4 if h4 is not None else dummy, y4)
     else:
         g = lambda a: _geom4(a) if a is not None else None  # noqa: E731
         dp = _desc(rms_desc(_geom4(x4), _geom4(y4), g(h4), g(r4), g(w4), g(b4)))
@@ -398,6 +527,36 @@ def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused, n_threads
 STRATEGIES = {"rows": 1, "tiled": 2, "split": 3}
 _FA_DESCS = {}  # flash_attn descriptors (cffi int64 arrays, read-only to the kernels) by geometry
 DEFAULT_SPLIT_CHUNK = 256  # KV columns per split-KV chunk: fixed, so results never depend on threads
+
+
+_INF = float("inf")
+
+
+def _cgeom(shape):
+    """(shape, element strides) of a C-contiguous 4-D array"""
+    S, H, R, C = shape
+    return shape, [H * R * C, R * C, C, 1]
+
+
+def _fa_lean_desc(key):
+    """(descriptor, output shape) for C-contiguous q, k, v of the lean path, or None where the long
+    way must check (or refuse) the shapes"""
+    (qs, ks, kf16, vs, vf16) = key
+    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
+        return None
+    S, Hq, N, DK = qs
+    Sk, Hk, T, DKk = ks
+    Sv, Hv, Tv, DV = vs
+    if not (Sk == S == Sv and DKk == DK and Tv == T and Hk and Hv and not Hq % Hk and not Hq % Hv
+            and S * Hq * N * DK * T * DV > 0):
+        return None
+    oshape = (S, N, Hq, DV)
+    og = (oshape, [N * Hq * DV, Hq * DV, DV, 1])
+    if len(_FA_LEAN) >= 256:
+        _FA_LEAN.clear()
+    ent = _FA_LEAN[key] = (_desc(fa_desc(_cgeom(qs), _cgeom(ks), _cgeom(vs), og, None, 0, kf16, vf16,
+                                         choose_strategy(N, T), DEFAULT_SPLIT_CHUNK, 64)), oshape)
+    return ent
 
 
 def _check_kv(a, name):
@@ -434,6 +593,40 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
     fused=False runs the unfused chain (score matrix, softmax, matmul). ggml_compat=True rounds Q
     to f16 when K is f16, as upstream's reference path does.
     """
+    # lean path: C-contiguous 4-D q, k, v (f32 or f16) and out (new, or sharing no byte with them: exact
+    # pointer-range tests, conservative by one element for f16), no mask/sinks/ALiBi, default strategy,
+    # chunk and q_tile; one cached descriptor per shape. Anything else, and every error, goes the long way.
+    if (mask is None and sinks is None and type(q) is _ndarray and type(k) is _ndarray and type(v) is _ndarray
+            and type(scale) is float and type(softcap) is float and type(max_bias) is float and max_bias == 0.0
+            and strategy is None and chunk is DEFAULT_SPLIT_CHUNK and type(q_tile) is int and q_tile == 64
+            and fused is True and ggml_compat is False and -_INF < scale < _INF and -_INF < softcap < _INF
+            and (n_threads is None or type(n_threads) is int and n_threads > 0)):
+        fn = _lean_fn(_FA_FN, isa)
+        kd, vd = k.dtype, v.dtype
+        key = (q.shape, k.shape, kd is F16, v.shape, vd is F16)
+        dp = _FA_LEAN.get(key)
+        if dp is None and fn is not None and (kd is F32 or kd is F16) and (vd is F32 or vd is F16):
+            dp = _fa_lean_desc(key)
+        if dp is not None and fn is not None and q.dtype is F32 and (kd is F32 or kd is F16) and (vd is F32 or vd is F16):
+            oshape = dp[1]
+            o = _empty(oshape, F32) if out is None else out if (
+                type(out) is _ndarray and out.dtype is F32 and out.shape == oshape and out.flags.writeable) else None
+            if o is not None:
+                try:
+                    qb, kb, vb, ob = _fb(_T_F32, q), _fb(_T_F32, k), _fb(_T_F32, v), _fb(_T_F32, o)
+                except (ValueError, TypeError, BufferError):
+                    qb = None  # not C-contiguous
+                if qb is not None:
+                    L, o0 = len(ob), ob + 0
+                    try:
+                        ok = out is None or not (-L < o0 - qb < len(qb) or -L < o0 - kb <= len(kb)
+                                                 or -L < o0 - vb <= len(vb))
+                    except ValueError:
+                        ok = False
+                    if ok:
+                        if fn(dp[0], qb, kb, vb, _NULL, _NULL, _NULL, scale, softcap, ob, n_threads or _thr[0]):
+                            raise MemoryError("flash_attn: could not allocate scratch memory")
+                        return o
     isa = _dispatch.resolve(isa)
     _check_f32(q, "q")
     if q.ndim != 4:

@@ -174,7 +174,13 @@ _ACT = {None: 1 if DEFAULT_ACT == "q8" else 0, "q8": 1, "f32": 0}
 
 
 _fb = ffi.from_buffer if ffi is not None else None
-_addr = (lambda b: int(ffi.cast("intptr_t", b))) if ffi is not None else None
+_T_F32 = ffi.typeof("float[]") if ffi is not None else None
+_NULL = ffi.NULL if ffi is not None else None
+_FNS = {i: getattr(lib, f"cf_qmatmul_f32__{i}") for i in _dispatch.AVAILABLE if i != "numba"} if lib else {}
+_ctx_get = _dispatch._ctx.get
+_SERIAL_MACS = 1 << 16  # lean path, default threads: products of at most this many multiply-adds run on one thread
+_thr = _dispatch._threads
+_empty = np.empty
 
 
 def _entry(ws, rows, act, epi, do_norm):
@@ -192,46 +198,55 @@ def _entry(ws, rows, act, epi, do_norm):
     for i in range(3):
         d += [ws[i].type_id, ws[i].n_out, ws[i].row_bytes, n_out[i if not epi else 0]] if i < len(ws) else [0, 0, 0, 0]
     wp = [_wptr(w)[0] for w in ws] + [ffi.NULL] * (3 - len(ws))
-    spans = tuple(_wptr(w)[1:3] for w in ws)
-    return ffi.new("int64_t[]", d), wp, n_out, spans
+    # each weight's bytes as a float pointer and a length in floats rounded up (for the overlap tests)
+    spans = tuple((ffi.cast("float *", _wptr(w)[0]), w.nbytes // 4 + 1) for w in ws)
+    # default thread count: one thread for a product too small to pay for waking the pool (results are
+    # the same for every thread count)
+    one = rows * K * sum(w.n_out for w in ws) <= _SERIAL_MACS
+    return ffi.new("int64_t[]", d), wp, n_out, spans, one
 
 
 def _lean(x, ws, act, outs, isa, n_threads, norm_weight, eps, epi):
     """The common call (1-D or 2-D C-contiguous x and outputs, native path) with the fewest
     checks that still catch every bad input; None when it does not apply (the full path then
     checks everything and raises the precise error). The descriptor for a (weights, rows, act)
-    shape is built once and cached on the first weight; pointers come from ffi.from_buffer,
-    which costs a tenth of __array_interface__."""
-    if type(x) is not _ndarray or x.dtype != F32 or not x.flags.c_contiguous:
+    shape is built once and cached on the first weight; pointers come from ffi.from_buffer, which
+    costs a tenth of __array_interface__, and overlaps are exact pointer-range tests (rounded up to
+    whole floats for the weights' bytes: a false alarm only sends the call the long way)."""
+    if type(x) is not _ndarray or x.dtype is not F32:
         return None
     w0 = ws[0]
     if type(w0) is not QTensor:
         return None
-    nd = x.ndim
+    sh = x.shape
+    nd = len(sh)
     if nd == 2:
-        rows = x.shape[0]
+        rows = sh[0]
     elif nd == 1:
         rows = 1
     else:
         return None
-    if x.shape[-1] != w0.n_in or act not in _ACT:
+    if sh[-1] != w0.n_in or act not in _ACT:
         return None
+    isa = isa or _ctx_get() or _dispatch.DEFAULT
+    fn = _FNS.get(isa)
+    if fn is None or not (n_threads is None or type(n_threads) is int and n_threads > 0):
+        return None  # numba, or an isa / n_threads the full path checks
     do_norm = 0
-    nwp = ffi.NULL
+    nwp = _NULL
     if norm_weight is not None or eps is not None:
         if type(eps) is not float or not eps >= 0.0:
             return None
         if norm_weight is not None:
-            if (type(norm_weight) is not _ndarray or norm_weight.dtype != F32 or norm_weight.shape != (w0.n_in,)
-                    or not norm_weight.flags.c_contiguous):
+            if type(norm_weight) is not _ndarray or norm_weight.dtype is not F32 or norm_weight.shape != (w0.n_in,):
                 return None
-            nwp = _fb("float[]", norm_weight)
+            try:
+                nwp = _fb(_T_F32, norm_weight)
+            except (ValueError, TypeError, BufferError):
+                return None
         do_norm = 1
-    isa = _dispatch.resolve(isa)
-    if isa == "numba" or lib is None:
-        return None
     cache = (w0._c or _wptr(w0))[3]
-    key = (rows, act, epi, do_norm) + tuple(ws[1:])
+    key = (rows, act, epi, do_norm) + ws[1:] if len(ws) > 1 else (rows, act, epi, do_norm)
     ent = cache.get(key)
     if ent is None:
         ent = _entry(ws, rows, act, epi, do_norm)
@@ -240,39 +255,44 @@ def _lean(x, ws, act, outs, isa, n_threads, norm_weight, eps, epi):
         if len(cache) > 64:
             cache.clear()
         cache[key] = ent
-    d, wp, n_out, wspans = ent
-    xb = _fb("float[]", x)
+    d, wp, n_out, wspans, one = ent
+    try:
+        xb = _fb(_T_F32, x)
+    except (ValueError, TypeError, BufferError):
+        return None
     if outs is None:
-        if nd == 2:
-            ys = [np.empty((rows, n), F32) for n in n_out]
-        else:
-            ys = [np.empty(n, F32) for n in n_out]
-        yb = [_fb("float[]", o) for o in ys]
+        ys, yb = [], []
+        for n in n_out:
+            o = _empty((rows, n) if nd == 2 else (n,), F32)
+            ys.append(o)
+            yb.append(_fb(_T_F32, o))
     else:
-        ys = outs
-        yb = []
+        ys, yb = outs, []
         for o, n in zip(outs, n_out):
-            if (type(o) is not _ndarray or o.dtype != F32 or o.shape != ((rows, n) if nd == 2 else (n,))
-                    or not o.flags.c_contiguous or not o.flags.writeable):
+            if (type(o) is not _ndarray or o.dtype is not F32 or o.shape != ((rows, n) if nd == 2 else (n,))
+                    or not o.flags.writeable):
                 return None
-            yb.append(_fb("float[]", o))
-        xa = _addr(xb)
-        ins = [(xa, xa + x.nbytes)] + list(wspans)
+            try:
+                yb.append(_fb(_T_F32, o))
+            except (ValueError, TypeError, BufferError):
+                return None
+        ins = [(xb, len(xb)), *wspans]
         if do_norm and norm_weight is not None:
-            na = _addr(nwp)
-            ins.append((na, na + norm_weight.nbytes))
-        for o, b in zip(outs, yb):
-            lo = _addr(b)
-            hi = lo + o.nbytes
-            for a, e in ins:
-                if lo < e and a < hi:
-                    return None
-            ins.append((lo, hi))
+            ins.append((nwp, len(nwp)))
+        try:  # cpufuse.ops: overlap tests of the lean paths
+            for b in yb:
+                lo, L = b + 0, len(b)
+                for a, m in ins:
+                    if -L < lo - a < m:
+                        return None  # shares a byte with an input or an earlier output: the full path says which
+                ins.append((b, L))
+        except ValueError:
+            return None
     if rows == 0 or 0 in n_out:
         return ys
     n = len(yb)
-    rc = _fn(isa)(d, xb, nwp, eps if do_norm else 0.0, wp[0], wp[1], wp[2], yb[0],
-                  yb[1] if n > 1 else ffi.NULL, yb[2] if n > 2 else ffi.NULL, _dispatch.threads(n_threads))
+    rc = fn(d, xb, nwp, eps if do_norm else 0.0, wp[0], wp[1], wp[2], yb[0],
+            yb[1] if n > 1 else _NULL, yb[2] if n > 2 else _NULL, n_threads or (1 if one else _thr[0]))
     if rc:
         raise RuntimeError(f"cpufuse.matmul: the {isa} kernel failed: {_ERRORS.get(rc, rc)}")
     return ys

@@ -184,7 +184,13 @@ def _yarn_consts_f64(n_dims, freq_base, freq_scale, ext_factor, attn_factor, bet
 # ------------------------------------------------------------------------------------------------
 # the lean path: the common call with the fewest checks that still catch every bad input
 
-_FNS = {}
+_FNS = {i: getattr(lib, f"cf_rope_f32__{i}") for i in _dispatch.AVAILABLE if i != "numba"} if lib else {}
+_fb = ffi.from_buffer if ffi is not None else None
+_T_F32 = ffi.typeof("float[]") if ffi is not None else None
+_T_I32 = ffi.typeof("int32_t[]") if ffi is not None else None
+_NULL = ffi.NULL if ffi is not None else None
+_ctx_get = _dispatch._ctx.get
+_thr = _dispatch._threads
 _DESC = {}   # (T, H, D, nd, mode, compat, nco) -> int64_t[RP_LEN] for C-contiguous x and y
 _PARAMS = {}  # (base, fs, ext, attn, beta_fast, beta_slow) -> double[6], validated on insertion
 _NUM = (float, int)
@@ -208,8 +214,9 @@ def _lean_params(key):
 
 def _lean(x, pos, nd, mode, key, nco, compat, cache, out, isa, n_threads):
     """The common call: x C-contiguous float32 (T, H, D), pos C-contiguous int32 (T,), no
-    freq_factors, and either cache=(C-contiguous float16 k_cache, int pos0) or out None; plain
-    Python numbers for the parameters. Returns (True, result), or None where anything is unusual
+    freq_factors, and either cache=(C-contiguous float16 k_cache, int pos0) or out; plain
+    Python numbers for the parameters; out None, x itself, or C-contiguous sharing no byte with x and
+    pos (exact pointer-range tests). Returns (True, result), or None where anything is unusual
     (the full path then checks everything and raises the precise error)."""
     if (type(x) is not _ndarray or x.dtype is not F32 or type(pos) is not _ndarray or pos.dtype is not I32
             or x.ndim != 3 or type(nd) is not int or type(compat) is not bool or type(nco) is not int
@@ -225,14 +232,28 @@ def _lean(x, pos, nd, mode, key, nco, compat, cache, out, isa, n_threads):
     fp = _lean_params(key)
     if fp is None:
         return None
-    isa = _dispatch.resolve(isa)
-    if isa == "numba" or lib is None:
-        return None
+    fn = _FNS.get(isa or _ctx_get() or _dispatch.DEFAULT)
+    if fn is None or not (n_threads is None or type(n_threads) is int and n_threads > 0):
+        return None  # numba, or an isa / n_threads the full path checks
     if cache is None:
-        if out is not None:
+        if out is None:
+            y = np.empty((T, H, D), F32)
+            yb = _fb(_T_F32, y)
+        elif type(out) is _ndarray and out.dtype is F32 and out.shape == x.shape and out.flags.writeable:
+            try:
+                y, yb = out, _fb(_T_F32, out)
+            except (ValueError, TypeError, BufferError):
+                return None  # not C-contiguous
+            if out is not x:
+                n, y0 = len(yb), yb + 0
+                try:  # cpufuse.ops: overlap tests of the lean paths
+                    if -n < y0 - _fb(_T_F32, x) < n or -n < y0 - _fb(_T_F32, pos) < T:
+                        return None  # out overlaps x other than as x itself, or pos: the full path says which
+                except ValueError:
+                    return None
+        else:
             return None
-        y = ret = np.empty((T, H, D), F32)
-        yb = ffi.from_buffer("float[]", y)
+        ret = y
         f16 = 0
     else:
         if type(cache) is not tuple or len(cache) != 2 or out is not None:
@@ -253,11 +274,7 @@ def _lean(x, pos, nd, mode, key, nco, compat, cache, out, isa, n_threads):
         if len(_DESC) >= 64:
             _DESC.clear()
         d = _DESC[dk] = ffi.new("int64_t[]", [T, H, D, nd, m, int(compat), f16, H * D, D, H * D, D, nco])
-    fn = _FNS.get(isa)
-    if fn is None:
-        fn = _FNS[isa] = getattr(lib, f"cf_rope_f32__{isa}")
-    if fn(d, ffi.from_buffer("float[]", x), ffi.from_buffer("int32_t[]", pos), ffi.NULL, fp, yb,
-          _dispatch.threads(n_threads)):
+    if fn(d, _fb(_T_F32, x), _fb(_T_I32, pos), _NULL, fp, yb, n_threads or _thr[0]):
         raise MemoryError("rope: could not allocate scratch memory")
     return True, ret
 
