@@ -256,22 +256,25 @@ def fma_peak_stats(isa, n_threads=1, seconds=0.2, run_s=None):
             flops = fn(it, sinks[0])
             res.append(flops / (time.perf_counter_ns() - t0))
     else:
-        flops = [0.0] * n_threads
+        # each worker times its own call: the main thread, one more thread than cores, may get a
+        # core only after the workers are well into their runs (a late start would read high)
+        flops, t0s, t1s = [0.0] * n_threads, [0] * n_threads, [0] * n_threads
         start, done = threading.Barrier(n_threads + 1), threading.Barrier(n_threads + 1)
 
         def work(i):
             for _ in range(runs):
                 start.wait()
+                t0s[i] = time.perf_counter_ns()
                 flops[i] = fn(it, sinks[i])
+                t1s[i] = time.perf_counter_ns()
                 done.wait()
         ths = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(n_threads)]
         for t in ths:
             t.start()
         for _ in range(runs):
             start.wait()
-            t0 = time.perf_counter_ns()
             done.wait()
-            res.append(sum(flops) / (time.perf_counter_ns() - t0))
+            res.append(sum(flops) / (max(t1s) - min(t0s)))
         for t in ths:
             t.join()
     res.sort()
