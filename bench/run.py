@@ -760,10 +760,12 @@ def probe_check(report):
     if pk.get("gflops_1") and pk.get("gflops_all") and n > 1 and pk["gflops_all"] < 0.75 * n * pk["gflops_1"]:
         w.append(f"all-core FMA peak {pk['gflops_all']:.1f} GFLOP/s is only {pk['gflops_all'] / pk['gflops_1']:.2f}× "
                  f"the 1-thread peak on {n} cores: the cores are shared with other work")
-    load = (report.get("machine") or {}).get("loadavg_start")
-    if load and load[0] > 0.5:
-        w.append(f"load average {load[0]:.2f} at the start (before the benchmark's own load): other processes "
-                 "share the cores")
+    busy = [(when, report.get(k)) for when, k in (("start", "busy_cores_start"), ("end", "busy_cores_end"))
+            if report.get(k) is not None]
+    for when, b in busy:
+        if b > 0.25:
+            w.append(f"other work kept {b:.2f} cores busy at the {when} (measured while the benchmark slept): "
+                     "other processes share the cores")
     return w
 
 
@@ -857,6 +859,10 @@ def _fmt_ms(us):
 
 def _fmt_load(v):
     return "?" if not v else f"{v[0]:.2f}"
+
+
+def _fmt_busy(v):
+    return "?" if v is None else f"{v:.2f}"
 
 
 def _fmt_x(v):
@@ -956,7 +962,9 @@ def _header(report):
         + (f"; the call's own {l2['call_overhead_ns']:.0f} ns ({l2['call_overhead_pct']:.1f}%) subtracted"
            if "call_overhead_ns" in l2 else "")
         + f").{all_line}{peak} Timer pair: {report['timer_overhead_ns']:.0f} ns. "
-        f"Load average at start / end: {_fmt_load(m.get('loadavg_start'))} / {_fmt_load(report.get('loadavg_end'))}.",
+        f"Load average at start / end: {_fmt_load(m.get('loadavg_start'))} / {_fmt_load(report.get('loadavg_end'))}; "
+        f"cores kept busy by other work at start / end: {_fmt_busy(report.get('busy_cores_start'))} / "
+        f"{_fmt_busy(report.get('busy_cores_end'))}.",
     ] + check_line
 
 
@@ -1214,6 +1222,7 @@ def main(argv=None):
                 log(f"peer {p} skipped: {d['unavailable']}")
     if machine["cpufuse"]["native_load_error"]:
         log(f"!!! cpufuse native extension failed to load: {machine['cpufuse']['native_load_error']}")
+    busy_start = threads.busy_cores()
     sections = {k: SECTIONS[k](a.peers, all_core) for k in keys}
     log(f"cpufuse ISAs {', '.join(cpufuse.available_isas())}; affinity {threads.ALL_CORES}; "
         f"{'1-thread pinned to core %s + all-core x%d' % (threads.pin_core(), threads.n_all) if all_core else '1 thread'}")
@@ -1239,6 +1248,7 @@ def main(argv=None):
     report = {"quick": a.quick, "peers": a.peers, "all_core": all_core, "threads_note": threads_note,
               "machine": machine, "unavailable_isas": unavailable_isas(), "copy_bw": copy_bw, "fma_peak": peak,
               "timer_overhead_ns": timing.timer_overhead_ns(), "target_s": target, "rounds": rounds,
+              "busy_cores_start": busy_start,
               "eps": EPS, "sections": {}}
     plan = {}
     for key, sec in sections.items():
@@ -1286,6 +1296,7 @@ def main(argv=None):
         report["cases"] = [dict(e, bytes=e["work"]["bytes"]) for e in report["sections"]["ops"]["cases"]]
         report["variants"] = report["sections"]["ops"]["variants"]
     report["loadavg_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    report["busy_cores_end"] = threads.busy_cores()
     report["probe_check"] = probe_check(report)
     for w in report["probe_check"]:
         log(f"!!! probe check: {w}")

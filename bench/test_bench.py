@@ -320,17 +320,19 @@ def test_harness_probe_check():
     ok = {"copy_bw": {"dram": _copy_result(20.0, 18.0, 21.0), "l2": _copy_result(100.0, 95.0, 104.0)},
           "fma_peak": {"gflops_1": 100.0, "gflops_all": 195.0,
                        "runs_1": [{"best": 100.0, "median": 97.0}], "runs_all": [{"best": 195.0, "median": 190.0}]},
-          "machine": {"threads": {"n_all": 2}, "loadavg_start": [0.1, 0.1, 0.1]}}
+          "machine": {"threads": {"n_all": 2}}, "busy_cores_start": 0.02, "busy_cores_end": 0.1}
     assert run.probe_check(ok) == []
     bad = dict(ok, copy_bw={"dram": _copy_result(21.8, 20.0, 23.0), "l2": _copy_result(5.1, 4.0, 60.0)})
     w = run.probe_check(bad)
     assert any("does not exceed the DRAM" in x for x in w)           # L2 must beat DRAM
     assert any(x.startswith("l2 copy probe: median 5.1") for x in w)  # and its spread is shown
     busy = dict(ok, fma_peak=dict(ok["fma_peak"], gflops_all=110.0, runs_1=[{"best": 100.0, "median": 50.0}]),
-                machine={"threads": {"n_all": 2}, "loadavg_start": [2.9, 2.0, 1.0]})
+                busy_cores_start=1.4)
     w = run.probe_check(busy)
     assert any("median run 50.0" in x for x in w) and any("only 1.10×" in x for x in w)
-    assert any("load average 2.90" in x for x in w)
+    assert any("kept 1.40 cores busy at the start" in x for x in w)
+    b = threads.busy_cores(0.05)
+    assert b is None or 0 <= b <= threads.n_all + 0.01
 
 
 def test_harness_copy_probes_sample_and_report():

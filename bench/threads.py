@@ -119,6 +119,33 @@ def enter(nth):
 settle_s = [0.0]
 
 
+def _cpu_times():
+    """{cpu: (busy, total)} jiffies from /proc/stat for the cores of the affinity set"""
+    out = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("cpu") and line[3:4].isdigit():
+                name, *v = line.split()
+                cpu = int(name[3:])
+                if ALL_CORES is None or cpu in ALL_CORES:
+                    v = [int(x) for x in v[:8]]  # user nice system idle iowait irq softirq steal
+                    out[cpu] = (sum(v) - v[3] - v[4], sum(v))
+    return out
+
+
+def busy_cores(seconds=0.5):
+    """How many of this process's cores other work keeps busy: the busy share of each core (steal
+    time included: other guests on the host) summed over the affinity set, measured while this
+    process sleeps for `seconds`. None where /proc/stat is missing."""
+    try:
+        a = _cpu_times()
+        time.sleep(seconds)
+        b = _cpu_times()
+    except (OSError, ValueError):
+        return None
+    return sum((b[c][0] - a[c][0]) / max(1, b[c][1] - a[c][1]) for c in a if c in b)
+
+
 def describe():
     return {"affinity": ALL_CORES, "n_all": n_all, "pin_core": _pin_core[0], "blas_control": BLAS_CONTROL}
 
