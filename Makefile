@@ -40,8 +40,11 @@ generate: build
 
 # The main job: the benchmark table, written to bench/results/latest.{json,md}. The harness pins its
 # own 1-thread columns to one core and runs the all-core columns unpinned (--threads both).
+# matplotlib draws bench/results/latest.png (bench/plot.py); without it the chart is skipped with the reason.
+PLOTDEP = $(VPY) -m pip install -q matplotlib || echo "bench: matplotlib unavailable, no chart"
 bench: build
-	$(BENCHENV) $(VPY) -m bench.run --threads both --json bench/results/latest.json --md bench/results/latest.md
+	$(PLOTDEP)
+	$(BENCHENV) $(VPY) -m bench.run --threads both --json bench/results/latest.json --md bench/results/latest.md --plot bench/results/latest.png
 
 bench-quick: build
 	$(BENCHENV) $(VPY) -m bench.run --quick --threads both
@@ -55,7 +58,8 @@ bench-peers: build
 	$(VPY) -m pip install -q onnx onnxruntime || echo "bench-peers: onnxruntime unavailable"
 	$(VPY) -m pip install -q torch==2.13.0 || echo "bench-peers: torch unavailable"
 	$(VPY) -m bench.peers_setup || echo "bench-peers: ggml unavailable"
-	$(BENCHENV) $(VPY) -m bench.run --peers --threads both --json bench/results/peers.json --md bench/results/peers.md
+	$(PLOTDEP)
+	$(BENCHENV) $(VPY) -m bench.run --peers --threads both --json bench/results/peers.json --md bench/results/peers.md --plot bench/results/peers.png
 
 # End to end vs llama.cpp on SmolLM2-135M Q4_1: speed (pp128, pp512, tg128 at 1 pinned thread and
 # all cores), peak RSS, logit and greedy fidelity -> bench/results/e2e.{md,json}. llama-cpp-python

@@ -1,14 +1,15 @@
 """cpufuse benchmark: tables of cases x variants, medians, 1-thread and all-core columns.
 
     python -m bench.run [--quick] [--peers] [--threads auto|1|both] [--no-big] [--section NAME]
-                        [--json PATH] [--md PATH] [--only SUBSTR]
+                        [--json PATH] [--md PATH] [--plot PATH] [--only SUBSTR]
 
 Sections: ops (softmax, rms_norm: the original table), attention (flash_attn decode / prefill),
 graph (the llama decoder block as a plan, fused / unfused / numpy) and dispatch (per-node plan
 overhead). Unset old OpenBLAS tuning variables for numpy's sake (`env -u OPENBLAS_CORETYPE -u
 OPENBLAS_L2_SIZE`). Run it unpinned to get the all-core columns: the 1-thread columns pin their
 own thread to one core (bench/threads.py); under `taskset -c 0` only the 1-thread columns run.
-See bench/README.md.
+Progress (the case being run, the time left) goes to stderr; with --json / --md the chart
+(bench/plot.py) is written beside them. See bench/README.md.
 """
 import argparse
 import datetime
@@ -116,7 +117,11 @@ def min_bytes(case, inp):
 # The variants. build(case, inp) -> (fn, get): fn() is one timed call, get() returns its output.
 
 class Unavailable(Exception):
-    pass
+    """a variant that cannot run here; quiet=True: expected by design (shown blank, not in the notes)"""
+
+    def __init__(self, why, quiet=False):
+        super().__init__(why)
+        self.quiet = quiet
 
 
 def _np_softmax(x, mask, scale):
@@ -178,6 +183,37 @@ def build_peer(name):
             raise Unavailable(why)
         return res
     return build
+
+
+EXP_FLOOR = "exp floor"
+
+
+def exp_floor_input(case, inp):
+    """the values a softmax row exponentiates: z = x·scale − rowmax(x·scale) (<= 0, finite; the
+    mask is not applied, so every element is a real exp)"""
+    z = inp["x"] * np.float32(case.scale)
+    z -= z.max(-1, keepdims=True)
+    return np.ascontiguousarray(z, dtype=np.float32)
+
+
+def build_exp_floor(case, inp, isa):
+    """cpufuse's own exp pass alone over the softmax's R×C elements: lib.cf_exp_f32__<isa>(n, x, y),
+    one cffi call (GIL released), into a preallocated y. Checked here against np.exp in float64."""
+    if case.op != "softmax":
+        raise Unavailable("softmax rows only", quiet=True)
+    from cpufuse import _backend
+    fn = getattr(_backend.lib, f"cf_exp_f32__{isa}", None) if _backend.lib is not None else None
+    if fn is None:
+        raise Unavailable(f"no cf_exp_f32__{isa} in the native extension")
+    z = exp_floor_input(case, inp)
+    y = np.empty_like(z)
+    ffi = _backend.ffi
+    call = functools.partial(fn, z.size, ffi.from_buffer("float[]", z), ffi.from_buffer("float[]", y))
+    call()
+    e = ref.nmse(np.exp(z.astype(np.float64)), y)
+    if not e <= 1e-10:
+        raise ValueError(f"cf_exp_f32__{isa} disagrees with np.exp: NMSE {e:.3g}")
+    return call, lambda: (call(), y)[1]
 
 
 def _best_simd():
@@ -272,6 +308,9 @@ class OpsSection:
 
     def __init__(self, peers, all_core):
         self.vlist = variants(peers, all_core)
+        b = _best_simd()
+        if b:  # the softmax rows' exp floor, timed in the same rounds (the fused SIMD ISA's exp)
+            self.vlist.append(Variant(EXP_FLOOR, "baseline", b))
 
     def cases(self, a):
         return [c for c in CASES if (not a.quick or c.quick)]
@@ -283,6 +322,8 @@ class OpsSection:
         return reference(case, inp)
 
     def build(self, case, v, inp):
+        if v.kind == "baseline":
+            return build_exp_floor(case, inp, v.isa)
         return builder(v)(case, inp)
 
     def tol(self, case, v):
@@ -482,6 +523,8 @@ def prepare(section, case, vlist, log):
                 ok, err = check(case, v, got, want, tol)
         except Unavailable as e:
             r.update(status="skipped", reason=str(e))
+            if e.quiet:
+                r["quiet"] = True
             continue
         except Exception as e:  # a crashing variant is a loud failure, not the end of the run
             r.update(status="error", reason=f"{type(e).__name__}: {e}")
@@ -569,6 +612,10 @@ def derived(case, res, env):
         for p in ("torch", "onnxruntime", "ggml"):
             if p in t:
                 d[f"{p}_over_cpufuse"] = t[p] / cf[best]
+        ef = res.get(EXP_FLOOR, {})
+        if getattr(case, "op", None) == "softmax" and ef.get("status") == "ok" and ef.get("median_ns"):
+            d["exp_floor_us"] = ef["median_ns"] / 1e3
+            d["softmax_over_exp_floor"] = cf[best] / ef["median_ns"]
         k, r = _all_core(res)
         if k:
             d["all_core"] = k
@@ -665,6 +712,89 @@ DERIVED = {"ops": derived, "attention": derived_attn, "graph": derived_graph, "d
 
 
 # ------------------------------------------------------------------------------------------------
+# Probes and progress
+
+def _add_peak(peak, isa, all_core):
+    """one more FMA peak measurement (start or end of the run); the peak = the best run of all"""
+    for key, n in (("1", 1), ("all", threads.n_all)):
+        if key == "all" and not all_core:
+            continue
+        st = threads.fma_peak_stats(isa, n)
+        if st is not None:
+            runs = peak.setdefault(f"runs_{key}", [])
+            runs.append(st)
+            peak[f"gflops_{key}"] = max(x["best"] for x in runs)
+
+
+def sample_probes(copiers, settle_s=0.0):
+    """one sampling point of every copy probe, after a case: first, after an all-core column, let
+    OpenBLAS's spinning workers sleep (settle_s), so that they do not share the probe's core"""
+    threads.settle_s[0] = settle_s
+    threads.enter(1)
+    threads.settle_s[0] = 0.0
+    for c in copiers.values():
+        c.sample()
+
+
+def probe_check(report):
+    """Sanity checks of the probes every ratio leans on: a list of warnings (empty: ok)."""
+    cb, w = report.get("copy_bw", {}), []
+    dram, l2 = cb.get("dram"), cb.get("l2")
+    if dram and l2 and not l2["gbps"] > dram["gbps"]:
+        w.append(f"the L2 copy probe ({l2['gbps']:.1f} GB/s) does not exceed the DRAM copy probe "
+                 f"({dram['gbps']:.1f} GB/s): the % copy ratios of this run are not to be trusted")
+    for k, r in cb.items():
+        fast = r.get("p90_gbps")
+        if fast and r["gbps"] < 0.8 * fast:
+            w.append(f"{k} copy probe: median {r['gbps']:.1f} GB/s < 80% of its fast decile {fast:.1f} GB/s "
+                     f"(slow decile {r['p10_gbps']:.1f}): many samples disturbed, other load?")
+    pk = report.get("fma_peak") or {}
+    for key, what in (("1", "1 thread"), ("all", "all cores")):
+        runs = pk.get(f"runs_{key}")
+        if runs:
+            best, med = max(x["best"] for x in runs), max(x["median"] for x in runs)
+            if med < 0.8 * best:
+                w.append(f"FMA peak probe ({what}): median run {med:.1f} GFLOP/s < 80% of the best {best:.1f} "
+                         "(the peak is the best run; many runs disturbed, other load?)")
+    n = (report.get("machine") or {}).get("threads", {}).get("n_all", 1)
+    if pk.get("gflops_1") and pk.get("gflops_all") and n > 1 and pk["gflops_all"] < 0.75 * n * pk["gflops_1"]:
+        w.append(f"all-core FMA peak {pk['gflops_all']:.1f} GFLOP/s is only {pk['gflops_all'] / pk['gflops_1']:.2f}× "
+                 f"the 1-thread peak on {n} cores: the cores are shared with other work")
+    busy = [(when, report.get(k)) for when, k in (("start", "busy_cores_start"), ("end", "busy_cores_end"))
+            if report.get(k) is not None]
+    for when, b in busy:
+        if b > 0.25:
+            w.append(f"other work kept {b:.2f} cores busy at the {when} (measured while the benchmark slept): "
+                     "other processes share the cores")
+    return w
+
+
+def _fmt_s(sec):
+    return f"{sec:.0f} s" if sec < 90 else f"{sec / 60:.0f} min"
+
+
+class Progress:
+    """Progress on stderr: the group of cases being run, and the time left. Cost model: variants ×
+    cases × (target + 0.1 s) per group, rescaled by how long the finished groups took against it."""
+
+    def __init__(self, groups, log):
+        self.w = [nv * len(g) * (target + 0.1) for nv, g, target in groups]
+        self.log, self.i, self.t0 = log, 0, time.perf_counter()
+
+    def eta(self):
+        done, left = sum(self.w[:self.i]), sum(self.w[self.i:])
+        return left * ((time.perf_counter() - self.t0) / done if done else 1.5)
+
+    def start(self, section, group):
+        names = ", ".join(c.name for c in group)
+        self.log(f"[{self.i + 1}/{len(self.w)}] {section}: {names} · {_fmt_s(time.perf_counter() - self.t0)} "
+                 f"elapsed, ~{_fmt_s(self.eta())} left")
+
+    def done(self):
+        self.i += 1
+
+
+# ------------------------------------------------------------------------------------------------
 # Reporting
 
 def machine_info(peers):
@@ -731,6 +861,10 @@ def _fmt_load(v):
     return "?" if not v else f"{v[0]:.2f}"
 
 
+def _fmt_busy(v):
+    return "?" if v is None else f"{v:.2f}"
+
+
 def _fmt_x(v):
     return "–" if v is None else f"{v:.2f}×"
 
@@ -754,6 +888,8 @@ def _time_table(entries, cols, fmt=_fmt_us, key="median_us"):
             if r.get("status") == "ok":
                 s = fmt(r.get(key))
                 cells.append(f"**{s}**" if r.get(key) == best else s)
+            elif r.get("quiet"):
+                cells.append("")
             else:
                 cells.append({"skipped": "n/a", "failed": "FAIL", "error": "ERR"}.get(r.get("status"), "–"))
         lines.append(f"| {c['case']['name']} | " + " | ".join(cells) + " |")
@@ -771,12 +907,16 @@ def _notes(entries, extra=()):
     skipped = {}
     for c in entries:
         for k, r in c["results"].items():
-            if r.get("status") == "skipped":
+            if r.get("status") == "skipped" and not r.get("quiet"):
                 skipped.setdefault((k, r["reason"]), []).append(c["case"]["name"])
     for (k, why), names in skipped.items():
         where = "all cases" if len(names) == len(entries) else ", ".join(names)
         notes.append(f"- skipped {k} ({where}): {why}")
     return ["", "Notes:", ""] + notes if notes else []
+
+
+def _spread(r):
+    return f"[{r['p10_gbps']:.1f}–{r['p90_gbps']:.1f}]" if "p10_gbps" in r else ""
 
 
 def _header(report):
@@ -785,16 +925,27 @@ def _header(report):
     thr = m["threads"]
     all_line = ""
     if "dram_all" in cb:
-        all_line = (f" All-core ({cb['dram_all']['threads']} threads, np.copyto on disjoint slices): DRAM "
-                    f"{cb['dram_all']['gbps']:.1f} GB/s.")
+        d = cb["dram_all"]
+        all_line = (f" All-core ({d['threads']} threads, np.copyto of disjoint slices at once): DRAM "
+                    f"{d['gbps']:.1f} GB/s {_spread(d)}.")
     pk = report.get("fma_peak", {})
     peak = ""
     if pk.get("gflops_1"):
-        peak = (f" FMA peak ({pk['isa']}, cf_fma_peak, best of runs): {pk['gflops_1']:.1f} GFLOP/s 1 thread"
+        runs = pk.get("runs_1") or [{}]
+        peak = (f" FMA peak ({pk['isa']}, cf_fma_peak, best of {sum(x.get('runs', 0) for x in runs)} runs of "
+                f"{runs[0].get('run_ms', 0):g} ms at the start and end): {pk['gflops_1']:.1f} GFLOP/s 1 thread"
                 + (f", {pk['gflops_all']:.1f} GFLOP/s on {thr['n_all']} threads" if pk.get("gflops_all") else "") + ".")
     mode = (f"1-thread columns pinned to core {thr['pin_core']}, all-core columns (×{thr['n_all']}) on "
             f"cores {thr['affinity']}" if report["all_core"] else
             f"1 thread only ({'affinity is one core' if thr['n_all'] == 1 else '--threads 1'})")
+    dram, l2 = cb["dram"], cb["l2"]
+    check = report.get("probe_check")
+    if check is None:
+        check_line = []
+    elif not check:
+        check_line = ["", "Probe check: ok (L2 copy > DRAM copy; every probe's median within 80% of its fast decile)."]
+    else:
+        check_line = ["", "**Probe check: flagged.** " + " · ".join(check)]
     return [
         "# cpufuse benchmark",
         "",
@@ -803,12 +954,18 @@ def _header(report):
         f"git {m['git_commit']}{' (dirty)' if m['git_dirty'] else ''} · affinity {m['affinity']}"
         f"{' · QUICK' if report['quick'] else ''} · {mode} · run took {report.get('runtime_s', 0):.0f} s",
         "",
-        f"Copy bandwidth (np.copyto, counted as read + write): DRAM {cb['dram']['gbps']:.1f} GB/s "
-        f"({cb['dram']['bytes'] >> 20} MiB array), L2 {cb['l2']['gbps']:.1f} GB/s "
-        f"({cb['l2']['bytes'] >> 10} KiB array), 1 thread; medians of {cb['dram']['samples']} "
-        f"samples spread over the run.{all_line}{peak} Timer pair: {report['timer_overhead_ns']:.0f} ns. "
-        f"Load average at start / end: {_fmt_load(m.get('loadavg_start'))} / {_fmt_load(report.get('loadavg_end'))}.",
-    ]
+        f"Copy bandwidth, 1 thread ({dram.get('how', 'np.copyto')}, counted as read + write; median of many short "
+        f"samples spread over the run, [slow decile – fast decile]): DRAM {dram['gbps']:.1f} GB/s {_spread(dram)} "
+        f"({dram.get('chunk', dram['bytes']) >> 20} MiB slices of a {dram['bytes'] >> 20} MiB array, "
+        f"{dram['samples']} samples), L2 {l2['gbps']:.1f} GB/s {_spread(l2)} ({l2['bytes'] >> 10} KiB array, "
+        f"{l2['samples']} samples of {l2['k']} copies"
+        + (f"; the call's own {l2['call_overhead_ns']:.0f} ns ({l2['call_overhead_pct']:.1f}%) subtracted"
+           if "call_overhead_ns" in l2 else "")
+        + f").{all_line}{peak} Timer pair: {report['timer_overhead_ns']:.0f} ns. "
+        f"Load average at start / end: {_fmt_load(m.get('loadavg_start'))} / {_fmt_load(report.get('loadavg_end'))}; "
+        f"cores kept busy by other work at start / end: {_fmt_busy(report.get('busy_cores_start'))} / "
+        f"{_fmt_busy(report.get('busy_cores_end'))}.",
+    ] + check_line
 
 
 def markdown_ops(report, sec):
@@ -816,6 +973,7 @@ def markdown_ops(report, sec):
     cols = [v["name"] for v in sec["variants"]]
     peer_cols = [p for p in ("torch", "onnxruntime", "ggml") if p in cols]
     allc = any(v["nth"] != 1 for v in sec["variants"])
+    floor = any("softmax_over_exp_floor" in c["derived"] for c in entries)
     lines = [
         "",
         "## softmax / rms_norm",
@@ -833,9 +991,11 @@ def markdown_ops(report, sec):
         "Derived (best cpufuse = fastest 1-thread cpufuse column; GB/s = minimum bytes moved / median time):",
         "",
         "| case | MB moved | best cpufuse | GB/s | vector gain | fusion gain | user gain | % DRAM copy |"
+        + (" exp floor µs | softmax ÷ exp floor |" if floor else "")
         + "".join(f" {p} / best |" for p in peer_cols)
         + (" all-core GB/s | all-core speedup | % all-core DRAM copy |" if allc else ""),
-        "|---|---:|---|---:|---:|---:|---:|---:|" + "---:|" * len(peer_cols) + ("---:|---:|---:|" if allc else ""),
+        "|---|---:|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if floor else "") + "---:|" * len(peer_cols)
+        + ("---:|---:|---:|" if allc else ""),
     ]
     for c in entries:
         d = c["derived"]
@@ -844,6 +1004,8 @@ def markdown_ops(report, sec):
         gb = f"{d['best_cpufuse_gbps']:.1f}" if "best_cpufuse_gbps" in d else "–"
         row = (f"| {c['case']['name']} | {c['work']['bytes'] / 1e6:.3g} | {d.get('best_cpufuse', '–')} | {gb} | "
                f"{_fmt_x(d.get('vector_gain'))} | {_fmt_x(d.get('fusion_gain'))} | {_fmt_x(d.get('user_gain'))} | {pct} |"
+               + (f" {_fmt_us(d.get('exp_floor_us')) if 'exp_floor_us' in d else ''} | "
+                  f"{_fmt_x(d.get('softmax_over_exp_floor')) if 'softmax_over_exp_floor' in d else ''} |" if floor else "")
                + "".join(f" {_fmt_x(d.get(f'{p}_over_cpufuse'))} |" for p in peer_cols))
         if allc:
             row += (f" {_fmt_g(d.get('all_core_gbps'))} | {_fmt_x(d.get('all_core_speedup'))} | "
@@ -857,6 +1019,13 @@ def markdown_ops(report, sec):
         + (" · all-core speedup = best 1-thread cpufuse / all-core column" if allc else ""),
     ]
     extra = []
+    if floor:
+        isa = next(v["isa"] for v in sec["variants"] if v["name"] == EXP_FLOOR)
+        extra.append(f"- exp floor (softmax rows) = `cf_exp_f32__{isa}` alone over the row's R×C elements (one cffi "
+                     "call, preallocated output), timed in the same interleaved rounds as the other columns; input "
+                     "z = x·scale − rowmax(x·scale): the values the softmax exponentiates, all ≤ 0 and finite (the "
+                     "mask is not applied, so no −inf). softmax ÷ exp floor = best 1-thread cpufuse softmax / exp "
+                     "floor (1 = the softmax costs one exp pass).")
     err = report["machine"]["cpufuse"].get("native_load_error")
     if err:
         extra.append(f"- **WARNING: the cpufuse native extension did not load** ({err}); only numba runs")
@@ -1017,6 +1186,8 @@ def main(argv=None):
     ap.add_argument("--peers", action="store_true", help="add PyTorch, onnxruntime and ggml columns")
     ap.add_argument("--json", metavar="PATH", help="write the full results as JSON")
     ap.add_argument("--md", metavar="PATH", help="write the markdown tables")
+    ap.add_argument("--plot", metavar="PATH", help="write the chart (PNG, matplotlib) here; default with --json "
+                                                   "or --md: beside the markdown (or JSON), .png")
     ap.add_argument("--only", metavar="SUBSTR", action="append", help="run only cases whose name contains this")
     ap.add_argument("--section", action="append", choices=list(SECTIONS),
                     help="run only this section (repeatable; default: all)")
@@ -1052,60 +1223,67 @@ def main(argv=None):
                 log(f"peer {p} skipped: {d['unavailable']}")
     if machine["cpufuse"]["native_load_error"]:
         log(f"!!! cpufuse native extension failed to load: {machine['cpufuse']['native_load_error']}")
+    busy_start = threads.busy_cores()
     sections = {k: SECTIONS[k](a.peers, all_core) for k in keys}
     log(f"cpufuse ISAs {', '.join(cpufuse.available_isas())}; affinity {threads.ALL_CORES}; "
         f"{'1-thread pinned to core %s + all-core x%d' % (threads.pin_core(), threads.n_all) if all_core else '1 thread'}")
 
-    # copy bandwidth: samples at the start, then one after every case; medians over all of them
+    # the probes (bench/README.md, "Probes"): copy bandwidth sampled at the start and after every
+    # case (many ~50 µs samples each time; medians over all of them), FMA peak at start and end
     pin1 = functools.partial(threads.enter, 1)
-    copiers = {"dram": timing.CopyBandwidth(256 << 20, reps=7, pre=pin1),
-               "l2": timing.CopyBandwidth(256 << 10, reps=15, pre=pin1)}
+    copiers = {"dram": timing.CopyBandwidth(256 << 20, chunk=4 << 20, per_sample_s=0.02, pre=pin1),
+               "l2": timing.CopyBandwidth(256 << 10, pre=pin1)}
     if all_core:
         copiers["dram_all"] = threads.ParallelCopyBandwidth(256 << 20, threads.n_all)
     for c in copiers.values():
         c.sample(3 if a.quick else 7)
     copy_bw = {k: c.result() for k, c in copiers.items()}
-    log("copy bandwidth at start: " + ", ".join(f"{k} {v['gbps']:.1f} GB/s" for k, v in copy_bw.items()))
+    log("copy bandwidth at start (median [slow decile – fast decile]): " + ", ".join(
+        f"{k} {v['gbps']:.1f} [{v['p10_gbps']:.1f}–{v['p90_gbps']:.1f}] GB/s" for k, v in copy_bw.items()))
     b = _best_simd()
     peak = {"isa": b}
     if b and "attention" in keys:
-        peak["gflops_1"] = threads.fma_peak(b, 1)
-        if all_core:
-            peak["gflops_all"] = threads.fma_peak(b, threads.n_all)
-        log(f"FMA peak {b}: {peak}")
+        _add_peak(peak, b, all_core)
+        log(f"FMA peak {b}: {_fmt_g(peak.get('gflops_1'))} GFLOP/s 1 thread"
+            + (f", {_fmt_g(peak.get('gflops_all'))} on {threads.n_all}" if all_core else ""))
     report = {"quick": a.quick, "peers": a.peers, "all_core": all_core, "threads_note": threads_note,
               "machine": machine, "unavailable_isas": unavailable_isas(), "copy_bw": copy_bw, "fma_peak": peak,
               "timer_overhead_ns": timing.timer_overhead_ns(), "target_s": target, "rounds": rounds,
+              "busy_cores_start": busy_start,
               "eps": EPS, "sections": {}}
+    plan = {}
     for key, sec in sections.items():
-        cases = [c for c in sec.cases(a) if not a.only or any(s in c.name for s in a.only)]
-        if not cases:
-            continue
-        log(f"== {sec.title}: variants {', '.join(v.name for v in sec.vlist)}")
-        entries = []
         groups = []
-        for case in cases:
+        for case in sec.cases(a):
+            if a.only and not any(s in case.name for s in a.only):
+                continue
             if groups and case.group and groups[-1][0].group == case.group:
                 groups[-1].append(case)
             else:
                 groups.append([case])
+        plan[key] = groups
+    progress = Progress([(len(sec.vlist), g, target) for key, sec in sections.items() for g in plan[key]], log)
+    for key, sec in sections.items():
+        groups = plan[key]
+        if not groups:
+            continue
+        log(f"== {sec.title}: variants {', '.join(v.name for v in sec.vlist)}")
+        entries = []
         for group in groups:
             r = a.rounds if a.rounds is not None else min(rounds, getattr(group[0], "rounds", None) or rounds)
+            progress.start(sec.key, group)
             t0 = time.perf_counter()
             for case, work, res in run_cases(sec, group, sec.vlist, target, r, log):
                 entries.append({"case": case, "work": work, "results": res})
                 log(f"{case.name} ({time.perf_counter() - t0:.0f} s): "
                     + ", ".join(f"{k} {r['median_us']:.4g}" for k, r in res.items() if "median_us" in r))
-            for c in copiers.values():
-                c.sample()
+            sample_probes(copiers, getattr(sec, "settle_s", 0.0))
+            progress.done()
         if key == "graph":
             graphbench.release()
         report["sections"][key] = {"title": sec.title, "variants": [asdict(v) for v in sec.vlist], "cases": entries}
     if b and "attention" in keys:  # best of the start and end probes
-        p2 = threads.fma_peak(b, 1)
-        peak["gflops_1"] = max(peak["gflops_1"] or 0, p2 or 0) or None
-        if all_core:
-            peak["gflops_all"] = max(peak["gflops_all"] or 0, threads.fma_peak(b, threads.n_all) or 0) or None
+        _add_peak(peak, b, all_core)
     threads.enter(1)
     report["copy_bw"] = copy_bw = {k: c.result() for k, c in copiers.items()}
     for c in copiers.values():
@@ -1119,6 +1297,10 @@ def main(argv=None):
         report["cases"] = [dict(e, bytes=e["work"]["bytes"]) for e in report["sections"]["ops"]["cases"]]
         report["variants"] = report["sections"]["ops"]["variants"]
     report["loadavg_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    report["busy_cores_end"] = threads.busy_cores()
+    report["probe_check"] = probe_check(report)
+    for w in report["probe_check"]:
+        log(f"!!! probe check: {w}")
     report["runtime_s"] = time.perf_counter() - t_start
     md = markdown(report)
     print(md)
@@ -1130,6 +1312,11 @@ def main(argv=None):
         os.makedirs(os.path.dirname(os.path.abspath(a.md)), exist_ok=True)
         with open(a.md, "w") as f:
             f.write(md)
+    if a.plot or (a.plot is None and (a.json or a.md)):
+        out = a.plot or os.path.splitext(a.md or a.json)[0] + ".png"
+        from . import plot
+        why = plot.write(report, out)
+        log(f"chart: {out}" if why is None else f"chart skipped: {why}")
     bad = [(c["case"]["name"], k) for s in report["sections"].values() for c in s["cases"]
            for k, r in c["results"].items() if r["status"] in ("failed", "error") and r["kind"] == "cpufuse"]
     log(f"total run time {report['runtime_s']:.0f} s")

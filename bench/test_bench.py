@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pytest
 
-from bench import attn, graphbench, run, threads
+from bench import attn, graphbench, run, threads, timing
 from cpufuse import reference as ref
 
 PEERS = os.environ.get("CPUFUSE_BENCH_PEERS", "") not in ("", "0")
@@ -307,3 +307,142 @@ def test_harness_quant_section_with_stub(monkeypatch):
     quant.release()
     quant.PROBES.clear()
     quant.EXTRA.clear()
+
+
+# ------------------------------------------------------------------------------------------------
+# the probes, the exp floor column, progress and the chart
+
+def _copy_result(gbps, p10, p90):
+    return {"gbps": gbps, "p10_gbps": p10, "p90_gbps": p90}
+
+
+def test_harness_probe_check():
+    ok = {"copy_bw": {"dram": _copy_result(20.0, 18.0, 21.0), "l2": _copy_result(100.0, 95.0, 104.0)},
+          "fma_peak": {"gflops_1": 100.0, "gflops_all": 195.0,
+                       "runs_1": [{"best": 100.0, "median": 97.0}], "runs_all": [{"best": 195.0, "median": 190.0}]},
+          "machine": {"threads": {"n_all": 2}}, "busy_cores_start": 0.02, "busy_cores_end": 0.1}
+    assert run.probe_check(ok) == []
+    bad = dict(ok, copy_bw={"dram": _copy_result(21.8, 20.0, 23.0), "l2": _copy_result(5.1, 4.0, 60.0)})
+    w = run.probe_check(bad)
+    assert any("does not exceed the DRAM" in x for x in w)           # L2 must beat DRAM
+    assert any(x.startswith("l2 copy probe: median 5.1") for x in w)  # and its spread is shown
+    busy = dict(ok, fma_peak=dict(ok["fma_peak"], gflops_all=110.0, runs_1=[{"best": 100.0, "median": 50.0}]),
+                busy_cores_start=1.4)
+    w = run.probe_check(busy)
+    assert any("median run 50.0" in x for x in w) and any("only 1.10×" in x for x in w)
+    assert any("kept 1.40 cores busy at the start" in x for x in w)
+    b = threads.busy_cores(0.05)
+    assert b is None or 0 <= b <= threads.n_all + 0.01
+
+
+def test_harness_copy_probes_sample_and_report():
+    c = timing.CopyBandwidth(64 << 10, chunk=16 << 10, sample_s=2e-6, per_sample_s=1e-4, warm_s=0.0)
+    assert len(c.calls) == 4 and c.k >= 1
+    c.sample(2)
+    r = c.result()
+    assert r["samples"] >= 16 and r["counted_bytes"] == 2 * (16 << 10) and r["call_overhead_ns"] >= 0
+    assert r["worst_gbps"] <= r["p10_gbps"] <= r["gbps"] <= r["p90_gbps"] <= r["best_gbps"]
+    assert np.array_equal(c.dst, c.src)  # every chunk was copied
+    c.release()
+    p = threads.ParallelCopyBandwidth(1 << 20, 2, per_sample_s=1e-4, chunk=64 << 10)
+    p.sample(1)
+    r = p.result()
+    assert r["samples"] >= 8 and r["gbps"] > 0 and np.array_equal(p.dst, p.src)
+    p.release()
+    threads.enter(1)
+
+
+def test_harness_fma_peak_stats():
+    import cpufuse
+    st = threads.fma_peak_stats(cpufuse.available_isas()[0], 1, seconds=0.005, run_s=0.001)
+    if st is None:
+        pytest.skip("no cf_fma_peak (native extension not loaded)")
+    assert st["runs"] >= 5 and st["best"] >= st["median"] >= st["p10"] > 0
+
+
+def test_harness_exp_floor_column():
+    case = run.Case("softmax 3×37", "softmax", (3, 37), scale=0.125)
+    inp = run.make_inputs(case)
+    isa = run._best_simd()
+    if isa is None:
+        pytest.skip("no SIMD ISA here: no exp floor column")
+    fn, get = run.build_exp_floor(case, inp, isa)
+    z = run.exp_floor_input(case, inp)
+    assert z.shape == (3, 37) and z.max() == 0 and np.all(np.isfinite(z))
+    assert ref.nmse(np.exp(z.astype(np.float64)), get()) < 1e-10
+    with pytest.raises(run.Unavailable) as e:
+        run.build_exp_floor(run.Case("r", "rms_norm", (1, 8)), inp, isa)
+    assert e.value.quiet
+    ok = {"status": "ok", "n_threads": 1, "gbps": 1.0}
+    res = {isa: dict(ok, kind="cpufuse", median_ns=3000.0), "scalar": dict(ok, kind="cpufuse", median_ns=9000.0),
+           run.EXP_FLOOR: dict(ok, kind="baseline", isa=isa, median_ns=2000.0)}
+    env = {"copy_bw": {"dram": {"gbps": 10.0}, "l2": {"gbps": 50.0}}}
+    d = run.derived(case, res, env)
+    assert d["softmax_over_exp_floor"] == pytest.approx(1.5) and d["exp_floor_us"] == pytest.approx(2.0)
+    assert "softmax_over_exp_floor" not in run.derived(run.Case("r", "rms_norm", (1, 8)), res, env)
+    sec = run.OpsSection(False, False)
+    assert sec.vlist[-1].name == run.EXP_FLOOR and sec.vlist[-1].isa == isa
+    entry = {"case": run.asdict(case), "work": {"bytes": 1}, "results": res, "derived": d}
+    md = "\n".join(run.markdown_ops({"machine": {"cpufuse": {}}},
+                                    {"cases": [entry], "variants": [run.asdict(v) for v in sec.vlist]}))
+    assert "softmax ÷ exp floor" in md and "| 1.50× |" in md and f"cf_exp_f32__{isa}" in md
+
+
+def test_harness_progress():
+    logs = []
+    p = run.Progress([(2, ["a"], 0.1), (2, ["b", "c"], 0.1)], logs.append)
+    p.start("ops", [run.Case("a", "softmax", (1, 8))])
+    p.done()
+    p.start("ops", [run.Case("b", "softmax", (1, 8)), run.Case("c", "softmax", (1, 8))])
+    assert logs[0].startswith("[1/2] ops: a ·") and "left" in logs[0]
+    assert logs[1].startswith("[2/2] ops: b, c ·")
+
+
+def _fake_report():
+    def res(kind, ns, **kw):
+        return dict({"kind": kind, "status": "ok", "median_ns": ns, "n_threads": 1}, **kw)
+    ops = {"title": "softmax / rms_norm",
+           "variants": [{"name": "numpy", "kind": "user", "nth": 1}, {"name": "scalar", "kind": "cpufuse", "nth": 1},
+                        {"name": "avx2", "kind": "cpufuse", "nth": 1}, {"name": "avx2 ×4", "kind": "cpufuse", "nth": 0},
+                        {"name": "exp floor", "kind": "baseline", "nth": 1}],
+           "cases": [{"case": {"name": "softmax 1×32000"},
+                      "results": {"numpy": res("user", 3e4), "scalar": res("cpufuse", 1.6e5), "avx2": res("cpufuse", 1.7e4),
+                                  "avx2 ×4": res("cpufuse", 5e3), "exp floor": res("baseline", 7e3)}},
+                     {"case": {"name": "rms_norm×w 1×576"},
+                      "results": {"numpy": res("user", 1.3e4), "scalar": {"kind": "cpufuse", "status": "failed"},
+                                  "avx2": res("cpufuse", 2e3), "exp floor": {"kind": "baseline", "status": "skipped"}}}]}
+    attn_sec = {"title": "flash attention",
+                "variants": [{"name": "avx2", "kind": "cpufuse", "nth": 1},
+                             {"name": "avx2 rows", "kind": "cpufuse", "nth": 1, "strategy": "rows"}],
+                "cases": [{"case": {"name": "decode T=512 f16"},
+                           "results": {"avx2": res("cpufuse", 4e4), "avx2 rows": res("cpufuse", 5e4)}}]}
+    return {"quick": True, "machine": {"cpu_model": "test CPU", "git_commit": "abc1234", "date": "2026-01-01"},
+            "sections": {"ops": ops, "attention": attn_sec}}
+
+
+def test_harness_plot_panels():
+    from bench import plot
+    ps = plot.panels(_fake_report())
+    (t1, cases1, names1, times1, floor1), (t2, _, names2, _, _) = ps
+    assert names1 == ["numpy", "scalar", "avx2"]              # no all-core column, no baseline
+    assert times1["scalar"] == [pytest.approx(1.6e-4), None]    # a failed column leaves a gap
+    assert floor1 == [pytest.approx(7e-6), None] and names2 == ["avx2"]  # no forced strategy
+    assert plot.eng(88.5e-6) == "88.5µs" and plot.eng(1.21e-3) == "1.21ms"
+
+
+def test_harness_plot_writes_png(tmp_path, monkeypatch):
+    import json
+    from bench import plot
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(_fake_report()))
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
+        assert "matplotlib is not available" in plot.write(_fake_report(), str(tmp_path / "x.png"))
+        pytest.skip("matplotlib is not installed in this venv (make bench installs it): the skip path was checked")
+    out = tmp_path / "r.png"
+    assert plot.main([str(path), "-o", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
+    assert "matplotlib is not available" in plot.write(_fake_report(), str(tmp_path / "x.png"))

@@ -119,61 +119,106 @@ def enter(nth):
 settle_s = [0.0]
 
 
+def _cpu_times():
+    """{cpu: (busy, total)} jiffies from /proc/stat for the cores of the affinity set"""
+    out = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("cpu") and line[3:4].isdigit():
+                name, *v = line.split()
+                cpu = int(name[3:])
+                if ALL_CORES is None or cpu in ALL_CORES:
+                    v = [int(x) for x in v[:8]]  # user nice system idle iowait irq softirq steal
+                    out[cpu] = (sum(v) - v[3] - v[4], sum(v))
+    return out
+
+
+def busy_cores(seconds=0.5):
+    """How many of this process's cores other work keeps busy: the busy share of each core (steal
+    time included: other guests on the host) summed over the affinity set, measured while this
+    process sleeps for `seconds`. None where /proc/stat is missing."""
+    try:
+        a = _cpu_times()
+        time.sleep(seconds)
+        b = _cpu_times()
+    except (OSError, ValueError):
+        return None
+    return sum((b[c][0] - a[c][0]) / max(1, b[c][1] - a[c][1]) for c in a if c in b)
+
+
 def describe():
     return {"affinity": ALL_CORES, "n_all": n_all, "pin_core": _pin_core[0], "blas_control": BLAS_CONTROL}
 
 
 # ------------------------------------------------------------------------------------------------
-# Multi-threaded copy bandwidth: np.copyto on disjoint slices from a pool of n threads (numpy
-# releases the GIL while copying), counted as 2 x bytes, like timing.CopyBandwidth.
+# Multi-threaded copy bandwidth: np.copyto (numpy releases the GIL while copying) of disjoint slices
+# by a pool of n threads at once, counted as 2 x bytes, like timing.CopyBandwidth: one sample =
+# every thread copies one chunk (<= 8 MiB) of its own slice, the slices walked in turn, so each
+# sample lasts ~1 ms (far shorter than a scheduler time slice) and reads DRAM.
 
 class ParallelCopyBandwidth:
     """arrays: optional (src, dst) float32 buffers to share between several instances."""
 
-    def __init__(self, nbytes, n_threads, min_s=0.05, reps=7, arrays=None):
-        self.nbytes, self.n, self.reps = nbytes, n_threads, reps
+    def __init__(self, nbytes, n_threads, per_sample_s=0.02, chunk=8 << 20, arrays=None, min_s=None, reps=None):
+        self.nbytes, self.n, self.per_sample_s = nbytes, n_threads, per_sample_s
         n = nbytes // 4
         if arrays is None:
-            self.src = np.random.default_rng(1).standard_normal(n, dtype=np.float32)
+            self.src = np.empty(n, np.float32)
+            self.src.fill(1.5)
             self.dst = np.empty_like(self.src)
         else:
             self.src, self.dst = arrays[0][:n], arrays[1][:n]
         bounds = [n * i // n_threads for i in range(n_threads + 1)]
-        # cache-line aligned slice bounds (16 floats)
-        bounds = [b - b % 16 for b in bounds[:-1]] + [n]
-        self.parts = [(self.dst[a:b], self.src[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        bounds = [b - b % 16 for b in bounds[:-1]] + [n]  # cache-line aligned slice bounds (16 floats)
+        # each thread's slice cut into >= 4 chunks of <= `chunk` bytes: one sample = one chunk per thread
+        steps = max(4, math.ceil((bounds[1] - bounds[0]) * 4 / chunk))
+        self.parts = []
+        for j in range(steps):
+            step = []
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                lo, hi = a + (b - a) * j // steps, a + (b - a) * (j + 1) // steps
+                step.append((self.dst[lo:hi], self.src[lo:hi]))
+            self.parts.append(step)
+        self.counted = [2 * sum(d.nbytes for d, _ in step) for step in self.parts]
         prev = _mode[0]
         enter(max(2, n_threads) if n_all > 1 else 1)  # the pool's threads inherit the full affinity
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=n_threads)
         # start every worker now (the executor starts them lazily, one per submit when none idle)
         barrier = threading.Barrier(n_threads)
         list(self.pool.map(lambda _: barrier.wait(), range(n_threads)))
-        t0 = time.perf_counter_ns()
-        self._once()
-        est = max(1, time.perf_counter_ns() - t0)
-        self.k = max(1, math.ceil(min_s / reps * 1e9 / est))
-        self.samples = []
+        self._next = 0
+        for _ in range(2 * steps):  # first touch and warm-up
+            self._once()
+        self.samples = []  # ns per counted byte
         if prev is not None:
             enter(prev)
 
     def _once(self):
-        futs = [self.pool.submit(np.copyto, d, s) for d, s in self.parts]
+        step = self.parts[self._next]
+        t0 = time.perf_counter_ns()
+        futs = [self.pool.submit(np.copyto, d, s) for d, s in step]
         for f in futs:
             f.result()
+        dt = time.perf_counter_ns() - t0
+        i = self._next
+        self._next = (i + 1) % len(self.parts)
+        return dt / self.counted[i]
 
     def sample(self, n=1):
         enter(self.n if self.n > 1 else 1)
         for _ in range(n):
-            t0 = time.perf_counter_ns()
-            for _ in range(self.k):
-                self._once()
-            self.samples.append((time.perf_counter_ns() - t0) / self.k)
+            t_end = time.perf_counter_ns() + self.per_sample_s * 1e9
+            m = 0
+            while m < 8 or time.perf_counter_ns() < t_end:
+                self.samples.append(self._once())
+                m += 1
 
     def result(self):
-        med = statistics.median(self.samples)
-        return {"bytes": self.nbytes, "counted_bytes": 2 * self.nbytes, "threads": self.n, "median_ns": med,
-                "gbps": 2 * self.nbytes / med, "best_gbps": 2 * self.nbytes / min(self.samples),
-                "worst_gbps": 2 * self.nbytes / max(self.samples), "samples": len(self.samples), "k": self.k}
+        from .timing import spread
+        r = {"bytes": self.nbytes, "counted_bytes": self.counted[0], "threads": self.n, "how": "np.copyto",
+             "median_ns": statistics.median(self.samples) * self.counted[0], "samples": len(self.samples), "k": 1}
+        r.update(spread(self.samples, 1.0))
+        return r
 
     def release(self):
         self.pool.shutdown()
@@ -215,37 +260,56 @@ def fma_probe(isa, seconds=0.002):
     return (lambda: fn(it, sink)), fn(it, sink)
 
 
-def fma_peak(isa, n_threads=1, seconds=0.2, tries=5):
-    """Single-precision FMA peak (GFLOP/s) of `isa` on n_threads threads (cffi releases the GIL):
-    best of `tries` runs of about seconds / tries each. None when the probe is missing."""
+def fma_peak_stats(isa, n_threads=1, seconds=0.2, run_s=None):
+    """Single-precision FMA peak of `isa` on n_threads threads (cffi releases the GIL): many short
+    runs (~2 ms; 5 ms on n > 1 threads, whose start costs more), so that a preemption on a shared
+    machine spoils a few runs instead of all of them. {"best", "median", "p10" (slow decile),
+    "runs", "run_ms"} in GFLOP/s; None when the probe is missing. The peak is the best run: noise
+    only slows a run down."""
     fn = _probe(isa)
     if fn is None:
         return None
     from cpufuse import _backend
     enter(n_threads)
+    run_s = run_s or (0.002 if n_threads == 1 else 0.005)
+    runs = max(5, int(seconds / run_s))
     sinks = [_backend.ffi.new("float *") for _ in range(n_threads)]
-    it = _probe_iters(fn, sinks[0], seconds / tries)
-    best = 0.0
-    for _ in range(tries):
-        if n_threads == 1:
-            t0 = time.perf_counter()
+    it = _probe_iters(fn, sinks[0], run_s)
+    fn(it, sinks[0])  # warm-up (clock ramp)
+    res = []
+    if n_threads == 1:
+        for _ in range(runs):
+            t0 = time.perf_counter_ns()
             flops = fn(it, sinks[0])
-            dt = time.perf_counter() - t0
-        else:
-            res = [0.0] * n_threads
-            barrier = threading.Barrier(n_threads + 1)
+            res.append(flops / (time.perf_counter_ns() - t0))
+    else:
+        # each worker times its own call: the main thread, one more thread than cores, may get a
+        # core only after the workers are well into their runs (a late start would read high)
+        flops, t0s, t1s = [0.0] * n_threads, [0] * n_threads, [0] * n_threads
+        start, done = threading.Barrier(n_threads + 1), threading.Barrier(n_threads + 1)
 
-            def work(i):
-                barrier.wait()
-                res[i] = fn(it, sinks[i])
-            ths = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
-            for t in ths:
-                t.start()
-            barrier.wait()
-            t0 = time.perf_counter()
-            for t in ths:
-                t.join()
-            dt = time.perf_counter() - t0
-            flops = sum(res)
-        best = max(best, flops / dt / 1e9)
-    return best
+        def work(i):
+            for _ in range(runs):
+                start.wait()
+                t0s[i] = time.perf_counter_ns()
+                flops[i] = fn(it, sinks[i])
+                t1s[i] = time.perf_counter_ns()
+                done.wait()
+        ths = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(n_threads)]
+        for t in ths:
+            t.start()
+        for _ in range(runs):
+            start.wait()
+            done.wait()
+            res.append(sum(flops) / (max(t1s) - min(t0s)))
+        for t in ths:
+            t.join()
+    res.sort()
+    return {"best": res[-1], "median": statistics.median(res), "p10": res[int(0.1 * (len(res) - 1))],
+            "runs": len(res), "run_ms": run_s * 1e3, "threads": n_threads}
+
+
+def fma_peak(isa, n_threads=1, seconds=0.2):
+    """the best run of fma_peak_stats (GFLOP/s), or None when the probe is missing"""
+    st = fma_peak_stats(isa, n_threads, seconds)
+    return st["best"] if st else None

@@ -7,6 +7,7 @@ rounds (each round runs every variant's batch once, in a rotated order) so that 
 noise bursts on a shared machine hit all variants alike; the reported figure is the median over all
 samples of all rounds.
 """
+import functools
 import itertools
 import math
 import statistics
@@ -126,37 +127,115 @@ def measure(fns, *, target_s=0.3, rounds=5, per_call=False, warm_s=0.01, pre=Non
     return res
 
 
+def _cffi():
+    """a bare cffi FFI (its memmove: glibc's memmove for about 0.1 µs a call, against ~0.5 µs for
+    np.copyto), or None"""
+    try:
+        import cffi
+        return cffi.FFI()
+    except Exception:  # pragma: no cover - cffi is a dependency of cpufuse
+        return None
+
+
+def spread(samples_ns, nbytes):
+    """GB/s statistics of per-copy times: median, best, 10th / 90th percentile (slow / fast
+    tail) and worst, for `nbytes` counted per copy."""
+    s = sorted(samples_ns)
+    n = len(s)
+    q = lambda p: s[min(n - 1, max(0, int(round(p * (n - 1)))))]  # noqa: E731
+    return {"gbps": nbytes / statistics.median(s), "best_gbps": nbytes / s[0], "p90_gbps": nbytes / q(0.1),
+            "p10_gbps": nbytes / q(0.9), "worst_gbps": nbytes / s[-1]}
+
+
 class CopyBandwidth:
-    """np.copyto of an nbytes float32 array into another, counted as 2 x nbytes (read + write).
+    """Copy bandwidth of one memory level, 1 thread: memmove of `chunk` bytes at a time from a
+    src array of nbytes to a dst array of nbytes, counted as 2 x chunk (read + write).
 
-    sample() adds samples (each = enough copies to last >= min_s / reps); the run takes some at
-    the start and one after every case, so the figure (median over all samples) sees the same
-    machine conditions as the cases."""
+    chunk = nbytes (the L2 probe: the same 256 KiB copied again and again, cache-resident) or a
+    slice (the DRAM probe: 4 MiB slices of 256 MiB walked in turn, so each slice was last touched
+    252 MiB earlier and comes from DRAM).
 
-    def __init__(self, nbytes, min_s=0.05, reps=7, pre=None):
+    Robust on a shared machine (bench/README.md, "Probes"): one sample = k back-to-back copies
+    lasting ~sample_s (50 µs: the timer pair is < 0.2% of it, and a sample is far shorter than a
+    scheduler time slice, so a preemption spoils a few samples instead of moving the median);
+    sample() takes many samples (~per_sample_s of them); the figure is the median over all of
+    them. The memmove is called through cffi (~0.1 µs a call); that call's own cost is measured
+    (a 0-byte memmove, same loop) and subtracted, and reported as call_overhead_pct. Construction
+    touches both arrays (first-touch page faults) and warms up for warm_s (clock ramp)."""
+
+    def __init__(self, nbytes, chunk=None, sample_s=50e-6, per_sample_s=0.01, warm_s=0.02, pre=None):
         self.pre = pre  # run before sampling (the harness pins the thread to one core there)
         if pre is not None:
             pre()
-        n = nbytes // 4
-        self.nbytes, self.reps = nbytes, reps
-        self.src = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
+        chunk = nbytes if chunk is None else min(chunk, nbytes)
+        self.nbytes, self.chunk, self.per_sample_s = nbytes, chunk, per_sample_s
+        self.src = np.empty(nbytes // 4, np.float32)
+        self.src.fill(1.5)  # written, so no page is the shared zero page
         self.dst = np.empty_like(self.src)
-        self.fn = lambda: np.copyto(self.dst, self.src)  # noqa: E731
-        est = warm_up(self.fn, min_s=0.005, min_calls=2)
-        self.k = max(1, math.ceil(min_s / reps * 1e9 / est))
-        self.samples = []
+        np.copyto(self.dst, self.src)  # first touch
+        offs = range(0, nbytes - chunk + 1, chunk)
+        ffi = _cffi()
+        if ffi is not None:
+            mm = ffi.memmove
+            ps, pd = ffi.cast("char *", self.src.ctypes.data), ffi.cast("char *", self.dst.ctypes.data)
+            self.calls = [functools.partial(mm, pd + o, ps + o, chunk) for o in offs]
+            self.empty = functools.partial(mm, pd, ps, 0)
+            self.how = "memmove (cffi)"
+        else:
+            c4 = chunk // 4
+            self.calls = [functools.partial(np.copyto, self.dst[o // 4:o // 4 + c4], self.src[o // 4:o // 4 + c4])
+                          for o in offs]
+            self.empty = functools.partial(np.copyto, self.dst[:0], self.src[:0])
+            self.how = "np.copyto"
+        self._next = 0
+        t_end = _pc() + warm_s * 1e9
+        last = []
+        while len(last) < 2 * len(self.calls) or _pc() < t_end:
+            last.append(self._time(self.calls, 1))
+        self.k = max(1, math.ceil(sample_s * 1e9 / max(statistics.median(last[-15:]), 1)))
+        self.samples, self.ovh = [], []
+
+    def _time(self, calls, k):
+        """mean ns of k calls from `calls`, taken in turn from where the last batch stopped"""
+        i, m = self._next % len(calls), len(calls)
+        if m == 1:  # the L2 probe: the same copy again, the leanest loop
+            f = calls[0]
+            t0 = _pc()
+            for _ in _repeat(None, k):
+                f()
+            return (_pc() - t0) / k
+        t0 = _pc()
+        for _ in _repeat(None, k):
+            calls[i]()
+            i = i + 1 if i + 1 < m else 0
+        dt = _pc() - t0
+        self._next = i
+        return dt / k
 
     def sample(self, n=1):
+        """n sampling points (the harness: a few at the start, one after every case), each ~per_sample_s"""
         if self.pre is not None:
             self.pre()
+        est = statistics.median(self.samples[-20:]) if self.samples else self._time(self.calls, self.k)
+        m = max(8, int(self.per_sample_s * 1e9 / (est * self.k)))
+        empty = [self.empty]
         for _ in range(n):
-            self.samples.append(_time_k(self.fn, self.k))
+            for _ in range(m):
+                self.samples.append(self._time(self.calls, self.k))
+            for _ in range(8):  # the call's own cost, in the same loop
+                nxt = self._next
+                self.ovh.append(self._time(empty, self.k))
+                self._next = nxt
 
     def result(self):
+        ovh = statistics.median(self.ovh) if self.ovh else 0.0
+        net = [max(t - ovh, 1.0) for t in self.samples]
         med = statistics.median(self.samples)
-        return {"bytes": self.nbytes, "counted_bytes": 2 * self.nbytes, "median_ns": med,
-                "gbps": 2 * self.nbytes / med, "best_gbps": 2 * self.nbytes / min(self.samples),
-                "worst_gbps": 2 * self.nbytes / max(self.samples), "samples": len(self.samples), "k": self.k}
+        r = {"bytes": self.nbytes, "chunk": self.chunk, "counted_bytes": 2 * self.chunk, "how": self.how,
+             "median_ns": med, "call_overhead_ns": ovh, "call_overhead_pct": 100 * ovh / med,
+             "raw_gbps": 2 * self.chunk / med, "samples": len(self.samples), "k": self.k}
+        r.update(spread(net, 2 * self.chunk))
+        return r
 
     def release(self):
-        self.src = self.dst = None
+        self.src = self.dst = self.calls = self.empty = None
