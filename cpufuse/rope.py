@@ -87,7 +87,7 @@ def _check_cache(cache, shape):
         raise ValueError(f"cache: k_cache must have shape (n_ctx, {H}, {D}) (n_ctx, n_heads, head_dim of x), "
                          f"got {kc.shape}")
     it = kc.itemsize
-    if kc.shape[0] and (kc.strides[2] != it and D > 1 or kc.strides[1] != D * it and H > 1
+    if kc.size and (kc.strides[2] != it and D > 1 or kc.strides[1] != D * it and H > 1
                         or kc.strides[0] % it):
         raise ValueError(f"cache: k_cache rows must be C-contiguous (strides (*, {D * it}, {it}) bytes), "
                          f"got strides {kc.strides}")
