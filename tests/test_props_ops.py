@@ -357,7 +357,9 @@ def test_flash_attn(data):
     sp = ("nan", "sub", "zero", "inf")
     q, qbuf, _ = place(d(values((S, Hq, N, DK), mag=mag, specials=sp, p_special=0.1)), d(layouts(4)))
     k, kbuf, _ = place(d(values((S, Hk, T, DK), kdt, mag=mag, specials=sp, p_special=0.1)), d(layouts(4)))
-    v, vbuf, _ = place(d(values((S, Hv, T, DV), vdt, mag=mag, specials=sp, p_special=0.1)), d(layouts(4)))
+    # no inf in V: a weight below float32's range is 0 there (0*inf = NaN) where float64 keeps it
+    # (e^-121 * inf = inf); the f32 edge, not a kernel property
+    v, vbuf, _ = place(d(values((S, Hv, T, DV), vdt, mag=mag, specials=sp[:3], p_special=0.1)), d(layouts(4)))
     for nm, a in (("q", q), ("k", k), ("v", v)):
         if bad_last(a):
             errs.append((ValueError, nm))
