@@ -6,14 +6,14 @@ PIN     ?= taskset -c 0
 # Old-OpenBLAS tuning variables slow a current numpy's BLAS: unset them for benchmarks only.
 BENCHENV := env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE
 
-.PHONY: all venv build test test-fast bench bench-quick bench-scaling bench-peers bench-e2e info neon-test clean
+.PHONY: all venv build test test-fast fuzz bench bench-quick bench-scaling bench-peers bench-e2e info neon-test clean
 
 all: test
 
 $(VENV)/.ok: pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q setuptools wheel "cffi>=1.15" numpy numba pytest pytest-benchmark gguf tokenizers jinja2
+	$(VPY) -m pip install -q setuptools wheel "cffi>=1.15" numpy numba pytest pytest-benchmark hypothesis gguf tokenizers jinja2
 	touch $@
 
 venv: $(VENV)/.ok
@@ -27,6 +27,16 @@ test: build
 
 test-fast: build
 	$(VPY) -m pytest -q -m "not slow" tests
+
+# Property tests at 10^4 examples per op (CPUFUSE_HYPOTHESIS=fuzz, tests/conftest.py; failures are
+# kept in tests/.fuzz-db and replayed first on the next run) and the 20 s concurrency soak (8
+# threads, then a forked child). FUZZ_EXAMPLES=n for a shorter or longer run.
+FUZZ_EXAMPLES ?= 10000
+PROPS := tests/test_props_ops.py tests/test_props_quant.py tests/test_props_rope_graph.py
+fuzz: build
+	@$(VPY) -c "import hypothesis" 2>/dev/null || $(VPY) -m pip install -q hypothesis
+	CPUFUSE_HYPOTHESIS=fuzz CPUFUSE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(VPY) -m pytest -q -W ignore::RuntimeWarning --durations=0 $(PROPS)
+	CPUFUSE_SOAK_SECONDS=20 $(VPY) -m pytest -q tests/test_soak.py
 
 info: build
 	$(VPY) -m cpufuse info

@@ -6,6 +6,7 @@ there is no quiet downgrade.
 import contextlib
 import contextvars
 import importlib.util
+import numbers
 import os
 import threading
 
@@ -94,9 +95,9 @@ def _affinity_cores():
 
 
 def _check_threads(n, source):
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
         raise ValueError(f"{source} must be an integer >= 1, got {n!r}")
-    return n
+    return int(n)
 
 
 def _initial_threads():

@@ -134,8 +134,8 @@ class Graph:
         """row ops read rows in place: the last axis of a view must be unit-stride"""
         st = _view_root(node)[1]
         if node.shape and node.shape[-1] > 1 and st[-1] != 1:
-            raise GraphError(f"{op} {name!r}: input {node.name!r} is a view whose last axis is not "
-                             f"unit-stride; add g.contiguous() first")
+            raise GraphError(f"{op} {name!r}: input {node.name!r} must have a unit-stride last axis, got a view "
+                             f"with element strides {tuple(st)}; add g.contiguous() first")
 
     def _f32(self, node, op, name):
         if node.dtype != F32:
@@ -186,7 +186,8 @@ class Graph:
         if mask is not None:
             _softmax_mask_ok(mask.shape, a.shape, nm)
         elif max_bias > 0:
-            raise GraphError(f"softmax {nm!r}: max_bias > 0 needs a mask")
+            raise GraphError(f"softmax {nm!r}: max_bias > 0 (ALiBi) requires a mask, got max_bias={max_bias} "
+                             f"and mask=None")
         srcs = [a, mask, sinks]
         return self._add("softmax", srcs, {"scale": float(scale), "max_bias": float(max_bias)}, a.shape, F32, name)
 
@@ -198,7 +199,8 @@ class Graph:
             self._unit_rows(t, "flash_attn", nm)
         S, Hq, N, DK = q.shape
         if k.shape[3] != DK or k.shape[2] != v.shape[2] or Hq % k.shape[1] or Hq % v.shape[1]:
-            raise GraphError(f"flash_attn {nm!r}: incompatible q {q.shape}, k {k.shape}, v {v.shape}")
+            raise GraphError(f"flash_attn {nm!r}: k must be (S, Hk, T, DK={DK}) and v (S, Hv, T, DV) with the same "
+                             f"T and q heads {Hq} a multiple of Hk and Hv, got q {q.shape}, k {k.shape}, v {v.shape}")
         return self._add("flash_attn", [q, k, v, mask, sinks],
                          {"scale": float(scale), "max_bias": float(max_bias), "softcap": float(softcap)},
                          (S, N, Hq, v.shape[3]), F32, name)
@@ -215,7 +217,8 @@ class Graph:
         shape = tuple(int(s) for s in shape)
         nm = self._name("reshape", name)
         if math.prod(shape) != math.prod(a.shape):
-            raise GraphError(f"reshape {nm!r}: cannot reshape {a.shape} to {shape}")
+            raise GraphError(f"reshape {nm!r}: shape must hold the {math.prod(a.shape)} elements of {a.name!r} "
+                             f"{a.shape}, got {shape} ({math.prod(shape)} elements)")
         base, st, off = _view_root(a)
         if not _is_contig(a.shape, st):
             raise GraphError(f"reshape {nm!r}: input {a.name!r} is a non-contiguous view; "
@@ -307,7 +310,8 @@ class Graph:
             raise GraphError(f"cache_write {nm!r}: cache {cache.shape} does not hold rows of src {src.shape} "
                              f"(needs (n_ctx >= {src.shape[0]}, {src.shape[1]}, {src.shape[2]}))")
         if not cache.flags.c_contiguous or not cache.flags.writeable:
-            raise GraphError(f"cache_write {nm!r}: cache must be C-contiguous and writeable")
+            raise GraphError(f"cache_write {nm!r}: cache must be C-contiguous and writeable, got "
+                             f"c_contiguous={cache.flags.c_contiguous}, writeable={cache.flags.writeable}")
         if not isinstance(pos0, Node) or pos0.op != "input" or pos0.dtype != I32 or pos0.shape != (1,):
             raise GraphError(f"cache_write {nm!r}: pos0 must be an int32 input node of shape (1,), got {pos0!r}"
                              + (f" {pos0.dtype}" if isinstance(pos0, Node) else ""))
@@ -332,8 +336,8 @@ def _softmax_mask_ok(mshape, xshape, nm):
     m = (1,) * (4 - len(mshape)) + tuple(mshape)
     x = (1,) * (4 - len(xshape)) + tuple(xshape)
     if m[3] != x[3] or m[2] < x[2] or x[1] % m[1] or x[0] % m[0]:
-        raise GraphError(f"softmax {nm!r}: mask {mshape} does not fit x {xshape} (soft_max_ext: same "
-                         f"columns, at least as many rows, heads/sequences dividing x's)")
+        raise GraphError(f"softmax {nm!r}: mask must fit x {tuple(xshape)} (soft_max_ext: same columns, at least "
+                         f"as many rows, heads/sequences dividing x's), got mask {tuple(mshape)}")
 
 
 def _contig_strides(shape):
@@ -1136,14 +1140,16 @@ class Plan:
         arrays = {}
         for n in self._inputs:
             if n.name not in inputs:
-                raise GraphError(f"run: missing input {n.name!r}")
+                raise GraphError(f"run: missing input {n.name!r} (a {n.dtype} array of shape {n.shape}); "
+                                 f"got inputs {sorted(inputs)}")
             a = inputs[n.name]
             if not isinstance(a, np.ndarray) or a.dtype != n.dtype or a.shape != n.shape:
                 raise GraphError(f"run: input {n.name!r} must be a {n.dtype} array of shape {n.shape}, "
                                  f"got {getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
             arrays[n.name] = a if a.flags.c_contiguous else np.ascontiguousarray(a)
         if len(inputs) != len(arrays):
-            raise GraphError(f"run: unknown inputs {sorted(set(inputs) - set(arrays))}")
+            raise GraphError(f"run: unknown inputs {sorted(set(inputs) - set(arrays))}; the graph's inputs are "
+                             f"{sorted(arrays)}")
         inp = []
         if self.native:
             cast = _backend.ffi.cast

@@ -111,7 +111,8 @@ def _check_last_axis(a, name):
                          f"got stride {st[-1]}")
     for s in st:
         if s % it:
-            raise ValueError(f"{name} has strides {st} that are not multiples of its item size")
+            raise ValueError(f"{name} must have strides that are multiples of its item size {it} bytes, "
+                             f"got strides {st}")
 
 
 def _pad4(a):
@@ -172,7 +173,7 @@ def _check_out(out, shape, name="out"):
     if out.shape != shape:
         raise ValueError(f"{name} must have shape {shape}, got {out.shape}")
     if not out.flags.writeable:
-        raise ValueError(f"{name} is read-only")
+        raise ValueError(f"{name} must be writeable, got a read-only array")
     _check_last_axis(out, name)
 
 
@@ -188,7 +189,7 @@ def _check_no_overlap(out, others, alias_ok=None, name="out"):
             continue
         if alias_ok is not None and a is alias_ok and _same_view(out, a):
             continue
-        raise ValueError(f"{name} overlaps the input {arg_name!r}"
+        raise ValueError(f"{name} must not overlap the input {arg_name!r}, got an array sharing memory with it"
                          + ("; only exact in-place aliasing of x is allowed" if alias_ok is not None
                             else "; this op does not allow an output to alias its inputs"))
 
@@ -212,7 +213,8 @@ def _check_tiled(a, name, xshape):
     """weight / bias / residual: float32, every x dim a multiple of the operand's (ggml tiling)."""
     _check_f32(a, name)
     if a.ndim > len(xshape):
-        raise ValueError(f"{name} has {a.ndim} dims but x has {len(xshape)}")
+        raise ValueError(f"{name} must have at most {len(xshape)} dims (those of x, shape {xshape}), "
+                         f"got {a.ndim} (shape {a.shape})")
     ash = (1,) * (len(xshape) - a.ndim) + a.shape
     for i, (n, m) in enumerate(zip(xshape, ash)):
         if (m == 0 and n != 0) or (m != 0 and n % m):
@@ -229,7 +231,7 @@ def _check_mask_sinks(mask, max_bias, sinks, S, H, rows, cols, exact_cols, who):
     returns (4-D mask or None, mask kind 0/1/2, contiguous sinks or None)"""
     m4, mkind = _check_mask(mask, S, H, rows, cols, exact_cols, who) if mask is not None else (None, 0)
     if mask is None and max_bias > 0.0:
-        raise ValueError("max_bias > 0 (ALiBi) requires a mask")
+        raise ValueError(f"max_bias > 0 (ALiBi) requires a mask, got max_bias={max_bias} and mask=None")
     return m4, mkind, (_check_sinks(sinks, H) if sinks is not None else None)
 
 
@@ -468,7 +470,8 @@ def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused, n_threads
     w4 = _check_tiled(weight, "weight", shape) if weight is not None else None
     if bias is not None:
         if weight is None:
-            raise ValueError("bias needs a weight (RMS_NORM+MUL+ADD); there is no RMS_NORM+ADD fusion")
+            raise ValueError("bias requires a weight (RMS_NORM+MUL+ADD; there is no RMS_NORM+ADD fusion), "
+                             "got bias with weight=None")
         b4 = _check_tiled(bias, "bias", shape)
     else:
         b4 = None
@@ -478,7 +481,8 @@ def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused, n_threads
             h_out, y_out = np.empty(shape, F32), np.empty(shape, F32)
         else:
             if not isinstance(out, tuple) or len(out) != 2:
-                raise TypeError("out must be a tuple (h_out, y_out) for add_rms_norm")
+                raise TypeError("out must be a tuple (h_out, y_out) for add_rms_norm, got "
+                                + (f"a tuple of length {len(out)}" if isinstance(out, tuple) else type(out).__name__))
             h_out, y_out = out
             _check_out(h_out, shape, "out[0] (h)")
             _check_out(y_out, shape, "out[1] (y)")
@@ -489,7 +493,8 @@ def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused, n_threads
             for nm, a in (("x", x), ("residual", residual)):
                 if a is not None and np.may_share_memory(h_out, a) and not (
                         _same_view(h_out, a) and a.shape == shape):
-                    raise ValueError(f"out[0] (h) overlaps {nm!r} other than by exact in-place aliasing")
+                    raise ValueError(f"out[0] (h) must be {nm!r} itself (in place) or not overlap it, got an "
+                                     f"array partially overlapping {nm!r}")
     else:
         h_out = None
         if out is None:
@@ -639,22 +644,24 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
     if Sk != S or Sv != S:
         raise ValueError(f"k and v must have q's sequence count S={S}, got k {Sk}, v {Sv}")
     if DKk != DK:
-        raise ValueError(f"k head size {DKk} must equal q's DK={DK}")
+        raise ValueError(f"k must have q's head size DK={DK} in its last dim, got {DKk} (k shape {k.shape})")
     if Tv != T:
         raise ValueError(f"v must have k's KV length T={T}, got {Tv}")
     if Hk == 0 or Hq % Hk or Hv == 0 or Hq % Hv:
-        raise ValueError(f"q heads ({Hq}) must be a multiple of k heads ({Hk}) and v heads ({Hv})")
+        raise ValueError(f"q heads must be a multiple of k heads and v heads (GQA), got q {Hq}, k {Hk}, v {Hv}")
     scale, max_bias, softcap = _real(scale, "scale"), _real(max_bias, "max_bias"), _real(softcap, "softcap")
-    if not (math.isfinite(scale) and math.isfinite(max_bias) and math.isfinite(softcap)):
-        raise ValueError("scale, max_bias and softcap must be finite")
+    for nm, val in (("scale", scale), ("max_bias", max_bias), ("softcap", softcap)):
+        if not math.isfinite(val):
+            raise ValueError(f"{nm} must be finite, got {val}")
     m4, mkind, sinks = _check_mask_sinks(mask, max_bias, sinks, S, Hq, N, T, False, "q")
     if strategy is None or strategy == "auto":
         strategy = choose_strategy(N, T)
     elif strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of auto, {', '.join(STRATEGIES)}; got {strategy!r}")
     chunk, q_tile = int(chunk), int(q_tile)
-    if chunk < 1 or q_tile < 1:
-        raise ValueError("chunk and q_tile must be >= 1")
+    for nm, val in (("chunk", chunk), ("q_tile", q_tile)):
+        if val < 1:
+            raise ValueError(f"{nm} must be >= 1, got {val}")
     oshape = (S, N, Hq, DV)
     if out is None:
         out = np.empty(oshape, F32)

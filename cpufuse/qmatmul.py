@@ -81,7 +81,7 @@ def _check_norm(norm_weight, eps, n_in):
     if norm_weight is None and eps is None:
         return None, 0.0, 0
     if eps is None:
-        raise ValueError("eps must be given with norm_weight (the RMS_NORM epsilon, e.g. 1e-5)")
+        raise ValueError("eps must be given with norm_weight (the RMS_NORM epsilon, e.g. 1e-5), got eps=None")
     if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.floating, np.integer)):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
     if not float(eps) >= 0.0:
@@ -100,7 +100,8 @@ def _no_overlap(outs, ins):
     for oname, o in outs:
         for iname, a in ins:
             if a is not None and np.may_share_memory(o, a):
-                raise ValueError(f"{oname} overlaps the input {iname!r}; the output must not alias an input")
+                raise ValueError(f"{oname} must not share memory with an input, got an array that overlaps "
+                                 f"the input {iname!r}")
 
 
 def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead):
@@ -133,7 +134,7 @@ def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead):
         for i in range(len(ys)):
             for j in range(i):
                 if np.may_share_memory(ys[i], ys[j]):
-                    raise ValueError(f"out[{i}] overlaps out[{j}]")
+                    raise ValueError(f"out[{i}] must not overlap out[{j}], got arrays sharing memory")
     if rows == 0 or any(n == 0 for n in n_out):
         return ys
     if isa == "numba":
@@ -319,7 +320,8 @@ def matmul_multi(x, ws, *, act=None, out=None, isa=None, n_threads=None, norm_we
         raise ValueError(f"ws must be a tuple of 1 to 3 QTensors, got {type(ws).__name__}"
                          + (f" of length {len(ws)}" if isinstance(ws, (tuple, list)) else ""))
     if out is not None and (not isinstance(out, (tuple, list)) or len(out) != len(ws)):
-        raise ValueError(f"out must be a sequence of {len(ws)} arrays (one per weight) or None")
+        raise ValueError(f"out must be a sequence of {len(ws)} arrays (one per weight) or None, got "
+                         + (f"{len(out)} arrays" if isinstance(out, (tuple, list)) else type(out).__name__))
     y = _lean(x, tuple(ws), act, out, isa, n_threads, norm_weight, eps, 0)
     if y is not None:
         return tuple(y)
@@ -359,7 +361,8 @@ def quantize_act(x, vtype, isa=None):
         raise ValueError(f"vtype must be one of {tuple(ids)}, got {vtype!r}")
     vid, blk, nb = ids[vtype]
     if not isinstance(x, np.ndarray) or x.dtype != F32 or x.ndim != 2:
-        raise TypeError("x must be a 2-D float32 numpy.ndarray")
+        raise TypeError("x must be a 2-D float32 numpy.ndarray, got "
+                        + (f"{x.dtype} of shape {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__))
     if x.shape[1] % blk:
         raise ValueError(f"x: n_in={x.shape[1]} is not a multiple of the {vtype} block size {blk}")
     isa = _dispatch.resolve(isa)

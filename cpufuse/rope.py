@@ -87,12 +87,12 @@ def _check_cache(cache, shape):
         raise ValueError(f"cache: k_cache must have shape (n_ctx, {H}, {D}) (n_ctx, n_heads, head_dim of x), "
                          f"got {kc.shape}")
     it = kc.itemsize
-    if kc.shape[0] and (kc.strides[2] != it and D > 1 or kc.strides[1] != D * it and H > 1
+    if kc.size and (kc.strides[2] != it and D > 1 or kc.strides[1] != D * it and H > 1
                         or kc.strides[0] % it):
         raise ValueError(f"cache: k_cache rows must be C-contiguous (strides (*, {D * it}, {it}) bytes), "
                          f"got strides {kc.strides}")
     if not kc.flags.writeable:
-        raise ValueError("cache: k_cache is read-only")
+        raise ValueError("cache: k_cache must be writeable, got a read-only array")
     p0 = _int(pos0, "cache pos0")
     if p0 < 0:
         raise ValueError(f"cache: pos0 must be >= 0, got {p0}")
@@ -365,13 +365,15 @@ def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_
     n_th = _dispatch.threads(n_threads)
 
     if cache is not None and out is not None:
-        raise ValueError("out and cache are exclusive: cache writes the rows into k_cache and returns None")
+        raise ValueError("out and cache are exclusive (cache writes the rows into k_cache and returns None), "
+                         "got both")
     ret = None
     if cache is not None:
         kc, p0 = _check_cache(cache, x.shape)
         for nm, a in (("x", x), ("pos", pos), ("freq_factors", freq_factors)):
             if a is not None and np.may_share_memory(kc, a):
-                raise ValueError(f"cache: k_cache overlaps the input {nm!r}")
+                raise ValueError(f"cache: k_cache must not overlap the input {nm!r}, got an array sharing memory "
+                                 f"with it")
         y = kc[p0:p0 + T]
     else:
         if out is None:
@@ -384,15 +386,16 @@ def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_
             if out.shape != x.shape:
                 raise ValueError(f"out must have shape {x.shape} (that of x), got {out.shape}")
             if not out.flags.writeable:
-                raise ValueError("out is read-only")
+                raise ValueError("out must be writeable, got a read-only array")
             _last_axis_ok(out, "out")
             same = (out.__array_interface__["data"][0] == x.__array_interface__["data"][0]
                     and out.strides == x.strides)
             if np.may_share_memory(out, x) and not same:
-                raise ValueError("out overlaps the input 'x'; only exact in-place aliasing (out is x) is allowed")
+                raise ValueError("out must be x itself (in place) or not overlap it, got an array partially "
+                                 "overlapping 'x'")
             for nm, a in (("pos", pos), ("freq_factors", freq_factors)):
                 if a is not None and np.may_share_memory(out, a):
-                    raise ValueError(f"out overlaps the input {nm!r}")
+                    raise ValueError(f"out must not overlap the input {nm!r}, got an array sharing memory with it")
         y = ret = out
     if T == 0 or H == 0:
         return ret

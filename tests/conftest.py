@@ -6,7 +6,14 @@
   by tests/test_neon_qemu.py on x86 hosts, and the skip reason says so.
 * `rng`: a seeded numpy Generator (the seed is derived from the test id, so every test is
   reproducible on its own and independent of the order tests run in).
+* hypothesis profiles for the property tests (tests/test_props_*.py), chosen by the environment
+  variable CPUFUSE_HYPOTHESIS (default "default"):
+  - "default": 200 examples per test, derandomized (the same examples on every run), no deadline,
+    no example database: the normal suite is deterministic;
+  - "fuzz": 10**4 examples per test (CPUFUSE_FUZZ_EXAMPLES overrides), random, with the example
+    database tests/.fuzz-db, so a failure found once is replayed first on the next run (make fuzz).
 """
+import os
 import zlib
 
 import numpy as np
@@ -14,6 +21,22 @@ import pytest
 
 import cpufuse
 from _util import NATIVE_ISAS, require_isa
+
+try:
+    from hypothesis import HealthCheck, settings
+    from hypothesis.database import DirectoryBasedExampleDatabase
+except ImportError:  # the property tests skip themselves (pytest.importorskip)
+    settings = None
+
+if settings is not None:
+    _quiet = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+    settings.register_profile("default", max_examples=200, derandomize=True, deadline=None, database=None,
+                              suppress_health_check=_quiet, print_blob=True)
+    settings.register_profile(
+        "fuzz", max_examples=int(os.environ.get("CPUFUSE_FUZZ_EXAMPLES", "10000")), deadline=None,
+        database=DirectoryBasedExampleDatabase(os.path.join(os.path.dirname(__file__), ".fuzz-db")),
+        suppress_health_check=_quiet, print_blob=True)
+    settings.load_profile(os.environ.get("CPUFUSE_HYPOTHESIS", "default"))
 
 
 def pytest_configure(config):

@@ -239,3 +239,165 @@ def test_use_isa_unknown():
         with cpufuse.use_isa("foo"):
             pass
     assert "foo" in str(ei.value)
+
+
+# ------------------------------------------------------------------------------------------------
+# one test per message family: the exception type, and a message naming the argument, what was
+# expected and what was received (SPEC §0.4)
+
+Q = _rng.standard_normal((1, 4, 3, 16)).astype(F32)
+K16 = _rng.standard_normal((1, 2, 5, 16)).astype(np.float16)
+XR = _rng.standard_normal((3, 2, 8)).astype(F32)  # rope x (n_tokens, n_heads, head_dim)
+POS = np.arange(3, dtype=np.int32)
+
+
+def _qt(qtype="Q4_0", n_out=8, n_in=64):
+    from cpufuse import qref
+    return qref.make_weight(qtype, n_out, n_in, np.random.default_rng(5))
+
+
+def _graph_x(shape=(4, 16)):
+    g = cpufuse.Graph()
+    return g, g.input("x", shape)
+
+
+def _graph_bind(**inputs):
+    g, x = _graph_x()
+    g.output(g.rms_norm(x, 1e-6))
+    return g.compile().bind(**inputs)
+
+
+def _graph_permuted_softmax():
+    g, x = _graph_x()
+    return g.softmax(g.permute(x, (1, 0)))
+
+
+def _readonly(shape, dtype=F32):
+    a = np.zeros(shape, dtype)
+    a.setflags(write=False)
+    return a
+
+
+# (family, exception, argument name, expected (substring), received (substring), call)
+FAMILIES = [
+    ("dtype", TypeError, "x", "float32", "float64", lambda: cpufuse.softmax(X.astype(np.float64))),
+    ("dtype-kv", TypeError, "k", "float16 or float32", "int8",
+     lambda: cpufuse.flash_attn(Q, K16.astype(np.int8), K16, scale=1.0)),
+    ("dtype-mask", TypeError, "mask", "float16 or float32", "float64", lambda: cpufuse.softmax(X, M.astype(np.float64))),
+    ("dtype-rope-pos", TypeError, "pos", "int32", "int64", lambda: cpufuse.rope(XR, POS.astype(np.int64), n_dims=8)),
+    ("dtype-matmul-x", TypeError, "x", "float32", "float16", lambda: cpufuse.matmul(X2.astype(np.float16)[:, :16], _qt(n_in=32))),
+    ("ndim", ValueError, "x", "at most 4 dimensions", "5", lambda: cpufuse.softmax(X[None])),
+    ("ndim-q", ValueError, "q", "4-D", "(4, 3, 16)", lambda: cpufuse.flash_attn(Q[0], K16, K16, scale=1.0)),
+    ("ndim-rope", ValueError, "x", "3 dims", "(6, 16)", lambda: cpufuse.rope(X2, POS, n_dims=8)),
+    ("shape-kv", ValueError, "k", "DK=16", "8", lambda: cpufuse.flash_attn(Q, K16[..., :8], K16, scale=1.0)),
+    ("shape-pos", ValueError, "pos", "(3,)", "(2,)", lambda: cpufuse.rope(XR, POS[:2], n_dims=8)),
+    ("shape-matmul-x", ValueError, "x", "n_in=64", "(6, 16)", lambda: cpufuse.matmul(X2, _qt())),
+    ("unit-stride", ValueError, "x", "unit-stride", "stride 8", lambda: cpufuse.softmax(X2[:, ::2])),
+    ("unit-stride-q", ValueError, "q", "unit-stride", "stride 8", lambda: cpufuse.flash_attn(
+        np.repeat(Q, 2, axis=3)[..., ::2], K16, K16, scale=1.0)),
+    ("unit-stride-rope", ValueError, "x", "unit-stride", "stride 8", lambda: cpufuse.rope(
+        np.repeat(XR, 2, axis=2)[..., ::2], POS, n_dims=8)),
+    ("item-size-strides", ValueError, "x", "multiples of its item size 4", "strides",
+     lambda: cpufuse.softmax(np.lib.stride_tricks.as_strided(np.zeros(64, F32), (3, 16), (6, 4)))),
+    ("tiling", ValueError, "weight", "multiple of weight's (5)", "16", lambda: cpufuse.rms_norm(X2, np.ones(5, F32), eps=1e-6)),
+    ("tiling-dims", ValueError, "residual", "at most 2 dims", "got 3",
+     lambda: cpufuse.add_rms_norm(X2, X2[None], eps=1e-6)),
+    ("mask-columns", ValueError, "mask", "16 columns", "15", lambda: cpufuse.softmax(X, np.zeros((4, 15), F32))),
+    ("mask-rows", ValueError, "mask", "at least 4 rows", "3", lambda: cpufuse.softmax(X, np.zeros((3, 16), F32))),
+    ("mask-heads", ValueError, "mask", "divide", "(2, 1)", lambda: cpufuse.softmax(X, np.zeros((1, 2, 4, 16), F32))),
+    ("mask-kv", ValueError, "mask", "at least 5 columns", "4",
+     lambda: cpufuse.flash_attn(Q, K16, K16, np.zeros((3, 4), np.float16), scale=1.0)),
+    ("alibi", ValueError, "max_bias", "requires a mask", "max_bias=8.0", lambda: cpufuse.softmax(X, max_bias=8.0)),
+    ("sinks-shape", ValueError, "sinks", "(3,)", "(4,)", lambda: cpufuse.softmax(X, sinks=np.zeros(4, F32))),
+    ("sinks-dtype", TypeError, "sinks", "float32", "float64", lambda: cpufuse.softmax(X, sinks=np.zeros(3))),
+    ("out-shape", ValueError, "out", "(2, 3, 4, 16)", "(2, 3, 4, 15)",
+     lambda: cpufuse.softmax(X, out=np.empty((2, 3, 4, 15), F32))),
+    ("out-dtype", TypeError, "out", "float32", "float64", lambda: cpufuse.rms_norm(X2, W, eps=1e-6, out=np.empty((6, 16)))),
+    ("out-readonly", ValueError, "out", "writeable", "read-only", lambda: cpufuse.softmax(X, out=_readonly(X.shape))),
+    ("out-readonly-rope", ValueError, "out", "writeable", "read-only",
+     lambda: cpufuse.rope(XR, POS, n_dims=8, out=_readonly(XR.shape))),
+    ("out-overlap", ValueError, "out", "must not overlap", "sharing memory", lambda: cpufuse.softmax(_bx, out=_bout)),
+    ("out-overlap-matmul", ValueError, "out", "must not share memory", "overlaps the input 'x'",
+     lambda: (lambda b: cpufuse.matmul(b, _qt(), out=b[:, :8]))(np.zeros((2, 64), F32))),
+    ("out-overlap-h", ValueError, "out[0] (h)", "in place", "partially overlapping",
+     lambda: cpufuse.add_rms_norm(_bx, X2, eps=1e-6, out=(_bout, np.empty_like(X2)))),
+    ("out-tuple", TypeError, "out", "tuple (h_out, y_out)", "ndarray",
+     lambda: cpufuse.add_rms_norm(X2, X2, eps=1e-6, out=np.empty_like(X2))),
+    ("eps", ValueError, "eps", ">= 0", "-1.0", lambda: cpufuse.rms_norm(X, eps=-1.0)),
+    ("eps-type", TypeError, "eps", "real number", "str", lambda: cpufuse.rms_norm(X2, W, eps="1e-6")),
+    ("eps-norm-weight", ValueError, "eps", "must be given with norm_weight", "eps=None",
+     lambda: cpufuse.matmul(X2[:, :16].repeat(4, axis=1), _qt(), norm_weight=np.ones(64, F32))),
+    ("scale-type", TypeError, "scale", "real number", "str", lambda: cpufuse.softmax(X, scale="a")),
+    ("scale-finite", ValueError, "scale", "finite", "inf", lambda: cpufuse.flash_attn(Q, K16, K16, scale=np.inf)),
+    ("softcap-finite", ValueError, "softcap", "finite", "nan",
+     lambda: cpufuse.flash_attn(Q, K16, K16, scale=1.0, softcap=float("nan"))),
+    ("max_bias-finite", ValueError, "max_bias", "finite", "inf", lambda: cpufuse.softmax(X, M, max_bias=np.inf)),
+    ("chunk", ValueError, "chunk", ">= 1", "0", lambda: cpufuse.flash_attn(Q, K16, K16, scale=1.0, chunk=0)),
+    ("q_tile", ValueError, "q_tile", ">= 1", "-2", lambda: cpufuse.flash_attn(Q, K16, K16, scale=1.0, q_tile=-2)),
+    ("strategy", ValueError, "strategy", "rows, tiled, split", "'fast'",
+     lambda: cpufuse.flash_attn(Q, K16, K16, scale=1.0, strategy="fast")),
+    ("act", ValueError, "act", "('q8', 'f32')", "'int4'", lambda: cpufuse.matmul(X2[:, :16].repeat(4, axis=1), _qt(), act="int4")),
+    ("n_threads", ValueError, "n_threads", "integer >= 1", "0", lambda: cpufuse.softmax(X, n_threads=0)),
+    ("n_threads-type", ValueError, "n_threads", "integer >= 1", "1.5", lambda: cpufuse.rms_norm(X2, W, eps=1e-6, n_threads=1.5)),
+    ("set_num_threads", ValueError, "n_threads", "integer >= 1", "-1", lambda: cpufuse.set_num_threads(-1)),
+    ("isa", ValueError, "isa", "available here", "'sse9'", lambda: cpufuse.flash_attn(Q, K16, K16, scale=1.0, isa="sse9")),
+    ("isa-rope", ValueError, "isa", "available here", "'sse9'", lambda: cpufuse.rope(XR, POS, n_dims=8, isa="sse9")),
+    ("qtensor-type", TypeError, "w", "cpufuse.QTensor", "ndarray", lambda: cpufuse.matmul(X2, X2)),
+    ("qtype-name", ValueError, "qtype", "supported: F32", "'Q9_9'",
+     lambda: cpufuse.QTensor(np.zeros(18, np.uint8), "Q9_9", (1, 32))),
+    ("qtype-kind", TypeError, "qtype", "type name (str)", "float", lambda: cpufuse.QTensor(np.zeros(18, np.uint8), 2.5, (1, 32))),
+    ("qtensor-bytes", ValueError, "raw", "needs 36 bytes", "got 35 bytes",
+     lambda: cpufuse.QTensor(np.zeros(35, np.uint8), "Q4_0", (2, 32))),
+    ("qtensor-blocks", ValueError, "n_in", "block size 256", "n_in=300",
+     lambda: cpufuse.QTensor(np.zeros(144, np.uint8), "Q4_K", (1, 300))),
+    ("qtensor-raw-dtype", TypeError, "raw", "uint8", "float64", lambda: cpufuse.QTensor(np.zeros(9), "Q4_0", (1, 32))),
+    ("qtensor-shape", ValueError, "shape", "(n_out, n_in)", "3 values", lambda: cpufuse.QTensor(np.zeros(18, np.uint8), "Q4_0", (1, 32, 1))),
+    ("matmul-weights-n_in", ValueError, "ws[1]", "share the activation", "n_in=96",
+     lambda: cpufuse.matmul_multi(X2[:, :16].repeat(4, axis=1), (_qt(), _qt(n_in=96)))),
+    ("swiglu-shape", ValueError, "w_up", "same shape", "(9, 64)",
+     lambda: cpufuse.matmul_swiglu(X2[:, :16].repeat(4, axis=1), _qt(), _qt(n_out=9))),
+    ("rope-n_dims", ValueError, "n_dims", "even, > 0 and <= head_dim = 8", "got 7", lambda: cpufuse.rope(XR, POS, n_dims=7)),
+    ("rope-mode", ValueError, "mode", "'norm' (0) or 'neox' (2)", "8", lambda: cpufuse.rope(XR, POS, n_dims=8, mode=8)),
+    ("rope-freq_base", ValueError, "freq_base", "> 0", "-1.0", lambda: cpufuse.rope(XR, POS, n_dims=8, freq_base=-1.0)),
+    ("rope-ext_factor", ValueError, "ext_factor", "finite", "nan",
+     lambda: cpufuse.rope(XR, POS, n_dims=8, ext_factor=float("nan"))),
+    ("rope-freq_factors", ValueError, "freq_factors", "(4,)", "(3,)",
+     lambda: cpufuse.rope(XR, POS, n_dims=8, freq_factors=np.ones(3, F32))),
+    ("rope-cache-shape", ValueError, "k_cache", "(n_ctx, 2, 8)", "(9, 2, 4)",
+     lambda: cpufuse.rope(XR, POS, n_dims=8, cache=(np.zeros((9, 2, 4), np.float16), 0))),
+    ("rope-cache-fit", ValueError, "pos0", "n_ctx = 4", "2 + 3 = 5",
+     lambda: cpufuse.rope(XR, POS, n_dims=8, cache=(np.zeros((4, 2, 8), np.float16), 2))),
+    ("rope-cache-readonly", ValueError, "k_cache", "writeable", "read-only",
+     lambda: cpufuse.rope(XR, POS, n_dims=8, cache=(_readonly((4, 2, 8), np.float16), 0))),
+    ("rope-out-and-cache", ValueError, "cache", "exclusive", "got both",
+     lambda: cpufuse.rope(XR, POS, n_dims=8, out=np.empty_like(XR), cache=(np.zeros((4, 2, 8), np.float16), 0))),
+    ("graph-input-dtype", ValueError, "input 'x'", "float32, float16 or int32", "float64",
+     lambda: cpufuse.Graph().input("x", (2, 3), np.float64)),
+    ("graph-binary", ValueError, "add", "trailing dims", "(4, 16) and (3,)",
+     lambda: (lambda g, x: g.add(x, g.input("b", (3,))))(*_graph_x())),
+    ("graph-unit-rows", ValueError, "softmax", "unit-stride last axis", "strides (1, 16)", _graph_permuted_softmax),
+    ("graph-rms-eps", ValueError, "eps", ">= 0", "-1", lambda: (lambda g, x: g.rms_norm(x, -1.0))(*_graph_x())),
+    ("graph-alibi", ValueError, "max_bias", "requires a mask", "max_bias=8.0",
+     lambda: (lambda g, x: g.softmax(x, max_bias=8.0))(*_graph_x())),
+    ("graph-reshape", ValueError, "reshape", "64 elements", "(5, 16)", lambda: (lambda g, x: g.reshape(x, (5, 16)))(*_graph_x())),
+    ("graph-mask", ValueError, "mask", "fit x (4, 16)", "(4, 15)",
+     lambda: (lambda g, x: g.softmax(x, g.input("m", (4, 15))))(*_graph_x())),
+    ("graph-qmatmul", ValueError, "qmatmul", "n_in=64", "(4, 16)", lambda: (lambda g, x: g.qmatmul(x, _qt()))(*_graph_x())),
+    ("graph-rope-pos", ValueError, "pos", "int32 input node of shape (4,)", "float32",
+     lambda: (lambda g, x: g.rope(g.reshape(x, (4, 2, 8)), g.input("p", (4,)), 8))(*_graph_x())),
+    ("graph-bind-shape", ValueError, "input 'x'", "shape (4, 16)", "(4, 15)", lambda: _graph_bind(x=np.zeros((4, 15), F32))),
+    ("graph-bind-dtype", ValueError, "input 'x'", "float32", "float64", lambda: _graph_bind(x=np.zeros((4, 16)))),
+    ("graph-bind-missing", ValueError, "missing input 'x'", "shape (4, 16)", "got inputs []", lambda: _graph_bind()),
+    ("graph-bind-unknown", ValueError, "unknown inputs ['y']", "graph's inputs are ['x']", "'y'",
+     lambda: _graph_bind(x=np.zeros((4, 16), F32), y=np.zeros(3, F32))),
+]
+
+
+@pytest.mark.parametrize("exc,name,expected,received,fn", [pytest.param(*f[1:], id=f[0]) for f in FAMILIES])
+def test_message_family(exc, name, expected, received, fn):
+    with pytest.raises(exc) as ei:
+        fn()
+    msg = str(ei.value)
+    assert type(ei.value) is exc or isinstance(ei.value, exc), type(ei.value)
+    for what, s in (("argument", name), ("expected", expected), ("received", received)):
+        assert s in msg, f"the message does not give the {what} ({s!r}): {msg!r}"
