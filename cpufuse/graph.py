@@ -39,6 +39,7 @@ import ctypes
 import glob
 import math
 import os
+import threading
 
 import numpy as np
 
@@ -405,6 +406,9 @@ class Plan:
         self.graph, self.fusion, self.isa = graph, fusion, isa
         self.native = isa != "numba" and _backend.lib is not None
         self.rejected = []
+        # a plan owns its intermediate and output buffers and its input-pointer table: runs of one
+        # plan from several threads take turns (the soak test found them clobbering each other)
+        self._lock = threading.Lock()
         nodes = graph.nodes
         self._uses = [0] * len(nodes)
         self._consumers = [[] for _ in nodes]
@@ -1136,7 +1140,9 @@ class Plan:
     def bind(self, **inputs):
         """Check the named input arrays once and return a callable `f(copy=False, n_threads=None)`
         that runs the plan on exactly these arrays (their contents may change between calls,
-        not the arrays): the repeated-call form of run(), without its per-call checks."""
+        not the arrays): the repeated-call form of run(), without its per-call checks.
+        The outputs are the plan's own buffers, overwritten by its next run (copy=True returns
+        copies); runs of one plan from several threads are serialized by a lock."""
         arrays = {}
         for n in self._inputs:
             if n.name not in inputs:
@@ -1159,6 +1165,10 @@ class Plan:
 
         def bound(copy=False, n_threads=None):
             nth = _dispatch.threads(n_threads)
+            with self._lock:
+                return run_locked(copy, nth)
+
+        def run_locked(copy, nth):
             for slot, p in inp:  # (re)point the plan at these inputs: another bind may have run since
                 ptrs[slot] = p
             for kind, seg in segments:
