@@ -1,4 +1,4 @@
-/* AVX2 + FMA + F16C vector helpers for the generic kernel bodies (native/kernels/ (the .inc files)).
+/* AVX2 + FMA + F16C vector helpers for the generic kernel bodies (the .inc files in native/kernels).
  * Everything is static inline; vector constants are locals. Tails use maskload/maskstore so a
  * kernel never touches memory past the end of a row. */
 #ifndef CF_SIMD_AVX2_H
