@@ -50,11 +50,12 @@ def _lean_fn(table, isa):
 _SM_DESCS, _RN_DESCS, _FA_LEAN = {}, {}, {}  # lean-path descriptors (cffi int64 arrays, read-only) by shape
 
 
-def _lean_desc(cache, sh, build):
-    """the descriptor for a C-contiguous array of shape sh (1-D or 2-D): build(rows, n)"""
+def _lean_desc(cache, sh, build, key=None):
+    """the descriptor for a C-contiguous array of shape sh (1-D or 2-D): build(rows, n), cached
+    under key (default: sh)"""
     if len(cache) >= 256:
         cache.clear()
-    d = cache[sh] = _desc(build(sh[0] if len(sh) == 2 else 1, sh[-1]))
+    d = cache[sh if key is None else key] = _desc(build(sh[0] if len(sh) == 2 else 1, sh[-1]))
     return d
 
 
@@ -289,14 +290,20 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
     # lean path: 1-D/2-D C-contiguous rows, no mask/sinks/ALiBi, out None, x itself or a C-contiguous
     # array that shares no byte with x; one cached descriptor per shape. Anything else, and every
     # error, goes the long way.
-    if (mask is None and sinks is None and type(x) is _ndarray and type(scale) is float and type(max_bias) is float
+    if ((mask is None or type(mask) is _ndarray) and sinks is None and type(x) is _ndarray and type(scale) is float
+            and type(max_bias) is float
             and max_bias == 0.0 and fused is True and (n_threads is None or type(n_threads) is int
                                                                  and n_threads > 0)):
         fn = _lean_fn(_SM_FN, isa)
         sh = x.shape
-        dp = _SM_DESCS.get(sh)
+        mk = 0 if mask is None else 1 if mask.dtype is F32 else 2 if mask.dtype is F16 else 3
+        if mk and (mk == 3 or mask.shape != sh or len(sh) != 2):  # lean masks: (R, C) like x, f32/f16
+            fn = None
+        key = (sh, mk) if mk else sh
+        dp = _SM_DESCS.get(key)
         if dp is None and fn is not None and 0 < len(sh) <= 2 and x.size:
-            dp = _lean_desc(_SM_DESCS, sh, lambda r, n: softmax_desc(_rows_geom(r, n), _rows_geom(r, n), None, 0))
+            dp = _lean_desc(_SM_DESCS, sh, lambda r, n: softmax_desc(_rows_geom(r, n), _rows_geom(r, n),
+                                                                     _rows_geom(r, n) if mk else None, mk), key)
         if dp is not None and fn is not None and x.dtype is F32:
             y = _empty(sh, F32) if out is None else out if (
                 type(out) is _ndarray and out.dtype is F32 and out.shape == sh and out.flags.writeable) else None
@@ -312,11 +319,20 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
                         ok = y is x or out is None or not -n < (yb + 0) - xb < n  # no shared byte
                     except ValueError:
                         ok = False
+                    mb = _NULL
+                    if ok and mk:  # the mask: C-contiguous, sharing no byte with the output
+                        try:
+                            mb = _fb(_T_CHAR, mask)
+                            ya, ma = int(_cast("uintptr_t", yb)), int(_cast("uintptr_t", mb))
+                            ok = ma + mask.nbytes <= ya or ya + y.nbytes <= ma
+                        except (ValueError, TypeError, BufferError):
+                            ok = False
                     if ok:
-                        if fn(dp, xb, _NULL, _NULL, _NULL, scale, yb, n_threads or _thr[0]):
+                        if fn(dp, xb, mb, _NULL, _NULL, scale, yb, n_threads or _thr[0]):
                             raise MemoryError("softmax: could not allocate scratch memory")
                         return y
-        elif (fn is None and (isa or _ctx_get() or _dispatch.DEFAULT) == "numba" and x.dtype is F32 and 0 < len(sh) <= 2
+        elif (fn is None and not mk and (isa or _ctx_get() or _dispatch.DEFAULT) == "numba" and x.dtype is F32
+              and 0 < len(sh) <= 2
               and x.flags.c_contiguous):
             y = _empty(sh, F32) if out is None else out if (
                 type(out) is _ndarray and out.dtype is F32 and out.shape == sh and out.flags.writeable

@@ -56,6 +56,37 @@ def test_softmax_lean_matches_general(isa, shape):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("mdt", [np.float32, np.float16])
+@pytest.mark.parametrize("shape", [(1, 64), (3, 37), (5, 576)])
+def test_softmax_masked_lean_matches_general(isa, mdt, shape):
+    """the lean path takes an (R, C) f32/f16 mask like x's: same bits as the general path (forced by
+    max_bias=0 as an int), -inf columns and a fully masked row (NaN) included; a mask that shares
+    bytes with out is refused with the general path's message"""
+    x = f32(*shape) * 4
+    mask = np.where(RNG.random(shape) < 0.3, -np.inf, RNG.standard_normal(shape)).astype(mdt)
+    mask[0, :] = -np.inf if shape[0] > 1 else mask[0, :]
+    x0, m0 = x.copy(), mask.copy()
+    gen = cpufuse.softmax(x, mask, scale=0.5, max_bias=0, isa=isa)
+    assert_bit_identical(cpufuse.softmax(x, mask, scale=0.5, isa=isa), gen)
+    assert_bit_identical(cpufuse.softmax(x, strided(mask), scale=0.5, isa=isa), gen)
+    y = np.empty_like(x)
+    assert cpufuse.softmax(x, mask, scale=0.5, out=y, isa=isa) is y
+    assert_bit_identical(y, gen)
+    xi = x.copy()
+    assert cpufuse.softmax(xi, mask, scale=0.5, out=xi, isa=isa) is xi
+    assert_bit_identical(xi, gen)
+    assert_bit_identical(x, x0) and assert_bit_identical(mask, m0)
+    if mdt is np.float32:
+        both = np.concatenate([x, x], axis=0)
+        m_alias = both[:shape[0]]
+        m_alias[...] = mask
+        want = raised(lambda: cpufuse.softmax(x, m_alias.copy(), scale=0.5, max_bias=0, out=both[:shape[0]], isa=isa))
+        got = raised(lambda: cpufuse.softmax(x, m_alias, scale=0.5, out=both[:shape[0]], isa=isa))
+        assert got is not None and got[0] is ValueError and "mask" in got[1], got
+        assert want is None  # a separate mask is fine
+
+
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("shape", [(64,), (1, 64), (3, 37), (2, 576)])
 def test_rms_norm_lean_matches_general(isa, shape):
     x, w = f32(*shape), f32(shape[-1])
