@@ -1,5 +1,9 @@
-"""Print the README's benchmark section from the markdown the harness wrote (no hand-copied
-numbers): python -m bench.readme_tables LOCAL.md ATTN.md XEON.md SCALING_LOCAL.md SCALING_XEON.md"""
+"""Print the README's benchmark tables from what the harness wrote (no hand-copied numbers):
+
+    python -m bench.readme_tables --summary bench/results/latest.json   # the README's kernel table
+    python -m bench.readme_tables LOCAL.md ATTN.md XEON.md SCALING_LOCAL.md SCALING_XEON.md
+"""
+import json
 import re
 import sys
 
@@ -89,5 +93,34 @@ def main(local, attn, xeon, sc_local, sc_xeon, peers=None):
         p(pick(path, "Throughput", "| op"))
 
 
+def summary(path):
+    """one row per ops-section case: scalar, Numba, unfused SIMD, fused SIMD (best ISA), the best peer
+    and, for softmax, the exp floor; 1-thread medians of one run"""
+    rep = json.load(open(path, encoding="utf-8"))
+    print("| case (1 thread, µs) | scalar | Numba | SIMD unfused | **SIMD fused** | best peer | peer ÷ fused | "
+          "exp floor | fused ÷ floor |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    f = lambda v: "–" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:.3g}"  # noqa: E731
+    for c in rep["cases"]:
+        if c.get("section", "ops") != "ops" or c["case"].get("mode", "kernel") != "kernel" or "derived" not in c:
+            continue
+        r, d = c["results"], c["derived"]
+        t = lambda k: r[k]["median_us"] if k in r and r[k].get("status") == "ok" else None  # noqa: E731
+        isa = d.get("best_simd")
+        peers = [(t(k), k) for k, v in r.items() if v.get("kind") == "peer" and t(k)]
+        best = min(peers) if peers else (None, "")
+        fused = t(isa)
+        floor = d.get("exp_floor_us")
+        unf = [(t(k), k.split()[0]) for k in r if k.endswith(" unfused") and t(k)]
+        unf = unf[0] if unf else (None, "")
+        print(f"| {c['case']['name']} | {f(t('scalar'))} | {f(t('numba'))} | {f(unf[0])} ({unf[1]}) | "
+              f"**{f(fused)}** ({isa}) | {f(best[0])} {best[1]} | "
+              f"{'–' if best[0] is None else f'{best[0] / fused:.2f}×'} | {f(floor)} | "
+              f"{'–' if floor is None else f'{fused / floor:.2f}×'} |")
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:7])
+    if sys.argv[1:2] == ["--summary"]:
+        summary(sys.argv[2])
+    else:
+        main(*sys.argv[1:7])
