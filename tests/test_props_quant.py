@@ -170,14 +170,44 @@ def _run(d, kind):
     if outs is not None:
         assert all(y is o for y, o in zip(ys, outs))
     refs = _ref(x, ws, mode, nw, eps, isa)
+    bounds = _abs_bounds(x, ws, n_in, nw, eps)
     if kind == "swiglu":
         g, u = refs
         with np.errstate(all="ignore"):
             # silu(g) is -0 where exp(-g) overflows float32 (g < -88.72), as documented in graph.py
-            refs = [np.where(g < -88.72, 0.0, g / (1.0 + np.exp(-g))) * u]
-    for i, (r, y) in enumerate(zip(refs, ys)):
+            sg = np.where(g < -88.72, 0.0, g / (1.0 + np.exp(-g)))
+            refs = [sg * u]
+            bounds = [1.1 * np.abs(u) * bounds[0] + np.abs(sg) * bounds[1] + bounds[0] * bounds[1]]
+    for i, (r, y, bd) in enumerate(zip(refs, ys, bounds)):
         assert y.shape == r.shape and y.dtype == F32
-        assert_matches(r, y, TOL, what + f" out {i}")
+        try:
+            assert_matches(r, y, TOL, what + f" out {i}")
+        except AssertionError as e:
+            if "NMSE" not in str(e):
+                raise
+            # cancellation (sum |w x| >> |y|): NMSE against |y| says little; hold every element to
+            # float32 summation's bound instead, n_in * u * sum |w||x|
+            fin = np.isfinite(r) & np.isfinite(bd)
+            excess = np.abs(y.astype(np.float64) - r)[fin] - bd[fin]
+            assert excess.size == 0 or excess.max() <= 0, f"{e}; and beyond n*u*sum|w||x| by {excess.max():.3e}"
+
+
+def _abs_bounds(x, ws, n_in, nw, eps):
+    """per output element, n_in * u32 * sum_k |w_k| |x_k| (u32 = 2^-24; x normalized first when the
+    norm is fused): float32 summation's bound"""
+    x2 = np.ascontiguousarray(x, np.float64).reshape(-1, x.shape[-1])
+    out = []
+    with np.errstate(all="ignore"):
+        if eps is not None and x2.shape[0]:
+            from cpufuse import reference
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                x2 = reference.rms_norm(x2.astype(F32), eps, nw)
+        x2 = np.abs(np.asarray(x2, np.float64))
+        for w in ws:
+            a = x2 @ np.abs(w.dequantize().astype(np.float64)).T if x2.shape[0] else np.zeros((0, w.n_out))
+            out.append((max(n_in, 32) * 2.0 ** -24 * a).reshape(x.shape[:-1] + (w.n_out,)))
+    return out
 
 
 @given(st.data())
