@@ -1166,25 +1166,22 @@ class Plan:
         def bound(copy=False, n_threads=None):
             nth = _dispatch.threads(n_threads)
             with self._lock:
-                return run_locked(copy, nth)
-
-        def run_locked(copy, nth):
-            for slot, p in inp:  # (re)point the plan at these inputs: another bind may have run since
-                ptrs[slot] = p
-            for kind, seg in segments:
-                if kind == "c":
-                    fn, prog, nrec, steps = seg
-                    rc = fn(prog, nrec, ptrs, self._fpc, self._blas, self.ilp64, nth)
-                    if rc:
-                        bad = steps[rc - 1]
-                        if bad.kind in ("cache_write", "rope_cache"):  # the rows do not fit: say so
-                            self._pos0(bad.ins[1 if bad.kind == "cache_write" else 2], bad.ins[0].shape[0],
-                                       bad.outs[0], arrays)
-                        raise GraphError(f"run: kernel call failed at {bad.kind} "
-                                         f"[{', '.join(n.name for n in bad.nodes)}]")
-                else:
-                    self._exec(seg, arrays, nth)
-            return tuple(o.copy() for o in outs) if copy else outs
+                for slot, p in inp:  # (re)point the plan at these inputs: another bind may have run since
+                    ptrs[slot] = p
+                for kind, seg in segments:
+                    if kind == "c":
+                        fn, prog, nrec, steps = seg
+                        rc = fn(prog, nrec, ptrs, self._fpc, self._blas, self.ilp64, nth)
+                        if rc:
+                            bad = steps[rc - 1]
+                            if bad.kind in ("cache_write", "rope_cache"):  # the rows do not fit: say so
+                                self._pos0(bad.ins[1 if bad.kind == "cache_write" else 2], bad.ins[0].shape[0],
+                                           bad.outs[0], arrays)
+                            raise GraphError(f"run: kernel call failed at {bad.kind} "
+                                             f"[{', '.join(n.name for n in bad.nodes)}]")
+                    else:
+                        self._exec(seg, arrays, nth)
+                return tuple(o.copy() for o in outs) if copy else outs
         return bound
 
     def _exec(self, st, arrays, nth=None):

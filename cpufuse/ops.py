@@ -67,6 +67,7 @@ def _rows_geom(rows, n):
 # Overlap tests of the lean paths, on from_buffer pointers of C-contiguous operands: the float ranges
 # [a, a + na) and [b, b + nb) share a byte iff -nb < (b + 0) - a < na. cffi refuses (ValueError) to
 # subtract pointers that are not a whole number of floats apart; such a call goes the long way.
+# An f16 mask is compared in bytes, on char pointers.
 
 
 def _nb(n_threads=None):
@@ -323,8 +324,7 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
                     if ok and mk:  # the mask: C-contiguous, sharing no byte with the output
                         try:
                             mb = _fb(_T_CHAR, mask)
-                            ya, ma = int(_cast("uintptr_t", yb)), int(_cast("uintptr_t", mb))
-                            ok = ma + mask.nbytes <= ya or ya + y.nbytes <= ma
+                            ok = not -mask.nbytes < (mb + 0) - _cast("char *", yb) < y.nbytes
                         except (ValueError, TypeError, BufferError):
                             ok = False
                     if ok:
