@@ -940,9 +940,9 @@ class Plan:
         for i in range(3):
             if i < len(ws):
                 n = ws[0].shape[0] if epi else ws[i].shape[0]
-                d += [ws[i].type_id, ws[i].shape[0], ws[i].row_bytes, n]
+                d += [ws[i].type_id, ws[i].shape[0], ws[i].row_bytes, n, 1 if ws[i].layout == "p16" else 0]
             else:
-                d += [0, 0, 0, 0]
+                d += [0, 0, 0, 0, 0]
         wsl = [self._wslot(w) for w in ws] + [-1] * (3 - len(ws))
         ysl = [self._slot(o) for o in st.outs] + [-1] * (3 - len(st.outs))
         eps = self._fparam(p["eps"] if do_norm else 0.0)

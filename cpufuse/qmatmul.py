@@ -20,7 +20,8 @@ ffi, lib = _native.ffi, _native.lib
 F32 = np.dtype(np.float32)
 ACT_MODES = ("q8", "f32")
 DEFAULT_ACT = "q8"
-_QM_W0, _QW_LEN = 7, 4
+_QM_W0, _QW_LEN = 7, 5
+_LAYOUT = {"gguf": 0, "p16": 1}
 _ERRORS = {1: "unsupported weight type for this kernel", 2: "out of memory (scratch allocation)"}
 _FN = {}
 
@@ -139,7 +140,7 @@ def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead):
         return ys
     if isa == "numba":
         from . import numba_quant
-        numba_quant.qmatmul(x2, nw_arr, eps_f, bool(do_norm), tuple(w.raw for w in ws),
+        numba_quant.qmatmul(x2, nw_arr, eps_f, bool(do_norm), tuple(w.gguf_bytes() for w in ws),
                             tuple(w.type_id for w in ws), act == "q8", epi, tuple(y2), nth)
         return ys
     d = [rows, n_in, x2.strides[0] // 4 if rows > 1 else n_in, 1 if act == "q8" else 0, len(ws), epi, do_norm]
@@ -147,9 +148,10 @@ def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead):
         if i < len(ws):
             w = ws[i]
             yi = y2[i] if i < len(y2) else y2[0]
-            d += [w.type_id, w.shape[0], w.row_bytes, yi.strides[0] // 4 if yi.shape[0] > 1 else w.shape[0]]
+            d += [w.type_id, w.shape[0], w.row_bytes, yi.strides[0] // 4 if yi.shape[0] > 1 else w.shape[0],
+                  _LAYOUT[w.layout]]
         else:
-            d += [0, 0, 0, 0]
+            d += [0, 0, 0, 0, 0]
     wp = [_wptr(w)[0] for w in ws] + [ffi.NULL] * (3 - len(ws))
     yp = [ffi.cast("float *", o.ctypes.data) for o in y2] + [ffi.NULL] * (3 - len(y2))
     xp = ffi.cast("const float *", x2.ctypes.data)
@@ -197,7 +199,8 @@ def _entry(ws, rows, act, epi, do_norm):
     n_out = tuple(w.n_out for w in ws) if not epi else (w0.n_out,)
     d = [rows, K, K, _ACT[act], len(ws), epi, do_norm]
     for i in range(3):
-        d += [ws[i].type_id, ws[i].n_out, ws[i].row_bytes, n_out[i if not epi else 0]] if i < len(ws) else [0, 0, 0, 0]
+        d += ([ws[i].type_id, ws[i].n_out, ws[i].row_bytes, n_out[i if not epi else 0], _LAYOUT[ws[i].layout]]
+              if i < len(ws) else [0, 0, 0, 0, 0])
     wp = [_wptr(w)[0] for w in ws] + [ffi.NULL] * (3 - len(ws))
     # each weight's bytes as a float pointer and a length in floats rounded up (for the overlap tests)
     spans = tuple((ffi.cast("float *", _wptr(w)[0]), w.nbytes // 4 + 1) for w in ws)

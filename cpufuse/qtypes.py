@@ -273,7 +273,7 @@ class QTensor:
     array and its flags are left untouched.
     """
     __slots__ = ("raw", "qtype", "type_id", "shape", "n_out", "n_in", "block_size", "type_size",
-                 "row_bytes", "nbytes", "vec_dot_type", "_c")
+                 "row_bytes", "nbytes", "vec_dot_type", "layout", "_c")
 
     def __init__(self, raw, qtype, shape):
         t = resolve_qtype(qtype)
@@ -299,6 +299,7 @@ class QTensor:
         s(self, "row_bytes", row_bytes)
         s(self, "nbytes", want)
         s(self, "vec_dot_type", t.vec_dot_type)
+        s(self, "layout", "gguf")
         s(self, "_c", None)  # (cffi pointer, address, end) of raw, made by cpufuse.qmatmul on first use
 
     def __setattr__(self, name, value):
@@ -309,8 +310,64 @@ class QTensor:
 
     def dequantize(self):
         """A new float32 array (n_out, n_in), bit-identical to gguf.quants.dequantize."""
-        return dequantize(self.raw, self.qtype, self.n_in)
+        return dequantize(self.gguf_bytes(), self.qtype, self.n_in)
+
+    def gguf_bytes(self):
+        """The weight's GGUF rows, (n_out, row_bytes) uint8: `raw` itself for the GGUF layout, a new
+        array unpacked from the panels for a repacked tensor."""
+        if self.layout == "gguf":
+            return self.raw
+        from . import _backend
+        out = np.empty((self.n_out, self.row_bytes), np.uint8)
+        ffi, lib = _backend.ffi, _backend.lib
+        n_panels = (self.n_out + PANEL - 1) // PANEL
+        rc = lib.cf_unrepack_p16(self.type_id, self.n_out, self.n_in, ffi.from_buffer(self.raw),
+                                 ffi.from_buffer(out, require_writable=True), self.row_bytes, 0, n_panels)
+        if rc:  # pragma: no cover - every repacked type is known to the C side
+            raise RuntimeError(f"cf_unrepack_p16 failed for {self.qtype}")
+        return out
+
+    def repack(self, isa=None):
+        """This weight laid out for the kernels that will read it: for the native ISAs (scalar, avx2,
+        avx512, neon) a new QTensor in the P16 panel layout (docs/quant-design.md): 16 rows
+        interleaved per block, scales side by side, codes grouped for 16-lane int8 dots. The panel
+        kernels then run without repacking on every call; results are bit-identical to the GGUF
+        layout's on every path. Returns self when there is nothing to gain: float types (F32, F16,
+        BF16), an already repacked tensor, isa="numba" (Numba reads GGUF rows), or no native
+        extension. isa: None = the ISA in force (cpufuse.use_isa, CPUFUSE_ISA, else the best)."""
+        from . import _backend, _dispatch
+        isa = _dispatch.resolve(isa)
+        if (self.layout != "gguf" or self.block_size == 1 or isa == "numba" or _backend.lib is None):
+            return self
+        ffi, lib = _backend.ffi, _backend.lib
+        nbytes = int(lib.cf_p16_bytes(self.type_id, self.n_out, self.n_in))
+        n_panels = (self.n_out + PANEL - 1) // PANEL
+        buf = _aligned_empty(nbytes, 64).reshape(n_panels, nbytes // n_panels)
+        rc = lib.cf_repack_p16(self.type_id, self.n_out, self.n_in, ffi.from_buffer(self.raw), self.row_bytes,
+                               ffi.from_buffer(buf, require_writable=True), 0, n_panels)
+        if rc:  # pragma: no cover
+            raise RuntimeError(f"cf_repack_p16 failed for {self.qtype}")
+        buf.flags.writeable = False
+        q = object.__new__(QTensor)
+        for k in QTensor.__slots__:
+            if k not in ("raw", "layout", "_c"):
+                object.__setattr__(q, k, getattr(self, k))
+        object.__setattr__(q, "raw", buf)
+        object.__setattr__(q, "layout", "p16")
+        object.__setattr__(q, "_c", None)
+        return q
 
     def __repr__(self):
+        lay = "" if self.layout == "gguf" else f", layout={self.layout}"
         return (f"QTensor({self.qtype}, shape=({self.n_out}, {self.n_in}), {self.nbytes} bytes, "
-                f"vec_dot_type={self.vec_dot_type})")
+                f"vec_dot_type={self.vec_dot_type}{lay})")
+
+
+PANEL = 16  # weight rows per panel of the P16 layout
+
+
+def _aligned_empty(nbytes, align):
+    """uint8 array of nbytes whose data address is a multiple of align (a view into a larger buffer)"""
+    base = np.empty(nbytes + align, np.uint8)
+    off = (-base.ctypes.data) % align
+    return base[off:off + nbytes]

@@ -85,7 +85,13 @@ ISAS = buildable_isas() if have_compiler() else []
 
 with open(os.path.join(HERE, "cdef.h")) as f:
     _proto = "\n".join(l for l in f.read().splitlines() if l and not l.startswith(("/*", " *")))
-_decls = "uint32_t cf_cpu_features(void);\nconst char *cf_compiled_isas(void);\n" + "\n".join(
+_COMMON = ("uint32_t cf_cpu_features(void);\nconst char *cf_compiled_isas(void);\n"
+           "int64_t cf_p16_bytes(int64_t type, int64_t n_out, int64_t K);\n"
+           "int cf_repack_p16(int64_t type, int64_t n_out, int64_t K, const uint8_t *src, int64_t src_row_bytes, "
+           "uint8_t *dst, int64_t p0, int64_t p1);\n"
+           "int cf_unrepack_p16(int64_t type, int64_t n_out, int64_t K, const uint8_t *src, uint8_t *dst, "
+           "int64_t dst_row_bytes, int64_t p0, int64_t p1);\n")
+_decls = _COMMON + "\n".join(
     _proto.replace("@ISA@", isa) for isa in ISAS)
 
 ffibuilder = FFI()
@@ -94,7 +100,7 @@ ffibuilder.set_source(
     "cpufuse._native",
     "#include <stdint.h>\n" + _decls + "\n"
     f'const char *cf_compiled_isas(void) {{ return "{",".join(ISAS)}"; }}\n',
-    sources=[os.path.relpath(os.path.join(HERE, "src", f), ROOT) for f in ("cpuinfo.c", "pool.c")],
+    sources=[os.path.relpath(os.path.join(HERE, "src", f), ROOT) for f in ("cpuinfo.c", "pool.c", "repack.c")],
     extra_compile_args=["-O2", "-fno-math-errno", "-std=c11"] + SANITIZE_FLAGS,
     extra_link_args=SANITIZE_FLAGS,
     libraries=["m", "pthread"],

@@ -2,4 +2,5 @@
 #define CF_ISA avx2
 #include "../simd/avx2.h"
 #include "../simd/avx2_q.h"
+#include "../simd/avx2_p.h"
 #include "isa.inc"

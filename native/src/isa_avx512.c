@@ -2,4 +2,5 @@
 #define CF_ISA avx512
 #include "../simd/avx512.h"
 #include "../simd/avx512_q.h"
+#include "../simd/avx512_p.h"
 #include "isa.inc"

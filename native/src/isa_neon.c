@@ -2,4 +2,5 @@
 #define CF_ISA neon
 #include "../simd/neon.h"
 #include "../simd/neon_q.h"
+#include "../simd/neon_p.h"
 #include "isa.inc"

@@ -2,4 +2,5 @@
 #define CF_ISA scalar
 #include "../simd/scalar.h"
 #include "../simd/scalar_q.h"
+#include "../simd/scalar_p.h"
 #include "isa.inc"

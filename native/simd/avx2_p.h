@@ -1,0 +1,136 @@
+/* Panel vocabulary of the quantized matmul (native/kernels/qpanel.inc), AVX2: a 16-lane panel
+ * vector is two 256-bit halves (columns 0-7, 8-15). Dots are u8 x s8 VPMADDUBSW pairs summed in
+ * 16 bits as far as the code width allows without overflow, then widened with VPMADDWD: exact
+ * int32 results, the same as the AVX-512 VNNI dots. Semantics: see native/simd/avx512_p.h. */
+#ifndef CF_SIMD_AVX2_P_H
+#define CF_SIMD_AVX2_P_H
+#include <immintrin.h>
+#include <string.h>
+#include <stdint.h>
+
+typedef struct { __m256i lo, hi; } p16c;
+typedef struct { __m256i lo, hi; } p16i;
+typedef struct { __m256 lo, hi; } p16f;
+
+#define P16_MR 4
+#define P16_Q8_UNSIGNED 0
+
+static inline uint32_t p16_rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline p16c pc_load(const uint8_t *p) {
+  p16c r = {_mm256_loadu_si256((const __m256i *)p), _mm256_loadu_si256((const __m256i *)(p + 32))};
+  return r;
+}
+static inline void pc_store(uint8_t *p, p16c v) {
+  _mm256_storeu_si256((__m256i *)p, v.lo);
+  _mm256_storeu_si256((__m256i *)(p + 32), v.hi);
+}
+static inline p16c pc_lo(p16c v) {
+  const __m256i m = _mm256_set1_epi8(15);
+  p16c r = {_mm256_and_si256(v.lo, m), _mm256_and_si256(v.hi, m)};
+  return r;
+}
+static inline p16c pc_hi(p16c v) {
+  const __m256i m = _mm256_set1_epi8(15);
+  p16c r = {_mm256_and_si256(_mm256_srli_epi16(v.lo, 4), m), _mm256_and_si256(_mm256_srli_epi16(v.hi, 4), m)};
+  return r;
+}
+static inline p16c pc_or(p16c a, p16c b) { p16c r = {_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)}; return r; }
+/* 32 bits -> 32 bytes: 16 where the bit is set */
+static inline __m256i p16_bits32(uint32_t q) {
+  const __m256i shuf = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0);
+  __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)q), shuf);
+  v = _mm256_or_si256(v, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(16));
+}
+static inline p16c pc_bit16(const uint8_t *p) { p16c r = {p16_bits32(p16_rd32(p)), p16_bits32(p16_rd32(p + 4))}; return r; }
+static inline __m256i p16_2bits(__m256i v, int sh) {
+  const __m256i m = _mm256_and_si256(v, _mm256_set1_epi8((char)(3 << sh)));
+  return sh <= 4 ? _mm256_slli_epi16(m, 4 - sh) : _mm256_srli_epi16(m, sh - 4);
+}
+static inline p16c pc_2bits(p16c v, int sh) { p16c r = {p16_2bits(v.lo, sh), p16_2bits(v.hi, sh)}; return r; }
+
+static inline p16i pi_zero(void) { p16i r = {_mm256_setzero_si256(), _mm256_setzero_si256()}; return r; }
+static inline p16i pi_set1(int32_t v) { p16i r = {_mm256_set1_epi32(v), _mm256_set1_epi32(v)}; return r; }
+static inline p16i pi_add(p16i a, p16i b) { p16i r = {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; return r; }
+static inline p16i pi_mul(p16i a, p16i b) { p16i r = {_mm256_mullo_epi32(a.lo, b.lo), _mm256_mullo_epi32(a.hi, b.hi)}; return r; }
+static inline p16i pi_u8(const uint8_t *p) {
+  const __m128i v = _mm_loadu_si128((const __m128i *)p);
+  p16i r = {_mm256_cvtepu8_epi32(v), _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))};
+  return r;
+}
+static inline p16i pi_i8(const uint8_t *p) {
+  const __m128i v = _mm_loadu_si128((const __m128i *)p);
+  p16i r = {_mm256_cvtepi8_epi32(v), _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))};
+  return r;
+}
+/* one half: acc + the dots of 4 chunks of unsigned codes of at most `bits` bits; u8 x s8 pairs are
+ * at most 2 * (2^bits - 1) * 128 in magnitude, so 4 of them fit int16 up to 5 bits, 2 up to 6 */
+static inline __m256i p16_dot4h(__m256i acc, __m256i w0, __m256i w1, __m256i w2, __m256i w3, const uint8_t *a, int bits) {
+  const __m256i one = _mm256_set1_epi16(1);
+  const __m256i p0 = _mm256_maddubs_epi16(w0, _mm256_set1_epi32((int)p16_rd32(a)));
+  const __m256i p1 = _mm256_maddubs_epi16(w1, _mm256_set1_epi32((int)p16_rd32(a + 4)));
+  const __m256i p2 = _mm256_maddubs_epi16(w2, _mm256_set1_epi32((int)p16_rd32(a + 8)));
+  const __m256i p3 = _mm256_maddubs_epi16(w3, _mm256_set1_epi32((int)p16_rd32(a + 12)));
+  if (bits <= 5)
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(p0, p1), _mm256_add_epi16(p2, p3)), one));
+  acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_add_epi16(p0, p1), one));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_add_epi16(p2, p3), one));
+}
+static inline p16i pi_dot4(p16i acc, const p16c *w, const uint8_t *a, int bits) {
+  p16i r = {p16_dot4h(acc.lo, w[0].lo, w[1].lo, w[2].lo, w[3].lo, a, bits),
+          p16_dot4h(acc.hi, w[0].hi, w[1].hi, w[2].hi, w[3].hi, a, bits)};
+  return r;
+}
+/* Q8_0: stored codes are q + 128; q = code ^ 0x80 as int8, dotted with the sign trick
+ * (|q| unsigned times sign(q)*a: pairs <= 2*128*127, one pair sum per 16-bit lane) */
+static inline __m256i p16_dotq8h(__m256i acc, __m256i w, const uint8_t *a) {
+  const __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
+  const __m256i av = _mm256_set1_epi32((int)p16_rd32(a));
+  const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(av, q));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+static inline p16i pi_dot8_q8(p16i init, const p16c *w, const uint8_t *a, int32_t asum) {
+  (void)asum;
+  for (int g = 0; g < 8; g++) {
+    init.lo = p16_dotq8h(init.lo, w[g].lo, a + 4 * g);
+    init.hi = p16_dotq8h(init.hi, w[g].hi, a + 4 * g);
+  }
+  return init;
+}
+static inline p16i pi_dpw(p16i acc, p16i w, int32_t a2) {
+  const __m256i av = _mm256_set1_epi32(a2);
+  p16i r = {_mm256_add_epi32(acc.lo, _mm256_madd_epi16(w.lo, av)), _mm256_add_epi32(acc.hi, _mm256_madd_epi16(w.hi, av))};
+  return r;
+}
+static inline p16i pi_pair_u8(const uint8_t *lo, const uint8_t *hi) {
+  const p16i l = pi_u8(lo), h = pi_u8(hi);
+  p16i r = {_mm256_or_si256(l.lo, _mm256_slli_epi32(h.lo, 16)), _mm256_or_si256(l.hi, _mm256_slli_epi32(h.hi, 16))};
+  return r;
+}
+
+static inline p16f pf_zero(void) { p16f r = {_mm256_setzero_ps(), _mm256_setzero_ps()}; return r; }
+static inline p16f pf_set1(float v) { p16f r = {_mm256_set1_ps(v), _mm256_set1_ps(v)}; return r; }
+static inline p16f pf_cvt(p16i a) { p16f r = {_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; return r; }
+static inline p16f pf_h16(const uint8_t *p) {
+  p16f r = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)))};
+  return r;
+}
+static inline p16f pf_mul(p16f a, p16f b) { p16f r = {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; return r; }
+static inline p16f pf_fma(p16f a, p16f b, p16f c) { p16f r = {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; return r; }
+static inline p16f pf_neg(p16f a) {
+  const __m256 s = _mm256_set1_ps(-0.0f);
+  p16f r = {_mm256_xor_ps(a.lo, s), _mm256_xor_ps(a.hi, s)};
+  return r;
+}
+static inline void pf_store(float *y, p16f v, int n) {
+  if (n >= 16) {
+    _mm256_storeu_ps(y, v.lo);
+    _mm256_storeu_ps(y + 8, v.hi);
+    return;
+  }
+  float t[16];
+  _mm256_storeu_ps(t, v.lo);
+  _mm256_storeu_ps(t + 8, v.hi);
+  memcpy(y, t, (size_t)n * sizeof(float));
+}
+#endif
