@@ -73,10 +73,15 @@ compile "$TMP/isa_scalar.o" "$NATIVE/src/isa_scalar.c" "${SCALAR_EXTRA[@]}"
 compile "$TMP/neon_test.o" "$HERE/neon_test.c" -I"$TMP"
 
 OBJS=("$TMP/neon_test.o" "$TMP/isa_neon.o" "$TMP/isa_scalar.o")
-# the thread pool the kernels call (native/src/pool.c, baseline flags), when the tree has one
+# the thread pool the kernels call (native/src/pool.c) and the P16 repacking of quantized weights
+# (native/src/repack.c), baseline flags, when the tree has them
 if [ -f "$NATIVE/src/pool.c" ]; then
   compile "$TMP/pool.o" "$NATIVE/src/pool.c" -pthread
   OBJS+=("$TMP/pool.o")
+fi
+if [ -f "$NATIVE/src/repack.c" ]; then
+  compile "$TMP/repack.o" "$NATIVE/src/repack.c"
+  OBJS+=("$TMP/repack.o")
 fi
 RUN=("$QEMU")
 if ! "$CC" "${COMMON[@]}" "${OBJS[@]}" -o "$TMP/neon_test" -lm -pthread 2>"$TMP/link.err"; then
