@@ -89,8 +89,7 @@ static inline __m256i p16_dotq8h(__m256i acc, __m256i w, const uint8_t *a) {
   const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(av, q));
   return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
-static inline p16i pi_dot8_q8(p16i init, const p16c *w, const uint8_t *a, int32_t asum) {
-  (void)asum;
+static inline p16i pi_dot8_q8(p16i init, const p16c *w, const uint8_t *a) {
   for (int g = 0; g < 8; g++) {
     init.lo = p16_dotq8h(init.lo, w[g].lo, a + 4 * g);
     init.hi = p16_dotq8h(init.hi, w[g].hi, a + 4 * g);

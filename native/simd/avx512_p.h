@@ -45,17 +45,13 @@ static inline p16i pi_dp(p16i acc, p16c w, const uint8_t *a) { return _mm512_dpb
  * unsigned (bits is the widest code, for ISAs that sum in 16 bits; unused here) */
 static inline p16i pi_dot4(p16i acc, const p16c *w, const uint8_t *a, int bits) {
   (void)bits;
-  p16i b = _mm512_dpbusd_epi32(pi_zero(), w[2], _mm512_set1_epi32((int)p16_rd32(a + 8)));
-  acc = _mm512_dpbusd_epi32(acc, w[0], _mm512_set1_epi32((int)p16_rd32(a)));
-  b = _mm512_dpbusd_epi32(b, w[3], _mm512_set1_epi32((int)p16_rd32(a + 12)));
-  acc = _mm512_dpbusd_epi32(acc, w[1], _mm512_set1_epi32((int)p16_rd32(a + 4)));
-  return _mm512_add_epi32(acc, b);
+  for (int c = 0; c < 4; c++) acc = _mm512_dpbusd_epi32(acc, w[c], _mm512_set1_epi32((int)p16_rd32(a + 4 * c)));
+  return acc;
 }
-/* the Q8_0 dot: chunks w[0..7] hold q + 128; returns init + sum(q * a) given asum = sum(a) */
-static inline p16i pi_dot8_q8(p16i init, const p16c *w, const uint8_t *a, int32_t asum) {
-  p16i acc = pi_add(init, pi_set1(-128 * asum));
-  acc = pi_dot4(acc, w, a, 8);
-  return pi_dot4(acc, w + 4, a + 16, 8);
+/* the Q8_0 dot: chunks w[0..7] hold q + 128; init carries -128 * sum(a) (P16_Q8_UNSIGNED), so the
+ * result is init's other part + sum(q * a) */
+static inline p16i pi_dot8_q8(p16i init, const p16c *w, const uint8_t *a) {
+  return pi_dot4(pi_dot4(init, w, a, 8), w + 4, a + 16, 8);
 }
 /* acc + pairs of int16 (w: lane = 2 int16) times the int16 pair a2 (broadcast) */
 static inline p16i pi_dpw(p16i acc, p16i w, int32_t a2) { return _mm512_dpwssd_epi32(acc, w, _mm512_set1_epi32(a2)); }

@@ -42,12 +42,12 @@ static inline p16i pi_dot4(p16i acc, const p16c *w, const uint8_t *a, int bits) 
   }
   return acc;
 }
-static inline p16i pi_dot8_q8(p16i init, const p16c *w, const uint8_t *a, int32_t asum) {
-  (void)asum;
+/* Q8_0: stored codes q + 128 dotted as unsigned; init carries -128 * sum(a) (P16_Q8_UNSIGNED) */
+static inline p16i pi_dot8_q8(p16i init, const p16c *w, const uint8_t *a) {
   for (int n = 0; n < 16; n++) {
     int32_t s = 0;
     for (int g = 0; g < 8; g++)
-      for (int t = 0; t < 4; t++) s += ((int32_t)w[g].b[4 * n + t] - 128) * (int8_t)a[4 * g + t];
+      for (int t = 0; t < 4; t++) s += (int32_t)w[g].b[4 * n + t] * (int8_t)a[4 * g + t];
     init.v[n] += s;
   }
   return init;
