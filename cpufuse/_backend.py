@@ -23,12 +23,17 @@ def cpu_features():
     return tuple(name for name, bit in CPU_BITS.items() if CPU_FEATURE_BITS & bit)
 
 
+def amx_emulated():
+    """True when the compiled amx ISA emulates the tile instructions (CPUFUSE_AMX_EMULATE build)."""
+    return "amx" in COMPILED and "CF_AMX_EMULATE" in build_info("amx")
+
+
 def cpu_isas():
     """Native ISAs this CPU can run (whether or not they were compiled)."""
     if lib is None:
         # without the extension there is no CPUID probe; say what the machine architecture implies
         return ("scalar",)
-    return tuple(cpu_isas_from_bits(CPU_FEATURE_BITS))
+    return tuple(cpu_isas_from_bits(CPU_FEATURE_BITS, amx_emulated()))
 
 
 def build_info(isa):

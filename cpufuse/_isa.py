@@ -21,16 +21,26 @@ CPU_BITS = {
 # needs the avx512vnni bit: AVX-512 CPUs without VNNI (Skylake-SP/X) run the avx2 path.
 # Order is priority, best first; "scalar" is the portable C baseline and cannot be vectorized
 # by the compiler; "numba" is the JIT fallback (no C at all).
+# The amx ISA is the avx512 build plus AMX tiles for the quantized GEMM (native/kernels/qamx.inc).
+# Its "amx" CPU bit means usable: AMX-TILE and AMX-INT8, the OS's XCR0 tile state, and the OS
+# permission (Linux arch_prctl ARCH_REQ_XCOMP_PERM), requested once by the CPU probe.
+# CPUFUSE_AMX_EMULATE=1 at build time compiles it with the tiles emulated in C instead (a developer
+# build for testing the tile kernels on an AVX-512 VNNI CPU without AMX; then it needs no amx bit).
+_AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mavx2", "-mfma", "-mf16c"]
+_AVX512_NEEDS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vnni", "os_avx512", "avx2", "fma", "f16c",
+                 "os_avx")
+AMX_FLAGS = ["-mamx-tile", "-mamx-int8"]
+AMX_EMULATE_FLAGS = ["-DCF_AMX_EMULATE"]
+
 NATIVE_ISAS = {
+    "amx": (("x86_64", "AMD64"), _AVX512_FLAGS + AMX_FLAGS, _AVX512_NEEDS + ("amx",)),
     "avx512": (("x86_64", "AMD64"),
-               ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mavx2", "-mfma", "-mf16c"],
-               ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vnni", "os_avx512", "avx2", "fma", "f16c",
-                "os_avx")),
+               _AVX512_FLAGS, _AVX512_NEEDS),
     "avx2": (("x86_64", "AMD64"), ["-mavx2", "-mfma", "-mf16c"], ("avx2", "fma", "f16c", "os_avx")),
     "neon": (("aarch64", "arm64"), [], ("neon",)),
     "scalar": (None, ["-fno-tree-vectorize", "-fno-tree-slp-vectorize"], ()),
 }
-ALL_ISAS = ("avx512", "avx2", "neon", "scalar", "numba")
+ALL_ISAS = ("amx", "avx512", "avx2", "neon", "scalar", "numba")
 
 
 # Appended to every native object (and the link) by `make test-asan` (CPUFUSE_SANITIZE=1 in the build):
@@ -38,14 +48,20 @@ ALL_ISAS = ("avx512", "avx2", "neon", "scalar", "numba")
 SANITIZE_CFLAGS = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-O1", "-g1"]
 
 
-def cflags(isa, sanitize=False):
-    return COMMON_CFLAGS + NATIVE_ISAS[isa][1] + (SANITIZE_CFLAGS if sanitize else [])
+def cflags(isa, sanitize=False, amx_emulate=False):
+    flags = NATIVE_ISAS[isa][1]
+    if isa == "amx" and amx_emulate:
+        flags = _AVX512_FLAGS + AMX_EMULATE_FLAGS
+    return COMMON_CFLAGS + flags + (SANITIZE_CFLAGS if sanitize else [])
 
 
-def cpu_isas_from_bits(bits):
-    """Native ISA names whose required CPU bits are all set in `bits`."""
+def cpu_isas_from_bits(bits, amx_emulated=False):
+    """Native ISA names whose required CPU bits are all set in `bits` (amx_emulated: the amx build
+    emulates the tiles, so it needs only the avx512 bits)."""
     out = []
     for name, (_, _, need) in NATIVE_ISAS.items():
+        if name == "amx" and amx_emulated:
+            need = _AVX512_NEEDS
         if all(bits & CPU_BITS[b] for b in need):
             out.append(name)
     return out

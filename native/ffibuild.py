@@ -35,6 +35,7 @@ def _load_isa_table():
 isa_table = _load_isa_table()
 
 SANITIZE = os.environ.get("CPUFUSE_SANITIZE", "0") not in ("", "0")
+AMX_EMULATE = os.environ.get("CPUFUSE_AMX_EMULATE", "0") not in ("", "0")  # a developer build: see _isa.py
 SANITIZE_FLAGS = isa_table.SANITIZE_CFLAGS if SANITIZE else []  # for the glue and the link
 
 
@@ -72,7 +73,7 @@ def buildable_isas():
             print(f"cpufuse build: {isa}: skipped (CPUFUSE_BUILD_ISAS={os.environ['CPUFUSE_BUILD_ISAS']})")
             continue
         probe = f'#include "simd/{isa}.h"\nint cf_probe(void) {{ return VW; }}\n'
-        ok, why = _try_compile(probe, isa_table.cflags(isa))
+        ok, why = _try_compile(probe, isa_table.cflags(isa, amx_emulate=AMX_EMULATE))
         if ok:
             out.append(isa)
         else:
@@ -111,7 +112,7 @@ def compile_isa_objects(compiler, build_temp):
     """Compile native/src/isa_<isa>.c for every ISA in ISAS with its own flags, the ISAs in parallel
     (one compiler process each, up to the CPU count); return the objects in ISAS order."""
     def one(isa):
-        flags = isa_table.cflags(isa, sanitize=SANITIZE)
+        flags = isa_table.cflags(isa, sanitize=SANITIZE, amx_emulate=AMX_EMULATE)
         src = os.path.relpath(os.path.join(HERE, "src", f"isa_{isa}.c"), ROOT)
         print(f"cpufuse build: {isa}: {' '.join(flags)}", flush=True)
         macros = [("CF_BUILD_FLAGS", '"' + " ".join(flags) + '"')] + [("CF_SANITIZE_UNDEFINED", None)] * SANITIZE

@@ -66,7 +66,7 @@ def test_available_isas():
     assert isinstance(av, tuple) and len(av) >= 1
     assert set(av) <= set(cpufuse.ALL_ISAS)
     assert list(av) == [i for i in cpufuse.ALL_ISAS if i in av]  # priority order kept
-    assert cpufuse.ALL_ISAS == ("avx512", "avx2", "neon", "scalar", "numba")
+    assert cpufuse.ALL_ISAS == ("amx", "avx512", "avx2", "neon", "scalar", "numba")
 
 
 def test_auto_picks_best(spy):

@@ -118,3 +118,24 @@ def test_repacked_is_immutable(rng):
     with pytest.raises(ValueError):
         p.raw[0, 0] = 1
     assert "layout=p16" in repr(p)
+
+
+@pytest.mark.parametrize("qt", QUANT)
+def test_amx_equals_avx512(qt, rng):
+    """the amx ISA's tile GEMM gives the avx512 kernels' results bit for bit (same exact int32 block
+    sums, same float chain), so a row is the same through tiles (big batches) and VNNI (decode)"""
+    for name in ("amx", "avx512"):
+        if name not in cpufuse.available_isas():
+            from _util import skip_reason
+            pytest.skip(skip_reason(name))
+    K = _k(qt)
+    w = qref.make_weight(qt, 40, K, rng)
+    x = rng.standard_normal((37, K)).astype(np.float32)
+    for ww in (w, w.repack()):
+        a = cpufuse.matmul(x, ww, isa="avx512")
+        b = cpufuse.matmul(x, ww, isa="amx")
+        assert np.array_equal(_bits(a), _bits(b))
+        assert np.array_equal(_bits(b[5]), _bits(cpufuse.matmul(x[5:6], ww, isa="amx")[0]))
+        s1 = cpufuse.matmul_swiglu(x, ww, ww, isa="avx512")
+        s2 = cpufuse.matmul_swiglu(x, ww, ww, isa="amx")
+        assert np.array_equal(_bits(s1), _bits(s2))

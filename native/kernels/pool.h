@@ -2,12 +2,17 @@
  * cf_parallel_for runs fn(ctx, chunk, tid) for chunk = 0..nchunks-1 on up to nth threads, the
  * caller included (tid 0). Work is split into chunks the kernel chose without looking at nth, and
  * each chunk writes its own outputs, so results are bit-identical for every thread count.
- * One parallel job runs at a time: a call that finds the pool busy (another Python thread is in
+ * One parallel job (or team) runs at a time: a call that finds the pool busy (another Python thread is in
  * a kernel) runs its chunks serially on its own thread, so threads never oversubscribe the pool. */
 #ifndef CF_POOL_H
 #define CF_POOL_H
 #include <stdint.h>
 typedef void (*cf_task_fn)(void *ctx, int64_t chunk, int tid);
 void cf_parallel_for(int nth, int64_t nchunks, cf_task_fn fn, void *ctx);
+/* A team: until cf_team_end, this thread's cf_parallel_for calls run on nth - 1 workers that spin
+ * between jobs (publish and join without a wake-up). Returns 1 if it started one (then call
+ * cf_team_end once), 0 if not (nth <= 1, a team already active, or another thread's job). */
+int cf_team_begin(int nth);
+void cf_team_end(void);
 #define CF_MAX_THREADS 256
 #endif

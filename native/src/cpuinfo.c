@@ -1,6 +1,7 @@
 /* Runtime CPU feature detection, compiled with the baseline flags only.
  * x86: CPUID leaves 1 and 7, and XGETBV(0) to check that the OS saves the AVX / AVX-512 state.
  * aarch64 Linux: getauxval(AT_HWCAP). Bits are CF_CPU_* below (mirrored in cpufuse/_isa.py). */
+#define _GNU_SOURCE /* syscall() */
 #include <stdint.h>
 
 enum {
@@ -12,6 +13,19 @@ enum {
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+/* Linux gives a process the AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for
+ * XFEATURE_XTILEDATA); without it the first tile instruction faults. 1 when granted. */
+static int cf_amx_permit(void) {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+#else
+  return 0;
+#endif
+}
 static uint64_t cf_xgetbv0(void) {
   uint32_t lo, hi;
   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
@@ -37,7 +51,11 @@ uint32_t cf_cpu_features(void) {
     if (b & (1u << 31)) f |= CF_CPU_AVX512VL;
     if (c & (1u << 11)) f |= CF_CPU_AVX512VNNI; /* CPUID.(EAX=7,ECX=0):ECX[11] */
     if (d & (1u << 23)) f |= CF_CPU_AVX512FP16;
-    if (d & (1u << 24)) f |= CF_CPU_AMX; /* AMX-TILE */
+    /* AMX usable: AMX-TILE (EDX[24]) and AMX-INT8 (EDX[25]), the OS enables the tile state in XCR0
+     * (bits 17, 18), and grants this process its use */
+    if ((d & (1u << 24)) && (d & (1u << 25)) && osxsave && (cf_xgetbv0() & (3ull << 17)) == (3ull << 17) &&
+        cf_amx_permit())
+      f |= CF_CPU_AMX;
   }
   return f;
 }
