@@ -3,15 +3,17 @@
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m bench.run --section quant [--quick] [--no-big]
 
 Rows (QCase): SmolLM2-135M projections (K -> N: 576->576, 576->192, 576->1536, 1536->576) in Q4_1 and
-Q8_0, Llama-7B projections (4096->4096, 4096->11008, 11008->4096) in Q4_0, Q4_K and Q6_K, each at
+Q8_0, Llama-7B projections (4096->4096, 4096->11008, 11008->4096) in Q4_0, Q4_K, Q6_K and Q8_0, each at
 1 row (decode) and 128 rows (prefill). Weights: Q4_0/Q4_1/Q8_0 = gguf.quants.quantize of
 N(0,1)*0.02 floats; K-quants = random code bytes with f16 d / dmin uniform in [1e-4, 1e-3]
 (valid blocks, no quantizer run). x = N(0,1) f32. One weight is generated per (type, shape) and
 reused by its decode and prefill rows (bench/quant.py keeps one at a time).
 
 Columns (1 thread pinned to one core, and xN on every core, as the rest of bench.run):
-  cpufuse        cpufuse.matmul(x, w, out=y, n_threads=n) (its default act)
-  cpufuse f32    act="f32";   cpufuse q8: act="q8"
+  cpufuse        cpufuse.matmul(x, w.repack(), out=y, n_threads=n) (its default act): the P16 repacked
+                 weights cpufuse.llama.Model.load runs
+  cpufuse f32    act="f32";   cpufuse q8: act="q8"; both on the weights in GGUF layout (each call
+                 repacks a chunk at a time into a scratch: same results, the non-repacked path)
   ggml           ggml_mul_mat(W, X) with W in the CPU device's plain buffer: vec_dot, or llamafile
                  sgemm (tinyBLAS) at >= 2 rows for Q4_0/Q5_0/Q8_0 (llama.cpp's --no-repack path)
   ggml repack    W in the CPU_REPACK extra buffer type (ggml repacks it in ggml_backend_tensor_set):
@@ -64,7 +66,7 @@ NA = "not a column of this row kind"
 SMOL_SHAPES = [(576, 576, "q/o"), (576, 192, "k/v"), (576, 1536, "gate/up"), (1536, 576, "down")]
 LLAMA_SHAPES = [(4096, 4096, "q/k/v/o"), (4096, 11008, "gate/up"), (11008, 4096, "down")]
 SMOL_TYPES = ("Q4_1", "Q8_0")
-LLAMA_TYPES = ("Q4_0", "Q4_K", "Q6_K")
+LLAMA_TYPES = ("Q4_0", "Q4_K", "Q6_K", "Q8_0")
 LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 ROPE_HEADS, ROPE_DIM, ROPE_CTX = 32, 128, 1024
 
@@ -180,6 +182,8 @@ class Weight:
         self.wf = dequantize(self.raw, qtype, n_in)
         QT = getattr(cpufuse, "QTensor", None)
         self.qt = QT(self.raw, qtype, (n_out, n_in)) if QT is not None else None
+        # the repacked weights (cpufuse's P16 panels) where this cpufuse has them
+        self.qp = self.qt.repack() if self.qt is not None and hasattr(self.qt, "repack") else self.qt
         self.nbytes = self.raw.nbytes
 
 
@@ -420,7 +424,7 @@ class QuantSection:
             kw = {"out": y, "n_threads": nth}
             if col != "cpufuse":
                 kw["act"] = col.split()[1]
-            fn = functools.partial(cpufuse.matmul, x, w.qt, **kw)
+            fn = functools.partial(cpufuse.matmul, x, w.qp if col == "cpufuse" else w.qt, **kw)
             act = kw.get("act") or _default_act() or "q8"
 
             def get():

@@ -18,12 +18,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 needs_native = pytest.mark.skipif(_backend.lib is None, reason=f"native extension not built: {_backend.LOAD_ERROR}")
 
 EXPECTED_MACROS = {
+    "amx": {"AVX512F", "AVX512BW", "AVX512VL", "AVX512DQ", "AVX512VNNI", "AVX2", "FMA", "F16C"},
     "avx2": {"AVX2", "FMA", "F16C"},
     "avx512": {"AVX512F", "AVX512BW", "AVX512VL", "AVX512DQ", "AVX512VNNI", "AVX2", "FMA", "F16C"},
     "neon": {"NEON"},
     "scalar": set(),
 }
 EXPECTED_FLAGS = {
+    "amx": {"-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni"},
     "avx2": {"-mavx2", "-mfma", "-mf16c"},
     "avx512": {"-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni"},
     "neon": set(),
@@ -46,8 +48,11 @@ def compiled_isa_params():
 @pytest.mark.parametrize("isa", compiled_isa_params())
 def test_build_flags_and_macros(isa):
     flags, macros = parse_build_info(_backend.build_info(isa))
-    assert flags == _isa.cflags(isa, sanitize="SANITIZE_ADDRESS" in macros), \
+    emulated = "AMX_EMULATE" in macros  # a CPUFUSE_AMX_EMULATE developer build
+    assert flags == _isa.cflags(isa, sanitize="SANITIZE_ADDRESS" in macros, amx_emulate=emulated), \
         "the object was not built with the flags in cpufuse/_isa.py"
+    if isa == "amx":
+        assert (emulated and "-DCF_AMX_EMULATE" in flags) or {"AMX_TILE", "AMX_INT8"} <= macros, sorted(macros)
     assert EXPECTED_FLAGS[isa] <= set(flags)
     assert EXPECTED_MACROS[isa] <= macros, f"{isa}: macros {sorted(macros)}"
     assert "FAST_MATH" not in macros and "-ffast-math" not in flags
