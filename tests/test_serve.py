@@ -24,6 +24,10 @@ from cpufuse.serve.engine import SamplingParams, make_sampler  # noqa: E402
 N_CTX = 16384           # long enough that a cancelled request could not have finished on its own
 NAME = "tiny"
 GREEDY = dict(temperature=0, extra_body={"ignore_eos": True})
+TEMPLATE = ("{% for message in messages %}{% if message['role'] == 'tool' %}"
+            "{{ raise_exception('this template has no tool role') }}{% endif %}"
+            "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endfor %}"
+            "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
 
 def free_port():
@@ -34,7 +38,8 @@ def free_port():
 
 @pytest.fixture(scope="module")
 def gguf(tmp_path_factory):
-    return write_tiny_gguf(tmp_path_factory.mktemp("serve") / f"{NAME}.gguf", tied=False, n_ctx_train=N_CTX)
+    return write_tiny_gguf(tmp_path_factory.mktemp("serve") / f"{NAME}.gguf", tied=False, n_ctx_train=N_CTX,
+                           chat_template=TEMPLATE)
 
 
 @pytest.fixture(scope="module")
@@ -311,6 +316,7 @@ def test_bad_completions_requests_are_400(url, body, param):
     ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}},
      "response_format"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": [{"role": "tool", "content": "42"}]}, "messages"),       # the template raises
 ])
 def test_bad_chat_requests_are_400(url, body, param):
     _err(httpx.post(url + "/v1/chat/completions", json=body), 400, param)
@@ -340,3 +346,18 @@ def test_context_overflow_is_400_with_the_reason(client, model):
     assert "in the messages" in e.value.message
     with pytest.raises(openai.BadRequestError, match="leaves no room"):
         client.completions.create(model="x", prompt=[1] * N_CTX, max_tokens=None)
+
+
+def test_load_generator_against_the_server(url, tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "load.json"
+    r = subprocess.run([sys.executable, "-m", "bench.serve_load", "--url", url + "/v1", "--clients", "1,3",
+                        "--max-tokens", "5", "--rounds", "2", "--json", str(out)],
+                       cwd=root, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["model"] == NAME and [lv["clients"] for lv in res["levels"]] == [1, 3]
+    for lv in res["levels"]:
+        assert lv["requests"] == 2 * lv["clients"] and lv["output_tokens"] == 5 * lv["requests"]
+        assert lv["counted"] == ["usage"] and lv["tok_s"] > 0 and 0 < lv["ttft_p50"] <= lv["ttft_p95"]
+    assert "| 3 | 6 |" in r.stdout

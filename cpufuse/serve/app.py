@@ -250,8 +250,11 @@ class _Server:
             return tok.tokenize(text, add_bos=False, special=True)
         try:
             ids = await run_in_threadpool(render)
-        except TemplateError as e:
+        except TemplateError as e:           # the template's raise_exception()
             raise APIError(f"the chat template rejected the messages: {e}", param="messages") from None
+        except Exception as e:  # noqa: BLE001 -- a template that fails on these messages
+            raise APIError(f"the chat template failed on these messages: {type(e).__name__}: {e}",
+                           param="messages") from None
         return await self.respond(request, req, self.engine_request(req, ids, chat=True), chat=True)
 
     async def completions(self, request: Request):
