@@ -16,6 +16,9 @@ from cpufuse.llama.cli import INSTALL_HINT, find_smollm2
 from .app import create_app
 from .engine import SerialEngine
 
+# --engine NAME -> a factory(path, n_ctx, n_threads, kv_dtype, model_name, parallel) -> Engine
+ENGINES = {"serial": SerialEngine.load}
+
 
 def build_parser():
     ap = argparse.ArgumentParser(prog="python -m cpufuse serve",
@@ -31,6 +34,8 @@ def build_parser():
     ap.add_argument("-c", "--n-ctx", type=int, default=2048,
                     help="context size of a sequence, prompt + completion (default 2048; 0 = the model's)")
     ap.add_argument("-t", "--threads", type=int, default=None, help="threads (default: cpufuse's default)")
+    ap.add_argument("--engine", choices=sorted(ENGINES), default="serial",
+                    help="the engine: serial = one request at a time, FIFO (default)")
     ap.add_argument("--alias", default=None, help="model name in /v1/models and responses (default: the file name)")
     ap.add_argument("--kv", choices=("f16", "f32"), default="f16", help="KV cache type (default f16)")
     ap.add_argument("--shutdown-timeout", type=float, default=10.0,
@@ -52,8 +57,8 @@ def main(argv=None):
               f"    {INSTALL_HINT}", file=sys.stderr)
         return 2
     try:
-        engine = SerialEngine.load(path, n_ctx=args.n_ctx, n_threads=args.threads, kv_dtype=args.kv,
-                                   model_name=args.alias, parallel=args.parallel)
+        engine = ENGINES[args.engine](path, n_ctx=args.n_ctx, n_threads=args.threads, kv_dtype=args.kv,
+                                      model_name=args.alias, parallel=args.parallel)
     except (OSError, ValueError, NotImplementedError, RuntimeError) as e:
         print(f"error: cannot load {path}: {e}", file=sys.stderr)
         return 1
