@@ -193,7 +193,7 @@ class _Server:
                     yield ("text", text, rel)
                 if stopped:
                     handle.cancel()
-                    yield ("end", "stop", self.usage(len(handle.request.prompt_ids), n_tokens, 0))
+                    yield ("end", "stop", self.usage(len(handle.request.prompt_ids), n_tokens, handle.cached_tokens))
                     return
         finally:
             handle.cancel()                  # no-op once finished; a disconnect or an error cancels

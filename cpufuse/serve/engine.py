@@ -26,7 +26,9 @@ Read-only attributes
 Events
     A handle yields, in order, one `TokenEvent` per generated token (`token`, `logprob`,
     `top_logprobs`), then exactly one `FinishEvent` (`finish_reason`, `prompt_tokens`,
-    `completion_tokens`, `cached_tokens`, `error`), then nothing. A sampled stop id ends the
+    `completion_tokens`, `cached_tokens`, `error`), then nothing. `Handle.cached_tokens` (the
+    prompt tokens whose KV came from a cache) is set before the first TokenEvent is delivered, so
+    a consumer that stops early (a stop string) still knows it. A sampled stop id ends the
     sequence with "stop" and is not delivered (nor counted). finish_reason is
       "stop"       a stop token id was sampled;
       "length"     max_tokens tokens were generated;
@@ -161,6 +163,7 @@ class Handle:
         self._q = asyncio.Queue() if loop is not None else queue.SimpleQueue()
         self._done = False                   # consumer side: the FinishEvent was taken
         self.finished = False                # engine side: the FinishEvent was delivered
+        self.cached_tokens = 0               # engine side: set before the first TokenEvent
 
     # ------------------------------------------------------------------ any thread
     @property
