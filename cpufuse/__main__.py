@@ -1,14 +1,52 @@
-"""python -m cpufuse info | python -m cpufuse generate ... (see cpufuse/llama/cli.py)"""
+"""python -m cpufuse {info, generate, chat, serve} [--help] | --version | --help"""
+import argparse
+import importlib
 import sys
+
+# command -> (module, function, one-line help); each command parses its own arguments
+COMMANDS = {
+    "generate": ("cpufuse.llama.cli", "main", "generate text from a GGUF model (stream to stdout)"),
+    "chat": ("cpufuse.llama.cli", "chat_main", "interactive chat with a GGUF model on stdin/stdout"),
+    "serve": ("cpufuse.serve.cli", "main", "OpenAI-compatible HTTP server (needs cpufuse[serve])"),
+}
+
+
+def _version():
+    from importlib import metadata
+    try:
+        return metadata.version("cpufuse")
+    except metadata.PackageNotFoundError:   # a source tree on PYTHONPATH
+        import cpufuse
+        return cpufuse.__version__
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(prog="python -m cpufuse",
+                                 description="cpufuse: fused LLM kernels for CPU inference, and a GGUF model runner.",
+                                 epilog="`python -m cpufuse COMMAND --help` lists a command's options.")
+    ap.add_argument("--version", action="version", version=f"cpufuse {_version()}")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("info", help="the build: compiled ISAs, CPU features, the kernel each op uses")
+    for name, (_, _, help_) in COMMANDS.items():
+        sub.add_parser(name, help=help_, add_help=False)
+    return ap
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "generate":
-        from cpufuse.llama.cli import main as generate_main
-        return generate_main(argv[1:])
-    if not argv or argv[0] != "info":
-        print("usage: python -m cpufuse info | python -m cpufuse generate [-m PATH] -p PROMPT ...", file=sys.stderr)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in COMMANDS:
+        mod, fn, _ = COMMANDS[argv[0]]
+        from cpufuse._extras import MissingExtra
+        try:
+            run = getattr(importlib.import_module(mod), fn)
+        except MissingExtra as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return run(argv[1:])
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.command != "info":
+        ap.print_help(sys.stderr)
         return 2
     import cpufuse
     i = cpufuse.info()

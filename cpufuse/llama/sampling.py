@@ -8,6 +8,12 @@ maximal logit after the penalties (what llama.cpp's temp-0 stage keeps).
 
 The random stream is a numpy Generator (PCG64), not std::mt19937, so a seeded draw is reproducible
 here but is not the same token stream as llama.cpp's for the same seed.
+
+Frequency and presence penalties (l <- l - c*frequency - presence for a token seen c > 0 times) count
+over one of two scopes, `penalty_scope`:
+  "window"    (llama.cpp) the last penalty_last_n tokens, prompt included, as the repeat penalty;
+  "generated" (OpenAI) every token this sampler has sampled, the prompt excluded (the repeat
+              penalty keeps its window). cpufuse.serve uses it for the API's penalties.
 """
 from __future__ import annotations
 
@@ -28,7 +34,11 @@ def apply_penalties(logits, history, repeat=1.0, freq=0.0, present=0.0):
     l <- l*r if l <= 0 else l/r; then l <- l - c*freq - present. Returns (maybe a new) array."""
     if not history or (repeat == 1.0 and freq == 0.0 and present == 0.0):
         return logits
-    cnt = collections.Counter(history)
+    return _penalize_counts(logits, collections.Counter(history), repeat, freq, present)
+
+
+def _penalize_counts(logits, cnt, repeat, freq, present):
+    """apply_penalties with the counts given ({token: count > 0})"""
     ids = np.fromiter(cnt.keys(), np.int64, len(cnt))
     c = np.fromiter(cnt.values(), np.float32, len(cnt))
     ids_ok = ids < logits.shape[0]
@@ -93,7 +103,9 @@ class Sampler:
 
     def __init__(self, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0,
                  penalty_last_n=64, frequency_penalty=0.0, presence_penalty=0.0, seed=None,
-                 min_keep=1):
+                 min_keep=1, penalty_scope="window"):
+        if penalty_scope not in ("window", "generated"):
+            raise ValueError(f"penalty_scope must be 'window' or 'generated', got {penalty_scope!r}")
         self.temperature = float(temperature)
         self.top_k = int(top_k)
         self.top_p = float(top_p)
@@ -105,6 +117,8 @@ class Sampler:
         self.min_keep = max(1, int(min_keep))
         self.seed = seed
         self.rng = np.random.default_rng(seed)
+        self.penalty_scope = penalty_scope
+        self.generated = collections.Counter()   # tokens sampled so far ("generated" scope)
         self.history = collections.deque(maxlen=max(self.penalty_last_n, 0) or None)
         if self.penalty_last_n == 0:
             self.history = collections.deque(maxlen=1)
@@ -123,6 +137,13 @@ class Sampler:
             self.accept(t)
 
     def _penalized(self, logits):
+        if self.penalty_scope == "generated":
+            if self.penalty_last_n != 0:
+                logits = apply_penalties(logits, list(self.history), self.repeat_penalty)
+            if self.generated and (self.frequency_penalty != 0.0 or self.presence_penalty != 0.0):
+                logits = _penalize_counts(logits, self.generated, 1.0, self.frequency_penalty,
+                                          self.presence_penalty)
+            return logits
         if self.penalty_last_n == 0:
             return logits
         return apply_penalties(logits, list(self.history), self.repeat_penalty, self.frequency_penalty,
@@ -144,6 +165,7 @@ class Sampler:
             i = int(np.searchsorted(cum, u, side="left"))
             tok = int(idx[min(i, idx.shape[0] - 1)])
         self.accept(tok)
+        self.generated[tok] += 1
         return tok
 
     def __repr__(self):

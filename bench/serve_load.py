@@ -1,0 +1,185 @@
+"""Load generator for an OpenAI-compatible server: N concurrent streaming clients.
+
+    python -m bench.serve_load --url http://127.0.0.1:8080 [--clients 1,4,8,16] [--max-tokens 128]
+                               [--rounds 2] [--endpoint chat|completions] [--json PATH]
+
+For each concurrency level N, N clients start together; each sends `--rounds` streaming requests
+one after the other (greedy, temperature 0, max_tokens 128, `ignore_eos` so that servers that
+honour it produce full-length answers; a distinct prompt per client and round, so no request
+reuses another's prompt cache). It reports, per level:
+
+- aggregate output tok/s: the output tokens of every request / the wall time from the start of
+  the level to its last request's end;
+- TTFT p50/p95: request sent -> first chunk with content;
+- ITL p50/p95: the gaps between consecutive content chunks, pooled over the level's requests;
+- per-request decode tok/s (median): (tokens - 1) / (end - first content chunk).
+
+Output tokens are `usage.completion_tokens` when the server sends usage
+(`stream_options.include_usage`), else the number of content chunks (a server that coalesces
+tokens into fewer chunks then counts low, and its ITL reads high: see the `counted` column).
+It drives cpufuse's server (`python -m cpufuse serve`) and `python -m llama_cpp.server` alike:
+the model name comes from GET /v1/models. It needs httpx only.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+
+TOPICS = ["the sea", "a mountain village", "an old library", "a train journey", "a winter market",
+          "a lighthouse keeper", "a garden in spring", "a night in the desert"]
+
+
+def prompt_text(client: int, rnd: int) -> str:
+    topic = TOPICS[(client + rnd) % len(TOPICS)]
+    return f"Request {client}.{rnd}: write a long, detailed story about {topic}, with many characters."
+
+
+def pct(xs, q):
+    """the q-quantile (0..1) by linear interpolation; NaN for no data"""
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    k = (len(s) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+async def one_request(http, url, model, endpoint, text, max_tokens):
+    """stream one request; returns dict(t0, chunks=[times of content chunks], end, tokens, counted)"""
+    body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": True}
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": text}]
+        path = "/v1/chat/completions"
+    else:
+        body["prompt"] = text
+        path = "/v1/completions"
+    t0 = time.perf_counter()
+    chunks, usage = [], None
+    async with http.stream("POST", url + path, json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{path}: HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            obj = json.loads(data)
+            if "error" in obj:
+                raise RuntimeError(f"{path}: stream error: {obj['error']}")
+            if obj.get("usage"):
+                usage = obj["usage"]
+            for ch in obj.get("choices") or ():
+                piece = (ch.get("delta") or {}).get("content") if endpoint == "chat" else ch.get("text")
+                if piece:
+                    chunks.append(time.perf_counter())
+    end = time.perf_counter()
+    tokens = usage["completion_tokens"] if usage and "completion_tokens" in usage else len(chunks)
+    return dict(t0=t0, chunks=chunks, end=end, tokens=tokens, counted="usage" if usage else "chunks")
+
+
+async def level(url, model, endpoint, n_clients, rounds, max_tokens):
+    import httpx
+    limits = httpx.Limits(max_connections=n_clients + 2, max_keepalive_connections=n_clients + 2)
+    async with httpx.AsyncClient(timeout=None, limits=limits) as http:
+        async def client(i):
+            return [await one_request(http, url, model, endpoint, prompt_text(i, r), max_tokens)
+                    for r in range(rounds)]
+        t0 = time.perf_counter()
+        per_client = await asyncio.gather(*(client(i) for i in range(n_clients)))
+        wall = time.perf_counter() - t0
+    reqs = [r for rs in per_client for r in rs]
+    ttft = [r["chunks"][0] - r["t0"] for r in reqs if r["chunks"]]
+    itl = [b - a for r in reqs for a, b in zip(r["chunks"], r["chunks"][1:])]
+    dec = [(r["tokens"] - 1) / (r["end"] - r["chunks"][0]) for r in reqs
+           if r["chunks"] and r["tokens"] > 1 and r["end"] > r["chunks"][0]]
+    tokens = sum(r["tokens"] for r in reqs)
+    return dict(clients=n_clients, requests=len(reqs), output_tokens=tokens, wall_s=wall,
+                tok_s=tokens / wall if wall > 0 else float("nan"),
+                ttft_p50=pct(ttft, 0.5), ttft_p95=pct(ttft, 0.95), itl_p50=pct(itl, 0.5), itl_p95=pct(itl, 0.95),
+                req_decode_tok_s=statistics.median(dec) if dec else float("nan"),
+                counted=sorted({r["counted"] for r in reqs}))
+
+
+async def run(args):
+    import httpx
+    url = args.url.rstrip("/")
+    if url.endswith("/v1"):
+        url = url[:-3]
+    async with httpx.AsyncClient(timeout=30) as http:
+        r = await http.get(url + "/v1/models")
+        r.raise_for_status()
+        model = args.model or r.json()["data"][0]["id"]
+    # warm-up: one short request (compiles, faults the weights in)
+    async with httpx.AsyncClient(timeout=None) as http:
+        await one_request(http, url, model, args.endpoint, "Hello.", 8)
+    out = []
+    for n in args.clients:
+        res = await level(url, model, args.endpoint, n, args.rounds, args.max_tokens)
+        out.append(res)
+        print(f"  {n:>3} clients: {res['tok_s']:8.1f} tok/s, TTFT p50 {res['ttft_p50'] * 1e3:7.1f} ms "
+              f"p95 {res['ttft_p95'] * 1e3:7.1f} ms, ITL p50 {res['itl_p50'] * 1e3:6.1f} ms "
+              f"p95 {res['itl_p95'] * 1e3:6.1f} ms", file=sys.stderr, flush=True)
+    return model, out
+
+
+def table(model, url, rows, args) -> str:
+    lines = [f"Server {url}, model `{model}`, endpoint {args.endpoint}, {args.max_tokens} greedy tokens a request, "
+             f"{args.rounds} request(s) per client.", "",
+             "| clients | requests | output tok/s | × 1 client | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | ITL p95 ms "
+             "| per-request tok/s | counted |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    base = next((r["tok_s"] for r in rows if r["clients"] == 1), None)
+    for r in rows:
+        rel = f"{r['tok_s'] / base:.2f}×" if base else "–"
+        lines.append(f"| {r['clients']} | {r['requests']} | {r['tok_s']:.1f} | {rel} | {r['ttft_p50'] * 1e3:.1f} "
+                     f"| {r['ttft_p95'] * 1e3:.1f} | {r['itl_p50'] * 1e3:.1f} | {r['itl_p95'] * 1e3:.1f} "
+                     f"| {r['req_decode_tok_s']:.1f} | {', '.join(r['counted'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench.serve_load", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", default="http://127.0.0.1:8080", help="server base URL (with or without /v1)")
+    ap.add_argument("--clients", default="1,4,8,16", help="concurrency levels, comma-separated (default 1,4,8,16)")
+    ap.add_argument("--max-tokens", type=int, default=128, help="tokens per request (default 128)")
+    ap.add_argument("--rounds", type=int, default=2, help="requests per client, back to back (default 2)")
+    ap.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
+    ap.add_argument("--model", default=None, help="model name to send (default: the first of /v1/models)")
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args(argv)
+    try:
+        args.clients = [int(x) for x in args.clients.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--clients must be comma-separated integers, got {args.clients!r}")
+    if not args.clients or min(args.clients) < 1:
+        ap.error(f"--clients must be >= 1, got {args.clients}")
+    if args.max_tokens < 1 or args.rounds < 1:
+        ap.error("--max-tokens and --rounds must be >= 1")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        import httpx  # noqa: F401
+    except ImportError:
+        print("bench.serve_load needs httpx: pip install cpufuse[bench]", file=sys.stderr)
+        return 2
+    model, rows = asyncio.run(run(args))
+    print(table(model, args.url, rows, args), end="")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(url=args.url, model=model, endpoint=args.endpoint, max_tokens=args.max_tokens,
+                           rounds=args.rounds, levels=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

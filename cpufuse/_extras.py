@@ -1,0 +1,39 @@
+"""Optional dependency groups (pyproject.toml extras) and the one error a missing group raises.
+
+    cpufuse[llama]  gguf, tokenizers, jinja2             (cpufuse.llama: models, tokenizer, chat)
+    cpufuse[serve]  the llama group + uvicorn, starlette, pydantic   (cpufuse.serve, `serve`)
+
+`require(extra)` is called where a group is first needed (the import of cpufuse.llama, of
+cpufuse.serve); it checks that the modules can be found, without importing them.
+"""
+import importlib.util
+
+EXTRAS = {
+    "llama": ("gguf", "tokenizers", "jinja2"),
+    "serve": ("gguf", "tokenizers", "jinja2", "uvicorn", "starlette", "pydantic"),
+}
+
+
+class MissingExtra(ImportError):
+    """A package of an optional group is not installed; the message names the pip command."""
+
+
+def missing(extra):
+    out = []
+    for mod in EXTRAS[extra]:
+        try:
+            found = importlib.util.find_spec(mod) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            out.append(mod)
+    return out
+
+
+def require(extra, what):
+    """Raise MissingExtra naming `what`, the missing packages and `pip install cpufuse[extra]`."""
+    gone = missing(extra)
+    if gone:
+        raise MissingExtra(f"{what} needs the optional packages {', '.join(EXTRAS[extra])}; missing: "
+                           f"{', '.join(gone)}. Install them with: pip install cpufuse[{extra}]",
+                           name=gone[0])

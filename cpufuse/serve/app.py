@@ -1,0 +1,433 @@
+"""The OpenAI-compatible HTTP layer: a Starlette app over an `Engine` (cpufuse.serve.engine).
+
+    app = create_app(engine)          # the app starts the engine at startup and stops it at shutdown
+    uvicorn.run(app, host=..., port=...)
+
+Endpoints: GET /health (also /v1/health), GET /v1/models (also /models), POST /v1/chat/completions,
+POST /v1/completions, GET /metrics (Prometheus text). The app never calls the model: it renders the
+chat template, tokenizes, checks the request against the context, submits token ids to the engine
+and turns its token events into text (stop strings, logprobs: cpufuse.serve.text).
+
+Decisions (docs/serve.md has the full list):
+- the `model` field is not checked (one model is served, as llama.cpp does); responses name the
+  served model;
+- a prompt that with max_tokens (max_completion_tokens) exceeds the context is a 400
+  `context_length_exceeded` with OpenAI's message; without max_tokens the completion may use the
+  rest of the context;
+- a client that disconnects, streaming or not, has its request cancelled in the engine;
+- a request the engine cannot start now waits in its queue (no capacity error).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Optional
+
+import anyio
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from cpufuse.llama.chat import TemplateError, chat_prompt
+
+from .engine import EngineRequest, EngineStopped, FinishEvent, SamplingParams
+from .protocol import APIError, ChatRequest, CompletionRequest, ValidationError, error_body, validation_message
+from .text import TextAssembler
+
+__all__ = ["create_app"]
+
+SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+
+
+def _json(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _error_response(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+async def _until_disconnect(receive) -> None:
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+class _SSEResponse(Response):
+    """Server-sent events from an async iterator of str, racing the client's disconnect: when the
+    client goes, the iterator is cancelled (its finally cancels the engine request) and
+    `on_close` runs. Independent of Starlette's own StreamingResponse disconnect handling, which
+    changed with the ASGI spec version."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events, on_close):   # no body: no content-length header
+        self.status_code, self.background = 200, None
+        self.init_headers(SSE_HEADERS)
+        self.events, self.on_close = events, on_close
+
+    async def __call__(self, scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        try:
+            async with anyio.create_task_group() as tg:
+                async def stream():
+                    async for chunk in self.events:
+                        await send({"type": "http.response.body", "body": chunk.encode(), "more_body": True})
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    tg.cancel_scope.cancel()
+
+                async def watch():
+                    await _until_disconnect(receive)
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(stream)
+                tg.start_soon(watch)
+        finally:
+            self.on_close()
+
+
+class _Server:
+    def __init__(self, engine, drain: float = 0.0):
+        self.engine = engine
+        self.drain = drain
+        self.created = int(time.time())
+        self.http = {}                       # (path, status) -> count
+
+    # ------------------------------------------------------------------ helpers
+    def count(self, path: str, status: int) -> None:
+        k = (path, int(status))
+        self.http[k] = self.http.get(k, 0) + 1
+
+    async def parse(self, request: Request, model):
+        try:
+            raw = await request.body()
+            obj = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise APIError(f"the request body is not valid JSON: {e}") from None
+        if not isinstance(obj, dict):
+            raise APIError(f"the request body must be a JSON object, got {type(obj).__name__}")
+        try:
+            req = model.model_validate(obj)
+        except ValidationError as e:
+            msg, param = validation_message(e)
+            raise APIError(msg, param=param) from None
+        req.check()
+        return req
+
+    def context_check(self, n_prompt: int, limit: Optional[int], chat: bool) -> int:
+        """max_tokens for the engine, or APIError(400, context_length_exceeded)."""
+        n_ctx = self.engine.n_ctx
+        where = ("messages", "in the messages", "the messages") if chat else ("prompt", "in your prompt", "your prompt")
+        extra = {"n_prompt_tokens": n_prompt, "n_ctx": n_ctx}
+        if limit is None:
+            if n_prompt < n_ctx:
+                return n_ctx - n_prompt
+            raise APIError(f"This model's maximum context length is {n_ctx} tokens. However, your prompt "
+                           f"resulted in {n_prompt} tokens ({n_prompt} {where[1]}), which leaves no room for "
+                           f"the completion. Please reduce the length of {where[2]}.",
+                           param=where[0], code="context_length_exceeded", extra=extra)
+        if n_prompt + limit > n_ctx:
+            raise APIError(f"This model's maximum context length is {n_ctx} tokens. However, you requested "
+                           f"{n_prompt + limit} tokens ({n_prompt} {where[1]}, {limit} in the completion). "
+                           f"Please reduce the length of {where[2]} or completion.",
+                           param=where[0], code="context_length_exceeded", extra=extra)
+        return limit
+
+    def engine_request(self, req, ids, chat: bool) -> EngineRequest:
+        if not ids:
+            raise APIError("the prompt is empty", param="messages" if chat else "prompt")
+        n_vocab = self.engine.n_vocab
+        bad = [t for t in ids if not 0 <= t < n_vocab]
+        if bad:
+            raise APIError(f"prompt token id {bad[0]} is outside the vocabulary [0, {n_vocab})", param="prompt")
+        max_tokens = self.context_check(len(ids), req.limit(), chat)
+        d = SamplingParams()
+        seed = None if req.seed is None else int(req.seed) % (1 << 64)
+        sp = SamplingParams(
+            temperature=d.temperature if req.temperature is None else req.temperature,
+            top_p=d.top_p if req.top_p is None else req.top_p,
+            top_k=d.top_k if req.top_k is None else req.top_k,
+            min_p=d.min_p if req.min_p is None else req.min_p,
+            seed=seed,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0)
+        return EngineRequest(prompt_ids=list(ids), max_tokens=max_tokens, sampling=sp,
+                             logprobs=req.n_logprobs(),
+                             stop_ids=frozenset() if req.ignore_eos else self.engine.eog_ids)
+
+    def submit(self, ereq: EngineRequest):
+        try:
+            return self.engine.submit(ereq, asyncio.get_running_loop())
+        except EngineStopped as e:
+            raise APIError(str(e), status=503, type="unavailable_error") from None
+        except ValueError as e:
+            raise APIError(str(e)) from None
+
+    # ------------------------------------------------------------------ the token loop
+    async def run(self, handle, stops):
+        """Yields ("text", text, released) pieces, then ("end", finish_reason, usage)."""
+        asm = TextAssembler(self.engine.tokenizer, stops)
+        n_tokens = 0
+        try:
+            async for ev in handle:
+                if isinstance(ev, FinishEvent):
+                    if ev.finish_reason == "error":
+                        raise APIError(f"the engine failed: {ev.error}", status=500, type="server_error")
+                    if ev.finish_reason == "cancelled":
+                        raise APIError("the request was cancelled: the server is shutting down", status=503,
+                                       type="unavailable_error")
+                    text, rel = asm.finish()
+                    if text or rel:
+                        yield ("text", text, rel)
+                    yield ("end", ev.finish_reason, self.usage(ev.prompt_tokens, n_tokens, ev.cached_tokens))
+                    return
+                n_tokens += 1
+                text, rel, stopped = asm.push(ev)
+                if text or rel:
+                    yield ("text", text, rel)
+                if stopped:
+                    handle.cancel()
+                    yield ("end", "stop", self.usage(len(handle.request.prompt_ids), n_tokens, handle.cached_tokens))
+                    return
+        finally:
+            handle.cancel()                  # no-op once finished; a disconnect or an error cancels
+
+    @staticmethod
+    def usage(p: int, c: int, cached: int) -> dict:
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+                "prompt_tokens_details": {"cached_tokens": cached}}
+
+    # ------------------------------------------------------------------ logprobs
+    def _piece(self, tok: int):
+        b = self.engine.tokenizer.token_to_piece(int(tok), special=True)
+        return b.decode("utf-8", errors="replace"), list(b)
+
+    def chat_logprobs(self, released) -> list:
+        out = []
+        for _, ev in released:
+            s, b = self._piece(ev.token)
+            top = []
+            for t, lp in ev.top_logprobs or ():
+                ts, tb = self._piece(t)
+                top.append({"token": ts, "logprob": lp, "bytes": tb})
+            out.append({"token": s, "logprob": ev.logprob, "bytes": b, "top_logprobs": top})
+        return out
+
+    def completion_logprobs(self, released) -> dict:
+        lp = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for start, ev in released:
+            lp["tokens"].append(self._piece(ev.token)[0])
+            lp["token_logprobs"].append(ev.logprob)
+            lp["top_logprobs"].append({self._piece(t)[0]: v for t, v in ev.top_logprobs or ()})
+            lp["text_offset"].append(start)
+        return lp
+
+    # ------------------------------------------------------------------ endpoints
+    async def health(self, request: Request):
+        if self.engine.running:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse(error_body("the engine is not running", "unavailable_error", None, 503), status_code=503)
+
+    async def models(self, request: Request):
+        e = self.engine
+        return JSONResponse({"object": "list", "data": [{
+            "id": e.model_name, "object": "model", "created": self.created, "owned_by": "cpufuse",
+            "root": getattr(e, "model_path", e.model_name), "parent": None, "max_model_len": e.n_ctx}]})
+
+    async def chat(self, request: Request):
+        req = await self.parse(request, ChatRequest)
+        msgs = req.messages_for_template()
+        tok = self.engine.tokenizer
+
+        def render():
+            text = chat_prompt(tok, msgs, add_generation_prompt=True, template=self.engine.chat_template)
+            return tok.tokenize(text, add_bos=False, special=True)
+        try:
+            ids = await run_in_threadpool(render)
+        except TemplateError as e:           # the template's raise_exception()
+            raise APIError(f"the chat template rejected the messages: {e}", param="messages") from None
+        except Exception as e:  # noqa: BLE001 -- a template that fails on these messages
+            raise APIError(f"the chat template failed on these messages: {type(e).__name__}: {e}",
+                           param="messages") from None
+        return await self.respond(request, req, self.engine_request(req, ids, chat=True), chat=True)
+
+    async def completions(self, request: Request):
+        req = await self.parse(request, CompletionRequest)
+        p = req.single_prompt()
+        if isinstance(p, str):
+            ids = await run_in_threadpool(self.engine.tokenizer.tokenize, p, None, True)
+        else:
+            ids = list(p)
+        return await self.respond(request, req, self.engine_request(req, ids, chat=False), chat=False)
+
+    async def respond(self, request: Request, req, ereq: EngineRequest, chat: bool):
+        handle = self.submit(ereq)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()), "model": self.engine.model_name}
+        want_lp = ereq.logprobs is not None
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return _SSEResponse(self.sse(handle, req.stop, head, chat, want_lp, include_usage), handle.cancel)
+        return await self.collect(request, handle, req.stop, head, chat, want_lp)
+
+    async def sse(self, handle, stops, head, chat, want_lp, include_usage):
+        def event(choice=None, usage=None):
+            d = dict(head)
+            d["choices"] = [] if choice is None else [dict(index=0, **choice)]
+            if usage is not None:
+                d["usage"] = usage
+            return f"data: {_json(d)}\n\n"
+        if chat:
+            yield event({"delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None})
+        try:
+            async for kind, a, b in self.run(handle, stops):
+                if kind == "text":
+                    if chat:
+                        lp = {"content": self.chat_logprobs(b), "refusal": None} if want_lp else None
+                        yield event({"delta": {"content": a}, "logprobs": lp, "finish_reason": None})
+                    else:
+                        lp = self.completion_logprobs(b) if want_lp else None
+                        yield event({"text": a, "logprobs": lp, "finish_reason": None})
+                else:
+                    body = {"delta": {}} if chat else {"text": ""}
+                    yield event(dict(body, logprobs=None, finish_reason=a))
+                    if include_usage:
+                        yield event(None, b)
+        except APIError as e:
+            yield f"data: {_json(e.body())}\n\n"
+        except Exception as e:  # noqa: BLE001 -- the stream has started: report it in the stream
+            yield f"data: {_json(error_body(f'internal error: {type(e).__name__}: {e}', 'server_error'))}\n\n"
+        yield "data: [DONE]\n\n"
+
+    async def collect(self, request, handle, stops, head, chat, want_lp):
+        parts, released, end = [], [], None
+
+        async def consume():
+            nonlocal end
+            async for kind, a, b in self.run(handle, stops):
+                if kind == "text":
+                    parts.append(a)
+                    released.extend(b)
+                else:
+                    end = (a, b)
+
+        work = asyncio.ensure_future(consume())
+        gone = asyncio.ensure_future(_until_disconnect(request.receive))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():              # the client went away: cancel the request
+                work.cancel()
+                handle.cancel()
+        if not work.done() or work.cancelled():
+            return Response(status_code=499)  # nobody reads it
+        work.result()                        # re-raises an APIError
+        text = "".join(parts)
+        reason, usage = end
+        if chat:
+            lp = {"content": self.chat_logprobs(released), "refusal": None} if want_lp else None
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lp,
+                      "finish_reason": reason}
+            obj = "chat.completion"
+        else:
+            lp = self.completion_logprobs(released) if want_lp else None
+            choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": reason}
+            obj = "text_completion"
+        return JSONResponse(dict(head, object=obj, choices=[choice], usage=usage,
+                                 system_fingerprint=_fingerprint()))
+
+    async def metrics(self, request: Request):
+        return PlainTextResponse(self.prometheus(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    def prometheus(self) -> str:
+        s = self.engine.stats()
+        lines = []
+
+        def metric(name, kind, help_, samples):
+            lines.append(f"# HELP cpufuse_{name} {help_}")
+            lines.append(f"# TYPE cpufuse_{name} {kind}")
+            for labels, v in samples:
+                lab = ",".join(f'{k}="{val}"' for k, val in labels.items())
+                lines.append(f"cpufuse_{name}{{{lab}}} {v}" if lab else f"cpufuse_{name} {v}")
+
+        metric("http_requests_total", "counter", "HTTP requests answered, by path and status",
+               [({"path": p, "status": st}, n) for (p, st), n in sorted(self.http.items())])
+        metric("requests_submitted_total", "counter", "requests submitted to the engine",
+               [({}, s.requests_submitted)])
+        metric("requests_finished_total", "counter", "engine requests finished, by finish reason",
+               [({"reason": r}, s.requests_finished.get(r, 0)) for r in ("stop", "length", "cancelled", "error")])
+        metric("prompt_tokens_total", "counter", "prompt tokens of the requests started", [({}, s.prompt_tokens)])
+        metric("prompt_tokens_cached_total", "counter", "prompt tokens served from the prompt cache",
+               [({}, s.cached_prompt_tokens)])
+        metric("generation_tokens_total", "counter", "tokens generated", [({}, s.generated_tokens)])
+        metric("decode_steps_total", "counter", "engine decode steps", [({}, s.steps)])
+        metric("requests_waiting", "gauge", "requests queued, not started (queue depth)", [({}, s.queue_depth)])
+        metric("requests_running", "gauge", "sequences running (active)", [({}, s.active)])
+        metric("batch_size", "gauge", "sequences in the last decode step", [({}, s.batch_size)])
+        metric("parallel", "gauge", "the most sequences run at once", [({}, s.parallel)])
+        metric("n_ctx", "gauge", "context size of one sequence", [({}, self.engine.n_ctx)])
+        return "\n".join(lines) + "\n"
+
+
+def _fingerprint() -> str:
+    import cpufuse
+    return f"cpufuse-{cpufuse.__version__}"
+
+
+def create_app(engine, drain: float = 0.0) -> Starlette:
+    """The Starlette app serving `engine`. Lifespan: engine.start() at startup; at shutdown
+    engine.stop(drain) (queued requests cancelled, running ones given `drain` seconds)."""
+    srv = _Server(engine, drain)
+
+    def endpoint(fn):
+        async def wrapped(request: Request):
+            try:
+                resp = await fn(request)
+            except APIError as e:
+                resp = _error_response(e)
+            srv.count(request.url.path, resp.status_code)
+            return resp
+        return wrapped
+
+    async def not_found(request: Request, exc: HTTPException):
+        srv.count("other", exc.status_code)
+        kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
+        return JSONResponse(error_body(f"{request.method} {request.url.path}: {exc.detail}", kind, None,
+                                       exc.status_code), status_code=exc.status_code)
+
+    async def server_error(request: Request, exc: Exception):
+        srv.count(request.url.path, 500)
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"),
+                            status_code=500)
+
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app):
+        engine.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(engine.stop, drain)
+
+    routes = [
+        Route("/health", endpoint(srv.health), methods=["GET"]),
+        Route("/v1/health", endpoint(srv.health), methods=["GET"]),
+        Route("/v1/models", endpoint(srv.models), methods=["GET"]),
+        Route("/models", endpoint(srv.models), methods=["GET"]),
+        Route("/v1/chat/completions", endpoint(srv.chat), methods=["POST"]),
+        Route("/v1/completions", endpoint(srv.completions), methods=["POST"]),
+        Route("/metrics", endpoint(srv.metrics), methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: not_found, Exception: server_error})
+    app.state.server = srv
+    return app

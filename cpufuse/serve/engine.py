@@ -1,0 +1,473 @@
+"""The engine interface between the HTTP layer (`cpufuse.serve.app`) and the model, and
+`SerialEngine`, the first engine (one request at a time).
+
+The contract every engine implements
+====================================
+
+Threads
+    An engine owns its model on ONE engine thread, started by `start()` and joined by `stop()`.
+    Nothing else touches the model. The HTTP layer calls only `submit()`, `stats()`,
+    `Handle.cancel()` and the read-only attributes below; they are safe from any thread.
+
+Read-only attributes
+    `model_name` (str), `n_ctx` (the most tokens one sequence may hold: prompt + generated),
+    `n_vocab`, `eog_ids` (frozenset: the model's end-of-generation ids), `tokenizer` (a
+    `cpufuse.llama.tokenizer.Tokenizer`; stateless, shared by every thread), `parallel` (the most
+    sequences run at once), `chat_template` (str or None).
+
+`submit(request, loop=None) -> Handle`
+    Thread-safe and non-blocking: it queues the request and wakes the engine thread. `request` is
+    an `EngineRequest`: prompt token ids, max_tokens, `SamplingParams`, logprobs (None, or the number
+    of top alternatives, 0 = the chosen token's only) and stop token ids. It raises `ValueError`
+    for a request no engine state can run (empty prompt, an id outside [0, n_vocab),
+    max_tokens < 1, len(prompt) + max_tokens > n_ctx) and `EngineStopped` once `stop()` has begun.
+    A request that cannot run now waits in the queue: there is no capacity error.
+
+Events
+    A handle yields, in order, one `TokenEvent` per generated token (`token`, `logprob`,
+    `top_logprobs`), then exactly one `FinishEvent` (`finish_reason`, `prompt_tokens`,
+    `completion_tokens`, `cached_tokens`, `error`), then nothing. `Handle.cached_tokens` (the
+    prompt tokens whose KV came from a cache) is set before the first TokenEvent is delivered, so
+    a consumer that stops early (a stop string) still knows it. A sampled stop id ends the
+    sequence with "stop" and is not delivered (nor counted). finish_reason is
+      "stop"       a stop token id was sampled;
+      "length"     max_tokens tokens were generated;
+      "cancelled"  `Handle.cancel()` or `stop()` ended it;
+      "error"      the engine failed on this request (`error` holds the message).
+    Text is not the engine's business: detokenization and stop STRINGS are done by the server on
+    the token stream; it calls `Handle.cancel()` when a stop string matches.
+
+Delivery to asyncio
+    `submit(request, loop)` binds the handle to the consumer's event loop: the engine thread
+    hands events over with `loop.call_soon_threadsafe` into an `asyncio.Queue` (never touching the
+    queue itself), so the loop never blocks; consume with `async for ev in handle`. With
+    `loop=None` events go to a thread-safe queue; consume with `for ev in handle` (blocking).
+    `deliver()` hands many handles' events over with one wake-up per loop (a batching engine
+    calls it once per step). No backpressure: events wait in the handle's queue (at most
+    max_tokens + 1 of them).
+
+Cancellation
+    `Handle.cancel()` is thread-safe, idempotent and non-blocking. The engine checks it before a
+    queued request starts and at every step boundary (each decode step, each prefill chunk), drops
+    the sequence within one step, frees its resources (KV cells, slot) and delivers
+    FinishEvent("cancelled"). After the finish event it is a no-op.
+
+Sampling and determinism
+    Each request has its own `cpufuse.llama.sampling.Sampler` (its own seeded RNG; see
+    `make_sampler`): OpenAI's presence/frequency penalties over the generated tokens
+    (penalty_scope="generated"), no repeat penalty, temperature <= 0 greedy. A request's tokens
+    depend only on the request: never on what runs beside it or before it. `SerialEngine` gives
+    exactly `Model.generate(prompt_ids, reuse_cache=False, sampler=make_sampler(params))`'s tokens.
+    logprobs are taken from the raw model logits (log-softmax before penalties, filters and
+    temperature; `token_logprobs`), as vLLM reports them by default.
+
+`stats() -> EngineStats`
+    A snapshot of counters and gauges for /metrics, cheap and safe from any thread (it never
+    waits for a step to end).
+
+Lifespan
+    `start()` starts the engine thread (the model is loaded before, by the constructor or its
+    factory). `stop(drain=0.0)` is graceful: it stops admitting (`submit` raises EngineStopped),
+    cancels every queued request, lets running sequences go on for up to `drain` seconds, cancels
+    what is left, and joins the thread. Every handle gets its FinishEvent. The server calls it at
+    lifespan shutdown, after uvicorn has waited (up to its graceful-shutdown timeout) for open
+    requests to finish.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import itertools
+import queue
+import threading
+from typing import Iterable, List, Optional, Tuple, Union
+
+import numpy as np
+
+__all__ = ["SamplingParams", "EngineRequest", "TokenEvent", "FinishEvent", "EngineStats", "Handle",
+           "Engine", "EngineStopped", "SerialEngine", "deliver", "make_sampler", "token_logprobs"]
+
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling (OpenAI defaults). temperature <= 0: greedy. top_k <= 0, top_p >= 1,
+    min_p <= 0: that filter is off. seed None: a random seed."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: Optional[int] = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+
+@dataclasses.dataclass
+class EngineRequest:
+    prompt_ids: List[int]
+    max_tokens: int
+    sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
+    logprobs: Optional[int] = None          # None: none; n >= 0: chosen token + n top alternatives
+    stop_ids: frozenset = frozenset()        # sampled -> finish "stop" (usually the model's eog_ids)
+    id: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenEvent:
+    token: int
+    logprob: Optional[float] = None
+    top_logprobs: Optional[Tuple[Tuple[int, float], ...]] = None   # (id, logprob), descending
+
+
+@dataclasses.dataclass(frozen=True)
+class FinishEvent:
+    finish_reason: str                       # one of FINISH_REASONS
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0                   # prompt tokens whose KV came from a cache
+    error: Optional[str] = None
+
+
+Event = Union[TokenEvent, FinishEvent]
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineStats:
+    requests_submitted: int = 0              # counters since start
+    requests_finished: dict = dataclasses.field(default_factory=dict)   # finish_reason -> count
+    prompt_tokens: int = 0                   # prompt tokens of the requests started
+    cached_prompt_tokens: int = 0
+    generated_tokens: int = 0
+    steps: int = 0                           # decode steps (one token for each running sequence)
+    queue_depth: int = 0                     # gauges: requests waiting
+    active: int = 0                          # sequences running (prefill or decode)
+    batch_size: int = 0                      # sequences in the last decode step
+    parallel: int = 1                        # the most sequences at once
+
+
+class EngineStopped(RuntimeError):
+    """submit() after stop() began"""
+
+
+class Handle:
+    """One request's event stream (see the module docstring). Created by `Engine.submit`."""
+
+    def __init__(self, request: EngineRequest, loop: Optional[asyncio.AbstractEventLoop] = None,
+                 on_cancel=None):
+        self.request = request
+        self.loop = loop
+        self._cancel = threading.Event()
+        self._on_cancel = on_cancel
+        self._q = asyncio.Queue() if loop is not None else queue.SimpleQueue()
+        self._done = False                   # consumer side: the FinishEvent was taken
+        self.finished = False                # engine side: the FinishEvent was delivered
+        self.cached_tokens = 0               # engine side: set before the first TokenEvent
+
+    # ------------------------------------------------------------------ any thread
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def cancel(self) -> None:
+        if not self._cancel.is_set():
+            self._cancel.set()
+            if self._on_cancel is not None:
+                self._on_cancel(self)
+
+    # ------------------------------------------------------------------ engine side
+    def _put_local(self, events):
+        for ev in events:
+            self._q.put_nowait(ev)
+
+    def put(self, *events: Event) -> None:
+        """Deliver events (engine thread). A FinishEvent must be the last one ever put."""
+        deliver((self, ev) for ev in events)
+
+    # ------------------------------------------------------------------ consumer side
+    def __iter__(self):
+        if self.loop is not None:
+            raise TypeError("this handle is bound to an event loop: use `async for`")
+        while not self._done:
+            ev = self._q.get()
+            self._done = isinstance(ev, FinishEvent)
+            yield ev
+
+    def __aiter__(self):
+        if self.loop is None:
+            raise TypeError("this handle has no event loop (submit(request, loop)): use `for`")
+        return self
+
+    async def __anext__(self) -> Event:
+        if self._done:
+            raise StopAsyncIteration
+        ev = await self._q.get()
+        self._done = isinstance(ev, FinishEvent)
+        return ev
+
+
+def deliver(items: Iterable[Tuple[Handle, Event]]) -> None:
+    """Hand (handle, event) pairs to their consumers from the engine thread: one
+    call_soon_threadsafe per event loop for the lot, in order. A handle whose loop is closed is
+    cancelled (its consumer is gone)."""
+    by_loop = collections.OrderedDict()
+    for h, ev in items:
+        if isinstance(ev, FinishEvent):
+            h.finished = True
+        if h.loop is None:
+            h._q.put(ev)
+        else:
+            by_loop.setdefault(h.loop, []).append((h, ev))
+    for loop, pairs in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_put_pairs, pairs)
+        except RuntimeError:               # the loop is closed
+            for h, _ in pairs:
+                h._cancel.set()
+
+
+def _put_pairs(pairs):
+    for h, ev in pairs:
+        h._q.put_nowait(ev)
+
+
+def make_sampler(params: SamplingParams):
+    """The request's Sampler: OpenAI penalties over the generated tokens, no repeat penalty."""
+    from cpufuse.llama.sampling import Sampler
+    return Sampler(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                   min_p=params.min_p, repeat_penalty=1.0, frequency_penalty=params.frequency_penalty,
+                   presence_penalty=params.presence_penalty, seed=params.seed, penalty_scope="generated")
+
+
+def token_logprobs(logits, token: int, n_top: int) -> Tuple[float, Tuple[Tuple[int, float], ...]]:
+    """(logprob of `token`, the n_top most likely (id, logprob), descending, ties by id) from raw
+    logits, in float64."""
+    x = np.asarray(logits, dtype=np.float64).reshape(-1)
+    m = x.max()
+    lse = m + np.log(np.exp(x - m).sum())
+    top = ()
+    if n_top > 0:
+        k = min(int(n_top), x.shape[0])
+        idx = np.argpartition(-x, k - 1)[:k]
+        idx = idx[np.lexsort((idx, -x[idx]))]
+        top = tuple((int(i), float(x[i] - lse)) for i in idx)
+    return float(x[int(token)] - lse), top
+
+
+class Engine:
+    """Base class: the shared state of every engine (attributes, admission checks, counters).
+    Subclasses implement `_run()` (the engine thread's body) and may override `submit`."""
+
+    def __init__(self, model_name: str, tokenizer, n_ctx: int, n_vocab: int, eog_ids=frozenset(),
+                 parallel: int = 1, chat_template: Optional[str] = None):
+        if int(parallel) < 1:
+            raise ValueError(f"parallel must be >= 1, got {parallel!r}")
+        self.model_name = model_name
+        self.tokenizer = tokenizer
+        self.n_ctx = int(n_ctx)
+        self.n_vocab = int(n_vocab)
+        self.eog_ids = frozenset(eog_ids)
+        self.parallel = int(parallel)
+        self.chat_template = chat_template
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._queue: collections.deque = collections.deque()
+        self._stopping = False
+        self._thread: Optional[threading.Thread] = None
+        self._ids = itertools.count(1)
+        self._c = dict(requests_submitted=0, prompt_tokens=0, cached_prompt_tokens=0, generated_tokens=0,
+                       steps=0, active=0, batch_size=0)
+        self._finished = collections.Counter()
+
+    # ------------------------------------------------------------------ lifespan
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._run, name=f"cpufuse-engine-{self.model_name}",
+                                            daemon=True)
+        self._thread.start()
+
+    def stop(self, drain: float = 0.0) -> None:
+        with self._lock:
+            self._stopping = True
+            waiting = list(self._queue)
+            self._queue.clear()
+            self._wake.notify_all()
+        for h in waiting:
+            self._finish(h, "cancelled", 0)
+        t = self._thread
+        if t is None:
+            return
+        if drain > 0:
+            t.join(drain)
+        self._cancel_running()
+        t.join()
+
+    def _cancel_running(self) -> None:
+        """stop(): cancel the sequences still running (the subclass knows them)."""
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ admission
+    def check_request(self, request: EngineRequest) -> None:
+        """ValueError for a request this engine can never run (the module docstring lists why)."""
+        ids = request.prompt_ids
+        if not ids:
+            raise ValueError("the prompt is empty")
+        bad = [t for t in ids if not (isinstance(t, (int, np.integer)) and 0 <= t < self.n_vocab)]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]!r} is outside [0, {self.n_vocab})")
+        if int(request.max_tokens) < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {request.max_tokens}")
+        if len(ids) + int(request.max_tokens) > self.n_ctx:
+            raise ValueError(f"the prompt ({len(ids)} tokens) plus max_tokens ({request.max_tokens}) "
+                             f"exceeds the context ({self.n_ctx} tokens)")
+        if request.logprobs is not None and not 0 <= int(request.logprobs) <= self.n_vocab:
+            raise ValueError(f"logprobs must be in [0, {self.n_vocab}], got {request.logprobs}")
+
+    def submit(self, request: EngineRequest, loop: Optional[asyncio.AbstractEventLoop] = None) -> Handle:
+        self.check_request(request)
+        if not request.id:
+            request.id = f"req-{next(self._ids)}"
+        h = Handle(request, loop, on_cancel=self._on_cancel)
+        with self._lock:
+            if self._stopping or self._thread is None:
+                raise EngineStopped("the engine is not running")
+            self._queue.append(h)
+            self._c["requests_submitted"] += 1
+            self._wake.notify()
+        return h
+
+    def _on_cancel(self, handle: Handle) -> None:
+        """Handle.cancel(): a queued request is dropped at once (its slot in the queue freed)."""
+        with self._lock:
+            try:
+                self._queue.remove(handle)
+            except ValueError:
+                return                     # running or finished: the engine thread sees the flag
+        self._finish(handle, "cancelled", 0)
+
+    # ------------------------------------------------------------------ accounting
+    def _finish(self, h: Handle, reason: str, n_gen: int, cached: int = 0, error: Optional[str] = None,
+                deliver_now: bool = True) -> FinishEvent:
+        ev = FinishEvent(reason, len(h.request.prompt_ids), n_gen, cached, error)
+        with self._lock:
+            self._finished[reason] += 1
+        if deliver_now:
+            h.put(ev)
+        return ev
+
+    def _count(self, **inc) -> None:
+        with self._lock:
+            for k, v in inc.items():
+                self._c[k] += v
+
+    def _set(self, **vals) -> None:
+        with self._lock:
+            self._c.update(vals)
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            c = dict(self._c)
+            return EngineStats(requests_finished=dict(self._finished), queue_depth=len(self._queue),
+                               parallel=self.parallel, **c)
+
+
+class SerialEngine(Engine):
+    """One engine thread, a FIFO queue, one request at a time on a `cpufuse.llama.Model`:
+    evaluate the prompt (in the model's n_batch micro-batches, checking for cancellation between
+    them), then sample and evaluate one token at a time. `parallel` is reported but one sequence
+    runs at a time. The KV cache is reset for every request (no prompt cache: cached_tokens 0)."""
+
+    def __init__(self, model, model_name: Optional[str] = None, parallel: int = 1):
+        import os
+        name = model_name or os.path.splitext(os.path.basename(getattr(model, "path", "model")))[0]
+        tok = model.tokenizer
+        super().__init__(name, tok, model.n_ctx, model.n_vocab, model.eog_ids, parallel,
+                         getattr(tok, "chat_template", None))
+        self.model = model
+        self.model_path = getattr(model, "path", name)
+        self._current: Optional[Handle] = None
+
+    @classmethod
+    def load(cls, path: str, n_ctx: int = 2048, n_threads: Optional[int] = None, kv_dtype: str = "f16",
+             model_name: Optional[str] = None, parallel: int = 1, **load_kw) -> "SerialEngine":
+        from cpufuse.llama import Model
+        return cls(Model.load(path, n_ctx=n_ctx, n_threads=n_threads, kv_dtype=kv_dtype, **load_kw),
+                   model_name=model_name, parallel=parallel)
+
+    def _cancel_running(self) -> None:
+        h = self._current
+        if h is not None:
+            h._cancel.set()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and not self._stopping:
+                    self._wake.wait()
+                if not self._queue:        # stopping, nothing left (stop() cancelled the queue)
+                    return
+                h = self._queue.popleft()
+                self._current = h
+                self._c["active"] = 1
+            try:
+                self._serve(h)
+            except Exception as e:  # noqa: BLE001 -- the request fails, the engine goes on
+                if not h.finished:
+                    self._finish(h, "error", 0, error=f"{type(e).__name__}: {e}")
+            finally:
+                with self._lock:
+                    self._current = None
+                    self._c["active"] = 0
+                    self._c["batch_size"] = 0
+
+    def _serve(self, h: Handle) -> None:
+        r, m = h.request, self.model
+        if h.cancelled:
+            self._finish(h, "cancelled", 0)
+            return
+        ids = [int(t) for t in r.prompt_ids]
+        sampler = make_sampler(r.sampling)
+        sampler.accept_prompt(ids)
+        m.reset()
+        self._count(prompt_tokens=len(ids))
+        B = max(1, int(getattr(m, "n_batch", len(ids))))
+        for s in range(0, len(ids), B):          # the micro-batches Model.eval would use
+            if h.cancelled:
+                self._finish(h, "cancelled", 0)
+                return
+            logits = m.eval(ids[s:s + B])
+        n_gen = 0
+        stop_ids, n_top = r.stop_ids, r.logprobs
+        while True:
+            if h.cancelled:
+                self._finish(h, "cancelled", n_gen)
+                return
+            tok = sampler.sample(logits)
+            if tok in stop_ids:
+                self._finish(h, "stop", n_gen)
+                return
+            if n_top is None:
+                ev = TokenEvent(tok)
+            else:
+                lp, top = token_logprobs(logits, tok, n_top)
+                ev = TokenEvent(tok, lp, top)
+            n_gen += 1
+            self._count(generated_tokens=1)
+            if n_gen >= r.max_tokens:
+                h.put(ev, self._finish(h, "length", n_gen, deliver_now=False))
+                return
+            h.put(ev)
+            logits = m.eval([tok])
+            self._count(steps=1)
+            self._set(batch_size=1)
+
