@@ -218,7 +218,7 @@ def _lean(x, pos, nd, mode, key, nco, compat, cache, out, isa, n_threads):
     Python numbers for the parameters; out None, x itself, or C-contiguous sharing no byte with x and
     pos (exact pointer-range tests). Returns (True, result), or None where anything is unusual
     (the full path then checks everything and raises the precise error)."""
-    if (type(x) is not _ndarray or x.dtype is not F32 or type(pos) is not _ndarray or pos.dtype is not I32
+    if (ffi is None or type(x) is not _ndarray or x.dtype is not F32 or type(pos) is not _ndarray or pos.dtype is not I32
             or x.ndim != 3 or type(nd) is not int or type(compat) is not bool or type(nco) is not int
             or nco < 0 or not x.flags.c_contiguous or not pos.flags.c_contiguous):
         return None
