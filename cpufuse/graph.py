@@ -51,7 +51,7 @@ F16 = np.dtype(np.float16)
 I32 = np.dtype(np.int32)
 
 OP_ADD, OP_MUL, OP_SCALE, OP_SILU, OP_SWIGLU, OP_RMS, OP_SOFTMAX, OP_FA, OP_COPY, OP_GEMM, OP_QMM, OP_ROPE, \
-    OP_CACHE_WRITE = range(1, 14)
+    OP_CACHE_WRITE, OP_KV_WRITE, OP_ATTN_SEQS, OP_GATHER_ROWS = range(1, 17)
 _DESC_OPS = (OP_RMS, OP_SOFTMAX, OP_FA, OP_COPY, OP_QMM, OP_ROPE)  # records whose args[0] is a descriptor
 _RP_LEN, _RPF_LEN = 12, 6  # native/kernels/rope.h
 
@@ -319,6 +319,74 @@ class Graph:
         n = self._add("cache_write", [src, pos0], {"cache": cache}, cache.shape, cache.dtype, name)
         return n
 
+    def _kv_cache(self, op, nm, cache, heads, head_dim):
+        if not isinstance(cache, np.ndarray) or cache.dtype not in (F32, F16):
+            raise GraphError(f"{op} {nm!r}: cache must be a float16 or float32 numpy array, got "
+                             f"{getattr(cache, 'dtype', type(cache).__name__)}")
+        if cache.ndim != 3 or cache.shape[1:] != (heads, head_dim):
+            raise GraphError(f"{op} {nm!r}: cache must be (n_cells, {heads}, {head_dim}), got {cache.shape}")
+        if not cache.flags.c_contiguous or not cache.flags.behaved:
+            raise GraphError(f"{op} {nm!r}: cache must be C-contiguous, aligned and writeable, got "
+                             f"c_contiguous={cache.flags.c_contiguous}, aligned={cache.flags.aligned}, "
+                             f"writeable={cache.flags.writeable}")
+
+    def _i32_input(self, op, nm, node, what, shape):
+        if not isinstance(node, Node) or node.op != "input" or node.dtype != I32 or len(node.shape) != len(shape) \
+                or any(a is not None and a != b for a, b in zip(shape, node.shape)):
+            raise GraphError(f"{op} {nm!r}: {what} must be an int32 input node of shape {shape}, got {node!r}"
+                             + (f" {node.dtype}" if isinstance(node, Node) else ""))
+
+    def kv_write(self, src, cache, cells, name=None):
+        """Write row i of src (n_tokens, n_heads, head_dim) float32 into cell cells[i] of cache, a
+        C-contiguous user-owned array (n_cells, n_heads, head_dim), float16 (rounded to nearest even)
+        or float32; cells an int32 input node (n_tokens,) read at run time (a GraphError when a cell
+        is outside the cache). The scatter form of cache_write, for batches that mix sequences
+        (each with its own cells). The node's value is the whole cache; always executed."""
+        nm = self._name("kv_write", name)
+        self._f32(src, "kv_write", nm)
+        if len(src.shape) != 3:
+            raise GraphError(f"kv_write {nm!r}: src must be (n_tokens, n_heads, head_dim), got {src.shape}")
+        self._kv_cache("kv_write", nm, cache, src.shape[1], src.shape[2])
+        self._i32_input("kv_write", nm, cells, "cells", (src.shape[0],))
+        return self._add("kv_write", [src, cells], {"cache": cache}, cache.shape, cache.dtype, name)
+
+    def attn_seqs(self, q, k, v, seqs, scale, softcap=0.0, name=None):
+        """Attention of a batch that mixes sequences, each over exactly its own KV cells. q (n_tokens,
+        n_heads, head_dim) float32; k, v: kv_write (or cache_write) nodes, i.e. KV caches (n_cells,
+        n_kv_heads, head_dim) with n_heads a multiple of n_kv_heads (GQA); seqs an int32 input node
+        (n_groups, 4), one row (cell0, row0, n_rows, pos0) per sequence in the batch: query rows
+        row0 .. row0+n_rows-1 are its tokens at positions pos0.. (consecutive), its position p lives
+        in cell cell0 + p, and token i attends positions 0 .. pos0+i (causal). Rows with n_rows = 0
+        are unused. Each sequence is one flash_attn call with N = n_rows, T = pos0 + n_rows and the
+        auto strategy of cpufuse.ops.choose_strategy: what it computes alone, whatever else is in
+        the batch. Output (n_tokens, n_heads, head_dim) float32 (rows of no group are left as they were)."""
+        nm = self._name("attn_seqs", name)
+        self._f32(q, "attn_seqs", nm)
+        if len(q.shape) != 3:
+            raise GraphError(f"attn_seqs {nm!r}: q must be (n_tokens, n_heads, head_dim), got {q.shape}")
+        for what, c in (("k", k), ("v", v)):
+            if not isinstance(c, Node) or c.op not in ("kv_write", "cache_write"):
+                raise GraphError(f"attn_seqs {nm!r}: {what} must be a kv_write or cache_write node, got {c!r}")
+            if len(c.shape) != 3 or c.shape[2] != q.shape[2] or q.shape[1] % c.shape[1]:
+                raise GraphError(f"attn_seqs {nm!r}: {what} cache {c.shape} does not fit q {q.shape} "
+                                 "(head_dim must match, n_heads a multiple of its heads)")
+        if k.shape != v.shape:
+            raise GraphError(f"attn_seqs {nm!r}: k {k.shape} and v {v.shape} caches differ")
+        self._i32_input("attn_seqs", nm, seqs, "seqs", (None, 4))
+        return self._add("attn_seqs", [q, k, v, seqs], {"scale": float(scale), "softcap": float(softcap)},
+                         q.shape, F32, name)
+
+    def gather_rows(self, x, idx, name=None):
+        """Rows idx[j] of x (n, width) float32, idx an int32 input node (m,): (m, width) (e.g. the
+        last token of each sequence before the output head). A GraphError at run time on an index
+        outside [0, n)."""
+        nm = self._name("gather_rows", name)
+        self._f32(x, "gather_rows", nm)
+        if len(x.shape) != 2:
+            raise GraphError(f"gather_rows {nm!r}: x must be 2-D (n, width), got {x.shape}")
+        self._i32_input("gather_rows", nm, idx, "idx", (None,))
+        return self._add("gather_rows", [x, idx], {}, (idx.shape[0], x.shape[1]), F32, name)
+
     def output(self, *nodes):
         for n in nodes:
             if not isinstance(n, Node) or not any(n is m for m in self.nodes):
@@ -401,7 +469,7 @@ class Step:
 
 class Plan:
     def __init__(self, graph, fusion, isa):
-        if not graph.outputs and not any(n.op == "cache_write" for n in graph.nodes):
+        if not graph.outputs and not any(n.op in ("cache_write", "kv_write") for n in graph.nodes):
             raise GraphError("the graph has no outputs: mark them with g.output(node)")
         self.graph, self.fusion, self.isa = graph, fusion, isa
         self.native = isa != "numba" and _backend.lib is not None
@@ -745,7 +813,8 @@ class Plan:
     def _single(self, n):
         kind = {"add": "add", "mul": "mul", "scale": "scale", "silu": "silu", "rms_norm": "rms_norm",
                 "softmax": "softmax", "flash_attn": "flash_attn", "matmul": "matmul", "copy": "copy",
-                "concat": "concat", "qmatmul": "qmatmul", "rope": "rope", "cache_write": "cache_write"}[n.op]
+                "concat": "concat", "qmatmul": "qmatmul", "rope": "rope", "cache_write": "cache_write",
+                "kv_write": "kv_write", "attn_seqs": "attn_seqs", "gather_rows": "gather_rows"}[n.op]
         if kind == "qmatmul":
             return Step(kind, [n], [n.srcs[0], None], [n], {"ws": (n.params["w"],), "act": n.params["act"], "eps": None})
         if kind == "rms_norm":
@@ -765,7 +834,7 @@ class Plan:
                     last_use[_view_root(a)[0].id] = i
         self.buffers = {}  # node id -> ndarray (flat, owning)
         for n in self.graph.nodes:
-            if n.op == "cache_write":  # the user's cache array is the node's buffer
+            if n.op in ("cache_write", "kv_write"):  # the user's cache array is the node's buffer
                 self.buffers[n.id] = n.params["cache"].reshape(-1)
         free = []  # (size, array)
         for i, st in enumerate(self.steps):
@@ -788,7 +857,7 @@ class Plan:
                     continue
                 root = _view_root(a)[0]
                 if last_use.get(root.id, -1) == i and root.id in self.buffers and root.id not in self._out_roots \
-                        and root.op not in ("input", "const", "cache_write"):
+                        and root.op not in ("input", "const", "cache_write", "kv_write"):
                     free.append((self.buffers[root.id].size, self.buffers[root.id]))
                     del last_use[root.id]
             free.sort(key=lambda t: t[0])
@@ -1099,6 +1168,28 @@ class Plan:
                 return None
             return [OP_CACHE_WRITE, 7, math.prod(src.shape), S(src), S(cw), S(p0), cw.shape[0], src.shape[0],
                     int(cw.dtype == F16)], None
+        if k == "kv_write":
+            src, cells = ins
+            kv = outs[0]
+            if not self._contig(src):
+                return None
+            return [OP_KV_WRITE, 7, src.shape[0], S(src), S(kv), S(cells), kv.shape[0], kv.shape[1] * kv.shape[2],
+                    int(kv.dtype == F16)], None
+        if k == "attn_seqs":
+            q, kc, vc, seqs = ins
+            out = outs[0]
+            if not (self._contig(q) and self._contig(out)):
+                return None
+            n, H, D = q.shape
+            return [OP_ATTN_SEQS, 18, S(q), S(kc), S(vc), S(seqs), seqs.shape[0], S(out), n, H, kc.shape[1], D,
+                    kc.shape[0], int(kc.dtype == F16), int(vc.dtype == F16), _ops.SPLIT_MIN_T, _ops.TILED_MIN_N,
+                    _ops.DEFAULT_SPLIT_CHUNK, self._fparam(st.params["scale"]), self._fparam(st.params["softcap"])], None
+        if k == "gather_rows":
+            x, idx = ins
+            out = outs[0]
+            if not (self._contig(x) and self._contig(out)):
+                return None
+            return [OP_GATHER_ROWS, 6, out.shape[0], S(x), S(idx), S(out), x.shape[1], x.shape[0]], None
         return None
 
     def _segment_summary(self):
@@ -1177,6 +1268,8 @@ class Plan:
                             if bad.kind in ("cache_write", "rope_cache"):  # the rows do not fit: say so
                                 self._pos0(bad.ins[1 if bad.kind == "cache_write" else 2], bad.ins[0].shape[0],
                                            bad.outs[0], arrays)
+                            if bad.kind in ("kv_write", "attn_seqs", "gather_rows"):
+                                self._exec(bad, arrays, nth)  # raises the precise error
                             raise GraphError(f"run: kernel call failed at {bad.kind} "
                                              f"[{', '.join(n.name for n in bad.nodes)}]")
                     else:
@@ -1254,8 +1347,47 @@ class Plan:
             p0 = self._pos0(st.ins[2], st.ins[0].shape[0], cw, arrays)
             r = _rope_fn(st.nodes[0].name)(A(st.ins[0]), A(st.ins[1]), n_dims=p["n_dims"], mode=p["mode"],
                                            cache=(p["cache"], p0), isa=isa, n_threads=nth, **p["kw"])
+        elif k == "kv_write":
+            src, cells = A(st.ins[0]), A(st.ins[1])
+            kv = st.outs[0]
+            cache = kv.params["cache"]
+            if cells.size and (cells.min() < 0 or cells.max() >= cache.shape[0]):
+                raise GraphError(f"run: kv_write {kv.name!r}: cells of input {st.ins[1].name!r} must be in "
+                                 f"[0, {cache.shape[0]}), got {cells[(cells < 0) | (cells >= cache.shape[0])][:5].tolist()}")
+            cache[cells] = src   # f32 -> f16 rounds to nearest even
+        elif k == "attn_seqs":
+            self._attn_seqs_py(st, A, nth)
+        elif k == "gather_rows":
+            x, idx = A(st.ins[0]), A(st.ins[1])
+            if idx.size and (idx.min() < 0 or idx.max() >= x.shape[0]):
+                raise GraphError(f"run: gather_rows {st.outs[0].name!r}: indices of input {st.ins[1].name!r} must be "
+                                 f"in [0, {x.shape[0]}), got {idx[(idx < 0) | (idx >= x.shape[0])][:5].tolist()}")
+            np.take(x, idx, axis=0, out=A(st.outs[0]))
         else:  # pragma: no cover
             raise GraphError(f"unknown step {k}")
+
+    def _attn_seqs_py(self, st, A, nth):
+        """attn_seqs from Python (the numba path; and the error of a failed C step)"""
+        q, seqs, out = A(st.ins[0]), A(st.ins[3]), A(st.outs[0])
+        kc, vc = st.ins[1].params["cache"], st.ins[2].params["cache"]
+        n = q.shape[0]
+        for g, (cell0, r0, nr, pos0) in enumerate(seqs.tolist()):
+            if nr == 0:
+                continue
+            if nr < 0 or r0 < 0 or r0 + nr > n or pos0 < 0 or cell0 < 0 or cell0 + pos0 + nr > kc.shape[0]:
+                raise GraphError(f"run: attn_seqs {st.outs[0].name!r}: group {g} (cell0, row0, n_rows, pos0) = "
+                                 f"{(cell0, r0, nr, pos0)} does not fit {n} query rows and {kc.shape[0]} cache cells")
+            T = pos0 + nr
+            mask = None
+            if nr > 1:
+                mask = np.zeros((1, 1, nr, T), F16)
+                mask[0, 0][np.arange(T)[None, :] > pos0 + np.arange(nr)[:, None]] = -np.inf
+            K = kc[cell0:cell0 + T].transpose(1, 0, 2)[None]
+            V = vc[cell0:cell0 + T].transpose(1, 0, 2)[None]
+            Q = q[r0:r0 + nr].transpose(1, 0, 2)[None]
+            o = _ops.flash_attn(Q, K, V, mask, scale=st.params["scale"], softcap=st.params["softcap"],
+                                isa=self.isa, n_threads=nth)
+            out[r0:r0 + nr] = o[0]
 
     def _pos0(self, node, n_tokens, cw, arrays):
         p0 = int(self._array(node, arrays)[0])
@@ -1273,3 +1405,137 @@ def _rope_fn(name):
     if fn is None:
         raise GraphError(f"run: rope {name!r}: cpufuse.rope is not available in this build")
     return fn
+
+
+class DynamicPlan:
+    """A plan compiled once and run at any size up to its capacity in its dynamic dimensions.
+
+        dp = DynamicPlan(build, {"n": 512})      # build(n=...) -> Graph, e.g. n tokens
+        (y,) = dp.run({"n": 37}, x=x37, ...)     # exactly 37 rows computed: no padding
+
+    The plan is compiled for the capacities. Every field of its C program that depends on a
+    dimension (row counts, element counts, a view's leading stride) is affine in it; the program is
+    built again at capacity-1 and capacity-2 of each dimension, and the fields that change, with
+    their change per unit, are patched into a copy of the program at each run. A graph whose program
+    is not affine in a dimension (its fusions or kernel choices change with the size, e.g. a
+    flash_attn whose strategy depends on the rows) is refused with a GraphError; attn_seqs chooses
+    its strategy per sequence at run time and is affine. The buffers are the capacity plan's, so the
+    results are those of a plan compiled for the exact size (tests/test_graph_dynamic.py).
+    Capacities below 3 cannot be checked: such a dimension runs one plan per size (compiled lazily)."""
+
+    def __init__(self, build, dims, fusion=None, isa=None):
+        if not dims or any(int(c) < 1 for c in dims.values()):
+            raise GraphError(f"DynamicPlan: dims must map names to capacities >= 1, got {dims!r}")
+        self.build, self.dims = build, {k: int(v) for k, v in dims.items()}
+        self.fusion, self.isa = fusion, isa
+        self._lock = threading.Lock()
+        self._per_size = {}
+        self.plan = build(**self.dims).compile(fusion, isa)
+        self.fixed = [d for d, c in self.dims.items() if c < 3]
+        self.native = self.plan.native and [k for k, _ in self.plan.segments] == ["c"]
+        if not self.native:   # Python steps: one plan per size
+            self.fixed = list(self.dims)
+            return
+        fn, prog, nrec, steps = self.plan.segments[0][1]
+        self._fn, self._nrec, self._steps = fn, nrec, steps
+        ffi = _backend.ffi
+        self._base = np.frombuffer(ffi.buffer(prog), np.int64).copy()
+        self._slopes = {}
+        self._in_shape = {n.name: (np.array(n.shape), {}) for n in self.plan._inputs}
+        self._out_shape = [(np.array(n.shape), {}) for n in self.plan.graph.outputs]
+        for d, cap in self.dims.items():
+            if d in self.fixed:
+                continue
+            p1 = build(**{**self.dims, d: cap - 1}).compile(fusion, isa)
+            p2 = build(**{**self.dims, d: cap - 2}).compile(fusion, isa)
+            a1, a2 = (self._prog_of(p, d) for p in (p1, p2))
+            s1, s2 = self._base - a1, a1 - a2
+            if not np.array_equal(s1, s2):
+                bad = np.flatnonzero(s1 != s2)[:5].tolist()
+                raise GraphError(f"DynamicPlan: the program is not affine in {d!r} (fields {bad} change "
+                                 f"non-linearly with it): compile per size instead")
+            if self.plan._fp != p1._fp or self.plan._fp != p2._fp:
+                raise GraphError(f"DynamicPlan: float parameters change with {d!r}")
+            self._slopes[d] = s1
+            for n1 in p1._inputs:
+                base, sl = self._in_shape[n1.name]
+                sl[d] = base - np.array(n1.shape)
+            for (base, sl), o1 in zip(self._out_shape, p1.graph.outputs):
+                sl[d] = base - np.array(o1.shape)
+        self._patched = np.flatnonzero(sum((s != 0).astype(np.int64) for s in self._slopes.values())
+                                       if self._slopes else np.zeros(0, np.int64))
+
+    def _prog_of(self, p, d):
+        if not p.native or [k for k, _ in p.segments] != ["c"]:
+            raise GraphError(f"DynamicPlan: the plan at a smaller {d!r} is not one C call")
+        prog, nrec = p.segments[0][1][1], p.segments[0][1][2]
+        a = np.frombuffer(_backend.ffi.buffer(prog), np.int64).copy()
+        if a.size != self._base.size or nrec != self._nrec:
+            raise GraphError(f"DynamicPlan: the program's structure changes with {d!r} (fusions or steps differ)")
+        return a
+
+    def _sizes(self, sizes):
+        out = {}
+        for d, cap in self.dims.items():
+            v = sizes.get(d)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= int(v) <= cap:
+                raise GraphError(f"run: size {d!r} must be an int in [1, {cap}], got {v!r}")
+            out[d] = int(v)
+        if set(sizes) - set(self.dims):
+            raise GraphError(f"run: unknown sizes {sorted(set(sizes) - set(self.dims))}; dims are {sorted(self.dims)}")
+        return out
+
+    def _shape(self, base, sl, sizes):
+        sh = base.copy()
+        for d, s in sl.items():
+            sh = sh - s * (self.dims[d] - sizes[d])
+        return tuple(int(v) for v in sh)
+
+    def run(self, sizes, copy=False, n_threads=None, **inputs):
+        """Run at `sizes` (one int per dynamic dimension, 1..capacity) on named inputs of the shapes
+        the graph has at those sizes; returns the outputs (views of the plan's buffers, or copies)."""
+        sz = self._sizes(sizes)
+        if self.fixed:   # one exact plan per size of the unchecked dimensions
+            key = tuple(sz[d] for d in self.dims)
+            p = self._per_size.get(key)
+            if p is None:
+                p = self._per_size[key] = self.build(**sz).compile(self.fusion, self.isa)
+            return p.run(copy=copy, n_threads=n_threads, **inputs)
+        plan = self.plan
+        cast = _backend.ffi.cast
+        ptr_args = []
+        for slot, name, boff in plan._input_slots:
+            a = inputs.get(name)
+            want = self._shape(*self._in_shape[name], sz)
+            node = next(n for n in plan._inputs if n.name == name)
+            if not isinstance(a, np.ndarray) or a.dtype != node.dtype or a.shape != want:
+                raise GraphError(f"run: input {name!r} must be a {node.dtype} array of shape {want} at sizes "
+                                 f"{sz}, got {getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
+            if not (a.flags.c_contiguous and a.flags.aligned):
+                a = inputs[name] = np.require(a, requirements=("C", "A"))
+            ptr_args.append((slot, cast("void *", a.ctypes.data + boff)))
+        if set(inputs) - set(self._in_shape):
+            raise GraphError(f"run: unknown inputs {sorted(set(inputs) - set(self._in_shape))}")
+        prog = self._base.copy()
+        if self._patched.size:
+            delta = np.zeros_like(prog)
+            for d, s in self._slopes.items():
+                delta += s * (self.dims[d] - sz[d])
+            prog[self._patched] -= delta[self._patched]
+        nth = _dispatch.threads(n_threads)
+        outs = []
+        for (base, sl), node in zip(self._out_shape, plan.graph.outputs):
+            shape = self._shape(base, sl, sz)
+            root, st, off = _view_root(node)
+            flat = plan.buffers[root.id].reshape(-1)
+            outs.append(np.lib.stride_tricks.as_strided(flat[off:], shape=shape, strides=[x * flat.itemsize for x in st]))
+        with plan._lock:
+            for slot, p in ptr_args:
+                plan._ptrs[slot] = p
+            pc = _backend.ffi.from_buffer("int64_t[]", prog)
+            rc = self._fn(pc, self._nrec, plan._ptrs, plan._fpc, plan._blas, plan.ilp64, nth)
+            if rc:
+                bad = self._steps[rc - 1]
+                raise GraphError(f"run: kernel call failed at {bad.kind} [{', '.join(n.name for n in bad.nodes)}] "
+                                 "(an index input out of range: kv_write cells, attn_seqs groups or gather_rows idx)")
+            return tuple(o.copy() for o in outs) if copy else tuple(outs)

@@ -590,12 +590,16 @@ def _check_kv(a, name):
     _check_last_axis(a, name)
 
 
+SPLIT_MIN_T = 512  # one query over at least this many KV positions: split-KV
+TILED_MIN_N = 8    # at least this many query rows: tiled blocks (also read by the plans' attn_seqs in C)
+
+
 def choose_strategy(N, T):
     """Auto strategy (SPEC 3.4-3.6): split-KV for one query over a long KV, tiled GEMM blocks when
     there are enough query rows to share a K/V block, per-row online softmax otherwise."""
-    if N == 1 and T >= 512:
+    if N == 1 and T >= SPLIT_MIN_T:
         return "split"
-    if N >= 8:
+    if N >= TILED_MIN_N:
         return "tiled"
     return "rows"
 

@@ -1,0 +1,147 @@
+"""Graph ops for batches that mix sequences (kv_write, attn_seqs, gather_rows) and DynamicPlan:
+a plan compiled once at a capacity and run at any size gives what a plan compiled for that exact
+size gives, bit for bit; attn_seqs gives each sequence what it gets alone."""
+import numpy as np
+import pytest
+
+import cpufuse
+from cpufuse import qref
+from cpufuse.graph import DynamicPlan, Graph, GraphError
+
+H, HKV, D, NCELL = 4, 2, 16, 128
+
+
+def _caches():
+    return np.zeros((NCELL, HKV, D), np.float16), np.zeros((NCELL, HKV, D), np.float16)
+
+
+def _alone(isa, q, kc, vc, cell0, pos0, scale):
+    """flash_attn of one sequence's rows q (nr, H, D) at positions pos0.. over its cells"""
+    nr = q.shape[0]
+    T = pos0 + nr
+    m = None
+    if nr > 1:
+        m = np.zeros((1, 1, nr, T), np.float16)
+        m[0, 0][np.arange(T)[None, :] > pos0 + np.arange(nr)[:, None]] = -np.inf
+    return cpufuse.flash_attn(q.transpose(1, 0, 2)[None], kc[cell0:cell0 + T].transpose(1, 0, 2)[None],
+                              vc[cell0:cell0 + T].transpose(1, 0, 2)[None], m, scale=scale, isa=isa)[0]
+
+
+def test_attn_seqs_is_each_sequence_alone(isa, rng):
+    kc, vc = _caches()
+    n = 12
+    g = Graph()
+    q, k, v = g.input("q", (n, H, D)), g.input("k", (n, HKV, D)), g.input("v", (n, HKV, D))
+    cells, seqs = g.input("cells", (n,), np.int32), g.input("seqs", (4, 4), np.int32)
+    idx = g.input("idx", (3,), np.int32)
+    kw, vw = g.kv_write(k, kc, cells), g.kv_write(v, vc, cells)
+    a = g.attn_seqs(q, kw, vw, seqs, scale=0.25)
+    g.output(a, g.gather_rows(g.reshape(a, (n, H * D)), idx))
+    plan = g.compile(isa=isa)
+    kc[:9] = rng.standard_normal((9, HKV, D))        # sequence A: 9 cached tokens at cells 0..
+    vc[:9] = rng.standard_normal((9, HKV, D))
+    Q = rng.standard_normal((n, H, D)).astype(np.float32)
+    K = rng.standard_normal((n, HKV, D)).astype(np.float32)
+    V = rng.standard_normal((n, HKV, D)).astype(np.float32)
+    # batch: A decodes 1 token (pos 9), B prefills 8 tokens (pos 0..7, cells 64..), C 3 tokens at pos 4..6
+    # (cells 100.. with 4 cached)
+    kc[100:104] = rng.standard_normal((4, HKV, D))
+    vc[100:104] = rng.standard_normal((4, HKV, D))
+    C = np.array([9] + list(range(64, 72)) + [104, 105, 106], np.int32)
+    S = np.array([[0, 0, 1, 9], [64, 1, 8, 0], [100, 9, 3, 4], [0, 0, 0, 0]], np.int32)
+    A, O = plan.run(q=Q, k=K, v=V, cells=C, seqs=S, idx=np.array([0, 8, 11], np.int32), copy=True)
+    assert np.array_equal(kc[C], K.astype(np.float16)) and np.array_equal(vc[C], V.astype(np.float16))
+    for cell0, r0, nr, pos0 in S[:3]:
+        assert np.array_equal(A[r0:r0 + nr], _alone(isa, Q[r0:r0 + nr], kc, vc, cell0, pos0, 0.25))
+    assert np.array_equal(O, A.reshape(n, -1)[[0, 8, 11]])
+
+
+@pytest.mark.parametrize("bad", ["cell", "group", "idx"])
+def test_index_inputs_checked(bad, rng):
+    kc, vc = _caches()
+    n = 2
+    g = Graph()
+    q, k = g.input("q", (n, H, D)), g.input("k", (n, HKV, D))
+    cells, seqs, idx = g.input("cells", (n,), np.int32), g.input("seqs", (1, 4), np.int32), g.input("idx", (1,), np.int32)
+    a = g.attn_seqs(q, g.kv_write(k, kc, cells), g.kv_write(k, vc, cells), seqs, scale=1.0)
+    g.output(g.gather_rows(g.reshape(a, (n, H * D)), idx))
+    plan = g.compile()
+    args = dict(q=np.zeros((n, H, D), np.float32), k=np.zeros((n, HKV, D), np.float32),
+                cells=np.array([0, 1], np.int32), seqs=np.array([[0, 0, 2, 0]], np.int32), idx=np.array([1], np.int32))
+    plan.run(**args)
+    if bad == "cell":
+        args["cells"] = np.array([0, NCELL], np.int32)
+    elif bad == "group":
+        args["seqs"] = np.array([[NCELL - 1, 0, 2, 0]], np.int32)
+    else:
+        args["idx"] = np.array([-1], np.int32)
+    with pytest.raises(GraphError, match={"cell": "cells", "group": "group", "idx": "indices"}[bad]):
+        plan.run(**args)
+
+
+def _decoder_block(wq, wk, wv, wo, nw, kc, vc):
+    E = wq.n_in
+
+    def build(n, m):
+        g = Graph()
+        x, pos = g.input("x", (n, E)), g.input("pos", (n,), np.int32)
+        cells, seqs, idx = g.input("cells", (n,), np.int32), g.input("seqs", (4, 4), np.int32), g.input("idx", (m,), np.int32)
+        h = g.mul(g.rms_norm(x, 1e-5), g.constant(nw))
+        q, k, v = g.qmatmul(h, wq), g.qmatmul(h, wk), g.qmatmul(h, wv)
+        qr = g.rope(g.reshape(q, (n, H, D)), pos, D, mode="neox", freq_base=1e4)
+        kr = g.rope(g.reshape(k, (n, HKV, D)), pos, D, mode="neox", freq_base=1e4)
+        a = g.attn_seqs(qr, g.kv_write(kr, kc, cells), g.kv_write(g.reshape(v, (n, HKV, D)), vc, cells), seqs, scale=0.25)
+        g.output(g.gather_rows(g.add(x, g.qmatmul(g.reshape(a, (n, H * D)), wo)), idx))
+        return g
+    return build
+
+
+@pytest.mark.parametrize("repack", [False, True])
+def test_dynamic_plan_equals_exact_plans(isa, repack, rng):
+    E = 64
+    ws = [qref.make_weight(t, n, k, rng) for t, n, k in (("Q4_0", H * D, E), ("Q8_0", HKV * D, E), ("Q4_1", HKV * D, E),
+                                                        ("Q5_0", E, H * D))]
+    if repack:
+        ws = [w.repack() for w in ws]
+    nw = rng.standard_normal(E).astype(np.float32)
+    kc, vc = _caches()
+    build = _decoder_block(*ws, nw, kc, vc)
+    dp = DynamicPlan(build, {"n": 24, "m": 6}, isa=isa)
+    for n, m in ((24, 6), (1, 1), (7, 3), (13, 6)):
+        x = rng.standard_normal((n, E)).astype(np.float32)
+        args = dict(x=x, pos=np.arange(n, dtype=np.int32), cells=np.arange(n, dtype=np.int32) + 3,
+                    seqs=np.array([[3, 0, n, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]], np.int32),
+                    idx=rng.integers(0, n, m).astype(np.int32))
+        kc[:] = 0
+        vc[:] = 0
+        (y,) = dp.run({"n": n, "m": m}, copy=True, **args)
+        k1, v1 = kc.copy(), vc.copy()
+        kc[:] = 0
+        vc[:] = 0
+        (y2,) = build(n, m).compile(isa=isa).run(copy=True, **args)
+        assert np.array_equal(y.view(np.uint32), y2.view(np.uint32)), (n, m)
+        assert np.array_equal(k1, kc) and np.array_equal(v1, vc)
+
+
+def test_dynamic_plan_sizes_and_inputs_checked(rng):
+    ws = [qref.make_weight("Q4_0", n, k, rng) for n, k in ((H * D, 64), (HKV * D, 64), (HKV * D, 64), (64, H * D))]
+    kc, vc = _caches()
+    dp = DynamicPlan(_decoder_block(*ws, np.ones(64, np.float32), kc, vc), {"n": 8, "m": 2})
+    with pytest.raises(GraphError, match="size 'n' must be an int in"):
+        dp.run({"n": 9, "m": 1})
+    with pytest.raises(GraphError, match="input 'x' must be a float32 array of shape"):
+        dp.run({"n": 4, "m": 1}, x=np.zeros((5, 64), np.float32), pos=np.zeros(4, np.int32),
+               cells=np.zeros(4, np.int32), seqs=np.zeros((4, 4), np.int32), idx=np.zeros(1, np.int32))
+
+
+def test_dynamic_plan_refuses_a_size_dependent_program():
+    """flash_attn's strategy is baked into its descriptor and changes with the rows: not affine"""
+    def build(n):
+        g = Graph()
+        q = g.input("q", (1, 1, n, 16))
+        kv = g.input("kv", (1, 1, 600, 16))
+        g.output(g.flash_attn(q, kv, kv, scale=1.0))
+        return g
+    DynamicPlan(build, {"n": 4})           # rows strategy at 2, 3, 4 rows: fine
+    with pytest.raises(GraphError, match="not affine|structure"):
+        DynamicPlan(build, {"n": 9})       # 7, 8, 9 rows: rows -> tiled
