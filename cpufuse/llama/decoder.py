@@ -1,0 +1,155 @@
+"""The decoder graph: one builder per architecture, for every batch (docs/architecture.md).
+
+A batch is n tokens that may belong to several sequences, each with its own KV cells:
+
+    x     (n, n_embd) float32   the tokens' embedding rows
+    pos   (n,) int32            each token's position (RoPE)
+    cells (n,) int32            the KV cell each token's K and V are written to
+    seqs  (n_groups, 4) int32   per sequence in the batch: (cell0, row0, n_rows, pos0): rows
+                                row0.. are its tokens at positions pos0.. (consecutive), its
+                                position p lives in cell cell0 + p (unused rows: n_rows = 0)
+    idx   (m,) int32            the rows whose logits are wanted (e.g. each sequence's last)
+
+and the graph's output is the logits (m, n_vocab). Attention runs per sequence over exactly its
+own cells (Graph.attn_seqs), so a token's result is what it gets when its sequence runs alone:
+the same kernels, in the same order, on the same numbers, whatever else shares the batch.
+
+`build(model, n, m, n_groups)` returns the Graph; `Decoder` compiles it once per capacity as a
+cpufuse.graph.DynamicPlan (one C call per micro-batch or decode step, any n up to the capacity)
+and runs batches through it. The layer functions mirror llama.cpp's build_graph for each
+architecture; `ARCHS` maps a GGUF general.architecture to its builder.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cpufuse.graph import DynamicPlan, Graph
+
+__all__ = ["ARCHS", "build", "Decoder"]
+
+F32 = np.float32
+
+
+class _Ctx:
+    """What every layer function needs: the graph, the batch inputs, the model and its options."""
+
+    def __init__(self, g, model, n, x, pos, cells, seqs):
+        self.g, self.m, self.hp, self.n = g, model, model.hparams, n
+        self.x, self.pos, self.cells, self.seqs = x, pos, cells, seqs
+        self.act = model.act
+        self.rope_kw = {k: v for k, v in model._rope_kw.items() if k not in ("n_dims", "mode", "isa", "n_threads")}
+        if self.rope_kw.get("freq_factors") is None:
+            self.rope_kw.pop("freq_factors", None)
+
+    def c(self, a, name):
+        return self.g.constant(a, name)
+
+    def norm(self, x, w, name):
+        """RMS_NORM then MUL by the weight (fused into the consumer matmul's prologue by the plan)"""
+        return self.g.mul(self.g.rms_norm(x, self.hp.eps, name=name), self.c(w, name + ".w"))
+
+    def linear(self, x, w, b, name):
+        y = self.g.qmatmul(x, w, act=self.act, name=name)
+        return y if b is None else self.g.add(y, self.c(b, name + ".b"), name=name + "+b")
+
+    def rope(self, x, name):
+        hp = self.hp
+        return self.g.rope(x, self.pos, hp.n_rot, mode=hp.rope_mode, name=name, **self.rope_kw)
+
+
+def _attention(cx, li, L, h, qk_norm):
+    """self-attention of layer li on the normalized input h: Q/K/V (+ biases), optional per-head
+    Q/K RMSNorm (qwen3), RoPE, the K/V cell writes, attention per sequence, the output projection"""
+    g, hp, n, p = cx.g, cx.hp, cx.n, f"l{li}."
+    H, Hkv, D = hp.n_head, hp.n_head_kv, hp.head_dim
+    q = cx.linear(h, L.wq, L.bq, p + "q")
+    k = cx.linear(h, L.wk, L.bk, p + "k")
+    v = cx.linear(h, L.wv, L.bv, p + "v")
+    q3, k3 = g.reshape(q, (n, H, D)), g.reshape(k, (n, Hkv, D))
+    if qk_norm:
+        q3 = g.reshape(cx.norm(g.reshape(q3, (n * H, D)), L.q_norm, p + "q_norm"), (n, H, D))
+        k3 = g.reshape(cx.norm(g.reshape(k3, (n * Hkv, D)), L.k_norm, p + "k_norm"), (n, Hkv, D))
+    kw = g.kv_write(cx.rope(k3, p + "rope_k"), cx.m.k_cache[li], cx.cells, name=p + "k_cache")
+    vw = g.kv_write(g.reshape(v, (n, Hkv, D)), cx.m.v_cache[li], cx.cells, name=p + "v_cache")
+    a = g.attn_seqs(cx.rope(q3, p + "rope_q"), kw, vw, cx.seqs, scale=hp.kq_scale, name=p + "attn")
+    return cx.linear(g.reshape(a, (n, H * D)), L.wo, L.bo, p + "o")
+
+
+def _ffn(cx, li, L, h):
+    """SwiGLU feed-forward on the normalized input h: silu(h.Wg) * (h.Wu), then down"""
+    g, p = cx.g, f"l{li}."
+    gt = g.qmatmul(h, L.wg, act=cx.act, name=p + "gate")
+    up = g.qmatmul(h, L.wu, act=cx.act, name=p + "up")
+    return cx.linear(g.mul(g.silu(gt, name=p + "silu"), up, name=p + "ffn"), L.wd, L.bd, p + "down")
+
+
+def _layer(cx, li, L, x, qk_norm):
+    """a pre-norm transformer block: x + attn(norm(x)), then + ffn(norm(.))"""
+    g, p = cx.g, f"l{li}."
+    r = g.add(x, _attention(cx, li, L, cx.norm(x, L.attn_norm, p + "attn_norm"), qk_norm), name=p + "res")
+    return g.add(r, _ffn(cx, li, L, cx.norm(r, L.ffn_norm, p + "ffn_norm")), name=p + "out")
+
+
+def _stack(cx, qk_norm):
+    x = cx.x
+    for li, L in enumerate(cx.m.layers):
+        x = _layer(cx, li, L, x, qk_norm)
+    return x
+
+
+def llama(cx):
+    """llama: pre-norm blocks, RoPE NORM (adjacent pairs; hparams.rope_mode), no biases"""
+    return _stack(cx, qk_norm=False)
+
+
+def qwen2(cx):
+    """qwen2: llama's blocks with Q/K/V biases (the layers carry them), RoPE NEOX"""
+    return _stack(cx, qk_norm=False)
+
+
+def qwen3(cx):
+    """qwen3: per-head RMSNorm of Q and K before RoPE, RoPE NEOX, no biases"""
+    return _stack(cx, qk_norm=True)
+
+
+ARCHS = {"llama": llama, "qwen2": qwen2, "qwen3": qwen3}
+
+
+def build(model, n, m, n_groups):
+    """The decoder graph of `model` for a batch of n tokens, m logits rows and n_groups sequences."""
+    hp = model.hparams
+    g = Graph()
+    x = g.input("x", (n, hp.n_embd))
+    pos = g.input("pos", (n,), np.int32)
+    cells = g.input("cells", (n,), np.int32)
+    seqs = g.input("seqs", (n_groups, 4), np.int32)
+    idx = g.input("idx", (m,), np.int32)
+    cx = _Ctx(g, model, n, x, pos, cells, seqs)
+    h = ARCHS[hp.arch](cx)
+    hn = cx.norm(g.gather_rows(h, idx, name="last"), model.output_norm, "output_norm")
+    g.output(cx.linear(hn, model.output, model.output_bias, "output"))
+    return g
+
+
+class Decoder:
+    """Compiled decoder plans of one model, by capacity: (n tokens, m logits rows, n_groups)."""
+
+    def __init__(self, model, fusion=None, isa=None):
+        self.model, self.fusion, self.isa = model, fusion, isa
+        self.plans = {}
+
+    def plan(self, n_cap, m_cap, n_groups):
+        key = (n_cap, m_cap, n_groups)
+        dp = self.plans.get(key)
+        if dp is None:
+            dp = self.plans[key] = DynamicPlan(
+                lambda n, m: build(self.model, n, m, n_groups), {"n": n_cap, "m": m_cap},
+                fusion=self.fusion, isa=self.isa)
+        return dp
+
+    def run(self, cap, x, pos, cells, seqs, idx, n_threads=None):
+        """Logits (len(idx), n_vocab) of a batch, on the plan of capacity cap = (n, m, n_groups);
+        the plan's buffer, valid until its next run."""
+        dp = self.plan(*cap)
+        n, m = x.shape[0], idx.shape[0]
+        return dp.run({"n": n, "m": m}, n_threads=n_threads, x=x, pos=pos, cells=cells, seqs=seqs, idx=idx)[0]
