@@ -153,3 +153,50 @@ class Decoder:
         dp = self.plan(*cap)
         n, m = x.shape[0], idx.shape[0]
         return dp.run({"n": n, "m": m}, n_threads=n_threads, x=x, pos=pos, cells=cells, seqs=seqs, idx=idx)[0]
+
+
+class Batch:
+    """One decoder call over several sequences, each in its own KV slot of n_ctx cells.
+
+        b = Batch(model)
+        b.add(slot=0, tokens=[...], pos0=0, logits=True)   # a prompt chunk: logits of its last token
+        b.add(slot=3, tokens=[t], pos0=57, logits=True)    # a decode step of another sequence
+        rows = b.run(decoder, cap)                         # one logits row per add(logits=True)
+
+    Slot s holds positions 0..n_ctx-1 of its sequence in cells s*n_ctx + position of the model's
+    KV cache (model.k_cache[l] has n_seq * n_ctx rows)."""
+
+    def __init__(self, model):
+        self.m = model
+        self.tokens, self.pos, self.cells, self.seqs, self.idx = [], [], [], [], []
+
+    def add(self, slot, tokens, pos0, logits=True):
+        n_ctx = self.m.n_ctx
+        n = len(tokens)
+        if not 0 <= slot < self.m.n_seq or n < 1 or pos0 < 0 or pos0 + n > n_ctx:
+            raise ValueError(f"batch: slot {slot} with {n} tokens at position {pos0} does not fit "
+                             f"{self.m.n_seq} slots of n_ctx = {n_ctx}")
+        r0 = len(self.tokens)
+        self.tokens += [int(t) for t in tokens]
+        self.pos += range(pos0, pos0 + n)
+        self.cells += range(slot * n_ctx + pos0, slot * n_ctx + pos0 + n)
+        self.seqs.append((slot * n_ctx, r0, n, pos0))
+        if logits:
+            self.idx.append(r0 + n - 1)
+        return len(self.idx) - 1 if logits else None
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def run(self, decoder, cap, n_threads=None):
+        """Logits (len(idx), n_vocab) of the rows asked for: the plan's buffer (valid until its next
+        run). cap = (n_tokens, n_logits, n_groups) capacities of the plan to use."""
+        n, m, g = len(self.tokens), len(self.idx), len(self.seqs)
+        if n > cap[0] or m > cap[1] or g > cap[2] or m == 0:
+            raise ValueError(f"batch: {n} tokens, {m} logits rows, {g} sequences do not fit the capacity {cap}")
+        x = np.empty((n, self.m.hparams.n_embd), F32)
+        self.m._embed(self.tokens, x)
+        seqs = np.zeros((cap[2], 4), np.int32)
+        seqs[:g] = self.seqs
+        return decoder.run(cap, x, np.asarray(self.pos, np.int32), np.asarray(self.cells, np.int32), seqs,
+                           np.asarray(self.idx, np.int32), n_threads=n_threads)

@@ -1,0 +1,207 @@
+"""`BatchEngine`: continuous batching on the multi-sequence decoder graph (docs/serve.md).
+
+One engine thread owns the model. Each step it builds ONE batch for one decoder call
+(`cpufuse.llama.decoder.Batch`): the next token of every sequence that is decoding, plus prompt
+chunks of sequences still prefilling, up to a token budget per step, so running streams never
+wait for a whole prompt. Each sequence has its own KV slot (`parallel` slots of n_ctx cells).
+
+Batch invariance: a request's tokens are the same alone, with 15 others, or joining mid-way. Every
+kernel computes a row independently of the other rows of its call (matmul, norms, RoPE: per row;
+attention: per sequence, over exactly its own cells), and the only thing left that could depend on
+the company is how a prompt is cut into chunks, since attention over a chunk of N tokens rounds
+differently for small and large N. So chunks are a function of the request alone: they are aligned
+to absolute positions (multiples of `chunk`), and the prompt cache reuses whole chunks only.
+
+Prompt cache: a slot keeps the KV of the tokens it last evaluated after its request ends. A new
+request takes the free slot whose cached tokens share the longest prefix with its prompt (the
+least recently used one when none does) and skips the shared whole chunks (`cached_tokens`). The
+memory budget is the slots: parallel * n_ctx cells, allocated once.
+
+Cancellation (`Handle.cancel`, a client that disconnects, a stop string) is seen at the start of
+the next step: the sequence is dropped and its slot freed within one step.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import List, Optional
+
+from .engine import Engine, FinishEvent, Handle, TokenEvent, deliver, make_sampler, token_logprobs
+
+__all__ = ["BatchEngine"]
+
+DEFAULT_CHUNK = 128   # prompt chunk (tokens), aligned to absolute positions
+
+
+@dataclasses.dataclass
+class _Slot:
+    index: int
+    tokens: List[int] = dataclasses.field(default_factory=list)   # ids whose K/V the slot holds (positions 0..)
+    busy: bool = False
+    last_used: float = 0.0
+
+
+class _Seq:
+    __slots__ = ("h", "slot", "prompt", "done", "last", "n_gen", "sampler", "cached")
+
+    def __init__(self, h, slot, done):
+        self.h, self.slot = h, slot
+        self.prompt = [int(t) for t in h.request.prompt_ids]
+        self.done = done            # prompt tokens evaluated (their K/V in the slot)
+        self.last = None            # the last sampled token, to evaluate next (decode)
+        self.n_gen = 0
+        self.sampler = make_sampler(h.request.sampling)
+        self.sampler.accept_prompt(self.prompt)
+        self.cached = done
+
+    @property
+    def decoding(self):
+        return self.done >= len(self.prompt)
+
+    @property
+    def pos(self):              # position of the next token to evaluate
+        return len(self.prompt) + self.n_gen - 1 if self.decoding else self.done
+
+
+class BatchEngine(Engine):
+    """Continuous batching over `parallel` sequences of a `cpufuse.llama.Model` loaded with
+    n_seq = parallel (see the module docstring). chunk: prompt chunk (tokens); step_tokens: the
+    most prompt tokens evaluated per step besides the decoding sequences (>= chunk)."""
+
+    def __init__(self, model, model_name: Optional[str] = None, chunk: int = DEFAULT_CHUNK,
+                 step_tokens: Optional[int] = None):
+        name = model_name or os.path.splitext(os.path.basename(getattr(model, "path", "model")))[0]
+        tok = model.tokenizer
+        parallel = int(model.n_seq)
+        super().__init__(name, tok, model.n_ctx, model.n_vocab, model.eog_ids, parallel,
+                         getattr(tok, "chat_template", None))
+        if int(chunk) < 1:
+            raise ValueError(f"chunk must be >= 1, got {chunk!r}")
+        self.model, self.model_path = model, getattr(model, "path", name)
+        self.chunk = int(chunk)
+        self.step_tokens = max(self.chunk, int(step_tokens or self.chunk))
+        self.cap = (self.step_tokens + parallel, parallel, parallel)
+        self.slots = [_Slot(i) for i in range(parallel)]
+        self.running: List[_Seq] = []
+
+    @classmethod
+    def load(cls, path: str, n_ctx: int = 2048, n_threads: Optional[int] = None, kv_dtype: str = "f16",
+             model_name: Optional[str] = None, parallel: int = 4, chunk: int = DEFAULT_CHUNK, **load_kw):
+        from cpufuse.llama import Model
+        m = Model.load(path, n_ctx=n_ctx, n_threads=n_threads, kv_dtype=kv_dtype, n_seq=parallel, **load_kw)
+        return cls(m, model_name=model_name, chunk=chunk)
+
+    # ------------------------------------------------------------------ engine thread
+    def _cancel_running(self) -> None:
+        for s in list(self.running):
+            s.h._cancel.set()
+        with self._lock:
+            self._wake.notify_all()
+
+    def _admit(self):
+        """queued requests into free slots (the longest cached prefix first choice)"""
+        while True:
+            free = [s for s in self.slots if not s.busy]
+            with self._lock:
+                if not free or not self._queue:
+                    return
+                h = self._queue.popleft()
+            if h.cancelled:
+                self._finish(h, "cancelled", 0)
+                continue
+            prompt = h.request.prompt_ids
+            best, best_n = None, -1
+            for s in free:
+                n = 0
+                lim = min(len(s.tokens), len(prompt) - 1)
+                while n < lim and s.tokens[n] == prompt[n]:
+                    n += 1
+                n = n // self.chunk * self.chunk       # whole chunks only (batch invariance)
+                if n > best_n or (n == best_n and s.last_used < best.last_used):
+                    best, best_n = s, n
+            best.busy = True
+            best.tokens = best.tokens[:best_n]
+            seq = _Seq(h, best, best_n)
+            h.cached_tokens = best_n
+            self.running.append(seq)
+            self._count(prompt_tokens=len(prompt), cached_prompt_tokens=best_n)
+
+    def _release(self, seq):
+        s = seq.slot
+        s.busy, s.last_used = False, time.monotonic()
+        self.running.remove(seq)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and not self.running and not self._stopping:
+                    self._wake.wait()
+                if self._stopping and not self.running and not self._queue:
+                    return
+            self._admit()
+            for s in [s for s in self.running if s.h.cancelled]:
+                self._release(s)
+                self._finish(s.h, "cancelled", s.n_gen, s.cached)
+            self._set(active=len(self.running))
+            if not self.running:
+                continue
+            try:
+                self._step()
+            except Exception as e:  # noqa: BLE001 -- the step's requests fail, the engine goes on
+                for s in list(self.running):
+                    self._release(s)
+                    self._finish(s.h, "error", s.n_gen, s.cached, error=f"{type(e).__name__}: {e}")
+
+    def _step(self):
+        from cpufuse.llama.decoder import Batch
+        m = self.model
+        b = Batch(m)
+        owners = []
+        dec = [s for s in self.running if s.decoding]
+        for s in dec:                       # every decoding sequence: its next token
+            b.add(s.slot.index, [s.last], s.pos, logits=True)
+            s.slot.tokens.append(s.last)
+            owners.append(s)
+        budget = self.step_tokens
+        for s in self.running:              # prompt chunks, oldest request first, within the budget
+            if s.decoding:
+                continue
+            end = min(len(s.prompt), (s.done // self.chunk + 1) * self.chunk)
+            if end - s.done > budget:
+                break
+            last = end == len(s.prompt)
+            b.add(s.slot.index, s.prompt[s.done:end], s.done, logits=last)
+            s.slot.tokens += s.prompt[s.done:end]
+            budget -= end - s.done
+            s.done = end
+            if last:
+                owners.append(s)
+        if not len(b):
+            return
+        logits = b.run(m.decoder, self.cap, n_threads=m.n_threads) if owners else None
+        if owners:
+            self._count(steps=1)
+            self._set(batch_size=len(b.seqs))
+        events = []
+        for i, s in enumerate(owners):
+            row = logits[i].copy()
+            r = s.h.request
+            tok = s.sampler.sample(row)
+            if tok in r.stop_ids:
+                self._release(s)
+                events.append((s.h, self._finish(s.h, "stop", s.n_gen, s.cached, deliver_now=False)))
+                continue
+            if r.logprobs is None:
+                ev = TokenEvent(tok)
+            else:
+                lp, top = token_logprobs(row, tok, r.logprobs)
+                ev = TokenEvent(tok, lp, top)
+            s.n_gen += 1
+            s.last = tok
+            self._count(generated_tokens=1)
+            events.append((s.h, ev))
+            if s.n_gen >= r.max_tokens:
+                self._release(s)
+                events.append((s.h, self._finish(s.h, "length", s.n_gen, s.cached, deliver_now=False)))
+        deliver(events)
