@@ -186,8 +186,22 @@ _BYTE_ENCODER = bytes_to_unicode()
 _BYTE_DECODER = {c: b for b, c in _BYTE_ENCODER.items()}
 
 
+# _BYTE_DECODER as a str.translate table onto latin-1 characters; the latin-1 code points that are
+# not byte-mapped characters go to U+FFFF, so that any text with an unmapped character fails the
+# latin-1 encode and takes the character-by-character path (with llama.cpp's marker)
+_BPE_TABLE = {ord(c): chr(b) for c, b in _BYTE_DECODER.items()}
+_BPE_TABLE.update({cp: "\uffff" for cp in range(256) if chr(cp) not in _BYTE_DECODER})
+
+
 def _decode_bpe_text(text: str) -> bytes:
     """llama.cpp ``llama_decode_text``: token text (byte-mapped) -> raw bytes."""
+    try:
+        return text.translate(_BPE_TABLE).encode("latin-1")
+    except UnicodeEncodeError:
+        return _decode_bpe_text_slow(text)
+
+
+def _decode_bpe_text_slow(text: str) -> bytes:
     out = bytearray()
     for ch in text:
         b = _BYTE_DECODER.get(ch)
@@ -388,11 +402,12 @@ class Tokenizer:
         # auto-detect special tokens by text (ascending id order; llama.cpp iterates an
         # unordered_map, so which of several candidates becomes eot_id is unspecified there)
         detect = [("eot", _EOT_TEXTS), ("eom", _EOM_TEXTS)] + list(_FIM_TEXTS.items())
-        for i, t in enumerate(tokens):
-            for name, texts in detect:
-                if ids[name] is None and t in texts:
-                    ids[name] = i
-                    attrs[i] |= ATTR_CONTROL
+        tid = self.token_to_id
+        for name, texts in detect:      # the lowest id among the texts (the texts are unique tokens)
+            found = [tid[t] for t in texts if t in tid]
+            if ids[name] is None and found:
+                ids[name] = min(found)
+                attrs[ids[name]] |= ATTR_CONTROL
         # "unused" control tokens
         for i, t in enumerate(tokens):
             if attrs[i] & ATTR_CONTROL and "unused" in t:
@@ -402,8 +417,9 @@ class Tokenizer:
         for name in ("fim_pad", "fim_rep", "fim_sep"):
             if ids[name] is not None:
                 eog.add(ids[name])
-        for i, t in enumerate(tokens):
-            if t in _EOG_TEXTS:
+        for t in _EOG_TEXTS:
+            i = tid.get(t)
+            if i is not None:
                 eog.add(i)
                 attrs[i] |= ATTR_CONTROL
         for t in _ALWAYS_RENDER:
