@@ -18,15 +18,10 @@ SANITIZED = _backend.lib is not None and "SANITIZE_ADDRESS" in _backend.build_in
 rng = np.random.default_rng(7)
 
 # UBSan's reports for the cases the Python layer does not cover yet (files another change rewrites)
-FLOAT_WEIGHT_REPORT = (
-    "UBSan: native/simd/scalar_q.h:43-47 (vf8_load/_h/_bf, from native/kernels/quant.inc) 'load of "
-    "misaligned address ... for type const float / const uint16_t' on a QTensor whose F32/F16/BF16 bytes "
-    "sit off their item size (scalar ISA; the SIMD ISAs' row tails read them the same way: native/kernels/quant.inc:597-599). "
-    "QTensor does not copy; cpufuse.llama.Model copies such weights at load")
-LEAN_X_REPORT = (
-    "UBSan: native/simd/scalar_q.h:43 'load of misaligned address ... const float' from the activation "
-    "quantizer: cpufuse/qmatmul.py's lean path takes a misaligned C-contiguous x (and norm_weight) "
-    "without going through _check_x, which copies it")
+FLOAT_WEIGHT_REPORT = ("UBSan: misaligned F32/F16/BF16 QTensor bytes are read through typed pointers "
+                       "(native/simd/scalar_q.h:43-47, native/kernels/quant.inc:597-599); Model.load copies them")
+LEAN_X_REPORT = ("UBSan: native/simd/scalar_q.h:43 (activation quantizer): qmatmul's lean path takes a misaligned "
+                 "2-D x without _check_x's copy")
 
 
 def mis(a, off):
