@@ -94,9 +94,15 @@ def _affinity_cores():
         return max(1, os.cpu_count() or 1)
 
 
+# More threads than this is a mistake (a unit error, a negative number wrapped around), not a
+# machine: the native pool runs at most CF_MAX_THREADS = 256 workers, and a count past 2^31 would
+# not even fit the C int it is passed as.
+MAX_THREADS = 1024
+
+
 def _check_threads(n, source):
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-        raise ValueError(f"{source} must be an integer >= 1, got {n!r}")
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 1 <= n <= MAX_THREADS:
+        raise ValueError(f"{source} must be an integer >= 1 and <= {MAX_THREADS}, got {n!r}")
     return int(n)
 
 
@@ -106,7 +112,7 @@ def _initial_threads():
         try:
             return _check_threads(int(env), "CPUFUSE_NUM_THREADS")
         except ValueError:
-            raise ValueError(f"CPUFUSE_NUM_THREADS must be an integer >= 1, got {env!r}") from None
+            raise ValueError(f"CPUFUSE_NUM_THREADS must be an integer >= 1 and <= {MAX_THREADS}, got {env!r}") from None
     return _affinity_cores()
 
 
@@ -126,7 +132,7 @@ def threads(n):
     """Hot path: the per-call keyword or the default."""
     if n is None:
         return _threads[0]
-    if type(n) is int and n >= 1:
+    if type(n) is int and 1 <= n <= MAX_THREADS:
         return n
     return _check_threads(n, "n_threads")
 

@@ -125,7 +125,7 @@ class Graph:
         if a.dtype not in (F32, F16):
             raise GraphError(f"constant {name!r}: dtype must be float32 or float16, got {a.dtype}")
         n = self._add("const", [], {}, a.shape, a.dtype, name)
-        n.value = np.ascontiguousarray(a)
+        n.value = np.require(a, requirements=("C", "A"))   # contiguous and aligned (a copy if needed)
         return n
 
     def _name(self, op, name):
@@ -310,9 +310,10 @@ class Graph:
         if cache.ndim != 3 or cache.shape[1:] != src.shape[1:] or cache.shape[0] < src.shape[0]:
             raise GraphError(f"cache_write {nm!r}: cache {cache.shape} does not hold rows of src {src.shape} "
                              f"(needs (n_ctx >= {src.shape[0]}, {src.shape[1]}, {src.shape[2]}))")
-        if not cache.flags.c_contiguous or not cache.flags.writeable:
-            raise GraphError(f"cache_write {nm!r}: cache must be C-contiguous and writeable, got "
-                             f"c_contiguous={cache.flags.c_contiguous}, writeable={cache.flags.writeable}")
+        if not cache.flags.c_contiguous or not cache.flags.behaved:
+            raise GraphError(f"cache_write {nm!r}: cache must be C-contiguous, aligned and writeable, got "
+                             f"c_contiguous={cache.flags.c_contiguous}, aligned={cache.flags.aligned}, "
+                             f"writeable={cache.flags.writeable}")
         if not isinstance(pos0, Node) or pos0.op != "input" or pos0.dtype != I32 or pos0.shape != (1,):
             raise GraphError(f"cache_write {nm!r}: pos0 must be an int32 input node of shape (1,), got {pos0!r}"
                              + (f" {pos0.dtype}" if isinstance(pos0, Node) else ""))
@@ -1243,7 +1244,8 @@ class Plan:
             if not isinstance(a, np.ndarray) or a.dtype != n.dtype or a.shape != n.shape:
                 raise GraphError(f"run: input {n.name!r} must be a {n.dtype} array of shape {n.shape}, "
                                  f"got {getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
-            arrays[n.name] = a if a.flags.c_contiguous else np.ascontiguousarray(a)
+            f = a.flags   # a copy where the kernels could not read it in place (strided, or misaligned)
+            arrays[n.name] = a if f.c_contiguous and f.aligned else np.require(a, requirements=("C", "A"))
         if len(inputs) != len(arrays):
             raise GraphError(f"run: unknown inputs {sorted(set(inputs) - set(arrays))}; the graph's inputs are "
                              f"{sorted(arrays)}")

@@ -39,6 +39,7 @@ _RMS_FN = {i: getattr(lib, f"cf_rms_norm_f32__{i}") for i in _NATIVE}
 _SM_FN = {i: getattr(lib, f"cf_softmax_f32__{i}") for i in _NATIVE}
 _FA_FN = {i: getattr(lib, f"cf_flash_attn_f32__{i}") for i in _NATIVE}
 _thr = _dispatch._threads  # [default thread count]
+_MAXT = _dispatch.MAX_THREADS  # a larger n_threads goes the long way, which refuses it
 _NB_SMALL = 1 << 15  # calls of at most this many elements take the serial Numba kernels (no parallel start-up)
 
 
@@ -102,6 +103,21 @@ def _check_f32(a, name, ndim_max=4):
     if a.ndim > ndim_max:
         raise ValueError(f"{name} must have at most {ndim_max} dimensions, got {a.ndim}")
     _check_last_axis(a, name)
+
+
+def _aligned(a):
+    """a itself, or an aligned copy of a whose address (or a stride) is not a multiple of its item
+    size: the kernels read elements through typed pointers, undefined behaviour when misaligned.
+    Misaligned arrays come only from views of byte buffers (np.frombuffer with an offset, .view of
+    a uint8 slice); the copy costs what reading them would."""
+    return a if a is None or a.flags.aligned else np.require(a, requirements="A")
+
+
+def _check_aligned_out(out, name):
+    if not out.flags.aligned:
+        raise ValueError(f"{name} must be aligned to its {out.itemsize}-byte items (address and strides), got "
+                         f"address {out.ctypes.data:#x} and strides {out.strides}; outputs are written in "
+                         "place, so a misaligned one cannot be copied")
 
 
 def _check_last_axis(a, name):
@@ -177,6 +193,7 @@ def _check_out(out, shape, name="out"):
     if not out.flags.writeable:
         raise ValueError(f"{name} must be writeable, got a read-only array")
     _check_last_axis(out, name)
+    _check_aligned_out(out, name)
 
 
 def _same_view(a, b):
@@ -225,7 +242,7 @@ def _check_tiled(a, name, xshape):
     if ash[-1] != xshape[-1] and ash[-1] != 0:
         # dim-0 tiling (SPEC 2.3): expand the row once; the kernels index rows by modulo
         a = np.tile(a.reshape(ash), (1,) * (len(ash) - 1) + (xshape[-1] // ash[-1],))
-    return _pad4(a)
+    return _pad4(_aligned(a))
 
 
 def _check_mask_sinks(mask, max_bias, sinks, S, H, rows, cols, exact_cols, who):
@@ -271,7 +288,7 @@ def _check_sinks(sinks, H):
         raise TypeError(f"sinks must be a float32 numpy.ndarray, got {getattr(sinks, 'dtype', type(sinks).__name__)}")
     if sinks.shape != (H,):
         raise ValueError(f"sinks must have shape ({H},) (one per head), got {sinks.shape}")
-    return np.ascontiguousarray(sinks)
+    return _aligned(np.ascontiguousarray(sinks))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -294,7 +311,7 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
     if ((mask is None or type(mask) is _ndarray) and sinks is None and type(x) is _ndarray and type(scale) is float
             and type(max_bias) is float
             and max_bias == 0.0 and fused is True and (n_threads is None or type(n_threads) is int
-                                                                 and n_threads > 0)):
+                                                                 and 0 < n_threads <= _MAXT)):
         fn = _lean_fn(_SM_FN, isa)
         sh = x.shape
         mk = 0 if mask is None else 1 if mask.dtype is F32 else 2 if mask.dtype is F16 else 3
@@ -305,9 +322,9 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
         if dp is None and fn is not None and 0 < len(sh) <= 2 and x.size:
             dp = _lean_desc(_SM_DESCS, sh, lambda r, n: softmax_desc(_rows_geom(r, n), _rows_geom(r, n),
                                                                      _rows_geom(r, n) if mk else None, mk), key)
-        if dp is not None and fn is not None and x.dtype is F32:
+        if dp is not None and fn is not None and x.dtype is F32 and x.flags.aligned:
             y = _empty(sh, F32) if out is None else out if (
-                type(out) is _ndarray and out.dtype is F32 and out.shape == sh and out.flags.writeable) else None
+                type(out) is _ndarray and out.dtype is F32 and out.shape == sh and out.flags.behaved) else None
             if y is not None:
                 try:
                     xb = _fb(_T_F32, x)
@@ -321,8 +338,10 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
                     except ValueError:
                         ok = False
                     mb = _NULL
-                    if ok and mk:  # the mask: C-contiguous, sharing no byte with the output
+                    if ok and mk:  # the mask: C-contiguous, aligned, sharing no byte with the output
                         try:
+                            if not mask.flags.aligned:
+                                raise ValueError
                             mb = _fb(_T_CHAR, mask)
                             ok = not -mask.nbytes < (mb + 0) - _cast("char *", yb) < y.nbytes
                         except (ValueError, TypeError, BufferError):
@@ -335,7 +354,7 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
               and 0 < len(sh) <= 2
               and x.flags.c_contiguous):
             y = _empty(sh, F32) if out is None else out if (
-                type(out) is _ndarray and out.dtype is F32 and out.shape == sh and out.flags.writeable
+                type(out) is _ndarray and out.dtype is F32 and out.shape == sh and out.flags.behaved
                 and out.flags.c_contiguous and (out is x or not np.may_share_memory(out, x))) else None
             if y is not None and x.size:
                 sh4 = (1, 1, x.size // sh[-1], sh[-1])
@@ -357,6 +376,12 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
     else:
         _check_out(out, x.shape)
         _check_no_overlap(out, (("x", x), ("mask", mask), ("sinks", sinks)), alias_ok=x)
+    if not x.flags.aligned:   # (out is then not x: out is aligned)
+        x = _aligned(x)
+        xg = _geom4(x)
+    if mask is not None and not mask.flags.aligned:
+        mask = _aligned(mask)
+        m4 = _pad4(mask)
     if out.size == 0:
         return out
     slopes = _slopes(H, max_bias) if (mask is not None and max_bias > 0.0) else None
@@ -396,12 +421,12 @@ def rms_norm(x, weight=None, *, eps, bias=None, out=None, isa=None, fused=True, 
     # is checked by from_buffer (it refuses a non-C-contiguous buffer), overlap by the kernel (return
     # code; np.may_share_memory on the Numba path); anything unusual goes the long way.
     if (type(x) is _ndarray and type(weight) is _ndarray and bias is None and fused is True and type(eps) is float
-            and (n_threads is None or type(n_threads) is int and n_threads > 0)):
+            and (n_threads is None or type(n_threads) is int and 0 < n_threads <= _MAXT)):
         sh = x.shape
         if (x.dtype is F32 and weight.dtype is F32 and 0 < len(sh) <= 2 and weight.shape == sh[-1:]
-                and sh[-1] > 0 and eps >= 0.0):
+                and sh[-1] > 0 and eps >= 0.0 and x.flags.aligned and weight.flags.aligned):
             y = _empty(sh, F32) if out is None else out if (
-                type(out) is _ndarray and out.dtype is F32 and out.shape == sh and out.flags.writeable) else None
+                type(out) is _ndarray and out.dtype is F32 and out.shape == sh and out.flags.behaved) else None
             if y is not None:
                 isa_ = isa or _ctx_get() or _dispatch.DEFAULT
                 fn = _RMS_ROWS.get(isa_)
@@ -436,7 +461,7 @@ def add_rms_norm(x, residual, weight=None, *, eps, bias=None, out=None, isa=None
     # C-contiguous, h_out = x or residual exactly or sharing no byte with them (y_out shares none with
     # anything): exact pointer-range tests. Anything else, and every error, goes the long way.
     if (type(x) is _ndarray and type(residual) is _ndarray and type(weight) is _ndarray and bias is None
-            and fused is True and type(eps) is float and (n_threads is None or type(n_threads) is int and n_threads > 0)):
+            and fused is True and type(eps) is float and (n_threads is None or type(n_threads) is int and 0 < n_threads <= _MAXT)):
         fn = _lean_fn(_RMS_FN, isa)
         sh = x.shape
         dp = _RN_DESCS.get(sh)
@@ -444,13 +469,14 @@ def add_rms_norm(x, residual, weight=None, *, eps, bias=None, out=None, isa=None
             dp = _lean_desc(_RN_DESCS, sh, lambda r, n: rms_desc(_rows_geom(r, n), _rows_geom(r, n), _rows_geom(r, n),
                                                                  _rows_geom(r, n), ((1, 1, 1, n), [0, 0, 0, 1]), None))
         if (dp is not None and fn is not None and x.dtype is F32 and residual.dtype is F32 and weight.dtype is F32
-                and residual.shape == sh and weight.shape == sh[-1:] and eps >= 0.0):
+                and residual.shape == sh and weight.shape == sh[-1:] and eps >= 0.0
+                and x.flags.aligned and residual.flags.aligned and weight.flags.aligned):
             if out is None:
                 h, y = _empty(sh, F32), _empty(sh, F32)
             elif type(out) is tuple and len(out) == 2:
                 h, y = out
                 if not (type(h) is _ndarray and type(y) is _ndarray and h.dtype is F32 and y.dtype is F32
-                        and h.shape == sh and y.shape == sh and h.flags.writeable and y.flags.writeable):
+                        and h.shape == sh and y.shape == sh and h.flags.behaved and y.flags.behaved):
                     h = None
             else:
                 h = None
@@ -482,7 +508,7 @@ def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused, n_threads
     _check_f32(x, "x")
     eps = _check_eps(eps)
     shape = x.shape
-    x4 = _pad4(x)
+    x4 = _pad4(_aligned(x))
     w4 = _check_tiled(weight, "weight", shape) if weight is not None else None
     if bias is not None:
         if weight is None:
@@ -625,17 +651,18 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
             and type(scale) is float and type(softcap) is float and type(max_bias) is float and max_bias == 0.0
             and strategy is None and chunk is DEFAULT_SPLIT_CHUNK and type(q_tile) is int and q_tile == 64
             and fused is True and ggml_compat is False and -_INF < scale < _INF and -_INF < softcap < _INF
-            and (n_threads is None or type(n_threads) is int and n_threads > 0)):
+            and (n_threads is None or type(n_threads) is int and 0 < n_threads <= _MAXT)):
         fn = _lean_fn(_FA_FN, isa)
         kd, vd = k.dtype, v.dtype
         key = (q.shape, k.shape, kd is F16, v.shape, vd is F16)
         dp = _FA_LEAN.get(key)
         if dp is None and fn is not None and (kd is F32 or kd is F16) and (vd is F32 or vd is F16):
             dp = _fa_lean_desc(key)
-        if dp is not None and fn is not None and q.dtype is F32 and (kd is F32 or kd is F16) and (vd is F32 or vd is F16):
+        if (dp is not None and fn is not None and q.dtype is F32 and (kd is F32 or kd is F16) and (vd is F32 or vd is F16)
+                and q.flags.aligned and k.flags.aligned and v.flags.aligned):
             oshape = dp[1]
             o = _empty(oshape, F32) if out is None else out if (
-                type(out) is _ndarray and out.dtype is F32 and out.shape == oshape and out.flags.writeable) else None
+                type(out) is _ndarray and out.dtype is F32 and out.shape == oshape and out.flags.behaved) else None
             if o is not None:
                 try:
                     qb, kb, vb, ob = _fb(_T_F32, q), _fb(_T_F32, k), _fb(_T_F32, v), _fb(_T_F32, o)
@@ -690,6 +717,9 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
         _check_no_overlap(out, (("q", q), ("k", k), ("v", v), ("mask", mask), ("sinks", sinks)))
     if out.size == 0:
         return out
+    q, k, v = _aligned(q), _aligned(k), _aligned(v)
+    if m4 is not None and not m4.flags.aligned:
+        m4 = _aligned(m4)
     if ggml_compat and k.dtype == F16:
         q = q.astype(F16).astype(F32)
     slopes = _slopes(Hq, max_bias) if (mask is not None and max_bias > 0.0) else None

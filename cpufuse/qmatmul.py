@@ -47,7 +47,7 @@ def _check_x(x, n_in, name="x"):
         x2 = np.ascontiguousarray(x2)
     if x2.shape[0] > 1 and x2.strides[0] % 4:
         x2 = np.ascontiguousarray(x2)
-    return x2
+    return x2 if x2.flags.aligned else np.require(x2, requirements="A")   # kernels read typed floats
 
 
 def _check_w(w, name):

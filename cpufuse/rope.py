@@ -13,6 +13,7 @@ import numbers as _numbers
 import numpy as np
 
 from . import _backend as _native, _dispatch
+from .ops import _aligned, _check_aligned_out
 
 ffi, lib = _native.ffi, _native.lib
 F32 = np.dtype(np.float32)
@@ -93,6 +94,7 @@ def _check_cache(cache, shape):
                          f"got strides {kc.strides}")
     if not kc.flags.writeable:
         raise ValueError("cache: k_cache must be writeable, got a read-only array")
+    _check_aligned_out(kc, "cache: k_cache")
     p0 = _int(pos0, "cache pos0")
     if p0 < 0:
         raise ValueError(f"cache: pos0 must be >= 0, got {p0}")
@@ -191,6 +193,7 @@ _T_I32 = ffi.typeof("int32_t[]") if ffi is not None else None
 _NULL = ffi.NULL if ffi is not None else None
 _ctx_get = _dispatch._ctx.get
 _thr = _dispatch._threads
+_MAXT = _dispatch.MAX_THREADS
 _DESC = {}   # (T, H, D, nd, mode, compat, nco) -> int64_t[RP_LEN] for C-contiguous x and y
 _PARAMS = {}  # (base, fs, ext, attn, beta_fast, beta_slow) -> double[6], validated on insertion
 _NUM = (float, int)
@@ -220,7 +223,10 @@ def _lean(x, pos, nd, mode, key, nco, compat, cache, out, isa, n_threads):
     (the full path then checks everything and raises the precise error)."""
     if (ffi is None or type(x) is not _ndarray or x.dtype is not F32 or type(pos) is not _ndarray or pos.dtype is not I32
             or x.ndim != 3 or type(nd) is not int or type(compat) is not bool or type(nco) is not int
-            or nco < 0 or not x.flags.c_contiguous or not pos.flags.c_contiguous):
+            or nco < 0):
+        return None
+    xf, pf = x.flags, pos.flags
+    if not (xf.c_contiguous and xf.aligned and pf.c_contiguous and pf.aligned):
         return None
     T, H, D = x.shape
     if pos.shape != (T,) or nd <= 0 or nd & 1 or nd > D or T == 0 or H == 0:
@@ -233,13 +239,13 @@ def _lean(x, pos, nd, mode, key, nco, compat, cache, out, isa, n_threads):
     if fp is None:
         return None
     fn = _FNS.get(isa or _ctx_get() or _dispatch.DEFAULT)
-    if fn is None or not (n_threads is None or type(n_threads) is int and n_threads > 0):
+    if fn is None or not (n_threads is None or type(n_threads) is int and 0 < n_threads <= _MAXT):
         return None  # numba, or an isa / n_threads the full path checks
     if cache is None:
         if out is None:
             y = np.empty((T, H, D), F32)
             yb = _fb(_T_F32, y)
-        elif type(out) is _ndarray and out.dtype is F32 and out.shape == x.shape and out.flags.writeable:
+        elif type(out) is _ndarray and out.dtype is F32 and out.shape == x.shape and out.flags.behaved:
             try:
                 y, yb = out, _fb(_T_F32, out)
             except (ValueError, TypeError, BufferError):
@@ -262,7 +268,7 @@ def _lean(x, pos, nd, mode, key, nco, compat, cache, out, isa, n_threads):
         if type(kc) is not _ndarray or kc.dtype is not F16 or type(p0) is not int or kc.ndim != 3:
             return None
         kf = kc.flags
-        if (not kf.c_contiguous or not kf.writeable or kc.shape[1] != H or kc.shape[2] != D or p0 < 0
+        if (not kf.c_contiguous or not kf.behaved or kc.shape[1] != H or kc.shape[2] != D or p0 < 0
                 or p0 + T > kc.shape[0] or np.may_share_memory(kc, x) or np.may_share_memory(kc, pos)):
             return None
         yb = ffi.from_buffer("uint16_t[]", kc) + p0 * H * D
@@ -388,6 +394,7 @@ def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_
             if not out.flags.writeable:
                 raise ValueError("out must be writeable, got a read-only array")
             _last_axis_ok(out, "out")
+            _check_aligned_out(out, "out")
             same = (out.__array_interface__["data"][0] == x.__array_interface__["data"][0]
                     and out.strides == x.strides)
             if np.may_share_memory(out, x) and not same:
@@ -399,7 +406,8 @@ def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_
         y = ret = out
     if T == 0 or H == 0:
         return ret
-    posc = np.ascontiguousarray(pos)
+    posc = _aligned(np.ascontiguousarray(pos))
+    x, ff = _aligned(x), _aligned(ff)
     f16 = y.dtype == F16
 
     if isa == "numba":

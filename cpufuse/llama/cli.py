@@ -95,8 +95,11 @@ def main(argv=None):
         print(f"\nerror: {e}", file=sys.stderr)
         return 1
     r = it.result
-    print(f"prompt: {r.prompt_eval_tokens} tokens, {r.prompt_time * 1e3:.1f} ms, {r.prompt_tps:.1f} tokens/s | "
-          f"decode: {r.decode_tokens} tokens, {r.decode_time * 1e3:.1f} ms, {r.decode_tps:.1f} tokens/s"
+
+    def rate(n, t):   # no rate for no tokens (-n 0, a 1-token answer): never "nan tokens/s"
+        return f", {n / t:.1f} tokens/s" if n and t > 0 else ""
+    print(f"prompt: {r.prompt_eval_tokens} tokens, {r.prompt_time * 1e3:.1f} ms{rate(r.prompt_eval_tokens, r.prompt_time)}"
+          f" | decode: {r.decode_tokens} tokens, {r.decode_time * 1e3:.1f} ms{rate(r.decode_tokens, r.decode_time)}"
           f" | stop: {r.stop_reason}", file=sys.stderr)
     return 0
 

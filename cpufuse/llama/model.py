@@ -7,8 +7,17 @@
     for piece in m.generate("Once upon a time", stream=True): print(piece, end="")
     lg = m.logits(m.tokenize("Hello"))          # (n_tokens, n_vocab) float32, from an empty cache
 
-The GGUF is memory-mapped (gguf.GGUFReader) and every weight stays in its file bytes as a
-`cpufuse.QTensor`; nothing is dequantized except the token-embedding rows a batch needs.
+The GGUF is read by cpufuse's own reader (`cpufuse.llama.gguf_file`: every length, offset and
+size checked against the file before it is mapped), then memory-mapped, and every weight stays in
+its file bytes as a `cpufuse.QTensor`; nothing is dequantized except the token-embedding rows a
+batch needs. The hyperparameters and tensor shapes are checked against each other at load.
+
+Threads: one Model serializes its calls. generate(), eval(), logits(), reset() and
+profile_decode() from several threads take turns on an internal lock (a call waits while another
+runs), so each returns what it would have returned alone. A stream (generate(stream=True)) holds
+the lock only while it computes a token, never between tokens: a stream that is closed or simply
+dropped leaves the model usable, and a stream resumed after another call changed the KV cache
+raises RuntimeError instead of continuing from someone else's cache.
 
 Per layer (SPEC-MODEL §3.2), with every buffer preallocated at load time:
     q, k, v = matmul_multi(x, (Wq, Wk, Wv), norm_weight=attn_norm)   RMS_NORM fused in front
@@ -36,17 +45,20 @@ from __future__ import annotations
 
 import bisect
 import math
+import numbers
+import operator
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import List, Optional
 
 import numpy as np
 
-from cpufuse import flash_attn, matmul, matmul_multi, matmul_swiglu, rms_norm, rope
+from cpufuse import _dispatch, flash_attn, matmul, matmul_multi, matmul_swiglu, rms_norm, rope
 from cpufuse.graph import Graph
 from cpufuse.ops import choose_strategy
-from cpufuse.qtypes import QTensor, dequantize, resolve_qtype
+from cpufuse.qtypes import QTensor, dequantize
 
 __all__ = ["Model", "HParams", "GenerationResult", "SUPPORTED_ARCHS"]
 
@@ -81,24 +93,74 @@ def kv_buckets(n_ctx, min_bucket=PLAN_MIN_BUCKET):
 
 
 # ------------------------------------------------------------------------------------------------
-# metadata
+# metadata: typed, range-checked reads of the GGUF keys (each error names the key, its value and
+# the rule it breaks)
 
-def _field(reader, key, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    v = f.contents()
-    return v
+_MISSING = object()
+MAX_LAYERS = 4096          # sane bounds on the architecture numbers (far above any released model)
+MAX_DIM = 1 << 20
+MAX_N_CTX = 1 << 24        # 16M cells: a KV cache beyond this is a mistake, not a model
+MAX_EPS = 1.0
 
 
-def _scalar_or_uniform(v, key):
-    """a per-layer array key (head_count, feed_forward_length) must be uniform here"""
-    if isinstance(v, (list, tuple, np.ndarray)):
-        vals = set(int(x) for x in v)
+def _value(gf, key, default=_MISSING):
+    if key in gf.kv:
+        return gf.kv[key]
+    if default is _MISSING:
+        raise ValueError(f"GGUF is missing the required key {key}")
+    return default
+
+
+def _int_key(gf, key, default=_MISSING, lo=1, hi=MAX_DIM, n_layer=None):
+    """an integer key in [lo, hi]; with n_layer, also a per-layer array of n_layer equal values"""
+    if key not in gf.kv:
+        return _value(gf, key, default)
+    v = gf.kv[key]
+    if n_layer is not None and isinstance(v, np.ndarray):
+        if v.dtype.kind not in "iu":
+            raise ValueError(f"{key}: expected an integer or a per-layer integer array, found {gf.value_type(key)}")
+        if v.shape != (n_layer,):
+            raise ValueError(f"{key}: a per-layer array needs one value per layer (block_count = {n_layer}), "
+                             f"found {v.size} values")
+        vals = set(v.tolist())
         if len(vals) != 1:
             raise ValueError(f"{key}: per-layer values {sorted(vals)} are not supported (only uniform layers)")
-        return vals.pop()
+        v = vals.pop()
+    elif not gf.is_int(key):
+        raise ValueError(f"{key} = {_short(v)}: expected an integer, found {gf.value_type(key)}")
+    if not lo <= v <= hi:
+        raise ValueError(f"{key} = {v}: must be in [{lo}, {hi}]")
+    return int(v)
+
+
+def _float_key(gf, key, default=_MISSING, hi=None, zero_ok=False):
+    """a finite number > 0 (and <= hi); zero_ok: 0 is allowed (llama.cpp's 'not set')"""
+    if key not in gf.kv:
+        return _value(gf, key, default)
+    v = gf.kv[key]
+    if not gf.is_number(key):
+        raise ValueError(f"{key} = {_short(v)}: expected a number, found {gf.value_type(key)}")
+    v = float(v)
+    shown = str(np.float32(v)) if gf.value_type(key) == "float32" else v   # as written: 1e-05, not 9.99...e-06
+    if not (math.isfinite(v) and (v > 0 or zero_ok and v == 0)):
+        raise ValueError(f"{key} = {shown}: must be finite and > 0{' (or 0: unset)' if zero_ok else ''}")
+    if hi is not None and v > hi:
+        raise ValueError(f"{key} = {shown}: must be <= {hi}")
     return v
+
+
+def _str_key(gf, key, default=_MISSING):
+    if key not in gf.kv:
+        return _value(gf, key, default)
+    v = gf.kv[key]
+    if not isinstance(v, str):
+        raise ValueError(f"{key} = {_short(v)}: expected a string, found {gf.value_type(key)}")
+    return v
+
+
+def _short(v):
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
 
 
 @dataclass
@@ -125,64 +187,147 @@ class HParams:
     kq_scale: float = 0.0
 
     @classmethod
-    def from_reader(cls, reader, n_vocab):
-        arch = _field(reader, "general.architecture")
-        if arch is None:
-            raise ValueError("GGUF has no general.architecture key")
-        arch = str(arch)
-        if arch not in SUPPORTED_ARCHS:
-            raise ValueError(f"architecture {arch!r} is not supported by cpufuse.llama "
-                             f"(supported: {', '.join(SUPPORTED_ARCHS)})")
+    def from_gguf(cls, gf, n_vocab):
+        """Read and check the hyperparameters of a GGUFFile (n_vocab: decided by the caller).
+        Each bad value raises ValueError naming the key, the value and the rule."""
+        arch = _arch(gf)
         p = arch + "."
-
-        def req(k):
-            v = _field(reader, p + k)
-            if v is None:
-                raise ValueError(f"GGUF is missing the required key {p + k}")
-            return _scalar_or_uniform(v, p + k)
-
-        n_embd = int(req("embedding_length"))
-        n_layer = int(req("block_count"))
-        n_head = int(req("attention.head_count"))
-        n_ff = int(req("feed_forward_length"))
-        n_head_kv = int(_scalar_or_uniform(_field(reader, p + "attention.head_count_kv", n_head),
-                                           p + "attention.head_count_kv"))
-        d_k = int(_field(reader, p + "attention.key_length", n_embd // n_head))
-        d_v = int(_field(reader, p + "attention.value_length", d_k))
+        n_layer = _int_key(gf, p + "block_count", hi=MAX_LAYERS)
+        n_embd = _int_key(gf, p + "embedding_length")
+        n_ff = _int_key(gf, p + "feed_forward_length", n_layer=n_layer)
+        n_head = _int_key(gf, p + "attention.head_count", n_layer=n_layer)
+        n_head_kv = _int_key(gf, p + "attention.head_count_kv", n_head, n_layer=n_layer)
+        if n_head_kv > n_head or n_head % n_head_kv:
+            raise ValueError(f"{p}attention.head_count_kv = {n_head_kv}: must divide attention.head_count = {n_head}")
+        if p + "attention.key_length" in gf.kv:
+            d_k = _int_key(gf, p + "attention.key_length")
+        elif n_embd % n_head:
+            raise ValueError(f"{p}embedding_length = {n_embd}: must be a multiple of attention.head_count = "
+                             f"{n_head} (the head dim is n_embd / n_head when attention.key_length is absent)")
+        else:
+            d_k = n_embd // n_head
+        d_v = _int_key(gf, p + "attention.value_length", d_k)
         if d_v != d_k:
-            raise ValueError(f"key_length {d_k} != value_length {d_v} is not supported")
-        n_rot = int(_field(reader, p + "rope.dimension_count", d_k))
+            raise ValueError(f"{p}attention.value_length = {d_v}: must equal the key length {d_k} "
+                             "(different K and V head dims are not supported)")
+        n_rot = _int_key(gf, p + "rope.dimension_count", d_k, lo=2)
+        if n_rot % 2 or n_rot > d_k:
+            raise ValueError(f"{p}rope.dimension_count = {n_rot}: must be even and <= the head dim {d_k}")
         if arch == "llama" and n_rot != d_k:
-            raise ValueError(f"llama: rope.dimension_count {n_rot} != head dim {d_k} (llama.cpp rejects this too)")
-        if n_head_kv <= 0 or n_head % n_head_kv:
-            raise ValueError(f"head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
-        eps = _field(reader, p + "attention.layer_norm_rms_epsilon")
-        if eps is None:
-            raise ValueError(f"GGUF is missing the required key {p}attention.layer_norm_rms_epsilon")
-        n_ctx_train = int(req("context_length"))
-        freq_base = float(_field(reader, p + "rope.freq_base", 10000.0))
-        scaling = str(_field(reader, p + "rope.scaling.type", "linear"))
-        factor = _field(reader, p + "rope.scaling.factor")
-        if factor is None:
-            factor = _field(reader, p + "rope.scale_linear")
-        freq_scale = 1.0 / float(factor) if factor else 1.0
+            raise ValueError(f"{p}rope.dimension_count = {n_rot}: must equal the head dim {d_k} for llama "
+                             "(llama.cpp rejects this too)")
+        eps = _float_key(gf, p + "attention.layer_norm_rms_epsilon", hi=MAX_EPS)
+        n_ctx_train = _int_key(gf, p + "context_length", hi=MAX_N_CTX)
+        freq_base = _float_key(gf, p + "rope.freq_base", 10000.0)
+        scaling = _str_key(gf, p + "rope.scaling.type", "linear")
+        if scaling not in ("none", "linear", "yarn"):
+            raise ValueError(f"{p}rope.scaling.type = {scaling!r}: supported are none, linear, yarn")
+        k_factor = p + "rope.scaling.factor" if p + "rope.scaling.factor" in gf.kv else p + "rope.scale_linear"
+        factor = _float_key(gf, k_factor, 0.0, zero_ok=True)   # 0 = unset, as in llama.cpp
+        freq_scale = 1.0 / factor if factor else 1.0
         if scaling == "none":
             freq_scale = 1.0
-        if scaling not in ("none", "linear", "yarn"):
-            raise ValueError(f"rope scaling type {scaling!r} is not supported (none, linear, yarn)")
-        n_ctx_orig = int(_field(reader, p + "rope.scaling.original_context_length", n_ctx_train))
+        n_ctx_orig = _int_key(gf, p + "rope.scaling.original_context_length", n_ctx_train, hi=MAX_N_CTX)
         ext_factor = 1.0 if scaling == "yarn" else 0.0
         attn_factor = 1.0
         if ext_factor != 0.0:           # SPEC-MODEL §1.4: the two 0.1·ln(factor) terms cancel
             fct = 1.0 / freq_scale
             a = 0.1 * math.log(fct) + 1.0 if fct > 1.0 else 1.0
             attn_factor = a * (1.0 / (1.0 + 0.1 * math.log(fct)))
-        attn_factor *= float(_field(reader, p + "rope.scaling.attn_factor", 1.0))
+        attn_factor *= _float_key(gf, p + "rope.scaling.attn_factor", 1.0)
         return cls(arch=arch, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
-                   head_dim=d_k, n_rot=n_rot, n_vocab=n_vocab, n_ctx_train=n_ctx_train, eps=float(eps),
+                   head_dim=d_k, n_rot=n_rot, n_vocab=n_vocab, n_ctx_train=n_ctx_train, eps=eps,
                    freq_base=freq_base, freq_scale=freq_scale, rope_mode=_ROPE_MODE[arch],
                    rope_scaling=scaling, ext_factor=ext_factor, attn_factor=attn_factor,
                    n_ctx_orig=n_ctx_orig, kq_scale=1.0 / math.sqrt(d_k))
+
+
+def _arch(gf):
+    arch = _str_key(gf, "general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+        raise ValueError(f"architecture {arch!r} is not supported by cpufuse.llama "
+                         f"(supported: {', '.join(SUPPORTED_ARCHS)})")
+    return arch
+
+
+def _vocab_size(gf):
+    """n_vocab: the length of tokenizer.ggml.tokens (an array of strings), else token_embd's rows"""
+    key = "tokenizer.ggml.tokens"
+    if key in gf.kv:
+        if gf.value_type(key) != "array[string]":
+            raise ValueError(f"{key}: expected an array of strings, found {gf.value_type(key)}")
+        n = len(gf.kv[key])
+        if n < 1:
+            raise ValueError(f"{key}: the vocabulary is empty")
+        return n
+    te = gf.tensors.get("token_embd.weight")
+    if te is None:
+        raise ValueError("GGUF has neither tokenizer.ggml.tokens nor the tensor token_embd.weight")
+    return te.n_elements // te.ne[0]
+
+
+def _check_special_ids(gf, n_vocab):
+    """every tokenizer.ggml.*_token_id key: an integer in [0, n_vocab)"""
+    from .tokenizer import special_token_id
+    for key, v in gf.kv.items():
+        if key.startswith("tokenizer.ggml.") and key.endswith("_token_id"):
+            if not gf.is_int(key):
+                raise ValueError(f"{key} = {_short(v)}: a special token id must be an integer, found "
+                                 f"{gf.value_type(key)}")
+            special_token_id(key, v, n_vocab)
+    for key in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+        if key in gf.kv:
+            v = gf.kv[key]
+            if not (isinstance(v, np.ndarray) and v.dtype.kind in ("iu" if key.endswith("type") else "iuf")):
+                raise ValueError(f"{key}: expected a numeric array, found {gf.value_type(key)}")
+            if len(v) != n_vocab:
+                raise ValueError(f"{key}: {len(v)} entries, expected one per token ({n_vocab})")
+
+
+def _int_arg(v, name, lo, hi):
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(v).__name__} {v!r}")
+    if not lo <= v <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
+    return int(v)
+
+
+# the address alignment a weight's bytes need: f32 elements 4, f16/bf16 elements and the f16 block
+# scales of quantized types 2. A GGUF with general.alignment < 4 can place a tensor off it; such a
+# tensor is copied (once, at load) rather than handed to the kernels misaligned.
+_ADDR_ALIGN = {"F32": 4}
+
+
+def _aligned_bytes(t):
+    a = t.data
+    if a.ctypes.data % _ADDR_ALIGN.get(t.type_name, 2):
+        a = np.require(a.copy(), requirements="A")
+    return a
+
+
+def _weight(t, shape):
+    """The 2-D weight `t` (ne = [n_in, n_out]) as a QTensor over its bytes in the mapped file,
+    checked against the expected (n_out, n_in). The one place a weight becomes a QTensor (a
+    load-time layout change, such as repacking, belongs here)."""
+    n_out, n_in = shape
+    if t.ne != (n_in, n_out):
+        raise ValueError(f"tensor {t.name}: ne = {list(t.ne)}, expected [{n_in}, {n_out}] "
+                         f"(numpy shape ({n_out}, {n_in}) = (n_out, n_in))")
+    try:
+        return QTensor(_aligned_bytes(t), t.type_id, (n_out, n_in))
+    except NotImplementedError as e:
+        raise NotImplementedError(f"tensor {t.name}: {e}") from None
+
+
+def _vector(t, n):
+    """the 1-D tensor `t` of n elements as a new float32 array"""
+    if t.n_elements != n or t.ne[0] != n:
+        raise ValueError(f"tensor {t.name}: ne = {list(t.ne)}, expected [{n}]")
+    try:
+        a = dequantize(t.data, t.type_id, n)
+    except NotImplementedError as e:
+        raise NotImplementedError(f"tensor {t.name}: {e}") from None
+    return np.ascontiguousarray(a.reshape(n), dtype=F32)
 
 
 class _Layer:
@@ -279,7 +424,8 @@ class _DecodePlan:
 
 
 class Model:
-    """A loaded GGUF model with its KV cache. Not thread-safe (one sequence, one cache)."""
+    """A loaded GGUF model with its KV cache (one sequence). Calls from several threads are
+    serialized (see the module docstring); a paused stream is invalidated by any other call."""
 
     def __init__(self):
         raise TypeError("use Model.load(path, ...)")
@@ -299,97 +445,98 @@ class Model:
         isa: force a cpufuse ISA for every kernel (None = auto). use_plan: run one-token decode
         steps as one compiled graph plan per KV-length bucket (one C call per token); False keeps
         the per-layer Python calls (the plan is also skipped where it cannot be built, e.g. an ISA
-        without the C plan executor: see `plan_error`)."""
-        import gguf
+        without the C plan executor: see `plan_error`).
 
-        self = object.__new__(cls)
-        path = os.fspath(path)
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"no such GGUF file: {path}")
-        reader = gguf.GGUFReader(path, "r")
-        self.path = path
-        self.reader = reader
-        tensors = {t.name: t for t in reader.tensors}
-        tok_list = reader.fields.get("tokenizer.ggml.tokens")
-        n_vocab = len(tok_list.data) if tok_list is not None else None
-        arch = _field(reader, "general.architecture")
-        if arch is not None and str(arch) not in SUPPORTED_ARCHS:
-            raise ValueError(f"architecture {str(arch)!r} is not supported by cpufuse.llama "
-                             f"(supported: {', '.join(SUPPORTED_ARCHS)})")
-        if n_vocab is None:
-            te = tensors.get("token_embd.weight")
-            if te is None:
-                raise ValueError("GGUF has neither tokenizer.ggml.tokens nor token_embd.weight")
-            n_vocab = int(te.shape[1])
-        hp = HParams.from_reader(reader, n_vocab)
-        self.hparams = hp
+        The file is read with cpufuse's own GGUF reader (cpufuse.llama.gguf_file), which checks
+        its layout before mapping it; then the hyperparameters and every tensor's shape are
+        checked against each other. Bad files and arguments raise ValueError (NotImplementedError
+        for a weight type or tokenizer cpufuse does not support) naming the key or tensor."""
+        from .gguf_file import GGUFFile
+
         if kv_dtype not in ("f16", "f32"):
             raise ValueError(f"kv_dtype must be 'f16' or 'f32', got {kv_dtype!r}")
         if act not in (None, "q8", "f32"):
             raise ValueError(f"act must be None, 'q8' or 'f32', got {act!r}")
-        self.act = act
-        self.isa = isa
-        self.kv_dtype = kv_dtype
+        n_threads = None if n_threads is None else _dispatch._check_threads(n_threads, "n_threads")
+        if isa is not None:
+            _dispatch.check_isa(isa)
+        n_ctx = 0 if n_ctx is None else _int_arg(n_ctx, "n_ctx", 0, MAX_N_CTX)
+        n_batch = _int_arg(n_batch, "n_batch", 1, MAX_N_CTX)
+
+        self = object.__new__(cls)
+        path = os.fspath(path)
+        gf = GGUFFile(path)
+        self.path = path
+        self.act, self.isa, self.kv_dtype = act, isa, kv_dtype
         self.rope_ggml_compat = bool(rope_ggml_compat)
-        if n_threads is not None and (int(n_threads) < 1):
-            raise ValueError(f"n_threads must be >= 1, got {n_threads}")
-        self.n_threads = None if n_threads is None else int(n_threads)
-        n_ctx = hp.n_ctx_train if not n_ctx else int(n_ctx)
-        if n_ctx < 1:
-            raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
-        self.n_ctx = n_ctx
-        self.n_batch = max(1, min(int(n_batch), n_ctx))
+        self.n_threads = n_threads
+        _arch(gf)
+        n_vocab = _vocab_size(gf)
+        _check_special_ids(gf, n_vocab)
+        hp = self.hparams = HParams.from_gguf(gf, n_vocab)
+        self.n_ctx = n_ctx = n_ctx or hp.n_ctx_train
+        self.n_batch = min(n_batch, n_ctx)
+        self._load_weights(gf)
 
-        used = set()
+        # tokenizer (built from the same file's metadata)
+        self._tokenizer = None
+        self._tokenizer_error = None
+        try:
+            from .tokenizer import Tokenizer
+            self._tokenizer = Tokenizer(gf)
+        except (ValueError, NotImplementedError, ImportError) as e:   # a model without (supported)
+            self._tokenizer_error = e                                  # tokenizer metadata runs on ids
+        self._max_text = None if self._tokenizer is None else n_ctx * self._tokenizer.max_piece_bytes
 
-        def get(name, required):
+        self._rope_kw = dict(n_dims=hp.n_rot, mode=hp.rope_mode, freq_base=hp.freq_base,
+                             freq_scale=hp.freq_scale, ext_factor=hp.ext_factor, attn_factor=hp.attn_factor,
+                             n_ctx_orig=hp.n_ctx_orig, freq_factors=self.rope_freqs,
+                             ggml_compat=self.rope_ggml_compat, isa=isa, n_threads=self.n_threads)
+        self.use_plan = bool(use_plan)
+        self.plan_error = None      # why the decode plan is not used (None: it is, or not tried yet)
+        # Keep no reference to the parsed metadata (the vocabulary's strings, tens of MB on a large
+        # vocab): the weights are views of the file's memory map, which keeps it alive; the
+        # tokenizer has its copy. gguf_version/alignment/data_offset stay for inspection.
+        self.gguf_version, self.gguf_alignment = gf.version, gf.alignment
+        self._lock = threading.RLock()   # every call that touches the KV cache or the buffers
+        self._epoch = 0                  # bumped by every such call: a paused stream checks it
+        self._alloc()
+        self.reset()
+        return self
+
+    def _load_weights(self, gf):
+        """Every tensor the forward pass reads, checked against the hyperparameters: 2-D weights as
+        QTensor views of the mapped file (`_weight`), 1-D vectors as float32 copies (`_vector`).
+        A tensor the architecture does not use is ignored."""
+        hp = self.hparams
+        tensors = gf.tensors
+
+        def qt(name, shape, required=True):
             t = tensors.get(name)
             if t is None:
                 if required:
                     raise ValueError(f"GGUF is missing the tensor {name}")
-                return None, None
-            used.add(name)
-            return t, [int(s) for s in t.shape]
-
-        def qt(name, shape, required=True):
-            t, ne = get(name, required)
-            if t is None:
                 return None
-            n_in = ne[0]
-            n_out = int(np.prod(ne[1:])) if len(ne) > 1 else 1
-            if shape is not None and (n_out, n_in) != tuple(shape):
-                raise ValueError(f"tensor {name}: shape (n_out, n_in) = {(n_out, n_in)}, expected {tuple(shape)}")
-            try:
-                return QTensor(t.data, t.tensor_type, (n_out, n_in))
-            except NotImplementedError as e:
-                raise NotImplementedError(f"tensor {name}: {e}") from None
+            return _weight(t, shape)
 
         def vec(name, n, required=True):
-            t, ne = get(name, required)
+            t = tensors.get(name)
             if t is None:
+                if required:
+                    raise ValueError(f"GGUF is missing the tensor {name}")
                 return None
-            if int(np.prod(ne)) != n:
-                raise ValueError(f"tensor {name}: {int(np.prod(ne))} elements, expected {n}")
-            a = dequantize(np.ascontiguousarray(t.data), resolve_qtype(t.tensor_type), n).reshape(n)
-            return np.ascontiguousarray(a, dtype=F32)
+            return _vector(t, n)
 
-        E, H, Hkv, D, FF = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff
-        self.tok_embd = qt("token_embd.weight", None)
-        if self.tok_embd.n_in != E:
-            raise ValueError(f"token_embd.weight has n_embd {self.tok_embd.n_in}, expected {E}")
-        if self.tok_embd.n_out < hp.n_vocab:
-            raise ValueError(f"token_embd.weight has {self.tok_embd.n_out} rows < n_vocab {hp.n_vocab}")
+        E, H, Hkv, D, FF, V = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.n_vocab
+        self.tok_embd = qt("token_embd.weight", (V, E))
         self.output_norm = vec("output_norm.weight", E)
-        self.output = qt("output.weight", None, required=False)
+        self.output = qt("output.weight", (V, E), required=False)
         self.tied = self.output is None
         if self.tied:
             self.output = self.tok_embd
-        if self.output.n_in != E:
-            raise ValueError(f"output.weight has n_in {self.output.n_in}, expected {E}")
-        self.output_bias = vec("output.bias", self.output.n_out, required=False)
+        self.output_bias = vec("output.bias", V, required=False)
         self.n_logits = self.output.n_out
-        ff = tensors.get("rope_freqs.weight")
-        self.rope_freqs = vec("rope_freqs.weight", hp.n_rot // 2) if ff is not None else None
+        self.rope_freqs = vec("rope_freqs.weight", hp.n_rot // 2, required=False)
 
         layers = []
         for i in range(hp.n_layer):
@@ -431,29 +578,6 @@ class Model:
                     raise ValueError(f"tensor {b + nm}: FFN gate/up biases are not supported")
             layers.append(L)
         self.layers = layers
-
-        # tokenizer (built from the same reader's metadata)
-        self._tokenizer = None
-        self._tokenizer_error = None
-        try:
-            from .tokenizer import Tokenizer
-            self._tokenizer = Tokenizer(reader)
-        except Exception as e:   # a model without (supported) tokenizer metadata still runs on ids
-            self._tokenizer_error = e
-
-        self._rope_kw = dict(n_dims=hp.n_rot, mode=hp.rope_mode, freq_base=hp.freq_base,
-                             freq_scale=hp.freq_scale, ext_factor=hp.ext_factor, attn_factor=hp.attn_factor,
-                             n_ctx_orig=hp.n_ctx_orig, freq_factors=self.rope_freqs,
-                             ggml_compat=self.rope_ggml_compat, isa=isa, n_threads=self.n_threads)
-        self.use_plan = bool(use_plan)
-        self.plan_error = None      # why the decode plan is not used (None: it is, or not tried yet)
-        # Keep no reference to the reader: its parsed metadata (tens of thousands of small arrays
-        # for the vocabulary) is ~130 MB of RSS on SmolLM2 and goes when load() returns. The
-        # weights are views of the memory map, which keeps it alive; the tokenizer has its copy.
-        self.reader = None
-        self._alloc()
-        self.reset()
-        return self
 
     def _alloc(self):
         hp = self.hparams
@@ -522,7 +646,26 @@ class Model:
 
     # ------------------------------------------------------------------------------- tokenizer
     def tokenize(self, text, add_bos=None, special=False):
-        return self.tokenizer.tokenize(text, add_bos=add_bos, special=special)
+        """Token ids of `text` (str or bytes). Text longer than the context could ever hold is
+        refused before it is tokenized: ValueError when it has more than n_ctx x the longest
+        token piece (`max_text_len`) characters (bytes for bytes): each token stands for at most
+        that many bytes of text, each character for at least one."""
+        tok = self.tokenizer
+        self._check_text(text)
+        return tok.tokenize(text, add_bos=add_bos, special=special)
+
+    @property
+    def max_text_len(self):
+        """the longest prompt text (characters, or bytes) tokenize() and generate() accept"""
+        return self._max_text
+
+    def _check_text(self, text, what="text"):
+        if not isinstance(text, (str, bytes, bytearray)):
+            raise TypeError(f"{what} must be a str or bytes, got {type(text).__name__}")
+        if len(text) > self._max_text:
+            raise ValueError(f"{what} is too long for the context: {len(text)} {'characters' if isinstance(text, str) else 'bytes'} "
+                             f"> n_ctx {self.n_ctx} x {self.tokenizer.max_piece_bytes} (the longest token "
+                             f"piece, in bytes) = {self._max_text}; it could never fit in n_ctx tokens")
 
     def detokenize(self, ids, special=False):
         return self.tokenizer.detokenize(ids, special=special)
@@ -530,8 +673,10 @@ class Model:
     # --------------------------------------------------------------------------------- forward
     def reset(self):
         """Forget the KV cache contents (cells are overwritten lazily)."""
-        self._n_past = 0
-        self._cached = []        # the token ids whose K/V are in the cache, in order
+        with self._lock:
+            self._epoch += 1
+            self._n_past = 0
+            self._cached = []        # the token ids whose K/V are in the cache, in order
 
     def _embed(self, tokens, out):
         te = self.tok_embd
@@ -734,17 +879,39 @@ class Model:
         its describe(); None when the plan route is off or cannot be built (see plan_error)."""
         if not self.use_plan:
             return None
-        T = self._n_past + 1 if n_kv is None else int(n_kv)
-        if not 1 <= T <= self.n_ctx:
-            raise ValueError(f"n_kv must be in [1, {self.n_ctx}], got {T}")
-        dp = self._decode_plan(T) if self.plan_error is None else None
-        return None if dp is None else dp.plan
+        with self._lock:
+            T = self._n_past + 1 if n_kv is None else int(n_kv)
+            if not 1 <= T <= self.n_ctx:
+                raise ValueError(f"n_kv must be in [1, {self.n_ctx}], got {T}")
+            dp = self._decode_plan(T) if self.plan_error is None else None
+            return None if dp is None else dp.plan
 
     def eval(self, tokens, logits_all=False):
-        """Append `tokens` to the cache (in micro-batches of n_batch) and return the logits: of
-        the last token, (n_vocab,) float32 (a view, valid until the next call), or with
-        logits_all (len(tokens), n_vocab), a new array."""
-        tokens = [int(t) for t in tokens]
+        """Append `tokens` to the cache (in micro-batches of n_batch) and return the logits as a
+        new float32 array: of the last token, (n_vocab,), or with logits_all (len(tokens),
+        n_vocab)."""
+        tokens = self._token_list(tokens, "tokens")
+        with self._lock:
+            self._epoch += 1
+            out = self._eval(tokens, logits_all)
+            return out if logits_all else out.copy()
+
+    def _token_list(self, tokens, what):
+        if isinstance(tokens, np.ndarray):
+            tokens = tokens.tolist()
+        try:
+            tokens = [operator.index(t) for t in tokens]
+        except TypeError:
+            raise TypeError(f"{what} must be a sequence of integer token ids, got "
+                            f"{type(tokens).__name__}") from None
+        n = self.hparams.n_vocab
+        if tokens and not (0 <= min(tokens) and max(tokens) < n):
+            bad = next(t for t in tokens if not 0 <= t < n)
+            raise ValueError(f"token id {bad} out of range [0, {n})")
+        return tokens
+
+    def _eval(self, tokens, logits_all=False):
+        """eval() under the lock: the last token's logits are a view of the model's buffer"""
         if not tokens:
             raise ValueError("eval: no tokens")
         if self._n_past + len(tokens) > self.n_ctx:
@@ -763,8 +930,10 @@ class Model:
 
     def logits(self, tokens):
         """(len(tokens), n_vocab) float32 logits of every position, from an empty cache."""
-        self.reset()
-        return self.eval(tokens, logits_all=True)
+        tokens = self._token_list(tokens, "tokens")
+        with self._lock:
+            self.reset()
+            return self._eval(tokens, logits_all=True)
 
     # ------------------------------------------------------------------------------ generation
     def _prompt_ids(self, prompt):
@@ -777,10 +946,11 @@ class Model:
         if isinstance(prompt, (list, tuple)):
             if prompt and all(isinstance(m, dict) for m in prompt):
                 from .chat import chat_prompt
-                text = chat_prompt(self.tokenizer, list(prompt), add_generation_prompt=True)
+                text = chat_prompt(self.tokenizer, list(prompt), add_generation_prompt=True,
+                                   max_chars=self._max_text)
                 return self.tokenize(text, add_bos=False, special=True)
             if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt):
-                return [int(t) for t in prompt]
+                return self._token_list(prompt, "prompt")
         raise TypeError("prompt must be a str, a list of token ids, or a list of chat messages "
                         "({'role': ..., 'content': ...} dicts)")
 
@@ -790,52 +960,64 @@ class Model:
         """Generate up to max_tokens after `prompt` (text; token ids; or chat messages rendered with
         the GGUF chat template and tokenized with special=True). Sampling is llama.cpp's common
         chain (penalties, top-k, top-p, min-p, temperature, dist; see cpufuse.llama.sampling);
-        temperature <= 0 is greedy. Stops at an end-of-generation token (not included).
+        temperature 0 is greedy. Stops at an end-of-generation token (not included).
 
         stream=False: returns a GenerationResult (.tokens, .text, .prompt_tps, .decode_tps, ...).
         stream=True: returns an iterator of text pieces; its .result is set when it is exhausted.
         reuse_cache: keep the KV cells of the longest common prefix with the previous sequence.
+        Arguments are checked here, before anything runs (ValueError naming the argument).
+
+        Threads: a call waits while another call on this Model runs. A stream computes each token
+        under the model's lock and releases it before yielding the text; if another call changes
+        the KV cache between two of its tokens, the stream raises RuntimeError on its next step.
         """
         from .sampling import Sampler
-        ids = self._prompt_ids(prompt)
-        if not ids:
-            raise ValueError("empty prompt")
+        max_tokens = _int_arg(max_tokens, "max_tokens", 0, 1 << 31)
         if sampler is None:
             sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                               repeat_penalty=repeat_penalty, penalty_last_n=penalty_last_n, seed=seed)
-        gen = self._generate(ids, int(max_tokens), sampler, stop_at_eog, reuse_cache)
-        if stream:
-            return _Streamer(gen)
-        try:
-            while True:
-                next(gen)
-        except StopIteration as e:
-            return e.value
-
-    def _generate(self, ids, max_tokens, sampler, stop_at_eog, reuse_cache):
-        from .tokenizer import StreamDecoder
+        ids = self._prompt_ids(prompt)
+        if not ids:
+            raise ValueError("empty prompt")
         if len(ids) > self.n_ctx:
             raise ValueError(f"context overflow: the prompt has {len(ids)} tokens > n_ctx = {self.n_ctx}")
-        # prefix reuse (llama-cpp-python style): keep the cached cells that match, re-evaluate >= 1
-        keep = 0
-        if reuse_cache:
-            c = self._cached
-            m = min(len(c), len(ids) - 1)
-            while keep < m and c[keep] == ids[keep]:
-                keep += 1
-        self._n_past = keep
-        del self._cached[keep:]
+        gen = self._generate(ids, max_tokens, sampler, stop_at_eog, reuse_cache)
+        if stream:
+            return _Streamer(gen)
+        with self._lock:            # the whole generation at once: no other call in between
+            try:
+                while True:
+                    next(gen)
+            except StopIteration as e:
+                return e.value
+
+    def _generate(self, ids, max_tokens, sampler, stop_at_eog, reuse_cache):
+        """The generation loop. Every step that touches the cache runs under the lock, bumps the
+        model's epoch and remembers it; a step that finds another epoch was interrupted."""
+        from .tokenizer import StreamDecoder
         eog = self.eog_ids if stop_at_eog else frozenset()
         dec = StreamDecoder(self.tokenizer) if self._tokenizer is not None else None
-        sampler.accept_prompt(ids)
-        t0 = time.perf_counter()
-        logits = self.eval(ids[keep:])
-        t_prompt = time.perf_counter() - t0
+        with self._lock:
+            self._epoch += 1
+            epoch = self._epoch
+            # prefix reuse (llama-cpp-python style): keep the cached cells that match, re-evaluate >= 1
+            keep = 0
+            if reuse_cache:
+                c = self._cached
+                m = min(len(c), len(ids) - 1)
+                while keep < m and c[keep] == ids[keep]:
+                    keep += 1
+            self._n_past = keep
+            del self._cached[keep:]
+            sampler.accept_prompt(ids)
+            t0 = time.perf_counter()
+            logits = self._eval(ids[keep:])
+            t_prompt = time.perf_counter() - t0
+            tok = sampler.sample(logits) if max_tokens else None
         out, t_dec, n_dec = [], 0.0, 0
         stop, stop_tok = "length", None
         text_parts = []
         for i in range(max_tokens):
-            tok = sampler.sample(logits)
             if tok in eog:
                 stop, stop_tok = "eog", tok
                 break
@@ -844,16 +1026,24 @@ class Model:
                 s = dec.push(tok)
                 if s:
                     text_parts.append(s)
-                    yield s
+                    yield s                     # no lock is held here
             if i == max_tokens - 1:
                 break
-            if self._n_past >= self.n_ctx:
-                stop = "context"
-                break
-            t0 = time.perf_counter()
-            logits = self.eval([tok])
-            t_dec += time.perf_counter() - t0
-            n_dec += 1
+            with self._lock:
+                if self._epoch != epoch:
+                    raise RuntimeError("this stream was interrupted by another generate(), eval(), logits() or "
+                                       "reset() call on the same Model, which changed its KV cache; start a new "
+                                       "generate() (a Model holds one sequence)")
+                if self._n_past >= self.n_ctx:
+                    stop = "context"
+                    break
+                t0 = time.perf_counter()
+                logits = self._eval([tok])
+                t_dec += time.perf_counter() - t0
+                n_dec += 1
+                tok = sampler.sample(logits)
+                self._epoch += 1
+                epoch = self._epoch
         if dec is not None:
             s = dec.flush()
             if s:
@@ -868,6 +1058,11 @@ class Model:
     def profile_decode(self, n_steps=8, token=None):
         """Per-op wall time (seconds, mean per decode step) of `n_steps` single-token decodes
         appended to the current cache: each op is timed with perf_counter around its call."""
+        with self._lock:
+            self._epoch += 1
+            return self._profile_decode(n_steps, token)
+
+    def _profile_decode(self, n_steps, token):
         import collections
         tm = collections.defaultdict(float)
         hp = self.hparams

@@ -3,8 +3,10 @@
 Chain (disabled stages are no-ops):
     penalties (repeat over the last penalty_last_n tokens, prompt included, as llama-completion)
     -> top-k -> top-p -> min-p -> temperature -> dist (seeded numpy Generator)
-The filters act on unscaled logits; temperature comes last. temperature <= 0 is greedy: the first
-maximal logit after the penalties (what llama.cpp's temp-0 stage keeps).
+The filters act on unscaled logits; temperature comes last. temperature 0 is greedy: the first
+maximal logit after the penalties (what llama.cpp's temp-0 stage keeps). Out-of-range values
+(temperature < 0, top_p outside (0, 1], min_p outside [0, 1], top_k < 0, repeat_penalty <= 0,
+NaN) raise ValueError naming the argument.
 
 The random stream is a numpy Generator (PCG64), not std::mt19937, so a seeded draw is reproducible
 here but is not the same token stream as llama.cpp's for the same seed.
@@ -96,6 +98,13 @@ def min_p(vals, idx, p, min_keep=1):
     return vals[keep], idx[keep]          # vals are sorted, so keep is a prefix
 
 
+def _checked(name, v, lo, hi, lo_open=False):
+    """v in [lo, hi] ((lo, hi] with lo_open), finite: else ValueError naming the argument"""
+    if not (math.isfinite(v) and (lo < v if lo_open else lo <= v) and v <= hi):
+        raise ValueError(f"{name} must be finite and in {'(' if lo_open else '['}{lo}, {hi}], got {v}")
+    return v
+
+
 class Sampler:
     """Stateful sampler: seeded RNG and the penalty history.
 
@@ -106,11 +115,13 @@ class Sampler:
                  min_keep=1, penalty_scope="window"):
         if penalty_scope not in ("window", "generated"):
             raise ValueError(f"penalty_scope must be 'window' or 'generated', got {penalty_scope!r}")
-        self.temperature = float(temperature)
+        self.temperature = _checked("temperature", float(temperature), 0.0, math.inf)
         self.top_k = int(top_k)
-        self.top_p = float(top_p)
-        self.min_p = float(min_p)
-        self.repeat_penalty = float(repeat_penalty)
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0: off), got {top_k}")
+        self.top_p = _checked("top_p", float(top_p), 0.0, 1.0, lo_open=True)
+        self.min_p = _checked("min_p", float(min_p), 0.0, 1.0)
+        self.repeat_penalty = _checked("repeat_penalty", float(repeat_penalty), 0.0, math.inf, lo_open=True)
         self.penalty_last_n = int(penalty_last_n)
         self.frequency_penalty = float(frequency_penalty)
         self.presence_penalty = float(presence_penalty)

@@ -32,6 +32,7 @@ whether llama.cpp's C API would apply them for this vocab).
 from __future__ import annotations
 
 import codecs
+import numbers
 import os
 import warnings
 from typing import Any, Iterable, Iterator, Mapping, Optional, Union
@@ -185,8 +186,22 @@ _BYTE_ENCODER = bytes_to_unicode()
 _BYTE_DECODER = {c: b for b, c in _BYTE_ENCODER.items()}
 
 
+# _BYTE_DECODER as a str.translate table onto latin-1 characters; the latin-1 code points that are
+# not byte-mapped characters go to U+FFFF, so that any text with an unmapped character fails the
+# latin-1 encode and takes the character-by-character path (with llama.cpp's marker)
+_BPE_TABLE = {ord(c): chr(b) for c, b in _BYTE_DECODER.items()}
+_BPE_TABLE.update({cp: "\uffff" for cp in range(256) if chr(cp) not in _BYTE_DECODER})
+
+
 def _decode_bpe_text(text: str) -> bytes:
     """llama.cpp ``llama_decode_text``: token text (byte-mapped) -> raw bytes."""
+    try:
+        return text.translate(_BPE_TABLE).encode("latin-1")
+    except UnicodeEncodeError:
+        return _decode_bpe_text_slow(text)
+
+
+def _decode_bpe_text_slow(text: str) -> bytes:
     out = bytearray()
     for ch in text:
         b = _BYTE_DECODER.get(ch)
@@ -203,10 +218,20 @@ def _decode_bpe_text(text: str) -> bytes:
 _PREFIX = "tokenizer.ggml."
 
 
+def _wanted_key(key: str) -> bool:
+    return key.startswith("tokenizer.") or key in ("general.name", "general.architecture")
+
+
+def _metadata_from_kv(kv: Mapping[str, Any]) -> dict:
+    """the tokenizer's keys of a parsed GGUF (cpufuse.llama.gguf_file.GGUFFile.kv)"""
+    return {k: v for k, v in kv.items() if _wanted_key(k)}
+
+
 def _metadata_from_reader(reader) -> dict:
+    """the tokenizer's keys of a gguf-py ``GGUFReader`` (its ``fields``)"""
     out = {}
     for key, field in reader.fields.items():
-        if key.startswith("tokenizer.") or key in ("general.name", "general.architecture"):
+        if _wanted_key(key):
             try:
                 out[key] = field.contents()
             except Exception:  # pragma: no cover - malformed field
@@ -241,16 +266,20 @@ def _to_list(v) -> list:
 class Tokenizer:
     """llama.cpp-compatible tokenizer built from GGUF tokenizer metadata.
 
-    ``source`` is a path to a ``.gguf`` file, a ``gguf.GGUFReader``, or a mapping of the
-    ``tokenizer.ggml.*`` / ``tokenizer.chat_template`` fields (full key names, or the short names
-    after ``tokenizer.ggml.``).
+    ``source`` is a path to a ``.gguf`` file (read with ``cpufuse.llama.gguf_file.GGUFFile``), a
+    ``GGUFFile``, a gguf-py ``GGUFReader``, or a mapping of the ``tokenizer.ggml.*`` /
+    ``tokenizer.chat_template`` fields (full key names, or the short names after
+    ``tokenizer.ggml.``). Malformed metadata (a token list that is not strings, a special token
+    id outside ``[0, n_vocab)``, ...) raises ValueError naming the key.
     """
 
     def __init__(self, source: Union[str, os.PathLike, Mapping[str, Any], Any]):
-        if isinstance(source, (str, os.PathLike)):
-            from gguf import GGUFReader
+        from .gguf_file import GGUFFile
 
-            meta = _metadata_from_reader(GGUFReader(os.fspath(source)))
+        if isinstance(source, (str, os.PathLike)):
+            meta = _metadata_from_kv(GGUFFile(source).kv)
+        elif isinstance(source, GGUFFile):
+            meta = _metadata_from_kv(source.kv)
         elif hasattr(source, "fields") and not isinstance(source, Mapping):
             meta = _metadata_from_reader(source)
         else:
@@ -306,6 +335,10 @@ class Tokenizer:
         merges = _to_list(g("merges"))
         if merges is None:
             raise ValueError("byte-level BPE GGUF has no tokenizer.ggml.merges")
+        if not all(type(m) is str for m in merges):
+            bad = next(m for m in merges if type(m) is not str)
+            raise ValueError(f"tokenizer.ggml.merges must be an array of strings, found an element of type "
+                             f"{type(bad).__name__}: {bad!r}")
         self._hf = self._build_hf(self.tokens, merges)
 
     def _load_common(self, meta: dict, g, flags: dict, default_ids: dict) -> None:
@@ -318,6 +351,10 @@ class Tokenizer:
         tokens = _to_list(g("tokens"))
         if not tokens:
             raise ValueError("GGUF metadata has no tokenizer.ggml.tokens")
+        if not all(type(t) is str for t in tokens):
+            bad = next(t for t in tokens if type(t) is not str)
+            raise ValueError(f"tokenizer.ggml.tokens must be an array of strings, found an element of type "
+                             f"{type(bad).__name__}: {bad!r}")
         n = len(tokens)
         tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         self.tokens: list = tokens
@@ -349,12 +386,10 @@ class Tokenizer:
             v = g(key)
             if v is None:
                 continue
-            v = int(v)
-            if v >= n:
-                warnings.warn(f"bad special token: tokenizer.ggml.{key} = {v} >= n_vocab {n}; "
-                              f"using default {ids[name]}")
-            else:
-                ids[name] = v
+            ids[name] = special_token_id(_PREFIX + key, v, n)
+        for name, v in ids.items():   # a default id (BPE: 11) that a small vocab does not have: none
+            if v is not None and v >= n:
+                ids[name] = None
 
         add_bos, add_eos = flags["add_bos"], flags["add_eos"]
         if g("add_bos_token") is not None:
@@ -367,11 +402,12 @@ class Tokenizer:
         # auto-detect special tokens by text (ascending id order; llama.cpp iterates an
         # unordered_map, so which of several candidates becomes eot_id is unspecified there)
         detect = [("eot", _EOT_TEXTS), ("eom", _EOM_TEXTS)] + list(_FIM_TEXTS.items())
-        for i, t in enumerate(tokens):
-            for name, texts in detect:
-                if ids[name] is None and t in texts:
-                    ids[name] = i
-                    attrs[i] |= ATTR_CONTROL
+        tid = self.token_to_id
+        for name, texts in detect:      # the lowest id among the texts (the texts are unique tokens)
+            found = [tid[t] for t in texts if t in tid]
+            if ids[name] is None and found:
+                ids[name] = min(found)
+                attrs[ids[name]] |= ATTR_CONTROL
         # "unused" control tokens
         for i, t in enumerate(tokens):
             if attrs[i] & ATTR_CONTROL and "unused" in t:
@@ -381,8 +417,9 @@ class Tokenizer:
         for name in ("fim_pad", "fim_rep", "fim_sep"):
             if ids[name] is not None:
                 eog.add(ids[name])
-        for i, t in enumerate(tokens):
-            if t in _EOG_TEXTS:
+        for t in _EOG_TEXTS:
+            i = tid.get(t)
+            if i is not None:
                 eog.add(i)
                 attrs[i] |= ATTR_CONTROL
         for t in _ALWAYS_RENDER:
@@ -450,6 +487,7 @@ class Tokenizer:
             else:
                 pieces.append(b"")
         self._pieces = pieces
+        self.max_piece_bytes = max(map(len, pieces))   # the most bytes one token stands for
         self._hidden = [bool(a & (ATTR_UNKNOWN | ATTR_CONTROL)) for a in attrs]
 
     def _build_hf(self, tokens: list, merges: list):
@@ -734,6 +772,18 @@ class Tokenizer:
         return (f"Tokenizer(model={self.model!r}, pre={self.pre!r}, n_vocab={self.n_vocab}, "
                 f"bos={self.bos_id}, eos={self.eos_id}, eog={sorted(self.eog_ids)}, "
                 f"add_bos={self.add_bos}, add_eos={self.add_eos})")
+
+
+def special_token_id(key: str, v: Any, n_vocab: int) -> int:
+    """A special token id from the GGUF key ``key``: an integer in [0, n_vocab), else ValueError
+    (llama.cpp warns and falls back to a default; an id such as -1 would be emitted as a token)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise ValueError(f"{key} = {v!r}: a special token id must be an integer, found {type(v).__name__}")
+    v = int(v)
+    if not 0 <= v < n_vocab:
+        raise ValueError(f"{key} = {v}: a special token id must be in [0, n_vocab) = [0, {n_vocab}) "
+                         "or absent")
+    return v
 
 
 def _clean_spaces(text: bytes) -> bytes:
