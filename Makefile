@@ -55,7 +55,7 @@ test-asan: venv
 	git ls-files -z -co --exclude-standard | tar --null --ignore-failed-read -T - -cf - | tar -xf - -C $(ASAN_DIR)/tree
 	cd $(ASAN_DIR)/tree && CPUFUSE_SANITIZE=1 $(abspath $(VPY)) setup.py -q build_ext --inplace
 	cd $(ASAN_DIR)/tree && $(ASAN_ENV) $(abspath $(VPY)) -m cpufuse info | grep "SANITIZE_ADDRESS"
-	cd $(ASAN_DIR)/tree && { $(ASAN_ENV) $(abspath $(VPY)) -m pytest -q -p no:cacheprovider --durations=10 tests; echo $$? > ../pytest.rc; } 2>&1 | tee ../pytest.log
+	cd $(ASAN_DIR)/tree && { $(ASAN_ENV) $(abspath $(VPY)) -m pytest -q -p no:cacheprovider --capture=sys --durations=10 tests; echo $$? > ../pytest.rc; } 2>&1 | tee ../pytest.log
 	@if ls $(ASAN_DIR)/logs/* >/dev/null 2>&1 || grep -qE "ERROR: [A-Za-z]+Sanitizer|runtime error:" $(ASAN_DIR)/pytest.log; then \
 		echo "test-asan: sanitizer reports (in $(ASAN_DIR)/logs):"; head -c 30000 $(ASAN_DIR)/logs/* 2>/dev/null; exit 1; fi
 	@test "$$(cat $(ASAN_DIR)/pytest.rc)" = 0 && echo "test-asan: passed, no sanitizer report"

@@ -4,7 +4,9 @@
     cpufuse[serve]  the llama group + uvicorn, starlette, pydantic   (cpufuse.serve, `serve`)
 
 `require(extra)` is called where a group is first needed (the import of cpufuse.llama, of
-cpufuse.serve); it checks that the modules can be found, without importing them.
+cpufuse.serve); it checks that the modules the code imports can be found, without importing them.
+`gguf` is in the llama group for writing GGUF files (tests, bench) and as a reference; loading a
+model does not need it (cpufuse reads GGUF itself), so it is not checked.
 """
 import importlib.util
 
@@ -14,13 +16,17 @@ EXTRAS = {
 }
 
 
+# what the code of each group imports (checked by require): the groups less gguf
+NEEDED = {k: tuple(m for m in v if m != "gguf") for k, v in EXTRAS.items()}
+
+
 class MissingExtra(ImportError):
     """A package of an optional group is not installed; the message names the pip command."""
 
 
 def missing(extra):
     out = []
-    for mod in EXTRAS[extra]:
+    for mod in NEEDED[extra]:
         try:
             found = importlib.util.find_spec(mod) is not None
         except (ImportError, ValueError):
@@ -34,6 +40,6 @@ def require(extra, what):
     """Raise MissingExtra naming `what`, the missing packages and `pip install cpufuse[extra]`."""
     gone = missing(extra)
     if gone:
-        raise MissingExtra(f"{what} needs the optional packages {', '.join(EXTRAS[extra])}; missing: "
+        raise MissingExtra(f"{what} needs the optional packages {', '.join(NEEDED[extra])}; missing: "
                            f"{', '.join(gone)}. Install them with: pip install cpufuse[{extra}]",
                            name=gone[0])

@@ -183,6 +183,7 @@ _FNS = {i: getattr(lib, f"cf_qmatmul_f32__{i}") for i in _dispatch.AVAILABLE if 
 _ctx_get = _dispatch._ctx.get
 _SERIAL_MACS = 1 << 16  # lean path, default threads: products of at most this many multiply-adds run on one thread
 _thr = _dispatch._threads
+_MAX_THREADS = _dispatch.MAX_THREADS
 _empty = np.empty
 
 
@@ -217,8 +218,8 @@ def _lean(x, ws, act, outs, isa, n_threads, norm_weight, eps, epi):
     shape is built once and cached on the first weight; pointers come from ffi.from_buffer, which
     costs a tenth of __array_interface__, and overlaps are exact pointer-range tests (rounded up to
     whole floats for the weights' bytes: a false alarm only sends the call the long way)."""
-    if type(x) is not _ndarray or x.dtype is not F32:
-        return None
+    if type(x) is not _ndarray or x.dtype is not F32 or not x.flags.aligned:
+        return None   # (a misaligned x: the full path copies it)
     w0 = ws[0]
     if type(w0) is not QTensor:
         return None
@@ -234,7 +235,7 @@ def _lean(x, ws, act, outs, isa, n_threads, norm_weight, eps, epi):
         return None
     isa = isa or _ctx_get() or _dispatch.DEFAULT
     fn = _FNS.get(isa)
-    if fn is None or not (n_threads is None or type(n_threads) is int and n_threads > 0):
+    if fn is None or not (n_threads is None or type(n_threads) is int and 0 < n_threads <= _MAX_THREADS):
         return None  # numba, or an isa / n_threads the full path checks
     do_norm = 0
     nwp = _NULL
@@ -242,7 +243,8 @@ def _lean(x, ws, act, outs, isa, n_threads, norm_weight, eps, epi):
         if type(eps) is not float or not eps >= 0.0:
             return None
         if norm_weight is not None:
-            if type(norm_weight) is not _ndarray or norm_weight.dtype is not F32 or norm_weight.shape != (w0.n_in,):
+            if (type(norm_weight) is not _ndarray or norm_weight.dtype is not F32 or norm_weight.shape != (w0.n_in,)
+                    or not norm_weight.flags.aligned):
                 return None
             try:
                 nwp = _fb(_T_F32, norm_weight)
@@ -274,7 +276,7 @@ def _lean(x, ws, act, outs, isa, n_threads, norm_weight, eps, epi):
         ys, yb = outs, []
         for o, n in zip(outs, n_out):
             if (type(o) is not _ndarray or o.dtype is not F32 or o.shape != ((rows, n) if nd == 2 else (n,))
-                    or not o.flags.writeable):
+                    or not o.flags.writeable or not o.flags.aligned):
                 return None
             try:
                 yb.append(_fb(_T_F32, o))

@@ -78,7 +78,7 @@ def test_chat_without_model_package(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("blocked, args, extra", [
-    ("gguf", ["generate", "-p", "hi"], "llama"),
+    ("tokenizers", ["generate", "-p", "hi"], "llama"),
     ("jinja2", ["chat"], "llama"),
     ("uvicorn", ["serve"], "serve"),
     ("tokenizers", ["serve", "--help"], "serve"),

@@ -350,121 +350,108 @@ def test_cli_without_smollm2_package(monkeypatch, capsys):
 
 
 # ------------------------------------------------------------------------------------------------
-# one-token decode as one compiled graph plan (use_plan=True) vs the per-layer Python steps
+# the decoder graph (cpufuse.llama.decoder) against the op-by-op forward it replaced
 
-def _decode_both(path, n_ctx, prompt, steps, **kw):
-    """(logits, k_cache, v_cache, model) for plan and Python-step decode of the same tokens"""
-    out = []
-    for up in (True, False):
-        m = Model.load(path, n_ctx=n_ctx, use_plan=up, **kw)
-        m.eval(prompt)
-        lg = np.stack([m.eval([t]).copy() for t in steps])
-        out.append((lg, m.k_cache.copy(), m.v_cache.copy(), m))
-    return out
+VARIANTS = [dict(qtype="Q4_0"), dict(qtype="Q8_0", tied=False, fused_qkv=True), dict(qtype="Q4_K"),
+            dict(qtype="F16", arch="qwen2"), dict(qtype="F16", arch="qwen3")]
 
 
-@pytest.mark.parametrize("variant", [dict(qtype="Q4_0"), dict(qtype="Q8_0", tied=False, fused_qkv=True),
-                                     dict(qtype="Q4_K"), dict(qtype="F16", arch="qwen2"),
-                                     dict(qtype="F16", arch="qwen3")])
-@pytest.mark.parametrize("act,kv", [(None, "f16"), ("f32", "f32")])
-def test_decode_plan_equals_python_steps(tiny_dir, variant, act, kv):
-    """the plan's logits and KV cache equal the Python-step decode bit for bit (same kernels in
-    the same order; masked cells are never read by flash_attn)"""
+def _opbyop_run(m, chunks, steps, all_logits=False):
+    """the reference: prompt chunks, then one-token steps, through tests/_opbyop.py"""
+    from _opbyop import forward
+    kc, vc = np.zeros_like(m.k_cache), np.zeros_like(m.v_cache)
+    pos, out = 0, []
+    for c in chunks:
+        out.append(forward(m, c, pos, kc, vc, all_logits=all_logits))
+        pos += len(c)
+    out += [forward(m, [t], pos + i, kc, vc) for i, t in enumerate(steps)]
+    return out, kc, vc
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("act,kv,repack", [(None, "f16", True), (None, "f16", False), ("f32", "f32", True)])
+def test_decoder_equals_opbyop(tiny_dir, variant, act, kv, repack):
+    """prompt micro-batches (logits_all and last-token) and decode steps: logits and KV cache bit
+    for bit equal to the op-by-op forward; every micro-batch and step is one C call"""
     p = tiny(tiny_dir, **variant)
-    (lp, kp, vp, mp), (ls, ks, vs, ms) = _decode_both(p, 64, PROMPT[:5], PROMPT[5:], act=act, kv_dtype=kv)
-    assert mp.plan_error is None and list(mp._plans) == [64] and not ms._plans
-    plan = mp.decode_plan()
-    assert [k for k, _ in plan.segments] == ["c"], plan.describe()
-    assert "the whole plan is ONE C call" in plan.describe()
-    assert np.array_equal(lp, ls)
-    assert np.array_equal(kp, ks) and np.array_equal(vp, vs)
-    assert kp[:, :len(PROMPT)].any() and not kp[:, len(PROMPT):].any()
-    assert mp.n_past == ms.n_past == len(PROMPT) and mp._cached == ms._cached
+    m = Model.load(p, n_ctx=64, act=act, kv_dtype=kv, n_batch=7, repack=repack)
+    lg = m.logits(PROMPT[:13])                        # micro-batches of 7 and 6, every row
+    steps = [m.eval([t]).copy() for t in PROMPT[13:]]
+    ref, kc, vc = _opbyop_run(m, [PROMPT[:7], PROMPT[7:13]], PROMPT[13:], all_logits=True)
+    assert np.array_equal(lg, np.concatenate(ref[:2]))
+    assert all(np.array_equal(a, b[0]) for a, b in zip(steps, ref[2:]))
+    assert np.array_equal(m.k_cache, kc) and np.array_equal(m.v_cache, vc)
+    m.reset()
+    last = m.eval(PROMPT[:10])                        # last token only: a gather of one row
+    ref2, _, _ = _opbyop_run(m, [PROMPT[:7], PROMPT[7:10]], [])
+    assert np.array_equal(last, ref2[1][0])
+    for n in (1, 7):
+        d = m.plan(n).plan.describe()
+        assert "the whole plan is ONE C call" in d, d
 
 
-def test_decode_plan_fusions(tiny_dir):
+def test_decoder_fusions(tiny_dir):
     m = Model.load(tiny(tiny_dir, "Q4_0"), n_ctx=64)
-    notes = [st.note for st in m.decode_plan().steps if len(st.nodes) > 1]
-    per_layer = ["RMS_NORM -> MUL -> QMATMUL x3 (shared activation)", "ROPE -> CACHE_WRITE",
+    notes = [st.note for st in m.plan(1).plan.steps if len(st.nodes) > 1]
+    per_layer = ["RMS_NORM -> MUL -> QMATMUL x3 (shared activation)",
                  "RMS_NORM -> MUL -> QMATMUL x2 -> SILU -> MUL (matmul_swiglu)"]
     assert notes == per_layer * m.hparams.n_layer + ["RMS_NORM -> MUL -> QMATMUL"]
 
 
-def test_kv_buckets():
-    from cpufuse.llama.model import kv_buckets
-    from cpufuse.ops import choose_strategy
-    assert kv_buckets(64) == [64]
-    assert kv_buckets(300) == [256, 300]
-    assert kv_buckets(2048) == [256, 511, 1024, 2048]
-    assert kv_buckets(512) == [256, 511, 512]
-    for n_ctx in (64, 511, 512, 600, 2048):
-        bs = kv_buckets(n_ctx)
-        for L in range(1, n_ctx + 1):   # each length's bucket runs the strategy the Python step runs
-            b = bs[np.searchsorted(bs, L)]
-            assert L <= b <= n_ctx and choose_strategy(1, b) == choose_strategy(1, L)
-
-
-def test_decode_plan_buckets_long_context(tiny_dir):
-    """decode across every bucket (rows strategy up to 511 cells, split-KV from 512): bit for bit"""
-    p = tiny(tiny_dir, "Q4_0")
-    toks = np.random.default_rng(0).integers(0, 280, 1100).tolist()
-    (lp, kp, vp, mp), (ls, ks, vs, _) = _decode_both(p, 1101, toks[:1], toks[1:])
-    assert sorted(mp._plans) == [256, 511, 1024, 1101]
-    assert np.array_equal(lp, ls)
-    assert np.array_equal(kp, ks) and np.array_equal(vp, vs)
-
-
-def test_decode_plan_generation_and_cache_reuse(tiny_dir):
-    """greedy generation is identical; prefix reuse shrinks n_past (the mask follows); a one-token
-    eval with logits_all goes through the plan too"""
-    p = tiny(tiny_dir, "Q4_0")
-    res = []
-    for up in (True, False):
-        m = Model.load(p, n_ctx=64, use_plan=up)
-        r1 = m.generate(PROMPT[:6], max_tokens=12, temperature=0, stop_at_eog=False)
-        r2 = m.generate(PROMPT[:3] + [40, 41], max_tokens=10, temperature=0, stop_at_eog=False)
-        r3 = m.generate(PROMPT[:8], max_tokens=10, temperature=0.9, seed=5, stop_at_eog=False, reuse_cache=False)
-        a = m.eval([PROMPT[9]], logits_all=True)
-        res.append((r1.tokens, r2.tokens, r3.tokens, r2.prompt_eval_tokens, a, m.k_cache.copy(), m.v_cache.copy(),
-                    len(m._plans)))
-    (*rp, np_), (*rs, ns) = res
-    assert np_ == 1 and ns == 0
-    assert rp[:4] == rs[:4] and rp[3] == 2
-    assert all(np.array_equal(x, y) for x, y in zip(rp[4:], rs[4:]))
-
-
-def test_decode_plan_off_and_fallback(tiny_dir):
-    p = tiny(tiny_dir, "Q4_0")
-    m = Model.load(p, n_ctx=64, use_plan=False)
-    assert m.decode_plan() is None
-    m.eval(PROMPT[:3])
-    m.eval([PROMPT[3]])
-    assert not m._plans
-    # an ISA without the C plan executor: the Python steps run, the reason is recorded
-    m = Model.load(p, n_ctx=64, isa="numba")
-    ref = Model.load(p, n_ctx=64, isa="numba", use_plan=False)
-    a = [m.eval([t]).copy() for t in PROMPT[:4]]
-    b = [ref.eval([t]).copy() for t in PROMPT[:4]]
-    assert "no C plan executor" in m.plan_error and m.decode_plan() is None
-    assert all(np.array_equal(x, y) for x, y in zip(a, b))
-
-
-def test_decode_plan_direct_call_equals_plan_run(tiny_dir, monkeypatch):
-    """the direct C call made after the first plan.run = plan.run every step, and running the plan
-    on other arrays in between does not leave it pointing at them"""
-    import cpufuse.llama.model as lm
-    p = tiny(tiny_dir, "Q8_0")
-    res = []
-    for direct in (True, False):
-        monkeypatch.setattr(lm, "DIRECT_PLAN_CALL", direct)
+@pytest.mark.parametrize("how", ["arg", "env"])
+def test_fusion_off_reaches_prompts(tiny_dir, how, monkeypatch):
+    """fusion=False (or CPUFUSE_DISABLE_FUSION=1) plans keep every op apart, prompts included, and
+    give the fused plans' numbers"""
+    p = tiny(tiny_dir, "Q4_K")
+    ref = Model.load(p, n_ctx=64).logits(PROMPT)
+    if how == "env":
+        monkeypatch.setenv("CPUFUSE_DISABLE_FUSION", "1")
         m = Model.load(p, n_ctx=64)
-        m.eval(PROMPT[:4])
-        lg = [m.eval([t]).copy() for t in PROMPT[4:8]]
-        dp = m._dp_last
-        assert (dp._fast is not None) == direct
-        junk = dict(x=np.ones_like(m._x1), pos=np.array([40], np.int32), mask=np.zeros_like(dp.mask))
-        dp.plan.run(**junk)                   # a foreign run (writes cache row 40, never read below)
-        del junk
-        lg += [m.eval([t]).copy() for t in PROMPT[8:12]]
-        res.append((np.stack(lg), m.k_cache[:, :12].copy(), m.v_cache[:, :12].copy()))
-    assert all(np.array_equal(a, b) for a, b in zip(*res))
+    else:
+        m = Model.load(p, n_ctx=64, fusion=False)
+    got = m.logits(PROMPT)
+    for n in (1, len(PROMPT)):
+        assert all(len(st.nodes) == 1 for st in m.plan(n, all_logits=True).plan.steps)
+    assert np.array_equal(got, ref)
+
+
+def test_decoder_long_context(tiny_dir):
+    """decode across 512 cells (flash_attn goes split-KV there) and a prompt past 512: bit for bit"""
+    p = tiny(tiny_dir, "Q4_0")
+    toks = np.random.default_rng(0).integers(0, 280, 700).tolist()
+    m = Model.load(p, n_ctx=701, n_batch=600)
+    m.eval(toks[:600])
+    lg = [m.eval([t]).copy() for t in toks[600:640]]
+    ref, kc, vc = _opbyop_run(m, [toks[:600]], toks[600:640])
+    assert all(np.array_equal(a, b[0]) for a, b in zip(lg, ref[1:]))
+    assert np.array_equal(m.k_cache, kc) and np.array_equal(m.v_cache, vc)
+
+
+def test_generation_cache_reuse_and_numba(tiny_dir):
+    """greedy generation with prefix reuse equals generation from scratch; the numba ISA (no C
+    executor: the plans run Python steps) generates the same tokens as the op-by-op reference"""
+    p = tiny(tiny_dir, "Q4_0")
+    m = Model.load(p, n_ctx=64)
+    r1 = m.generate(PROMPT[:6], max_tokens=12, temperature=0, stop_at_eog=False)
+    r2 = m.generate(PROMPT[:3] + [40, 41], max_tokens=10, temperature=0, stop_at_eog=False)
+    assert r2.prompt_eval_tokens == 2
+    m2 = Model.load(p, n_ctx=64)
+    assert m2.generate(PROMPT[:3] + [40, 41], max_tokens=10, temperature=0, stop_at_eog=False,
+                       reuse_cache=False).tokens == r2.tokens
+    mn = Model.load(p, n_ctx=64, isa="numba")
+    lg = mn.logits(PROMPT[:9])
+    ref, _, _ = _opbyop_run(mn, [PROMPT[:9]], [], all_logits=True)
+    assert np.array_equal(lg, ref[0])
+    assert mn.generate(PROMPT[:6], max_tokens=5, temperature=0, stop_at_eog=False).tokens == \
+        Model.load(p, n_ctx=64, isa="numba", repack=False).generate(PROMPT[:6], max_tokens=5, temperature=0,
+                                                                     stop_at_eog=False).tokens
+
+
+def test_kv_slots(tiny_dir):
+    """n_seq slots: the cache holds n_seq * n_ctx cells; slot 0 serves generate()"""
+    m = Model.load(tiny(tiny_dir, "Q4_0"), n_ctx=32, n_seq=3)
+    assert m.k_cache.shape[1] == 96 and m.n_seq == 3
+    a = m.logits(PROMPT[:5])
+    assert np.array_equal(a, Model.load(tiny(tiny_dir, "Q4_0"), n_ctx=32).logits(PROMPT[:5]))
+    with pytest.raises(ValueError, match="n_seq"):
+        Model.load(tiny(tiny_dir, "Q4_0"), n_ctx=32, n_seq=0)

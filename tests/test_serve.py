@@ -42,16 +42,19 @@ def gguf(tmp_path_factory):
                            chat_template=TEMPLATE)
 
 
+CHUNK = 8   # the server's --chunk: its prompt chunks are a Model's micro-batches of n_batch = CHUNK
+
+
 @pytest.fixture(scope="module")
 def model(gguf):
-    return Model.load(gguf, n_ctx=N_CTX)
+    return Model.load(gguf, n_ctx=N_CTX, n_batch=CHUNK)
 
 
 @pytest.fixture(scope="module")
 def url(gguf):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "cpufuse", "serve", gguf, "--port", str(port), "--n-ctx",
-                             str(N_CTX), "--threads", "1", "--log-level", "warning"],
+                             str(N_CTX), "--threads", "1", "--parallel", "2", "--chunk", str(CHUNK), "--log-level", "warning"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
@@ -252,19 +255,24 @@ def test_eight_concurrent_requests_equal_alone(client):
 def test_disconnects_free_their_slot(url, client):
     m0 = metrics(url)
     c0, g0 = m0[CANCELLED], m0["cpufuse_generation_tokens_total"]
-    # A: a long stream, read a little, keep it open
-    a = client.completions.create(model="x", prompt="hello", max_tokens=N_CTX - 16, stream=True, **GREEDY)
-    it = iter(a)
-    for _ in range(3):
-        next(it)
-    # B: non-streaming, waits in the queue behind A; its client gives up
+    slots = int(m0["cpufuse_parallel"])
+    # A: long streams in every slot, read a little, keep them open
+    streams = []
+    for _ in range(slots):
+        a = client.completions.create(model="x", prompt="hello", max_tokens=N_CTX - 16, stream=True, **GREEDY)
+        it = iter(a)
+        for _ in range(3):
+            next(it)
+        streams.append(a)
+    # B: non-streaming, waits in the queue behind them; its client gives up
     with pytest.raises(httpx.TimeoutException):
         httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 8}, timeout=0.3)
     wait_metrics(url, lambda m: m[CANCELLED] == c0 + 1 and m["cpufuse_requests_waiting"] == 0)
-    # A's client goes: its sequence is cancelled and the engine is idle again
-    a.close()
-    m = wait_metrics(url, lambda m: m[CANCELLED] == c0 + 2 and m["cpufuse_requests_running"] == 0)
-    assert m["cpufuse_generation_tokens_total"] - g0 < N_CTX // 2
+    # A's clients go: their sequences are cancelled and the engine is idle again
+    for a in streams:
+        a.close()
+    m = wait_metrics(url, lambda m: m[CANCELLED] == c0 + 1 + slots and m["cpufuse_requests_running"] == 0)
+    assert m["cpufuse_generation_tokens_total"] - g0 < slots * N_CTX // 2
     # C: non-streaming, running when its client closes the socket
     body = json.dumps({"prompt": "hello", "max_tokens": N_CTX - 16, "temperature": 0, "ignore_eos": True}).encode()
     host, port = url.rsplit("/", 1)[-1].split(":")
@@ -272,8 +280,8 @@ def test_disconnects_free_their_slot(url, client):
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         wait_metrics(url, lambda m: m["cpufuse_requests_running"] == 1)
-    m = wait_metrics(url, lambda m: m[CANCELLED] == c0 + 3 and m["cpufuse_requests_running"] == 0)
-    assert m["cpufuse_generation_tokens_total"] - g0 < N_CTX // 2
+    m = wait_metrics(url, lambda m: m[CANCELLED] == c0 + 2 + slots and m["cpufuse_requests_running"] == 0)
+    assert m["cpufuse_generation_tokens_total"] - g0 < (slots + 1) * N_CTX // 2
     # the server goes on serving
     r = client.completions.create(model="x", prompt="hello", max_tokens=4, **GREEDY)
     assert r.usage.completion_tokens == 4

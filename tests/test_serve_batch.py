@@ -72,6 +72,13 @@ def test_tokens_do_not_depend_on_the_batch(gguf_path):
         assert alone[i][0] == together[i][0] == mid[i][0], i
         assert alone[i][1].finish_reason in ("stop", "length")
     assert len(together[3][0]) > 0
+    # and they are the library's: Model.generate with micro-batches of the engine's chunk
+    from cpufuse.serve.engine import make_sampler
+    m = Model.load(gguf_path, n_ctx=160, n_batch=8)
+    for i, r in enumerate(reqs):
+        ref = m.generate(list(r.prompt_ids), max_tokens=r.max_tokens, sampler=make_sampler(r.sampling),
+                         stop_at_eog=False, reuse_cache=False).tokens
+        assert alone[i][0] == ref[:len(alone[i][0])] and len(alone[i][0]) == len(ref), i
 
 
 def test_prompt_cache_reuses_whole_chunks(gguf_path):

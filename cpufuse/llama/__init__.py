@@ -1,7 +1,7 @@
 """Run GGUF llama-architecture models on CPU (tokenizer, chat template, model, sampling)."""
 from cpufuse._extras import require as _require
 
-_require("llama", "cpufuse.llama")   # gguf, tokenizers, jinja2: one clear error if one is missing
+_require("llama", "cpufuse.llama")   # tokenizers, jinja2: one clear error if one is missing
 
 
 def __getattr__(name):  # lazy: `cpufuse.llama.Model` without importing the model engine eagerly

@@ -192,11 +192,13 @@ class Batch:
         """Logits (len(idx), n_vocab) of the rows asked for: the plan's buffer (valid until its next
         run). cap = (n_tokens, n_logits, n_groups) capacities of the plan to use."""
         n, m, g = len(self.tokens), len(self.idx), len(self.seqs)
-        if n > cap[0] or m > cap[1] or g > cap[2] or m == 0:
+        if n == 0 or n > cap[0] or m > cap[1] or g > cap[2]:
             raise ValueError(f"batch: {n} tokens, {m} logits rows, {g} sequences do not fit the capacity {cap}")
         x = np.empty((n, self.m.hparams.n_embd), F32)
         self.m._embed(self.tokens, x)
         seqs = np.zeros((cap[2], 4), np.int32)
         seqs[:g] = self.seqs
-        return decoder.run(cap, x, np.asarray(self.pos, np.int32), np.asarray(self.cells, np.int32), seqs,
-                           np.asarray(self.idx, np.int32), n_threads=n_threads)
+        idx = self.idx or [n - 1]   # a plan computes >= 1 logits row: one nobody asked for
+        out = decoder.run(cap, x, np.asarray(self.pos, np.int32), np.asarray(self.cells, np.int32), seqs,
+                          np.asarray(idx, np.int32), n_threads=n_threads)
+        return out[:m]

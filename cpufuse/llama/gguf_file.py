@@ -353,6 +353,21 @@ class GGUFFile:
         return t
 
     # ----------------------------------------------------------------------------------- access
+    def release(self, arr):
+        """Drop the pages wholly inside `arr` (a view of this file's mapping, e.g. a weight that was
+        just repacked into its own memory) from the process's resident memory (madvise DONTNEED;
+        they stay in the page cache and fault back in if read again). No-op elsewhere."""
+        if not hasattr(self._mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        base = np.frombuffer(self._mm, dtype=np.uint8).ctypes.data
+        a = arr.ctypes.data - base
+        if a < 0 or a + arr.nbytes > len(self._mm):
+            return
+        page = mmap.PAGESIZE
+        lo, hi = -(-a // page) * page, (a + arr.nbytes) // page * page
+        if hi > lo:
+            self._mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
     def get(self, key, default=None):
         return self.kv.get(key, default)
 

@@ -12,38 +12,34 @@ size checked against the file before it is mapped), then memory-mapped, and ever
 its file bytes as a `cpufuse.QTensor`; nothing is dequantized except the token-embedding rows a
 batch needs. The hyperparameters and tensor shapes are checked against each other at load.
 
-Threads: one Model serializes its calls. generate(), eval(), logits(), reset() and
-profile_decode() from several threads take turns on an internal lock (a call waits while another
+Threads: one Model serializes its calls. generate(), eval(), logits() and reset() calls
+from several threads take turns on an internal lock (a call waits while another
 runs), so each returns what it would have returned alone. A stream (generate(stream=True)) holds
 the lock only while it computes a token, never between tokens: a stream that is closed or simply
 dropped leaves the model usable, and a stream resumed after another call changed the KV cache
 raises RuntimeError instead of continuing from someone else's cache.
 
-Per layer (SPEC-MODEL §3.2), with every buffer preallocated at load time:
-    q, k, v = matmul_multi(x, (Wq, Wk, Wv), norm_weight=attn_norm)   RMS_NORM fused in front
-    rope(q) in place;  rope(k, cache=(K[l], pos0))                    RoPE + f16 K-cache store
-    V[l][pos0:pos0+n] = v                                             f16 V-cache store
-    a = flash_attn(q, K[l][:T], V[l][:T], causal mask)                GQA over the cache views
-    x += a @ Wo^T
-    g = matmul_swiglu(x, Wgate, Wup, norm_weight=ffn_norm)            RMS_NORM + SwiGLU fused
-    x += g @ Wdown^T
-then logits = matmul(x, Whead, norm_weight=output_norm) (Whead = token_embd when tied).
+Forward pass: the decoder graph (`cpufuse.llama.decoder`, one builder per architecture) for a
+batch of tokens, compiled once per capacity as a cpufuse.graph.DynamicPlan: a prompt micro-batch
+(up to n_batch tokens) and a decode step are each ONE C call, whatever their length. Per layer:
+    q, k, v = matmul_multi(norm(x), Wq, Wk, Wv)   RMS_NORM fused into the matmul's prologue
+    rope(q), rope(k) -> K cells; v -> V cells      f16 cache writes (kv_write)
+    a = attention per sequence over its own cells  (attn_seqs: flash_attn, causal)
+    x = x + a Wo;  x = x + swiglu(norm(x)) Wd      gate/up + SiLU*mul fused
+then the logits of the rows wanted: matmul(norm(x[rows]), Whead) (Whead = token_embd when tied).
+CPUFUSE_DISABLE_FUSION=1 or Model.load(fusion=False) keeps every node a separate kernel.
 
-One-token decode steps (use_plan=True, the default) run the same chain as ONE compiled
-cpufuse.Graph plan: one C call per token, no Python per layer (see `_decode_graph`). A plan has
-fixed shapes, so it attends over a fixed KV length (a bucket: 256, 511, 1024, 2048, ... up to
-n_ctx; 511 keeps flash_attn's strategy, which changes at 512, the same as over pos+1 cells) with
-an f16 mask input that is 0 for cells <= pos and -inf after. A -inf cell is never read by
-flash_attn (select semantics) and fully masked split-KV chunks are skipped, so the plan's logits
-and KV cache equal the Python-step decode's bit for bit. Plans are compiled lazily, one per
-bucket reached. Prompt batches (n > 1) keep the per-layer Python path.
+Weights: Model.load(repack=True, the default) lays each quantized weight out in cpufuse's P16
+panels for the kernels (QTensor.repack; the same results bit for bit) and drops the file pages it
+read from the process's memory, so RSS stays near the file size; repack=False keeps the mapping.
+KV cache: n_seq slots of n_ctx cells (k_cache[l] is (n_seq * n_ctx, n_kv_heads, head_dim)); the
+generate/eval API uses slot 0, the server (cpufuse.serve.batch) all of them.
 
 Architectures: llama (RoPE NORM), qwen2 (Q/K/V biases, RoPE NEOX), qwen3 (per-head Q/K RMSNorm,
 NEOX). Anything else is refused with a ValueError naming the architecture.
 """
 from __future__ import annotations
 
-import bisect
 import math
 import numbers
 import operator
@@ -55,10 +51,10 @@ from typing import List, Optional
 
 import numpy as np
 
-from cpufuse import _dispatch, flash_attn, matmul, matmul_multi, matmul_swiglu, rms_norm, rope
-from cpufuse.graph import Graph
-from cpufuse.ops import choose_strategy
+from cpufuse import _dispatch
 from cpufuse.qtypes import QTensor, dequantize
+
+from .decoder import Batch, Decoder
 
 __all__ = ["Model", "HParams", "GenerationResult", "SUPPORTED_ARCHS"]
 
@@ -68,28 +64,7 @@ SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
 _ROPE_MODE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox"}
 DEFAULT_N_CTX = 2048
 DEFAULT_N_BATCH = 512
-PLAN_MIN_BUCKET = 256   # the smallest KV length a decode plan attends over
-DIRECT_PLAN_CALL = True  # decode: run the plan bound once to its inputs (Plan.bind), not plan.run
-
-
-def kv_buckets(n_ctx, min_bucket=PLAN_MIN_BUCKET):
-    """The KV lengths decode plans are compiled for: powers of two from min_bucket, n_ctx last,
-    plus L-1 wherever flash_attn's auto strategy for one query changes at length L (512: rows ->
-    split-KV), so that a bucket always runs the strategy the Python step runs over pos+1 cells."""
-    n_ctx = int(n_ctx)
-    bs, b = set(), int(min_bucket)
-    while b < n_ctx:
-        bs.add(b)
-        b *= 2
-    bs.add(n_ctx)
-    prev = choose_strategy(1, 1)
-    for t in range(2, min(n_ctx, 1 << 16) + 1):
-        cur = choose_strategy(1, t)
-        if cur != prev:
-            bs.add(t - 1)
-        prev = cur
-    # a power of two right after a strategy bucket (512 after 511) would serve one length only
-    return sorted(b for b in bs if b == n_ctx or (b - 1) not in bs or b & (b - 1))
+MAX_N_SEQ = 1024           # KV slots
 
 
 # ------------------------------------------------------------------------------------------------
@@ -389,40 +364,6 @@ class _Streamer:
 
 # ------------------------------------------------------------------------------------------------
 
-class _DecodePlan:
-    """A compiled one-token decode plan over nkv KV cells and its mask input (0 for the cells
-    [0, n) attended to, -inf after; only the changed cells are rewritten per step).
-
-    run(): the plan's inputs are always the same three arrays, so the plan is bound to them once
-    (Plan.bind checks them) and each step is one call of the bound plan, skipping plan.run's
-    per-call input checks and output views (~0.1 ms a token on a cold cache)."""
-    __slots__ = ("plan", "nkv", "lo", "mask", "n", "_fast", "_key")
-
-    def __init__(self, plan, nkv, lo):
-        self.plan, self.nkv, self.lo = plan, nkv, lo   # serves the KV lengths (lo, nkv]
-        self.mask = np.full((1, 1, 1, nkv), -np.inf, F16)
-        self.n = 0
-        self._fast = None   # the plan bound to (x, pos, mask)
-        self._key = None
-
-    def set_len(self, n):
-        m = self.mask.reshape(-1)
-        if n > self.n:
-            m[self.n:n] = 0
-        elif n < self.n:
-            m[n:self.n] = -np.inf
-        self.n = n
-
-    def run(self, x, pos, n_threads):
-        if not DIRECT_PLAN_CALL:
-            self._fast = None
-            return self.plan.run(x=x, pos=pos, mask=self.mask, n_threads=n_threads)[0]
-        if self._fast is None or self._key[0] is not x or self._key[1] is not pos:
-            self._fast = self.plan.bind(x=x, pos=pos, mask=self.mask)
-            self._key = (x, pos)
-        return self._fast(n_threads=n_threads)[0]
-
-
 class Model:
     """A loaded GGUF model with its KV cache (one sequence). Calls from several threads are
     serialized (see the module docstring); a paused stream is invalidated by any other call."""
@@ -433,8 +374,8 @@ class Model:
     # -------------------------------------------------------------------------------- loading
     @classmethod
     def load(cls, path, n_ctx=DEFAULT_N_CTX, n_threads=None, kv_dtype="f16", act=None,
-             n_batch=DEFAULT_N_BATCH, rope_ggml_compat=False, isa=None, use_plan=True):
-        """Memory-map the GGUF at `path` and prepare a KV cache of n_ctx cells.
+             n_batch=DEFAULT_N_BATCH, rope_ggml_compat=False, isa=None, repack=True, fusion=None, n_seq=1):
+        """Memory-map the GGUF at `path` and prepare a KV cache of n_ctx cells per sequence.
 
         n_ctx: the context size (KV cells); 0 or None = the model's context_length.
         n_threads: threads for every kernel (None: cpufuse's default, see cpufuse.set_num_threads).
@@ -442,10 +383,11 @@ class Model:
         (default, as llama.cpp) or "f32" (exact f32 activations). n_batch: the largest micro-batch
         a prompt is processed in (longer prompts are split). rope_ggml_compat: use ggml's f32
         angle chain (bit-compatible with llama.cpp) instead of cpufuse's float64 angles.
-        isa: force a cpufuse ISA for every kernel (None = auto). use_plan: run one-token decode
-        steps as one compiled graph plan per KV-length bucket (one C call per token); False keeps
-        the per-layer Python calls (the plan is also skipped where it cannot be built, e.g. an ISA
-        without the C plan executor: see `plan_error`).
+        isa: force a cpufuse ISA for every kernel (None = auto). repack: lay the quantized
+        weights out for the kernels (QTensor.repack: P16 panels, the same results bit for bit) and
+        release the file pages they were read from; False keeps them in the memory-mapped file.
+        fusion: False (or CPUFUSE_DISABLE_FUSION=1 with None) runs every op of the decoder graph as
+        its own kernel. n_seq: KV slots (sequences held at once; the server's --parallel).
 
         The file is read with cpufuse's own GGUF reader (cpufuse.llama.gguf_file), which checks
         its layout before mapping it; then the hyperparameters and every tensor's shape are
@@ -462,6 +404,9 @@ class Model:
             _dispatch.check_isa(isa)
         n_ctx = 0 if n_ctx is None else _int_arg(n_ctx, "n_ctx", 0, MAX_N_CTX)
         n_batch = _int_arg(n_batch, "n_batch", 1, MAX_N_CTX)
+        n_seq = _int_arg(n_seq, "n_seq", 1, MAX_N_SEQ)
+        if fusion is not None and not isinstance(fusion, (bool, np.bool_)):
+            raise TypeError(f"fusion must be None, True or False, got {type(fusion).__name__}")
 
         self = object.__new__(cls)
         path = os.fspath(path)
@@ -475,8 +420,14 @@ class Model:
         _check_special_ids(gf, n_vocab)
         hp = self.hparams = HParams.from_gguf(gf, n_vocab)
         self.n_ctx = n_ctx = n_ctx or hp.n_ctx_train
+        if n_ctx * n_seq > MAX_N_CTX:
+            raise ValueError(f"n_ctx * n_seq must be <= {MAX_N_CTX} KV cells, got {n_ctx} * {n_seq}")
+        self.n_seq = n_seq
         self.n_batch = min(n_batch, n_ctx)
         self._load_weights(gf)
+        self.repacked = bool(repack)
+        if repack:
+            self._repack(gf)
 
         # tokenizer (built from the same file's metadata)
         self._tokenizer = None
@@ -492,8 +443,7 @@ class Model:
                              freq_scale=hp.freq_scale, ext_factor=hp.ext_factor, attn_factor=hp.attn_factor,
                              n_ctx_orig=hp.n_ctx_orig, freq_factors=self.rope_freqs,
                              ggml_compat=self.rope_ggml_compat, isa=isa, n_threads=self.n_threads)
-        self.use_plan = bool(use_plan)
-        self.plan_error = None      # why the decode plan is not used (None: it is, or not tried yet)
+        self.decoder = Decoder(self, fusion=fusion, isa=isa)
         # Keep no reference to the parsed metadata (the vocabulary's strings, tens of MB on a large
         # vocab): the weights are views of the file's memory map, which keeps it alive; the
         # tokenizer has its copy. gguf_version/alignment/data_offset stay for inspection.
@@ -579,44 +529,46 @@ class Model:
             layers.append(L)
         self.layers = layers
 
+    def _repack(self, gf):
+        """Repack every quantized matmul weight for the kernels (QTensor.repack) and drop the file
+        pages it came from (the token embedding stays mapped for its row lookups; a tied output
+        gets its own repacked copy)."""
+        isa = self.isa
+
+        def rp(w):
+            p = w.repack(isa=isa)
+            if p is not w:
+                gf.release(w.raw)
+            return p
+        for L in self.layers:
+            for k in ("wq", "wk", "wv", "wo", "wg", "wu", "wd"):
+                setattr(L, k, rp(getattr(L, k)))
+        if self.tied:
+            self.output = self.tok_embd.repack(isa=isa)
+            if self.output is not self.tok_embd:
+                gf.release(self.tok_embd.raw)   # the rows a batch needs fault back in
+        else:
+            self.output = rp(self.output)
+
     def _alloc(self):
         hp = self.hparams
-        E, H, Hkv, D, FF, B = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, self.n_batch
         kvt = F16 if self.kv_dtype == "f16" else F32
-        self.k_cache = np.zeros((hp.n_layer, self.n_ctx, Hkv, D), kvt)
-        self.v_cache = np.zeros((hp.n_layer, self.n_ctx, Hkv, D), kvt)
-        self._x = np.zeros((B, E), F32)
-        self._q = np.zeros((B, H * D), F32)
-        self._k = np.zeros((B, Hkv * D), F32)
-        self._v = np.zeros((B, Hkv * D), F32)
-        self._attn = np.zeros((1, B, H, D), F32)
-        self._o = np.zeros((B, E), F32)
-        self._g = np.zeros((B, FF), F32)
-        self._mask = np.zeros((B, self.n_ctx), F16)
-        self._logits1 = np.zeros((1, self.n_logits), F32)
-        self._views = {}
-        self._plans = {}            # KV bucket -> _DecodePlan
-        self._dp_last = None
-        self._buckets = None
-        self._x1 = np.zeros((1, E), F32)      # the decode plan's inputs
-        self._pos1 = np.zeros(1, np.int32)
+        n_cells = self.n_seq * self.n_ctx
+        self.k_cache = np.zeros((hp.n_layer, n_cells, hp.n_head_kv, hp.head_dim), kvt)
+        self.v_cache = np.zeros((hp.n_layer, n_cells, hp.n_head_kv, hp.head_dim), kvt)
 
-    def _views_for(self, n):
-        v = self._views.get(n)
-        if v is None:
-            hp = self.hparams
-            H, Hkv, D = hp.n_head, hp.n_head_kv, hp.head_dim
-            q = self._q[:n]
-            k = self._k[:n]
-            v_ = self._v[:n]
-            q3 = q.reshape(n, H, D)
-            k3 = k.reshape(n, Hkv, D)
-            v3 = v_.reshape(n, Hkv, D)
-            q4 = q3.transpose(1, 0, 2)[None]          # (1, H, n, D) view for flash_attn
-            attn = self._attn[:, :n]                  # (1, n, H, D)
-            attn2 = self._attn.reshape(-1, H * D)[:n]
-            v = self._views[n] = (self._x[:n], q, k, v_, q3, k3, v3, q4, attn, attn2, self._o[:n], self._g[:n])
-        return v
+    def plan(self, n_tokens=1, all_logits=False):
+        """The compiled decoder plan (cpufuse.graph.DynamicPlan) a micro-batch of n_tokens runs on,
+        e.g. to read `.plan.describe()`: which ops were fused and the C calls."""
+        return self.decoder.plan(*self._cap(int(n_tokens), all_logits))
+
+    def _cap(self, n, all_logits):
+        """plan capacities (tokens, logits rows, sequences): one exact plan for decode steps, one
+        dynamic plan of n_batch tokens for prompts (last token's logits, or all of them)"""
+        if n == 1:
+            return 1, 1, 1
+        B = self.n_batch
+        return B, (B if all_logits else 1), 1
 
     # ------------------------------------------------------------------------------ properties
     @property
@@ -687,204 +639,24 @@ class Model:
         out[...] = dequantize(te.raw[ids], te.qtype, te.n_in)   # GET_ROWS: only these rows
 
     def _forward(self, tokens, all_logits_out=None):
-        """Run one micro-batch (len(tokens) <= n_batch) at positions n_past.. and append it to
-        the cache. Writes the last position's logits into self._logits1 (returned), or every
-        position's into all_logits_out (n, n_vocab)."""
+        """Run one micro-batch (len(tokens) <= n_batch) at positions n_past.. of slot 0 through the
+        decoder graph and append it to the cache. Returns the last position's logits (1, n_vocab)
+        (the plan's buffer), or writes every position's into all_logits_out (n, n_vocab)."""
         n = len(tokens)
         pos0 = self._n_past
-        T = pos0 + n
-        if T > self.n_ctx:
-            raise ValueError(f"context overflow: {pos0} cached + {n} new tokens = {T} > n_ctx = {self.n_ctx} "
-                             f"(load the model with a larger n_ctx, or call reset())")
-        if n == 1 and self.use_plan and self.plan_error is None:
-            dp = self._decode_plan(T)
-            if dp is not None:
-                out = self._forward_plan(dp, tokens[0], pos0)
-                if all_logits_out is not None:
-                    all_logits_out[...] = out
-                    return all_logits_out
-                return out
-        hp = self.hparams
-        eps = hp.eps
-        act = self.act
-        nt = self.n_threads
-        isa = self.isa
-        x, q, k, v, q3, k3, v3, q4, attn, attn2, o, g = self._views_for(n)
-        self._embed(tokens, x)
-        pos = np.arange(pos0, T, dtype=np.int32)
-        if n == 1:
-            mask = None              # one query at the newest position sees every cached cell
-        else:
-            mask = self._mask[:n, :T]
-            mask[:, :pos0] = 0
-            tri = np.triu(np.full((n, n), -np.inf, F16), 1)
-            mask[:, pos0:T] = tri
-            mask = mask[None, None]
-        rope_kw = self._rope_kw
-        scale = hp.kq_scale
-        kc_all, vc_all = self.k_cache, self.v_cache
-        qkv_out = (q, k, v)
-        for li, L in enumerate(self.layers):
-            matmul_multi(x, (L.wq, L.wk, L.wv), out=qkv_out, norm_weight=L.attn_norm, eps=eps, act=act,
-                         isa=isa, n_threads=nt)
-            if L.bq is not None:
-                q += L.bq
-            if L.bk is not None:
-                k += L.bk
-            if L.bv is not None:
-                v += L.bv
-            if L.q_norm is not None:   # qwen3: per-head RMSNorm of q and k before RoPE
-                q2 = q.reshape(-1, hp.head_dim)
-                q2[...] = rms_norm(q2, L.q_norm, eps=eps, isa=isa, n_threads=nt)
-                k2 = k.reshape(-1, hp.head_dim)
-                k2[...] = rms_norm(k2, L.k_norm, eps=eps, isa=isa, n_threads=nt)
-            kc = kc_all[li]
-            vc = vc_all[li]
-            rope(q3, pos, out=q3, **rope_kw)
-            rope(k3, pos, cache=(kc, pos0), **rope_kw)
-            vc[pos0:T] = v3
-            flash_attn(q4, kc[:T].transpose(1, 0, 2)[None], vc[:T].transpose(1, 0, 2)[None], mask,
-                       scale=scale, out=attn, isa=isa, n_threads=nt)
-            matmul(attn2, L.wo, out=o, act=act, isa=isa, n_threads=nt)
-            if L.bo is not None:
-                o += L.bo
-            x += o
-            matmul_swiglu(x, L.wg, L.wu, out=g, norm_weight=L.ffn_norm, eps=eps, act=act, isa=isa, n_threads=nt)
-            matmul(g, L.wd, out=o, act=act, isa=isa, n_threads=nt)
-            if L.bd is not None:
-                o += L.bd
-            x += o
-        self._n_past = T
+        if pos0 + n > self.n_ctx:
+            raise ValueError(f"context overflow: {pos0} cached + {n} new tokens = {pos0 + n} > n_ctx = "
+                             f"{self.n_ctx} (load the model with a larger n_ctx, or call reset())")
+        b = Batch(self)
+        b.add(0, tokens, pos0, logits=False)
+        b.idx = list(range(n)) if all_logits_out is not None else [n - 1]
+        out = b.run(self.decoder, self._cap(n, all_logits_out is not None), n_threads=self.n_threads)
+        self._n_past = pos0 + n
         self._cached.extend(int(t) for t in tokens)
         if all_logits_out is not None:
-            matmul(x, self.output, out=all_logits_out, norm_weight=self.output_norm, eps=eps, act=act,
-                   isa=isa, n_threads=nt)
-            if self.output_bias is not None:
-                all_logits_out += self.output_bias
+            all_logits_out[...] = out
             return all_logits_out
-        out = self._logits1
-        matmul(x[n - 1:n], self.output, out=out, norm_weight=self.output_norm, eps=eps, act=act,
-               isa=isa, n_threads=nt)
-        if self.output_bias is not None:
-            out += self.output_bias
         return out
-
-    # ----------------------------------------------------------------------------- decode plan
-    def _decode_graph(self, nkv):
-        """One decode step over every layer as a cpufuse.Graph attending over KV cells [0, nkv):
-        inputs x (1, n_embd) f32 (the token's embedding row), pos (1,) int32 (the RoPE position
-        and the cache row), mask (1, 1, 1, nkv) f16; output the logits (1, n_vocab). The plan
-        fuses RMS_NORM -> MUL -> Q/K/V (one matmul_multi with the norm prologue), ROPE(k) ->
-        CACHE_WRITE, RMS_NORM -> MUL -> gate/up -> SILU -> MUL (one matmul_swiglu) and the head's
-        norm prologue, the same kernels as `_forward`, in one C call."""
-        hp = self.hparams
-        E, H, Hkv, D, eps, act = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.eps, self.act
-        rkw = {k: v for k, v in self._rope_kw.items() if k not in ("n_dims", "mode", "isa", "n_threads")}
-        if rkw.get("freq_factors") is None:
-            rkw.pop("freq_factors", None)
-        g = Graph()
-        x = g.input("x", (1, E))
-        pos = g.input("pos", (1,), np.int32)          # RoPE position = cache row (one token)
-        mask = g.input("mask", (1, 1, 1, nkv), np.float16)
-
-        def c(a, name):
-            return g.constant(a, name)
-
-        for li, L in enumerate(self.layers):
-            p = f"l{li}."
-            kc, vc = self.k_cache[li, :nkv], self.v_cache[li, :nkv]   # C-contiguous views
-            h = g.mul(g.rms_norm(x, eps, name=p + "attn_norm"), c(L.attn_norm, p + "attn_norm.w"))
-            q, k, v = (g.qmatmul(h, w, act=act, name=p + nm) for w, nm in ((L.wq, "q"), (L.wk, "k"), (L.wv, "v")))
-            if L.bq is not None:
-                q = g.add(q, c(L.bq, p + "bq"), name=p + "q+b")
-            if L.bk is not None:
-                k = g.add(k, c(L.bk, p + "bk"), name=p + "k+b")
-            if L.bv is not None:
-                v = g.add(v, c(L.bv, p + "bv"), name=p + "v+b")
-            q3, k3 = g.reshape(q, (1, H, D)), g.reshape(k, (1, Hkv, D))
-            if L.q_norm is not None:   # qwen3: per-head RMSNorm of q and k before RoPE
-                q3 = g.reshape(g.mul(g.rms_norm(g.reshape(q3, (H, D)), eps, name=p + "q_norm"),
-                                     c(L.q_norm, p + "q_norm.w")), (1, H, D))
-                k3 = g.reshape(g.mul(g.rms_norm(g.reshape(k3, (Hkv, D)), eps, name=p + "k_norm"),
-                                     c(L.k_norm, p + "k_norm.w")), (1, Hkv, D))
-            kr = g.rope(k3, pos, hp.n_rot, mode=hp.rope_mode, name=p + "rope_k", **rkw)
-            kcw = g.cache_write(kr, kc, pos, name=p + "k_cache")
-            vcw = g.cache_write(g.reshape(v, (1, Hkv, D)), vc, pos, name=p + "v_cache")
-            qr = g.rope(q3, pos, hp.n_rot, mode=hp.rope_mode, name=p + "rope_q", **rkw)
-            Q = g.permute(g.reshape(qr, (1, 1, H, D)), (0, 2, 1, 3))
-            K = g.permute(g.reshape(kcw, (1, nkv, Hkv, D)), (0, 2, 1, 3))
-            V = g.permute(g.reshape(vcw, (1, nkv, Hkv, D)), (0, 2, 1, 3))
-            a = g.flash_attn(Q, K, V, mask, scale=hp.kq_scale, name=p + "attn")
-            o = g.qmatmul(g.reshape(a, (1, H * D)), L.wo, act=act, name=p + "o")
-            if L.bo is not None:
-                o = g.add(o, c(L.bo, p + "bo"), name=p + "o+b")
-            r = g.add(x, o, name=p + "res")
-            h2 = g.mul(g.rms_norm(r, eps, name=p + "ffn_norm"), c(L.ffn_norm, p + "ffn_norm.w"))
-            gt = g.qmatmul(h2, L.wg, act=act, name=p + "gate")
-            up = g.qmatmul(h2, L.wu, act=act, name=p + "up")
-            f = g.mul(g.silu(gt, name=p + "silu"), up, name=p + "ffn")
-            dn = g.qmatmul(f, L.wd, act=act, name=p + "down")
-            if L.bd is not None:
-                dn = g.add(dn, c(L.bd, p + "bd"), name=p + "down+b")
-            x = g.add(r, dn, name=p + "out")
-        hn = g.mul(g.rms_norm(x, eps, name="output_norm"), c(self.output_norm, "output_norm.w"))
-        lg = g.qmatmul(hn, self.output, act=act, name="output")
-        if self.output_bias is not None:
-            lg = g.add(lg, c(self.output_bias, "output.b"), name="output+b")
-        g.output(lg)
-        return g
-
-    def _decode_plan(self, T):
-        """the compiled decode plan for a step that leaves T cells in the cache, or None (and
-        plan_error set) when it cannot be built"""
-        dp = self._dp_last
-        if dp is not None and dp.lo < T <= dp.nkv:   # the common case: the previous step's bucket
-            return dp
-        if self._buckets is None:
-            self._buckets = kv_buckets(self.n_ctx)
-        i = bisect.bisect_left(self._buckets, T)
-        b = self._buckets[i]
-        dp = self._plans.get(b)
-        if dp is None:
-            try:
-                plan = self._decode_graph(b).compile(isa=self.isa)
-            except Exception as e:   # a graph the plan cannot express: the Python steps run instead
-                self.plan_error = f"{type(e).__name__}: {e}"
-                return None
-            if not plan.native:
-                self.plan_error = f"isa {plan.isa} has no C plan executor"
-                return None
-            dp = self._plans[b] = _DecodePlan(plan, b, self._buckets[i - 1] if i else 0)
-        self._dp_last = dp
-        return dp
-
-    def _forward_plan(self, dp, tok, pos0):
-        """one token at position pos0 through the decode plan; returns the (1, n_vocab) logits
-        (the plan's buffer: valid until the next call)"""
-        tok = int(tok)
-        if tok < 0 or tok >= self.hparams.n_vocab:
-            raise ValueError(f"token id {tok} out of range [0, {self.hparams.n_vocab})")
-        te = self.tok_embd
-        x = self._x1
-        x[...] = dequantize(te.raw[tok:tok + 1], te.qtype, te.n_in)   # GET_ROWS: one row
-        dp.set_len(pos0 + 1)
-        self._pos1[0] = pos0
-        out = dp.run(x, self._pos1, self.n_threads)
-        self._n_past = pos0 + 1
-        self._cached.append(tok)
-        return out
-
-    def decode_plan(self, n_kv=None):
-        """The compiled decode plan for KV length n_kv (default: the next step's), e.g. to read
-        its describe(); None when the plan route is off or cannot be built (see plan_error)."""
-        if not self.use_plan:
-            return None
-        with self._lock:
-            T = self._n_past + 1 if n_kv is None else int(n_kv)
-            if not 1 <= T <= self.n_ctx:
-                raise ValueError(f"n_kv must be in [1, {self.n_ctx}], got {T}")
-            dp = self._decode_plan(T) if self.plan_error is None else None
-            return None if dp is None else dp.plan
 
     def eval(self, tokens, logits_all=False):
         """Append `tokens` to the cache (in micro-batches of n_batch) and return the logits as a
@@ -1053,70 +825,3 @@ class Model:
                                 prompt_eval_tokens=len(ids) - keep, prompt_time=t_prompt,
                                 decode_tokens=n_dec, decode_time=t_dec, stop_reason=stop, stop_token=stop_tok,
                                 prompt_ids=list(ids))
-
-    # ------------------------------------------------------------------------------- profiling
-    def profile_decode(self, n_steps=8, token=None):
-        """Per-op wall time (seconds, mean per decode step) of `n_steps` single-token decodes
-        appended to the current cache: each op is timed with perf_counter around its call."""
-        with self._lock:
-            self._epoch += 1
-            return self._profile_decode(n_steps, token)
-
-    def _profile_decode(self, n_steps, token):
-        import collections
-        tm = collections.defaultdict(float)
-        hp = self.hparams
-        token = int(token if token is not None else (self._cached[-1] if self._cached else 0))
-        pc = time.perf_counter
-        for _ in range(n_steps):
-            if self._n_past + 1 > self.n_ctx:
-                raise ValueError("profile_decode: context full")
-            t_all = pc()
-            n = 1
-            pos0 = self._n_past
-            T = pos0 + 1
-            eps, act, nt, isa = hp.eps, self.act, self.n_threads, self.isa
-            t = pc()
-            x, q, k, v, q3, k3, v3, q4, attn, attn2, o, g = self._views_for(n)
-            self._embed([token], x)
-            pos = np.arange(pos0, T, dtype=np.int32)
-            rope_kw = self._rope_kw
-            tm["embed+setup"] += pc() - t
-            for li, L in enumerate(self.layers):
-                t = pc()
-                matmul_multi(x, (L.wq, L.wk, L.wv), out=(q, k, v), norm_weight=L.attn_norm, eps=eps, act=act,
-                             isa=isa, n_threads=nt)
-                t1 = pc(); tm["norm+qkv matmul"] += t1 - t  # noqa: E702
-                if L.bq is not None:
-                    q += L.bq
-                    k += L.bk
-                    v += L.bv
-                kc, vc = self.k_cache[li], self.v_cache[li]
-                rope(q3, pos, out=q3, **rope_kw)
-                t2 = pc(); tm["rope q"] += t2 - t1  # noqa: E702
-                rope(k3, pos, cache=(kc, pos0), **rope_kw)
-                t3 = pc(); tm["rope k + cache store"] += t3 - t2  # noqa: E702
-                vc[pos0:T] = v3
-                t4 = pc(); tm["v cache store"] += t4 - t3  # noqa: E702
-                flash_attn(q4, kc[:T].transpose(1, 0, 2)[None], vc[:T].transpose(1, 0, 2)[None], None,
-                           scale=hp.kq_scale, out=attn, isa=isa, n_threads=nt)
-                t5 = pc(); tm["flash_attn"] += t5 - t4  # noqa: E702
-                matmul(attn2, L.wo, out=o, act=act, isa=isa, n_threads=nt)
-                t6 = pc(); tm["attn_output matmul"] += t6 - t5  # noqa: E702
-                x += o
-                t7 = pc(); tm["residual adds"] += t7 - t6  # noqa: E702
-                matmul_swiglu(x, L.wg, L.wu, out=g, norm_weight=L.ffn_norm, eps=eps, act=act, isa=isa,
-                              n_threads=nt)
-                t8 = pc(); tm["norm+gate/up swiglu"] += t8 - t7  # noqa: E702
-                matmul(g, L.wd, out=o, act=act, isa=isa, n_threads=nt)
-                t9 = pc(); tm["ffn_down matmul"] += t9 - t8  # noqa: E702
-                x += o
-                tm["residual adds"] += pc() - t9
-            t = pc()
-            matmul(x, self.output, out=self._logits1, norm_weight=self.output_norm, eps=eps, act=act,
-                   isa=isa, n_threads=nt)
-            tm["norm+output matmul"] += pc() - t
-            self._n_past = T
-            self._cached.append(token)
-            tm["TOTAL"] += pc() - t_all
-        return {k: v / n_steps for k, v in tm.items()}

