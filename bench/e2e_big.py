@@ -42,6 +42,7 @@ import sys
 import time
 
 from . import bigmodels
+from . import threads as threads_mod
 from .e2e import DEFAULT_PEER, HERE, N_CTX, RESULTS, _cpu_name, bench_tokens, load_avg, peer_status, run_job
 
 PP, TG = 512, 128
@@ -64,16 +65,12 @@ def best_isa():
 
 def worker_probe(job):
     """the probes at job["threads"] threads: DRAM read bandwidth and the int8 peak"""
-    from . import threads
     n = int(job["threads"])
     isa = best_isa()
-    out = {"isa": isa, "threads": n}
-    out["read"] = threads.read_bw_stats(n, nbytes=int(job.get("read_bytes", 1 << 30)), isa=isa)
-    pk = threads.int8_peak_stats(isa, n) if isa else None
-    out["int8"] = pk
-    fma = threads.fma_peak_stats(isa, n) if isa else None
-    out["fma"] = fma
-    return out
+    return {"isa": isa, "threads": n,
+            "read": threads_mod.read_bw_stats(n, nbytes=int(job.get("read_bytes", 1 << 30)), isa=isa),
+            "int8": threads_mod.int8_peak_stats(isa, n) if isa else None,
+            "fma": threads_mod.fma_peak_stats(isa, n) if isa else None}
 
 
 def run_llama_bench(exe, path, threads, fa, reps, pin, timeout=1800):
@@ -155,10 +152,11 @@ def run(args):
     raw = {}
     errors = {}
     peer_info = {}
+    busy = [threads_mod.busy_cores()]   # cores other work keeps busy (bench/threads.py), between rounds
 
     def report(final):
-        """the JSON and markdown of what is measured so far (after every round of every file, so a
-        run stopped by a time limit leaves its results)"""
+        """the JSON and markdown of what is measured so far (rewritten after every thread count of
+        every round, so a run stopped by a time limit leaves its results)"""
         la1 = load_avg()
         done = [f for f in files if os.path.basename(f["path"]) in raw]
         out = {"kind": "e2e-big", "complete": final,
@@ -219,7 +217,8 @@ def run(args):
                         print(f"  {name} round {rnd + 1} t={t} {LABEL[e]:17s} " +
                               "  ".join(f"{kk} {median(v):8.2f}" for kk, v in res["wall"].items()) +
                               ("" if fin is None else f"  logits finite {fin}") + f" ({dt:.0f} s)", flush=True)
-            report(False)
+                busy.append(threads_mod.busy_cores(0.3))
+                report(False)
     out = report(True)
     print(f"bench.e2e_big: wrote {args.json}, {args.md} ({out['seconds'] / 60:.1f} min; load average "
           f"{la0[0]:.2f} -> {out['load_avg_end'][0]:.2f})")
@@ -296,6 +295,11 @@ def write_md(R, md_path, png_path=None):
          f"{R['load_avg_start'][0]:.2f}, at end {R['load_avg_end'][0]:.2f}. {R['rounds']} alternating rounds (each "
          f"engine and the probes in their own process per round, order rotated); run time {R['seconds'] / 60:.1f} min.",
          ""]
+    b = [x for x in R.get("busy_cores", []) if x is not None]
+    if b and max(b) > 0.25:
+        L += [f"**Shared machine:** other work kept {statistics.median(b):.2f} cores busy (median; largest "
+              f"{max(b):.2f}) of {m['ncpu_affinity']}, measured between rounds while this run slept (/proc/stat): "
+              "the all-core cells (and the spread) show that contention, not only the engines.", ""]
     if R.get("peer_skipped"):
         L += [f"**llama.cpp columns skipped:** {R['peer_skipped']}", ""]
     L += ["Models (random weights with the real shapes, written by `bench/bigmodels.py`; weights = bytes a decode "
@@ -397,6 +401,7 @@ def plot(R, path):
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter
     except Exception as e:  # noqa: BLE001
         return f"matplotlib unavailable ({e})"
     from .plot import OTHER
@@ -420,6 +425,9 @@ def plot(R, path):
         ax.set_yscale("log")
         ax.set_xticks(threads)
         ax.set_xticklabels([str(t) for t in threads])
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(   # every minor tick labelled on a short axis
+            lambda v, _, ax=ax: f"{v:g}" if ax.get_ylim()[1] < 20 * ax.get_ylim()[0] or f"{v:g}"[0] in "25" else ""))
         ax.set_xlabel("threads")
         ax.set_ylabel("tokens/s")
         ax.set_title(title)
@@ -454,7 +462,12 @@ def main(argv=None):
     ap.add_argument("--json", default=os.path.join(RESULTS, "e2e-big.json"))
     ap.add_argument("--md", default=os.path.join(RESULTS, "e2e-big.md"))
     ap.add_argument("--png", default=os.path.join(RESULTS, "e2e-big.png"))
+    ap.add_argument("--from-json", metavar="P", help="only write --md and --png again from a run's JSON")
     args = ap.parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as fh:
+            write_md(json.load(fh), args.md, args.png)
+        return
     if args.probe_worker:
         with open(args.probe_worker) as fh:
             job = json.load(fh)
