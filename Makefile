@@ -104,7 +104,8 @@ PEER_VENV ?= $(if $(wildcard /work/venv-llama/bin/python),/work/venv-llama,.venv
 # BIG_TYPES: q4_0,q4_k,q6_k,q8_0,q4_k_m or all; BIG_THREADS: e.g. 1,2 or 1,2,4,8,16 (default: 1 and
 # all cores); BIG_ROUNDS. LLAMA_BENCH=path runs llama.cpp as that llama-bench binary (make
 # llama-bench builds it) instead of llama-cpp-python. Defaults (1B, Q4_0 and the Q4_K_M-like mix,
-# 1 and 2 threads, 3 rounds): ~20 min here, on top of the SmolLM2 part.
+# 1 and 2 threads, 3 rounds): ~13 min here on a quiet machine (30 min under load), on top of the
+# SmolLM2 part.
 BIG ?= 1b
 BIG_TYPES ?= q4_0,q4_k_m
 BIG_THREADS ?=

@@ -40,6 +40,7 @@ llama-<shape>-shapes-<type>.gguf, each with a sidecar <file>.json (generator ver
 size); a file whose sidecar matches is reused.
 """
 import argparse
+import concurrent.futures
 import json
 import math
 import os
@@ -328,19 +329,29 @@ def write(path, shape, qtype, pure=False, seed=0, log=print):
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     rng = np.random.default_rng([seed, GEN_VERSION, list(SHAPES).index(shape), TYPES.index(qtype)])
-    done, last = 0, t0
-    for name, kind, n_out, n_in, t in plan:
+
+    def make(item):
+        name, kind, n_out, n_in, t = item
         if kind == "f32":
-            a = rope_freqs(shape) if name == "rope_freqs.weight" else np.ones(n_in, np.float32)
-        else:
-            a = random_blocks(t, n_out, n_in, rng)
-        w.write_tensor_data(a)
-        done += a.nbytes
-        now = time.perf_counter()
-        if now - last > 2.0 or done == total:
-            log(f"  {os.path.basename(path)}: {done / 2**30:5.2f} / {total / 2**30:.2f} GiB "
-                f"({done / 2**20 / (now - t0):.0f} MiB/s)")
-            last = now
+            return rope_freqs(shape) if name == "rope_freqs.weight" else np.ones(n_in, np.float32)
+        return random_blocks(t, n_out, n_in, rng)
+
+    # the next tensor is generated on a second thread while this one is written (both release the
+    # GIL); one thread, in file order, so the random stream is the same as a serial loop's
+    done, last = 0, t0
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        nxt = ex.submit(make, plan[0])
+        for i in range(len(plan)):
+            a = nxt.result()
+            if i + 1 < len(plan):
+                nxt = ex.submit(make, plan[i + 1])
+            w.write_tensor_data(a)
+            done += a.nbytes
+            now = time.perf_counter()
+            if now - last > 2.0 or done == total:
+                log(f"  {os.path.basename(path)}: {done / 2**30:5.2f} / {total / 2**30:.2f} GiB "
+                    f"({done / 2**20 / (now - t0):.0f} MiB/s)")
+                last = now
     w.close()
     os.replace(tmp, path)
     with open(_sidecar(path), "w") as f:

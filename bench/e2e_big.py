@@ -162,9 +162,10 @@ def run(args):
         out = {"kind": "e2e-big", "complete": final,
                "machine": {"cpu": _cpu_name(), "ncpu_affinity": ncpu, "platform": platform.platform(),
                            "python": sys.version.split()[0], "cpufuse_isa": best_isa()},
-               "load_avg_start": la0, "load_avg_end": la1, "seconds": time.time() - t_start, "rounds": args.rounds,
-               "threads": threads, "reps": reps, "pp_warm": args.pp_warm, "read_mib": args.read_mib, "n_ctx": N_CTX, "peer_kind": peer_kind,
-               "llama_bench": exe if args.llama_bench else None, "peer": peer_info, "peer_skipped": why_peer, "errors": errors, "files": done,
+               "load_avg_start": la0, "load_avg_end": la1, "busy_cores": busy, "seconds": time.time() - t_start,
+               "rounds": args.rounds, "threads": threads, "reps": reps, "pp_warm": args.pp_warm,
+               "read_mib": args.read_mib, "n_ctx": N_CTX, "peer_kind": peer_kind, "llama_bench": exe,
+               "peer": peer_info, "peer_skipped": why_peer, "errors": errors, "files": done,
                "summary": summarize(done, raw, threads, engines), "raw": raw}
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)

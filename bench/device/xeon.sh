@@ -7,15 +7,19 @@
 #   run(command="bash bench/device/xeon.sh setup", carry=[".whl", ".dev"], timeout_s=600)
 #   run(command="bash bench/device/xeon.sh 1b", ...)   then 1b-more, 8b, profile (optional)
 #
-# Phases (time: estimated for the Xeon from runs on the 2-core EPYC here, see bench/README.md; each
-# phase stops its benchmark at PHASE_LIMIT seconds, default 560, and e2e_big writes its results
-# after every round, so a phase cut short still returns what it measured):
+# Phases (time: estimated for the Xeon from runs here, on a 2-core EPYC: llama-bench from the
+# pruned source 13 min on 2 cores (~2 min on 16), cpufuse's extension 2.5 min (serial per ISA,
+# ~1.5 min), the five 1B files 20-30 s; per 1B file at 1 thread a cpufuse process ~25-35 s, a
+# llama-bench process ~33 s (less on the Xeon, where AMX speeds its pp512 warm-up and run), the
+# probes ~3 s; at 4-16 threads ~10-15 s a process. Each phase stops its benchmark at PHASE_LIMIT
+# seconds, default 560, and e2e_big rewrites its results after every thread count of every round,
+# so a phase cut short still returns what it measured):
 #   setup    wheels into /tmp/site; cpufuse's extension (setup.py build_ext --inplace) and llama-bench
 #            (bench/llama_bench_build.sh --src-tar .dev/...) built at the same time; the five 1B files
-#            written (bench/bigmodels.py, ~4.9 GB); cpufuse info, lscpu, tests/test_probe.py.  ~3-4 min
+#            written (bench/bigmodels.py, 4.4 GiB); cpufuse info, lscpu, tests/test_probe.py.  ~3-4 min
 #   1b       1B Q4_0 at 1 / 4 / 16 threads, 2 rounds, llama.cpp = llama-bench.               ~4-5 min
-#   1b-more  1B Q4_K, Q6_K, Q8_0 and the Q4_K_M-like mix at 1 / 16 threads, 1 round.         ~6-7 min
-#   8b       8B Q4_0 and the Q4_K_M-like mix written (~9.6 GB, ~30 s), run at 16 threads, 2 rounds.
+#   1b-more  1B Q4_K, the Q4_K_M-like mix, Q8_0 and Q6_K at 1 / 16 threads, 1 round.         ~7-8 min
+#   8b       8B Q4_0 and the Q4_K_M-like mix written (9.1 GiB, ~30 s), run at 16 threads, 2 rounds.
 #                                                                                            ~6-7 min
 #   profile  bench/profile_big.py on 1B Q4_0 at 16 and at 1 thread (per-op decode and pp512).  ~1-2 min
 # Total ~22-26 min of device time plus the machine's start. The machine is given back ~30 s after a
@@ -106,7 +110,7 @@ case "$PHASE" in
     ;;
   1b-more)
     ready || exit 1
-    e2e 1b-more --models 1b --types q4_k,q6_k,q8_0,q4_k_m --threads 1,16 --rounds 1
+    e2e 1b-more --models 1b --types q4_k,q4_k_m,q8_0,q6_k --threads 1,16 --rounds 1
     ;;
   8b)
     ready || exit 1
