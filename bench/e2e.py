@@ -363,7 +363,7 @@ def peer_status(peer):
 def bench_tokens(path, n):
     from cpufuse.llama import Model
     m = Model.load(path, n_ctx=1)
-    ids = m.tokenize(TEXT, add_bos=False)
+    ids = m.tokenizer.tokenize(TEXT, add_bos=False)   # Model.tokenize bounds text by n_ctx
     while len(ids) < n:
         ids = ids + ids
     return ids[:n]

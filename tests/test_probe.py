@@ -12,6 +12,7 @@ from _util import NATIVE_ISAS, require_isa
 # int8 multiply-adds per round of the probe on each build (chains x the dot's MACs; the plain loop:
 # 64): avx512 is built with VNNI (vpdpbusd zmm), neon depends on the compiler's dotprod
 MACS_PER_ROUND = {"avx512": {64 * 12}, "avx2": {32 * 8}, "neon": {16 * 12, 64}, "scalar": {64}}
+MACS_PER_ROUND["amx"] = MACS_PER_ROUND["avx512"]      # the amx build probes with the avx512 loop
 
 
 def _lib(isa):
