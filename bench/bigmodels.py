@@ -354,6 +354,12 @@ def write(path, shape, qtype, pure=False, seed=0, log=print):
                 last = now
     w.close()
     os.replace(tmp, path)
+    # Flush the GBs just written before anything is timed: the kernel's writeback of dirty pages
+    # otherwise runs during the first measurements (seen on the 16-core Xeon as decode steps 2-5x
+    # slower at 16 threads, with the load average up while nothing else ran).
+    t_sync = time.perf_counter()
+    os.sync()
+    log(f"  {os.path.basename(path)}: synced to disk in {time.perf_counter() - t_sync:.1f} s")
     with open(_sidecar(path), "w") as f:
         json.dump({"params": p, "size": os.path.getsize(path), "seconds": time.perf_counter() - t0,
                    "work": work(shape, qtype, pure)}, f, indent=1)

@@ -21,6 +21,7 @@
 #   1b-more  1B Q4_K, the Q4_K_M-like mix, Q8_0 and Q6_K at 1 / 16 threads, 1 round.         ~7-8 min
 #   8b       8B Q4_0 and the Q4_K_M-like mix written (9.1 GiB, ~30 s), run at 16 threads, 2 rounds.
 #                                                                                            ~6-7 min
+#   t16      1B Q4_0, Q8_0, the mix and 8B Q4_0 at 16 threads, 2 rounds, after sync.      ~6 min
 #   profile  bench/profile_big.py on 1B Q4_0 at 16 and at 1 thread (per-op decode and pp512).  ~1-2 min
 # Total ~22-26 min of device time plus the machine's start. The machine is given back ~30 s after a
 # call: issue the next phase at once. Every phase checks what the earlier ones left (the builds in
@@ -117,6 +118,13 @@ case "$PHASE" in
     "$PY" -m bench.bigmodels --models 8b --types q4_0,q4_k_m > "$OUT/bigmodels-8b.log" 2>&1 || { tail -20 "$OUT/bigmodels-8b.log"; exit 1; }
     say "8B files ready"
     e2e 8b --models 8b --types q4_0,q4_k_m --threads 16 --rounds 2
+    ;;
+  t16)  # all cores again, after the files are flushed to disk (os.sync) and the machine is idle
+    ready || exit 1
+    "$PY" -m bench.bigmodels --models 8b --types q4_0 > "$OUT/bigmodels-8b.log" 2>&1 || { tail -20 "$OUT/bigmodels-8b.log"; exit 1; }
+    sync; grep -E '^(Dirty|Writeback):' /proc/meminfo; uptime
+    e2e t16-1b --models 1b --types q4_0,q8_0,q4_k_m --threads 16 --rounds 2
+    e2e t16-8b --models 8b --types q4_0 --threads 16 --rounds 2
     ;;
   profile)
     ready || exit 1
