@@ -22,6 +22,7 @@
 #   8b       8B Q4_0 and the Q4_K_M-like mix written (9.1 GiB, ~30 s), run at 16 threads, 2 rounds.
 #                                                                                            ~6-7 min
 #   t16      1B Q4_0, Q8_0, the mix and 8B Q4_0 at 16 threads, 2 rounds, after sync.      ~6 min
+#   scale    1B Q4_0 at 2 and 8 threads, 2 rounds (the rest of the scaling curve).          ~3 min
 #   profile  bench/profile_big.py on 1B Q4_0 at 16 and at 1 thread (per-op decode and pp512).  ~1-2 min
 # Total ~22-26 min of device time plus the machine's start. The machine is given back ~30 s after a
 # call: issue the next phase at once. Every phase checks what the earlier ones left (the builds in
@@ -125,6 +126,10 @@ case "$PHASE" in
     sync; grep -E '^(Dirty|Writeback):' /proc/meminfo; uptime
     e2e t16-1b --models 1b --types q4_0,q8_0,q4_k_m --threads 16 --rounds 2
     e2e t16-8b --models 8b --types q4_0 --threads 16 --rounds 2
+    ;;
+  scale)  # the rest of the scaling curve of 1B Q4_0 (1/4/16 come from `1b` and `t16`)
+    ready || exit 1
+    e2e scale --models 1b --types q4_0 --threads 2,8 --rounds 2
     ;;
   profile)
     ready || exit 1
