@@ -221,11 +221,11 @@ def test_harness_ggml_mul_mat(qtype, n_out, rows):
 
 
 def test_harness_ggml_mul_mat_agrees_with_q8_reference():
-    """ggml's vec_dot and cpufuse.qref's float64 of the block arithmetic compute the same thing"""
+    """ggml's vec_dot and cpufuse.reference.quant's float64 of the block arithmetic compute the same thing"""
     from bench import quant
     peers, gb = _ggml_or_skip()
     cf = pytest.importorskip("cpufuse")
-    qref = pytest.importorskip("cpufuse.qref")
+    qref = pytest.importorskip("cpufuse.reference.quant")
     if not hasattr(cf, "QTensor"):
         pytest.skip("cpufuse.QTensor not available")
     for qtype in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"):

@@ -16,10 +16,10 @@ from ._dispatch import AVAILABLE as _AVAILABLE
 from ._dispatch import get_num_threads, set_num_threads, use_isa
 from ._isa import ALL_ISAS
 from .graph import Graph, GraphError
-from .ops import add_rms_norm, flash_attn, rms_norm, softmax
-from .qmatmul import matmul, matmul_multi, matmul_swiglu
-from .qtypes import QTensor
-from .rope import rope
+from .ops.attention import add_rms_norm, flash_attn, rms_norm, softmax
+from .ops.rope import rope
+from .quant.matmul import matmul, matmul_multi, matmul_swiglu
+from .quant.types import QTensor
 
 __version__ = "0.1.0"
 __all__ = ["set_num_threads", "get_num_threads", "softmax", "rms_norm", "add_rms_norm", "flash_attn", "QTensor", "matmul", "matmul_multi", "matmul_swiglu", "rope", "Graph", "GraphError", "use_isa", "available_isas", "info", "ALL_ISAS"]

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import cpufuse
-from cpufuse import _dispatch, ops
+from cpufuse import _dispatch
+from cpufuse.ops import attention as ops
 from _util import AVAILABLE, clean_env
 
 X = np.random.default_rng(3).standard_normal((3, 40)).astype(np.float32)

@@ -252,7 +252,7 @@ POS = np.arange(3, dtype=np.int32)
 
 
 def _qt(qtype="Q4_0", n_out=8, n_in=64):
-    from cpufuse import qref
+    from cpufuse.reference import quant as qref
     return qref.make_weight(qtype, n_out, n_in, np.random.default_rng(5))
 
 

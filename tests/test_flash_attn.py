@@ -683,7 +683,7 @@ def test_q_tile(isa):
 @pytest.mark.parametrize("isa", NATIVE_ISAS)
 def test_auto_strategy_is_choose_strategy(isa):
     need(isa)
-    from cpufuse.ops import choose_strategy
+    from cpufuse.ops.attention import choose_strategy
     for N, T in ((1, 600), (1, 100), (3, 600), (40, 100)):
         rng = seeded("auto", N, T)
         q, k, v = small(rng, N=N, T=T)

@@ -1,15 +1,15 @@
 """cpufuse.matmul / matmul_multi / matmul_swiglu on GGUF weights, every path against float64.
 
 f32 mode: float64 x @ dequant(W)^T, NMSE <= 1e-10.
-q8 mode: float64 of ggml's integer block arithmetic on the quantized activations (cpufuse.qref),
+q8 mode: float64 of ggml's integer block arithmetic on the quantized activations (cpufuse.reference.quant),
 NMSE <= 1e-10; and its overall error against the f32 result is stated (and bounded) separately.
 """
 import numpy as np
 import pytest
 
 import cpufuse
-from cpufuse import qref
-from cpufuse.qtypes import SUPPORTED, QTensor
+from cpufuse.reference import quant as qref
+from cpufuse.quant.types import SUPPORTED, QTensor
 from _util import assert_nmse
 
 TOL = 1e-10
@@ -154,7 +154,7 @@ def test_quantize_act_matches_reference(isa, rng):
         x[1, :32] = 0.0
         x[2, 5] = 40.0
         ref = qref.quantize_act(x, vtype)
-        got = cpufuse.qmatmul.quantize_act(x, vtype, isa=isa)
+        got = cpufuse.quant.matmul.quantize_act(x, vtype, isa=isa)
         assert np.array_equal(ref, got), vtype
 
 

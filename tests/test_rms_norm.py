@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import cpufuse
-from cpufuse import ops, reference
+from cpufuse import reference
+from cpufuse.ops import attention as ops
 from _util import (AVAILABLE, assert_bit_identical, assert_guard_intact, assert_nmse, fused_modes, guarded,
                    max_rel_err)
 

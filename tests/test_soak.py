@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 
 import cpufuse
-from cpufuse import Graph, qref, reference
+from cpufuse import Graph, reference
+from cpufuse.reference import quant as qref
 from _util import assert_nmse
 
 SOAK_S = float(os.environ.get("CPUFUSE_SOAK_SECONDS", "2"))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import cpufuse
-from cpufuse import blocks
+from bench import blocks
 from cpufuse import reference as ref
 from _util import assert_bit_identical, assert_nmse
 

@@ -52,7 +52,7 @@ from typing import List, Optional
 import numpy as np
 
 from cpufuse import _dispatch
-from cpufuse.qtypes import QTensor, dequantize
+from cpufuse.quant.types import QTensor, dequantize
 
 from .decoder import Batch, Decoder
 

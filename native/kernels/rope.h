@@ -1,5 +1,5 @@
 /* RoPE descriptor layout (int64 and double arrays), shared by native/kernels/rope.inc,
- * cpufuse/rope.py and native/tests/neon_test.c. No intrinsics here. */
+ * cpufuse/ops/rope.py and native/tests/neon_test.c. No intrinsics here. */
 #ifndef CF_KERNELS_ROPE_H
 #define CF_KERNELS_ROPE_H
 enum {

@@ -1,4 +1,4 @@
-"""Numba path of the fused dequantize x matmul (the "numba" ISA of cpufuse.qmatmul).
+"""Numba path of the fused dequantize x matmul (the "numba" ISA of cpufuse.quant.matmul).
 
 Semantics: docs/quant-design.md; formats and arithmetic: SPEC-QUANT 2, 4.3 and 4.4.
 
@@ -20,7 +20,7 @@ The f64 sum is rounded to f32 once per output, so both modes sit within about on
 of their float64 references (ggml and the C kernels scale and accumulate in f32 instead; the
 difference is far inside the L0 tolerance of SPEC-QUANT 9). The swiglu epilogue
 silu(g)*u = g/(1+exp(-g))*u runs in f32 on the two rounded dots. The optional RMS norm prologue
-writes rms_norm(x)*w to a private scratch with the arithmetic of numba_kernels.rms_norm, so the
+writes rms_norm(x)*w to a private scratch with the arithmetic of cpufuse.numba.kernels.rms_norm, so the
 fused result equals cpufuse.rms_norm (isa="numba") followed by the matmul, bit for bit.
 
 Work split: tasks of (up to) _CO output columns x _CR activation rows under prange; the cut does
@@ -241,7 +241,7 @@ def _rd16(wb, o):
 
 @nb.njit(**_JIT)
 def _norm_row(xf, xo, K, normw, have_nw, eps, xn, no):
-    """xn[no:no+K] = rms_norm(x row) * norm_w, the arithmetic of numba_kernels.rms_norm:
+    """xn[no:no+K] = rms_norm(x row) * norm_w, the arithmetic of cpufuse.numba.kernels.rms_norm:
     ss = sum of f32 squares in f64, s = f32(1) / f32(sqrt(f32(ss/K) + eps)), y = f32(x*s) * w"""
     ss = 0.0
     for i in range(K):

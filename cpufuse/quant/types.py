@@ -300,7 +300,7 @@ class QTensor:
         s(self, "nbytes", want)
         s(self, "vec_dot_type", t.vec_dot_type)
         s(self, "layout", "gguf")
-        s(self, "_c", None)  # (cffi pointer, address, end) of raw, made by cpufuse.qmatmul on first use
+        s(self, "_c", None)  # (cffi pointer, address, end) of raw, made by cpufuse.quant.matmul on first use
 
     def __setattr__(self, name, value):
         raise AttributeError(f"QTensor is immutable (cannot set {name!r})")
@@ -317,7 +317,7 @@ class QTensor:
         array unpacked from the panels for a repacked tensor."""
         if self.layout == "gguf":
             return self.raw
-        from . import _backend
+        from .. import _backend
         out = np.empty((self.n_out, self.row_bytes), np.uint8)
         ffi, lib = _backend.ffi, _backend.lib
         n_panels = (self.n_out + PANEL - 1) // PANEL
@@ -335,7 +335,7 @@ class QTensor:
         layout's on every path. Returns self when there is nothing to gain: float types (F32, F16,
         BF16), an already repacked tensor, isa="numba" (Numba reads GGUF rows), or no native
         extension. isa: None = the ISA in force (cpufuse.use_isa, CPUFUSE_ISA, else the best)."""
-        from . import _backend, _dispatch
+        from .. import _backend, _dispatch
         isa = _dispatch.resolve(isa)
         if (self.layout != "gguf" or self.block_size == 1 or isa == "numba" or _backend.lib is None):
             return self

@@ -10,8 +10,8 @@ import numbers as _numbers
 
 import numpy as np
 
-from . import _backend as _native, _dispatch
-from .reference import alibi_slopes as _alibi_slopes_f32
+from .. import _backend as _native, _dispatch
+from ..reference.ops import alibi_slopes as _alibi_slopes_f32
 
 ffi, lib = _native.ffi, _native.lib
 F32 = np.dtype(np.float32)
@@ -73,7 +73,7 @@ def _rows_geom(rows, n):
 
 def _nb(n_threads=None):
     """the Numba kernels, with numba's thread count set for this call"""
-    return _dispatch.numba_module("numba_kernels", n_threads)
+    return _dispatch.numba_module("numba.kernels", n_threads)
 
 
 @functools.lru_cache(maxsize=1)

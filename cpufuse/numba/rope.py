@@ -3,7 +3,7 @@
 1. table_accurate / table_compat: per token, C[k] and S[k] (float32) of its n_dims/2 pairs into
    tab[t, 0, k] and tab[t, 1, k]. The accurate table uses `sincos`, the same float64 operations
    as the native kernels (no libm, no FMA), so it is the same table bit for bit. The per-op constants (1/freq_k, theta_scale, mscale, the YaRN
-   ramps) come from cpufuse/rope.py. The compat table calls the C library's cosf/sinf through
+   ramps) come from cpufuse/ops/rope.py. The compat table calls the C library's cosf/sinf through
    ctypes, as ggml does (numpy's or LLVM's float cos may differ by an ulp); it is compiled without
    the on-disk cache because it embeds the function addresses.
 2. apply: every (token, head) row under prange, y_a = fma(x_a, C, -(x_b*S)),

@@ -11,7 +11,7 @@ is the executable spec of the C and Numba kernels.
 """
 import numpy as np
 
-from .qtypes import QTensor, resolve_qtype, unpack_blocks
+from ..quant.types import QTensor, resolve_qtype, unpack_blocks
 
 __all__ = ["ACT_TYPES", "quantize_act", "decode_act", "ref_matmul_f32", "ref_matmul_q8",
            "quantize_weight", "make_weight", "random_blocks"]

@@ -43,8 +43,8 @@ import threading
 
 import numpy as np
 
-from . import _backend, _dispatch
-from . import ops as _ops
+from .. import _backend, _dispatch
+from ..ops import attention as _ops
 
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
@@ -256,7 +256,7 @@ class Graph:
         """y = x . dequant(w)^T (cpufuse.matmul): x a float32 node (..., n_in), w a cpufuse.QTensor
         of shape (n_out, n_in) held as a parameter (not a node); act "q8" (default) or "f32".
         Output (..., n_out). Fusions: see the module docstring (QKV, SwiGLU, RMS_NORM prologue)."""
-        from .qtypes import QTensor
+        from ..quant.types import QTensor
         nm = self._name("qmatmul", name)
         if not isinstance(x, Node):
             raise GraphError(f"qmatmul {nm!r}: x must be a node of this graph, got {type(x).__name__}")
@@ -968,7 +968,7 @@ class Plan:
 
     def _wslot(self, w):
         """pointer-table index for a QTensor's GGUF bytes (the tensor is kept alive by the plan)"""
-        from .qmatmul import _wptr
+        from ..quant.matmul import _wptr
         key = ("w", id(w))
         if key not in self._slots:
             self._keep.append(w)
@@ -1022,7 +1022,7 @@ class Plan:
         """OP_ROPE for a rope or rope_cache step: descriptor RP_* then the RPF_* doubles' bits"""
         try:  # the module (the package's `rope` attribute is the function)
             import importlib
-            _rp = importlib.import_module(__package__ + ".rope")
+            _rp = importlib.import_module("cpufuse.ops.rope")
         except ImportError:  # pragma: no cover - a build without cpufuse.rope
             return None
         p = st.params
@@ -1320,7 +1320,7 @@ class Plan:
         elif k == "concat":
             np.concatenate([A(st.ins[0]), A(st.ins[1])], axis=st.params["axis"], out=A(st.outs[0]))
         elif k in ("qmatmul", "qmatmul_swiglu"):
-            from . import qmatmul as _qm
+            from ..quant import matmul as _qm
             p = st.params
             x = A(st.ins[0])
             kw = {"act": p["act"], "isa": isa, "n_threads": nth}

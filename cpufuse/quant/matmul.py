@@ -12,9 +12,9 @@ and up products with the SwiGLU in the epilogue (matmul_swiglu), the two product
 """
 import numpy as np
 
-from . import _backend as _native, _dispatch
-from . import ops as _ops
-from .qtypes import QTensor
+from .. import _backend as _native, _dispatch
+from ..ops import attention as _ops
+from .types import QTensor
 
 ffi, lib = _native.ffi, _native.lib
 F32 = np.dtype(np.float32)
@@ -139,7 +139,7 @@ def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead):
     if rows == 0 or any(n == 0 for n in n_out):
         return ys
     if isa == "numba":
-        from . import numba_quant
+        from ..numba import quant as numba_quant
         numba_quant.qmatmul(x2, nw_arr, eps_f, bool(do_norm), tuple(w.gguf_bytes() for w in ws),
                             tuple(w.type_id for w in ws), act == "q8", epi, tuple(y2), nth)
         return ys
@@ -374,7 +374,7 @@ def quantize_act(x, vtype, isa=None):
     x = np.ascontiguousarray(x)
     out = np.empty((x.shape[0], x.shape[1] // blk * nb), np.uint8)
     if isa == "numba":
-        from . import numba_quant
+        from ..numba import quant as numba_quant
         return numba_quant.quantize_act(x, vid)
     getattr(lib, f"cf_quantize_act__{isa}")(vid, x.shape[0], x.shape[1], ffi.cast("const float *", x.ctypes.data),
                                            x.shape[1], ffi.from_buffer(out, require_writable=True))

@@ -2,7 +2,7 @@
 
 `rope` checks its arguments, allocates the output, and calls the native kernel of the chosen ISA
 (native/kernels/rope.inc, descriptor layout native/kernels/rope.h) or the Numba fallback
-(cpufuse/numba_rope.py). Errors: TypeError for types/dtypes, ValueError for shapes, strides and
+(cpufuse/numba/rope.py). Errors: TypeError for types/dtypes, ValueError for shapes, strides and
 parameters; the message names the argument, what was expected and what was received.
 """
 import ctypes
@@ -12,8 +12,8 @@ import numbers as _numbers
 
 import numpy as np
 
-from . import _backend as _native, _dispatch
-from .ops import _aligned, _check_aligned_out
+from .. import _backend as _native, _dispatch
+from .attention import _aligned, _check_aligned_out
 
 ffi, lib = _native.ffi, _native.lib
 F32 = np.dtype(np.float32)
@@ -28,7 +28,7 @@ _GGML_OTHER_MODES = {8: "MROPE", 24: "VISION", 40: "IMROPE"}
 
 def _nb(n_threads=None):
     """the Numba kernels, with numba's thread count set for this call"""
-    return _dispatch.numba_module("numba_rope", n_threads)
+    return _dispatch.numba_module("numba.rope", n_threads)
 
 
 # ------------------------------------------------------------------------------------------------
