@@ -201,8 +201,8 @@ def build_exp_floor(case, inp, isa):
     one cffi call (GIL released), into a preallocated y. Checked here against np.exp in float64."""
     if case.op != "softmax":
         raise Unavailable("softmax rows only", quiet=True)
-    from cpufuse import _backend
-    fn = getattr(_backend.lib, f"cf_exp_f32__{isa}", None) if _backend.lib is not None else None
+    from cpufuse import _backend, _registry
+    fn = _registry.table("exp").get(isa)
     if fn is None:
         raise Unavailable(f"no cf_exp_f32__{isa} in the native extension")
     z = exp_floor_input(case, inp)

@@ -230,9 +230,8 @@ class ParallelCopyBandwidth:
 
 def _probe(isa):
     """cf_fma_peak__<isa>, or None when the probe is missing"""
-    from cpufuse import _backend
-    lib = _backend.lib
-    return getattr(lib, f"cf_fma_peak__{isa}", None) if lib is not None else None
+    from cpufuse import _registry
+    return _registry.table("fma_peak").get(isa)
 
 
 def _probe_iters(fn, sink, seconds):

@@ -128,9 +128,10 @@ def test_swiglu_epilogue_equals_unfused(isa, act, rng):
         y = cpufuse.matmul_swiglu(x, wg, wu, act=act, isa=isa)
         assert_nmse(ref, y, 1e-12, f"{isa} {qtype} swiglu")
         if isa != "numba":  # the epilogue is the graph's SwiGLU kernel: equal to the unfused chain
-            from cpufuse._backend import ffi, lib
+            from cpufuse import _registry
+            from cpufuse._backend import ffi
             u2 = np.empty_like(g)
-            getattr(lib, f"cf_swiglu_f32__{isa}")(g.size, ffi.from_buffer("float[]", g), ffi.from_buffer("float[]", u),
+            _registry.kernel("swiglu", isa)(g.size, ffi.from_buffer("float[]", g), ffi.from_buffer("float[]", u),
                                                   g.size, ffi.from_buffer("float[]", u2))
             assert np.array_equal(y, u2), f"{isa} {qtype} swiglu epilogue != cf_swiglu_f32"
 

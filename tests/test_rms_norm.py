@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 import cpufuse
-from cpufuse import reference
-from cpufuse.ops import attention as ops
+from cpufuse import _registry, reference
 from _util import (AVAILABLE, assert_bit_identical, assert_guard_intact, assert_nmse, fused_modes, guarded,
                    max_rel_err)
 
@@ -60,17 +59,6 @@ def f32_rms_norm(x, eps, w=None, b=None):
     if b is not None:
         y = (y + reference.tile_to(b, x.shape)).astype(f)
     return y
-
-
-class _Recorder:
-    """Stands in for cpufuse.ops.lib and records which kernel entry points are looked up."""
-
-    def __init__(self, lib):
-        self._lib, self.calls = lib, []
-
-    def __getattr__(self, name):
-        self.calls.append(name)
-        return getattr(self._lib, name)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -161,24 +149,19 @@ def test_lean_equals_general(isa, n, rng):
 
 def test_lean_path_is_taken(native_isa, rng, monkeypatch):
     """the two paths compared above really are different entry points"""
-    rec = _Recorder(ops.lib)
-    monkeypatch.setattr(ops, "lib", rec)
-    # the lean path keeps its kernels in a per-ISA table resolved at import: record those too
-    lean = ops._RMS_ROWS[native_isa]
-
-    def lean_rec(*a):
-        rec.calls.append(f"cf_rms_norm_rows_f32__{native_isa}")
-        return lean(*a)
-    monkeypatch.setitem(ops._RMS_ROWS, native_isa, lean_rec)
+    calls = []
+    for op in ("rms_norm_rows", "rms_norm", "rms_norm_unfused"):  # the registry's entries, wrapped
+        fn = _registry.kernel(op, native_isa)
+        monkeypatch.setitem(_registry.table(op), native_isa, lambda *a, _fn=fn, _op=op: calls.append(_op) or _fn(*a))
     x, w = U(rng, (4, 40)), U(rng, (40,))
     cpufuse.rms_norm(x, w, eps=1e-6, isa=native_isa)
-    assert rec.calls == [f"cf_rms_norm_rows_f32__{native_isa}"]
-    rec.calls.clear()
+    assert calls == ["rms_norm_rows"]
+    calls.clear()
     cpufuse.rms_norm(x[:, :20], w[:20], eps=1e-6, isa=native_isa)
-    assert rec.calls == [f"cf_rms_norm_f32__{native_isa}"]
-    rec.calls.clear()
+    assert calls == ["rms_norm"]
+    calls.clear()
     cpufuse.rms_norm(x, w, eps=1e-6, isa=native_isa, fused=False)
-    assert rec.calls == [f"cf_rms_norm_unfused_f32__{native_isa}"]
+    assert calls == ["rms_norm_unfused"]
 
 
 # ------------------------------------------------------------------------------------------------

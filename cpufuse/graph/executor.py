@@ -43,7 +43,7 @@ import threading
 
 import numpy as np
 
-from .. import _backend, _dispatch
+from .. import _backend, _dispatch, _registry
 from ..ops import attention as _ops
 
 F32 = np.dtype(np.float32)
@@ -912,7 +912,7 @@ class Plan:
             if a is not None:
                 self._ptrs[k] = ffi.cast("void *", a)
         self._fpc = ffi.new("float[]", self._fp or [0.0])
-        fn = getattr(_backend.lib, f"cf_plan_run__{self.isa}")
+        fn = _registry.kernel("plan_run", self.isa)
         segs = []
         for kind, seg in self.segments:
             if kind == "py":

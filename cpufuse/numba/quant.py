@@ -544,11 +544,6 @@ def _tasks(ntask, nrc, c0, c1, rows, K, x, xs, w0, w1, w2, t0, t1, t2, act_q8, e
 # Python side
 
 
-def _set_threads(n_threads):
-    if n_threads is not None:
-        nb.set_num_threads(max(1, min(int(n_threads), nb.config.NUMBA_NUM_THREADS)))
-
-
 def _flat(a, writable):
     """2-D f32 (unit stride on the last axis, row stride >= 0) -> (1-D C view, row stride in
     elements), or None when the rows cannot be walked that way"""
@@ -584,9 +579,10 @@ def _ro_weight(w):
     return v
 
 
-def qmatmul(x, norm_w, eps, do_norm, ws, type_ids, act_q8, epi, ys, n_threads):
+def qmatmul(x, norm_w, eps, do_norm, ws, type_ids, act_q8, epi, ys):
     """ys[i] = x . dequant(ws[i])^T (epi 0), or ys[0] = silu(x.W0^T) * (x.W1^T) (epi 1), with x
-    first replaced by rms_norm(x) * norm_w when do_norm. Arguments are checked by the caller."""
+    first replaced by rms_norm(x) * norm_w when do_norm. Arguments are checked by the caller, who
+    also sets numba's thread count (cpufuse._registry.kernel)."""
     x = np.asarray(x)
     rows, K = x.shape
     if rows == 0:
@@ -620,7 +616,6 @@ def qmatmul(x, norm_w, eps, do_norm, ws, type_ids, act_q8, epi, ys, n_threads):
         else:
             yl.append(_DUMMY_F)
             sl.append(0)
-    _set_threads(n_threads)
     need32 = needk = False
     if act_q8:
         for t in tl[:n]:

@@ -10,10 +10,10 @@ import numbers as _numbers
 
 import numpy as np
 
-from .. import _backend as _native, _dispatch
+from .. import _backend, _dispatch, _registry
 from ..reference.ops import alibi_slopes as _alibi_slopes_f32
 
-ffi, lib = _native.ffi, _native.lib
+ffi, lib = _backend.ffi, _backend.lib
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
 I64 = np.dtype(np.int64)
@@ -32,22 +32,22 @@ if ffi is not None:
     _new = ffi.new
     _NULL = ffi.NULL
 
-# lean-path kernels by ISA name (only native ISAs usable here: anything else takes the long way)
-_NATIVE = [i for i in _dispatch.AVAILABLE if i != "numba"] if lib else []
-_RMS_ROWS = {i: getattr(lib, f"cf_rms_norm_rows_f32__{i}") for i in _NATIVE}
-_RMS_FN = {i: getattr(lib, f"cf_rms_norm_f32__{i}") for i in _NATIVE}
-_SM_FN = {i: getattr(lib, f"cf_softmax_f32__{i}") for i in _NATIVE}
-_FA_FN = {i: getattr(lib, f"cf_flash_attn_f32__{i}") for i in _NATIVE}
+# lean-path kernels by ISA name (the registry's tables: native ISAs usable here, and numba once loaded)
+_RMS_ROWS = _registry.table("rms_norm_rows")
+_RMS_FN = _registry.table("rms_norm")
+_SM_FN = _registry.table("softmax")
+_FA_FN = _registry.table("flash_attn")
+_kernel = _registry.kernel
 _thr = _dispatch._threads  # [default thread count]
 _MAXT = _dispatch.MAX_THREADS  # a larger n_threads goes the long way, which refuses it
 _NB_SMALL = 1 << 15  # calls of at most this many elements take the serial Numba kernels (no parallel start-up)
 
 
 def _lean_fn(table, isa):
-    """the kernel of a lean path: table[isa or the ISA in force], or None (numba, an unknown name: the
-    long way resolves and checks it). None too where ops.lib has been replaced (tests that record
-    which kernels are looked up): the long way then looks them up there."""
-    return table.get(isa or _ctx_get() or _dispatch.DEFAULT) if lib is _native.lib else None
+    """the native kernel of a lean path: table[isa or the ISA in force], or None (numba, an unknown
+    name: the long way resolves and checks it)"""
+    i = isa or _ctx_get() or _dispatch.DEFAULT
+    return None if i == "numba" else table.get(i)
 _SM_DESCS, _RN_DESCS, _FA_LEAN = {}, {}, {}  # lean-path descriptors (cffi int64 arrays, read-only) by shape
 
 
@@ -71,9 +71,10 @@ def _rows_geom(rows, n):
 # An f16 mask is compared in bytes, on char pointers.
 
 
-def _nb(n_threads=None):
-    """the Numba kernels, with numba's thread count set for this call"""
-    return _dispatch.numba_module("numba.kernels", n_threads)
+def _nb_small(op, n, n_threads):
+    """the Numba kernel of op for a call of n elements: its serial twin when n is small (no parallel
+    start-up), with numba's thread count set for this call"""
+    return _kernel(op + "_serial" if n <= _NB_SMALL else op, "numba", n_threads)
 
 
 @functools.lru_cache(maxsize=1)
@@ -359,8 +360,7 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
             if y is not None and x.size:
                 sh4 = (1, 1, x.size // sh[-1], sh[-1])
                 d32, d16, d1 = _nb_dummies()
-                nbk = _nb(n_threads)
-                (nbk.softmax_serial if x.size <= _NB_SMALL else nbk.softmax)(
+                _nb_small("softmax", x.size, n_threads)(
                     x.reshape(sh4), d32, d16, 0, d1, False, d1, False, scale, y.reshape(sh4))
                 return y
     isa = _dispatch.resolve(isa)
@@ -388,16 +388,15 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
 
     if isa == "numba":
         x4, y4 = _pad4(x), _pad4(out)
-        nbk = _nb(n_threads)
         d32, d16, d1 = _nb_dummies()
-        (nbk.softmax_serial if out.size <= _NB_SMALL else nbk.softmax)(
+        _nb_small("softmax", out.size, n_threads)(
             x4, m4 if mkind == 1 else d32, m4.view(np.uint16) if mkind == 2 else d16, mkind,
             slopes if slopes is not None else d1, slopes is not None,
             sinks if sinks is not None else d1, sinks is not None, scale, y4)
         return out
 
     dp = _desc(softmax_desc(xg, _geom4(out), _geom4(mask) if mask is not None else None, mkind))
-    fn = getattr(lib, f"cf_softmax_f32__{isa}" if fused else f"cf_softmax_unfused_f32__{isa}")
+    fn = _kernel("softmax" if fused else "softmax_unfused", isa)
     rc = fn(dp, _ptr(x), _ptr(mask) if m4 is not None else _NULL,
             _fb(_T_F32, slopes) if slopes is not None else _NULL,
             _fb(_T_F32, sinks) if sinks is not None else _NULL,
@@ -443,9 +442,8 @@ def rms_norm(x, weight=None, *, eps, bias=None, out=None, isa=None, fused=True, 
                         out is None or y.flags.c_contiguous and not np.may_share_memory(y, x)
                         and not np.may_share_memory(y, weight)):
                     sh4 = (1, 1, x.size // n, n)
-                    nbk = _nb(n_threads)
                     d = _nb_dummies()[0]
-                    (nbk.rms_norm_serial if x.size <= _NB_SMALL else nbk.rms_norm)(
+                    _nb_small("rms_norm", x.size, n_threads)(
                         x.reshape(sh4), d, False, weight.reshape(1, 1, 1, n), True, d, False, eps, d, y.reshape(sh4))
                     return y
     return _rms_norm_general(x, None, weight, eps, bias, out, _dispatch.resolve(isa), fused, n_threads)
@@ -552,15 +550,14 @@ def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused, n_threads
     h4 = _pad4(h_out) if h_out is not None else None
 
     if isa == "numba":
-        nbk = _nb(n_threads)
         dummy = _nb_dummies()[0]  # never written: h is written only with a residual
-        (nbk.rms_norm_serial if x.size <= _NB_SMALL else nbk.rms_norm)(
+        _nb_small("rms_norm", x.size, n_threads)(
             x4, r4 if r4 is not None else dummy, r4 is not None, w4 if w4 is not None else dummy, w4 is not None,
             b4 if b4 is not None else dummy, b4 is not None, eps, h4 if h4 is not None else dummy, y4)
     else:
         g = lambda a: _geom4(a) if a is not None else None  # noqa: E731
         dp = _desc(rms_desc(_geom4(x4), _geom4(y4), g(h4), g(r4), g(w4), g(b4)))
-        fn = getattr(lib, f"cf_rms_norm_f32__{isa}" if fused else f"cf_rms_norm_unfused_f32__{isa}")
+        fn = _kernel("rms_norm" if fused else "rms_norm_unfused", isa)
         fn(dp, _ptr(x4), _ptr(r4) if r4 is not None else _NULL,
            _ptr(w4) if w4 is not None else _NULL, _ptr(b4) if b4 is not None else _NULL, eps,
            _ptr(h4, writable=True) if h4 is not None else _NULL, _ptr(y4, writable=True),
@@ -727,7 +724,7 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
     if isa == "numba":
         dummy = np.zeros(1, F32)
         mf = m4.astype(F32) if m4 is not None else np.zeros((1, 1, 1, 1), F32)
-        _nb(n_threads).flash_attn(q, k.astype(F32) if k.dtype == F16 else k, v.astype(F32) if v.dtype == F16 else v,
+        _kernel("flash_attn", "numba", n_threads)(q, k.astype(F32) if k.dtype == F16 else k, v.astype(F32) if v.dtype == F16 else v,
                          mf, mkind, slopes if slopes is not None else dummy, slopes is not None,
                          sinks if sinks is not None else dummy, sinks is not None, scale, softcap, out)
         return out
@@ -742,7 +739,7 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
         if len(_FA_DESCS) >= 256:
             _FA_DESCS.clear()
         _FA_DESCS[key] = dp
-    fn = getattr(lib, f"cf_flash_attn_f32__{isa}" if fused else f"cf_flash_attn_unfused_f32__{isa}")
+    fn = _kernel("flash_attn" if fused else "flash_attn_unfused", isa)
     rc = fn(dp, _ptr(q), _ptr(k), _ptr(v), _ptr(m4) if m4 is not None else _NULL,
             _fb(_T_F32, slopes) if slopes is not None else _NULL,
             _fb(_T_F32, sinks) if sinks is not None else _NULL, scale, softcap, _ptr(out, writable=True),

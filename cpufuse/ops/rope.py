@@ -5,17 +5,15 @@
 (cpufuse/numba/rope.py). Errors: TypeError for types/dtypes, ValueError for shapes, strides and
 parameters; the message names the argument, what was expected and what was received.
 """
-import ctypes
-import ctypes.util
 import math
 import numbers as _numbers
 
 import numpy as np
 
-from .. import _backend as _native, _dispatch
+from .. import _backend, _dispatch, _registry
 from .attention import _aligned, _check_aligned_out
 
-ffi, lib = _native.ffi, _native.lib
+ffi, lib = _backend.ffi, _backend.lib
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
 I32 = np.dtype(np.int32)
@@ -25,11 +23,6 @@ _ndarray = np.ndarray
 RP_LEN = 12
 _MODES = {"norm": 0, "neox": 1, 0: 0, 2: 1}
 _GGML_OTHER_MODES = {8: "MROPE", 24: "VISION", 40: "IMROPE"}
-
-def _nb(n_threads=None):
-    """the Numba kernels, with numba's thread count set for this call"""
-    return _dispatch.numba_module("numba.rope", n_threads)
-
 
 # ------------------------------------------------------------------------------------------------
 # argument checks
@@ -104,89 +97,10 @@ def _check_cache(cache, shape):
     return kc, p0
 
 
-def _yarn_consts_f32(n_dims, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow,
-                     n_ctx_orig):
-    """ggml's per-op f32 constants (SPEC-MODEL 2.2, 2.3) for the Numba path: theta_scale, mscale,
-    ramp(k)*ext_factor. powf/logf come from the C library (ctypes) as upstream; numpy otherwise."""
-    f = np.float32
-    lm = _libm()
-    powf = (lambda a, b: f(lm.powf(a, b))) if lm else (lambda a, b: f(np.power(f(a), f(b))))
-    logf = (lambda a: f(lm.logf(a))) if lm else (lambda a: f(np.log(f(a))))
-    nd = f(n_dims)
-    theta_scale = powf(f(freq_base), f(f(-2.0) / nd))
-    mscale = f(attn_factor)
-    ramp = np.zeros(max(n_dims // 2, 1), np.float32)
-    if ext_factor != 0.0:
-        fs, base = f(freq_scale), f(freq_base)
-        mscale = f(mscale * f(f(1.0) + f(f(0.1) * logf(f(f(1.0) / fs)))))
-
-        def corr(r):
-            return f(f(nd * logf(f(f(n_ctx_orig) / f(f(f(r) * f(2.0)) * f(math.pi))))) / f(f(2.0) * logf(base)))
-        with np.errstate(all="ignore"):
-            lo0, hi0 = f(np.floor(corr(beta_fast))), f(np.ceil(corr(beta_slow)))
-        lo = f(0.0) if f(0.0) > lo0 else lo0
-        hi = f(n_dims - 1) if f(n_dims - 1) < hi0 else hi0
-        den = f(0.001) if f(0.001) > f(hi - lo) else f(hi - lo)
-        for k in range(n_dims // 2):
-            y = f(f(f(k) - lo) / den)
-            m0 = f(0.0) if f(0.0) > y else y
-            cl = f(1.0) if f(1.0) < m0 else m0
-            ramp[k] = f(f(f(1.0) - cl) * f(ext_factor))
-    return theta_scale, mscale, ramp
-
-
-_LIBM = []
-
-
-def _libm():
-    """the C library's float math (powf, logf, cosf, sinf) through ctypes, or None"""
-    if not _LIBM:
-        lm = None
-        try:
-            name = ctypes.util.find_library("m")
-            lm = ctypes.CDLL(name) if name else None
-            if lm is not None:
-                for fn in ("powf", "logf", "cosf", "sinf"):
-                    g = getattr(lm, fn)
-                    g.restype = ctypes.c_float
-                    g.argtypes = [ctypes.c_float] * (2 if fn == "powf" else 1)
-        except (OSError, AttributeError):
-            lm = None
-        _LIBM.append(lm)
-    return _LIBM[0]
-
-
-def _yarn_consts_f64(n_dims, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow,
-                     n_ctx_orig, ff):
-    """the accurate path's per-op constants in float64: 1/freq_k (base^(-2k/n_dims)/ff_k), mscale,
-    ramp(k)*ext_factor (the same formulas as rope.inc)"""
-    half = n_dims // 2
-    k = np.arange(half, dtype=np.float64)
-    invf = np.array([math.pow(freq_base, -2.0 * kk / n_dims) for kk in k], np.float64)
-    if ff is not None:
-        invf = invf / ff.astype(np.float64)
-    mscale = attn_factor
-    ramp = np.zeros(max(half, 1), np.float64)
-    if ext_factor != 0.0:
-        mscale = mscale * (1.0 + 0.1 * math.log(1.0 / freq_scale))
-
-        def corr(r):
-            with np.errstate(all="ignore"):
-                arg = np.float64(n_ctx_orig) / (np.float64(r) * 2.0 * np.pi)
-                return np.float64(n_dims) * np.log(arg) / (2.0 * np.log(np.float64(freq_base)))
-        lo0, hi0 = np.floor(corr(beta_fast)), np.ceil(corr(beta_slow))
-        lo = lo0 if lo0 > 0.0 else 0.0
-        hi = (n_dims - 1) if (n_dims - 1) < hi0 else hi0
-        den = 0.001 if 0.001 > hi - lo else hi - lo
-        y = (k - lo) / den
-        ramp[:half] = (1.0 - np.clip(y, 0.0, 1.0)) * ext_factor
-    return np.ascontiguousarray(invf), mscale, ramp
-
-
 # ------------------------------------------------------------------------------------------------
 # the lean path: the common call with the fewest checks that still catch every bad input
 
-_FNS = {i: getattr(lib, f"cf_rope_f32__{i}") for i in _dispatch.AVAILABLE if i != "numba"} if lib else {}
+_FNS = _registry.table("rope")
 _fb = ffi.from_buffer if ffi is not None else None
 _T_F32 = ffi.typeof("float[]") if ffi is not None else None
 _T_I32 = ffi.typeof("int32_t[]") if ffi is not None else None
@@ -238,7 +152,8 @@ def _lean(x, pos, nd, mode, key, nco, compat, cache, out, isa, n_threads):
     fp = _lean_params(key)
     if fp is None:
         return None
-    fn = _FNS.get(isa or _ctx_get() or _dispatch.DEFAULT)
+    isa = isa or _ctx_get() or _dispatch.DEFAULT
+    fn = _FNS.get(isa) if isa != "numba" else None
     if fn is None or not (n_threads is None or type(n_threads) is int and 0 < n_threads <= _MAXT):
         return None  # numba, or an isa / n_threads the full path checks
     if cache is None:
@@ -411,26 +326,15 @@ def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_
     f16 = y.dtype == F16
 
     if isa == "numba":
-        nbk = _nb(n_threads)
-        half = nd // 2
-        tab = np.empty((T, 2, max(half, 1)), np.float32)
-        if ggml_compat:
-            ts, ms, ramp = _yarn_consts_f32(nd, base, fs, ext, attn, bfast, bslow, nco)
-            nbk.table_compat(posc, ff if ff is not None else np.ones(max(half, 1), np.float32),
-                             np.float32(fs), np.float32(ts), ramp, ext != 0.0, np.float32(ms), half, tab)
-        else:
-            invf, ms, ramp = _yarn_consts_f64(nd, base, fs, ext, attn, bfast, bslow, nco, ff)
-            nbk.table_accurate(posc, invf, fs, ramp, ext != 0.0, ms, half, tab)
-        dummy32 = np.zeros((1, 1, 1), np.float32)
-        dummy16 = np.zeros((1, 1, 1), np.uint16)
-        nbk.apply(x, tab, nd, m, y.view(np.uint16) if f16 else dummy16, dummy32 if f16 else y, f16)
+        _registry.kernel("rope", isa, n_threads)(x, posc, ff, nd, m, bool(ggml_compat), (base, fs, ext, attn, bfast, bslow),
+                                                 nco, y)
         return ret
 
     it = y.itemsize
     d = ffi.new("int64_t[]", [T, H, D, nd, m, int(bool(ggml_compat)), int(f16),
                               x.strides[0] // 4, x.strides[1] // 4, y.strides[0] // it, y.strides[1] // it, nco])
     fp = ffi.new("double[]", [base, fs, ext, attn, bfast, bslow])
-    rc = getattr(lib, f"cf_rope_f32__{isa}")(
+    rc = _registry.kernel("rope", isa)(
         d, ffi.cast("const float *", x.ctypes.data), ffi.cast("const int32_t *", posc.ctypes.data),
         ffi.cast("const float *", ff.ctypes.data) if ff is not None else ffi.NULL, fp,
         ffi.cast("void *", y.ctypes.data), n_th)

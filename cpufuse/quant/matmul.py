@@ -12,25 +12,17 @@ and up products with the SwiGLU in the epilogue (matmul_swiglu), the two product
 """
 import numpy as np
 
-from .. import _backend as _native, _dispatch
+from .. import _backend, _dispatch, _registry
 from ..ops import attention as _ops
 from .types import QTensor
 
-ffi, lib = _native.ffi, _native.lib
+ffi, lib = _backend.ffi, _backend.lib
 F32 = np.dtype(np.float32)
 ACT_MODES = ("q8", "f32")
 DEFAULT_ACT = "q8"
 _QM_W0, _QW_LEN = 7, 5
 _LAYOUT = {"gguf": 0, "p16": 1}
 _ERRORS = {1: "unsupported weight type for this kernel", 2: "out of memory (scratch allocation)"}
-_FN = {}
-
-
-def _fn(isa):
-    f = _FN.get(isa)
-    if f is None:
-        f = _FN[isa] = getattr(lib, f"cf_qmatmul_f32__{isa}")
-    return f
 
 
 def _check_x(x, n_in, name="x"):
@@ -139,9 +131,8 @@ def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead):
     if rows == 0 or any(n == 0 for n in n_out):
         return ys
     if isa == "numba":
-        from ..numba import quant as numba_quant
-        numba_quant.qmatmul(x2, nw_arr, eps_f, bool(do_norm), tuple(w.gguf_bytes() for w in ws),
-                            tuple(w.type_id for w in ws), act == "q8", epi, tuple(y2), nth)
+        _registry.kernel("qmatmul", isa, nth)(x2, nw_arr, eps_f, bool(do_norm), tuple(w.gguf_bytes() for w in ws),
+                                              tuple(w.type_id for w in ws), act == "q8", epi, tuple(y2))
         return ys
     d = [rows, n_in, x2.strides[0] // 4 if rows > 1 else n_in, 1 if act == "q8" else 0, len(ws), epi, do_norm]
     for i in range(3):
@@ -156,7 +147,7 @@ def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead):
     yp = [ffi.cast("float *", o.ctypes.data) for o in y2] + [ffi.NULL] * (3 - len(y2))
     xp = ffi.cast("const float *", x2.ctypes.data)
     np_ = ffi.cast("const float *", nw_arr.ctypes.data) if nw_arr is not None else ffi.NULL
-    rc = _fn(isa)(d, xp, np_, eps_f, wp[0], wp[1], wp[2], yp[0], yp[1], yp[2], nth)
+    rc = _registry.kernel("qmatmul", isa)(d, xp, np_, eps_f, wp[0], wp[1], wp[2], yp[0], yp[1], yp[2], nth)
     if rc:
         raise RuntimeError(f"cpufuse.matmul: the {isa} kernel failed: {_ERRORS.get(rc, rc)}")
     return ys
@@ -179,7 +170,7 @@ _ACT = {None: 1 if DEFAULT_ACT == "q8" else 0, "q8": 1, "f32": 0}
 _fb = ffi.from_buffer if ffi is not None else None
 _T_F32 = ffi.typeof("float[]") if ffi is not None else None
 _NULL = ffi.NULL if ffi is not None else None
-_FNS = {i: getattr(lib, f"cf_qmatmul_f32__{i}") for i in _dispatch.AVAILABLE if i != "numba"} if lib else {}
+_FNS = _registry.table("qmatmul")
 _ctx_get = _dispatch._ctx.get
 _SERIAL_MACS = 1 << 16  # lean path, default threads: products of at most this many multiply-adds run on one thread
 _thr = _dispatch._threads
@@ -234,7 +225,7 @@ def _lean(x, ws, act, outs, isa, n_threads, norm_weight, eps, epi):
     if sh[-1] != w0.n_in or act not in _ACT:
         return None
     isa = isa or _ctx_get() or _dispatch.DEFAULT
-    fn = _FNS.get(isa)
+    fn = _FNS.get(isa) if isa != "numba" else None
     if fn is None or not (n_threads is None or type(n_threads) is int and 0 < n_threads <= _MAX_THREADS):
         return None  # numba, or an isa / n_threads the full path checks
     do_norm = 0
@@ -374,8 +365,7 @@ def quantize_act(x, vtype, isa=None):
     x = np.ascontiguousarray(x)
     out = np.empty((x.shape[0], x.shape[1] // blk * nb), np.uint8)
     if isa == "numba":
-        from ..numba import quant as numba_quant
-        return numba_quant.quantize_act(x, vid)
-    getattr(lib, f"cf_quantize_act__{isa}")(vid, x.shape[0], x.shape[1], ffi.cast("const float *", x.ctypes.data),
+        return _registry.kernel("quantize_act", isa)(x, vid)
+    _registry.kernel("quantize_act", isa)(vid, x.shape[0], x.shape[1], ffi.cast("const float *", x.ctypes.data),
                                            x.shape[1], ffi.from_buffer(out, require_writable=True))
     return out
