@@ -16,8 +16,10 @@ from ._dispatch import AVAILABLE as _AVAILABLE
 from ._dispatch import get_num_threads, set_num_threads, use_isa
 from ._isa import ALL_ISAS
 from .graph import Graph, GraphError
-from .ops.attention import add_rms_norm, flash_attn, rms_norm, softmax
+from .ops.attention import flash_attn
+from .ops.norms import add_rms_norm, rms_norm
 from .ops.rope import rope
+from .ops.softmax import softmax
 from .quant.matmul import matmul, matmul_multi, matmul_swiglu
 from .quant.types import QTensor
 

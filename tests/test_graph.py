@@ -11,7 +11,7 @@ import pytest
 import cpufuse
 from bench import blocks
 from cpufuse import Graph, GraphError, reference
-from cpufuse.graph import executor as graph_mod
+from cpufuse.graph import records as graph_mod
 from _util import AVAILABLE_NATIVE, assert_bit_identical, assert_nmse, best_native
 
 NMSE = 1e-12          # SPEC §6 tier A: softmax, rms_norm and fused variants, silu/swiglu here too

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import cpufuse
-from cpufuse.ops import attention as ops
+from cpufuse.ops import checks as ops
 from cpufuse.reference.quant import make_weight
 from _util import AVAILABLE, assert_bit_identical
 

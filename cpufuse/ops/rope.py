@@ -11,7 +11,7 @@ import numbers as _numbers
 import numpy as np
 
 from .. import _backend, _dispatch, _registry
-from .attention import _aligned, _check_aligned_out
+from .checks import _aligned, _check_aligned_out
 
 ffi, lib = _backend.ffi, _backend.lib
 F32 = np.dtype(np.float32)

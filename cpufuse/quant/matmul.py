@@ -13,7 +13,7 @@ and up products with the SwiGLU in the epilogue (matmul_swiglu), the two product
 import numpy as np
 
 from .. import _backend, _dispatch, _registry
-from ..ops import attention as _ops
+from ..ops import checks as _ops
 from .types import QTensor
 
 ffi, lib = _backend.ffi, _backend.lib
