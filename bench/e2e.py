@@ -289,14 +289,16 @@ def worker_speed(job):
     toks = [int(t) for t in job["tokens"]]
     reps = job.get("reps", {})
     wall = {}
+    finite = True
     for n in job["pp"]:
         key = f"pp{n}"
         w = []
         for r in range(1 + int(reps.get(key, 3))):
             eng.reset()
             t0 = time.perf_counter()
-            eng.eval(toks[:n])
+            lg = eng.eval(toks[:n if r else int(job.get("pp_warm", n))])   # r = 0: the warm-up
             dt = time.perf_counter() - t0
+            finite &= bool(np.isfinite(lg).all())
             if r:
                 w.append(n / dt)
         wall[key] = w
@@ -312,10 +314,11 @@ def worker_speed(job):
             lg = eng.eval([toks[1 + i]])
             tsum += time.perf_counter() - t0
             int(np.argmax(lg))
+        finite &= bool(np.isfinite(lg).all())
         if r:
             w.append(nstep / tsum)
     wall[f"tg{ng}"] = w
-    return {"wall": wall, "rss_after_import_kb": rss0, "rss_after_load_kb": rss_load,
+    return {"wall": wall, "logits_finite": finite, "rss_after_import_kb": rss0, "rss_after_load_kb": rss_load,
             "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
 
 

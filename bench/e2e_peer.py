@@ -4,7 +4,9 @@ It never imports cpufuse (the two engines never share a process). One job per pr
 JSON file; the answer is one JSON line on stdout (big arrays go to .npy files named in the job):
 
     {"job": "speed", "model": P, "tokens": [...], "threads": k, "flash_attn": bool,
-     "n_ctx": 1024, "pp": [128, 512], "tg": 128, "reps": {"pp128": 3, ...}}
+     "n_ctx": 1024, "pp": [128, 512], "tg": 128, "reps": {"pp128": 3, ...}, "pp_warm": n}
+     (pp_warm: the warm-up prompt's length, default the measured one's; the answer says whether
+     every logits row read was finite)
     {"job": "logits", "model": P, "tokens": [...], "out": "x.npy", "threads": k}
     {"job": "greedy", "model": P, "prompts": [[ids], ...], "n": 64, "threads": k}
     {"job": "tokenize", "model": P, "texts": [...]}
@@ -51,6 +53,7 @@ def job_speed(job):
     toks = [int(t) for t in job["tokens"]]
     reps = job.get("reps", {})
     res = {"wall": {}, "perf": {}}
+    finite = True
 
     def perf():
         d = llama_cpp.llama_perf_context(llm.ctx)
@@ -63,9 +66,9 @@ def job_speed(job):
             llm.reset()
             llama_cpp.llama_perf_context_reset(llm.ctx)
             t0 = time.perf_counter()
-            llm.eval(toks[:n])
+            llm.eval(toks[:n if r else int(job.get("pp_warm", n))])
             dt = time.perf_counter() - t0
-            _last_logits(llama_cpp, llm)
+            finite &= bool(np.isfinite(_last_logits(llama_cpp, llm)).all())
             tp, npe, _, _ = perf()
             if r:
                 wall.append(n / dt)
@@ -85,12 +88,15 @@ def job_speed(job):
             t0 = time.perf_counter()
             llm.eval([toks[1 + i]])
             tsum += time.perf_counter() - t0
-            int(np.argmax(_last_logits(llama_cpp, llm)))
+            lg = _last_logits(llama_cpp, llm)
+            int(np.argmax(lg))
+        finite &= bool(np.isfinite(lg).all())
         _, _, te, ne = perf()
         if r:
             wall.append(nstep / tsum)
             internal.append(ne / te * 1e3 if te > 0 else float("nan"))
     res["wall"][key], res["perf"][key] = wall, internal
+    res["logits_finite"] = finite
     res["rss_after_import_kb"] = rss0
     res["rss_after_load_kb"] = rss_load
     res["maxrss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

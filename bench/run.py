@@ -724,6 +724,9 @@ def _add_peak(peak, isa, all_core):
             runs = peak.setdefault(f"runs_{key}", [])
             runs.append(st)
             peak[f"gflops_{key}"] = max(x["best"] for x in runs)
+        st = threads.int8_peak_stats(isa, n)   # the int8 dot peak (cf_int8_peak), G multiply-adds/s
+        if st is not None:
+            peak[f"int8_gmacs_{key}"] = max(st["best"], peak.get(f"int8_gmacs_{key}", 0.0))
 
 
 def sample_probes(copiers, settle_s=0.0):
@@ -934,7 +937,10 @@ def _header(report):
         runs = pk.get("runs_1") or [{}]
         peak = (f" FMA peak ({pk['isa']}, cf_fma_peak, best of {sum(x.get('runs', 0) for x in runs)} runs of "
                 f"{runs[0].get('run_ms', 0):g} ms at the start and end): {pk['gflops_1']:.1f} GFLOP/s 1 thread"
-                + (f", {pk['gflops_all']:.1f} GFLOP/s on {thr['n_all']} threads" if pk.get("gflops_all") else "") + ".")
+                + (f", {pk['gflops_all']:.1f} GFLOP/s on {thr['n_all']} threads" if pk.get("gflops_all") else "") + "."
+                + (f" int8 dot peak (cf_int8_peak): {pk['int8_gmacs_1']:.0f} GMAC/s 1 thread"
+                   + (f", {pk['int8_gmacs_all']:.0f} on {thr['n_all']}" if pk.get("int8_gmacs_all") else "") + "."
+                   if pk.get("int8_gmacs_1") else ""))
     mode = (f"1-thread columns pinned to core {thr['pin_core']}, all-core columns (×{thr['n_all']}) on "
             f"cores {thr['affinity']}" if report["all_core"] else
             f"1 thread only ({'affinity is one core' if thr['n_all'] == 1 else '--threads 1'})")

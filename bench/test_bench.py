@@ -148,7 +148,7 @@ def test_harness_quant_cases():
     assert {(c.qtype, c.n_in, c.n_out) for c in mm if c.model == "SmolLM2-135M"} == {
         (t, k, n) for t in ("Q4_1", "Q8_0") for k, n, _ in quant.SMOL_SHAPES}
     assert {(c.qtype, c.n_in, c.n_out) for c in mm if c.model == "Llama-7B"} == {
-        (t, k, n) for t in ("Q4_0", "Q4_K", "Q6_K") for k, n, _ in quant.LLAMA_SHAPES}
+        (t, k, n) for t in quant.LLAMA_TYPES for k, n, _ in quant.LLAMA_SHAPES}
     assert all({c.rows for c in mm if (c.qtype, c.n_in, c.n_out) == (x.qtype, x.n_in, x.n_out)} == {1, 128} for x in mm)
     # --quick and --no-big leave out the Llama-7B prefill rows only
     assert all(c.quick for c in mm if c.model != "Llama-7B" or c.rows == 1)

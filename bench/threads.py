@@ -20,6 +20,7 @@ columns are skipped.
 """
 import concurrent.futures
 import ctypes
+import functools
 import glob
 import math
 import os
@@ -226,12 +227,18 @@ class ParallelCopyBandwidth:
 
 
 # ------------------------------------------------------------------------------------------------
-# FMA peak: cpufuse's cf_fma_peak__<isa>(iters, sink) returns the flops it did; we time it.
+# Peak probes: cpufuse's cf_fma_peak__<isa>(iters, float *sink) returns the flops it did and
+# cf_int8_peak__<isa>(iters, int32_t *sink) the int8 multiply-adds (native/kernels/probe.inc); we
+# time them. cf_read_sum__<isa>(x, n, nth) sums a float array on nth threads: the read bandwidth.
 
-def _probe(isa):
-    """cf_fma_peak__<isa>, or None when the probe is missing"""
+# probe kind: (the registry's op, the sink's C type)
+PROBES = {"fma": ("fma_peak", "float *"), "int8": ("int8_peak", "int32_t *")}
+
+
+def _probe(isa, kind="fma"):
+    """cf_<kind>_peak__<isa>, or None when the probe is missing"""
     from cpufuse import _registry
-    return _registry.table("fma_peak").get(isa)
+    return _registry.table(PROBES[kind][0]).get(isa)
 
 
 def _probe_iters(fn, sink, seconds):
@@ -259,20 +266,20 @@ def fma_probe(isa, seconds=0.002):
     return (lambda: fn(it, sink)), fn(it, sink)
 
 
-def fma_peak_stats(isa, n_threads=1, seconds=0.2, run_s=None):
-    """Single-precision FMA peak of `isa` on n_threads threads (cffi releases the GIL): many short
-    runs (~2 ms; 5 ms on n > 1 threads, whose start costs more), so that a preemption on a shared
-    machine spoils a few runs instead of all of them. {"best", "median", "p10" (slow decile),
-    "runs", "run_ms"} in GFLOP/s; None when the probe is missing. The peak is the best run: noise
-    only slows a run down."""
-    fn = _probe(isa)
+def fma_peak_stats(isa, n_threads=1, seconds=0.2, run_s=None, kind="fma"):
+    """Peak of `isa`'s probe `kind` ("fma": single-precision FMA, GFLOP/s; "int8": the int8 dot,
+    G multiply-adds/s) on n_threads threads (cffi releases the GIL): many short runs (~2 ms; 5 ms
+    on n > 1 threads, whose start costs more), so that a preemption on a shared machine spoils a
+    few runs instead of all of them. {"best", "median", "p10" (slow decile), "runs", "run_ms"};
+    None when the probe is missing. The peak is the best run: noise only slows a run down."""
+    fn = _probe(isa, kind)
     if fn is None:
         return None
     from cpufuse import _backend
     enter(n_threads)
     run_s = run_s or (0.002 if n_threads == 1 else 0.005)
     runs = max(5, int(seconds / run_s))
-    sinks = [_backend.ffi.new("float *") for _ in range(n_threads)]
+    sinks = [_backend.ffi.new(PROBES[kind][1]) for _ in range(n_threads)]
     it = _probe_iters(fn, sinks[0], run_s)
     fn(it, sinks[0])  # warm-up (clock ramp)
     res = []
@@ -312,3 +319,48 @@ def fma_peak(isa, n_threads=1, seconds=0.2):
     """the best run of fma_peak_stats (GFLOP/s), or None when the probe is missing"""
     st = fma_peak_stats(isa, n_threads, seconds)
     return st["best"] if st else None
+
+
+def int8_peak_stats(isa, n_threads=1, seconds=0.2):
+    """fma_peak_stats of the int8 dot probe: G int8 multiply-adds per second"""
+    return fma_peak_stats(isa, n_threads, seconds, kind="int8")
+
+
+def read_bw_stats(n_threads=1, nbytes=1 << 30, passes=7, isa=None):
+    """DRAM read bandwidth: a sum over a float32 array of nbytes (far beyond the last-level cache)
+    on n_threads threads, `passes` times after one untimed pass; {"gbps" (median pass), "best_gbps",
+    "worst_gbps", "passes", "bytes", "threads", "how"}. Through cpufuse's cf_read_sum (its thread
+    pool, vector loads) when the build has it, else numpy's max reduction over n_threads slices
+    from Python threads. The caller sets the affinity (taskset -c 0 for the 1-thread figure)."""
+    a = np.empty(nbytes // 4, np.float32)
+    a.fill(1.0)                                # written: no page is the shared zero page
+    fn = None
+    if isa:
+        from cpufuse import _backend, _registry
+        f = _registry.table("read_sum").get(isa)
+        if f is not None:
+            ptr = _backend.ffi.cast("const float *", a.ctypes.data)
+            fn, how = (lambda: f(ptr, a.size, n_threads)), f"cf_read_sum__{isa} (cpufuse pool)"
+    pool = None
+    if fn is None:
+        if n_threads <= 1:
+            fn = functools.partial(np.max, a)
+        else:
+            pool = concurrent.futures.ThreadPoolExecutor(max_workers=n_threads)
+            b = [a.size * i // n_threads // 16 * 16 for i in range(n_threads)] + [a.size]
+            parts = [a[lo:hi] for lo, hi in zip(b[:-1], b[1:])]
+            fn = lambda: max(pool.map(np.max, parts))   # noqa: E731
+        how = "numpy max" + (f" on {n_threads} Python threads" if n_threads > 1 else "")
+    try:
+        fn()
+        ts = []
+        for _ in range(passes):
+            t0 = time.perf_counter_ns()
+            fn()
+            ts.append(time.perf_counter_ns() - t0)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    ts.sort()
+    return {"gbps": a.nbytes / statistics.median(ts), "best_gbps": a.nbytes / ts[0], "worst_gbps": a.nbytes / ts[-1],
+            "passes": passes, "bytes": a.nbytes, "threads": n_threads, "how": how}

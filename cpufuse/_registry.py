@@ -40,7 +40,9 @@ KERNELS = {
     "silu": ("cf_silu_f32", None),
     "exp": ("cf_exp_f32", None),                                 # exp over an array (tests, benchmark)
     "exp_le0": ("cf_exp_le0_f32", None),
-    "fma_peak": ("cf_fma_peak", None),                           # the benchmark's FMA peak probe
+    "fma_peak": ("cf_fma_peak", None),                           # the benchmark's probes (probe.inc):
+    "int8_peak": ("cf_int8_peak", None),                         # FMA and int8 dot peaks,
+    "read_sum": ("cf_read_sum", None),                           # DRAM read bandwidth
     "build_info": ("cf_build_info", None),
 }
 

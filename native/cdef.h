@@ -11,6 +11,8 @@ const char *cf_build_info__@ISA@(void);
 int cf_flash_attn_f32__@ISA@(const int64_t *d, const float *q, const void *k, const void *v, const void *mask, const float *slopes, const float *sinks, float scale, float softcap, float *out, int nth);
 int cf_flash_attn_unfused_f32__@ISA@(const int64_t *d, const float *q, const void *k, const void *v, const void *mask, const float *slopes, const float *sinks, float scale, float softcap, float *out, int nth);
 double cf_fma_peak__@ISA@(int64_t iters, float *sink);
+double cf_int8_peak__@ISA@(int64_t iters, int32_t *sink);
+double cf_read_sum__@ISA@(const float *x, int64_t n, int nth);
 void cf_add_f32__@ISA@(int64_t n, const float *a, const float *b, int64_t nb, float *y);
 void cf_mul_f32__@ISA@(int64_t n, const float *a, const float *b, int64_t nb, float *y);
 void cf_swiglu_f32__@ISA@(int64_t n, const float *g, const float *u, int64_t nb, float *y);

@@ -2,6 +2,7 @@
 identical alone, beside others, joining mid-way and after a prompt-cache hit; cancellation frees
 the slot within a step; the prompt cache reuses whole chunks."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -104,8 +105,21 @@ def test_prompt_cache_reuses_whole_chunks(gguf_path):
 
 def test_cancel_frees_the_slot_within_a_step(gguf_path):
     eng = _engine(gguf_path, parallel=1, chunk=8)
+    # The tiny model steps far faster than a loaded machine schedules this consumer, so the engine
+    # runs in lock step with it: a step waits until the consumer has taken every event (or 10 s).
+    handles = []
+    step = eng._step
+
+    def lockstep():
+        for h in handles:
+            t_end = time.monotonic() + 10
+            while not h._q.empty() and not h.cancelled and time.monotonic() < t_end:
+                time.sleep(0.0005)
+        return step()
+    eng._step = lockstep
     try:
         h = eng.submit(EngineRequest([5, 6, 7], 100, SamplingParams(temperature=0.0)))
+        handles.append(h)
         got = []
         for ev in h:
             got.append(ev)

@@ -1,5 +1,6 @@
-/* Standalone test of the NEON quantized matmul (native/kernels/quant.inc instantiated with
- * native/simd/neon_q.h), for aarch64 (native or qemu-user). Links isa_neon.c and isa_scalar.c.
+/* Standalone test of the NEON quantized matmul (native/kernels/quant.inc: f32 mode through
+ * native/simd/neon_q.h, q8 mode through the panel tiles of qpanel.inc on native/simd/neon_p.h), for
+ * aarch64 (native or qemu-user). Links isa_neon.c, isa_scalar.c and native/src/repack.c.
  * For every supported weight type (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
  * Q6_K) with random valid blocks it checks:
  *  - f32 mode against a double reference written here (dequantization per SPEC-QUANT 2, times x):
@@ -8,12 +9,16 @@
  *    activations (docs/quant-design.md), NMSE <= 1e-10, and neon against scalar, NMSE <= 1e-12;
  *  - the swiglu epilogue, the RMS-norm prologue (fused == unfused bit for bit on each ISA) and
  *    several weights in one call, neon against scalar and the references;
+ *  - for the quantized types, weights repacked into P16 panels (cf_repack_p16, QW_LAY = 1) give
+ *    the GGUF layout's results bit for bit (q8 and f32 mode, swiglu), and a row's result is the same
+ *    alone and inside batches of 3, 8 and 17 rows, at 1 or 3 threads (batch invariance);
  *  - cf_quantize_act__neon against cf_quantize_act__scalar byte for byte;
  *  - no write past an output row (guard elements), results independent of the thread count.
  * The descriptor layout (QM_* / QW_* enums of native/kernels/quant.inc) comes from qm_desc.h,
  * which run_neon_qemu.sh extracts from that file. Build and run: native/tests/run_neon_qemu.sh
- * (it builds this program twice: plain armv8-a, and with the dot-product extension, so both the
- * vmull fallback and the sdot path of neon_q.h are run). argv[1] names the build in the summary.
+ * (it builds this program three times: plain armv8-a (SMULL dots), with the dot-product extension
+ * (SDOT) and with i8mm (SMMLA/USDOT), and checks that the three print the same q8 digest, i.e.
+ * bit-identical q8 results). argv[1] names the build in the summary.
  * Exit status 0 when every case passes. */
 #include <math.h>
 #include <stdarg.h>
@@ -23,6 +28,7 @@
 #include <string.h>
 #include "qm_desc.h"   /* QM_* / QW_* enums of native/kernels/quant.inc (run_neon_qemu.sh) */
 #include "cf_protos.h" /* native/cdef.h with @ISA@ = neon and scalar (run_neon_qemu.sh) */
+#include "../kernels/repack.h" /* cf_p16_bytes, cf_repack_p16 (native/src/repack.c) */
 
 #if !defined(__aarch64__)
 #error "neon_quant_test.c is an aarch64 program (it uses __fp16 and the neon kernels)"
@@ -46,6 +52,18 @@ static uint16_t f2h(float f) { __fp16 h = (__fp16)f; uint16_t u; memcpy(&u, &h, 
 static double h2d(uint16_t u) { __fp16 h; memcpy(&h, &u, 2); return (double)(float)h; }
 static uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 static void wr16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+
+/* FNV-1a over the q8-mode results (their N columns) of the quantized types: run_neon_qemu.sh
+ * compares it across the plain, dotprod and i8mm builds, whose integer dots differ (SMULL, SDOT,
+ * SMMLA) but must give the same bits */
+static uint64_t g_digest = 0xcbf29ce484222325ull;
+static void digest(const float *y, int64_t rows, int64_t N, int64_t ys) {
+  for (int64_t r = 0; r < rows; r++) {
+    const uint8_t *b = (const uint8_t *)(y + r * ys);
+    for (size_t i = 0; i < (size_t)N * sizeof(float); i++) g_digest = (g_digest ^ b[i]) * 0x100000001b3ull;
+  }
+}
+
 
 /* worst errors seen, for the summary */
 static double w_f32ref, w_q8ref, w_q8ns, w_epi;
@@ -316,6 +334,7 @@ static void test_single(const tinfo *t, int64_t K, int64_t N, int64_t rows, int 
     CHECK(en <= 1e-10, "neon vs double reference: NMSE %.3g", en);
     CHECK(ec <= 1e-10, "scalar vs double reference: NMSE %.3g", ec);
     if (act) {
+      if (t->vt) digest(yn, rows, N, ys);
       const double e = upd(&w_q8ns, nmse_rel(yn, yc, ys, ref, l2, rows, N));
       CHECK(e <= 1e-12, "q8 neon vs scalar: NMSE (block-term scaled) %.3g, plain NMSE %.3g", e,
             nmse_ff(yn, yc, ys, rows, N));
@@ -359,6 +378,7 @@ static void test_swiglu(const tinfo *t, int64_t K, int64_t N, int64_t rows) {
     CHECK(ec <= 1e-10, "scalar vs double reference: NMSE %.3g", ec);
     const double e = nmse_ff(yn, yc, ys, rows, N);
     if (act) upd(&w_q8ns, e);
+    if (act && t->vt) digest(yn, rows, N, ys);
     CHECK(e <= (act ? 1e-12 : 1e-10), "neon vs scalar: NMSE %.3g", e);
     CHECK(guard_damage(yn, rows, N, ys) == 0, "neon wrote past an output row");
     if (rows >= 5) {
@@ -470,6 +490,85 @@ static void test_multi(const tinfo *t0, const tinfo *t1, const tinfo *t2, int64_
   free(x); free(xd); free(ref);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * (e) P16 panels (native/src/repack.c) and batch invariance */
+/* one call of weight w (layout lay: 0 GGUF rows, 1 P16 panels) on rows [r0, r0 + rows) of x */
+static int call1(const tinfo *t, int lay, const uint8_t *w, int64_t N, int64_t K, const float *x, int64_t xs,
+                 int64_t r0, int64_t rows, int act, float *y, int64_t ys, int nth) {
+  int64_t d[QM_LEN];
+  desc_init(d, rows, K, xs, act, 1, 0, 0);
+  desc_w(d, 0, t, N, K, ys);
+  d[QM_W0 + QW_LAY] = lay;
+  return cf_qmatmul_f32__neon(d, x + r0 * xs, NULL, 0.0f, w, NULL, NULL, y, NULL, NULL, nth);
+}
+/* weights repacked in C (cf_repack_p16, QW_LAY = 1) == GGUF layout, bit for bit, in q8 and f32
+ * mode and in the swiglu epilogue; every row alone == the same row inside batches of 3, 8 and 17
+ * rows (so in P16_MR-row tiles at different positions and in one-row tiles), either layout, 1 or
+ * 3 threads; q8 results against the double block reference */
+static void test_p16(const tinfo *t, int64_t K, int64_t N) {
+  const int64_t R = 17, xs = K + 3, ys = N + 1, rb = row_bytes(t, K), np = (N + 15) / 16;
+  float *x = rand_x(R, K, xs);
+  double *xd = x_as_double(x, R, K, xs);
+  uint8_t *w[2], *u[2];
+  w[0] = gen_weights(t, N, K, 0);
+  u[0] = gen_weights(t, N, K, 0);
+  const int64_t pb = cf_p16_bytes(t->id, N, K);
+  w[1] = xmalloc((size_t)(pb > 0 ? pb : 1));
+  u[1] = xmalloc((size_t)(pb > 0 ? pb : 1));
+  const int rr = cf_repack_p16(t->id, N, K, w[0], rb, w[1], 0, np) | cf_repack_p16(t->id, N, K, u[0], rb, u[1], 0, np);
+  float *y[2][2], *yb = fbuf(R * ys), *yt = fbuf(R * ys);
+  for (int a = 0; a < 2; a++)
+    for (int l = 0; l < 2; l++) y[a][l] = fbuf(R * ys);
+  double *ref = xmalloc(sizeof(double) * (size_t)(R * N));
+  begin("p16 %s K=%lld N=%lld: repacked == GGUF layout, batch invariance", t->name, (long long)K, (long long)N);
+  CHECK(pb == 16 * np * rb && rr == 0, "cf_p16_bytes %lld (want %lld), cf_repack_p16 %d", (long long)pb,
+        (long long)(16 * np * rb), rr);
+  for (int act = 0; act < 2; act++) {
+    for (int l = 0; l < 2; l++)
+      CHECK(call1(t, l, w[l], N, K, x, xs, 0, R, act, y[act][l], ys, 1) == 0, "call failed (act %d, layout %d)", act, l);
+    CHECK(memcmp(y[act][0], y[act][1], sizeof(float) * (size_t)(R * ys)) == 0,
+          "%s mode: P16 layout differs from the GGUF layout", act ? "q8" : "f32");
+  }
+  static const int64_t B[][2] = {{0, 8}, {5, 8}, {9, 8}, {0, 3}, {14, 3}, {7, 3}}; /* first row, rows */
+  for (int l = 0; l < 2; l++) {
+    for (int b = 0; b < (int)(sizeof B / sizeof B[0]); b++) {
+      const int64_t r0 = B[b][0], n = B[b][1];
+      const int rc = call1(t, l, w[l], N, K, x, xs, r0, n, 1, yb, ys, 1);
+      CHECK(rc == 0 && memcmp(yb, y[1][l] + r0 * ys, sizeof(float) * (size_t)(n * ys)) == 0,
+            "layout %d: rows %lld..%lld as a batch of %lld differ from the batch of 17", l, (long long)r0,
+            (long long)(r0 + n - 1), (long long)n);
+    }
+    int64_t bad = -1;
+    for (int64_t r = 0; r < R && bad < 0; r++)
+      if (call1(t, l, w[l], N, K, x, xs, r, 1, 1, yb, ys, 1) || memcmp(yb, y[1][l] + r * ys, sizeof(float) * (size_t)N))
+        bad = r;
+    CHECK(bad < 0, "layout %d: row %lld alone differs from the batch of 17", l, (long long)bad);
+    CHECK(call1(t, l, w[l], N, K, x, xs, 0, R, 1, yt, ys, 3) == 0 &&
+              memcmp(yt, y[1][l], sizeof(float) * (size_t)(R * ys)) == 0,
+          "layout %d: 3 threads differ from 1", l);
+  }
+  reference(t, w[0], N, K, R, xd, x, xs, 1, ref, NULL);
+  const double e = upd(&w_q8ref, nmse(y[1][1], ys, ref, R, N));
+  CHECK(e <= 1e-10, "P16 q8 vs double block reference: NMSE %.3g", e);
+  CHECK(guard_damage(y[1][1], R, N, ys) == 0, "wrote past an output row");
+  int64_t d[QM_LEN];
+  for (int l = 0; l < 2; l++) { /* swiglu: gate and up weights both in layout l */
+    desc_init(d, R, K, xs, 1, 2, 1, 0);
+    desc_w(d, 0, t, N, K, ys);
+    desc_w(d, 1, t, N, K, ys);
+    d[QM_W0 + QW_LAY] = d[QM_W0 + QW_LEN + QW_LAY] = l;
+    CHECK(cf_qmatmul_f32__neon(d, x, NULL, 0.0f, w[l], u[l], NULL, l ? yt : yb, NULL, NULL, 2) == 0, "swiglu call failed");
+  }
+  CHECK(memcmp(yb, yt, sizeof(float) * (size_t)(R * ys)) == 0, "swiglu: P16 layout differs from the GGUF layout");
+  digest(y[1][1], R, N, ys);
+  digest(yt, R, N, ys);
+  end();
+  for (int l = 0; l < 2; l++) { free(w[l]); free(u[l]); }
+  for (int a = 0; a < 2; a++)
+    for (int l = 0; l < 2; l++) free(y[a][l]);
+  free(x); free(xd); free(yb); free(yt); free(ref);
+}
+
 /* (d) activation quantization, neon == scalar byte for byte */
 static void test_quantize_act(int vt, int64_t K, int64_t rows) {
   const int64_t xs = K + 3;
@@ -511,10 +610,12 @@ int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   const char *label = argc > 1 ? argv[1] : "neon";
   printf("neon quant [%s] build: %s\n", label, cf_build_info__neon());
-#if defined(__ARM_FEATURE_DOTPROD)
-  printf("neon quant [%s]: this build has the dot-product extension (neon_q.h uses sdot)\n", label);
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+  printf("neon quant [%s]: this build has i8mm (panel tiles: smmla on row pairs, usdot/sdot for one row)\n", label);
+#elif defined(__ARM_FEATURE_DOTPROD)
+  printf("neon quant [%s]: this build has the dot-product extension (panel tiles and neon_q.h: sdot)\n", label);
 #else
-  printf("neon quant [%s]: this build has no dot-product extension (neon_q.h uses vmull_s8)\n", label);
+  printf("neon quant [%s]: this build has neither dotprod nor i8mm (int8 dots: smull)\n", label);
 #endif
   static const int64_t Ns[] = {1, 7, 33}, Rs[] = {1, 3, 5, 17};
   for (int ti = 0; ti < NTYPES; ti++) {
@@ -535,6 +636,10 @@ int main(int argc, char **argv) {
     test_norm(t, 512, 7, 1, 1);
     test_norm(t, 1536, 33, 5, 1);
     test_norm(t, 512, 9, 3, 0);
+    if (t->blk > 1) {
+      test_p16(t, 2 * base, 33);
+      test_p16(t, t->blk == 256 ? 1536 : 1024, 16);
+    }
   }
   test_multi(&TYPES[8], &TYPES[10], &TYPES[7], 512, 5);  /* Q4_K + Q6_K + Q8_0 */
   test_multi(&TYPES[4], &TYPES[3], &TYPES[1], 256, 3);   /* Q4_1 + Q4_0 + F16 */
@@ -548,6 +653,7 @@ int main(int argc, char **argv) {
   test_quantize_act(9, 96, 2);
   printf("neon quant [%s]: worst NMSE f32 vs ref %.3g, q8 vs block ref %.3g, q8 neon vs scalar %.3g (single weight: block-term scaled), "
          "swiglu/norm vs ref %.3g\n", label, w_f32ref, w_q8ref, w_q8ns, w_epi);
+  printf("neon quant [%s]: q8 digest %016llx\n", label, (unsigned long long)g_digest);
   printf("neon quant [%s]: %d passed, %d failed\n", label, g_pass, g_fail);
   return g_fail ? 1 : 0;
 }

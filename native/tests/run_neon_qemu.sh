@@ -4,8 +4,9 @@
 # layout are generated here from native/cdef.h and native/kernels/flash_attn.inc, so they follow
 # the kernels. Exit status: 0 pass, 1 fail (build or test), 77 when the cross compiler or
 # qemu-aarch64 is missing (the reason is printed). Last line of a run: "neon: N passed, M failed".
-# Then native/tests/neon_quant_test.c (the quantized matmul) is built and run the same way, plain and
-# with the dot-product extension; the last line then gives the totals of all three runs.
+# Then native/tests/neon_quant_test.c (the quantized matmul) is built and run the same way, plain,
+# with the dot-product extension and with i8mm (qemu-aarch64's default cpu, max, has both); the three
+# must print the same q8 digest (bit-identical results); the last line gives the totals of all runs.
 # Needs (Debian/Ubuntu): apt-get install -y gcc-aarch64-linux-gnu qemu-user libc6-dev-arm64-cross
 set -u
 
@@ -68,8 +69,22 @@ fi
   if grep -q 'cf_flash_attn_f32__@ISA@(.*int nth)' "$NATIVE/cdef.h"; then echo "#define CF_NTH 1"; fi
 } >"$TMP/cf_protos.h"
 
-compile "$TMP/isa_neon.o" "$NATIVE/src/isa_neon.c"
-compile "$TMP/isa_scalar.o" "$NATIVE/src/isa_scalar.c" "${SCALAR_EXTRA[@]}"
+# the kernel objects are the slow compiles: built concurrently (the dotprod and i8mm objects for
+# the quantized-matmul runs below too), each one's failure reported as by compile()
+DOT=(-march=armv8.2-a+dotprod)
+MM=(-march=armv8.6-a+i8mm) # armv8.6-a includes the dot-product extension
+bg_pids=()
+compile_bg() { compile "$@" & bg_pids+=($!); }
+wait_bg() {
+  local p ok=1
+  for p in "${bg_pids[@]}"; do wait "$p" || ok=0; done
+  bg_pids=()
+  [ "$ok" -eq 1 ] || exit 1
+}
+compile_bg "$TMP/isa_neon.o" "$NATIVE/src/isa_neon.c"
+compile_bg "$TMP/isa_scalar.o" "$NATIVE/src/isa_scalar.c" "${SCALAR_EXTRA[@]}"
+compile_bg "$TMP/isa_neon_dot.o" "$NATIVE/src/isa_neon.c" "${DOT[@]}"
+compile_bg "$TMP/isa_neon_mm.o" "$NATIVE/src/isa_neon.c" "${MM[@]}"
 compile "$TMP/neon_test.o" "$HERE/neon_test.c" -I"$TMP"
 
 OBJS=("$TMP/neon_test.o" "$TMP/isa_neon.o" "$TMP/isa_scalar.o")
@@ -83,6 +98,7 @@ if [ -f "$NATIVE/src/repack.c" ]; then
   compile "$TMP/repack.o" "$NATIVE/src/repack.c"
   OBJS+=("$TMP/repack.o")
 fi
+wait_bg
 RUN=("$QEMU")
 if ! "$CC" "${COMMON[@]}" "${OBJS[@]}" -o "$TMP/neon_test" -lm -pthread 2>"$TMP/link.err"; then
   echo "static link failed ($(tail -n 1 "$TMP/link.err")); linking dynamically, QEMU_LD_PREFIX=$SYSROOT"
@@ -101,17 +117,16 @@ case "$rc" in
      exit 1 ;;
 esac
 
-# The quantized matmul (native/simd/neon_q.h): native/tests/neon_quant_test.c, built and run twice,
-# against isa_neon.c as built above (plain armv8-a: the vmull_s8 int8 dot) and against a second
-# isa_neon.c object with the dot-product extension (the sdot path). Its descriptor layout (the
-# QM_*/QW_* enums) is taken from native/kernels/quant.inc. The last line is the total of all runs.
+# The quantized matmul (native/simd/neon_q.h, neon_p.h): native/tests/neon_quant_test.c, built and
+# run three times, against isa_neon.c as built above (plain armv8-a: SMULL int8 dots) and against
+# isa_neon.c objects with the dot-product extension (SDOT) and with i8mm (SMMLA on row pairs in the
+# multi-row panel tile, USDOT for Q8_0). Its descriptor layout (the QM_*/QW_* enums) is taken from
+# native/kernels/quant.inc. The last line is the total of all runs.
 grep -E '^enum \{ (QM_|QW_)|^#define QM_LEN' "$NATIVE/kernels/quant.inc" >"$TMP/qm_desc.h"
 if [ "$(grep -c . "$TMP/qm_desc.h")" -ne 3 ]; then
   echo "neon: could not find the QM_*/QW_* descriptor enums in $NATIVE/kernels/quant.inc"
   exit 1
 fi
-DOT=(-march=armv8.2-a+dotprod)
-compile "$TMP/isa_neon_dot.o" "$NATIVE/src/isa_neon.c" "${DOT[@]}"
 pass=0
 fail=0
 tally() { # adds the counts of the summary line ending the output file $1
@@ -125,10 +140,11 @@ tally() { # adds the counts of the summary line ending the output file $1
 tally "$TMP/neon_test.out"
 LINK=("${BASE[@]}")
 [ "${#RUN[@]}" -eq 1 ] && LINK=("${COMMON[@]}") # static unless the link above fell back
-for v in plain dotprod; do
+for v in plain dotprod i8mm; do
   extra=()
   neon_obj="$TMP/isa_neon.o"
   if [ "$v" = dotprod ]; then extra=("${DOT[@]}"); neon_obj="$TMP/isa_neon_dot.o"; fi
+  if [ "$v" = i8mm ]; then extra=("${MM[@]}"); neon_obj="$TMP/isa_neon_mm.o"; fi
   compile "$TMP/nq_$v.o" "$HERE/neon_quant_test.c" -I"$TMP" ${extra[@]+"${extra[@]}"}
   if ! "$CC" "${LINK[@]}" ${extra[@]+"${extra[@]}"} "$TMP/nq_$v.o" "$neon_obj" "${OBJS[@]:2}" \
        -o "$TMP/nq_$v" -lm -pthread; then
@@ -144,5 +160,14 @@ for v in plain dotprod; do
     tally "$TMP/nq_$v.out"
   fi
 done
+# the three builds' integer dots differ, their q8 results must not
+digests="$(cat "$TMP"/nq_*.out | sed -n 's/^neon quant \[\(.*\)\]: q8 digest \([0-9a-f]*\)$/\1 \2/p')"
+echo "$digests"
+if [ "$(echo "$digests" | grep -c .)" -ne 3 ] || [ "$(echo "$digests" | awk '{print $2}' | sort -u | grep -c .)" -ne 1 ]; then
+  echo "neon: FAIL the plain, dotprod and i8mm builds differ in their q8 results (digests above)"
+  fail=$((fail + 1))
+else
+  pass=$((pass + 1))
+fi
 echo "neon: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -1,0 +1,484 @@
+"""End to end on real Llama shapes: cpufuse.llama against llama.cpp on synthetic 1B / 8B GGUFs.
+
+    python -m bench.e2e_big [--models 1b[,8b]] [--types q4_0,q4_k,q6_k,q8_0,q4_k_m] [--threads 1,2]
+                            [--rounds 3] [--llama-bench PATH | --peer-python PATH] [--dir D]
+                            [--json P] [--md P] [--png P]
+
+Models: bench/bigmodels.py writes them (Llama-3.2-1B and Llama-3.1-8B shapes, random valid blocks;
+its docstring gives every tensor's type) into its cache folder, once.
+
+Measured per file and thread count, in alternating rounds (each engine in its own process per
+round, the order rotated every round, as bench/e2e.py does for SmolLM2):
+  pp512  one eval of 512 tokens from an empty cache (after an untimed warm-up eval of --pp-warm tokens);
+  tg128  128 single-token evals after a 1-token prompt, the next token given (after 16 untimed).
+Engines:
+  cpufuse    cpufuse.llama.Model.load(path, n_ctx=1024, n_threads=k), its defaults (bench/e2e.py's
+             worker, wall time around Model.eval).
+  llama.cpp  llama-cpp-python in its own venv (bench/e2e_peer.py: n_batch = n_ubatch = 512, f16
+             K/V, mmap, repack on), flash attention off and on; or, with --llama-bench PATH,
+             llama.cpp's own llama-bench (`-p 512 -n 128 -t k -fa 0|1 -r R -o json`: one warm-up
+             run, then R runs; random token ids; its own timer). The table gives the better of FA
+             off and on per cell, and says which.
+1 thread: every process under `taskset -c 0`; k > 1 threads: unpinned.
+Probes, in the same rounds (a process per round and thread count, pinned like the engines):
+  DRAM read  a sum over 1 GiB of float32 on k threads (cpufuse's cf_read_sum: its thread pool,
+             vector loads; bench/threads.py read_bw_stats), median of 7 passes;
+  int8 peak  cf_int8_peak on k threads (independent chains of vpdpbusd zmm / maddubs / sdot),
+             best of many ~2 ms runs.
+Derived: decode GB/s = weight bytes streamed per token (every layer matrix + the output matrix,
+bigmodels.work) x tg tok/s, and its % of the same run's DRAM read bandwidth at k threads; prompt
+int8 GMAC/s = matmul multiply-adds per token (sum of n_in x n_out; the attention's QK^T and PV, ~1%
+at pp512, are left out) x pp tok/s, and its % of the int8 peak at k threads.
+Output: --md (default bench/results/e2e-big.md), --json (e2e-big.json, not in git), --png
+(e2e-big.png: tok/s against threads, matplotlib).
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+from . import bigmodels
+from . import threads as threads_mod
+from .e2e import DEFAULT_PEER, HERE, N_CTX, RESULTS, _cpu_name, bench_tokens, load_avg, peer_status, run_job
+
+PP, TG = 512, 128
+ENGINES = ("cpufuse", "llamacpp-fa-off", "llamacpp-fa-on")
+LABEL = {"cpufuse": "cpufuse", "llamacpp-fa-off": "llama.cpp FA off", "llamacpp-fa-on": "llama.cpp FA on"}
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None and x == x]
+    return statistics.median(xs) if xs else None
+
+
+def best_isa():
+    import cpufuse
+    return next((i for i in cpufuse.available_isas() if i != "numba"), None)
+
+
+# ================================================================================================
+# workers (each in its own process)
+
+def worker_probe(job):
+    """the probes at job["threads"] threads: DRAM read bandwidth and the int8 peak"""
+    n = int(job["threads"])
+    isa = best_isa()
+    return {"isa": isa, "threads": n,
+            "read": threads_mod.read_bw_stats(n, nbytes=int(job.get("read_bytes", 1 << 30)), isa=isa),
+            "int8": threads_mod.int8_peak_stats(isa, n) if isa else None,
+            "fma": threads_mod.fma_peak_stats(isa, n) if isa else None}
+
+
+def run_llama_bench(exe, path, threads, fa, reps, pin, timeout=1800):
+    """llama-bench for pp512 and tg128 at `threads`, flash attention on or off: {"wall": {"pp512":
+    [tok/s per run], "tg128": [...]}, "raw": its JSON records} or an error string"""
+    cmd = (["taskset", "-c", "0"] if pin else []) + [
+        exe, "-m", path, "-p", str(PP), "-n", str(TG), "-t", str(threads), "-fa", "1" if fa else "0",
+        "-r", str(reps), "-o", "json"]
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return None, f"timeout after {timeout}s"
+    if p.returncode:
+        return None, f"exit {p.returncode}: {(p.stderr or p.stdout).strip()[-600:]}"
+    try:
+        recs = json.loads(p.stdout)
+    except ValueError:
+        return None, f"unreadable output: {p.stdout[-300:]}"
+    wall = {}
+    for r in recs:
+        key = f"pp{r['n_prompt']}" if r.get("n_prompt") and not r.get("n_gen") else f"tg{r['n_gen']}"
+        wall[key] = [float(x) for x in r.get("samples_ts", [])] or [float(r["avg_ts"])]
+    keep = ("build_commit", "build_number", "cpu_info", "backends", "n_threads", "flash_attn", "type_k",
+            "type_v", "n_batch", "n_ubatch", "use_mmap", "model_type", "model_size")
+    return {"wall": wall, "raw": [{k: r.get(k) for k in keep} for r in recs],
+            "version": f"(build {recs[0].get('build_commit', '?')}, {recs[0].get('build_number', '?')})" if recs else ""}, None
+
+
+# ================================================================================================
+# the run
+
+def parse_threads(s, ncpu):
+    ts = []
+    for x in s.split(","):
+        x = x.strip()
+        if x in ("all", "max"):
+            ts.append(ncpu)
+        elif x:
+            try:
+                ts.append(int(x))
+            except ValueError:
+                raise SystemExit(f"--threads {s!r}: expected a comma list of positive integers or 'all'") from None
+    if not ts or min(ts) < 1:
+        raise SystemExit(f"--threads {s!r}: expected a comma list of positive integers or 'all'")
+    return sorted(set(ts))
+
+
+def run(args):
+    ncpu = len(os.sched_getaffinity(0))
+    threads = parse_threads(args.threads, ncpu) if args.threads else sorted({1, ncpu})
+    models = bigmodels.parse_list(args.models, list(bigmodels.SHAPES), "models")
+    types = bigmodels.parse_list(args.types, list(bigmodels.TYPES), "types")
+    files = []
+    for shape in models:
+        for qt in types:
+            path = bigmodels.ensure(shape, qt, args.dir)
+            files.append({"shape": shape, "type": qt, "path": path, "bytes": os.path.getsize(path),
+                          "work": bigmodels.work(shape, qt)})
+    exe = None
+    if args.llama_bench:
+        exe = os.path.abspath(os.path.expanduser(args.llama_bench))
+        why_peer = None if os.access(exe, os.X_OK) else f"--llama-bench {exe} is not an executable file"
+        peer_kind = "llama-bench"
+    else:
+        why_peer = peer_status(args.peer_python)
+        peer_kind = "llama-cpp-python"
+    engines = [e for e in ENGINES if not (why_peer and e.startswith("llamacpp"))]
+    if args.engines:
+        engines = [e for e in engines if e in args.engines.split(",")]
+    jobs = engines + ["probe"]
+    reps = {f"pp{PP}": args.reps_pp, f"tg{TG}": args.reps_tg}
+    t_start = time.time()
+    la0 = load_avg()
+    print(f"bench.e2e_big: {len(files)} files x threads {threads} x {args.rounds} rounds, engines "
+          f"{', '.join(engines)} (llama.cpp via {peer_kind}); load average {la0[0]:.2f}", flush=True)
+    if why_peer:
+        print(f"bench.e2e_big: llama.cpp columns skipped: {why_peer}", flush=True)
+    raw = {}
+    errors = {}
+    peer_info = {}
+    busy = [threads_mod.busy_cores()]   # cores other work keeps busy (bench/threads.py), between rounds
+
+    def report(final):
+        """the JSON and markdown of what is measured so far (rewritten after every thread count of
+        every round, so a run stopped by a time limit leaves its results)"""
+        la1 = load_avg()
+        done = [f for f in files if os.path.basename(f["path"]) in raw]
+        out = {"kind": "e2e-big", "complete": final,
+               "machine": {"cpu": _cpu_name(), "ncpu_affinity": ncpu, "platform": platform.platform(),
+                           "python": sys.version.split()[0], "cpufuse_isa": best_isa()},
+               "load_avg_start": la0, "load_avg_end": la1, "busy_cores": busy, "seconds": time.time() - t_start,
+               "rounds": args.rounds, "threads": threads, "reps": reps, "pp_warm": args.pp_warm,
+               "read_mib": args.read_mib, "n_ctx": N_CTX, "peer_kind": peer_kind, "llama_bench": exe,
+               "peer": peer_info, "peer_skipped": why_peer, "errors": errors, "files": done,
+               "summary": summarize(done, raw, threads, engines), "raw": raw}
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+        write_md(out, args.md, args.png if final else None)
+        return out
+
+    for f in files:
+        name = os.path.basename(f["path"])
+        toks = bench_tokens(f["path"], PP + TG + 8)
+        R = raw[name] = {j: {str(t): [] for t in threads} for j in jobs}
+        for rnd in range(args.rounds):
+            for t in threads:
+                k = rnd % len(jobs)
+                for e in jobs[k:] + jobs[:k]:
+                    pin = t == 1
+                    t0 = time.perf_counter()
+                    if e == "probe":
+                        res, err = run_job({"threads": t, "read_bytes": args.read_mib << 20}, sys.executable,
+                                           ["-m", "bench.e2e_big", "--probe-worker"], pin, t)
+                    elif e == "cpufuse":
+                        job = {"job": "speed", "engine": "cpufuse", "model": f["path"], "tokens": toks, "threads": t,
+                               "pp": [PP], "tg": TG, "reps": reps, "n_ctx": N_CTX, "pp_warm": args.pp_warm}
+                        res, err = run_job(job, sys.executable, ["-m", "bench.e2e", "--worker"], pin, t,
+                                           timeout=args.timeout)
+                    elif args.llama_bench:
+                        res, err = run_llama_bench(exe, f["path"], t, e.endswith("fa-on"), args.reps_pp, pin,
+                                                   timeout=args.timeout)
+                    else:
+                        job = {"job": "speed", "model": f["path"], "tokens": toks, "threads": t, "pp": [PP], "tg": TG,
+                               "reps": reps, "n_ctx": N_CTX, "flash_attn": e.endswith("fa-on"), "pp_warm": args.pp_warm}
+                        res, err = run_job(job, args.peer_python, [os.path.join(HERE, "e2e_peer.py")], pin, t,
+                                           timeout=args.timeout)
+                    dt = time.perf_counter() - t0
+                    if err:
+                        errors.setdefault(f"{name} {e} t={t}", err)
+                        print(f"  {name} round {rnd + 1} t={t} {e}: FAILED {err[-300:]}", flush=True)
+                        continue
+                    res["load_avg"] = load_avg()
+                    res["seconds"] = dt
+                    R[e][str(t)].append(res)
+                    if e == "probe":
+                        pk = res.get("int8") or {}
+                        print(f"  {name} round {rnd + 1} t={t} probes: DRAM read {res['read']['gbps']:.1f} GB/s, int8 "
+                              f"{pk.get('best', float('nan')):.0f} GMAC/s ({dt:.0f} s)", flush=True)
+                    else:
+                        if "version" in res:
+                            peer_info = {"version": res["version"], "system_info": res.get("system_info", ""),
+                                         "raw": res.get("raw")}
+                        fin = res.get("logits_finite")
+                        print(f"  {name} round {rnd + 1} t={t} {LABEL[e]:17s} " +
+                              "  ".join(f"{kk} {median(v):8.2f}" for kk, v in res["wall"].items()) +
+                              ("" if fin is None else f"  logits finite {fin}") + f" ({dt:.0f} s)", flush=True)
+                busy.append(threads_mod.busy_cores(0.3))
+                report(False)
+    out = report(True)
+    print(f"bench.e2e_big: wrote {args.json}, {args.md} ({out['seconds'] / 60:.1f} min; load average "
+          f"{la0[0]:.2f} -> {out['load_avg_end'][0]:.2f})")
+    return out
+
+
+def summarize(files, raw, threads, engines):
+    """per file and thread count: each engine's median over rounds (of its in-process medians), the
+    min / max over rounds, llama.cpp's better FA setting, the probes' medians and the derived rates"""
+    S = {}
+    for f in files:
+        name = os.path.basename(f["path"])
+        R = raw[name]
+        for t in threads:
+            d = S.setdefault(name, {}).setdefault(str(t), {})
+            pr = R["probe"][str(t)]
+            if pr:
+                d["read_gbps"] = median([p["read"]["gbps"] for p in pr])
+                d["int8_gmacs"] = median([(p.get("int8") or {}).get("best") for p in pr])
+                d["fma_gflops"] = median([(p.get("fma") or {}).get("best") for p in pr])
+                d["probe_how"] = pr[0]["read"]["how"]
+            for e in engines:
+                rs = R[e][str(t)]
+                if not rs:
+                    continue
+                de = d.setdefault(e, {})
+                de["logits_finite"] = all(r.get("logits_finite", True) for r in rs)
+                for key in (f"pp{PP}", f"tg{TG}"):
+                    per_round = [median(r["wall"].get(key, [])) for r in rs]
+                    per_round = [x for x in per_round if x is not None]
+                    if per_round:
+                        de[key] = {"median": median(per_round), "rounds": per_round,
+                                   "min": min(per_round), "max": max(per_round)}
+            for key in (f"pp{PP}", f"tg{TG}"):
+                cands = [(d[e][key]["median"], e) for e in ("llamacpp-fa-off", "llamacpp-fa-on")
+                         if key in d.get(e, {})]
+                if cands:
+                    v, e = max(cands)
+                    d.setdefault("llamacpp-best", {})[key] = {"median": v, "which": e}
+            w = f["work"]
+            for e in ("cpufuse", "llamacpp-best"):
+                de = d.get(e, {})
+                tg, pp = de.get(f"tg{TG}", {}).get("median"), de.get(f"pp{PP}", {}).get("median")
+                if tg:
+                    de["decode_gbps"] = w["weight_bytes_per_token"] * tg / 1e9
+                    if d.get("read_gbps"):
+                        de["decode_pct_read"] = 100 * de["decode_gbps"] / d["read_gbps"]
+                if pp:
+                    de["prompt_gmacs"] = w["matmul_macs_per_token"] * pp / 1e9
+                    if d.get("int8_gmacs"):
+                        de["prompt_pct_int8"] = 100 * de["prompt_gmacs"] / d["int8_gmacs"]
+    return S
+
+
+# ================================================================================================
+# report
+
+def _f(x, nd=1):
+    return "–" if x is None or x != x else f"{x:.{nd}f}"
+
+
+def write_md(R, md_path, png_path=None):
+    m = R["machine"]
+    S = R["summary"]
+    threads = R["threads"]
+    lb = R["peer_kind"] == "llama-bench"
+    peer = R.get("peer") or {}
+    L = ["# cpufuse.llama vs llama.cpp on Llama-3.2-1B / Llama-3.1-8B shapes (`python -m bench.e2e_big`)", ""]
+    if not R.get("complete", True):
+        L += ["**Partial results** (written after every round; the run did not finish).", ""]
+    L += [
+         f"Machine: {m['cpu']}, {m['ncpu_affinity']} CPUs in the affinity, Python {m['python']}, cpufuse ISA "
+         f"{m['cpufuse_isa']}. llama.cpp: {R['peer_kind']} {peer.get('version', '')}. Load average at start "
+         f"{R['load_avg_start'][0]:.2f}, at end {R['load_avg_end'][0]:.2f}. {R['rounds']} alternating rounds (each "
+         f"engine and the probes in their own process per round, order rotated); run time {R['seconds'] / 60:.1f} min.",
+         ""]
+    b = [x for x in R.get("busy_cores", []) if x is not None]
+    if b and max(b) > 0.25:
+        L += [f"**Shared machine:** other work kept {statistics.median(b):.2f} cores busy (median; largest "
+              f"{max(b):.2f}) of {m['ncpu_affinity']}, measured between rounds while this run slept (/proc/stat): "
+              "the all-core cells (and the spread) show that contention, not only the engines.", ""]
+    if R.get("peer_skipped"):
+        L += [f"**llama.cpp columns skipped:** {R['peer_skipped']}", ""]
+    L += ["Models (random weights with the real shapes, written by `bench/bigmodels.py`; weights = bytes a decode "
+          "step streams: every layer matrix and the output matrix; MACs = int8 multiply-adds per token of the "
+          "matmuls):", "", "| file | size | tensor types (bytes) | weights / token | MACs / token |", "|---|---|---|---|---|"]
+    for f in R["files"]:
+        w = f["work"]
+        tys = ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in sorted(w["bytes_by_type"].items()))
+        L.append(f"| {os.path.basename(f['path'])} | {f['bytes'] / 2**30:.2f} GiB | {tys} | "
+                 f"{w['weight_bytes_per_token'] / 1e6:.0f} MB | {w['matmul_macs_per_token'] / 1e9:.2f} G |")
+    L += ["", "## Probes (same run, median over rounds)", "",
+          "| threads | DRAM read GB/s | int8 peak GMAC/s | FMA peak GFLOP/s |", "|---|---|---|---|"]
+    first = S[next(iter(S))] if S else {}
+    for t in threads:
+        vals = [S[n].get(str(t), {}) for n in S]
+        L.append(f"| {t} | {_f(median([v.get('read_gbps') for v in vals]))} | "
+                 f"{_f(median([v.get('int8_gmacs') for v in vals]), 0)} | {_f(median([v.get('fma_gflops') for v in vals]), 0)} |")
+    how = first.get(str(threads[0]), {}).get("probe_how", "")
+    L += ["", f"DRAM read: a sum over {R.get('read_mib', 1024)} MiB of float32 ({how}), median of 7 passes; int8 peak: `cf_int8_peak` "
+          "(native/kernels/probe.inc), best of ~2 ms runs on every thread at once; FMA peak: `cf_fma_peak`. "
+          "1 thread pinned (`taskset -c 0`), more threads unpinned.", ""]
+    L += ["## Speed (tokens/s, median over rounds; llama.cpp = the better of flash attention off / on)", "",
+          "| file | threads | pp512 cpufuse | pp512 llama.cpp | **pp ratio** | tg128 cpufuse | tg128 llama.cpp | "
+          "**tg ratio** | decode GB/s cpufuse / llama.cpp | % DRAM read | prompt GMAC/s cpufuse / llama.cpp | % int8 peak |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    spreads = []
+    for f in R["files"]:
+        name = os.path.basename(f["path"])
+        for t in threads:
+            d = S[name].get(str(t), {})
+            c, b = d.get("cpufuse", {}), d.get("llamacpp-best", {})
+            row = [name.replace("llama-", "").replace("-shapes", "").replace(".gguf", ""), str(t)]
+            for key in (f"pp{PP}", f"tg{TG}"):
+                a, l_ = c.get(key, {}).get("median"), b.get(key, {}).get("median")
+                fa = b.get(key, {}).get("which", "")
+                row += [_f(a, 2), _f(l_, 2) + (" (FA on)" if fa.endswith("on") else " (FA off)" if fa else ""),
+                        f"**{a / l_:.2f}×**" if a and l_ else "–"]
+            row += [f"{_f(c.get('decode_gbps'))} / {_f(b.get('decode_gbps'))}",
+                    f"{_f(c.get('decode_pct_read'), 0)} / {_f(b.get('decode_pct_read'), 0)} %",
+                    f"{_f(c.get('prompt_gmacs'))} / {_f(b.get('prompt_gmacs'))}",
+                    f"{_f(c.get('prompt_pct_int8'), 0)} / {_f(b.get('prompt_pct_int8'), 0)} %"]
+            L.append("| " + " | ".join(row) + " |")
+            for e in ENGINES:
+                for key in (f"pp{PP}", f"tg{TG}"):
+                    x = d.get(e, {}).get(key)
+                    if x and x.get("median"):
+                        spreads.append((x["max"] - x["min"]) / x["median"])
+    L += [""]
+    if spreads:
+        L += [f"Spread between rounds ((max − min) / median, over every engine and cell): median "
+              f"{100 * statistics.median(spreads):.0f} %, largest {100 * max(spreads):.0f} %.", ""]
+    fa_rows = []
+    for f in R["files"]:
+        name = os.path.basename(f["path"])
+        for t in threads:
+            d = S[name].get(str(t), {})
+            parts = [f"{LABEL[e]} pp {_f(d.get(e, {}).get(f'pp{PP}', {}).get('median'), 2)} / tg "
+                     f"{_f(d.get(e, {}).get(f'tg{TG}', {}).get('median'), 2)}" for e in ENGINES[1:] if e in d]
+            if parts:
+                fa_rows.append(f"- {name} × {t}: " + "; ".join(parts))
+    if fa_rows:
+        L += ["llama.cpp with flash attention off and on (tok/s, pp512 / tg128):", ""] + fa_rows + [""]
+    bad = [f"{n} × {t} {e}" for n in S for t in S[n] for e in ENGINES
+           if isinstance(S[n][t].get(e), dict) and S[n][t][e].get("logits_finite") is False]
+    L += [("Logits: **non-finite values** in " + ", ".join(bad)) if bad else
+          ("Logits: every logits row read by the engines (the last of each pp eval and tg step) was finite"
+           + (" (llama-bench reads none)." if lb else "."))]
+    L += ["", "## Settings", "",
+          f"- pp512: one eval of 512 tokens from an empty cache, after an untimed warm-up eval of {R['pp_warm']} tokens "
+          f"(llama-bench: its warm-up run is a full pp512); {R['reps'][f'pp{PP}']} timed eval(s) per process. tg128: "
+          f"128 single-token evals after a 1-token prompt, the next token given, after 16 untimed steps; "
+          f"{R['reps'][f'tg{TG}']} timed run(s) per process. Wall time around the eval calls (llama-bench: its own "
+          "timer around llama_decode).",
+          f"- cpufuse: `Model.load(path, n_ctx={R['n_ctx']}, n_threads=k)` (q8 activations, f16 K/V, n_batch 512).",
+          (f"- llama.cpp: `{R.get('llama_bench') or 'llama-bench'} -m FILE -p 512 -n 128 -t k -fa 0|1 -r R -o json` "
+           "(n_batch 2048, n_ubatch 512, f16 K/V, mmap, repack on; random token ids; built by "
+           "bench/llama_bench_build.sh from the llama.cpp vendored in llama-cpp-python 0.3.36)." if lb else
+           "- llama.cpp: llama-cpp-python in its own venv and process (bench/e2e_peer.py): `Llama(n_ctx=1024, "
+           "n_batch=512, n_ubatch=512, n_threads=k, n_threads_batch=k, flash_attn=…)`, f16 K/V, mmap, repack on."),
+          "- 1 thread: the engine's process under `taskset -c 0`; more threads: unpinned.", ""]
+    if peer.get("system_info"):
+        L += [f"llama.cpp system info: `{peer['system_info'].strip()}`", ""]
+    if R.get("errors"):
+        L += ["Failures: " + "; ".join(f"{k}: {v[-200:]}" for k, v in R["errors"].items()), ""]
+    if png_path:
+        why = plot(R, png_path)
+        if why is None:
+            L += [f"![tok/s against threads]({os.path.basename(png_path)})", ""]
+        else:
+            L += [f"(chart skipped: {why})", ""]
+    with open(md_path, "w") as fh:
+        fh.write("\n".join(L))
+
+
+def plot(R, path):
+    """tok/s against threads, pp512 and tg128 panels, a colour per file, solid cpufuse, dashed
+    llama.cpp (best of FA off / on); None when written, else the reason"""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter
+    except Exception as e:  # noqa: BLE001
+        return f"matplotlib unavailable ({e})"
+    from .plot import OTHER
+    S, threads = R["summary"], R["threads"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    for ax, key, title in ((axes[0], f"pp{PP}", "prompt, pp512"), (axes[1], f"tg{TG}", "decode, tg128")):
+        for i, f in enumerate(R["files"]):
+            name = os.path.basename(f["path"])
+            lab = name.replace("llama-", "").replace("-shapes", "").replace(".gguf", "")
+            for e, ls, mk in (("cpufuse", "-", "o"), ("llamacpp-best", "--", "s")):
+                xs, ys = [], []
+                for t in threads:
+                    v = S[name].get(str(t), {}).get(e, {}).get(key, {}).get("median")
+                    if v:
+                        xs.append(t)
+                        ys.append(v)
+                if xs:
+                    ax.plot(xs, ys, ls, marker=mk, color=OTHER[i % len(OTHER)],
+                            label=f"{lab} {'cpufuse' if e == 'cpufuse' else 'llama.cpp'}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(threads)
+        ax.set_xticklabels([str(t) for t in threads])
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(   # every minor tick labelled on a short axis
+            lambda v, _, ax=ax: f"{v:g}" if ax.get_ylim()[1] < 20 * ax.get_ylim()[0] or f"{v:g}"[0] in "25" else ""))
+        ax.set_xlabel("threads")
+        ax.set_ylabel("tokens/s")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[1].legend(fontsize=7, loc="best")
+    fig.suptitle(f"cpufuse (solid) vs llama.cpp (dashed) — {R['machine']['cpu']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench.e2e_big", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--probe-worker", metavar="JOB", help=argparse.SUPPRESS)
+    ap.add_argument("--models", default="1b", help="comma list of " + ",".join(bigmodels.SHAPES) + " (default 1b)")
+    ap.add_argument("--types", default="all", help="comma list of " + ",".join(bigmodels.TYPES) + ", or all (default)")
+    ap.add_argument("--threads", help="comma list, e.g. 1,2,4,8,16 or 1,all (default: 1 and every core in the affinity)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps-pp", type=int, default=1, help="timed pp512 evals per process (default 1)")
+    ap.add_argument("--reps-tg", type=int, default=1, help="timed tg128 runs per process (default 1)")
+    ap.add_argument("--pp-warm", type=int, default=64, help="tokens of the untimed warm-up prompt, which pages in "
+                    "every weight (default 64; llama-bench's warm-up is always a full pp512)")
+    ap.add_argument("--read-mib", type=int, default=1024, help="the DRAM read probe's buffer (MiB, default 1024)")
+    ap.add_argument("--engines", help="comma list, a subset of " + ",".join(ENGINES))
+    ap.add_argument("--llama-bench", metavar="PATH", help="run llama.cpp as this llama-bench binary "
+                    "(bench/llama_bench_build.sh builds it) instead of llama-cpp-python")
+    ap.add_argument("--peer-python", default=DEFAULT_PEER, help=f"interpreter with llama_cpp (default {DEFAULT_PEER})")
+    ap.add_argument("--dir", help="the models' cache folder (bench/bigmodels.py; default $CPUFUSE_BENCH_MODELS "
+                    f"or {bigmodels.DEFAULT_DIR})")
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per engine process")
+    ap.add_argument("--json", default=os.path.join(RESULTS, "e2e-big.json"))
+    ap.add_argument("--md", default=os.path.join(RESULTS, "e2e-big.md"))
+    ap.add_argument("--png", default=os.path.join(RESULTS, "e2e-big.png"))
+    ap.add_argument("--from-json", metavar="P", help="only write --md and --png again from a run's JSON")
+    args = ap.parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as fh:
+            write_md(json.load(fh), args.md, args.png)
+        return
+    if args.probe_worker:
+        with open(args.probe_worker) as fh:
+            job = json.load(fh)
+        sys.stdout.write("E2E_RESULT " + json.dumps(worker_probe(job)) + "\n")
+        return
+    if args.rounds < 1:
+        raise SystemExit("--rounds must be >= 1")
+    os.makedirs(os.path.dirname(os.path.abspath(args.md)), exist_ok=True)
+    run(args)
+
+
+if __name__ == "__main__":
+    main()

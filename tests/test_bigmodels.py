@@ -1,0 +1,99 @@
+"""The benchmark's synthetic real-shape GGUFs (bench/bigmodels.py): valid random blocks with the
+intended scale, the llama.cpp quantizer's type rules, the vocabulary. (The files themselves are
+0.7-8 GB; the bench writes them, these tests only the pieces, on small matrices.)"""
+import numpy as np
+import pytest
+
+from bench import bigmodels as bm
+from cpufuse.quant.types import dequantize
+
+
+@pytest.mark.parametrize("t", sorted(bm.QK))
+@pytest.mark.parametrize("n_in", [256, 2048])
+def test_random_blocks_rms_and_mean(t, n_in):
+    rng = np.random.default_rng(0)
+    n_out = 512
+    raw = bm.random_blocks(t, n_out, n_in, rng)
+    assert raw.dtype == np.uint8 and raw.shape == (n_out, n_in // bm.QK[t] * bm.BLOCK_BYTES[t])
+    w = dequantize(raw, t, n_in).astype(np.float64).reshape(n_out, n_in)
+    assert np.isfinite(w).all()
+    rms = np.sqrt((w * w).mean()) * np.sqrt(n_in)          # target 1: element RMS 1/sqrt(n_in)
+    assert 0.95 < rms < 1.06, rms
+    assert abs(w.mean()) * np.sqrt(n_in) < 0.02           # no common bias across rows
+    # rows differ (random codes), and a second draw differs from the first
+    assert not np.array_equal(w[0], w[1])
+    assert not np.array_equal(raw, bm.random_blocks(t, n_out, n_in, rng))
+
+
+def test_tensor_types_follow_the_quantizer():
+    # tied 1B: token_embd is the output -> Q6_K, or Q8_0 in a Q8_0 file
+    assert bm.tensor_type("1b", "q4_0", "token_embd") == "Q6_K"
+    assert bm.tensor_type("1b", "q8_0", "token_embd") == "Q8_0"
+    assert bm.tensor_type("1b", "q4_0", "attn_q") == "Q4_0"
+    # untied 8B: token_embd keeps the file type, output -> Q6_K
+    assert bm.tensor_type("8b", "q4_k", "token_embd") == "Q4_K"
+    assert bm.tensor_type("8b", "q4_k", "output") == "Q6_K"
+    # the Q4_K_M-like mix: Q6_K ffn_down, Q4_K elsewhere; --pure: the file type everywhere
+    assert bm.tensor_type("8b", "q4_k_m", "ffn_down") == "Q6_K"
+    assert bm.tensor_type("8b", "q4_k_m", "ffn_up") == "Q4_K"
+    assert bm.tensor_type("1b", "q4_0", "token_embd", pure=True) == "Q4_0"
+    names = [t[0] for t in bm.tensors("1b", "q4_0")]
+    assert "output.weight" not in names and len(names) == 2 + 16 * 9 + 1
+    assert [t[0] for t in bm.tensors("8b", "q4_0")][-1] == "output.weight"
+
+
+def test_work_and_sizes():
+    w = bm.work("1b", "q4_0")
+    # Llama-3.2-1B: 1.24 G weights in the matmuls (the tied embedding counted once, as the output)
+    assert w["matmul_macs_per_token"] == 16 * (2048 * (2048 + 512 + 512 + 2048) + 3 * 2048 * 8192) + 128256 * 2048
+    assert w["weight_bytes_per_token"] == sum(w["bytes_by_type"].values())
+    assert bm.file_bytes("1b", "q4_0") > w["weight_bytes_per_token"]
+
+
+def test_vocab():
+    tokens, types, merges = bm.vocab()
+    assert len(tokens) == len(types) == 128256 and len(set(tokens)) == 128256
+    assert tokens[128000] == "<|begin_of_text|>" and tokens[128009] == "<|eot_id|>"
+    assert types[128000] == 3 and types[0] == 1
+    have = set(tokens)
+    assert all(a in have and b in have and a + b in have for a, b in (m.split(" ") for m in merges))
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="shape"):
+        bm.params("3b", "q4_0")
+    with pytest.raises(ValueError, match="type"):
+        bm.params("1b", "q5_0")
+    with pytest.raises(ValueError, match="type"):
+        bm.random_blocks("Q5_0", 1, 32, np.random.default_rng(0))
+    assert bm.parse_list("all", list(bm.TYPES), "types") == list(bm.TYPES)
+    with pytest.raises(SystemExit, match="--types"):
+        bm.parse_list("q4_0,bogus", list(bm.TYPES), "types")
+
+
+def test_e2e_big_report_handles_partial_results(tmp_path):
+    """bench/e2e_big.py's summary and markdown from a run cut short: derived rates where both
+    numbers exist, '–' where an engine or the probes are missing"""
+    from bench import e2e_big
+    f = {"shape": "1b", "type": "q4_0", "path": "/x/llama-1b-shapes-Q4_0.gguf", "bytes": 1 << 30,
+         "work": bm.work("1b", "q4_0")}
+    name = "llama-1b-shapes-Q4_0.gguf"
+    run = lambda pp, tg: {"wall": {"pp512": [pp], "tg128": [tg]}, "logits_finite": True}  # noqa: E731
+    raw = {name: {"cpufuse": {"1": [run(40, 15), run(44, 16)], "2": []},
+                  "llamacpp-fa-off": {"1": [run(50, 20)], "2": []}, "llamacpp-fa-on": {"1": [run(60, 18)], "2": []},
+                  "probe": {"1": [{"read": {"gbps": 20.0, "how": "x"}, "int8": {"best": 200.0}, "fma": None}], "2": []}}}
+    S = e2e_big.summarize([f], raw, [1, 2], list(e2e_big.ENGINES))
+    d = S[name]["1"]
+    assert d["cpufuse"]["pp512"]["median"] == 42 and d["llamacpp-best"]["pp512"] == {"median": 60, "which": "llamacpp-fa-on"}
+    assert d["llamacpp-best"]["tg128"]["which"] == "llamacpp-fa-off"
+    assert d["cpufuse"]["decode_gbps"] == pytest.approx(f["work"]["weight_bytes_per_token"] * 15.5 / 1e9)
+    assert d["cpufuse"]["decode_pct_read"] == pytest.approx(100 * d["cpufuse"]["decode_gbps"] / 20.0)
+    assert d["cpufuse"]["prompt_pct_int8"] == pytest.approx(100 * f["work"]["matmul_macs_per_token"] * 42 / 1e9 / 200)
+    R = {"machine": {"cpu": "c", "ncpu_affinity": 2, "python": "3", "cpufuse_isa": "avx512"}, "summary": S,
+         "threads": [1, 2], "peer_kind": "llama-cpp-python", "peer": {}, "load_avg_start": [0, 0, 0],
+         "load_avg_end": [0, 0, 0], "rounds": 2, "seconds": 60, "files": [f], "reps": {"pp512": 1, "tg128": 1},
+         "pp_warm": 64, "n_ctx": 1024, "complete": False}
+    md = tmp_path / "r.md"
+    e2e_big.write_md(R, str(md))
+    text = md.read_text()
+    assert "Partial results" in text and "**0.70×**" in text and "| 1b-Q4_0 | 2 | – |" in text
