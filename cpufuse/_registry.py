@@ -44,6 +44,7 @@ KERNELS = {
     "int8_peak": ("cf_int8_peak", None),                         # FMA and int8 dot peaks,
     "read_sum": ("cf_read_sum", None),                           # DRAM read bandwidth
     "build_info": ("cf_build_info", None),
+    "qtype_info": ("cf_qtype_info", None),                       # quant.inc's type traits (tests/test_layouts.py)
 }
 
 NATIVE = tuple(i for i in _dispatch.AVAILABLE if i != "numba") if _backend.lib is not None else ()

@@ -9,17 +9,16 @@ import pytest
 
 import cpufuse
 from cpufuse.reference import quant as qref
-from cpufuse.quant.types import SUPPORTED, QTensor
+from cpufuse.quant.types import QTYPES, SUPPORTED, QTensor
 from _util import assert_nmse
 
 TOL = 1e-10
 QUANT = tuple(t for t in SUPPORTED if t.startswith("Q"))
 FLOATS = ("F32", "F16", "BF16")
-BLOCK = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
 
 
 def _block(t):
-    return BLOCK.get(t, 32 if t.startswith("Q") else 1)
+    return QTYPES[t].block_size
 
 
 def _weight(t, n_out, n_in, rng, kind="random"):

@@ -8,6 +8,7 @@ import os
 import numpy as np
 
 from .. import _backend, _registry
+from .._layouts import R, RECORDS, RPF
 from ..ops import attention as _attn, checks as _checks, norms as _norms, softmax as _softmax
 from .builder import Node, _is_contig, _view_root
 
@@ -15,10 +16,8 @@ F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
 I32 = np.dtype(np.int32)
 
-OP_ADD, OP_MUL, OP_SCALE, OP_SILU, OP_SWIGLU, OP_RMS, OP_SOFTMAX, OP_FA, OP_COPY, OP_GEMM, OP_QMM, OP_ROPE, \
-    OP_CACHE_WRITE, OP_KV_WRITE, OP_ATTN_SEQS, OP_GATHER_ROWS = range(1, 17)
-_DESC_OPS = (OP_RMS, OP_SOFTMAX, OP_FA, OP_COPY, OP_QMM, OP_ROPE)  # records whose args[0] is a descriptor
-_RP_LEN, _RPF_LEN = 12, 6  # native/kernels/rope.h
+# the records' opcodes and argument names are declared in cpufuse/_layouts.py (R.<NAME>.pack)
+_DESC_OPS = frozenset(r.op for r in RECORDS if r.has_desc)  # records whose args[0] is a descriptor
 
 # Step kinds forced to run as Python steps even where the C executor could run them (tests and
 # benchmarks compare the two; e.g. {"qmatmul", "qmatmul_swiglu", "rope", "rope_cache", "cache_write"}).
@@ -192,18 +191,15 @@ class Program:
             return None
         if nw is not None and not self._contig(nw):
             return None
+        from ..quant.matmul import qm_desc
         do_norm = 1 if p["eps"] is not None else 0
-        d = [rows, K, xs if rows > 1 else K, 1 if p["act"] == "q8" else 0, len(ws), epi, do_norm]
-        for i in range(3):
-            if i < len(ws):
-                n = ws[0].shape[0] if epi else ws[i].shape[0]
-                d += [ws[i].type_id, ws[i].shape[0], ws[i].row_bytes, n, 1 if ws[i].layout == "p16" else 0]
-            else:
-                d += [0, 0, 0, 0, 0]
+        d = qm_desc(rows, K, xs if rows > 1 else K, p["act"] == "q8", epi, do_norm, ws,
+                    [ws[0].shape[0] if epi else w.shape[0] for w in ws])
         wsl = [self._wslot(w) for w in ws] + [-1] * (3 - len(ws))
         ysl = [self._slot(o) for o in st.outs] + [-1] * (3 - len(st.outs))
         eps = self._fparam(p["eps"] if do_norm else 0.0)
-        return [OP_QMM, 10, 0, self._slot(x), self._slot(nw) if do_norm else -1, eps] + wsl + ysl, d
+        return R.QMM.pack(desc=0, x=self._slot(x), nw=self._slot(nw) if do_norm else -1, f_eps=eps,
+                          w0=wsl[0], w1=wsl[1], w2=wsl[2], y0=ysl[0], y1=ysl[1], y2=ysl[2]), d
 
     def _rope_record(self, st):
         """OP_ROPE for a rope or rope_cache step: descriptor RP_* then the RPF_* doubles' bits"""
@@ -253,10 +249,11 @@ class Program:
             if not self._contig(out):
                 return None
             f16, y, p0, n_ctx, row_b = False, self._slot(out), -1, 0, 0
-        d = [T, H, D, nd, m, int(bool(compat)), int(f16), xst[0], xst[1], H * D, D, nco]
-        assert len(d) == _RP_LEN and len(fps) == _RPF_LEN
+        d = _rp.rp_desc(T, H, D, nd, m, compat, f16, xst[0], xst[1], H * D, D, nco)
+        assert len(fps) == RPF.LEN
         d += np.array(fps, np.float64).view(np.int64).tolist()
-        return [OP_ROPE, 8, 0, self._slot(x), self._slot(pos), ffs, y, p0, n_ctx, row_b], d
+        return R.ROPE.pack(desc=0, x=self._slot(x), pos=self._slot(pos), ff=ffs, y=y, pos0=p0, n_ctx=n_ctx,
+                           row_bytes=row_b), d
 
     @staticmethod
     def _geom(node):
@@ -279,21 +276,24 @@ class Program:
                 a, b = b, a
             if a.shape != out.shape or not (self._contig(a) and self._contig(b) and self._contig(out)):
                 return None
-            op = {"add": OP_ADD, "mul": OP_MUL, "swiglu": OP_SWIGLU}[k]
-            return [op, 5, math.prod(out.shape), S(a), S(b), math.prod(b.shape), S(out)], None
+            if k == "swiglu":
+                return R.SWIGLU.pack(n=math.prod(out.shape), g=S(a), u=S(b), nb=math.prod(b.shape), y=S(out)), None
+            rec = R.ADD if k == "add" else R.MUL
+            return rec.pack(n=math.prod(out.shape), a=S(a), b=S(b), nb=math.prod(b.shape), y=S(out)), None
         if k in ("scale", "silu"):
             a, out = ins[0], outs[0]
             if not (self._contig(a) and self._contig(out)):
                 return None
             if k == "scale":
-                return [OP_SCALE, 4, math.prod(out.shape), S(a), self._fparam(st.params["s"]), S(out)], None
-            return [OP_SILU, 3, math.prod(out.shape), S(a), S(out)], None
+                return R.SCALE.pack(n=math.prod(out.shape), a=S(a), f_s=self._fparam(st.params["s"]), y=S(out)), None
+            return R.SILU.pack(n=math.prod(out.shape), a=S(a), y=S(out)), None
         if k in ("rms_norm", "add_rms_norm"):
             x, r, w, b = ins
             h, y = outs
             g = lambda n: G(n) if n is not None else None  # noqa: E731
             desc = _norms.rms_desc(G(x), G(y), g(h), g(r), g(w), g(b))
-            return [OP_RMS, 9, 0, S(x), S(r), S(w), S(b), self._fparam(st.params["eps"]), S(h), S(y), 1], desc
+            return R.RMS_NORM.pack(desc=0, x=S(x), r=S(r), w=S(w), b=S(b), f_eps=self._fparam(st.params["eps"]),
+                                   h=S(h), y=S(y), fused=1), desc
         if k == "softmax":
             x, m, sk = ins
             y = outs[0]
@@ -302,8 +302,8 @@ class Program:
                 slopes = self._keep_array(_checks._slopes(G(x)[0][1], st.params["max_bias"]))
             mkind = 0 if m is None else (2 if m.dtype == F16 else 1)
             desc = _softmax.softmax_desc(G(x), G(y), G(m) if m is not None else None, mkind)
-            return [OP_SOFTMAX, 8, 0, S(x), S(m), slopes if slopes is not None else -1, S(sk),
-                    self._fparam(st.params["scale"]), S(y), 1], desc
+            return R.SOFTMAX.pack(desc=0, x=S(x), mask=S(m), slopes=slopes if slopes is not None else -1, sinks=S(sk),
+                                  f_scale=self._fparam(st.params["scale"]), y=S(y), fused=1), desc
         if k == "flash_attn":
             q, kk, v, m, sk = ins
             out = outs[0]
@@ -316,8 +316,10 @@ class Program:
             desc = _attn.fa_desc(G(q), G(kk), G(v), G(out), G(m) if m is not None else None, mkind,
                                 kk.dtype == F16, v.dtype == F16, _attn.choose_strategy(N, T),
                                 _attn.DEFAULT_SPLIT_CHUNK, 64)
-            return [OP_FA, 11, 0, S(q), S(kk), S(v), S(m), slopes if slopes is not None else -1, S(sk),
-                    self._fparam(p["scale"]), self._fparam(p["softcap"]), S(out), 1], desc
+            return R.FLASH_ATTN.pack(desc=0, q=S(q), k=S(kk), v=S(v), mask=S(m),
+                                     slopes=slopes if slopes is not None else -1, sinks=S(sk),
+                                     f_scale=self._fparam(p["scale"]), f_softcap=self._fparam(p["softcap"]),
+                                     out=S(out), fused=1), desc
         if k == "matmul":
             a, b = ins
             c = outs[0]
@@ -325,11 +327,11 @@ class Program:
                 return None
             M, K = a.shape
             N = b.shape[1]
-            return [OP_GEMM, 9, M, N, K, S(a), K, S(b), N, S(c), N], None
+            return R.GEMM.pack(m=M, n=N, k=K, a=S(a), lda=K, b=S(b), ldb=N, c=S(c), ldc=N), None
         if k == "copy":
             a, out = ins[0], outs[0]
             ga, go = G(a), G(out)
-            return [OP_COPY, 4, 0, S(a), S(out), a.dtype.itemsize], list(ga[0]) + ga[1] + go[1]
+            return R.COPY.pack(desc=0, src=S(a), dst=S(out), esize=a.dtype.itemsize), list(ga[0]) + ga[1] + go[1]
         if k == "concat":
             a, b = ins
             out = outs[0]
@@ -342,7 +344,7 @@ class Program:
                 key_node = Node(-1, "part", [], {}, src.shape, out.dtype, f"{out.name}.part")
                 key_node.view_of, key_node.view_strides = root, ost
                 key_node.view_offset = off + start * ost[ax]
-                recs.append(([OP_COPY, 4, 0, S(src), S(key_node), out.dtype.itemsize],
+                recs.append((R.COPY.pack(desc=0, src=S(src), dst=S(key_node), esize=out.dtype.itemsize),
                              list(gs[0]) + gs[1] + [0] * pad + list(ost)))
             return recs
         if k in ("qmatmul", "qmatmul_swiglu"):
@@ -354,28 +356,32 @@ class Program:
             cw = outs[0]
             if not self._contig(src):
                 return None
-            return [OP_CACHE_WRITE, 7, math.prod(src.shape), S(src), S(cw), S(p0), cw.shape[0], src.shape[0],
-                    int(cw.dtype == F16)], None
+            return R.CACHE_WRITE.pack(n=math.prod(src.shape), src=S(src), cache=S(cw), pos0=S(p0), n_ctx=cw.shape[0],
+                                      t=src.shape[0], f16=cw.dtype == F16), None
         if k == "kv_write":
             src, cells = ins
             kv = outs[0]
             if not self._contig(src):
                 return None
-            return [OP_KV_WRITE, 7, src.shape[0], S(src), S(kv), S(cells), kv.shape[0], kv.shape[1] * kv.shape[2],
-                    int(kv.dtype == F16)], None
+            return R.KV_WRITE.pack(n=src.shape[0], src=S(src), cache=S(kv), cells=S(cells), n_cells=kv.shape[0],
+                                   row=kv.shape[1] * kv.shape[2], f16=kv.dtype == F16), None
         if k == "attn_seqs":
             q, kc, vc, seqs = ins
             out = outs[0]
             if not (self._contig(q) and self._contig(out)):
                 return None
             n, H, D = q.shape
-            return [OP_ATTN_SEQS, 18, S(q), S(kc), S(vc), S(seqs), seqs.shape[0], S(out), n, H, kc.shape[1], D,
-                    kc.shape[0], int(kc.dtype == F16), int(vc.dtype == F16), _attn.SPLIT_MIN_T, _attn.TILED_MIN_N,
-                    _attn.DEFAULT_SPLIT_CHUNK, self._fparam(st.params["scale"]), self._fparam(st.params["softcap"])], None
+            return R.ATTN_SEQS.pack(q=S(q), k=S(kc), v=S(vc), seqs=S(seqs), ngroups=seqs.shape[0], out=S(out), n=n, h=H,
+                                    hkv=kc.shape[1], d=D, n_cells=kc.shape[0], kf16=kc.dtype == F16,
+                                    vf16=vc.dtype == F16, split_min_t=_attn.SPLIT_MIN_T,
+                                    tiled_min_n=_attn.TILED_MIN_N, chunk=_attn.DEFAULT_SPLIT_CHUNK,
+                                    f_scale=self._fparam(st.params["scale"]),
+                                    f_softcap=self._fparam(st.params["softcap"])), None
         if k == "gather_rows":
             x, idx = ins
             out = outs[0]
             if not (self._contig(x) and self._contig(out)):
                 return None
-            return [OP_GATHER_ROWS, 6, out.shape[0], S(x), S(idx), S(out), x.shape[1], x.shape[0]], None
+            return R.GATHER_ROWS.pack(m=out.shape[0], src=S(x), idx=S(idx), dst=S(out), row=x.shape[1],
+                                      n_src=x.shape[0]), None
         return None

@@ -4,6 +4,7 @@ import math
 import numpy as np
 
 from .. import _dispatch, _registry
+from .._layouts import FA, FA_STRATEGY
 from .checks import (
     F16, F32, _MAXT, _NULL, _T_F32, _aligned, _check_f32, _check_last_axis, _check_mask_sinks,
     _check_no_overlap, _check_out, _desc, _empty, _fb, _geom4, _kernel, _lean_fn, _ndarray, _ptr, _real,
@@ -18,16 +19,18 @@ def fa_desc(qg, kg, vg, og, mg, mkind, kf16, vf16, strategy, chunk, q_tile):
     (_, Hk, T, _), ks = kg
     (_, Hv, _, DV), vs = vg
     os_ = og[1]
-    md = [mg[0][0], mg[0][1], mg[1][0], mg[1][1], mg[1][2], mkind] if mg else [1, 1, 0, 0, 0, 0]
-    return ([S, Hq, N, DK, Hk, Hv, T, DV, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
-             int(kf16), int(vf16)] + md + [os_[0], os_[1], os_[2], STRATEGIES[strategy], chunk, q_tile])
+    (MS, MH, _, _), (MS0, MS1, MS2, _) = mg if mg else ((1, 1, 0, 0), (0, 0, 0, 0))
+    return FA.pack(S=S, HQ=Hq, N=N, DK=DK, HK=Hk, HV=Hv, T=T, DV=DV, QS0=qs[0], QS1=qs[1], QS2=qs[2],
+                   KS0=ks[0], KS1=ks[1], KS2=ks[2], VS0=vs[0], VS1=vs[1], VS2=vs[2], KF16=kf16, VF16=vf16,
+                   MS=MS, MH=MH, MS0=MS0, MS1=MS1, MS2=MS2, MKIND=mkind if mg else 0,
+                   OS0=os_[0], OS1=os_[1], OS2=os_[2], STRATEGY=STRATEGIES[strategy], CHUNK=chunk, QTILE=q_tile)
 
 
 
 # ------------------------------------------------------------------------------------------------
 # flash attention
 
-STRATEGIES = {"rows": 1, "tiled": 2, "split": 3}
+STRATEGIES = {k.lower(): v for k, v in FA_STRATEGY.values.items()}   # {"rows": 1, "tiled": 2, "split": 3}
 _FA_DESCS = {}  # flash_attn descriptors (cffi int64 arrays, read-only to the kernels) by geometry
 DEFAULT_SPLIT_CHUNK = 256  # KV columns per split-KV chunk: fixed, so results never depend on threads
 

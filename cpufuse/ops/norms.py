@@ -3,6 +3,7 @@ pattern): checks, the lean paths and the call."""
 import numpy as np
 
 from .. import _dispatch, _registry
+from .._layouts import RN
 from .checks import (
     F32, _MAXT, _NULL, _T_F32, _aligned, _check_eps, _check_f32, _check_no_overlap, _check_out,
     _check_tiled, _ctx_get, _desc, _empty, _fb, _geom4, _kernel, _lean_desc, _lean_fn, _nb_dummies,
@@ -14,11 +15,17 @@ _RN_DESCS = {}  # lean-path descriptors (cffi int64 arrays, read-only) by shape
 
 
 def rms_desc(xg, yg, hg, rg, wg, bg):
-    def tile(g):
-        return [1, 1, 1, 0, 0, 0] if g is None else [g[0][0], g[0][1], g[0][2], g[1][0], g[1][1], g[1][2]]
-    xs, ys = xg[1], yg[1]
-    hs = hg[1] if hg is not None else [0, 0, 0]
-    return list(xg[0]) + [xs[0], xs[1], xs[2], ys[0], ys[1], ys[2], hs[0], hs[1], hs[2]] + tile(rg) + tile(wg) + tile(bg)
+    """cf_rms_norm_f32's descriptor (RN of cpufuse._layouts) from (shape, strides) geometries; the
+    residual, weight and bias tile x by modulo over dims 3..1"""
+    v = {}
+    for p, g in (("R", rg), ("W", wg), ("B", bg)):
+        (d3, d2, d1, _), (s3, s2, s1, _) = g if g is not None else ((1, 1, 1, 0), (0, 0, 0, 0))
+        v.update({f"{p}3": d3, f"{p}2": d2, f"{p}1": d1, f"{p}S3": s3, f"{p}S2": s2, f"{p}S1": s1})
+    (n3, n2, n1, n0), xs = xg
+    ys = yg[1]
+    hs = hg[1] if hg is not None else (0, 0, 0)
+    return RN.pack(N3=n3, N2=n2, N1=n1, N0=n0, XS3=xs[0], XS2=xs[1], XS1=xs[2], YS3=ys[0], YS2=ys[1], YS1=ys[2],
+                   HS3=hs[0], HS2=hs[1], HS1=hs[2], **v)
 
 
 

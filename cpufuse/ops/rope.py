@@ -1,7 +1,7 @@
 """RoPE: ggml rope_ext (SPEC-MODEL §2), with the f16 KV-cache write fused in (§3.4).
 
 `rope` checks its arguments, allocates the output, and calls the native kernel of the chosen ISA
-(native/kernels/rope.inc, descriptor layout native/kernels/rope.h) or the Numba fallback
+(native/kernels/rope.inc, descriptor layout RP / RPF of cpufuse/_layouts.py) or the Numba fallback
 (cpufuse/numba/rope.py). Errors: TypeError for types/dtypes, ValueError for shapes, strides and
 parameters; the message names the argument, what was expected and what was received.
 """
@@ -11,6 +11,7 @@ import numbers as _numbers
 import numpy as np
 
 from .. import _backend, _dispatch, _registry
+from .._layouts import RP
 from .checks import _aligned, _check_aligned_out
 
 ffi, lib = _backend.ffi, _backend.lib
@@ -19,10 +20,16 @@ F16 = np.dtype(np.float16)
 I32 = np.dtype(np.int32)
 _ndarray = np.ndarray
 
-# descriptor layout: native/kernels/rope.h
-RP_LEN = 12
 _MODES = {"norm": 0, "neox": 1, 0: 0, 2: 1}
 _GGML_OTHER_MODES = {8: "MROPE", 24: "VISION", 40: "IMROPE"}
+
+
+
+def rp_desc(T, H, D, nd, mode, compat, yf16, xs0, xs1, ys0, ys1, nco):
+    """cf_rope_f32's int64 descriptor (RP of cpufuse._layouts) as a list; strides in elements"""
+    return RP.pack(T=T, H=H, D=D, NDIMS=nd, MODE=mode, COMPAT=bool(compat), YF16=bool(yf16), XS0=xs0, XS1=xs1,
+                   YS0=ys0, YS1=ys1, NCTX_ORIG=nco)
+
 
 # ------------------------------------------------------------------------------------------------
 # argument checks
@@ -108,7 +115,7 @@ _NULL = ffi.NULL if ffi is not None else None
 _ctx_get = _dispatch._ctx.get
 _thr = _dispatch._threads
 _MAXT = _dispatch.MAX_THREADS
-_DESC = {}   # (T, H, D, nd, mode, compat, nco) -> int64_t[RP_LEN] for C-contiguous x and y
+_DESC = {}   # (T, H, D, nd, mode, compat, nco) -> int64_t[RP.LEN] for C-contiguous x and y
 _PARAMS = {}  # (base, fs, ext, attn, beta_fast, beta_slow) -> double[6], validated on insertion
 _NUM = (float, int)
 _INF = float("inf")
@@ -194,7 +201,7 @@ def _lean(x, pos, nd, mode, key, nco, compat, cache, out, isa, n_threads):
     if d is None:
         if len(_DESC) >= 64:
             _DESC.clear()
-        d = _DESC[dk] = ffi.new("int64_t[]", [T, H, D, nd, m, int(compat), f16, H * D, D, H * D, D, nco])
+        d = _DESC[dk] = ffi.new("int64_t[]", rp_desc(T, H, D, nd, m, compat, f16, H * D, D, H * D, D, nco))
     if fn(d, _fb(_T_F32, x), _fb(_T_I32, pos), _NULL, fp, yb, n_threads or _thr[0]):
         raise MemoryError("rope: could not allocate scratch memory")
     return True, ret
@@ -331,8 +338,8 @@ def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_
         return ret
 
     it = y.itemsize
-    d = ffi.new("int64_t[]", [T, H, D, nd, m, int(bool(ggml_compat)), int(f16),
-                              x.strides[0] // 4, x.strides[1] // 4, y.strides[0] // it, y.strides[1] // it, nco])
+    d = ffi.new("int64_t[]", rp_desc(T, H, D, nd, m, ggml_compat, f16, x.strides[0] // 4, x.strides[1] // 4,
+                                     y.strides[0] // it, y.strides[1] // it, nco))
     fp = ffi.new("double[]", [base, fs, ext, attn, bfast, bslow])
     rc = _registry.kernel("rope", isa)(
         d, ffi.cast("const float *", x.ctypes.data), ffi.cast("const int32_t *", posc.ctypes.data),

@@ -4,6 +4,7 @@ import math
 import numpy as np
 
 from .. import _dispatch, _registry
+from .._layouts import SM
 from .checks import (
     F16, F32, _MAXT, _NULL, _T_CHAR, _T_F32, _aligned, _cast, _check_f32, _check_mask_sinks,
     _check_no_overlap, _check_out, _ctx_get, _desc, _empty, _fb, _geom4, _kernel, _lean_desc, _lean_fn,
@@ -14,10 +15,12 @@ _SM_DESCS = {}  # lean-path descriptors (cffi int64 arrays, read-only) by shape
 
 
 def softmax_desc(xg, yg, mg, mkind):
+    """cf_softmax_f32's descriptor (SM of cpufuse._layouts) from (shape, strides) geometries"""
     (S, H, R, C), xs = xg
     ys = yg[1]
-    md = [mg[0][0], mg[0][1], mg[1][0], mg[1][1], mg[1][2], mkind] if mg else [1, 1, 0, 0, 0, 0]
-    return [S, H, R, C, xs[0], xs[1], xs[2], ys[0], ys[1], ys[2]] + md
+    (MS, MH, _, _), (MS0, MS1, MS2, _) = mg if mg else ((1, 1, 0, 0), (0, 0, 0, 0))
+    return SM.pack(S=S, H=H, R=R, C=C, XS0=xs[0], XS1=xs[1], XS2=xs[2], YS0=ys[0], YS1=ys[1], YS2=ys[2],
+                   MS=MS, MH=MH, MS0=MS0, MS1=MS1, MS2=MS2, MKIND=mkind if mg else 0)
 
 
 

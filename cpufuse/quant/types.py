@@ -10,7 +10,7 @@ from collections import namedtuple
 
 import numpy as np
 
-__all__ = ["QType", "QTYPES", "SUPPORTED", "resolve_qtype", "QTensor", "unpack_blocks", "dequantize"]
+__all__ = ["QType", "QTYPES", "ACT_QTYPES", "SUPPORTED", "resolve_qtype", "QTensor", "unpack_blocks", "dequantize"]
 
 QType = namedtuple("QType", "name type_id block_size type_size vec_dot_type")
 QType.__doc__ = """One supported ggml type: name, ggml/GGUF id, elements per block, bytes per block,
@@ -29,6 +29,11 @@ _TABLE = (
     QType("Q5_K", 13, 256, 176, "Q8_K"),
     QType("Q6_K", 14, 256, 210, "Q8_K"),
 )
+# the activation block types of the vec_dots (what act="q8" quantizes x to; not weight types here)
+ACT_QTYPES = {t.name: t for t in (QType("Q8_0", 8, 32, 34, None), QType("Q8_1", 9, 32, 36, None),
+                                  QType("Q8_K", 15, 256, 292, None))}
+# The one table of block facts: cpufuse's C traits (quant.inc, native/src/repack.c) and the Numba
+# unpackers are checked against _TABLE and ACT_QTYPES by tests/test_layouts.py.
 QTYPES = {t.name: t for t in _TABLE}          # by name
 _BY_ID = {t.type_id: t for t in _TABLE}
 SUPPORTED = tuple(t.name for t in _TABLE)

@@ -11,13 +11,13 @@ is the executable spec of the C and Numba kernels.
 """
 import numpy as np
 
-from ..quant.types import QTensor, resolve_qtype, unpack_blocks
+from ..quant.types import ACT_QTYPES, QTensor, resolve_qtype, unpack_blocks
 
 __all__ = ["ACT_TYPES", "quantize_act", "decode_act", "ref_matmul_f32", "ref_matmul_q8",
            "quantize_weight", "make_weight", "random_blocks"]
 
 # vec_dot activation types: (elements per block, bytes per block)
-ACT_TYPES = {"Q8_0": (32, 34), "Q8_1": (32, 36), "Q8_K": (256, 292)}
+ACT_TYPES = {t.name: (t.block_size, t.type_size) for t in ACT_QTYPES.values()}   # (elements, bytes) per block
 
 _f32 = np.float32
 

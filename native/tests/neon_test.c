@@ -2,8 +2,7 @@
  * Links isa_neon.c and isa_scalar.c; checks exp, softmax, rms_norm, flash attention and rope against
  * double references written here (SPEC 1, 2, 3, 5.1), the neon results against the scalar ones,
  * and that no kernel writes past a row (guard elements) or reads past an array (guard page).
- * The flash-attention descriptor layout (the FA_* enum of native/kernels/flash_attn.inc) comes
- * from fa_desc.h, which run_neon_qemu.sh extracts from that file, so the two cannot drift.
+ * The descriptor layouts (FA_*, RP_*, ...) come from native/kernels/layouts.h through common.h.
  * Build and run: native/tests/run_neon_qemu.sh. Exit status 0 when every case passes. */
 #define _DEFAULT_SOURCE /* mmap / mprotect for the guard page */
 #include <float.h>
@@ -16,8 +15,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #include "../kernels/common.h"
-#include "fa_desc.h" /* the FA_* enum of native/kernels/flash_attn.inc (run_neon_qemu.sh) */
-#include "../kernels/rope.h" /* the RP_* descriptor layout of native/kernels/rope.inc */
 
 #if !defined(__aarch64__)
 #error "neon_test.c is an aarch64 program (it uses __fp16 and the neon kernels)"
