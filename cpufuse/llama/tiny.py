@@ -13,6 +13,8 @@ import numpy as np
 
 import gguf
 
+from .tokenizer import bytes_to_unicode
+
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = [("Ġ", "t"), ("h", "e"), ("i", "n"), ("e", "r"), ("a", "n"), ("o", "n"), ("Ġt", "he"), ("Ġ", "a"),
           ("r", "e"), ("o", "u"), ("Ġ", "s"), ("Ġ", "w"), ("i", "s"), ("e", "n"), ("Ġ", "h"), ("l", "l"),
@@ -25,19 +27,6 @@ DEFAULT_DIMS = dict(n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=96)
 def kquant_dims():
     """dimensions whose every n_in is a multiple of 256 (K-quant super-blocks)"""
     return dict(n_embd=256, n_layer=2, n_head=8, n_head_kv=2, n_ff=256)
-
-
-def bytes_to_unicode():
-    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-          + list(range(ord("®"), ord("ÿ") + 1)))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
 
 
 def tiny_vocab():
