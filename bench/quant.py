@@ -599,7 +599,7 @@ class QuantSection:
         if q8 is not None:
             extra["nmse_vs_q8ref"] = {k: _nmse(q8, o) for k, o in outs.items()
                                       if self.col[k] in ("cpufuse", "cpufuse q8", "ggml", "ggml repack")}
-        # every thread count must give the same bits (cpufuse's contract; ggml's on x86, SPEC-QUANT 6)
+        # every thread count must give the same bits (cpufuse's contract; ggml's on x86, docs/quant-design.md)
         same = {}
         for k, o in outs.items():
             if k != self.col[k] and self.col[k] in outs:

@@ -215,7 +215,7 @@ def test_harness_ggml_mul_mat(qtype, n_out, rows):
                                         and gb.has_avx2 else "vec_dot")
             outs[(repack, nth)] = y
     for (repack, nth), y in outs.items():
-        assert np.array_equal(y, outs[(repack, 1)])   # x86: independent of the thread count (SPEC-QUANT 6)
+        assert np.array_equal(y, outs[(repack, 1)])   # x86: independent of the thread count (docs/quant-design.md)
     if gb.has_avx2 and qtype in ("Q4_0", "Q4_K"):
         assert (True, 1) in outs   # llama.cpp's default path on AVX2: repacked
 

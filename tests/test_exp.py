@@ -1,4 +1,4 @@
-"""The vectorized exp of each native ISA (SPEC §5.1): <= EXP_ULP over [-104, 88.7] against float64,
+"""The vectorized exp of each native ISA (docs/semantics.md §6): <= EXP_ULP over [-104, 88.7] against float64,
 special values, and tails that never write past the end; and the softmax's exp for arguments <= 0
 (vf_exp_le0): <= LE0_ULP where the result is a normal float, +0 below, NaN kept."""
 import numpy as np
@@ -8,9 +8,9 @@ from cpufuse import _backend, _registry
 
 F32 = np.float32
 SENTINEL = F32(-12345.5)
-# Deliberate deviation from SPEC §5.1's "<= 2 ulp": a degree-5 polynomial (one FMA fewer than the
+# Deliberate deviation from ggml's "<= 2 ulp" exp: a degree-5 polynomial (one FMA fewer than the
 # degree 6 it replaced) measures 2.25 ulp at worst, exhaustively over all floats (README). Softmax's
-# bound (NMSE <= 1e-12, max relative error <= 4e-6, SPEC §1.6) is ~30 ulp.
+# bound (NMSE <= 1e-12, max relative error <= 4e-6, docs/semantics.md §2) is ~30 ulp.
 # The scalar path has no FMA (two roundings per polynomial step): 2.62 ulp measured.
 EXP_ULP = 2.5
 EXP_ULP_SCALAR = 3.0
@@ -131,7 +131,7 @@ def test_tail_lengths_and_guard(native_isa, n):
 
 def test_le0_accuracy_and_specials(native_isa):
     """softmax's exp (arguments <= 0): accurate where exp(x) >= 2^-126, +0 below (no subnormals,
-    SPEC §1.5), exp(-inf) = +0, NaN stays NaN, and the tail lanes are written like the body"""
+    docs/semantics.md §2), exp(-inf) = +0, NaN stays NaN, and the tail lanes are written like the body"""
     x = SWEEP[SWEEP <= 0]
     y = exp_kernel(native_isa, x, fn="exp_le0")
     normal = x >= np.log(np.float64(2.0) ** -126) + 0.01

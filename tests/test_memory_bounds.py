@@ -1,4 +1,4 @@
-"""SPEC §5.3: kernels never read or write past the end of a row. Every operand is placed so that it
+"""docs/semantics.md §6: kernels never read or write past the end of a row. Every operand is placed so that it
 ends exactly at a page boundary followed by an inaccessible (PROT_NONE) page; any access past the
 end faults. Runs in a subprocess so a fault is reported as a test failure, not a crashed run."""
 import os

@@ -87,7 +87,7 @@ def test_threads_bit_identical(isa, act, rng):
 
 
 def test_q8_error_against_f32_is_activation_quantization(rng):
-    """The q8 mode's error against exact f32 math is the activation quantization's (SPEC-QUANT
+    """The q8 mode's error against exact f32 math is the activation quantization's (docs/semantics.md §8
     4.7: NMSE ~ c_B^2 / 193548; about 3e-5 for N(0,1) activations), nothing more."""
     for qtype in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"):
         w = qref.make_weight(qtype, 64, 1024, rng)

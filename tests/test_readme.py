@@ -29,3 +29,33 @@ def test_readme_block_runs(i, tmp_path):
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, f"README python block {i + 1} failed:\n{code}\n--- stderr:\n{r.stderr[-3000:]}"
+
+
+def _repo_texts():
+    for top in ("cpufuse", "native", "tests", "bench", "docs"):
+        for root, _, files in os.walk(os.path.join(ROOT, top)):
+            for f in files:
+                if f.endswith((".py", ".h", ".c", ".inc", ".md", ".sh")):
+                    p = os.path.join(root, f)
+                    with open(p, encoding="utf-8", errors="replace") as fh:
+                        yield os.path.relpath(p, ROOT), fh.read()
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
+        yield "README.md", fh.read()
+
+
+def test_doc_references_resolve():
+    """the docs stand alone: no reference points outside the repository, every docs/*.md named
+    exists, and every `docs/semantics.md §N` names a section of it"""
+    with open(os.path.join(ROOT, "docs", "semantics.md"), encoding="utf-8") as f:
+        sections = set(re.findall(r"^## (\d+)\.", f.read(), re.M))
+    bad = []
+    for path, text in _repo_texts():
+        if "shared" + "/spec" in text:
+            bad.append(f"{path}: cites a spec outside the repository")
+        for name in set(re.findall(r"docs/([\w-]+\.md)", text)):
+            if not os.path.exists(os.path.join(ROOT, "docs", name)):
+                bad.append(f"{path}: docs/{name} does not exist")
+        for m in re.finditer(r"docs/semantics\.md ((?:§\d+(?:, )?)+)", text):
+            bad += [f"{path}: docs/semantics.md §{n} is not a section"
+                    for n in re.findall(r"§(\d+)", m.group(1)) if n not in sections]
+    assert not bad, "\n".join(bad)

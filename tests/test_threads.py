@@ -1,5 +1,5 @@
 """Threads (issue 5): every op gives bit-identical results at 1, 2, 3 and 7 threads (fixed
-chunking, SPEC §0.4.5), concurrent calls from several Python threads are correct, the GIL is
+chunking, docs/semantics.md §1), concurrent calls from several Python threads are correct, the GIL is
 released during native calls, and the thread-count settings are validated."""
 import threading
 

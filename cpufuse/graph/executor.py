@@ -8,7 +8,7 @@
     print(plan.describe())        # what was fused into what, and why other candidates were not
     (y,) = plan.run(x=arr)
 
-Fusion legality follows SPEC §4.1/§4.4 (ggml_can_fuse): the chain's nodes are consecutive in
+Fusion legality follows docs/semantics.md §5 (ggml_can_fuse): the chain's nodes are consecutive in
 execution order, every intermediate has exactly one consumer (counted per source slot), is not a
 graph output and is not a view, and the shapes match. The rules:
   RMS_NORM -> MUL [-> ADD]        one rms_norm kernel with weight [and bias]

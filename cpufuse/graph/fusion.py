@@ -29,7 +29,7 @@ class Lowering:
         return [n for n in self.graph.nodes if n.op not in ("input", "const", "reshape", "permute")]
 
     def _fusible_intermediate(self, node, nxt, order_pos, why_prefix):
-        """SPEC 4.1 checks for `node` feeding `nxt`; returns None or the reason it fails."""
+        """docs/semantics.md §5 checks for `node` feeding `nxt`; returns None or the reason it fails."""
         if self._uses[node.id] != 1:
             return f"{why_prefix}: {node.name!r} has {self._uses[node.id]} consumers"
         if node.id in self._outset:

@@ -1,6 +1,6 @@
 """Numba path of the fused dequantize x matmul (the "numba" ISA of cpufuse.quant.matmul).
 
-Semantics: docs/quant-design.md; formats and arithmetic: SPEC-QUANT 2, 4.3 and 4.4.
+Semantics: docs/quant-design.md; formats and arithmetic: docs/semantics.md §8, §9.
 
 Each weight row is decoded once per task into a K-long scratch (`_unpack`): integer codes plus
 per-block scales, and in f32 mode also the f32 values, bit-identical to gguf.quants.dequantize
@@ -8,7 +8,7 @@ per-block scales, and in f32 mode also the f32 values, bit-identical to gguf.qua
 then dotted with each activation row of the task (`_rowdot`), in float64:
  - f32 mode: exact f64 products of the f32 values, summed in 32 f64 lanes (`_fdot8` gives the
    order); F32/F16/BF16 weights always use it;
- - q8 mode (SPEC-QUANT 4.4): the activation rows are quantized once per call and per vec_dot
+ - q8 mode (docs/semantics.md §9): the activation rows are quantized once per call and per vec_dot
    kind (Q8_0 and Q8_1 share codes and d; Q8_K) into a scratch; exact integer block sums, then
      Q4_0/Q5_0/Q8_0:  y = sum_b d_w*d_a*I_b
      Q4_1/Q5_1:       y = sum_b (d_w*d_a*I_b + m_w*s_a)
@@ -18,7 +18,7 @@ then dotted with each activation row of the task (`_rowdot`), in float64:
    once), accumulated in f64 in block order.
 The f64 sum is rounded to f32 once per output, so both modes sit within about one f32 rounding
 of their float64 references (ggml and the C kernels scale and accumulate in f32 instead; the
-difference is far inside the L0 tolerance of SPEC-QUANT 9). The swiglu epilogue
+difference is far inside the L0 tolerance of docs/semantics.md §9). The swiglu epilogue
 silu(g)*u = g/(1+exp(-g))*u runs in f32 on the two rounded dots. The optional RMS norm prologue
 writes rms_norm(x)*w to a private scratch with the arithmetic of cpufuse.numba.kernels.rms_norm, so the
 fused result equals cpufuse.rms_norm (isa="numba") followed by the matmul, bit for bit.
@@ -392,7 +392,7 @@ def _unpack(t, tof32, wb, K, wq, sd, sm, ssc, smn, wf, hb):
             sd[b] = _h2f(_rd16(wb, o))
             sm[b] = _h2f(_rd16(wb, o + 2))
             c = o + 4
-            for j in range(4):  # get_scale_min_k4 (SPEC-QUANT 2.8)
+            for j in range(4):  # get_scale_min_k4 (docs/semantics.md §8)
                 b0 = np.int64(wb[c + j])
                 b4 = np.int64(wb[c + j + 4])
                 b8 = np.int64(wb[c + j + 8])

@@ -222,7 +222,7 @@ def apply(x, tab, nd, mode, yh, y, f16):
 
 def _yarn_consts_f32(n_dims, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow,
                      n_ctx_orig):
-    """ggml's per-op f32 constants (SPEC-MODEL 2.2, 2.3) for the Numba path: theta_scale, mscale,
+    """ggml's per-op f32 constants (docs/semantics.md §7) for the Numba path: theta_scale, mscale,
     ramp(k)*ext_factor. powf/logf come from the C library (ctypes) as upstream; numpy otherwise."""
     f = np.float32
     powf = (lambda a, b: f(_powf(a, b))) if _powf else (lambda a, b: f(np.power(f(a), f(b))))

@@ -80,7 +80,7 @@ TILED_MIN_N = 8    # at least this many query rows: tiled blocks (also read by t
 
 
 def choose_strategy(N, T):
-    """Auto strategy (SPEC 3.4-3.6): split-KV for one query over a long KV, tiled GEMM blocks when
+    """Auto strategy (docs/semantics.md §4): split-KV for one query over a long KV, tiled GEMM blocks when
     there are enough query rows to share a K/V block, per-row online softmax otherwise."""
     if N == 1 and T >= SPLIT_MIN_T:
         return "split"
@@ -92,7 +92,7 @@ def choose_strategy(N, T):
 def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=None, out=None,
                isa=None, strategy=None, chunk=DEFAULT_SPLIT_CHUNK, q_tile=64, fused=True,
                ggml_compat=False, n_threads=None):
-    """ggml flash_attn_ext (SPEC §3): softmax(q·kᵀ·scale [softcap] + slope·mask)·v per query row.
+    """ggml flash_attn_ext (docs/semantics.md §4): softmax(q·kᵀ·scale [softcap] + slope·mask)·v per query row.
 
     q: float32 (S, Hq, N, DK); k: float16/float32 (S, Hk, T, DK); v: float16/float32 (S, Hv, T, DV);
     Hq % Hk == Hq % Hv == 0 (GQA: head h reads K head h // (Hq/Hk)). mask: float16 (or float32,

@@ -194,7 +194,7 @@ def _real(v, name):
 def _check_eps(eps):
     e = _real(eps, "eps")
     if not e >= 0.0:  # also rejects NaN
-        raise ValueError(f"eps must be >= 0 (SPEC 2.1), got {eps!r}")
+        raise ValueError(f"eps must be >= 0 (docs/semantics.md §3), got {eps!r}")
     return e
 
 
@@ -210,7 +210,7 @@ def _check_tiled(a, name, xshape):
             raise ValueError(f"{name} shape {a.shape} cannot tile x shape {xshape}: dim {i - len(xshape)} "
                              f"of x ({n}) must be a multiple of {name}'s ({m})")
     if ash[-1] != xshape[-1] and ash[-1] != 0:
-        # dim-0 tiling (SPEC 2.3): expand the row once; the kernels index rows by modulo
+        # dim-0 tiling (docs/semantics.md §3): expand the row once; the kernels index rows by modulo
         a = np.tile(a.reshape(ash), (1,) * (len(ash) - 1) + (xshape[-1] // ash[-1],))
     return _pad4(_aligned(a))
 

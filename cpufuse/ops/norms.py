@@ -33,7 +33,7 @@ def rms_desc(xg, yg, hg, rg, wg, bg):
 # rms_norm
 
 def rms_norm(x, weight=None, *, eps, bias=None, out=None, isa=None, fused=True, n_threads=None):
-    """ggml RMS_NORM (+MUL, +MUL+ADD) fused (SPEC §2): y = (x * s) * weight + bias per row, with
+    """ggml RMS_NORM (+MUL, +MUL+ADD) fused (docs/semantics.md §3): y = (x * s) * weight + bias per row, with
     s = 1/sqrt(mean(x^2) + eps). weight and bias tile x by modulo in every dim (ggml_can_repeat),
     including the last when it divides the row length. The fused result is bit-identical to
     RMS_NORM followed by MUL (and ADD). out may be x only without weight and bias.
@@ -73,7 +73,7 @@ def rms_norm(x, weight=None, *, eps, bias=None, out=None, isa=None, fused=True, 
 
 
 def add_rms_norm(x, residual, weight=None, *, eps, bias=None, out=None, isa=None, fused=True, n_threads=None):
-    """The pre-norm residual pattern (SPEC §2.1, §4.4): h = x + residual, y = rms_norm(h) * weight
+    """The pre-norm residual pattern (docs/semantics.md §3, §5): h = x + residual, y = rms_norm(h) * weight
     (+ bias), computed with one sweep that writes h and sums its squares, then one that writes y.
     Returns (h, y). residual, weight and bias tile x by modulo (ggml_can_repeat).
     out: optional (h_out, y_out); h_out may be x or residual itself (in-place residual update).

@@ -1,4 +1,4 @@
-"""RoPE: ggml rope_ext (SPEC-MODEL §2), with the f16 KV-cache write fused in (§3.4).
+"""RoPE: ggml rope_ext (docs/semantics.md §7), with the f16 KV-cache write fused in.
 
 `rope` checks its arguments, allocates the output, and calls the native kernel of the chosen ISA
 (native/kernels/rope.inc, descriptor layout RP / RPF of cpufuse/_layouts.py) or the Numba fallback
@@ -212,7 +212,7 @@ def _lean(x, pos, nd, mode, key, nco, compat, cache, out, isa, n_threads):
 def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_factor=0.0,
          attn_factor=1.0, beta_fast=32.0, beta_slow=1.0, n_ctx_orig=0, freq_factors=None,
          ggml_compat=False, out=None, cache=None, isa=None, n_threads=None):
-    """ggml rope_ext (SPEC-MODEL §2) on x of shape (n_tokens, n_heads, head_dim).
+    """ggml rope_ext (docs/semantics.md §7) on x of shape (n_tokens, n_heads, head_dim).
 
     mode: "norm" / 0 rotates the adjacent pairs (x[2k], x[2k+1]) (llama); "neox" / 2 rotates
     (x[k], x[k + n_dims/2]) (qwen2, gpt-neox). Pair k of token t turns by
@@ -228,7 +228,7 @@ def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_
     |theta| = 1e7), the same float64 operations on every ISA and Numba, so the table is the same
     bits everywhere. ggml's own f32 chain
     (theta *= powf(base, -2/n_dims) repeated in float, cosf/sinf of a float angle) is off by up to
-    ~1e-2 rad at position 131072 (SPEC-MODEL 2.5), so float64 is the default: it is what the model
+    ~1e-2 rad at position 131072 (docs/semantics.md §7), so float64 is the default: it is what the model
     was trained with up to f32 rounding. ggml_compat=True reproduces ggml's chain step for step
     (libm powf/logf/cosf/sinf, the YaRN mix as one FMA), to agree with llama.cpp bit for bit.
     The rotation itself is y_a = fma(x_a, C, -x_b*S), y_b = fma(x_a, S, x_b*C) (ggml's GCC

@@ -29,7 +29,7 @@ def softmax_desc(xg, yg, mg, mkind):
 
 def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=None, fused=True,
             n_threads=None):
-    """ggml soft_max_ext (SPEC §1): softmax(x*scale + slope*mask) over the last axis, with sinks.
+    """ggml soft_max_ext (docs/semantics.md §2): softmax(x*scale + slope*mask) over the last axis, with sinks.
 
     x: float32, 1-4 dims (S, H, R, C), last axis unit-stride. mask: float32 or float16 with shape
     (mS, mH, mR, C) (fewer dims are left-padded), mR >= R, H % mH == 0, S % mS == 0: heads and

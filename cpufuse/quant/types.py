@@ -1,5 +1,5 @@
 """GGUF weight types: the type table, `QTensor` (a weight's raw GGUF bytes plus its type), and
-pure-numpy unpacking and dequantization of every supported type (SPEC-QUANT §1, §2).
+pure-numpy unpacking and dequantization of every supported type (docs/semantics.md §8).
 
 Dequantization is bit-identical to `gguf.quants.dequantize`: the same float32 operations in the
 same order (e.g. Q4_1 x = f32(f32(q*d) + m); K-quants x = f32(f32(d*sc)*q - f32(dmin*m))).
@@ -165,7 +165,7 @@ def _high_bits32(b, off):
 
 
 def _scale_min_k4(s):
-    """(..., 12) packed bytes -> (sc, m), each (..., 8) uint8 in 0..63 (SPEC-QUANT §2.8)"""
+    """(..., 12) packed bytes -> (sc, m), each (..., 8) uint8 in 0..63 (docs/semantics.md §8)"""
     lo, mid, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
     sc = np.concatenate([lo & np.uint8(63), (hi & np.uint8(15)) | ((lo >> np.uint8(6)) << np.uint8(4))], axis=-1)
     m = np.concatenate([mid & np.uint8(63), (hi >> np.uint8(4)) | ((mid >> np.uint8(6)) << np.uint8(4))], axis=-1)

@@ -142,7 +142,7 @@ def _chunks(n_out, per_col):
 
 
 def ref_matmul_q8(x, qt):
-    """float64 of the q8-mode block arithmetic (SPEC-QUANT 4.4), x float32 (rows, K) or (K,):
+    """float64 of the q8-mode block arithmetic (docs/semantics.md §9), x float32 (rows, K) or (K,):
     quantize x per qt.vec_dot_type with quantize_act, then per block and output
       Q4_0/Q5_0/Q8_0: d_w*d_a*I (I = sum of signed weight codes times activation codes)
       Q4_1/Q5_1:      d_w*d_a*I (unsigned codes) + m_w*s_a (the stored Q8_1 s)
@@ -240,7 +240,7 @@ def _fit_scale_min(x, nmax, rmin, rdelta, nstep):
 
 
 def _pack_scale_min_k4(sc, m):
-    """sc, m uint8 (N, 8) in 0..63 -> (N, 12) bytes (SPEC-QUANT §2.8)"""
+    """sc, m uint8 (N, 8) in 0..63 -> (N, 12) bytes (docs/semantics.md §8)"""
     b = np.empty(sc.shape[:-1] + (12,), np.uint8)
     b[..., 0:4] = sc[..., 0:4] | ((sc[..., 4:8] >> 4) << 6)
     b[..., 4:8] = m[..., 0:4] | ((m[..., 4:8] >> 4) << 6)

@@ -11,7 +11,7 @@
 
 #define CF_NEG_INF (-__builtin_inff())
 
-/* exp (SPEC 5.1): ln2 split for the Cody-Waite reduction (n*CF_LN2_HI is exact for |n| < 2^15),
+/* exp (docs/semantics.md §6): ln2 split for the Cody-Waite reduction (n*CF_LN2_HI is exact for |n| < 2^15),
  * and the degree-5 polynomial e^r = 1 + r + r^2*(C2 + C3 r + C4 r^2 + C5 r^3) on |r| <= ln2/2:
  * an own weighted least-squares (Lawson) fit of the relative error, 1.05e-7 before rounding. */
 #define CF_LN2_HI 0.693359375f
@@ -67,7 +67,7 @@ static inline uint16_t cf_f2h(float f) {
 }
 
 /* Reduction chunk: partial sums stay in f32 vector lanes for this many elements, then are added
- * to an f64 total. Keeps the f32 error per lane tiny at every row length (SPEC 1.3, 2.2). */
+ * to an f64 total. Keeps the f32 error per lane tiny at every row length (docs/semantics.md §2, §3). */
 #define CF_CHUNK 256
 
 /* Descriptor layouts (int64 arrays, strides in elements), plan opcodes and record layouts:
