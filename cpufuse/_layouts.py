@@ -92,7 +92,7 @@ class Enum:
 # ------------------------------------------------------------------------------------------------
 # kernel descriptors (strides in elements)
 
-SM = Layout("SM", "softmax (cpufuse.ops.softmax -> cf_softmax_f32, native/kernels/body.inc)", [
+SM = Layout("SM", "softmax (cpufuse.ops.softmax -> cf_softmax_f32, native/kernels/softmax.inc)", [
     ("S H R C", "x shape (S, H, R, C)"),
     ("XS0 XS1 XS2", "x strides for S, H, R"),
     ("YS0 YS1 YS2", "y strides"),
@@ -100,7 +100,7 @@ SM = Layout("SM", "softmax (cpufuse.ops.softmax -> cf_softmax_f32, native/kernel
     ("MKIND", "MASK_KIND: 0 none, 1 f32, 2 f16"),
 ])
 
-RN = Layout("RN", "rms_norm (cpufuse.ops.norms -> cf_rms_norm_f32, native/kernels/body.inc)", [
+RN = Layout("RN", "rms_norm (cpufuse.ops.norms -> cf_rms_norm_f32, native/kernels/rms_norm.inc)", [
     ("N3 N2 N1 N0", "x shape"),
     ("XS3 XS2 XS1", "x strides"),
     ("YS3 YS2 YS1", "y strides"),

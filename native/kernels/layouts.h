@@ -4,7 +4,7 @@
 #ifndef CF_LAYOUTS_H
 #define CF_LAYOUTS_H
 
-/* softmax (cpufuse.ops.softmax -> cf_softmax_f32, native/kernels/body.inc) */
+/* softmax (cpufuse.ops.softmax -> cf_softmax_f32, native/kernels/softmax.inc) */
 enum {
   SM_S, SM_H, SM_R, SM_C, /* x shape (S, H, R, C) */
   SM_XS0, SM_XS1, SM_XS2, /* x strides for S, H, R */
@@ -14,7 +14,7 @@ enum {
   SM_LEN
 };
 
-/* rms_norm (cpufuse.ops.norms -> cf_rms_norm_f32, native/kernels/body.inc) */
+/* rms_norm (cpufuse.ops.norms -> cf_rms_norm_f32, native/kernels/rms_norm.inc) */
 enum {
   RN_N3, RN_N2, RN_N1, RN_N0, /* x shape */
   RN_XS3, RN_XS2, RN_XS1, /* x strides */
