@@ -179,7 +179,8 @@ def soak(seconds, n_workers=N_WORKERS, isas=None):
 
 @pytest.fixture
 def watchdog():
-    faulthandler.dump_traceback_later(SOAK_S + 240, exit=True)
+    # the process's own stderr: under --capture=sys (make test-asan) sys.stderr has no file descriptor
+    faulthandler.dump_traceback_later(SOAK_S + 240, exit=True, file=sys.__stderr__)
     yield
     faulthandler.cancel_dump_traceback_later()
 
