@@ -11,7 +11,7 @@ does the same work), at 1 thread (every engine under `taskset -c 0`) and at all 
 Every engine runs in its own subprocess (one per engine x thread count x round); the rounds
 alternate the engines (the order rotates each round) and the table gives the median over rounds of
 each round's in-process median. Tokens/s is wall time (perf_counter) around the eval calls only,
-through each engine's Python API; llama.cpp's own perf counters (SPEC-MODEL §6) go to the JSON
+through each engine's Python API; llama.cpp's own perf counters (bench/README.md) go to the JSON
 and to a note. Engines:
   cpufuse          cpufuse.llama.Model (fused kernels, f16 K/V, q8 activations, its defaults)
   cpufuse unfused  the same weights, cache and kernels, driven op by op from this file:
@@ -702,7 +702,7 @@ def write_md(md_path, speed_json, fid_json):
               "n_batch=512, n_ubatch=512, n_threads=k, n_threads_batch=k, logits_all=False, flash_attn=…)`, "
               "f16 K/V, mmap, repack on (SmolLM2 Q4_1 is not repacked: plain q4_1·q8_1 dots). "
               "**FA off** is llama-cpp-python's default; **FA on** is what libllama's / llama-cli's `auto` "
-              "resolves to on a CPU build (SPEC-MODEL §7).",
+              "resolves to on a CPU build (bench/README.md).",
               ""]
         if (S.get("peer") or {}).get("system_info"):
             L += [f"llama.cpp system info: `{S['peer']['system_info'].strip()}`", ""]

@@ -11,7 +11,7 @@ JSON file; the answer is one JSON line on stdout (big arrays go to .npy files na
     {"job": "greedy", "model": P, "prompts": [[ids], ...], "n": 64, "threads": k}
     {"job": "tokenize", "model": P, "texts": [...]}
 
-Settings (SPEC-MODEL §6, §7): n_batch = n_ubatch = 512, f16 K/V, logits_all=False for speed,
+Settings (bench/README.md): n_batch = n_ubatch = 512, f16 K/V, logits_all=False for speed,
 n_threads = n_threads_batch = k, flash attention as given (llama-cpp-python's default is off),
 mmap on, weight repack on (libllama default; SmolLM2 Q4_1 has nothing to repack).
 """

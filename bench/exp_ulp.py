@@ -14,14 +14,14 @@ import time
 
 import numpy as np
 
-from cpufuse import _backend, available_isas
+from cpufuse import _backend, _registry, available_isas
 
 CHUNK = 1 << 24
 
 
 def run(isa, fn_name, step, lo, hi):
     ffi, lib = _backend.ffi, _backend.lib
-    fn = getattr(lib, f"{fn_name}__{isa}")
+    fn = _registry.kernel({"cf_exp_f32": "exp", "cf_exp_le0_f32": "exp_le0"}[fn_name], isa)
     worst, worst_x, n, bad = 0.0, None, 0, 0
     tiny = np.float64(2.0) ** -149
     for start in range(0, 1 << 32, CHUNK):

@@ -1,4 +1,4 @@
-"""Graph cases for the benchmark: the llama decoder block (cpufuse.blocks) as a compiled plan,
+"""Graph cases for the benchmark: the llama decoder block (bench/blocks.py) as a compiled plan,
 fused and unfused, against the same block in numpy; and the per-node dispatch cost of a plan.
 
 Block cases: SmolLM2-135M and Llama-7B-like sizes, one token over a 256-token cache (decode) and a
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import cpufuse
-from cpufuse import blocks
+from . import blocks
 from cpufuse import reference as ref
 
 CONFIGS = {"SmolLM2-135M": blocks.SMOLLM2_135M, "Llama-7B": blocks.LLAMA_7B}

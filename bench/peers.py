@@ -588,7 +588,7 @@ def _load_ggml_backend():
 
 
 def ggml_repack_layout(qtype, n_out):
-    """The repacked layout ggml picks for this weight on this (x86) CPU, or None: SPEC-QUANT 5.4,
+    """The repacked layout ggml picks for this weight on this (x86) CPU, or None: docs/quant-design.md,
     ggml_repack_get_optimal_repack_type. The peer itself asks ggml (ggml_backend_dev_supports_op);
     this is for labels and for deciding up front."""
     gb, _ = _load_ggml_backend()

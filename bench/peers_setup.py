@@ -32,7 +32,7 @@ ROOT = peers.GGML_LOCAL
 CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DGGML_NATIVE=ON",
                "-DGGML_BUILD_TESTS=OFF", "-DGGML_BUILD_EXAMPLES=OFF", "-DGGML_BACKEND_DL=OFF",
                # what llama.cpp's top-level CMake turns on (ggml's own default for LLAMAFILE is OFF): the
-               # quantized-matmul section's ggml column should run the paths llama.cpp runs (SPEC-QUANT 5.3, 5.4)
+               # quantized-matmul section's ggml column should run the paths llama.cpp runs (docs/quant-design.md)
                "-DGGML_LLAMAFILE=ON", "-DGGML_CPU_REPACK=ON"]
 
 

@@ -27,7 +27,7 @@ on a CPU backend with the same thread count and a persistent ggml thread pool.
 
 Checks: every column against float64 x @ dequant(W).T: cpufuse f32 NMSE <= 1e-10; q8 columns and
 ggml <= 1e-3 (the activation quantization's error, ~3e-5 here); numpy <= 1e-6. Where it is cheap
-(rows x N x K <= Q8REF_MAX), the cpufuse q8 columns must also match cpufuse.qref.ref_matmul_q8 (the
+(rows x N x K <= Q8REF_MAX), the cpufuse q8 columns must also match cpufuse.reference.quant.ref_matmul_q8 (the
 float64 of ggml's integer block arithmetic) to NMSE <= 1e-10, and the NMSE of both ggml columns
 against that reference is recorded (it shows ggml computes the same arithmetic).
 
@@ -344,7 +344,7 @@ HOOK_FN = {"swiglu": "matmul_swiglu", "norm_matmul": "matmul", "qkv": "matmul_mu
 
 
 def _default_act():
-    qm = sys.modules.get("cpufuse.qmatmul")
+    qm = sys.modules.get("cpufuse.quant.matmul")
     return getattr(qm, "DEFAULT_ACT", None)
 
 
@@ -453,7 +453,7 @@ class QuantSection:
             ref = None
             if case.rows * case.n_out * case.n_in <= self.q8ref_max:
                 try:
-                    from cpufuse import qref
+                    from cpufuse.reference import quant as qref
                     ref = qref.ref_matmul_q8(inp["x"], inp["w"][0].qt)
                 except (ImportError, AttributeError):
                     ref = None
@@ -467,7 +467,7 @@ class QuantSection:
             return
         e = _nmse(ref, out)
         if not e <= 1e-10:
-            raise AssertionError(f"q8 mode: NMSE {e:.3g} > 1e-10 against cpufuse.qref.ref_matmul_q8")
+            raise AssertionError(f"q8 mode: NMSE {e:.3g} > 1e-10 against cpufuse.reference.quant.ref_matmul_q8")
 
     def _build_fused(self, case, col, inp, nth):
         if case.kind == "rope":
@@ -599,7 +599,7 @@ class QuantSection:
         if q8 is not None:
             extra["nmse_vs_q8ref"] = {k: _nmse(q8, o) for k, o in outs.items()
                                       if self.col[k] in ("cpufuse", "cpufuse q8", "ggml", "ggml repack")}
-        # every thread count must give the same bits (cpufuse's contract; ggml's on x86, SPEC-QUANT 6)
+        # every thread count must give the same bits (cpufuse's contract; ggml's on x86, docs/quant-design.md)
         same = {}
         for k, o in outs.items():
             if k != self.col[k] and self.col[k] in outs:
@@ -769,7 +769,7 @@ def markdown(report, sec):
              "N(0, 0.02²); K-quants: random valid blocks. DRAM read = np.max over 256 MiB (×N: N threads on N slices), "
              "timed in the decode rows' own rounds. % DRAM read > 100% means the weights (or part of them) came from "
              "the caches: SmolLM2's are 0.07–0.9 MB, Llama-7B's 9–37 MB, against this CPU's L2 + L3. "
-             "NMSE vs q8 ref = against `cpufuse.qref.ref_matmul_q8` (float64 of ggml's integer block arithmetic on the "
+             "NMSE vs q8 ref = against `cpufuse.reference.quant.ref_matmul_q8` (float64 of ggml's integer block arithmetic on the "
              "same quantized activations; computed where rows·N·K is small enough): ~1e-14 means the same arithmetic, "
              "while both differ from the f32 result by the activation quantization (~3e-5).", ""]
     if mm:

@@ -201,8 +201,8 @@ def build_exp_floor(case, inp, isa):
     one cffi call (GIL released), into a preallocated y. Checked here against np.exp in float64."""
     if case.op != "softmax":
         raise Unavailable("softmax rows only", quiet=True)
-    from cpufuse import _backend
-    fn = getattr(_backend.lib, f"cf_exp_f32__{isa}", None) if _backend.lib is not None else None
+    from cpufuse import _backend, _registry
+    fn = _registry.table("exp").get(isa)
     if fn is None:
         raise Unavailable(f"no cf_exp_f32__{isa} in the native extension")
     z = exp_floor_input(case, inp)
@@ -632,7 +632,7 @@ def derived_attn(case, res, env):
     t = _times(res)
     one = {k: v for k, v in t.items() if res[k].get("n_threads", 1) == 1}
     cf = {k: v for k, v in one.items() if res[k]["kind"] == "cpufuse"}
-    d = {"kind": case.kind, "strategy_auto": cpufuse.ops.choose_strategy(case.N, case.T)}
+    d = {"kind": case.kind, "strategy_auto": cpufuse.ops.attention.choose_strategy(case.N, case.T)}
     b = _best_simd()
     if cf:
         best = min(cf, key=cf.get)
@@ -1103,7 +1103,7 @@ def markdown_graph(report, sec):
         "",
         "## llama decoder block (graph)",
         "",
-        "`cpufuse.blocks` pre-norm block (rms_norm·w, q/k/v matmuls, KV-cache concat, flash_attn with causal "
+        "`bench/blocks.py` pre-norm block (rms_norm·w, q/k/v matmuls, KV-cache concat, flash_attn with causal "
         "f16 mask, o matmul, residual, rms_norm·w, SwiGLU FFN, residual), f32 weights and cache. "
         "plan = `build_graph(...).compile()` (fusion=False for unfused), `plan.run(n_threads=…)`; numpy = "
         "`blocks.numpy_block` (f32). matmuls = the block's 7 matmuls alone with the same shapes: as a cpufuse "

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import cpufuse
-from cpufuse import blocks
+from . import blocks
 from cpufuse import reference as ref
 
 from . import attn, graphbench, run, threads, timing

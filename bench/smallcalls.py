@@ -19,7 +19,7 @@ import numpy as np
 
 import cpufuse
 from cpufuse import reference as ref
-from cpufuse.qref import make_weight, ref_matmul_q8
+from cpufuse.reference.quant import make_weight, ref_matmul_q8
 
 EPS = 1e-6
 R = None  # bench.run, set by register()

@@ -148,7 +148,7 @@ def test_harness_quant_cases():
     assert {(c.qtype, c.n_in, c.n_out) for c in mm if c.model == "SmolLM2-135M"} == {
         (t, k, n) for t in ("Q4_1", "Q8_0") for k, n, _ in quant.SMOL_SHAPES}
     assert {(c.qtype, c.n_in, c.n_out) for c in mm if c.model == "Llama-7B"} == {
-        (t, k, n) for t in ("Q4_0", "Q4_K", "Q6_K") for k, n, _ in quant.LLAMA_SHAPES}
+        (t, k, n) for t in quant.LLAMA_TYPES for k, n, _ in quant.LLAMA_SHAPES}
     assert all({c.rows for c in mm if (c.qtype, c.n_in, c.n_out) == (x.qtype, x.n_in, x.n_out)} == {1, 128} for x in mm)
     # --quick and --no-big leave out the Llama-7B prefill rows only
     assert all(c.quick for c in mm if c.model != "Llama-7B" or c.rows == 1)
@@ -215,17 +215,17 @@ def test_harness_ggml_mul_mat(qtype, n_out, rows):
                                         and gb.has_avx2 else "vec_dot")
             outs[(repack, nth)] = y
     for (repack, nth), y in outs.items():
-        assert np.array_equal(y, outs[(repack, 1)])   # x86: independent of the thread count (SPEC-QUANT 6)
+        assert np.array_equal(y, outs[(repack, 1)])   # x86: independent of the thread count (docs/quant-design.md)
     if gb.has_avx2 and qtype in ("Q4_0", "Q4_K"):
         assert (True, 1) in outs   # llama.cpp's default path on AVX2: repacked
 
 
 def test_harness_ggml_mul_mat_agrees_with_q8_reference():
-    """ggml's vec_dot and cpufuse.qref's float64 of the block arithmetic compute the same thing"""
+    """ggml's vec_dot and cpufuse.reference.quant's float64 of the block arithmetic compute the same thing"""
     from bench import quant
     peers, gb = _ggml_or_skip()
     cf = pytest.importorskip("cpufuse")
-    qref = pytest.importorskip("cpufuse.qref")
+    qref = pytest.importorskip("cpufuse.reference.quant")
     if not hasattr(cf, "QTensor"):
         pytest.skip("cpufuse.QTensor not available")
     for qtype in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"):

@@ -231,14 +231,14 @@ class ParallelCopyBandwidth:
 # cf_int8_peak__<isa>(iters, int32_t *sink) the int8 multiply-adds (native/kernels/probe.inc); we
 # time them. cf_read_sum__<isa>(x, n, nth) sums a float array on nth threads: the read bandwidth.
 
-PROBES = {"fma": ("cf_fma_peak", "float *"), "int8": ("cf_int8_peak", "int32_t *")}
+# probe kind: (the registry's op, the sink's C type)
+PROBES = {"fma": ("fma_peak", "float *"), "int8": ("int8_peak", "int32_t *")}
 
 
 def _probe(isa, kind="fma"):
-    """cf_<kind>_peak__<isa>, or None when the probe is missing (an older build)"""
-    from cpufuse import _backend
-    lib = _backend.lib
-    return getattr(lib, f"{PROBES[kind][0]}__{isa}", None) if lib is not None else None
+    """cf_<kind>_peak__<isa>, or None when the probe is missing"""
+    from cpufuse import _registry
+    return _registry.table(PROBES[kind][0]).get(isa)
 
 
 def _probe_iters(fn, sink, seconds):
@@ -336,8 +336,8 @@ def read_bw_stats(n_threads=1, nbytes=1 << 30, passes=7, isa=None):
     a.fill(1.0)                                # written: no page is the shared zero page
     fn = None
     if isa:
-        from cpufuse import _backend
-        f = getattr(_backend.lib, f"cf_read_sum__{isa}", None) if _backend.lib is not None else None
+        from cpufuse import _backend, _registry
+        f = _registry.table("read_sum").get(isa)
         if f is not None:
             ptr = _backend.ffi.cast("const float *", a.ctypes.data)
             fn, how = (lambda: f(ptr, a.size, n_threads)), f"cf_read_sum__{isa} (cpufuse pool)"

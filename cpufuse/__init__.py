@@ -11,15 +11,17 @@
     with cpufuse.use_isa("scalar"): ...                       # or isa="avx2", or CPUFUSE_ISA=numba
     print(cpufuse.info())
 """
-from . import _backend as _native, _dispatch
+from . import _backend, _dispatch
 from ._dispatch import AVAILABLE as _AVAILABLE
 from ._dispatch import get_num_threads, set_num_threads, use_isa
 from ._isa import ALL_ISAS
 from .graph import Graph, GraphError
-from .ops import add_rms_norm, flash_attn, rms_norm, softmax
-from .qmatmul import matmul, matmul_multi, matmul_swiglu
-from .qtypes import QTensor
-from .rope import rope
+from .ops.attention import flash_attn
+from .ops.norms import add_rms_norm, rms_norm
+from .ops.rope import rope
+from .ops.softmax import softmax
+from .quant.matmul import matmul, matmul_multi, matmul_swiglu
+from .quant.types import QTensor
 
 __version__ = "0.1.0"
 __all__ = ["set_num_threads", "get_num_threads", "softmax", "rms_norm", "add_rms_norm", "flash_attn", "QTensor", "matmul", "matmul_multi", "matmul_swiglu", "rope", "Graph", "GraphError", "use_isa", "available_isas", "info", "ALL_ISAS"]
@@ -37,16 +39,16 @@ def info():
     cur = _dispatch.current()
     return {
         "version": __version__,
-        "machine": _native.MACHINE,
-        "native_extension": _native.lib is not None,
-        "native_load_error": _native.LOAD_ERROR,
-        "compiled_isas": list(_native.COMPILED),
-        "cpu_features": list(_native.cpu_features()),
-        "cpu_isas": list(_native.cpu_isas()),
+        "machine": _backend.MACHINE,
+        "native_extension": _backend.lib is not None,
+        "native_load_error": _backend.LOAD_ERROR,
+        "compiled_isas": list(_backend.COMPILED),
+        "cpu_features": list(_backend.cpu_features()),
+        "cpu_isas": list(_backend.cpu_isas()),
         "available_isas": list(_AVAILABLE),
         "auto_isa": _AVAILABLE[0],
         "override": {"source": _dispatch.override(), "isa": cur if _dispatch.override() else None},
         "ops": {op: cur for op in OPS},
         "num_threads": _dispatch.get_num_threads(),
-        "build_flags": {isa: _native.build_info(isa) for isa in _native.COMPILED},
+        "build_flags": {isa: _backend.build_info(isa) for isa in _backend.COMPILED},
     }

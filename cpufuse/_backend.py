@@ -1,4 +1,6 @@
-"""The compiled extension, if any, and the CPU's features as the extension detects them."""
+"""The compiled extension cpufuse._native (a cffi module built by native/ffibuild.py), if any, and the
+CPU's features as the extension detects them. The rest of the package imports this module as
+`_backend`; only this module imports `_native`."""
 import platform
 
 from ._isa import CPU_BITS, cpu_isas_from_bits
@@ -36,9 +38,17 @@ def cpu_isas():
     return tuple(cpu_isas_from_bits(CPU_FEATURE_BITS, amx_emulated()))
 
 
+def native_fn(symbol, isa):
+    """The extension's entry point `symbol` compiled for `isa`: <symbol>__<isa> (native/kernels/
+    common.h's CF_FN suffix). The one place where a kernel's C name is put together: call sites ask
+    cpufuse._registry, which resolves its table through this."""
+    return getattr(lib, f"{symbol}__{isa}")
+
+
 def build_info(isa):
-    """Flags and compiler macros that native/src/isa_<isa>.c was really built with."""
-    return ffi.string(getattr(lib, f"cf_build_info__{isa}")()).decode()
+    """Flags and compiler macros that native/src/isa_<isa>.c was really built with (any compiled ISA,
+    usable on this CPU or not)."""
+    return ffi.string(native_fn("cf_build_info", isa)()).decode()
 
 
 MACHINE = platform.machine()

@@ -8,15 +8,14 @@ import contextvars
 import importlib.util
 import numbers
 import os
-import threading
 
-from . import _backend as _native
+from . import _backend
 from ._isa import ALL_ISAS
 
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 
-_cpu = set(_native.cpu_isas())
-AVAILABLE = tuple(i for i in ALL_ISAS if (i in _native.COMPILED and i in _cpu) or (i == "numba" and HAVE_NUMBA))
+_cpu = set(_backend.cpu_isas())
+AVAILABLE = tuple(i for i in ALL_ISAS if (i in _backend.COMPILED and i in _cpu) or (i == "numba" and HAVE_NUMBA))
 _AVAILABLE_SET = frozenset(AVAILABLE)
 
 
@@ -25,11 +24,11 @@ def _why_unavailable(name):
         return f"unknown ISA {name!r}; valid names are {', '.join(ALL_ISAS)}"
     if name == "numba":
         why = "numba is not installed"
-    elif name not in _native.COMPILED:
-        why = ("the native extension is not built" if _native.lib is None
-               else f"it was not compiled into this build (compiled: {', '.join(_native.COMPILED) or 'none'})")
+    elif name not in _backend.COMPILED:
+        why = ("the native extension is not built" if _backend.lib is None
+               else f"it was not compiled into this build (compiled: {', '.join(_backend.COMPILED) or 'none'})")
     else:
-        why = f"this CPU lacks it (CPU features: {', '.join(_native.cpu_features()) or 'none'})"
+        why = f"this CPU lacks it (CPU features: {', '.join(_backend.cpu_features()) or 'none'})"
     return f"ISA {name!r} is not available: {why}"
 
 
@@ -135,28 +134,3 @@ def threads(n):
     if type(n) is int and 1 <= n <= MAX_THREADS:
         return n
     return _check_threads(n, "n_threads")
-
-
-_numba_set = []
-_numba_mods = {}
-_numba_tls = threading.local()
-
-
-def numba_module(name, n_threads=None):
-    """cpufuse.<name> (a Numba kernel module), with numba's thread count set for this call to
-    n_threads (or the default), capped at numba's pool size. The module is looked up once; numba's
-    count is per calling thread, and numba.set_num_threads (~1 us, numba.get_num_threads as much)
-    is called only when the count differs from the one this thread last set here."""
-    m = _numba_mods.get(name)
-    if m is None:
-        import importlib
-
-        import numba
-        if not _numba_set:
-            _numba_set[:] = [numba.set_num_threads, numba.config.NUMBA_NUM_THREADS]
-        m = _numba_mods[name] = importlib.import_module(f"cpufuse.{name}")
-    n = min(threads(n_threads), _numba_set[1])
-    if getattr(_numba_tls, "n", 0) != n:
-        _numba_set[0](n)
-        _numba_tls.n = n
-    return m

@@ -193,7 +193,7 @@ def refused(call, errs, snap, *kept):
 
 
 def assert_matches(ref, out, tol, what=""):
-    """NaN exactly where the reference is NaN; elsewhere SPEC §6 (inf at the same places with the
+    """NaN exactly where the reference is NaN; elsewhere docs/semantics.md §1 (inf at the same places with the
     same sign, NMSE <= tol over the finite elements)."""
     ref = np.asarray(ref, np.float64)
     out = np.asarray(out, np.float64)

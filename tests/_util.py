@@ -43,7 +43,7 @@ def fused_modes(isa):
 
 
 def assert_nmse(ref, out, tol, what=""):
-    """SPEC §6: no NaN in either output, +-inf at the same positions, NMSE <= tol."""
+    """docs/semantics.md §1: no NaN in either output, +-inf at the same positions, NMSE <= tol."""
     ref = np.asarray(ref, np.float64)
     out = np.asarray(out, np.float64)
     assert ref.shape == out.shape, (ref.shape, out.shape)

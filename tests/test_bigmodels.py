@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from bench import bigmodels as bm
-from cpufuse.qtypes import dequantize
+from cpufuse.quant.types import dequantize
 
 
 @pytest.mark.parametrize("t", sorted(bm.QK))

@@ -9,42 +9,40 @@ import numpy as np
 import pytest
 
 import cpufuse
-from cpufuse import _dispatch, ops
+from cpufuse import _dispatch, _registry
 from _util import AVAILABLE, clean_env
 
 X = np.random.default_rng(3).standard_normal((3, 40)).astype(np.float32)
 W = np.ones(40, np.float32)
 
 
-class Recorder:
-    """Stands in for ops.lib / ops._nb() and records which kernels are looked up."""
+SPIED = ("softmax", "softmax_serial", "softmax_unfused", "rms_norm", "rms_norm_serial", "rms_norm_unfused",
+         "rms_norm_rows")
 
-    def __init__(self, target, prefix=""):
-        self._t, self._p, self.calls = target, prefix, []
 
-    def __getattr__(self, name):
-        self.calls.append(self._p + name)
-        return getattr(self._t, name)
+def record(monkeypatch, calls, ops=SPIED):
+    """wrap the registry's entries of ops (every ISA here) so that each call appends (op, isa) to calls"""
+    for op in ops:
+        for isa in AVAILABLE:
+            try:
+                fn = _registry.kernel(op, isa)  # (loads the Numba entry)
+            except ValueError:
+                continue
+
+            def rec(*a, _fn=fn, _k=(op, isa)):
+                calls.append(_k)
+                return _fn(*a)
+            monkeypatch.setitem(_registry.table(op), isa, rec)
 
 
 @pytest.fixture
 def spy(monkeypatch):
-    """a function returning the ISAs the kernels actually called since the last call"""
+    """a function returning the ISAs of the kernels called since its last call"""
     calls = []
-    if ops.lib is not None:
-        rec = Recorder(ops.lib)
-        rec.calls = calls
-        monkeypatch.setattr(ops, "lib", rec)
-    if "numba" in AVAILABLE:
-        real_nb = ops._nb()
-        nrec = Recorder(real_nb, "numba:")
-        nrec.calls = calls
-        monkeypatch.setattr(ops, "_nb", lambda n_threads=None: nrec)
+    record(monkeypatch, calls)
 
     def used():
-        isas = []
-        for c in calls:
-            isas.append("numba" if c.startswith("numba:") else c.rsplit("__", 1)[1])
+        isas = [isa for _, isa in calls]
         calls.clear()
         return isas
     return used

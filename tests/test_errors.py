@@ -1,4 +1,4 @@
-"""Bad inputs raise TypeError / ValueError whose message names the offending argument (SPEC §0.4),
+"""Bad inputs raise TypeError / ValueError whose message names the offending argument (docs/semantics.md §1),
 on every available path, including the lean rms_norm path; never a crash."""
 import re
 
@@ -243,7 +243,7 @@ def test_use_isa_unknown():
 
 # ------------------------------------------------------------------------------------------------
 # one test per message family: the exception type, and a message naming the argument, what was
-# expected and what was received (SPEC §0.4)
+# expected and what was received (docs/semantics.md §1)
 
 Q = _rng.standard_normal((1, 4, 3, 16)).astype(F32)
 K16 = _rng.standard_normal((1, 2, 5, 16)).astype(np.float16)
@@ -252,7 +252,7 @@ POS = np.arange(3, dtype=np.int32)
 
 
 def _qt(qtype="Q4_0", n_out=8, n_in=64):
-    from cpufuse import qref
+    from cpufuse.reference import quant as qref
     return qref.make_weight(qtype, n_out, n_in, np.random.default_rng(5))
 
 

@@ -1,16 +1,16 @@
-"""The vectorized exp of each native ISA (SPEC §5.1): <= EXP_ULP over [-104, 88.7] against float64,
+"""The vectorized exp of each native ISA (docs/semantics.md §6): <= EXP_ULP over [-104, 88.7] against float64,
 special values, and tails that never write past the end; and the softmax's exp for arguments <= 0
 (vf_exp_le0): <= LE0_ULP where the result is a normal float, +0 below, NaN kept."""
 import numpy as np
 import pytest
 
-from cpufuse import _backend
+from cpufuse import _backend, _registry
 
 F32 = np.float32
 SENTINEL = F32(-12345.5)
-# Deliberate deviation from SPEC §5.1's "<= 2 ulp": a degree-5 polynomial (one FMA fewer than the
+# Deliberate deviation from ggml's "<= 2 ulp" exp: a degree-5 polynomial (one FMA fewer than the
 # degree 6 it replaced) measures 2.25 ulp at worst, exhaustively over all floats (README). Softmax's
-# bound (NMSE <= 1e-12, max relative error <= 4e-6, SPEC §1.6) is ~30 ulp.
+# bound (NMSE <= 1e-12, max relative error <= 4e-6, docs/semantics.md §2) is ~30 ulp.
 # The scalar path has no FMA (two roundings per polynomial step): 2.62 ulp measured.
 EXP_ULP = 2.5
 EXP_ULP_SCALAR = 3.0
@@ -22,13 +22,13 @@ def exp_ulp(isa):
 LE0_ULP = 5.5
 
 
-def exp_kernel(isa, x, y=None, n=None, fn="cf_exp_f32"):
-    ffi, lib = _backend.ffi, _backend.lib
+def exp_kernel(isa, x, y=None, n=None, fn="exp"):
+    ffi = _backend.ffi
     x = np.ascontiguousarray(x, F32)
     if y is None:
         y = np.empty_like(x)
     n = x.size if n is None else n
-    getattr(lib, f"{fn}__{isa}")(n, ffi.cast("float *", x.ctypes.data), ffi.cast("float *", y.ctypes.data))
+    _registry.kernel(fn, isa)(n, ffi.cast("float *", x.ctypes.data), ffi.cast("float *", y.ctypes.data))
     return y
 
 
@@ -131,9 +131,9 @@ def test_tail_lengths_and_guard(native_isa, n):
 
 def test_le0_accuracy_and_specials(native_isa):
     """softmax's exp (arguments <= 0): accurate where exp(x) >= 2^-126, +0 below (no subnormals,
-    SPEC §1.5), exp(-inf) = +0, NaN stays NaN, and the tail lanes are written like the body"""
+    docs/semantics.md §2), exp(-inf) = +0, NaN stays NaN, and the tail lanes are written like the body"""
     x = SWEEP[SWEEP <= 0]
-    y = exp_kernel(native_isa, x, fn="cf_exp_le0_f32")
+    y = exp_kernel(native_isa, x, fn="exp_le0")
     normal = x >= np.log(np.float64(2.0) ** -126) + 0.01
     err = ulp_error(x[normal], y[normal])
     worst = int(np.argmax(err))
@@ -144,7 +144,7 @@ def test_le0_accuracy_and_specials(native_isa):
     assert not np.signbit(low).any()
     for n in (1, 5, 8, 16, 17, 33):
         sp = np.resize(np.array([-np.inf, np.nan, 0.0, -1.0, -200.0, -1e30], F32), n)
-        ys = exp_kernel(native_isa, sp, fn="cf_exp_le0_f32")
+        ys = exp_kernel(native_isa, sp, fn="exp_le0")
         special = (sp < -90) | np.isnan(sp) | (sp == 0)
         want = np.where(sp < -90, F32(0), np.where(sp == 0, F32(1), sp))
         assert np.array_equal(ys[special], want[special], equal_nan=True), (n, sp, ys)

@@ -1,4 +1,4 @@
-"""flash_attn (SPEC §3) against the float64 oracle (cpufuse.reference.flash_attn).
+"""flash_attn (docs/semantics.md §4) against the float64 oracle (cpufuse.reference.flash_attn).
 
 What is here, and how it is organised:
 
@@ -6,22 +6,22 @@ What is here, and how it is organised:
   reason) x strategy (rows / tiled / split; numba ignores strategy and fused, so it runs once) x
   fused / unfused, on a handful of small cases that between them hold f16, f32 and mixed K/V,
   GQA, MLA shapes, masks with -inf, ALiBi, sinks, softcap, the permuted layout and T = 1.
-  NMSE <= 1e-10 (SPEC §3.8, §6); ggml_compat=True with f16 K: NMSE <= 1e-7, and <= 1e-10
+  NMSE <= 1e-10 (docs/semantics.md §4, §1); ggml_compat=True with f16 K: NMSE <= 1e-7, and <= 1e-10
   against the oracle fed the f16-rounded Q.
-* test_grid_sample: a seeded sample of the SPEC §3.10 conformance grid (f16 and f32 K/V). The
+* test_grid_sample: a seeded sample of the docs/semantics.md §4 conformance grid (f16 and f32 K/V). The
   grid is enumerated below exactly as the spec filters it (test_spec_grid_counts checks the
   enumeration reproduces the spec's 2400 f16 + 336 f32 cases); the sample is a greedy cover,
   with a seeded rng, of every value of every parameter, among cases below a cost cap, plus a few
   random cheap cases and the hand-written EXTRA cases (T = 1, mixed K f16 / V f32, an f32 mask,
   MLA decode over T = 1025, a long permuted prefill). test_grid_sample_covers_every_value checks
   the cover. T = 1024 of the grid is run as 1025 (the value of the spec's additional cases) so
-  the last KV tile is partial there too. The data follow §3.10: q/k/v uniform [-1, 1], sinks
+  the last KV tile is partial there too. The data follow test-backend-ops: q/k/v uniform [-1, 1], sinks
   uniform [-10, 10], the f16 mask (nr3, 1, N, T) uniform [-1, 1] with random 64x128 blocks set to
   -inf or 0 (at least one block, so small cases get blocks too), scale 1/sqrt(DK), K and V views
   of a KV cache with twice the rows (the unused rows hold NaN: a read past T would show), V a
   view of K for (576, 512), and the permuted layout (q/k/v stored with head and token axes
   swapped, then transposed to the API's axis order).
-* §3.7 edge cases on every path (isa x {rows, tiled, split, unfused}, numba once), split-chunk
+* edge cases (docs/semantics.md §4) on every path (isa x {rows, tiled, split, unfused}, numba once), split-chunk
   and q_tile invariance, out=/guards/no-aliasing/inputs-untouched, empty dims, argument errors
   (the message must name the argument), and cross-ISA agreement.
 """
@@ -66,7 +66,7 @@ def nmse(ref, out):
 
 
 def assert_close(ref, out, tol, what=""):
-    """SPEC §6: no NaN/inf in either, same shape, NMSE <= tol."""
+    """docs/semantics.md §1: no NaN/inf in either, same shape, NMSE <= tol."""
     ref = np.asarray(ref, np.float64)
     out = np.asarray(out, np.float64)
     assert out.shape == ref.shape, f"{what}: shape {out.shape}, expected {ref.shape}"
@@ -112,7 +112,7 @@ def run(path, q, k, v, mask=None, **kw):
 
 
 # ------------------------------------------------------------------------------------------------
-# data (SPEC §3.10)
+# data (docs/semantics.md §4)
 
 def kv_cache(rng, shape, dtype, permuted=False, fill=np.nan):
     """uniform [-1, 1] stored in `dtype`, a view of the first T rows of a buffer with 2T rows per
@@ -138,7 +138,7 @@ def query(rng, shape, permuted=False):
 def spec_mask(rng, nr3, N, T, dtype=F16):
     """(nr3, 1, N, T), uniform [-1, 1], then floor(0.2*numel/(128*64)) (at least 1) random
     64-row x 128-column blocks set to -inf or 0 (50/50), clipped at the borders. An f32 mask keeps
-    its unrounded f32 values (SPEC §3.1)."""
+    its unrounded f32 values (docs/semantics.md §4)."""
     m = rng.uniform(-1, 1, (nr3, 1, N, T)).astype(F32)
     if m.size:
         for _ in range(max(1, int(0.2 * m.size / (128 * 64)))):
@@ -206,7 +206,7 @@ def prepared(c):
 
 
 # ------------------------------------------------------------------------------------------------
-# the SPEC §3.10 grid (f16/f32 K/V; precision is ignored by cpufuse and collapsed here)
+# the docs/semantics.md §4 grid (f16/f32 K/V; precision is ignored by cpufuse and collapsed here)
 
 PAIRS = ((40, 40), (64, 64), (72, 72), (80, 80), (96, 96), (128, 128), (192, 128), (192, 192),
          (256, 256), (320, 256), (512, 512), (576, 512))
@@ -300,7 +300,7 @@ SAMPLE = sample_grid() + EXTRA
 
 
 def test_spec_grid_counts():
-    """The enumeration reproduces SPEC §3.10's counts (with the precision axis and T = 1024)."""
+    """The enumeration reproduces docs/semantics.md §4's counts (with the precision axis and T = 1024)."""
     g = spec_grid(with_precision=True, t_long=1024)
     assert sum(c.kdt == "f16" for c in g) == 2400
     assert sum(c.kdt == "f32" for c in g) == 336
@@ -356,7 +356,7 @@ def test_paths(path):
 
 
 # ------------------------------------------------------------------------------------------------
-# edge cases (SPEC §3.7) on every path
+# edge cases (docs/semantics.md §4) on every path
 
 def small(rng, S=1, Hq=4, Hk=2, N=5, T=150, DK=64, DV=64, kdt=F16, vdt=None):
     q = rng.uniform(-1, 1, (S, Hq, N, DK)).astype(F32)
@@ -528,7 +528,7 @@ def test_nan_propagates_to_its_row_only(path):
 def test_nan_score_followed_by_masked_columns(path):
     """A NaN score must survive the block's running max whatever follows it. Three minimal cases
     where the NaN is followed (in its SIMD lane) only by -inf, from the mask or from the padding
-    of a partial block or split chunk; the expected rows are NaN (SPEC §3.7), the other rows are
+    of a partial block or split chunk; the expected rows are NaN (docs/semantics.md §4), the other rows are
     unaffected. (a) the only included column of a row has a NaN in K; (b) causal row: NaN K at
     its last included column (the finite columns before it in the block must not be dropped
     either); (c) a NaN q value with T = 40 (partial block), and with split chunks of 48."""
@@ -562,7 +562,7 @@ def test_nan_score_followed_by_masked_columns(path):
 
 @pytest.mark.parametrize("path", PATHS, ids=[_path_id(p) for p in PATHS])
 def test_very_negative_finite_mask_is_not_skipped(path):
-    """-65504 (f16 max) is an ordinary mask value. SPEC §3.2 forms z = fl(z + a) in f32, and at
+    """-65504 (f16 max) is an ordinary mask value. docs/semantics.md §4 forms z = fl(z + a) in f32, and at
     |a| = 65504 that rounds z to a multiple of 2^-8, so the f64 oracle is only matched to ~1e-6
     here (measured ~7e-8 on every path); the test is about the rows not being skipped."""
     need(path[0])
@@ -653,7 +653,7 @@ def test_split_chunk_invariance(isa):
 
 @pytest.mark.parametrize("path", PATHS, ids=[_path_id(p) for p in PATHS])
 def test_thread_count_does_not_change_bits(path):
-    """SPEC §0.4.5: fixed chunking, so n_threads never changes a bit (split-KV included)."""
+    """docs/semantics.md §1: fixed chunking, so n_threads never changes a bit (split-KV included)."""
     need(path[0])
     q, k, v, mask, kw = _decode_case(T=700, N=3)
     outs = [run(path, q, k, v, mask, n_threads=n, **kw) for n in (1, 2, 3, 8)]
@@ -683,7 +683,7 @@ def test_q_tile(isa):
 @pytest.mark.parametrize("isa", NATIVE_ISAS)
 def test_auto_strategy_is_choose_strategy(isa):
     need(isa)
-    from cpufuse.ops import choose_strategy
+    from cpufuse.ops.attention import choose_strategy
     for N, T in ((1, 600), (1, 100), (3, 600), (40, 100)):
         rng = seeded("auto", N, T)
         q, k, v = small(rng, N=N, T=T)
@@ -694,7 +694,7 @@ def test_auto_strategy_is_choose_strategy(isa):
 
 @pytest.mark.parametrize("isa", NATIVE_ISAS)
 def test_long_kv(isa):
-    """SPEC §3.7: long KV, online softmax in f32 stays at f64-oracle accuracy."""
+    """docs/semantics.md §4: long KV, online softmax in f32 stays at f64-oracle accuracy."""
     need(isa)
     rng = seeded("long")
     q, k, v = small(rng, Hq=4, Hk=1, N=1, T=16384, DK=64, DV=64)
@@ -707,7 +707,7 @@ def test_long_kv(isa):
 
 
 def test_f32_mask_is_used_unrounded():
-    """SPEC §3.1: an f32 mask is used as given, not rounded to f16."""
+    """docs/semantics.md §4: an f32 mask is used as given, not rounded to f16."""
     rng = seeded("mask32")
     q, k, v = small(rng, N=40, T=100)
     m32 = rng.uniform(-8, 8, (1, 1, 40, 100)).astype(F32)
@@ -735,7 +735,7 @@ def test_cross_isa_agreement():
 
 
 # ------------------------------------------------------------------------------------------------
-# empty dimensions (SPEC §0.4.4, §3.7)
+# empty dimensions (docs/semantics.md §1, §4)
 
 EMPTY = {  # name: (S, Hq, Hk, N, T, DK, DV)
     "N=0": (1, 4, 2, 0, 20, 16, 16),
@@ -787,7 +787,7 @@ def test_empty_dims_fresh_arrays(name):
 
 @pytest.mark.parametrize("path", PATHS, ids=[_path_id(p) for p in PATHS])
 def test_dk_zero(path):
-    """DK = 0: every dot product is the empty sum 0 (SPEC §3.2), so the row is the softmax of the
+    """DK = 0: every dot product is the empty sum 0 (docs/semantics.md §4), so the row is the softmax of the
     mask alone applied to V."""
     need(path[0])
     rng = seeded("dk0")

@@ -1,4 +1,4 @@
-"""cpufuse.Graph / Plan (SPEC §4, §2.7): every fusion rule equals the unfused plan bit for bit and the
+"""cpufuse.Graph / Plan (docs/semantics.md §5, §3): every fusion rule equals the unfused plan bit for bit and the
 float64 oracle; illegal candidates stay unfused with a reason; CPUFUSE_DISABLE_FUSION; the llama
 decoder block (blocks.py) fused vs unfused vs float64; buffer reuse and aliasing; GraphError
 messages; matmul through numpy's BLAS from C (sgemm, sgemv for M == 1) and through numpy."""
@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 import cpufuse
-from cpufuse import Graph, GraphError, blocks, reference
-from cpufuse import graph as graph_mod
+from bench import blocks
+from cpufuse import Graph, GraphError, reference
+from cpufuse.graph import records as graph_mod
 from _util import AVAILABLE_NATIVE, assert_bit_identical, assert_nmse, best_native
 
-NMSE = 1e-12          # SPEC §6 tier A: softmax, rms_norm and fused variants, silu/swiglu here too
+NMSE = 1e-12          # docs/semantics.md §1 accuracy: softmax, rms_norm and fused variants, silu/swiglu here too
 NMSE_BLOCK = 1e-10    # the whole decoder block (FA inside) vs float64
 EPS = 1e-6
 
@@ -127,7 +128,7 @@ def test_rms_norm_mul_add(isa, rng, shape, bkind, mul_order, add_order):
 
 
 def test_rms_norm_mul_add_ggml_graph(isa, rng):
-    """SPEC §2.7 test_rms_norm_mul_add: a' = (a + b) + c; out = rms_norm(a') * b + c (the leading
+    """docs/semantics.md §3 test_rms_norm_mul_add: a' = (a + b) + c; out = rms_norm(a') * b + c (the leading
     adds keep the norm input a computed node; the first add is not fused with the norm)."""
     shape = (3, 4, 5, 64)
     A, B, C = (U(rng, shape, -10, 10) for _ in range(3))
@@ -423,7 +424,7 @@ def test_fused_ops_on_permuted_views(isa, rng):
 @pytest.mark.parametrize("op", ["rms_norm", "softmax"])
 def test_row_op_on_transposed_view(isa, rng, op):
     """rms_norm / softmax of permute(x, (1, 0)): the rows of the view are not unit-stride, which the
-    kernels require (SPEC §0.4). Acceptable: a GraphError when building/compiling, or correct
+    kernels require (docs/semantics.md §1). Acceptable: a GraphError when building/compiling, or correct
     results. Today the native plans silently compute on the wrong elements (treat the rows as
     contiguous) and the numba plan raises ValueError from ops at run time."""
     X = U(rng, (6, 10))
@@ -633,7 +634,7 @@ def test_illegal_left_unfused(isa, rng, case):
 def test_illegal_candidate_has_a_reason(rng, case):
     """plan.describe() promises 'why other candidates were not' fused. RMS_NORM whose MUL is not its
     first consumer, and RMS_NORM -> RESHAPE(view) -> MUL, are left unfused (correctly) but with no
-    entry in plan.rejected (SPEC §4.1 lists 'not a view' and 'use count 1' as the reasons)."""
+    entry in plan.rejected (docs/semantics.md §5 lists 'not a view' and 'use count 1' as the reasons)."""
     g, inputs, why, notes, refs = ILLEGAL[case](rng)
     pf = g.compile(fusion=True, isa=best_native() or "numba")
     assert fused(pf) == []

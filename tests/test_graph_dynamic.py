@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import cpufuse
-from cpufuse import qref
+from cpufuse.reference import quant as qref
 from cpufuse.graph import DynamicPlan, Graph, GraphError
 
 H, HKV, D, NCELL = 4, 2, 16, 128

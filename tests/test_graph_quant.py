@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import cpufuse
-from cpufuse import Graph, GraphError, qref
+from cpufuse import Graph, GraphError
+from cpufuse.reference import quant as qref
 from _util import assert_nmse
 
 NMSE = 1e-12
@@ -166,7 +167,7 @@ def test_native_segments_around_qmatmul(monkeypatch, rng, py_steps):
     """softmax -> qmatmul -> rms_norm*w: one C call; with qmatmul forced to Python (graph.PY_STEPS),
     C segments run before and after the Python step, with the same result"""
     if py_steps:
-        monkeypatch.setattr(cpufuse.graph, "PY_STEPS", {"qmatmul"})
+        monkeypatch.setattr(cpufuse.graph.records, "PY_STEPS", {"qmatmul"})
     n_in, T = 64, 3
     (w,) = weights(rng, n_in, [64])
     g = Graph()
@@ -383,7 +384,7 @@ def test_rope_cache_wiring_with_stand_in(monkeypatch, rng, cdt):
     """the plan's rope steps against a numpy stand-in with cpufuse.rope's signature (runs whether or
     not the real kernel is built)"""
     monkeypatch.setattr(cpufuse, "rope", _fake_rope, raising=False)
-    monkeypatch.setattr(cpufuse.graph, "PY_STEPS", {"rope", "rope_cache"})  # not the C records
+    monkeypatch.setattr(cpufuse.graph.records, "PY_STEPS", {"rope", "rope_cache"})  # not the C records
     cache = np.zeros((8, 2, 64), cdt)
     qf, cf = _check_rope(_rope_graph(cache, freq_base=500.0), cache, rng)
 
@@ -412,7 +413,7 @@ def test_rope_errors():
 
 def test_rope_with_other_consumer_not_fused(monkeypatch, rng):
     monkeypatch.setattr(cpufuse, "rope", _fake_rope, raising=False)
-    monkeypatch.setattr(cpufuse.graph, "PY_STEPS", {"rope", "rope_cache"})
+    monkeypatch.setattr(cpufuse.graph.records, "PY_STEPS", {"rope", "rope_cache"})
     cache = np.zeros((8, 2, 64), np.float32)
     g = Graph()
     x = g.input("x", (3, 2, 64))
@@ -482,7 +483,7 @@ def _run_variant(monkeypatch, layers, T, dims, fusion, isa, steps_inputs, py_ste
     d, H, Hkv, D, n_ctx = dims
     caches = [(np.zeros((n_ctx, Hkv, D), np.float16), np.zeros((n_ctx, Hkv, D), np.float16)) for _ in layers]
     with monkeypatch.context() as m:
-        m.setattr(cpufuse.graph, "PY_STEPS", set(ALL_PY) if py_steps else set())
+        m.setattr(cpufuse.graph.records, "PY_STEPS", set(ALL_PY) if py_steps else set())
         plan = _decoder_graph(layers, caches, T, d, H, Hkv, D, n_ctx).compile(fusion=fusion, isa=isa)
     outs = [plan.run(copy=True, **inp)[0] for inp in steps_inputs]
     return plan, outs, caches
@@ -596,7 +597,7 @@ def test_rope_c_record_equals_python_step(monkeypatch, rng, kw, cdt):
     inp = dict(x=X, pos=np.array([7, 100, 5000], np.int32), pos0=np.array([1], np.int32))
     res = []
     for py in (False, True):
-        monkeypatch.setattr(cpufuse.graph, "PY_STEPS", {"rope", "rope_cache"} if py else set())
+        monkeypatch.setattr(cpufuse.graph.records, "PY_STEPS", {"rope", "rope_cache"} if py else set())
         cache = np.zeros((6, H, D), cdt)
         g = Graph()
         x = g.input("x", (H, T, D))

@@ -1,7 +1,7 @@
 """cpufuse.llama.Model on tiny GGUF models written by tests/_tiny_gguf.py (no downloads).
 
 The reference is an independent float64 numpy forward pass of the same dequantized weights
-(gguf.quants.dequantize), written here from SPEC-MODEL §3: RMSNorm, Q/K/V (+bias), RoPE NORM or
+(gguf.quants.dequantize), written here from docs/semantics.md §10: RMSNorm, Q/K/V (+bias), RoPE NORM or
 NEOX with exact angles, causal GQA softmax attention, SwiGLU FFN, tied or separate head.
 """
 import os

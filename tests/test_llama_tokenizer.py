@@ -1,4 +1,4 @@
-"""cpufuse.llama tokenizer and chat template (SPEC-MODEL §4).
+"""cpufuse.llama tokenizer and chat template (docs/semantics.md §10).
 
 Fast tests build tiny byte-level BPE vocabularies (one trained with `tokenizers` on a small corpus,
 one hand-crafted), write them into tiny GGUF files with `gguf.GGUFWriter`, read them back with
@@ -339,7 +339,7 @@ def test_clean_spaces_option(toks):
 
 
 # ----------------------------------------------------------------------------------------------
-# pre-tokenizer splits (expectations derived by hand from the regexes in SPEC-MODEL §4.3)
+# pre-tokenizer splits (expectations derived by hand from the regexes in docs/semantics.md §10)
 # ----------------------------------------------------------------------------------------------
 SPLIT_TEXT = "I'M 12345 abc\n\n  x"
 SPLIT_EXPECT = {

@@ -10,7 +10,7 @@ it, put llama_cpp on the path, e.g.
 Greedy generation, lock-step: llama.cpp picks each next token by argmax, both engines are fed that
 token, and at every step cpufuse's argmax must equal llama.cpp's unless llama.cpp's own top-1
 margin (top-1 minus top-2 logit) is below 1.0 there, i.e. the two candidates are near-tied and the
-q8 activation rounding of either engine may flip them (SPEC-MODEL §1.6). The free-running cpufuse
+q8 activation rounding of either engine may flip them (docs/semantics.md §10). The free-running cpufuse
 greedy text equals llama.cpp's up to its first such step.
 """
 import importlib.util

@@ -1,4 +1,4 @@
-"""SPEC §5.3: kernels never read or write past the end of a row. Every operand is placed so that it
+"""docs/semantics.md §6: kernels never read or write past the end of a row. Every operand is placed so that it
 ends exactly at a page boundary followed by an inaccessible (PROT_NONE) page; any access past the
 end faults. Runs in a subprocess so a fault is reported as a test failure, not a crashed run."""
 import os
@@ -19,7 +19,7 @@ SCRIPT = textwrap.dedent(r"""
     import ctypes, mmap, sys
     import numpy as np
     import cpufuse
-    from cpufuse import _backend
+    from cpufuse import _backend, _registry
 
     PAGE = mmap.PAGESIZE
     libc = ctypes.CDLL(None, use_errno=True)
@@ -81,8 +81,8 @@ SCRIPT = textwrap.dedent(r"""
             cpufuse.rms_norm(xi, eps=1e-6, out=xi, isa=isa)
         xe = at_page_end((C,), np.float32, rng.uniform(-50, 50, C).astype(np.float32))
         ye = at_page_end((C,), np.float32)
-        ffi, lib = _backend.ffi, _backend.lib
-        getattr(lib, f"cf_exp_f32__{isa}")(C, ffi.cast("float *", xe.ctypes.data), ffi.cast("float *", ye.ctypes.data))
+        ffi = _backend.ffi
+        _registry.kernel("exp", isa)(C, ffi.cast("float *", xe.ctypes.data), ffi.cast("float *", ye.ctypes.data))
     print("OK", isa)
 """)
 

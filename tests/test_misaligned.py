@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import cpufuse
-from cpufuse import QTensor, qref
+from cpufuse import QTensor
+from cpufuse.reference import quant as qref
 from cpufuse._dispatch import AVAILABLE
 
 ISAS = list(AVAILABLE)

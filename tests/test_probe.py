@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from cpufuse import _backend
+from cpufuse import _backend, _registry
 from _util import NATIVE_ISAS, require_isa
 
 # int8 multiply-adds per round of the probe on each build (chains x the dot's MACs; the plain loop:
@@ -15,15 +15,14 @@ MACS_PER_ROUND = {"avx512": {64 * 12}, "avx2": {32 * 8}, "neon": {16 * 12, 64}, 
 MACS_PER_ROUND["amx"] = MACS_PER_ROUND["avx512"]      # the amx build probes with the avx512 loop
 
 
-def _lib(isa):
+def _probe(op, isa):
     require_isa(isa)
-    return _backend.lib
+    return _registry.kernel(op, isa)
 
 
 @pytest.mark.parametrize("isa", NATIVE_ISAS)
 def test_int8_peak_counts_and_rate(isa):
-    lib = _lib(isa)
-    fn = getattr(lib, f"cf_int8_peak__{isa}")
+    fn = _probe("int8_peak", isa)
     sink = _backend.ffi.new("int32_t *")
     assert fn(0, sink) == 0.0
     it = 20_000
@@ -38,8 +37,7 @@ def test_int8_peak_counts_and_rate(isa):
 
 @pytest.mark.parametrize("isa", NATIVE_ISAS)
 def test_read_sum_exact_for_every_thread_count(isa):
-    lib = _lib(isa)
-    fn = getattr(lib, f"cf_read_sum__{isa}")
+    fn = _probe("read_sum", isa)
     n = 3 * (1 << 18) + 37           # 3 whole 1 MiB chunks and a ragged tail
     x = np.ones(n, np.float32)
     x[::7] = 2.0

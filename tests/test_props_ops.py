@@ -5,7 +5,7 @@ shapes from 0 up to a few thousand per row (not multiples of the vector widths),
 offsets, steps and permuted memory order, masks with -inf patterns and fully masked rows,
 NaN/inf/subnormal/huge values, broadcast operands, and out= (new, aliasing, overlapping, read-only,
 wrong shape or dtype). The call either matches the float64 reference within the op's bound
-(SPEC §6 tier A: NMSE 1e-12 for softmax and rms_norm, 1e-10 for flash_attn; NaN exactly where the
+(docs/semantics.md §1 accuracy: NMSE 1e-12 for softmax and rms_norm, 1e-10 for flash_attn; NaN exactly where the
 reference is NaN) or raises the documented TypeError/ValueError naming the argument. Inputs and
 everything outside the output view are never modified. Profiles: tests/conftest.py.
 """
@@ -94,7 +94,7 @@ def _overlapping_pair(x):
 
 
 def _tiled(d, xshape, errs, name, allow_bad=True):
-    """shape of a weight/bias/residual operand tiling xshape (SPEC 2.3); sometimes a bad one"""
+    """shape of a weight/bias/residual operand tiling xshape (docs/semantics.md §3); sometimes a bad one"""
     nd = d(st.integers(1, len(xshape)))
     sh = []
     for n in xshape[len(xshape) - nd:]:

@@ -19,8 +19,9 @@ from _props import (F32, SENTINEL, Snapshot, assert_matches, bad_last, guard_ok,
 from hypothesis import given, strategies as st
 
 import cpufuse
-from cpufuse import qref, qtypes
-from cpufuse.qtypes import SUPPORTED, QTensor
+from cpufuse.quant import types as qtypes
+from cpufuse.reference import quant as qref
+from cpufuse.quant.types import SUPPORTED, QTensor
 
 gguf_quants = pytest.importorskip("gguf.quants")
 import gguf  # noqa: E402

@@ -18,8 +18,9 @@ from hypothesis import given, strategies as st
 from test_rope import ref64
 
 import cpufuse
-from cpufuse import Graph, GraphError, qref, reference
-from cpufuse.qtypes import SUPPORTED
+from cpufuse import Graph, GraphError, reference
+from cpufuse.reference import quant as qref
+from cpufuse.quant.types import SUPPORTED
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,25 +1,24 @@
 """cpufuse.matmul / matmul_multi / matmul_swiglu on GGUF weights, every path against float64.
 
 f32 mode: float64 x @ dequant(W)^T, NMSE <= 1e-10.
-q8 mode: float64 of ggml's integer block arithmetic on the quantized activations (cpufuse.qref),
+q8 mode: float64 of ggml's integer block arithmetic on the quantized activations (cpufuse.reference.quant),
 NMSE <= 1e-10; and its overall error against the f32 result is stated (and bounded) separately.
 """
 import numpy as np
 import pytest
 
 import cpufuse
-from cpufuse import qref
-from cpufuse.qtypes import SUPPORTED, QTensor
+from cpufuse.reference import quant as qref
+from cpufuse.quant.types import QTYPES, SUPPORTED, QTensor
 from _util import assert_nmse
 
 TOL = 1e-10
 QUANT = tuple(t for t in SUPPORTED if t.startswith("Q"))
 FLOATS = ("F32", "F16", "BF16")
-BLOCK = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
 
 
 def _block(t):
-    return BLOCK.get(t, 32 if t.startswith("Q") else 1)
+    return QTYPES[t].block_size
 
 
 def _weight(t, n_out, n_in, rng, kind="random"):
@@ -88,7 +87,7 @@ def test_threads_bit_identical(isa, act, rng):
 
 
 def test_q8_error_against_f32_is_activation_quantization(rng):
-    """The q8 mode's error against exact f32 math is the activation quantization's (SPEC-QUANT
+    """The q8 mode's error against exact f32 math is the activation quantization's (docs/semantics.md §8
     4.7: NMSE ~ c_B^2 / 193548; about 3e-5 for N(0,1) activations), nothing more."""
     for qtype in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"):
         w = qref.make_weight(qtype, 64, 1024, rng)
@@ -128,9 +127,10 @@ def test_swiglu_epilogue_equals_unfused(isa, act, rng):
         y = cpufuse.matmul_swiglu(x, wg, wu, act=act, isa=isa)
         assert_nmse(ref, y, 1e-12, f"{isa} {qtype} swiglu")
         if isa != "numba":  # the epilogue is the graph's SwiGLU kernel: equal to the unfused chain
-            from cpufuse._backend import ffi, lib
+            from cpufuse import _registry
+            from cpufuse._backend import ffi
             u2 = np.empty_like(g)
-            getattr(lib, f"cf_swiglu_f32__{isa}")(g.size, ffi.from_buffer("float[]", g), ffi.from_buffer("float[]", u),
+            _registry.kernel("swiglu", isa)(g.size, ffi.from_buffer("float[]", g), ffi.from_buffer("float[]", u),
                                                   g.size, ffi.from_buffer("float[]", u2))
             assert np.array_equal(y, u2), f"{isa} {qtype} swiglu epilogue != cf_swiglu_f32"
 
@@ -154,7 +154,7 @@ def test_quantize_act_matches_reference(isa, rng):
         x[1, :32] = 0.0
         x[2, 5] = 40.0
         ref = qref.quantize_act(x, vtype)
-        got = cpufuse.qmatmul.quantize_act(x, vtype, isa=isa)
+        got = cpufuse.quant.matmul.quantize_act(x, vtype, isa=isa)
         assert np.array_equal(ref, got), vtype
 
 

@@ -1,4 +1,4 @@
-"""cpufuse.qtypes (type table, QTensor, numpy dequantization) and cpufuse.qref (activation
+"""cpufuse.quant.types (type table, QTensor, numpy dequantization) and cpufuse.reference.quant (activation
 quantizers, weight makers, float64 matmul references), checked against gguf-py and against
 independent scalar re-implementations of the rules in docs/quant-design.md."""
 import struct
@@ -10,8 +10,9 @@ import pytest
 gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
 
-from cpufuse import qref, qtypes  # noqa: E402
-from cpufuse.qtypes import QTensor, resolve_qtype  # noqa: E402
+from cpufuse.quant import types as qtypes  # noqa: E402
+from cpufuse.reference import quant as qref  # noqa: E402
+from cpufuse.quant.types import QTensor, resolve_qtype  # noqa: E402
 
 G = gguf.GGMLQuantizationType
 f32 = np.float32

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import cpufuse
-from cpufuse import qref
-from cpufuse.qtypes import QTensor
+from cpufuse.reference import quant as qref
+from cpufuse.quant.types import QTensor
 
 QUANT = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 

@@ -1,13 +1,13 @@
-"""cpufuse.rms_norm / add_rms_norm vs the float64 oracle (SPEC §2, §6): accuracy on every ISA,
-fused vs unfused bit-identity (§2.2, §4.3), lean vs general path, ggml tiling (§2.3), the §2.7
-grids, edge cases (§2.4), aliasing, guards, inputs untouched, empty tensors."""
+"""cpufuse.rms_norm / add_rms_norm vs the float64 oracle (docs/semantics.md §3, §1): accuracy on every ISA,
+fused vs unfused bit-identity (§5), lean vs general path, ggml tiling, ggml's test-backend-ops
+grids, edge cases, aliasing, guards, inputs untouched, empty tensors."""
 import functools
 
 import numpy as np
 import pytest
 
 import cpufuse
-from cpufuse import ops, reference
+from cpufuse import _registry, reference
 from _util import (AVAILABLE, assert_bit_identical, assert_guard_intact, assert_nmse, fused_modes, guarded,
                    max_rel_err)
 
@@ -47,7 +47,7 @@ def fused(request, isa):
 
 
 def f32_rms_norm(x, eps, w=None, b=None):
-    """SPEC §2.2 evaluated in float32 (squares rounded to f32, summed in f64), for rows whose
+    """docs/semantics.md §3 evaluated in float32 (squares rounded to f32, summed in f64), for rows whose
     sum of squares the kernels form exactly (n == 1)"""
     f = np.float32
     sq = (x * x).astype(np.float64)
@@ -59,17 +59,6 @@ def f32_rms_norm(x, eps, w=None, b=None):
     if b is not None:
         y = (y + reference.tile_to(b, x.shape)).astype(f)
     return y
-
-
-class _Recorder:
-    """Stands in for cpufuse.ops.lib and records which kernel entry points are looked up."""
-
-    def __init__(self, lib):
-        self._lib, self.calls = lib, []
-
-    def __getattr__(self, name):
-        self.calls.append(name)
-        return getattr(self._lib, name)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -100,7 +89,7 @@ def test_sizes(isa, fused, n, variant, rng):
 
 @pytest.mark.parametrize("n", SIZES)
 def test_fused_unfused_bit_identical(native_isa, n, rng):
-    """SPEC §2.2 / §4.3: RMS_NORM+MUL(+ADD) fused is bit-identical to the unfused chain, NaN
+    """docs/semantics.md §3, §5: RMS_NORM+MUL(+ADD) fused is bit-identical to the unfused chain, NaN
     positions included (rows with 0, inf and NaN are mixed in)."""
     x = U(rng, (2, 3, 5, n))
     x[0, 0, 1] = 0.0          # eps = 0: NaN row
@@ -160,34 +149,29 @@ def test_lean_equals_general(isa, n, rng):
 
 def test_lean_path_is_taken(native_isa, rng, monkeypatch):
     """the two paths compared above really are different entry points"""
-    rec = _Recorder(ops.lib)
-    monkeypatch.setattr(ops, "lib", rec)
-    # the lean path keeps its kernels in a per-ISA table resolved at import: record those too
-    lean = ops._RMS_ROWS[native_isa]
-
-    def lean_rec(*a):
-        rec.calls.append(f"cf_rms_norm_rows_f32__{native_isa}")
-        return lean(*a)
-    monkeypatch.setitem(ops._RMS_ROWS, native_isa, lean_rec)
+    calls = []
+    for op in ("rms_norm_rows", "rms_norm", "rms_norm_unfused"):  # the registry's entries, wrapped
+        fn = _registry.kernel(op, native_isa)
+        monkeypatch.setitem(_registry.table(op), native_isa, lambda *a, _fn=fn, _op=op: calls.append(_op) or _fn(*a))
     x, w = U(rng, (4, 40)), U(rng, (40,))
     cpufuse.rms_norm(x, w, eps=1e-6, isa=native_isa)
-    assert rec.calls == [f"cf_rms_norm_rows_f32__{native_isa}"]
-    rec.calls.clear()
+    assert calls == ["rms_norm_rows"]
+    calls.clear()
     cpufuse.rms_norm(x[:, :20], w[:20], eps=1e-6, isa=native_isa)
-    assert rec.calls == [f"cf_rms_norm_f32__{native_isa}"]
-    rec.calls.clear()
+    assert calls == ["rms_norm"]
+    calls.clear()
     cpufuse.rms_norm(x, w, eps=1e-6, isa=native_isa, fused=False)
-    assert rec.calls == [f"cf_rms_norm_unfused_f32__{native_isa}"]
+    assert calls == ["rms_norm_unfused"]
 
 
 # ------------------------------------------------------------------------------------------------
-# ggml tiling of weight / bias / residual (SPEC §2.3)
+# ggml tiling of weight / bias / residual (docs/semantics.md §3)
 
 @pytest.mark.parametrize("xshape,wshape", [
     ((4, 6, 3, 64), (2, 3, 1, 32)),     # every dim tiles, the last one too
     ((4, 6, 3, 64), (1, 1, 1, 16)),
     ((4, 6, 3, 50), (4, 1, 3, 25)),
-    ((12, 12, 15, 66), (3, 4, 5, 33)),  # the §2.7 broadcast layout
+    ((12, 12, 15, 66), (3, 4, 5, 33)),  # test-backend-ops' broadcast layout
     ((5, 40), (5, 40)),
     ((5, 40), (1, 8)),
     ((5, 40), (40,)),
@@ -211,7 +195,7 @@ def test_weight_bias_tiling(isa, fused, xshape, wshape, rng):
 
 
 # ------------------------------------------------------------------------------------------------
-# SPEC §2.7 conformance grids
+# docs/semantics.md §3 conformance grids
 
 EPS_NORM = (0.0, 1e-6, 1e-4, 1e-1, 10.0)
 EPS_FUSED = (0.0, 1e-6, 1e-4, 1e-1, 1.0)
@@ -295,8 +279,8 @@ def test_grid_rms_norm_mul_add(eps, n, bc, multi_add, isa_, f):
     assert ratio <= 1.0, f"{what}: elementwise error {ratio:.2f}x the f32 rounding bound"
     if n == 1:
         # one element per tensor: b + c can cancel, and no f32 kernel reaches NMSE 1e-12 against
-        # f64 then; check instead that the result is the f32 evaluation of SPEC §2.2 exactly
-        assert_bit_identical(y, f32_rms_norm(a2, eps, b, c), "SPEC 2.2 in f32")
+        # f64 then; check instead that the result is the f32 evaluation of docs/semantics.md §3 exactly
+        assert_bit_identical(y, f32_rms_norm(a2, eps, b, c), "docs/semantics.md §3 in f32")
     else:
         check(y, ref, what)
 
@@ -324,7 +308,7 @@ def test_grid_add_rms_norm(eps, n, bc, isa_, f):
 
 
 # ------------------------------------------------------------------------------------------------
-# edge cases (SPEC §2.4)
+# edge cases (docs/semantics.md §3)
 
 @pytest.mark.parametrize("n", [1, 8, 13, 64, 100])
 def test_zero_row(isa, fused, n, rng):
@@ -406,7 +390,7 @@ def test_nonfinite_weight_bias_per_element(isa, fused, n, rng):
 @pytest.mark.parametrize("mag", [1e-15, 1e15, 4e18])
 @pytest.mark.parametrize("n", [64, 1024])
 def test_large_and_small_magnitudes(isa, fused, mag, n, rng):
-    """SPEC §2.2/§2.4: squares are f32 (so |x| < ~1.8e19 must work, as upstream, whose f64 sum
+    """docs/semantics.md §3: squares are f32 (so |x| < ~1.8e19 must work, as upstream, whose f64 sum
     of squares does not overflow), the accumulation must not overflow below that range"""
     x = (rng.choice([-1.0, 1.0], (3, n)) * mag * rng.uniform(0.5, 1.0, (3, n))).astype(np.float32)
     assert np.isfinite(x.astype(np.float32) ** 2).all()
@@ -506,7 +490,7 @@ def test_empty_sliced(isa, fused, shape):
 @pytest.mark.parametrize("shape", [(2, 0), (0, 8), (3, 0, 4), (2, 2, 0, 5)], ids=str)
 def test_empty_fresh(shape):
     """empty x as numpy creates it (numpy >= 2.4 gives size-0 arrays all-zero strides):
-    SPEC §0.4.4 says an empty tensor is never an error (checked on every available ISA)"""
+    docs/semantics.md §1 says an empty tensor is never an error (checked on every available ISA)"""
     x = np.zeros(shape, np.float32)
     for isa in AVAILABLE:
         assert cpufuse.rms_norm(x, eps=1e-6, isa=isa).shape == shape
@@ -517,7 +501,7 @@ def test_empty_fresh(shape):
 
 
 def test_empty_weight_with_empty_x():
-    """SPEC §2.3: an empty weight is allowed with an empty x"""
+    """docs/semantics.md §3: an empty weight is allowed with an empty x"""
     x = np.ones((3, 4), np.float32)[:, :0]
     w = np.ones(4, np.float32)[:0]
     for isa in AVAILABLE:

@@ -1,4 +1,4 @@
-"""cpufuse.rope (ggml rope_ext, SPEC-MODEL §2) on every ISA and the Numba path:
+"""cpufuse.rope (ggml rope_ext, docs/semantics.md §7) on every ISA and the Numba path:
 
 * accurate angles (the default) vs a float64 reference written here: both modes, partial rotary,
   YaRN on/off, freq_factors, positions up to 131072, head_dim 6..128 (not multiples of the SIMD
@@ -52,7 +52,7 @@ def positions(rng, T):
 
 
 def llama3_factors(nd, base=500000.0):
-    """Llama 3.1 rope_freqs (SPEC-MODEL 2.4), float32"""
+    """Llama 3.1 rope_freqs (docs/semantics.md §7), float32"""
     k = np.arange(nd // 2)
     lam = 2 * np.pi / base ** (-2.0 * k / nd)
     ff = np.where(lam < 8192 / 4, 1.0, np.where(lam > 8192 / 1, 8.0, 0.0))
@@ -125,7 +125,7 @@ def _libm_vec(name):
 
 def ggml_tables(pos, nd, base=10000.0, fs=1.0, ext=0.0, attn=1.0, bfast=32.0, bslow=1.0, nco=0,
                 ff=None, trig="libm"):
-    """ggml's f32 cache loop (SPEC-MODEL 2.2, 2.3), float32 step by step -> C, S of shape (T, nd/2).
+    """ggml's f32 cache loop (docs/semantics.md §7), float32 step by step -> C, S of shape (T, nd/2).
     powf/logf always from the C library; cosf/sinf from it (trig='libm') or np.cos/np.sin."""
     powf = lambda a, b: f(_lm.powf(float(a), float(b)))  # noqa: E731
     logf = lambda a: f(_lm.logf(float(a)))  # noqa: E731
@@ -365,7 +365,7 @@ def test_ggml_compat_numpy_trig(isa, mode, rng):
 
 @pytest.mark.skipif(_lm is None, reason=NO_LIBM)
 def test_ggml_compat_far_from_exact(rng):
-    """SPEC-MODEL 2.5: the f32 chain is ~1e-2 rad off at 131072 (base 1e4, d 128); the default is not"""
+    """docs/semantics.md §7: the f32 chain is ~1e-2 rad off at 131072 (base 1e4, d 128); the default is not"""
     x = np.zeros((1, 1, 128), F32)
     x[..., 16] = 1.0  # pair 8 (norm), where the angle error peaks
     pos = np.array([131072], np.int32)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import cpufuse
-from cpufuse import ops
-from cpufuse.qref import make_weight
+from cpufuse.ops import checks as ops
+from cpufuse.reference.quant import make_weight
 from _util import AVAILABLE, assert_bit_identical
 
 ISAS = [i for i in AVAILABLE]  # every path here, numba included
@@ -289,7 +289,7 @@ def test_unaligned_overlap_is_caught():
 @pytest.mark.skipif("numba" not in AVAILABLE, reason="numba is not installed")
 @pytest.mark.parametrize("shape", [(1, 1, 1, 576), (2, 3, 5, 37)])
 def test_numba_serial_twins_bit_identical(shape):
-    from cpufuse import numba_kernels as nk
+    from cpufuse.numba import kernels as nk
     x = f32(*shape) * 3
     w = 1 + 0.1 * f32(1, 1, 1, shape[-1])
     d32, d16, d1 = ops._nb_dummies()

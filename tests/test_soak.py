@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 
 import cpufuse
-from cpufuse import Graph, qref, reference
+from cpufuse import Graph, reference
+from cpufuse.reference import quant as qref
 from _util import assert_nmse
 
 SOAK_S = float(os.environ.get("CPUFUSE_SOAK_SECONDS", "2"))
@@ -178,7 +179,8 @@ def soak(seconds, n_workers=N_WORKERS, isas=None):
 
 @pytest.fixture
 def watchdog():
-    faulthandler.dump_traceback_later(SOAK_S + 240, exit=True)
+    # the process's own stderr: under --capture=sys (make test-asan) sys.stderr has no file descriptor
+    faulthandler.dump_traceback_later(SOAK_S + 240, exit=True, file=sys.__stderr__)
     yield
     faulthandler.cancel_dump_traceback_later()
 

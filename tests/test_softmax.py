@@ -1,5 +1,5 @@
-"""cpufuse.softmax vs the float64 oracle (SPEC §1, §6): accuracy on every ISA, fused and unfused,
-edge cases (§1.5), ALiBi (§1.2), mask broadcasting, strides, aliasing, guards, and the §1.7 grid."""
+"""cpufuse.softmax vs the float64 oracle (docs/semantics.md §2, §1): accuracy on every ISA, fused and unfused,
+edge cases, ALiBi, mask broadcasting, strides, aliasing, guards, and ggml's test-backend-ops grid."""
 import functools
 
 import numpy as np
@@ -74,7 +74,7 @@ def test_long_rows(isa, fused, C, rng):
 
 @pytest.mark.parametrize("C", SIZES)
 def test_fused_unfused_bit_identical(native_isa, C, rng):
-    """SPEC §4.3: fused and the separate-pass chain are the same arithmetic; here bit-identical."""
+    """docs/semantics.md §5: fused and the separate-pass chain are the same arithmetic; here bit-identical."""
     x = (rng.standard_normal((2, 3, 2, C)) * 5).astype(np.float32)
     for mask, sinks, mb in [(None, None, 0.0),
                             (make_mask(rng, (2, 3, 2, C), np.float32), rng.standard_normal(3).astype(np.float32), 0.0),
@@ -96,7 +96,7 @@ def test_isas_agree(rng):
 
 
 # ------------------------------------------------------------------------------------------------
-# masks, edge cases (SPEC §1.5)
+# masks, edge cases (docs/semantics.md §2)
 
 @pytest.mark.parametrize("mdtype", [np.float32, np.float16])
 def test_causal_mask(isa, fused, mdtype, rng):
@@ -147,7 +147,7 @@ def test_f16_mask_special_values(isa, fused, rng):
     x = rng.standard_normal((3, C)).astype(np.float32)
     for scale in (1.0, 0.01):
         y = cpufuse.softmax(x, mask, scale=scale, isa=isa, fused=fused)
-        # with |m| up to 65504 the f32 rounding of the logits z (SPEC §1.3 step 1) dominates: the
+        # with |m| up to 65504 the f32 rounding of the logits z (docs/semantics.md §2 step 1) dominates: the
         # oracle takes z = fl(fl(x*scale) + m) and does the rest in f64
         z = (x * np.float32(scale)) + mask.astype(np.float32)
         check(y, reference.softmax(z))
@@ -230,10 +230,10 @@ def test_scale_does_not_touch_mask_or_sinks(isa, fused, rng):
 
 
 # ------------------------------------------------------------------------------------------------
-# ALiBi (SPEC §1.2)
+# ALiBi (docs/semantics.md §2)
 
 def spec_slopes(n_head):
-    """the SPEC §1.2 examples for max_bias = 8, exactly"""
+    """the docs/semantics.md §2 examples for max_bias = 8, exactly"""
     if n_head == 32:
         return 2.0 ** (-(np.arange(32) + 1) / 4)
     if n_head == 12:
@@ -407,7 +407,7 @@ def test_empty_sliced(isa, fused, shape):
 @pytest.mark.parametrize("shape", [(2, 0), (0, 8), (1, 0, 2, 4), (2, 3, 0, 5), (0,)], ids=str)
 def test_empty_fresh(shape):
     """empty inputs as numpy creates them (numpy >= 2.4 gives size-0 arrays all-zero strides):
-    SPEC §0.4.4 says empty tensors are never an error (checked on every available ISA)"""
+    docs/semantics.md §1 says empty tensors are never an error (checked on every available ISA)"""
     x = np.zeros(shape, np.float32)
     for isa in AVAILABLE:
         y = cpufuse.softmax(x, isa=isa)
@@ -420,7 +420,7 @@ def test_empty_fresh(shape):
 # more behaviour: extreme ALiBi, NaN sink, fused=False on numba, threads
 
 def test_alibi_slope_underflow(isa, fused, rng):
-    """SPEC §1.5: a huge max_bias makes slope(h) 0 in f32; then 0 * -inf = NaN (IEEE, as upstream)
+    """docs/semantics.md §2: a huge max_bias makes slope(h) 0 in f32; then 0 * -inf = NaN (IEEE, as upstream)
     and a finite mask contributes nothing"""
     x = rng.standard_normal((1, 1, 2, 24)).astype(np.float32)
     mask = rng.uniform(-1, 1, (1, 1, 2, 24)).astype(np.float32)
@@ -462,7 +462,7 @@ def test_threads_deterministic(isa, rng):
 
 
 # ------------------------------------------------------------------------------------------------
-# SPEC §1.7 conformance grid (212 cases)
+# docs/semantics.md §2 conformance grid (212 cases)
 
 def _grid_cases():
     cases = []  # (id, ne=(C,R,H0,S0), rep=(rH,rS), mask, sinks, mdtype, scale, max_bias, inplace)

@@ -1,5 +1,5 @@
 """Threads (issue 5): every op gives bit-identical results at 1, 2, 3 and 7 threads (fixed
-chunking, SPEC §0.4.5), concurrent calls from several Python threads are correct, the GIL is
+chunking, docs/semantics.md §1), concurrent calls from several Python threads are correct, the GIL is
 released during native calls, and the thread-count settings are validated."""
 import threading
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import cpufuse
-from cpufuse import blocks
+from bench import blocks
 from cpufuse import reference as ref
 from _util import assert_bit_identical, assert_nmse
 

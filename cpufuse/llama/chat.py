@@ -1,4 +1,4 @@
-"""Chat-template rendering (SPEC-MODEL §4.7), as llama-cpp-python / HF transformers do it.
+"""Chat-template rendering (docs/semantics.md §10), as llama-cpp-python / HF transformers do it.
 
 ``render_chat(template, messages, ...)`` renders a GGUF ``tokenizer.chat_template`` with jinja2:
 ``ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)``, the ``loopcontrols``

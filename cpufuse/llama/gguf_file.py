@@ -44,7 +44,7 @@ import struct
 
 import numpy as np
 
-from cpufuse.qtypes import QTYPES
+from cpufuse.quant.types import QTYPES
 
 __all__ = ["GGUFFile", "GGUFTensor", "GGUF_MAGIC", "DEFAULT_ALIGNMENT", "MAX_ALIGNMENT", "MAX_DIMS",
            "VALUE_TYPES", "GGML_TYPES"]
@@ -75,7 +75,7 @@ _U64 = struct.Struct("<Q")
 _HEADER = struct.Struct("<4sIQQ")      # magic, version, n_tensors, n_kv
 
 # ggml tensor types: id -> (name, elements per block, bytes per block). cpufuse's own table
-# (cpufuse.qtypes) for the types it computes, plus the sizes of the others that GGUF files carry
+# (cpufuse.quant.types) for the types it computes, plus the sizes of the others that GGUF files carry
 # (ggml's type traits), so that such a tensor can still be sized and bounds-checked.
 GGML_TYPES = {t.type_id: (t.name, t.block_size, t.type_size) for t in QTYPES.values()}
 _SUPPORTED_IDS = frozenset(GGML_TYPES)
@@ -115,7 +115,7 @@ class GGUFTensor:
 
     @property
     def supported(self):
-        """whether cpufuse's kernels compute this type (cpufuse.qtypes)"""
+        """whether cpufuse's kernels compute this type (cpufuse.quant.types)"""
         return self.type_id in _SUPPORTED_IDS
 
     @property

@@ -1,4 +1,4 @@
-"""A llama-architecture GGUF model on cpufuse's fused kernels (SPEC-MODEL §1, §3).
+"""A llama-architecture GGUF model on cpufuse's fused kernels (docs/semantics.md §10).
 
     from cpufuse.llama import Model
     m = Model.load("SmolLM2-135M-Instruct.Q4_1.gguf", n_ctx=2048, n_threads=2)
@@ -52,7 +52,7 @@ from typing import List, Optional
 import numpy as np
 
 from cpufuse import _dispatch
-from cpufuse.qtypes import QTensor, dequantize
+from cpufuse.quant.types import QTensor, dequantize
 
 from .decoder import Batch, Decoder
 
@@ -140,7 +140,7 @@ def _short(v):
 
 @dataclass
 class HParams:
-    """The hyperparameters read from the GGUF (SPEC-MODEL §1.2) and decided at load (§1.4)."""
+    """The hyperparameters read from the GGUF (docs/semantics.md §10) and decided at load."""
     arch: str
     n_layer: int
     n_embd: int
@@ -205,7 +205,7 @@ class HParams:
         n_ctx_orig = _int_key(gf, p + "rope.scaling.original_context_length", n_ctx_train, hi=MAX_N_CTX)
         ext_factor = 1.0 if scaling == "yarn" else 0.0
         attn_factor = 1.0
-        if ext_factor != 0.0:           # SPEC-MODEL §1.4: the two 0.1·ln(factor) terms cancel
+        if ext_factor != 0.0:           # docs/semantics.md §10: the two 0.1·ln(factor) terms cancel
             fct = 1.0 / freq_scale
             a = 0.1 * math.log(fct) + 1.0 if fct > 1.0 else 1.0
             attn_factor = a * (1.0 / (1.0 + 0.1 * math.log(fct)))

@@ -1,4 +1,4 @@
-"""Token sampling: llama.cpp's `common` sampler chain with its defaults (SPEC-MODEL §5.1, §5.2).
+"""Token sampling: llama.cpp's `common` sampler chain with its defaults (docs/semantics.md §10).
 
 Chain (disabled stages are no-ops):
     penalties (repeat over the last penalty_last_n tokens, prompt included, as llama-completion)

@@ -1,26 +1,26 @@
-"""GGUF tokenizer with llama.cpp semantics (SPEC-MODEL §4).
+"""GGUF tokenizer with llama.cpp semantics (docs/semantics.md §10).
 
 Supported: byte-level BPE vocabularies (``tokenizer.ggml.model == "gpt2"``) whose pre-tokenizer
 (``tokenizer.ggml.pre``) is one of the families in ``PRE_FAMILIES``: ``smollm``, ``llama-bpe``
 (llama3 and aliases), ``qwen2`` (and aliases), ``gpt-2`` (and aliases), ``default`` (also a
 missing ``pre``); and SentencePiece vocabularies (``tokenizer.ggml.model == "llama"``) through a
-pure-Python port of llama.cpp's score-heap SPM session (§4.4: space prefix, ``▁`` escaping,
+pure-Python port of llama.cpp's score-heap SPM session (space prefix, ``▁`` escaping,
 ``<0xXX>`` byte fallback). Other models / pre-tokenizers raise ``NotImplementedError``.
 
-How it is built (SPEC-MODEL §4.6):
+How it is built (docs/semantics.md §10):
 
-* The special-token partition (§4.2) is done here in Python, exactly as llama.cpp's
+* The special-token partition is done here in Python, exactly as llama.cpp's
   ``tokenizer_st_partition``: every CONTROL / USER_DEFINED / UNKNOWN token, longest text first
   (ties: lower id first), is split out of every remaining raw fragment, left to right. With
   ``special=False`` CONTROL and UNKNOWN tokens are skipped, USER_DEFINED are still split out.
 * Each remaining raw fragment is encoded by a Hugging Face ``tokenizers`` BPE model built from the
   GGUF ``tokens`` / ``merges`` arrays, with the pre-tokenizer pipeline of the file's ``pre``
   (regex split, then the GPT-2 byte-to-unicode map). No added tokens are registered with HF, so
-  the HF added-token matcher never runs (pitfall 3 of §4.6 does not apply).
-* BOS/EOS are added by this class from the GGUF flags (§4.1 defaults, overridden by
+  the HF added-token matcher never runs (so its differences from llama.cpp's matcher do not arise).
+* BOS/EOS are added by this class from the GGUF flags (llama.cpp's defaults, overridden by
   ``tokenizer.ggml.add_bos_token`` / ``add_eos_token``).
 
-Detokenization follows ``llama_token_to_piece`` (§4.5): NORMAL tokens are mapped back through the
+Detokenization follows ``llama_token_to_piece``: NORMAL tokens are mapped back through the
 inverse byte map, USER_DEFINED tokens are copied raw, BYTE tokens (``<0xXX>``) give their byte,
 CONTROL / UNKNOWN tokens give ``b""`` unless ``special=True`` (then their text), and UNUSED /
 undefined tokens give ``b""``. ``detokenize`` concatenates the pieces (this is what
@@ -82,7 +82,7 @@ _TYPE_TO_ATTR = {
 }
 
 # ---------------------------------------------------------------------------------------------
-# Pre-tokenizer regexes (SPEC-MODEL §4.3)
+# Pre-tokenizer regexes (docs/semantics.md §10)
 # ---------------------------------------------------------------------------------------------
 GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3_REGEX = (
@@ -170,7 +170,7 @@ _C_ISSPACE = " \t\n\v\f\r"
 
 
 def bytes_to_unicode() -> dict:
-    """GPT-2 byte -> unicode character map (SPEC-MODEL §4.3)."""
+    """GPT-2 byte -> unicode character map (docs/semantics.md §10)."""
     bs = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
     cs = bs[:]
     n = 0

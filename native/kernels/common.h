@@ -11,7 +11,7 @@
 
 #define CF_NEG_INF (-__builtin_inff())
 
-/* exp (SPEC 5.1): ln2 split for the Cody-Waite reduction (n*CF_LN2_HI is exact for |n| < 2^15),
+/* exp (docs/semantics.md §6): ln2 split for the Cody-Waite reduction (n*CF_LN2_HI is exact for |n| < 2^15),
  * and the degree-5 polynomial e^r = 1 + r + r^2*(C2 + C3 r + C4 r^2 + C5 r^3) on |r| <= ln2/2:
  * an own weighted least-squares (Lawson) fit of the relative error, 1.05e-7 before rounding. */
 #define CF_LN2_HI 0.693359375f
@@ -67,26 +67,10 @@ static inline uint16_t cf_f2h(float f) {
 }
 
 /* Reduction chunk: partial sums stay in f32 vector lanes for this many elements, then are added
- * to an f64 total. Keeps the f32 error per lane tiny at every row length (SPEC 1.3, 2.2). */
+ * to an f64 total. Keeps the f32 error per lane tiny at every row length (docs/semantics.md §2, §3). */
 #define CF_CHUNK 256
 
-/* Descriptor layouts (int64 arrays, strides in elements). Python fills these; see cpufuse/_native.py. */
-enum {
-  SM_S, SM_H, SM_R, SM_C,                 /* x shape (S, H, R, C) */
-  SM_XS0, SM_XS1, SM_XS2,                 /* x strides for S, H, R */
-  SM_YS0, SM_YS1, SM_YS2,                 /* y strides */
-  SM_MS, SM_MH, SM_MS0, SM_MS1, SM_MS2,   /* mask dims (S, H) and strides (S, H, R) */
-  SM_MKIND,                               /* 0 none, 1 f32, 2 f16 */
-  SM_LEN
-};
-enum {
-  RN_N3, RN_N2, RN_N1, RN_N0,             /* x shape */
-  RN_XS3, RN_XS2, RN_XS1,                 /* x strides */
-  RN_YS3, RN_YS2, RN_YS1,                 /* y strides */
-  RN_HS3, RN_HS2, RN_HS1,                 /* h (x + residual) strides */
-  RN_R3, RN_R2, RN_R1, RN_RS3, RN_RS2, RN_RS1, /* residual dims and strides (tiled by modulo) */
-  RN_W3, RN_W2, RN_W1, RN_WS3, RN_WS2, RN_WS1, /* weight */
-  RN_B3, RN_B2, RN_B1, RN_BS3, RN_BS2, RN_BS1, /* bias */
-  RN_LEN
-};
+/* Descriptor layouts (int64 arrays, strides in elements), plan opcodes and record layouts:
+ * generated from cpufuse/_layouts.py, which Python packs them with. */
+#include "layouts.h"
 #endif

@@ -123,7 +123,7 @@ static inline float vf_hmax(vf v) {
   return _mm_cvtss_f32(s);
 }
 
-/* exp (SPEC 5.1), degree-5 polynomial (CF_EXP_C2..C5 in common.h). n = round(x*log2 e) by the
+/* exp (docs/semantics.md §6), degree-5 polynomial (CF_EXP_C2..C5 in common.h). n = round(x*log2 e) by the
  * magic-constant trick, r = x - n*ln2 (two-constant split), e^r - 1 = r + r^2*q(r).
  * Common path: lanes in [-87.34, 88.37], where 2^n is a normal float built straight from the bits
  * of the magic sum and y = s + s*(e^r - 1) rounds once. Lanes below -103.97 (including -inf) are 0.
@@ -176,7 +176,7 @@ static inline vf vf_exp(vf x) {
 }
 /* exp for arguments <= 0 (softmax, attention: z - max), no branch: the clamp at -88 makes n = -127,
  * whose 2^n bit pattern is +0, so every lane below about -87.7 (-inf included) gives +0 instead of
- * a subnormal (SPEC 1.5: underflow to +0 is fine); NaN stays NaN (NaN * 0); one-constant
+ * a subnormal (docs/semantics.md §2: underflow to +0 is fine); NaN stays NaN (NaN * 0); one-constant
  * reduction (CF_LN2_F). */
 static inline vf vf_exp_le0(vf x) { return cf_exp_fast(_mm256_max_ps(_mm256_set1_ps(-88.0f), x), 1); }
 

@@ -129,7 +129,7 @@ static inline float vf_hmax(vf v) {
   if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) return __builtin_nanf("");
   return _mm512_reduce_max_ps(v);
 }
-/* exp (SPEC 5.1), degree-5 polynomial (CF_EXP_C2..C5 in common.h), 2^n via vscalefps.
+/* exp (docs/semantics.md §6), degree-5 polynomial (CF_EXP_C2..C5 in common.h), 2^n via vscalefps.
  * n = round(x*log2 e) by the magic-constant trick, r = x - n*ln2 with ln2 split in two,
  * e^r = 1 + (r + r^2*q(r)). The common path clamps at -87.34 so no lane produces a subnormal:
  * on Intel cores a subnormal result costs a microcode assist, and masked (-inf) softmax lanes
@@ -165,7 +165,7 @@ static inline vf vf_exp(vf x) {
   return y;
 }
 /* exp for arguments <= 0 (softmax, attention: z - max): lanes below -87.34 give +0 instead of a
- * subnormal (SPEC 1.5: underflow to +0 is fine), NaN stays NaN; no branch; one-constant
+ * subnormal (docs/semantics.md §2: underflow to +0 is fine), NaN stays NaN; no branch; one-constant
  * reduction (CF_LN2_F). */
 static inline vf vf_exp_le0(vf x) {
   const vf lo = _mm512_set1_ps(-87.33654f);

@@ -76,7 +76,7 @@ static inline void vf_hsum4(vf a, vf b, vf c, vf d, float *out) {
 }
 static inline float vf_hsum(vf v) { return vaddvq_f32(v); }
 static inline float vf_hmax(vf v) { return vmaxvq_f32(v); }     /* NaN-propagating */
-/* exp (SPEC 5.1): the x86 reduction and degree-5 polynomial (common.h), round-to-nearest n by
+/* exp (docs/semantics.md §6): the x86 reduction and degree-5 polynomial (common.h), round-to-nearest n by
  * vrndnq; 2^n as two exact factors (no slow path); below -103.97 (and -inf) 0, above 88.72 +inf. */
 static inline vf vf_exp(vf x) {
   vf xc = vminq_f32(vdupq_n_f32(88.75f), vmaxq_f32(vdupq_n_f32(-104.0f), x));

@@ -50,7 +50,7 @@ static inline void vf_hsum4(vf a, vf b, vf c, vf d, float *out) {
 }
 static inline float vf_hsum(vf v) { return v; }
 static inline float vf_hmax(vf v) { return v; }
-/* exp (SPEC 5.1): the SIMD ISAs' reduction and degree-5 polynomial (common.h); 2^n as two exact
+/* exp (docs/semantics.md §6): the SIMD ISAs' reduction and degree-5 polynomial (common.h); 2^n as two exact
  * power-of-two factors, so subnormal results round once. */
 static inline vf vf_exp(vf x) {
   if (x != x) return x;

@@ -3,7 +3,7 @@
  * aarch64 (native or qemu-user). Links isa_neon.c, isa_scalar.c and native/src/repack.c.
  * For every supported weight type (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
  * Q6_K) with random valid blocks it checks:
- *  - f32 mode against a double reference written here (dequantization per SPEC-QUANT 2, times x):
+ *  - f32 mode against a double reference written here (dequantization per docs/semantics.md §8, times x):
  *    NMSE <= 1e-10;
  *  - q8 mode against a double reference of the integer block arithmetic on the quantized
  *    activations (docs/quant-design.md), NMSE <= 1e-10, and neon against scalar, NMSE <= 1e-12;
@@ -113,7 +113,7 @@ static uint8_t *gen_weights(const tinfo *t, int64_t N, int64_t K, int subn) {
   return w;
 }
 
-/* One row decoded per SPEC-QUANT 2: element e is f32(f32(sc[e]*q[e]) + mn[e]) with sc, mn
+/* One row decoded per docs/semantics.md §8: element e is f32(f32(sc[e]*q[e]) + mn[e]) with sc, mn
  * f32 values (mn = h2f(m) for Q4_1/Q5_1, -f32(dmin*m_j) for Q4_K/Q5_K, else 0). Float types:
  * sc = the value, q = 1. */
 static void decode_row(const tinfo *t, const uint8_t *row, int64_t K, int *q, double *sc, double *mn) {

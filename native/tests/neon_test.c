@@ -1,9 +1,8 @@
 /* Standalone test of the NEON kernels (native/src/isa_neon.c), for aarch64 (native or qemu-user).
  * Links isa_neon.c and isa_scalar.c; checks exp, softmax, rms_norm, flash attention and rope against
- * double references written here (SPEC 1, 2, 3, 5.1), the neon results against the scalar ones,
+ * double references written here (docs/semantics.md §2, §3, §4, §6), the neon results against the scalar ones,
  * and that no kernel writes past a row (guard elements) or reads past an array (guard page).
- * The flash-attention descriptor layout (the FA_* enum of native/kernels/flash_attn.inc) comes
- * from fa_desc.h, which run_neon_qemu.sh extracts from that file, so the two cannot drift.
+ * The descriptor layouts (FA_*, RP_*, ...) come from native/kernels/layouts.h through common.h.
  * Build and run: native/tests/run_neon_qemu.sh. Exit status 0 when every case passes. */
 #define _DEFAULT_SOURCE /* mmap / mprotect for the guard page */
 #include <float.h>
@@ -16,8 +15,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #include "../kernels/common.h"
-#include "fa_desc.h" /* the FA_* enum of native/kernels/flash_attn.inc (run_neon_qemu.sh) */
-#include "../kernels/rope.h" /* the RP_* descriptor layout of native/kernels/rope.inc */
 
 #if !defined(__aarch64__)
 #error "neon_test.c is an aarch64 program (it uses __fp16 and the neon kernels)"
@@ -71,7 +68,7 @@ static uint16_t f2h(float f) { __fp16 h = (__fp16)f; uint16_t u; memcpy(&u, &h, 
 static float h2f(uint16_t u) { __fp16 h; memcpy(&h, &u, 2); return (float)h; }
 
 /* ---------------------------------------------------------------------------------------------
- * exp (SPEC 5.1): <= 2.5 ulp on [-104, 88.7] (3 for scalar, which has no FMA; the degree-5
+ * exp (docs/semantics.md §6): <= 2.5 ulp on [-104, 88.7] (3 for scalar, which has no FMA; the degree-5
  * polynomial measures 2.25 / 2.62), ulp of the float nearest the true value */
 static double exp_bound(const char *isa) { return strcmp(isa, "scalar") ? 2.5 : 3.0; }
 static double ulp_err(float y, double ref) {
@@ -153,7 +150,7 @@ static void test_exp_vs_scalar(void) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * softmax (SPEC 1.3): double reference of one row. mf/mh: mask row or NULL. */
+ * softmax (docs/semantics.md §2): double reference of one row. mf/mh: mask row or NULL. */
 static void ref_softmax_row(int64_t C, const float *x, const float *mf, const uint16_t *mh,
                             float slope, float scale, const float *sink, double *out) {
   double M = -INFINITY;
@@ -308,7 +305,7 @@ static void test_softmax_all(void) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * rms_norm (SPEC 2.2): double reference of one row, NMSE per row */
+ * rms_norm (docs/semantics.md §3): double reference of one row, NMSE per row */
 static void ref_rms_row(int64_t n, const float *x, const float *w, const float *b, float eps,
                         double *out) {
   double ss = 0.0;
@@ -419,7 +416,7 @@ static void test_rms_desc(int64_t n, int use_r, int use_w, int use_b, int inplac
         for (int64_t i = 0; i < n; i++) ref[i] = ys[2][yo + i];
         CHECK(nmse(n, ys[0] + yo, ref) <= 1e-12, "neon vs scalar row %lld", row);
       }
-  /* fused and unfused compute the same bits (SPEC 4.3), padding included */
+  /* fused and unfused compute the same bits (docs/semantics.md §5), padding included */
   CHECK(memcmp(ys[0], ys[1], (size_t)ny * sizeof(float)) == 0, "neon fused != unfused (y)");
   if (use_r) CHECK(memcmp(hs[0], hs[1], (size_t)nh * sizeof(float)) == 0, "neon fused != unfused (h)");
   if (!use_r) for (int v = 0; v < 3; v++) CHECK(is_guard(hs[v][0]), "%s wrote h without residual", names[v]);
@@ -447,7 +444,7 @@ static void test_rms_all(void) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * flash attention (SPEC 3): double reference per (s, h, n), from the stored values (f16 K/V
+ * flash attention (docs/semantics.md §4): double reference per (s, h, n), from the stored values (f16 K/V
  * widened exactly by __fp16). Excluded positions (fl(slope*mask) == -inf) are skipped before the
  * dot product; an empty row is zeros; the sink joins the max and the denominator only. */
 enum { FA_SP_FULLROW = 1, FA_SP_BLOCK = 2, FA_SP_GARBAGE = 4, FA_SP_NANQ = 8 };
@@ -458,7 +455,7 @@ typedef struct {
   float softcap;
 } fa_case;
 
-static float alibi_slope(int64_t h, int64_t n_head, float max_bias) { /* SPEC 1.2, in f32 */
+static float alibi_slope(int64_t h, int64_t n_head, float max_bias) { /* docs/semantics.md §2, in f32 */
   int64_t l2 = 1;
   while (l2 * 2 <= n_head) l2 *= 2;
   const float m0 = powf(2.0f, -max_bias / (float)l2), m1 = powf(2.0f, -(max_bias / 2.0f) / (float)l2);
@@ -686,7 +683,7 @@ static void test_fa(const fa_case *c, int64_t chunk_a, int64_t chunk_b) {
     CHECK(e <= 1e-12, "%s vs rows: NMSE %.3g", paths[p].name, e);
   }
 #if CF_NTH
-  /* the thread count never changes a bit (fixed chunking, SPEC 0.4.5): rows and split chunk A
+  /* the thread count never changes a bit (fixed chunking, docs/semantics.md §1): rows and split chunk A
    * again on 3 threads, tiled q_tile=5 again on 1 */
   const int again[3][2] = {{0, 3}, {3, 3}, {2, 1}};
   for (int a = 0; a < 3; a++) {
@@ -760,7 +757,7 @@ static void test_fa_all(void) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * rope (SPEC-MODEL 2): accurate mode vs a double reference (NMSE <= 1e-12); ggml_compat mode vs
+ * rope (docs/semantics.md §7): accurate mode vs a double reference (NMSE <= 1e-12); ggml_compat mode vs
  * ggml's f32 chain written here (libm powf/cosf/sinf/logf, fmaf where GCC contracts), bit for bit
  * on neon and without the FMA of the rotation on scalar; f16 output = f2h(f32 output); in place;
  * thread counts 1 and 3 identical; guards after every row untouched. */

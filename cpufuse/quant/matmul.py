@@ -12,25 +12,17 @@ and up products with the SwiGLU in the epilogue (matmul_swiglu), the two product
 """
 import numpy as np
 
-from . import _backend as _native, _dispatch
-from . import ops as _ops
-from .qtypes import QTensor
+from .. import _backend, _dispatch, _registry
+from .._layouts import QM
+from ..ops import checks as _ops
+from .types import ACT_QTYPES, QTensor
 
-ffi, lib = _native.ffi, _native.lib
+ffi, lib = _backend.ffi, _backend.lib
 F32 = np.dtype(np.float32)
 ACT_MODES = ("q8", "f32")
 DEFAULT_ACT = "q8"
-_QM_W0, _QW_LEN = 7, 5
-_LAYOUT = {"gguf": 0, "p16": 1}
+_LAYOUT = {"gguf": 0, "p16": 1}   # QW_LAY
 _ERRORS = {1: "unsupported weight type for this kernel", 2: "out of memory (scratch allocation)"}
-_FN = {}
-
-
-def _fn(isa):
-    f = _FN.get(isa)
-    if f is None:
-        f = _FN[isa] = getattr(lib, f"cf_qmatmul_f32__{isa}")
-    return f
 
 
 def _check_x(x, n_in, name="x"):
@@ -105,6 +97,15 @@ def _no_overlap(outs, ins):
                                  f"the input {iname!r}")
 
 
+def qm_desc(rows, K, xs, q8, epi, norm, ws, ys):
+    """cf_qmatmul_f32's descriptor (QM / QW of cpufuse._layouts) as a list: rows x K activations of
+    row stride xs, q8 or f32, epilogue epi (1: SwiGLU), norm (1: the RMS_NORM prologue), the weights
+    ws (QTensors) and each one's output row stride ys[i]"""
+    return QM.pack(ROWS=rows, K=K, XS=xs, ACT=1 if q8 else 0, NW=len(ws), EPI=epi, NORM=norm,
+                   tail=[dict(T=w.type_id, N=w.shape[0], WS=w.row_bytes, YS=y, LAY=_LAYOUT[w.layout])
+                         for w, y in zip(ws, ys)])
+
+
 def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead):
     n_in = ws[0].shape[1]
     for w, nm in zip(ws, names):
@@ -139,24 +140,17 @@ def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead):
     if rows == 0 or any(n == 0 for n in n_out):
         return ys
     if isa == "numba":
-        from . import numba_quant
-        numba_quant.qmatmul(x2, nw_arr, eps_f, bool(do_norm), tuple(w.gguf_bytes() for w in ws),
-                            tuple(w.type_id for w in ws), act == "q8", epi, tuple(y2), nth)
+        _registry.kernel("qmatmul", isa, nth)(x2, nw_arr, eps_f, bool(do_norm), tuple(w.gguf_bytes() for w in ws),
+                                              tuple(w.type_id for w in ws), act == "q8", epi, tuple(y2))
         return ys
-    d = [rows, n_in, x2.strides[0] // 4 if rows > 1 else n_in, 1 if act == "q8" else 0, len(ws), epi, do_norm]
-    for i in range(3):
-        if i < len(ws):
-            w = ws[i]
-            yi = y2[i] if i < len(y2) else y2[0]
-            d += [w.type_id, w.shape[0], w.row_bytes, yi.strides[0] // 4 if yi.shape[0] > 1 else w.shape[0],
-                  _LAYOUT[w.layout]]
-        else:
-            d += [0, 0, 0, 0, 0]
+    d = qm_desc(rows, n_in, x2.strides[0] // 4 if rows > 1 else n_in, act == "q8", epi, do_norm, ws,
+                [(y2[i] if i < len(y2) else y2[0]).strides[0] // 4 if rows > 1 else w.shape[0]
+                 for i, w in enumerate(ws)])
     wp = [_wptr(w)[0] for w in ws] + [ffi.NULL] * (3 - len(ws))
     yp = [ffi.cast("float *", o.ctypes.data) for o in y2] + [ffi.NULL] * (3 - len(y2))
     xp = ffi.cast("const float *", x2.ctypes.data)
     np_ = ffi.cast("const float *", nw_arr.ctypes.data) if nw_arr is not None else ffi.NULL
-    rc = _fn(isa)(d, xp, np_, eps_f, wp[0], wp[1], wp[2], yp[0], yp[1], yp[2], nth)
+    rc = _registry.kernel("qmatmul", isa)(d, xp, np_, eps_f, wp[0], wp[1], wp[2], yp[0], yp[1], yp[2], nth)
     if rc:
         raise RuntimeError(f"cpufuse.matmul: the {isa} kernel failed: {_ERRORS.get(rc, rc)}")
     return ys
@@ -179,7 +173,7 @@ _ACT = {None: 1 if DEFAULT_ACT == "q8" else 0, "q8": 1, "f32": 0}
 _fb = ffi.from_buffer if ffi is not None else None
 _T_F32 = ffi.typeof("float[]") if ffi is not None else None
 _NULL = ffi.NULL if ffi is not None else None
-_FNS = {i: getattr(lib, f"cf_qmatmul_f32__{i}") for i in _dispatch.AVAILABLE if i != "numba"} if lib else {}
+_FNS = _registry.table("qmatmul")
 _ctx_get = _dispatch._ctx.get
 _SERIAL_MACS = 1 << 16  # lean path, default threads: products of at most this many multiply-adds run on one thread
 _thr = _dispatch._threads
@@ -198,10 +192,7 @@ def _entry(ws, rows, act, epi, do_norm):
     if epi and (len(ws) != 2 or ws[1].n_out != w0.n_out):
         return None
     n_out = tuple(w.n_out for w in ws) if not epi else (w0.n_out,)
-    d = [rows, K, K, _ACT[act], len(ws), epi, do_norm]
-    for i in range(3):
-        d += ([ws[i].type_id, ws[i].n_out, ws[i].row_bytes, n_out[i if not epi else 0], _LAYOUT[ws[i].layout]]
-              if i < len(ws) else [0, 0, 0, 0, 0])
+    d = qm_desc(rows, K, K, _ACT[act], epi, do_norm, ws, [n_out[i if not epi else 0] for i in range(len(ws))])
     wp = [_wptr(w)[0] for w in ws] + [ffi.NULL] * (3 - len(ws))
     # each weight's bytes as a float pointer and a length in floats rounded up (for the overlap tests)
     spans = tuple((ffi.cast("float *", _wptr(w)[0]), w.nbytes // 4 + 1) for w in ws)
@@ -234,7 +225,7 @@ def _lean(x, ws, act, outs, isa, n_threads, norm_weight, eps, epi):
     if sh[-1] != w0.n_in or act not in _ACT:
         return None
     isa = isa or _ctx_get() or _dispatch.DEFAULT
-    fn = _FNS.get(isa)
+    fn = _FNS.get(isa) if isa != "numba" else None
     if fn is None or not (n_threads is None or type(n_threads) is int and 0 < n_threads <= _MAX_THREADS):
         return None  # numba, or an isa / n_threads the full path checks
     do_norm = 0
@@ -361,10 +352,9 @@ def _lead(x):
 def quantize_act(x, vtype, isa=None):
     """The activation blocks ggml's vec_dot would use (vtype "Q8_0", "Q8_1" or "Q8_K"), as GGUF block
     bytes of shape (rows, blocks*bytes): what the q8 mode computes with (for tests and inspection)."""
-    ids = {"Q8_0": (8, 32, 34), "Q8_1": (9, 32, 36), "Q8_K": (15, 256, 292)}
-    if vtype not in ids:
-        raise ValueError(f"vtype must be one of {tuple(ids)}, got {vtype!r}")
-    vid, blk, nb = ids[vtype]
+    if vtype not in ACT_QTYPES:
+        raise ValueError(f"vtype must be one of {tuple(ACT_QTYPES)}, got {vtype!r}")
+    _, vid, blk, nb, _ = ACT_QTYPES[vtype]
     if not isinstance(x, np.ndarray) or x.dtype != F32 or x.ndim != 2:
         raise TypeError("x must be a 2-D float32 numpy.ndarray, got "
                         + (f"{x.dtype} of shape {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__))
@@ -374,8 +364,7 @@ def quantize_act(x, vtype, isa=None):
     x = np.ascontiguousarray(x)
     out = np.empty((x.shape[0], x.shape[1] // blk * nb), np.uint8)
     if isa == "numba":
-        from . import numba_quant
-        return numba_quant.quantize_act(x, vid)
-    getattr(lib, f"cf_quantize_act__{isa}")(vid, x.shape[0], x.shape[1], ffi.cast("const float *", x.ctypes.data),
+        return _registry.kernel("quantize_act", isa)(x, vid)
+    _registry.kernel("quantize_act", isa)(vid, x.shape[0], x.shape[1], ffi.cast("const float *", x.ctypes.data),
                                            x.shape[1], ffi.from_buffer(out, require_writable=True))
     return out

@@ -9,7 +9,7 @@ graph has no f32->f16 cache write):
 """
 import numpy as np
 
-from .graph import Graph
+from cpufuse.graph import Graph
 
 SMOLLM2_135M = dict(d=576, n_head=9, n_kv=3, head_dim=64, ffn=1536, eps=1e-5)
 LLAMA_7B = dict(d=4096, n_head=32, n_kv=32, head_dim=128, ffn=11008, eps=1e-6)

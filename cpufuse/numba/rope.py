@@ -3,7 +3,7 @@
 1. table_accurate / table_compat: per token, C[k] and S[k] (float32) of its n_dims/2 pairs into
    tab[t, 0, k] and tab[t, 1, k]. The accurate table uses `sincos`, the same float64 operations
    as the native kernels (no libm, no FMA), so it is the same table bit for bit. The per-op constants (1/freq_k, theta_scale, mscale, the YaRN
-   ramps) come from cpufuse/rope.py. The compat table calls the C library's cosf/sinf through
+   ramps) come from cpufuse/ops/rope.py. The compat table calls the C library's cosf/sinf through
    ctypes, as ggml does (numpy's or LLVM's float cos may differ by an ulp); it is compiled without
    the on-disk cache because it embeds the function addresses.
 2. apply: every (token, head) row under prange, y_a = fma(x_a, C, -(x_b*S)),
@@ -22,7 +22,8 @@ _JIT = dict(cache=True, nogil=True, error_model="numpy")
 _PJIT = dict(_JIT, parallel=True)
 
 
-def _libm_fn(name):
+def _libm_fn(name, nargs=1):
+    """the C library's float function `name` through ctypes, or None"""
     try:
         lib = ctypes.util.find_library("m")
         fn = getattr(ctypes.CDLL(lib), name) if lib else None
@@ -30,12 +31,14 @@ def _libm_fn(name):
         return None
     if fn is not None:
         fn.restype = ctypes.c_float
-        fn.argtypes = [ctypes.c_float]
+        fn.argtypes = [ctypes.c_float] * nargs
     return fn
 
 
 _cosf = _libm_fn("cosf")
 _sinf = _libm_fn("sinf")
+_powf = _libm_fn("powf", 2)
+_logf = _libm_fn("logf")
 HAVE_LIBM = _cosf is not None and _sinf is not None
 
 
@@ -212,3 +215,84 @@ def apply(x, tab, nd, mode, yh, y, f16):
                 yh[t, h, i] = f2h(x[t, h, i])
             else:
                 y[t, h, i] = x[t, h, i]
+
+
+# ------------------------------------------------------------------------------------------------
+# the call (cpufuse.ops.rope checks the arguments; the registry's "rope" on isa="numba")
+
+def _yarn_consts_f32(n_dims, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow,
+                     n_ctx_orig):
+    """ggml's per-op f32 constants (docs/semantics.md §7) for the Numba path: theta_scale, mscale,
+    ramp(k)*ext_factor. powf/logf come from the C library (ctypes) as upstream; numpy otherwise."""
+    f = np.float32
+    powf = (lambda a, b: f(_powf(a, b))) if _powf else (lambda a, b: f(np.power(f(a), f(b))))
+    logf = (lambda a: f(_logf(a))) if _logf else (lambda a: f(np.log(f(a))))
+    nd = f(n_dims)
+    theta_scale = powf(f(freq_base), f(f(-2.0) / nd))
+    mscale = f(attn_factor)
+    ramp = np.zeros(max(n_dims // 2, 1), np.float32)
+    if ext_factor != 0.0:
+        fs, base = f(freq_scale), f(freq_base)
+        mscale = f(mscale * f(f(1.0) + f(f(0.1) * logf(f(f(1.0) / fs)))))
+
+        def corr(r):
+            return f(f(nd * logf(f(f(n_ctx_orig) / f(f(f(r) * f(2.0)) * f(math.pi))))) / f(f(2.0) * logf(base)))
+        with np.errstate(all="ignore"):
+            lo0, hi0 = f(np.floor(corr(beta_fast))), f(np.ceil(corr(beta_slow)))
+        lo = f(0.0) if f(0.0) > lo0 else lo0
+        hi = f(n_dims - 1) if f(n_dims - 1) < hi0 else hi0
+        den = f(0.001) if f(0.001) > f(hi - lo) else f(hi - lo)
+        for k in range(n_dims // 2):
+            y = f(f(f(k) - lo) / den)
+            m0 = f(0.0) if f(0.0) > y else y
+            cl = f(1.0) if f(1.0) < m0 else m0
+            ramp[k] = f(f(f(1.0) - cl) * f(ext_factor))
+    return theta_scale, mscale, ramp
+
+
+def _yarn_consts_f64(n_dims, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow,
+                     n_ctx_orig, ff):
+    """the accurate path's per-op constants in float64: 1/freq_k (base^(-2k/n_dims)/ff_k), mscale,
+    ramp(k)*ext_factor (the same formulas as rope.inc)"""
+    half = n_dims // 2
+    k = np.arange(half, dtype=np.float64)
+    invf = np.array([math.pow(freq_base, -2.0 * kk / n_dims) for kk in k], np.float64)
+    if ff is not None:
+        invf = invf / ff.astype(np.float64)
+    mscale = attn_factor
+    ramp = np.zeros(max(half, 1), np.float64)
+    if ext_factor != 0.0:
+        mscale = mscale * (1.0 + 0.1 * math.log(1.0 / freq_scale))
+
+        def corr(r):
+            with np.errstate(all="ignore"):
+                arg = np.float64(n_ctx_orig) / (np.float64(r) * 2.0 * np.pi)
+                return np.float64(n_dims) * np.log(arg) / (2.0 * np.log(np.float64(freq_base)))
+        lo0, hi0 = np.floor(corr(beta_fast)), np.ceil(corr(beta_slow))
+        lo = lo0 if lo0 > 0.0 else 0.0
+        hi = (n_dims - 1) if (n_dims - 1) < hi0 else hi0
+        den = 0.001 if 0.001 > hi - lo else hi - lo
+        y = (k - lo) / den
+        ramp[:half] = (1.0 - np.clip(y, 0.0, 1.0)) * ext_factor
+    return np.ascontiguousarray(invf), mscale, ramp
+
+
+def rope(x, pos, ff, nd, mode, compat, fparams, n_ctx_orig, y):
+    """y (float32 or float16, any strides) = rope(x) with the checked arguments of cpufuse.rope:
+    pos contiguous int32, ff float32 (n_dims/2,) or None, fparams (freq_base, freq_scale,
+    ext_factor, attn_factor, beta_fast, beta_slow)"""
+    base, fs, ext, attn, bfast, bslow = fparams
+    T = x.shape[0]
+    half = nd // 2
+    tab = np.empty((T, 2, max(half, 1)), np.float32)
+    if compat:
+        ts, ms, ramp = _yarn_consts_f32(nd, base, fs, ext, attn, bfast, bslow, n_ctx_orig)
+        table_compat(pos, ff if ff is not None else np.ones(max(half, 1), np.float32),
+                     np.float32(fs), np.float32(ts), ramp, ext != 0.0, np.float32(ms), half, tab)
+    else:
+        invf, ms, ramp = _yarn_consts_f64(nd, base, fs, ext, attn, bfast, bslow, n_ctx_orig, ff)
+        table_accurate(pos, invf, fs, ramp, ext != 0.0, ms, half, tab)
+    f16 = y.dtype == np.float16
+    dummy32 = np.zeros((1, 1, 1), np.float32)
+    dummy16 = np.zeros((1, 1, 1), np.uint16)
+    apply(x, tab, nd, mode, y.view(np.uint16) if f16 else dummy16, dummy32 if f16 else y, f16)

@@ -1,5 +1,5 @@
 """GGUF weight types: the type table, `QTensor` (a weight's raw GGUF bytes plus its type), and
-pure-numpy unpacking and dequantization of every supported type (SPEC-QUANT §1, §2).
+pure-numpy unpacking and dequantization of every supported type (docs/semantics.md §8).
 
 Dequantization is bit-identical to `gguf.quants.dequantize`: the same float32 operations in the
 same order (e.g. Q4_1 x = f32(f32(q*d) + m); K-quants x = f32(f32(d*sc)*q - f32(dmin*m))).
@@ -10,7 +10,7 @@ from collections import namedtuple
 
 import numpy as np
 
-__all__ = ["QType", "QTYPES", "SUPPORTED", "resolve_qtype", "QTensor", "unpack_blocks", "dequantize"]
+__all__ = ["QType", "QTYPES", "ACT_QTYPES", "SUPPORTED", "resolve_qtype", "QTensor", "unpack_blocks", "dequantize"]
 
 QType = namedtuple("QType", "name type_id block_size type_size vec_dot_type")
 QType.__doc__ = """One supported ggml type: name, ggml/GGUF id, elements per block, bytes per block,
@@ -29,6 +29,11 @@ _TABLE = (
     QType("Q5_K", 13, 256, 176, "Q8_K"),
     QType("Q6_K", 14, 256, 210, "Q8_K"),
 )
+# the activation block types of the vec_dots (what act="q8" quantizes x to; not weight types here)
+ACT_QTYPES = {t.name: t for t in (QType("Q8_0", 8, 32, 34, None), QType("Q8_1", 9, 32, 36, None),
+                                  QType("Q8_K", 15, 256, 292, None))}
+# The one table of block facts: cpufuse's C traits (quant.inc, native/src/repack.c) and the Numba
+# unpackers are checked against _TABLE and ACT_QTYPES by tests/test_layouts.py.
 QTYPES = {t.name: t for t in _TABLE}          # by name
 _BY_ID = {t.type_id: t for t in _TABLE}
 SUPPORTED = tuple(t.name for t in _TABLE)
@@ -160,7 +165,7 @@ def _high_bits32(b, off):
 
 
 def _scale_min_k4(s):
-    """(..., 12) packed bytes -> (sc, m), each (..., 8) uint8 in 0..63 (SPEC-QUANT §2.8)"""
+    """(..., 12) packed bytes -> (sc, m), each (..., 8) uint8 in 0..63 (docs/semantics.md §8)"""
     lo, mid, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
     sc = np.concatenate([lo & np.uint8(63), (hi & np.uint8(15)) | ((lo >> np.uint8(6)) << np.uint8(4))], axis=-1)
     m = np.concatenate([mid & np.uint8(63), (hi >> np.uint8(4)) | ((mid >> np.uint8(6)) << np.uint8(4))], axis=-1)
@@ -300,7 +305,7 @@ class QTensor:
         s(self, "nbytes", want)
         s(self, "vec_dot_type", t.vec_dot_type)
         s(self, "layout", "gguf")
-        s(self, "_c", None)  # (cffi pointer, address, end) of raw, made by cpufuse.qmatmul on first use
+        s(self, "_c", None)  # (cffi pointer, address, end) of raw, made by cpufuse.quant.matmul on first use
 
     def __setattr__(self, name, value):
         raise AttributeError(f"QTensor is immutable (cannot set {name!r})")
@@ -317,7 +322,7 @@ class QTensor:
         array unpacked from the panels for a repacked tensor."""
         if self.layout == "gguf":
             return self.raw
-        from . import _backend
+        from .. import _backend
         out = np.empty((self.n_out, self.row_bytes), np.uint8)
         ffi, lib = _backend.ffi, _backend.lib
         n_panels = (self.n_out + PANEL - 1) // PANEL
@@ -335,7 +340,7 @@ class QTensor:
         layout's on every path. Returns self when there is nothing to gain: float types (F32, F16,
         BF16), an already repacked tensor, isa="numba" (Numba reads GGUF rows), or no native
         extension. isa: None = the ISA in force (cpufuse.use_isa, CPUFUSE_ISA, else the best)."""
-        from . import _backend, _dispatch
+        from .. import _backend, _dispatch
         isa = _dispatch.resolve(isa)
         if (self.layout != "gguf" or self.block_size == 1 or isa == "numba" or _backend.lib is None):
             return self

@@ -11,13 +11,13 @@ is the executable spec of the C and Numba kernels.
 """
 import numpy as np
 
-from .qtypes import QTensor, resolve_qtype, unpack_blocks
+from ..quant.types import ACT_QTYPES, QTensor, resolve_qtype, unpack_blocks
 
 __all__ = ["ACT_TYPES", "quantize_act", "decode_act", "ref_matmul_f32", "ref_matmul_q8",
            "quantize_weight", "make_weight", "random_blocks"]
 
 # vec_dot activation types: (elements per block, bytes per block)
-ACT_TYPES = {"Q8_0": (32, 34), "Q8_1": (32, 36), "Q8_K": (256, 292)}
+ACT_TYPES = {t.name: (t.block_size, t.type_size) for t in ACT_QTYPES.values()}   # (elements, bytes) per block
 
 _f32 = np.float32
 
@@ -142,7 +142,7 @@ def _chunks(n_out, per_col):
 
 
 def ref_matmul_q8(x, qt):
-    """float64 of the q8-mode block arithmetic (SPEC-QUANT 4.4), x float32 (rows, K) or (K,):
+    """float64 of the q8-mode block arithmetic (docs/semantics.md §9), x float32 (rows, K) or (K,):
     quantize x per qt.vec_dot_type with quantize_act, then per block and output
       Q4_0/Q5_0/Q8_0: d_w*d_a*I (I = sum of signed weight codes times activation codes)
       Q4_1/Q5_1:      d_w*d_a*I (unsigned codes) + m_w*s_a (the stored Q8_1 s)
@@ -240,7 +240,7 @@ def _fit_scale_min(x, nmax, rmin, rdelta, nstep):
 
 
 def _pack_scale_min_k4(sc, m):
-    """sc, m uint8 (N, 8) in 0..63 -> (N, 12) bytes (SPEC-QUANT §2.8)"""
+    """sc, m uint8 (N, 8) in 0..63 -> (N, 12) bytes (docs/semantics.md §8)"""
     b = np.empty(sc.shape[:-1] + (12,), np.uint8)
     b[..., 0:4] = sc[..., 0:4] | ((sc[..., 4:8] >> 4) << 6)
     b[..., 4:8] = m[..., 0:4] | ((m[..., 4:8] >> 4) << 6)

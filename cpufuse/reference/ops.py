@@ -1,11 +1,11 @@
-"""float64 oracles (SPEC §1.3, §2.2), straight from the definitions, for tests and the benchmark's
+"""float64 oracles (docs/semantics.md §2, §3), straight from the definitions, for tests and the benchmark's
 correctness check. Inputs are the same f32/f16 arrays the kernels get; everything after the
 ALiBi slope (which upstream computes in f32) is evaluated in float64."""
 import numpy as np
 
 
 def alibi_slopes(n_head, max_bias):
-    """SPEC §1.2 in float32 (as upstream's powf): slope per head, or None when max_bias <= 0."""
+    """docs/semantics.md §2 in float32 (as upstream's powf): slope per head, or None when max_bias <= 0."""
     if max_bias <= 0.0:
         return None
     n_head_log2 = 1 << int(np.floor(np.log2(n_head))) if n_head > 0 else 1
@@ -53,7 +53,7 @@ def softmax(x, mask=None, scale=1.0, max_bias=0.0, sinks=None):
 
 def rms_norm(x, eps, weight=None, bias=None, residual=None):
     """y = x * (1/sqrt(mean(x^2) + eps)) * weight + bias, weight/bias tiled by modulo in every
-    dimension (SPEC §2.3); with residual, x is first replaced by x + residual (added in f32, as
+    dimension (docs/semantics.md §3); with residual, x is first replaced by x + residual (added in f32, as
     the kernels store h in f32) and (h, y) is returned."""
     x = np.asarray(x)
     h = None
@@ -88,7 +88,7 @@ def nmse(ref, out):
 
 
 def flash_attn(q, k, v, mask=None, scale=1.0, max_bias=0.0, softcap=0.0, sinks=None):
-    """SPEC §3.2 in float64 from the stored values (f16 K/V widened exactly). Output is ggml's
+    """docs/semantics.md §4 in float64 from the stored values (f16 K/V widened exactly). Output is ggml's
     permuted layout (S, N, Hq, DV). Excluded positions (slope*mask == -inf) are dropped before the
     dot products, so NaN/inf stored there never reaches the result; an empty row is zeros."""
     q4, k4, v4 = (_as4(np.asarray(a)) for a in (q, k, v))

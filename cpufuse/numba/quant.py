@@ -1,6 +1,6 @@
-"""Numba path of the fused dequantize x matmul (the "numba" ISA of cpufuse.qmatmul).
+"""Numba path of the fused dequantize x matmul (the "numba" ISA of cpufuse.quant.matmul).
 
-Semantics: docs/quant-design.md; formats and arithmetic: SPEC-QUANT 2, 4.3 and 4.4.
+Semantics: docs/quant-design.md; formats and arithmetic: docs/semantics.md §8, §9.
 
 Each weight row is decoded once per task into a K-long scratch (`_unpack`): integer codes plus
 per-block scales, and in f32 mode also the f32 values, bit-identical to gguf.quants.dequantize
@@ -8,7 +8,7 @@ per-block scales, and in f32 mode also the f32 values, bit-identical to gguf.qua
 then dotted with each activation row of the task (`_rowdot`), in float64:
  - f32 mode: exact f64 products of the f32 values, summed in 32 f64 lanes (`_fdot8` gives the
    order); F32/F16/BF16 weights always use it;
- - q8 mode (SPEC-QUANT 4.4): the activation rows are quantized once per call and per vec_dot
+ - q8 mode (docs/semantics.md §9): the activation rows are quantized once per call and per vec_dot
    kind (Q8_0 and Q8_1 share codes and d; Q8_K) into a scratch; exact integer block sums, then
      Q4_0/Q5_0/Q8_0:  y = sum_b d_w*d_a*I_b
      Q4_1/Q5_1:       y = sum_b (d_w*d_a*I_b + m_w*s_a)
@@ -18,9 +18,9 @@ then dotted with each activation row of the task (`_rowdot`), in float64:
    once), accumulated in f64 in block order.
 The f64 sum is rounded to f32 once per output, so both modes sit within about one f32 rounding
 of their float64 references (ggml and the C kernels scale and accumulate in f32 instead; the
-difference is far inside the L0 tolerance of SPEC-QUANT 9). The swiglu epilogue
+difference is far inside the L0 tolerance of docs/semantics.md §9). The swiglu epilogue
 silu(g)*u = g/(1+exp(-g))*u runs in f32 on the two rounded dots. The optional RMS norm prologue
-writes rms_norm(x)*w to a private scratch with the arithmetic of numba_kernels.rms_norm, so the
+writes rms_norm(x)*w to a private scratch with the arithmetic of cpufuse.numba.kernels.rms_norm, so the
 fused result equals cpufuse.rms_norm (isa="numba") followed by the matmul, bit for bit.
 
 Work split: tasks of (up to) _CO output columns x _CR activation rows under prange; the cut does
@@ -241,7 +241,7 @@ def _rd16(wb, o):
 
 @nb.njit(**_JIT)
 def _norm_row(xf, xo, K, normw, have_nw, eps, xn, no):
-    """xn[no:no+K] = rms_norm(x row) * norm_w, the arithmetic of numba_kernels.rms_norm:
+    """xn[no:no+K] = rms_norm(x row) * norm_w, the arithmetic of cpufuse.numba.kernels.rms_norm:
     ss = sum of f32 squares in f64, s = f32(1) / f32(sqrt(f32(ss/K) + eps)), y = f32(x*s) * w"""
     ss = 0.0
     for i in range(K):
@@ -392,7 +392,7 @@ def _unpack(t, tof32, wb, K, wq, sd, sm, ssc, smn, wf, hb):
             sd[b] = _h2f(_rd16(wb, o))
             sm[b] = _h2f(_rd16(wb, o + 2))
             c = o + 4
-            for j in range(4):  # get_scale_min_k4 (SPEC-QUANT 2.8)
+            for j in range(4):  # get_scale_min_k4 (docs/semantics.md §8)
                 b0 = np.int64(wb[c + j])
                 b4 = np.int64(wb[c + j + 4])
                 b8 = np.int64(wb[c + j + 8])
@@ -544,11 +544,6 @@ def _tasks(ntask, nrc, c0, c1, rows, K, x, xs, w0, w1, w2, t0, t1, t2, act_q8, e
 # Python side
 
 
-def _set_threads(n_threads):
-    if n_threads is not None:
-        nb.set_num_threads(max(1, min(int(n_threads), nb.config.NUMBA_NUM_THREADS)))
-
-
 def _flat(a, writable):
     """2-D f32 (unit stride on the last axis, row stride >= 0) -> (1-D C view, row stride in
     elements), or None when the rows cannot be walked that way"""
@@ -584,9 +579,10 @@ def _ro_weight(w):
     return v
 
 
-def qmatmul(x, norm_w, eps, do_norm, ws, type_ids, act_q8, epi, ys, n_threads):
+def qmatmul(x, norm_w, eps, do_norm, ws, type_ids, act_q8, epi, ys):
     """ys[i] = x . dequant(ws[i])^T (epi 0), or ys[0] = silu(x.W0^T) * (x.W1^T) (epi 1), with x
-    first replaced by rms_norm(x) * norm_w when do_norm. Arguments are checked by the caller."""
+    first replaced by rms_norm(x) * norm_w when do_norm. Arguments are checked by the caller, who
+    also sets numba's thread count (cpufuse._registry.kernel)."""
     x = np.asarray(x)
     rows, K = x.shape
     if rows == 0:
@@ -620,7 +616,6 @@ def qmatmul(x, norm_w, eps, do_norm, ws, type_ids, act_q8, epi, ys, n_threads):
         else:
             yl.append(_DUMMY_F)
             sl.append(0)
-    _set_threads(n_threads)
     need32 = needk = False
     if act_q8:
         for t in tl[:n]:

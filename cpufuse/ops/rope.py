@@ -1,34 +1,34 @@
-"""RoPE: ggml rope_ext (SPEC-MODEL §2), with the f16 KV-cache write fused in (§3.4).
+"""RoPE: ggml rope_ext (docs/semantics.md §7), with the f16 KV-cache write fused in.
 
 `rope` checks its arguments, allocates the output, and calls the native kernel of the chosen ISA
-(native/kernels/rope.inc, descriptor layout native/kernels/rope.h) or the Numba fallback
-(cpufuse/numba_rope.py). Errors: TypeError for types/dtypes, ValueError for shapes, strides and
+(native/kernels/rope.inc, descriptor layout RP / RPF of cpufuse/_layouts.py) or the Numba fallback
+(cpufuse/numba/rope.py). Errors: TypeError for types/dtypes, ValueError for shapes, strides and
 parameters; the message names the argument, what was expected and what was received.
 """
-import ctypes
-import ctypes.util
 import math
 import numbers as _numbers
 
 import numpy as np
 
-from . import _backend as _native, _dispatch
-from .ops import _aligned, _check_aligned_out
+from .. import _backend, _dispatch, _registry
+from .._layouts import RP
+from .checks import _aligned, _check_aligned_out
 
-ffi, lib = _native.ffi, _native.lib
+ffi, lib = _backend.ffi, _backend.lib
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
 I32 = np.dtype(np.int32)
 _ndarray = np.ndarray
 
-# descriptor layout: native/kernels/rope.h
-RP_LEN = 12
 _MODES = {"norm": 0, "neox": 1, 0: 0, 2: 1}
 _GGML_OTHER_MODES = {8: "MROPE", 24: "VISION", 40: "IMROPE"}
 
-def _nb(n_threads=None):
-    """the Numba kernels, with numba's thread count set for this call"""
-    return _dispatch.numba_module("numba_rope", n_threads)
+
+
+def rp_desc(T, H, D, nd, mode, compat, yf16, xs0, xs1, ys0, ys1, nco):
+    """cf_rope_f32's int64 descriptor (RP of cpufuse._layouts) as a list; strides in elements"""
+    return RP.pack(T=T, H=H, D=D, NDIMS=nd, MODE=mode, COMPAT=bool(compat), YF16=bool(yf16), XS0=xs0, XS1=xs1,
+                   YS0=ys0, YS1=ys1, NCTX_ORIG=nco)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -104,89 +104,10 @@ def _check_cache(cache, shape):
     return kc, p0
 
 
-def _yarn_consts_f32(n_dims, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow,
-                     n_ctx_orig):
-    """ggml's per-op f32 constants (SPEC-MODEL 2.2, 2.3) for the Numba path: theta_scale, mscale,
-    ramp(k)*ext_factor. powf/logf come from the C library (ctypes) as upstream; numpy otherwise."""
-    f = np.float32
-    lm = _libm()
-    powf = (lambda a, b: f(lm.powf(a, b))) if lm else (lambda a, b: f(np.power(f(a), f(b))))
-    logf = (lambda a: f(lm.logf(a))) if lm else (lambda a: f(np.log(f(a))))
-    nd = f(n_dims)
-    theta_scale = powf(f(freq_base), f(f(-2.0) / nd))
-    mscale = f(attn_factor)
-    ramp = np.zeros(max(n_dims // 2, 1), np.float32)
-    if ext_factor != 0.0:
-        fs, base = f(freq_scale), f(freq_base)
-        mscale = f(mscale * f(f(1.0) + f(f(0.1) * logf(f(f(1.0) / fs)))))
-
-        def corr(r):
-            return f(f(nd * logf(f(f(n_ctx_orig) / f(f(f(r) * f(2.0)) * f(math.pi))))) / f(f(2.0) * logf(base)))
-        with np.errstate(all="ignore"):
-            lo0, hi0 = f(np.floor(corr(beta_fast))), f(np.ceil(corr(beta_slow)))
-        lo = f(0.0) if f(0.0) > lo0 else lo0
-        hi = f(n_dims - 1) if f(n_dims - 1) < hi0 else hi0
-        den = f(0.001) if f(0.001) > f(hi - lo) else f(hi - lo)
-        for k in range(n_dims // 2):
-            y = f(f(f(k) - lo) / den)
-            m0 = f(0.0) if f(0.0) > y else y
-            cl = f(1.0) if f(1.0) < m0 else m0
-            ramp[k] = f(f(f(1.0) - cl) * f(ext_factor))
-    return theta_scale, mscale, ramp
-
-
-_LIBM = []
-
-
-def _libm():
-    """the C library's float math (powf, logf, cosf, sinf) through ctypes, or None"""
-    if not _LIBM:
-        lm = None
-        try:
-            name = ctypes.util.find_library("m")
-            lm = ctypes.CDLL(name) if name else None
-            if lm is not None:
-                for fn in ("powf", "logf", "cosf", "sinf"):
-                    g = getattr(lm, fn)
-                    g.restype = ctypes.c_float
-                    g.argtypes = [ctypes.c_float] * (2 if fn == "powf" else 1)
-        except (OSError, AttributeError):
-            lm = None
-        _LIBM.append(lm)
-    return _LIBM[0]
-
-
-def _yarn_consts_f64(n_dims, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow,
-                     n_ctx_orig, ff):
-    """the accurate path's per-op constants in float64: 1/freq_k (base^(-2k/n_dims)/ff_k), mscale,
-    ramp(k)*ext_factor (the same formulas as rope.inc)"""
-    half = n_dims // 2
-    k = np.arange(half, dtype=np.float64)
-    invf = np.array([math.pow(freq_base, -2.0 * kk / n_dims) for kk in k], np.float64)
-    if ff is not None:
-        invf = invf / ff.astype(np.float64)
-    mscale = attn_factor
-    ramp = np.zeros(max(half, 1), np.float64)
-    if ext_factor != 0.0:
-        mscale = mscale * (1.0 + 0.1 * math.log(1.0 / freq_scale))
-
-        def corr(r):
-            with np.errstate(all="ignore"):
-                arg = np.float64(n_ctx_orig) / (np.float64(r) * 2.0 * np.pi)
-                return np.float64(n_dims) * np.log(arg) / (2.0 * np.log(np.float64(freq_base)))
-        lo0, hi0 = np.floor(corr(beta_fast)), np.ceil(corr(beta_slow))
-        lo = lo0 if lo0 > 0.0 else 0.0
-        hi = (n_dims - 1) if (n_dims - 1) < hi0 else hi0
-        den = 0.001 if 0.001 > hi - lo else hi - lo
-        y = (k - lo) / den
-        ramp[:half] = (1.0 - np.clip(y, 0.0, 1.0)) * ext_factor
-    return np.ascontiguousarray(invf), mscale, ramp
-
-
 # ------------------------------------------------------------------------------------------------
 # the lean path: the common call with the fewest checks that still catch every bad input
 
-_FNS = {i: getattr(lib, f"cf_rope_f32__{i}") for i in _dispatch.AVAILABLE if i != "numba"} if lib else {}
+_FNS = _registry.table("rope")
 _fb = ffi.from_buffer if ffi is not None else None
 _T_F32 = ffi.typeof("float[]") if ffi is not None else None
 _T_I32 = ffi.typeof("int32_t[]") if ffi is not None else None
@@ -194,7 +115,7 @@ _NULL = ffi.NULL if ffi is not None else None
 _ctx_get = _dispatch._ctx.get
 _thr = _dispatch._threads
 _MAXT = _dispatch.MAX_THREADS
-_DESC = {}   # (T, H, D, nd, mode, compat, nco) -> int64_t[RP_LEN] for C-contiguous x and y
+_DESC = {}   # (T, H, D, nd, mode, compat, nco) -> int64_t[RP.LEN] for C-contiguous x and y
 _PARAMS = {}  # (base, fs, ext, attn, beta_fast, beta_slow) -> double[6], validated on insertion
 _NUM = (float, int)
 _INF = float("inf")
@@ -238,7 +159,8 @@ def _lean(x, pos, nd, mode, key, nco, compat, cache, out, isa, n_threads):
     fp = _lean_params(key)
     if fp is None:
         return None
-    fn = _FNS.get(isa or _ctx_get() or _dispatch.DEFAULT)
+    isa = isa or _ctx_get() or _dispatch.DEFAULT
+    fn = _FNS.get(isa) if isa != "numba" else None
     if fn is None or not (n_threads is None or type(n_threads) is int and 0 < n_threads <= _MAXT):
         return None  # numba, or an isa / n_threads the full path checks
     if cache is None:
@@ -279,7 +201,7 @@ def _lean(x, pos, nd, mode, key, nco, compat, cache, out, isa, n_threads):
     if d is None:
         if len(_DESC) >= 64:
             _DESC.clear()
-        d = _DESC[dk] = ffi.new("int64_t[]", [T, H, D, nd, m, int(compat), f16, H * D, D, H * D, D, nco])
+        d = _DESC[dk] = ffi.new("int64_t[]", rp_desc(T, H, D, nd, m, compat, f16, H * D, D, H * D, D, nco))
     if fn(d, _fb(_T_F32, x), _fb(_T_I32, pos), _NULL, fp, yb, n_threads or _thr[0]):
         raise MemoryError("rope: could not allocate scratch memory")
     return True, ret
@@ -290,7 +212,7 @@ def _lean(x, pos, nd, mode, key, nco, compat, cache, out, isa, n_threads):
 def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_factor=0.0,
          attn_factor=1.0, beta_fast=32.0, beta_slow=1.0, n_ctx_orig=0, freq_factors=None,
          ggml_compat=False, out=None, cache=None, isa=None, n_threads=None):
-    """ggml rope_ext (SPEC-MODEL §2) on x of shape (n_tokens, n_heads, head_dim).
+    """ggml rope_ext (docs/semantics.md §7) on x of shape (n_tokens, n_heads, head_dim).
 
     mode: "norm" / 0 rotates the adjacent pairs (x[2k], x[2k+1]) (llama); "neox" / 2 rotates
     (x[k], x[k + n_dims/2]) (qwen2, gpt-neox). Pair k of token t turns by
@@ -306,7 +228,7 @@ def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_
     |theta| = 1e7), the same float64 operations on every ISA and Numba, so the table is the same
     bits everywhere. ggml's own f32 chain
     (theta *= powf(base, -2/n_dims) repeated in float, cosf/sinf of a float angle) is off by up to
-    ~1e-2 rad at position 131072 (SPEC-MODEL 2.5), so float64 is the default: it is what the model
+    ~1e-2 rad at position 131072 (docs/semantics.md §7), so float64 is the default: it is what the model
     was trained with up to f32 rounding. ggml_compat=True reproduces ggml's chain step for step
     (libm powf/logf/cosf/sinf, the YaRN mix as one FMA), to agree with llama.cpp bit for bit.
     The rotation itself is y_a = fma(x_a, C, -x_b*S), y_b = fma(x_a, S, x_b*C) (ggml's GCC
@@ -411,26 +333,15 @@ def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_
     f16 = y.dtype == F16
 
     if isa == "numba":
-        nbk = _nb(n_threads)
-        half = nd // 2
-        tab = np.empty((T, 2, max(half, 1)), np.float32)
-        if ggml_compat:
-            ts, ms, ramp = _yarn_consts_f32(nd, base, fs, ext, attn, bfast, bslow, nco)
-            nbk.table_compat(posc, ff if ff is not None else np.ones(max(half, 1), np.float32),
-                             np.float32(fs), np.float32(ts), ramp, ext != 0.0, np.float32(ms), half, tab)
-        else:
-            invf, ms, ramp = _yarn_consts_f64(nd, base, fs, ext, attn, bfast, bslow, nco, ff)
-            nbk.table_accurate(posc, invf, fs, ramp, ext != 0.0, ms, half, tab)
-        dummy32 = np.zeros((1, 1, 1), np.float32)
-        dummy16 = np.zeros((1, 1, 1), np.uint16)
-        nbk.apply(x, tab, nd, m, y.view(np.uint16) if f16 else dummy16, dummy32 if f16 else y, f16)
+        _registry.kernel("rope", isa, n_threads)(x, posc, ff, nd, m, bool(ggml_compat), (base, fs, ext, attn, bfast, bslow),
+                                                 nco, y)
         return ret
 
     it = y.itemsize
-    d = ffi.new("int64_t[]", [T, H, D, nd, m, int(bool(ggml_compat)), int(f16),
-                              x.strides[0] // 4, x.strides[1] // 4, y.strides[0] // it, y.strides[1] // it, nco])
+    d = ffi.new("int64_t[]", rp_desc(T, H, D, nd, m, ggml_compat, f16, x.strides[0] // 4, x.strides[1] // 4,
+                                     y.strides[0] // it, y.strides[1] // it, nco))
     fp = ffi.new("double[]", [base, fs, ext, attn, bfast, bslow])
-    rc = getattr(lib, f"cf_rope_f32__{isa}")(
+    rc = _registry.kernel("rope", isa)(
         d, ffi.cast("const float *", x.ctypes.data), ffi.cast("const int32_t *", posc.ctypes.data),
         ffi.cast("const float *", ff.ctypes.data) if ff is not None else ffi.NULL, fp,
         ffi.cast("void *", y.ctypes.data), n_th)

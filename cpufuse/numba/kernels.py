@@ -112,7 +112,7 @@ rms_norm_serial = _serial(_rms_norm, "rms_norm_serial")
 
 @nb.njit(**_PJIT)
 def flash_attn(q, k, v, mf, mkind, slopes, have_slopes, sinks, have_sinks, scale, softcap, out):
-    """Per-row online softmax (SPEC 3.4) over f32 K/V (f16 K/V are widened by the caller)."""
+    """Per-row online softmax (docs/semantics.md §4) over f32 K/V (f16 K/V are widened by the caller)."""
     S, Hq, N, DK = q.shape
     Hk, T, Hv, DV = k.shape[1], k.shape[2], v.shape[1], v.shape[3]
     mS, mH = mf.shape[0], mf.shape[1]

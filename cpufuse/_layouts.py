@@ -1,0 +1,256 @@
+"""The one declaration of every int64 array that Python fills and a C kernel reads: the kernel
+descriptors (SM, RN, FA, RP/RPF, QM/QW), the plan executor's opcodes and record layouts, and the
+small enumerations they carry (flash_attn strategies, mask kinds).
+
+native/kernels/layouts.h is GENERATED from this file and checked in; tests/test_layouts.py fails
+when it is stale. After editing a table here:
+
+    python cpufuse/_layouts.py            # rewrites native/kernels/layouts.h
+
+The C names are <PREFIX>_<FIELD> (SM_S, RP_NDIMS, ...), <PREFIX>_LEN the length; a plan record is
+[opcode, nargs, args...] with OP_<NAME> its opcode and R_<NAME>_<FIELD> the index of an argument
+in args. Python packs them by name (Layout.pack, Record.pack), so no list is written by position.
+
+No imports from the rest of the package: this module is also run as a script by the build's
+maintainers (the generator) without cpufuse's extension.
+"""
+import os
+import sys
+
+__all__ = ["Layout", "Record", "Enum", "SM", "RN", "FA", "FA_STRATEGY", "MASK_KIND", "RP", "RPF", "QM", "QW",
+           "RECORDS", "R", "generate"]
+
+
+class Layout:
+    """Named slots of an int64 descriptor, in order: Layout("SM", doc, [("S H R C", "x shape"), ...]).
+    SM.S is a slot's index, SM.LEN the length (tail=(sub, n): n sub-layouts follow the fields, from
+    the last field's index on, as QM's per-weight QW blocks)."""
+
+    def __init__(self, prefix, doc, groups, tail=None):
+        self.prefix, self.doc, self.groups, self.tail = prefix, doc, groups, tail
+        self.fields = tuple(f for names, _ in groups for f in names.split())
+        self.index = {f: i for i, f in enumerate(self.fields)}
+        if len(self.index) != len(self.fields):
+            raise ValueError(f"{prefix}: duplicate field names")
+        self.LEN = len(self.fields) if tail is None else len(self.fields) - 1 + tail[0].LEN * tail[1]
+
+    def __getattr__(self, name):
+        try:
+            return self.__dict__["index"][name]
+        except KeyError:
+            raise AttributeError(f"layout {self.__dict__.get('prefix')} has no field {name!r}") from None
+
+    def pack(self, tail=(), **values):
+        """the descriptor as a list, every field given by name (a missing or unknown one raises);
+        a layout with a tail takes its fields but the last, and tail: up to n dicts of the
+        sub-layout's fields (the unused sub-blocks are zeros)"""
+        names = self.fields[:-1] if self.tail else self.fields
+        if len(values) != len(names) or set(values) != set(names):
+            missing = [f for f in names if f not in values]
+            extra = [f for f in values if f not in names]
+            raise ValueError(f"{self.prefix}.pack: missing fields {missing}, unknown fields {extra}")
+        out = [int(values[f]) for f in names]
+        if self.tail:
+            sub, n = self.tail
+            if len(tail) > n:
+                raise ValueError(f"{self.prefix}.pack: at most {n} {sub.prefix} blocks, got {len(tail)}")
+            for t in tail:
+                out += sub.pack(**t)
+            out += [0] * (sub.LEN * (n - len(tail)))
+        elif tail:
+            raise ValueError(f"{self.prefix}.pack: this layout has no tail")
+        return out
+
+    def c(self):
+        out = [f"/* {self.doc} */", "enum {"]
+        for names, comment in self.groups:
+            out.append("  " + ", ".join(f"{self.prefix}_{n}" for n in names.split()) + f", /* {comment} */")
+        if not self.tail:
+            out.append(f"  {self.prefix}_LEN")
+        out.append("};")
+        if self.tail:
+            sub, n = self.tail
+            last = self.fields[-1]
+            out.append(f"#define {self.prefix}_LEN ({self.prefix}_{last} + {n} * {sub.prefix}_LEN)")
+        return out
+
+
+class Enum:
+    """Named integer constants: Enum("FA", doc, ROWS=1, ...) -> FA_ROWS = 1 in C, .values in Python."""
+
+    def __init__(self, prefix, doc, **values):
+        self.prefix, self.doc, self.values = prefix, doc, dict(values)
+
+    def __getitem__(self, name):
+        return self.values[name]
+
+    def c(self):
+        body = ", ".join(f"{self.prefix}_{k} = {v}" for k, v in self.values.items())
+        return [f"/* {self.doc} */", f"enum {{ {body} }};"]
+
+
+# ------------------------------------------------------------------------------------------------
+# kernel descriptors (strides in elements)
+
+SM = Layout("SM", "softmax (cpufuse.ops.softmax -> cf_softmax_f32, native/kernels/softmax.inc)", [
+    ("S H R C", "x shape (S, H, R, C)"),
+    ("XS0 XS1 XS2", "x strides for S, H, R"),
+    ("YS0 YS1 YS2", "y strides"),
+    ("MS MH MS0 MS1 MS2", "mask dims (S, H) and strides (S, H, R)"),
+    ("MKIND", "MASK_KIND: 0 none, 1 f32, 2 f16"),
+])
+
+RN = Layout("RN", "rms_norm (cpufuse.ops.norms -> cf_rms_norm_f32, native/kernels/rms_norm.inc)", [
+    ("N3 N2 N1 N0", "x shape"),
+    ("XS3 XS2 XS1", "x strides"),
+    ("YS3 YS2 YS1", "y strides"),
+    ("HS3 HS2 HS1", "h (x + residual) strides"),
+    ("R3 R2 R1 RS3 RS2 RS1", "residual dims and strides (tiled by modulo)"),
+    ("W3 W2 W1 WS3 WS2 WS1", "weight"),
+    ("B3 B2 B1 BS3 BS2 BS1", "bias"),
+])
+
+FA = Layout("FA", "flash_attn (cpufuse.ops.attention -> cf_flash_attn_f32, native/kernels/flash_attn.inc)", [
+    ("S HQ N DK HK HV T DV", "q (S, Hq, N, DK), k (S, Hk, T, DK), v (S, Hv, T, DV)"),
+    ("QS0 QS1 QS2 KS0 KS1 KS2 VS0 VS1 VS2", "q, k, v strides for S, H, row"),
+    ("KF16 VF16", "k, v element: 0 float32, 1 float16"),
+    ("MS MH MS0 MS1 MS2 MKIND", "mask dims (S, H), strides (S, H, row), MASK_KIND"),
+    ("OS0 OS1 OS2", "out (S, N, Hq, DV) strides for S, N, Hq"),
+    ("STRATEGY CHUNK QTILE", "FA_STRATEGY, split-KV chunk, query rows per tile"),
+])
+FA_STRATEGY = Enum("FA", "flash_attn strategies (FA_STRATEGY)", ROWS=1, TILED=2, SPLIT=3)
+MASK_KIND = Enum("MK", "mask element kinds (SM_MKIND, FA_MKIND)", NONE=0, F32=1, F16=2)
+
+RP = Layout("RP", "rope (cpufuse.ops.rope -> cf_rope_f32, native/kernels/rope.inc)", [
+    ("T H D", "x shape (tokens, heads, head_dim)"),
+    ("NDIMS", "rotated dims (even, <= D); dims >= n_dims are copied"),
+    ("MODE", "0 norm: pairs (2k, 2k+1); 1 neox: pairs (k, k + n_dims/2)"),
+    ("COMPAT", "0 accurate (f64 angles), 1 ggml's f32 chain"),
+    ("YF16", "output element: 0 float32, 1 float16 (RNE)"),
+    ("XS0 XS1", "x strides for tokens, heads; last axis unit"),
+    ("YS0 YS1", "y strides (elements of y's type) for tokens, heads"),
+    ("NCTX_ORIG", "YaRN n_ctx_orig"),
+])
+RPF = Layout("RPF", "rope's float64 parameters (the double array fp of cf_rope_f32)", [
+    ("BASE SCALE EXT ATTN BETA_FAST BETA_SLOW", "freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow"),
+])
+
+QW = Layout("QW", "one weight of a quantized matmul, at QM_W0 + i * QW_LEN", [
+    ("T", "ggml type id (cpufuse.quant.types)"),
+    ("N", "n_out"),
+    ("WS", "GGUF row stride (bytes)"),
+    ("YS", "y row stride (floats)"),
+    ("LAY", "layout: 0 GGUF rows, 1 P16 panels (native/src/repack.c)"),
+])
+QM = Layout("QM", "quantized matmul (cpufuse.quant.matmul -> cf_qmatmul_f32, native/kernels/quant.inc)", [
+    ("ROWS K XS", "activation rows, n_in, x row stride (floats)"),
+    ("ACT", "0 f32 activations, 1 q8"),
+    ("NW", "number of weights (1..3)"),
+    ("EPI", "0 one output per weight, 1 silu(y0) * y1 (matmul_swiglu)"),
+    ("NORM", "1: RMS_NORM (x norm_w) prologue"),
+    ("W0", "the first weight's QW_* block (3 blocks)"),
+], tail=(QW, 3))
+
+
+# ------------------------------------------------------------------------------------------------
+# plan records: [opcode, nargs, args...] (cpufuse/graph/records.py -> cf_plan_run, graph.inc).
+# Argument kinds, by name: a pointer-table index (x, y, ...; -1 = NULL), "desc" an offset into the
+# program of a descriptor, "f_*" an index into the float parameters, anything else an integer.
+
+class Record:
+    def __init__(self, name, op, fields, doc):
+        self.name, self.op, self.doc = name, op, doc
+        self.fields = tuple(fields.split())
+        self.index = {f: i for i, f in enumerate(self.fields)}
+        self.nargs = len(self.fields)
+        self.has_desc = self.fields[0] == "desc"
+
+    def pack(self, **args):
+        """[opcode, nargs, args...], every argument given by name"""
+        if len(args) != self.nargs or set(args) != set(self.fields):
+            raise ValueError(f"record {self.name}: missing {[f for f in self.fields if f not in args]}, "
+                             f"unknown {[f for f in args if f not in self.index]}")
+        return [self.op, self.nargs] + [int(args[f]) for f in self.fields]
+
+    def c(self):
+        body = ", ".join(f"R_{self.name}_{f.upper()}" for f in self.fields)
+        return [f"/* OP_{self.name} [{', '.join(self.fields)}]: {self.doc} */",
+                f"enum {{ {body}, R_{self.name}_NARGS }};"]
+
+
+_RECORDS = [
+    ("ADD", "n a b nb y", "y = a + b, b tiled by modulo of its length nb"),
+    ("MUL", "n a b nb y", "y = a * b, b tiled"),
+    ("SCALE", "n a f_s y", "y = a * s"),
+    ("SILU", "n a y", "y = silu(a)"),
+    ("SWIGLU", "n g u nb y", "y = silu(g) * u"),
+    ("RMS_NORM", "desc x r w b f_eps h y fused", "cf_rms_norm_f32 (RN_*)"),
+    ("SOFTMAX", "desc x mask slopes sinks f_scale y fused", "cf_softmax_f32 (SM_*)"),
+    ("FLASH_ATTN", "desc q k v mask slopes sinks f_scale f_softcap out fused", "cf_flash_attn_f32 (FA_*)"),
+    ("COPY", "desc src dst esize", "strided 4-D copy: desc = shape[4], src strides[4], dst strides[4]"),
+    ("GEMM", "m n k a lda b ldb c ldc", "C = A.B row-major through numpy's cblas_sgemm (sgemv when M == 1)"),
+    ("QMM", "desc x nw f_eps w0 w1 w2 y0 y1 y2", "cf_qmatmul_f32 (QM_*); weights are pointer-table entries"),
+    ("ROPE", "desc x pos ff y pos0 n_ctx row_bytes",
+     "cf_rope_f32: desc = RP_LEN ints then RPF_LEN doubles (their bits); pos0 >= 0: rows go to "
+     "y + p0 * row_bytes, p0 = *(int32 *)ptrs[pos0] checked against n_ctx"),
+    ("CACHE_WRITE", "n src cache pos0 n_ctx t f16", "t rows (n elements) of f32 src into cache rows p0.."),
+    ("KV_WRITE", "n src cache cells n_cells row f16", "row i of src into cache cell cells[i] (distinct, < n_cells)"),
+    ("ATTN_SEQS", "q k v seqs ngroups out n h hkv d n_cells kf16 vf16 split_min_t tiled_min_n chunk f_scale f_softcap",
+     "attention of each sequence over its own KV cells"),
+    ("GATHER_ROWS", "m src idx dst row n_src", "dst[j] = src[idx[j]]"),
+]
+RECORDS = tuple(Record(name, i + 1, fields, doc) for i, (name, fields, doc) in enumerate(_RECORDS))
+
+
+class _Records:
+    def __init__(self, recs):
+        self.__dict__.update({r.name: r for r in recs})
+
+
+R = _Records(RECORDS)   # R.ADD.pack(n=..., ...), R.ROPE.op
+
+
+# ------------------------------------------------------------------------------------------------
+# the generator
+
+HEADERS = {
+    # file: (what it holds, tables). QM / QW are not generated: native/kernels/quant.inc declares its
+    # own QM_* / QW_* enums, and tests/test_layouts.py checks them against QM and QW here.
+    "layouts.h": ("kernel descriptors and plan records", (SM, RN, FA, FA_STRATEGY, MASK_KIND, RP, RPF)),
+}
+
+
+def generate(name):
+    what, tables = HEADERS[name]
+    guard = "CF_" + name.replace(".", "_").upper()
+    out = [f"/* GENERATED by `python cpufuse/_layouts.py` from that file: {what}.",
+           " * Do not edit: change the table there and run the generator (tests/test_layouts.py checks",
+           " * that this file is up to date). */",
+           f"#ifndef {guard}", f"#define {guard}", ""]
+    for t in tables:
+        out += t.c() + [""]
+    if name == "layouts.h":
+        out.append("/* plan executor opcodes (cf_plan_run, native/kernels/graph.inc) */")
+        out.append("enum { " + ", ".join(f"OP_{r.name} = {r.op}" for r in RECORDS) + ", OP_END };")
+        out.append("#define CF_PLAN_NARGS { 0, " + ", ".join(f"R_{r.name}_NARGS" for r in RECORDS) + " }")
+        out.append("/* each record's arguments: R_<OP>_<FIELD> indexes args = the record after [op, nargs] */")
+        for r in RECORDS:
+            out += r.c()
+        out.append("")
+    out.append("#endif")
+    return "\n".join(out) + "\n"
+
+
+def _native_dir():
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "native", "kernels")
+
+
+if __name__ == "__main__":
+    for name in HEADERS:
+        path = os.path.join(_native_dir(), name)
+        text = generate(name)
+        old = open(path).read() if os.path.exists(path) else None
+        if old != text:
+            with open(path, "w") as f:
+                f.write(text)
+            print(f"wrote {path}", file=sys.stderr)

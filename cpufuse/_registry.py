@@ -1,0 +1,98 @@
+"""The kernel registry: (op, isa) -> the callable that runs the op on that ISA.
+
+Every kernel that cpufuse calls is looked up here, Numba included. KERNELS names each op once:
+its C entry point (the extension exports it once per compiled ISA, as <symbol>__<isa>, declared
+in native/cdef.h) and its Numba function (a function of a cpufuse.numba module); either may be
+absent. tests/test_layouts.py checks KERNELS against native/cdef.h.
+
+    fn = kernel("softmax", isa)                 # a cffi function (native ISA) ...
+    fn = kernel("softmax", "numba", n_threads)  # ... or a Numba function, numba's threads set
+    SM = table("softmax")                       # {isa: callable}: what hot paths keep
+
+table(op) is the op's dict of the ISAs usable here: the native entries are resolved when cpufuse
+is imported, the Numba entry on first use (kernel(op, "numba") imports its module, which compiles
+or loads its cached machine code). Tests wrap the entries of these dicts to see which kernels run.
+"""
+import importlib
+import threading
+
+from . import _backend, _dispatch
+
+# op: (C symbol without its __<isa> suffix, or None; (cpufuse.numba module, function), or None)
+KERNELS = {
+    "softmax": ("cf_softmax_f32", ("kernels", "softmax")),
+    "softmax_serial": (None, ("kernels", "softmax_serial")),   # Numba: small calls, no parallel start-up
+    "softmax_unfused": ("cf_softmax_unfused_f32", None),
+    "rms_norm": ("cf_rms_norm_f32", ("kernels", "rms_norm")),
+    "rms_norm_serial": (None, ("kernels", "rms_norm_serial")),
+    "rms_norm_unfused": ("cf_rms_norm_unfused_f32", None),
+    "rms_norm_rows": ("cf_rms_norm_rows_f32", None),             # contiguous rows, 1-D weight
+    "flash_attn": ("cf_flash_attn_f32", ("kernels", "flash_attn")),
+    "flash_attn_unfused": ("cf_flash_attn_unfused_f32", None),
+    "qmatmul": ("cf_qmatmul_f32", ("quant", "qmatmul")),
+    "quantize_act": ("cf_quantize_act", ("quant", "quantize_act")),
+    "rope": ("cf_rope_f32", ("rope", "rope")),
+    "plan_run": ("cf_plan_run", None),                           # the graph executor
+    "add": ("cf_add_f32", None),                                 # elementwise (the plans' steps)
+    "mul": ("cf_mul_f32", None),
+    "swiglu": ("cf_swiglu_f32", None),
+    "scale": ("cf_scale_f32", None),
+    "silu": ("cf_silu_f32", None),
+    "exp": ("cf_exp_f32", None),                                 # exp over an array (tests, benchmark)
+    "exp_le0": ("cf_exp_le0_f32", None),
+    "fma_peak": ("cf_fma_peak", None),                           # the benchmark's probes (probe.inc):
+    "int8_peak": ("cf_int8_peak", None),                         # FMA and int8 dot peaks,
+    "read_sum": ("cf_read_sum", None),                           # DRAM read bandwidth
+    "build_info": ("cf_build_info", None),
+    "qtype_info": ("cf_qtype_info", None),                       # quant.inc's type traits (tests/test_layouts.py)
+}
+
+NATIVE = tuple(i for i in _dispatch.AVAILABLE if i != "numba") if _backend.lib is not None else ()
+_TABLES = {op: {isa: _backend.native_fn(sym, isa) for isa in NATIVE} if sym else {}
+           for op, (sym, _) in KERNELS.items()}
+_lock = threading.Lock()
+
+
+def table(op):
+    """{isa: callable} for op: the dict itself (the same object for the life of the process)"""
+    return _TABLES[op]
+
+
+def _numba(op):
+    nbk = KERNELS[op][1]
+    if nbk is None or not _dispatch.HAVE_NUMBA:
+        raise ValueError(f"kernel {op!r} has no Numba implementation")
+    with _lock:
+        fn = _TABLES[op].get("numba")
+        if fn is None:
+            fn = _TABLES[op]["numba"] = getattr(importlib.import_module(f"cpufuse.numba.{nbk[0]}"), nbk[1])
+    return fn
+
+
+_numba_tls = threading.local()
+_numba_set = []
+
+
+def _numba_threads(n_threads):
+    """numba's thread count for this calling thread: n_threads (or the default), capped at numba's
+    pool size; numba.set_num_threads (~1 us) is called only when it changes"""
+    if not _numba_set:
+        import numba
+        _numba_set[:] = [numba.set_num_threads, numba.config.NUMBA_NUM_THREADS]
+    n = min(_dispatch.threads(n_threads), _numba_set[1])
+    if getattr(_numba_tls, "n", 0) != n:
+        _numba_set[0](n)
+        _numba_tls.n = n
+
+
+def kernel(op, isa, n_threads=None):
+    """The callable of op on isa (a resolved ISA name). For "numba", numba's thread count is set to
+    n_threads (None: the default) for this thread first; native kernels take it as an argument."""
+    fn = _TABLES[op].get(isa)
+    if isa == "numba":
+        if fn is None:
+            fn = _numba(op)
+        _numba_threads(n_threads)
+    elif fn is None:
+        raise ValueError(f"kernel {op!r} has no {isa} implementation here (native ISAs: {', '.join(NATIVE) or 'none'})")
+    return fn

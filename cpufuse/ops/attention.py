@@ -1,0 +1,211 @@
+"""flash_attn (ggml flash_attn_ext): checks, the strategy, the lean path and the call."""
+import math
+
+import numpy as np
+
+from .. import _dispatch, _registry
+from .._layouts import FA, FA_STRATEGY
+from .checks import (
+    F16, F32, _MAXT, _NULL, _T_F32, _aligned, _check_f32, _check_last_axis, _check_mask_sinks,
+    _check_no_overlap, _check_out, _desc, _empty, _fb, _geom4, _kernel, _lean_fn, _ndarray, _ptr, _real,
+    _slopes, _thr)
+
+_FA_FN = _registry.table("flash_attn")
+_FA_LEAN = {}  # lean-path (descriptor, output shape) by shapes
+
+
+def fa_desc(qg, kg, vg, og, mg, mkind, kf16, vf16, strategy, chunk, q_tile):
+    (S, Hq, N, DK), qs = qg
+    (_, Hk, T, _), ks = kg
+    (_, Hv, _, DV), vs = vg
+    os_ = og[1]
+    (MS, MH, _, _), (MS0, MS1, MS2, _) = mg if mg else ((1, 1, 0, 0), (0, 0, 0, 0))
+    return FA.pack(S=S, HQ=Hq, N=N, DK=DK, HK=Hk, HV=Hv, T=T, DV=DV, QS0=qs[0], QS1=qs[1], QS2=qs[2],
+                   KS0=ks[0], KS1=ks[1], KS2=ks[2], VS0=vs[0], VS1=vs[1], VS2=vs[2], KF16=kf16, VF16=vf16,
+                   MS=MS, MH=MH, MS0=MS0, MS1=MS1, MS2=MS2, MKIND=mkind if mg else 0,
+                   OS0=os_[0], OS1=os_[1], OS2=os_[2], STRATEGY=STRATEGIES[strategy], CHUNK=chunk, QTILE=q_tile)
+
+
+
+# ------------------------------------------------------------------------------------------------
+# flash attention
+
+STRATEGIES = {k.lower(): v for k, v in FA_STRATEGY.values.items()}   # {"rows": 1, "tiled": 2, "split": 3}
+_FA_DESCS = {}  # flash_attn descriptors (cffi int64 arrays, read-only to the kernels) by geometry
+DEFAULT_SPLIT_CHUNK = 256  # KV columns per split-KV chunk: fixed, so results never depend on threads
+
+
+_INF = float("inf")
+
+
+def _cgeom(shape):
+    """(shape, element strides) of a C-contiguous 4-D array"""
+    S, H, R, C = shape
+    return shape, [H * R * C, R * C, C, 1]
+
+
+def _fa_lean_desc(key):
+    """(descriptor, output shape) for C-contiguous q, k, v of the lean path, or None where the long
+    way must check (or refuse) the shapes"""
+    (qs, ks, kf16, vs, vf16) = key
+    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
+        return None
+    S, Hq, N, DK = qs
+    Sk, Hk, T, DKk = ks
+    Sv, Hv, Tv, DV = vs
+    if not (Sk == S == Sv and DKk == DK and Tv == T and Hk and Hv and not Hq % Hk and not Hq % Hv
+            and S * Hq * N * DK * T * DV > 0):
+        return None
+    oshape = (S, N, Hq, DV)
+    og = (oshape, [N * Hq * DV, Hq * DV, DV, 1])
+    if len(_FA_LEAN) >= 256:
+        _FA_LEAN.clear()
+    ent = _FA_LEAN[key] = (_desc(fa_desc(_cgeom(qs), _cgeom(ks), _cgeom(vs), og, None, 0, kf16, vf16,
+                                         choose_strategy(N, T), DEFAULT_SPLIT_CHUNK, 64)), oshape)
+    return ent
+
+
+def _check_kv(a, name):
+    if not isinstance(a, _ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray of float16 or float32, got {type(a).__name__}")
+    if a.dtype != F32 and a.dtype != F16:
+        raise TypeError(f"{name} must be float16 or float32, got {a.dtype}")
+    if a.ndim != 4:
+        raise ValueError(f"{name} must be 4-D (S, H, T, D), got shape {a.shape}")
+    _check_last_axis(a, name)
+
+
+SPLIT_MIN_T = 512  # one query over at least this many KV positions: split-KV
+TILED_MIN_N = 8    # at least this many query rows: tiled blocks (also read by the plans' attn_seqs in C)
+
+
+def choose_strategy(N, T):
+    """Auto strategy (docs/semantics.md §4): split-KV for one query over a long KV, tiled GEMM blocks when
+    there are enough query rows to share a K/V block, per-row online softmax otherwise."""
+    if N == 1 and T >= SPLIT_MIN_T:
+        return "split"
+    if N >= TILED_MIN_N:
+        return "tiled"
+    return "rows"
+
+
+def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=None, out=None,
+               isa=None, strategy=None, chunk=DEFAULT_SPLIT_CHUNK, q_tile=64, fused=True,
+               ggml_compat=False, n_threads=None):
+    """ggml flash_attn_ext (docs/semantics.md §4): softmax(q·kᵀ·scale [softcap] + slope·mask)·v per query row.
+
+    q: float32 (S, Hq, N, DK); k: float16/float32 (S, Hk, T, DK); v: float16/float32 (S, Hv, T, DV);
+    Hq % Hk == Hq % Hv == 0 (GQA: head h reads K head h // (Hq/Hk)). mask: float16 (or float32,
+    used as given) (mS, mH, mN, Tm) with mN >= N, Tm >= T, heads/sequences tiled by modulo; a -inf
+    entry excludes that KV position (its K/V are never read). sinks: float32 (Hq,). Returns float32
+    (S, N, Hq, DV), ggml's permuted layout. Strided q/k/v with unit-stride rows are read in place.
+    strategy: None (auto), "rows", "tiled" or "split"; chunk: split-KV chunk (fixed, deterministic).
+    fused=False runs the unfused chain (score matrix, softmax, matmul). ggml_compat=True rounds Q
+    to f16 when K is f16, as upstream's reference path does.
+    """
+    # lean path: C-contiguous 4-D q, k, v (f32 or f16) and out (new, or sharing no byte with them: exact
+    # pointer-range tests, conservative by one element for f16), no mask/sinks/ALiBi, default strategy,
+    # chunk and q_tile; one cached descriptor per shape. Anything else, and every error, goes the long way.
+    if (mask is None and sinks is None and type(q) is _ndarray and type(k) is _ndarray and type(v) is _ndarray
+            and type(scale) is float and type(softcap) is float and type(max_bias) is float and max_bias == 0.0
+            and strategy is None and chunk is DEFAULT_SPLIT_CHUNK and type(q_tile) is int and q_tile == 64
+            and fused is True and ggml_compat is False and -_INF < scale < _INF and -_INF < softcap < _INF
+            and (n_threads is None or type(n_threads) is int and 0 < n_threads <= _MAXT)):
+        fn = _lean_fn(_FA_FN, isa)
+        kd, vd = k.dtype, v.dtype
+        key = (q.shape, k.shape, kd is F16, v.shape, vd is F16)
+        dp = _FA_LEAN.get(key)
+        if dp is None and fn is not None and (kd is F32 or kd is F16) and (vd is F32 or vd is F16):
+            dp = _fa_lean_desc(key)
+        if (dp is not None and fn is not None and q.dtype is F32 and (kd is F32 or kd is F16) and (vd is F32 or vd is F16)
+                and q.flags.aligned and k.flags.aligned and v.flags.aligned):
+            oshape = dp[1]
+            o = _empty(oshape, F32) if out is None else out if (
+                type(out) is _ndarray and out.dtype is F32 and out.shape == oshape and out.flags.behaved) else None
+            if o is not None:
+                try:
+                    qb, kb, vb, ob = _fb(_T_F32, q), _fb(_T_F32, k), _fb(_T_F32, v), _fb(_T_F32, o)
+                except (ValueError, TypeError, BufferError):
+                    qb = None  # not C-contiguous
+                if qb is not None:
+                    L, o0 = len(ob), ob + 0
+                    try:
+                        ok = out is None or not (-L < o0 - qb < len(qb) or -L < o0 - kb <= len(kb)
+                                                 or -L < o0 - vb <= len(vb))
+                    except ValueError:
+                        ok = False
+                    if ok:
+                        if fn(dp[0], qb, kb, vb, _NULL, _NULL, _NULL, scale, softcap, ob, n_threads or _thr[0]):
+                            raise MemoryError("flash_attn: could not allocate scratch memory")
+                        return o
+    isa = _dispatch.resolve(isa)
+    _check_f32(q, "q")
+    if q.ndim != 4:
+        raise ValueError(f"q must be 4-D (S, Hq, N, DK), got shape {q.shape}")
+    _check_kv(k, "k")
+    _check_kv(v, "v")
+    S, Hq, N, DK = q.shape
+    Sk, Hk, T, DKk = k.shape
+    Sv, Hv, Tv, DV = v.shape
+    if Sk != S or Sv != S:
+        raise ValueError(f"k and v must have q's sequence count S={S}, got k {Sk}, v {Sv}")
+    if DKk != DK:
+        raise ValueError(f"k must have q's head size DK={DK} in its last dim, got {DKk} (k shape {k.shape})")
+    if Tv != T:
+        raise ValueError(f"v must have k's KV length T={T}, got {Tv}")
+    if Hk == 0 or Hq % Hk or Hv == 0 or Hq % Hv:
+        raise ValueError(f"q heads must be a multiple of k heads and v heads (GQA), got q {Hq}, k {Hk}, v {Hv}")
+    scale, max_bias, softcap = _real(scale, "scale"), _real(max_bias, "max_bias"), _real(softcap, "softcap")
+    for nm, val in (("scale", scale), ("max_bias", max_bias), ("softcap", softcap)):
+        if not math.isfinite(val):
+            raise ValueError(f"{nm} must be finite, got {val}")
+    m4, mkind, sinks = _check_mask_sinks(mask, max_bias, sinks, S, Hq, N, T, False, "q")
+    if strategy is None or strategy == "auto":
+        strategy = choose_strategy(N, T)
+    elif strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of auto, {', '.join(STRATEGIES)}; got {strategy!r}")
+    chunk, q_tile = int(chunk), int(q_tile)
+    for nm, val in (("chunk", chunk), ("q_tile", q_tile)):
+        if val < 1:
+            raise ValueError(f"{nm} must be >= 1, got {val}")
+    oshape = (S, N, Hq, DV)
+    if out is None:
+        out = np.empty(oshape, F32)
+    else:
+        _check_out(out, oshape)
+        _check_no_overlap(out, (("q", q), ("k", k), ("v", v), ("mask", mask), ("sinks", sinks)))
+    if out.size == 0:
+        return out
+    q, k, v = _aligned(q), _aligned(k), _aligned(v)
+    if m4 is not None and not m4.flags.aligned:
+        m4 = _aligned(m4)
+    if ggml_compat and k.dtype == F16:
+        q = q.astype(F16).astype(F32)
+    slopes = _slopes(Hq, max_bias) if (mask is not None and max_bias > 0.0) else None
+
+    if isa == "numba":
+        dummy = np.zeros(1, F32)
+        mf = m4.astype(F32) if m4 is not None else np.zeros((1, 1, 1, 1), F32)
+        _kernel("flash_attn", "numba", n_threads)(q, k.astype(F32) if k.dtype == F16 else k, v.astype(F32) if v.dtype == F16 else v,
+                         mf, mkind, slopes if slopes is not None else dummy, slopes is not None,
+                         sinks if sinks is not None else dummy, sinks is not None, scale, softcap, out)
+        return out
+
+    # the descriptor depends only on geometry and options: decode calls repeat it, so it is cached
+    key = (q.shape, q.strides, k.shape, k.strides, k.dtype.char, v.shape, v.strides, v.dtype.char, out.strides,
+           None if m4 is None else (m4.shape, m4.strides, mkind), strategy, chunk, q_tile)
+    dp = _FA_DESCS.get(key)
+    if dp is None:
+        dp = _desc(fa_desc(_geom4(q), _geom4(k), _geom4(v), _geom4(out), _geom4(m4) if m4 is not None else None,
+                           mkind, k.dtype == F16, v.dtype == F16, strategy, chunk, q_tile))
+        if len(_FA_DESCS) >= 256:
+            _FA_DESCS.clear()
+        _FA_DESCS[key] = dp
+    fn = _kernel("flash_attn" if fused else "flash_attn_unfused", isa)
+    rc = fn(dp, _ptr(q), _ptr(k), _ptr(v), _ptr(m4) if m4 is not None else _NULL,
+            _fb(_T_F32, slopes) if slopes is not None else _NULL,
+            _fb(_T_F32, sinks) if sinks is not None else _NULL, scale, softcap, _ptr(out, writable=True),
+            _dispatch.threads(n_threads))
+    if rc != 0:
+        raise MemoryError("flash_attn: could not allocate scratch memory")
+    return out

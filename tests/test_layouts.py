@@ -1,0 +1,193 @@
+"""One declaration per fact: every table that both Python and C read is declared once, and this file
+fails when the other side drifts from it.
+
+- the kernel registry (cpufuse/_registry.py) against native/cdef.h, the extension's prototypes;
+- the descriptors, plan opcodes and records (cpufuse/_layouts.py) against native/kernels/layouts.h,
+  which is generated from them (a stale header fails here), and quant.inc's own QM_* / QW_* enums;
+- the executor's switch (graph.inc) names every opcode and no number;
+- the quant block table (cpufuse/quant/types.py) against the C traits (quant.inc through
+  cf_qtype_info, repack.c through cf_p16_bytes) and the Numba unpackers and quantizer.
+"""
+import os
+import re
+
+import numpy as np
+import pytest
+
+from cpufuse import _backend, _dispatch, _layouts, _registry
+from cpufuse.quant.types import ACT_QTYPES, QTYPES, dequantize
+from cpufuse.reference import quant as qref
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NATIVE = os.path.join(ROOT, "native")
+
+
+def read(*parts):
+    with open(os.path.join(ROOT, *parts)) as f:
+        return f.read()
+
+
+# ------------------------------------------------------------------------------------------------
+# the kernel registry
+
+def test_registry_matches_cdef():
+    """every per-ISA prototype of native/cdef.h is a registry op, and every op's C symbol is declared"""
+    declared = set(re.findall(r"\b(cf_\w+)__@ISA@\(", read("native", "cdef.h")))
+    registered = {sym for sym, _ in _registry.KERNELS.values() if sym}
+    assert declared == registered, (f"in cdef.h only: {sorted(declared - registered)}; "
+                                    f"in the registry only: {sorted(registered - declared)}")
+
+
+@pytest.mark.skipif(_backend.lib is None, reason="native extension not built")
+def test_registry_native_tables():
+    """the table of every op with a C symbol holds exactly the native ISAs usable here"""
+    native = {i for i in _dispatch.AVAILABLE if i != "numba"}
+    for op, (sym, _) in _registry.KERNELS.items():
+        t = {i for i in _registry.table(op) if i != "numba"}
+        assert t == (native if sym else set()), op
+
+
+def test_registry_numba_entries():
+    """every op with a Numba entry names a function that exists; ops without one refuse numba"""
+    if "numba" not in _dispatch.AVAILABLE:
+        pytest.skip("numba is not installed")
+    for op, (_, nbk) in _registry.KERNELS.items():
+        if nbk is None:
+            with pytest.raises(ValueError, match="no Numba implementation"):
+                _registry.kernel(op, "numba")
+        else:
+            assert callable(_registry.kernel(op, "numba")), op
+
+
+# ------------------------------------------------------------------------------------------------
+# descriptors, opcodes and plan records
+
+def test_layouts_header_is_generated_and_current():
+    """native/kernels/layouts.h is exactly what cpufuse/_layouts.py generates (else: run
+    `python cpufuse/_layouts.py` and commit the header)"""
+    for name in _layouts.HEADERS:
+        assert read("native", "kernels", name) == _layouts.generate(name), (
+            f"native/kernels/{name} is stale: run `python cpufuse/_layouts.py`")
+
+
+def _enum_names(text, first):
+    """the names of the C enum whose first member is `first`, in order"""
+    m = re.search(r"enum\s*\{\s*(" + first + r"\b[^}]*)\}", text)
+    assert m, f"enum starting with {first} not found"
+    body = re.sub(r"/\*.*?\*/", "", m.group(1), flags=re.S)
+    return [n.split("=")[0].strip() for n in body.split(",") if n.strip()]
+
+
+def test_quant_inc_descriptor_matches_layouts():
+    """quant.inc declares its own QM_* / QW_* enums: they must be QM / QW of cpufuse/_layouts.py"""
+    q = read("native", "kernels", "quant.inc")
+    assert _enum_names(q, "QM_ROWS") == [f"QM_{f}" for f in _layouts.QM.fields]
+    assert _enum_names(q, "QW_T") == [f"QW_{f}" for f in _layouts.QW.fields] + ["QW_LEN"]
+    assert re.search(r"#define QM_LEN \(QM_W0 \+ 3 \* QW_LEN\)", q) and _layouts.QM.tail[1] == 3
+
+
+def test_descriptor_enums_declared_once():
+    """no C file but the generated header declares a descriptor, opcode or record enum"""
+    firsts = [f"{t.prefix}_{t.fields[0]}" for t in (_layouts.SM, _layouts.RN, _layouts.FA, _layouts.RP, _layouts.RPF)]
+    firsts += [f"R_{r.name}_{r.fields[0].upper()}" for r in _layouts.RECORDS] + ["OP_ADD"]
+    for root, _, files in os.walk(NATIVE):
+        for f in files:
+            if f == "layouts.h" or not f.endswith((".h", ".inc", ".c")):
+                continue
+            text = open(os.path.join(root, f)).read()
+            for first in firsts:
+                assert not re.search(r"enum\s*\{\s*" + first + r"\b", text), f"{f} declares {first}"
+
+
+def test_executor_cases_are_named():
+    """graph.inc's switch has one `case OP_<NAME>:` per record and no bare numbers"""
+    g = read("native", "kernels", "graph.inc")
+    cases = re.findall(r"\bcase\s+(\w+)\s*:", g[g.index("plan_steps)(const int64_t *prog"):])
+    assert sorted(cases) == sorted(f"OP_{r.name}" for r in _layouts.RECORDS)
+    assert [r.op for r in _layouts.RECORDS] == list(range(1, len(_layouts.RECORDS) + 1))
+
+
+def test_pack_by_name():
+    rp = _layouts.RP
+    d = rp.pack(**{f: i + 100 for i, f in enumerate(rp.fields)})
+    assert len(d) == rp.LEN and d[rp.NDIMS] == 100 + rp.fields.index("NDIMS")
+    with pytest.raises(ValueError, match="missing fields"):
+        rp.pack(T=1)
+    qm, qw = _layouts.QM, _layouts.QW
+    d = qm.pack(ROWS=1, K=32, XS=32, ACT=1, NW=1, EPI=0, NORM=0, tail=[dict(T=8, N=4, WS=34, YS=4, LAY=0)])
+    assert len(d) == qm.LEN == qm.W0 + 3 * qw.LEN and d[qm.W0 + qw.WS] == 34 and d[qm.W0 + qw.LEN:] == [0] * 10
+    rec = _layouts.R.GATHER_ROWS.pack(m=2, src=0, idx=1, dst=2, row=8, n_src=5)
+    assert rec == [_layouts.R.GATHER_ROWS.op, 6, 2, 0, 1, 2, 8, 5]
+    with pytest.raises(ValueError, match="record GATHER_ROWS"):
+        _layouts.R.GATHER_ROWS.pack(m=2)
+
+
+@pytest.mark.skipif(_backend.lib is None, reason="native extension not built")
+def test_executor_refuses_a_record_of_another_layout():
+    """a record whose nargs is not its layout's is refused (rc = its index + 1), never run"""
+    isa = next(i for i in _registry.NATIVE)
+    fn = _registry.kernel("plan_run", isa)
+    ffi = _backend.ffi
+    a = np.ones(4, np.float32)
+    y = np.zeros(4, np.float32)
+    ptrs = ffi.new("void *[]", [ffi.cast("void *", a.ctypes.data), ffi.cast("void *", y.ctypes.data)])
+    fp = ffi.new("float[]", [0.0])
+    good = _layouts.R.ADD.pack(n=4, a=0, b=0, nb=4, y=1)
+    for prog, want in ((good, 0), (good + [_layouts.R.ADD.op, 4, 4, 0, 0, 4], 2), (good[:-1], 1), ([99, 0], 1)):
+        assert fn(ffi.new("int64_t[]", prog), len(prog), ptrs, fp, ffi.NULL, 0, 1) == want, prog
+    assert (y == 2).all()
+
+
+# ------------------------------------------------------------------------------------------------
+# quant block facts: cpufuse/quant/types.py is the table
+
+QUANT = [t for t in QTYPES.values() if t.block_size > 1]
+
+
+@pytest.mark.skipif(_backend.lib is None, reason="native extension not built")
+@pytest.mark.parametrize("isa", _registry.NATIVE)
+def test_c_quant_traits_match_table(isa):
+    info = _registry.kernel("qtype_info", isa)
+    for t in QTYPES.values():
+        assert info(t.type_id, 0) == t.block_size, t.name
+        assert info(t.type_id, 1) == (ACT_QTYPES[t.vec_dot_type].type_id if t.vec_dot_type else 0), t.name
+        assert info(t.type_id, 2) == (16 * t.type_size if t.block_size > 1 else 0), t.name
+    assert info(9, 0) == 0 and info(10, 0) == 0     # Q8_1, Q2_K: not weight types here
+
+
+@pytest.mark.skipif(_backend.lib is None, reason="native extension not built")
+def test_repack_traits_match_table():
+    """native/src/repack.c: one panel of 16 rows of one block is 16 GGUF blocks; half a block is refused"""
+    lib = _backend.lib
+    for t in QUANT:
+        assert lib.cf_p16_bytes(t.type_id, 16, t.block_size) == 16 * t.type_size, t.name
+        assert lib.cf_p16_bytes(t.type_id, 1, 3 * t.block_size) == 16 * 3 * t.type_size, t.name
+        assert lib.cf_p16_bytes(t.type_id, 16, t.block_size // 2) == -1, t.name
+
+
+@pytest.mark.skipif("numba" not in _dispatch.AVAILABLE, reason="numba is not installed")
+@pytest.mark.parametrize("qtype", [t.name for t in QUANT])
+def test_numba_unpacker_matches_table(qtype):
+    """the Numba kernel walks rows of the table's block size and bytes: with f32 activations and
+    x = the identity, y is dequant(W)^T exactly (one product per output), as the table decodes it"""
+    t = QTYPES[qtype]
+    K = 2 * t.block_size
+    w = qref.random_blocks(qtype, 3, K, np.random.default_rng(7))
+    assert w.row_bytes == 2 * t.type_size
+    y = np.zeros((K, 3), np.float32)
+    np.testing.assert_array_equal(
+        np.asarray(_kernel_numba_qmatmul(np.eye(K, dtype=np.float32), w, y)), dequantize(w.raw, qtype, K).T)
+
+
+def _kernel_numba_qmatmul(x, w, y):
+    import cpufuse
+    return cpufuse.matmul(x, w, act="f32", isa="numba", out=y)
+
+
+@pytest.mark.skipif("numba" not in _dispatch.AVAILABLE, reason="numba is not installed")
+@pytest.mark.parametrize("vtype", list(ACT_QTYPES))
+def test_numba_quantizer_matches_table(vtype):
+    t = ACT_QTYPES[vtype]
+    x = np.random.default_rng(1).standard_normal((2, 2 * t.block_size)).astype(np.float32)
+    import cpufuse.quant.matmul as qm
+    assert qm.quantize_act(x, vtype, isa="numba").shape == (2, 2 * t.type_size)
