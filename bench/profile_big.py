@@ -2,16 +2,20 @@
 on a GGUF, against the machine's probes (for the closing note of issue 19).
 
     python -m bench.profile_big [--model PATH | --shape 1b --type q4_0] [--threads N] [--prompt 512]
-                                [--steps 8] [--ghz F] [--md PATH]
+                                [--steps 8] [--rounds 2] [--ghz F] [--md PATH]
 
-The forward is driven op by op from here with cpufuse's public ops on the model's own weights,
-buffers and cache (the same calls as Model._forward's per-layer path, timed with perf_counter
-around each; Model itself is not changed), for n = 1 (a decode step at position --prompt, after
-the prompt) and n = --prompt tokens from an empty cache. Rows: embed, norm+QKV matmul (the RMS norm
-in the matmul's prologue), RoPE (q; k with the f16 cache store), V cache store, attention
-(flash_attn), attn_output matmul, residual adds, norm+gate/up SwiGLU matmul, ffn_down matmul,
-norm+output matmul. The decode row "decode step, Model.eval" is the real path (one compiled plan
-per token): per-op minus plan is the per-op driver's Python overhead.
+The forward is driven op by op by bench/opbyop.py (the forward the model ran before the decoder
+graph, and the tests' reference for it): cpufuse's public ops on the model's own (repacked)
+weights, in our own buffers and KV cache arrays (the model's state is not touched; Model itself is
+not changed), each op timed with perf_counter, for n = --prompt tokens from an empty cache and for
+--steps decode steps after it (mean per step). Rows: embed+setup (embedding rows, positions,
+mask), norm+QKV matmul (the RMS norm in the matmul's prologue), RoPE + KV store (q; k with the
+cache store; v's store), attention (flash_attn), attn_output matmul, residual adds,
+norm+gate/up SwiGLU matmul, ffn_down matmul, norm+output matmul. The same tokens then go through
+Model.eval, the real path (the decoder graph: one compiled plan per micro-batch or step, the
+prompt as one micro-batch): rows "decode step, Model.eval" and "prompt, Model.eval"; per-op minus
+those is the per-op driver's Python overhead and the fusions the plan adds. The header reports
+whether both paths gave the same logits (bit for bit, or the largest difference).
 
 Per matmul row: weight bytes (decode: bytes streamed per step, GB/s, bytes per cycle, % of the
 DRAM read probe) and int8 multiply-adds (prompt: MACs per cycle, % of the int8 peak probe), the
@@ -28,7 +32,7 @@ import time
 
 import numpy as np
 
-from . import bigmodels, threads
+from . import bigmodels, opbyop, threads
 
 MATMUL_ROWS = ("norm+qkv matmul", "attn_output matmul", "norm+gate/up swiglu", "ffn_down matmul",
                "norm+output matmul")
@@ -48,60 +52,32 @@ def clock_ghz(core):
     return None
 
 
-def step_profile(m, tokens):
-    """one forward of `tokens` at the cache's current position, op by op: {row: seconds}"""
-    from cpufuse import flash_attn, matmul, matmul_multi, rope
-    tm = collections.defaultdict(float)
-    pc = time.perf_counter
-    hp = m.hparams
-    n = len(tokens)
-    pos0 = m.n_past
-    T = pos0 + n
-    eps, act, nt, isa = hp.eps, m.act, m.n_threads, m.isa
-    t_all = t = pc()
-    x, q, k, v, q3, k3, v3, q4, attn, attn2, o, g = m._views_for(n)
-    m._embed(tokens, x)
-    pos = np.arange(pos0, T, dtype=np.int32)
-    mask = None
-    if n > 1:
-        mask = m._mask[:n, :T]
-        mask[:, :pos0] = 0
-        mask[:, pos0:T] = np.triu(np.full((n, n), -np.inf, np.float16), 1)
-        mask = mask[None, None]
-    tm["embed+setup"] += pc() - t
-    kw = m._rope_kw
-    for li, L in enumerate(m.layers):
-        kc, vc = m.k_cache[li], m.v_cache[li]
-        steps = (
-            ("norm+qkv matmul", lambda: matmul_multi(x, (L.wq, L.wk, L.wv), out=(q, k, v), norm_weight=L.attn_norm,
-                                                     eps=eps, act=act, isa=isa, n_threads=nt)),
-            ("rope q", lambda: rope(q3, pos, out=q3, **kw)),
-            ("rope k + cache store", lambda: rope(k3, pos, cache=(kc, pos0), **kw)),
-            ("v cache store", lambda: vc.__setitem__(slice(pos0, T), v3)),
-            ("flash_attn", lambda: flash_attn(q4, kc[:T].transpose(1, 0, 2)[None], vc[:T].transpose(1, 0, 2)[None],
-                                              mask, scale=hp.kq_scale, out=attn, isa=isa, n_threads=nt)),
-            ("attn_output matmul", lambda: matmul(attn2, L.wo, out=o, act=act, isa=isa, n_threads=nt)),
-            ("residual adds", lambda: np.add(x, o, out=x)),
-            ("norm+gate/up swiglu", lambda: m_swiglu(x, L, g, eps, act, isa, nt)),
-            ("ffn_down matmul", lambda: matmul(g, L.wd, out=o, act=act, isa=isa, n_threads=nt)),
-            ("residual adds", lambda: np.add(x, o, out=x)),
-        )
-        for key, fn in steps:
-            t = pc()
-            fn()
-            tm[key] += pc() - t
-    t = pc()
-    matmul(x[n - 1:n], m.output, out=m._logits1, norm_weight=m.output_norm, eps=eps, act=act, isa=isa, n_threads=nt)
-    tm["norm+output matmul"] += pc() - t
-    m._n_past = T
-    m._cached.extend(int(tk) for tk in tokens)
-    tm["TOTAL (per-op)"] = pc() - t_all
-    return tm
+class Timer:
+    """opbyop.forward's timer: seconds per row, summed (perf_counter around each op)"""
+
+    def __init__(self):
+        self.t = collections.defaultdict(float)
+        self._key = self._t0 = None
+
+    def __call__(self, key):
+        self._key = key
+        return self
+
+    def __enter__(self):
+        self._t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.t[self._key] += time.perf_counter() - self._t0
 
 
-def m_swiglu(x, L, g, eps, act, isa, nt):
-    from cpufuse import matmul_swiglu
-    return matmul_swiglu(x, L.wg, L.wu, out=g, norm_weight=L.ffn_norm, eps=eps, act=act, isa=isa, n_threads=nt)
+def step_profile(m, tokens, pos0, kc, vc, bufs):
+    """one forward of `tokens` at positions pos0.. on our own cache (kc, vc) and buffers, op by op:
+    ({row: seconds, "TOTAL (per-op)": seconds}, the last token's logits (a copy))"""
+    tm = Timer()
+    t0 = time.perf_counter()
+    out = opbyop.forward(m, tokens, pos0, kc, vc, timer=tm, bufs=bufs)
+    tm.t["TOTAL (per-op)"] = time.perf_counter() - t0
+    return dict(tm.t), out[0].copy()
 
 
 def matmul_work(m):
@@ -119,58 +95,91 @@ def matmul_work(m):
     return rows
 
 
-def profile(path, n_threads, n_prompt=512, n_steps=8, ghz=None, log=print):
+def profile(path, n_threads, n_prompt=512, n_steps=8, ghz=None, rounds=2, log=print):
+    """the probes, then `rounds` alternating rounds of: the prompt and n_steps decode steps op by op
+    (our own KV cache and buffers), then the same tokens through Model.eval (the model's cache and
+    compiled plans). Per path the best round (prompt; decode: the mean step)."""
+    import cpufuse
     from cpufuse.llama import Model
     core = sorted(os.sched_getaffinity(0))[0]
     if n_threads == 1:
         os.sched_setaffinity(0, {core})
     ghz = ghz or clock_ghz(core)
-    isa = next(i for i in __import__("cpufuse").available_isas() if i != "numba")
+    isa = next(i for i in cpufuse.available_isas() if i != "numba")
     log(f"probes at {n_threads} thread(s) ({isa}) ...")
     rd = threads.read_bw_stats(n_threads, isa=isa)
     pk = threads.int8_peak_stats(isa, n_threads)
-    m = Model.load(path, n_ctx=n_prompt + n_steps + 8, n_threads=n_threads)
-    ids = [int(t) % m.n_vocab for t in np.random.default_rng(0).integers(0, 120000, n_prompt + n_steps + 1)]
-    # prompt: warm-up once, then the profiled run (best of 2)
+    # n_batch = the prompt: Model.eval runs it as one micro-batch, like the op-by-op forward
+    m = Model.load(path, n_ctx=n_prompt + n_steps + 8, n_threads=n_threads, n_batch=n_prompt)
+    ids = [int(t) % m.n_vocab for t in np.random.default_rng(0).integers(0, 120000, n_prompt + n_steps)]
+    prompt_ids, step_ids = ids[:n_prompt], ids[n_prompt:]
+    kc, vc = np.zeros_like(m.k_cache), np.zeros_like(m.v_cache)   # ours: the model's stay untouched
+    bufs = opbyop.buffers(m, n_prompt)
+    # warm-up: both paths on a short prompt and a step (the plans compile, the buffers fault in)
+    w = min(8, n_prompt)
+    step_profile(m, prompt_ids[:w], 0, kc, vc, bufs)
+    step_profile(m, step_ids[:1], w, kc, vc, bufs)
     m.reset()
-    m.eval(ids[:n_prompt])
-    prompts = []
-    for _ in range(2):
+    m.eval(prompt_ids[:w])
+    m.eval(step_ids[:1])
+    prompt = dec = None
+    eval_prompt = eval_step = float("inf")
+    max_diff = max_abs = 0.0
+    for r in range(rounds):
+        log(f"round {r + 1}/{rounds}: op by op ...")
+        p, ref = step_profile(m, prompt_ids, 0, kc, vc, bufs)
+        refs = [ref]
+        d = collections.defaultdict(float)
+        for i, t in enumerate(step_ids):
+            s, ref = step_profile(m, [t], n_prompt + i, kc, vc, bufs)
+            refs.append(ref)
+            for key, v in s.items():
+                d[key] += v / n_steps
+        if prompt is None or p["TOTAL (per-op)"] < prompt["TOTAL (per-op)"]:
+            prompt = p
+        if dec is None or d["TOTAL (per-op)"] < dec["TOTAL (per-op)"]:
+            dec = dict(d)
+        log(f"round {r + 1}/{rounds}: Model.eval ...")
         m.reset()
-        prompts.append(step_profile(m, ids[:n_prompt]))
-    prompt = min(prompts, key=lambda d: d["TOTAL (per-op)"])
-    # decode: n_steps single-token steps after the prompt, mean per step
-    dec = collections.defaultdict(float)
-    for i in range(n_steps):
-        for key, s in step_profile(m, [ids[n_prompt + i]]).items():
-            dec[key] += s / n_steps
-    # the real decode path (the compiled plan), same positions
-    m.reset()
-    m.eval(ids[:n_prompt])
-    m.eval([ids[n_prompt]])
-    t0 = time.perf_counter()
-    for i in range(1, n_steps):
-        m.eval([ids[n_prompt + i]])
-    dec["decode step, Model.eval"] = (time.perf_counter() - t0) / max(1, n_steps - 1)
+        t0 = time.perf_counter()
+        got = [m.eval(prompt_ids)]
+        eval_prompt = min(eval_prompt, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        got += [m.eval([t]) for t in step_ids]
+        eval_step = min(eval_step, (time.perf_counter() - t0) / n_steps)
+        for a, b in zip(refs, got):
+            max_diff = max(max_diff, float(np.max(np.abs(a - b))))
+            max_abs = max(max_abs, float(np.max(np.abs(b))))
+    dec["decode step, Model.eval"] = eval_step
+    prompt["prompt, Model.eval"] = eval_prompt
     return {"path": path, "threads": n_threads, "ghz": ghz, "isa": isa, "read_gbps": rd["gbps"],
-            "int8_gmacs": pk["best"] if pk else None, "prompt": dict(prompt), "decode": dict(dec),
-            "n_prompt": n_prompt, "work": {k: tuple(v) for k, v in matmul_work(m).items()}}
+            "int8_gmacs": pk["best"] if pk else None, "prompt": prompt, "decode": dec,
+            "n_prompt": n_prompt, "n_steps": n_steps, "rounds": rounds,
+            "check": {"tokens": 1 + n_steps, "max_diff": max_diff, "max_abs": max_abs},
+            "work": {k: tuple(v) for k, v in matmul_work(m).items()}}
 
 
 def table(P):
     ghz, rd, pk = P["ghz"], P["read_gbps"], P["int8_gmacs"]
-    n = P["n_prompt"]
+    n, c = P["n_prompt"], P["check"]
     L = [f"Profile of `{os.path.basename(P['path'])}` at {P['threads']} thread(s), cpufuse ISA {P['isa']}. Probes "
          f"in the same process: DRAM read {rd:.1f} GB/s, int8 peak {pk or float('nan'):.0f} GMAC/s; clock "
          f"{ghz or float('nan'):.2f} GHz for the per-cycle columns "
          f"({(rd / ghz) if ghz else float('nan'):.1f} read bytes/cycle, "
          f"{(pk / ghz) if ghz and pk else float('nan'):.0f} int8 MACs/cycle at the probes).", "",
+         f"Check: the op-by-op forward's logits against Model.eval's for {c['tokens']} tokens (the prompt's "
+         f"last, then {c['tokens'] - 1} decode steps) x {P['rounds']} rounds: "
+         + ("bit-identical." if c["max_diff"] == 0 else
+            f"max |difference| {c['max_diff']:.3g} (largest |logit| {c['max_abs']:.3g}).") + " "
+         f"Decode: the mean of {P['n_steps']} steps at positions {n}-{n + P['n_steps'] - 1}; both paths: "
+         f"the best of {P['rounds']} alternating rounds.", "",
          f"| op | decode ms | % | GB/s | bytes/cycle | % DRAM read | prompt ({n}) ms | % | GMAC/s | MACs/cycle | % int8 peak |",
          "|---|---|---|---|---|---|---|---|---|---|---|"]
     D, Pr = P["decode"], P["prompt"]
     td, tp = D["TOTAL (per-op)"], Pr["TOTAL (per-op)"]
-    keys = [k for k in D if not k.startswith("TOTAL") and k != "decode step, Model.eval"]
-    for k in keys + ["TOTAL (per-op)", "decode step, Model.eval"]:
+    real = ("decode step, Model.eval", "prompt, Model.eval")
+    keys = [k for k in {**D, **Pr} if k != "TOTAL (per-op)" and k not in real]
+    for k in keys + ["TOTAL (per-op)", *real]:
         d, p = D.get(k), Pr.get(k)
         row = [k, f"{1e3 * d:.3f}" if d else "–", f"{100 * d / td:.0f}" if d else "–"]
         w = P["work"].get(k)
@@ -199,13 +208,14 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds of both paths (the best counts)")
     ap.add_argument("--ghz", type=float, help="the clock for the per-cycle columns (default: /proc/cpuinfo)")
     ap.add_argument("--md", help="also write the table here")
     a = ap.parse_args(argv)
-    if a.threads < 1 or a.prompt < 1 or a.steps < 2:
-        sys.exit("--threads and --prompt must be >= 1, --steps >= 2")
+    if min(a.threads, a.prompt, a.steps, a.rounds) < 1:
+        sys.exit("--threads, --prompt, --steps and --rounds must be >= 1")
     path = a.model or bigmodels.ensure(a.shape, a.type, a.dir)
-    t = table(profile(path, a.threads, a.prompt, a.steps, a.ghz, log=lambda s: print(s, file=sys.stderr)))
+    t = table(profile(path, a.threads, a.prompt, a.steps, a.ghz, a.rounds, log=lambda s: print(s, file=sys.stderr)))
     print(t)
     if a.md:
         with open(a.md, "w") as f:
