@@ -310,6 +310,12 @@ def write_md(res, path):
             L.append(f"| {c} | {_f(cf('tok_s'))} | {_f(pe('tok_s'))} | {_f(cf('tok_s') / pe('tok_s'), 2)}× "
                      f"| {_f(cf('tok_s') / base, 2)}× | {pair('ttft_p50')} | {pair('ttft_p95')} | {pair('itl_p50')} "
                      f"| {pair('itl_p95')} |")
+        for e in ENGINES:
+            rows = [r for run in mres["runs"] if run["engine"] == e for r in run.get("levels") or ()]
+            tok, chk = sum(r["output_tokens"] for r in rows), sum(r.get("content_chunks", 0) for r in rows)
+            if tok and chk < 0.95 * tok:
+                L += ["", f"{e}: {chk} content chunks for {tok} tokens (text held back until it decodes), so its "
+                      "ITL reads high by about that ratio."]
         st = mres.get("step")
         if st:
             one = st["1"]["median_ms"]
