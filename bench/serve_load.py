@@ -2,6 +2,7 @@
 
     python -m bench.serve_load --url http://127.0.0.1:8080 [--clients 1,4,8,16] [--max-tokens 128]
                                [--rounds 2] [--endpoint chat|completions] [--json PATH]
+                               [--extra-body JSON]
 
 For each concurrency level N, N clients start together; each sends `--rounds` streaming requests
 one after the other (greedy, temperature 0, max_tokens 128, `ignore_eos` so that servers that
@@ -15,8 +16,11 @@ reuses another's prompt cache). It reports, per level:
 - per-request decode tok/s (median): (tokens - 1) / (end - first content chunk).
 
 Output tokens are `usage.completion_tokens` when the server sends usage
-(`stream_options.include_usage`), else the number of content chunks (a server that coalesces
-tokens into fewer chunks then counts low, and its ITL reads high: see the `counted` column).
+(`stream_options.include_usage`); else max_tokens when the request ended with finish_reason
+"length" (it produced exactly that many); else the number of content chunks (a server that
+coalesces tokens into fewer chunks then counts low, and its ITL reads high: see the `counted`
+column). `--extra-body` adds fields to every request: llama-cpp-python ignores `ignore_eos`, so
+bench/serve_bench.py sends it `{"logit_bias": {"<eog id>": -1000}}` instead.
 It drives cpufuse's server (`python -m cpufuse serve`) and `python -m llama_cpp.server` alike:
 the model name comes from GET /v1/models. It needs httpx only.
 """
@@ -49,10 +53,10 @@ def pct(xs, q):
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-async def one_request(http, url, model, endpoint, text, max_tokens):
+async def one_request(http, url, model, endpoint, text, max_tokens, extra=None):
     """stream one request; returns dict(t0, chunks=[times of content chunks], end, tokens, counted)"""
     body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, "ignore_eos": True}
+            "stream_options": {"include_usage": True}, "ignore_eos": True, **(extra or {})}
     if endpoint == "chat":
         body["messages"] = [{"role": "user", "content": text}]
         path = "/v1/chat/completions"
@@ -60,7 +64,7 @@ async def one_request(http, url, model, endpoint, text, max_tokens):
         body["prompt"] = text
         path = "/v1/completions"
     t0 = time.perf_counter()
-    chunks, usage = [], None
+    chunks, usage, finish = [], None, None
     async with http.stream("POST", url + path, json=body) as r:
         if r.status_code != 200:
             raise RuntimeError(f"{path}: HTTP {r.status_code}: {(await r.aread())[:300]!r}")
@@ -76,20 +80,26 @@ async def one_request(http, url, model, endpoint, text, max_tokens):
             if obj.get("usage"):
                 usage = obj["usage"]
             for ch in obj.get("choices") or ():
+                finish = ch.get("finish_reason") or finish
                 piece = (ch.get("delta") or {}).get("content") if endpoint == "chat" else ch.get("text")
                 if piece:
                     chunks.append(time.perf_counter())
     end = time.perf_counter()
-    tokens = usage["completion_tokens"] if usage and "completion_tokens" in usage else len(chunks)
-    return dict(t0=t0, chunks=chunks, end=end, tokens=tokens, counted="usage" if usage else "chunks")
+    if usage and "completion_tokens" in usage:
+        tokens, counted = usage["completion_tokens"], "usage"
+    elif finish == "length":
+        tokens, counted = max_tokens, "length"
+    else:
+        tokens, counted = len(chunks), "chunks"
+    return dict(t0=t0, chunks=chunks, end=end, tokens=tokens, counted=counted)
 
 
-async def level(url, model, endpoint, n_clients, rounds, max_tokens):
+async def level(url, model, endpoint, n_clients, rounds, max_tokens, extra=None):
     import httpx
     limits = httpx.Limits(max_connections=n_clients + 2, max_keepalive_connections=n_clients + 2)
     async with httpx.AsyncClient(timeout=None, limits=limits) as http:
         async def client(i):
-            return [await one_request(http, url, model, endpoint, prompt_text(i, r), max_tokens)
+            return [await one_request(http, url, model, endpoint, prompt_text(i, r), max_tokens, extra)
                     for r in range(rounds)]
         t0 = time.perf_counter()
         per_client = await asyncio.gather(*(client(i) for i in range(n_clients)))
@@ -100,7 +110,8 @@ async def level(url, model, endpoint, n_clients, rounds, max_tokens):
     dec = [(r["tokens"] - 1) / (r["end"] - r["chunks"][0]) for r in reqs
            if r["chunks"] and r["tokens"] > 1 and r["end"] > r["chunks"][0]]
     tokens = sum(r["tokens"] for r in reqs)
-    return dict(clients=n_clients, requests=len(reqs), output_tokens=tokens, wall_s=wall,
+    return dict(clients=n_clients, requests=len(reqs), output_tokens=tokens,
+                content_chunks=sum(len(r["chunks"]) for r in reqs), wall_s=wall,
                 tok_s=tokens / wall if wall > 0 else float("nan"),
                 ttft_p50=pct(ttft, 0.5), ttft_p95=pct(ttft, 0.95), itl_p50=pct(itl, 0.5), itl_p95=pct(itl, 0.95),
                 req_decode_tok_s=statistics.median(dec) if dec else float("nan"),
@@ -118,10 +129,10 @@ async def run(args):
         model = args.model or r.json()["data"][0]["id"]
     # warm-up: one short request (compiles, faults the weights in)
     async with httpx.AsyncClient(timeout=None) as http:
-        await one_request(http, url, model, args.endpoint, "Hello.", 8)
+        await one_request(http, url, model, args.endpoint, "Hello.", 8, args.extra_body)
     out = []
     for n in args.clients:
-        res = await level(url, model, args.endpoint, n, args.rounds, args.max_tokens)
+        res = await level(url, model, args.endpoint, n, args.rounds, args.max_tokens, args.extra_body)
         out.append(res)
         print(f"  {n:>3} clients: {res['tok_s']:8.1f} tok/s, TTFT p50 {res['ttft_p50'] * 1e3:7.1f} ms "
               f"p95 {res['ttft_p95'] * 1e3:7.1f} ms, ITL p50 {res['itl_p50'] * 1e3:6.1f} ms "
@@ -144,24 +155,43 @@ def table(model, url, rows, args) -> str:
     return "\n".join(lines) + "\n"
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench.serve_load", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--url", default="http://127.0.0.1:8080", help="server base URL (with or without /v1)")
+def add_load_args(ap, requests_flag="--rounds"):
+    """the load's options (bench.serve_bench shares them): --clients, --max-tokens, requests per client"""
     ap.add_argument("--clients", default="1,4,8,16", help="concurrency levels, comma-separated (default 1,4,8,16)")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens per request (default 128)")
-    ap.add_argument("--rounds", type=int, default=2, help="requests per client, back to back (default 2)")
-    ap.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
-    ap.add_argument("--model", default=None, help="model name to send (default: the first of /v1/models)")
-    ap.add_argument("--json", default=None, help="write the results here")
-    args = ap.parse_args(argv)
+    ap.add_argument(requests_flag, type=int, default=2, help="requests per client, back to back (default 2)")
+
+
+def check_load_args(ap, args, requests="rounds"):
+    """parse --clients into a list and check the load's options (ap.error on bad values); `requests`:
+    the attribute that holds the requests per client"""
     try:
         args.clients = [int(x) for x in args.clients.split(",") if x.strip()]
     except ValueError:
         ap.error(f"--clients must be comma-separated integers, got {args.clients!r}")
     if not args.clients or min(args.clients) < 1:
         ap.error(f"--clients must be >= 1, got {args.clients}")
-    if args.max_tokens < 1 or args.rounds < 1:
-        ap.error("--max-tokens and --rounds must be >= 1")
+    if args.max_tokens < 1 or getattr(args, requests) < 1:
+        ap.error(f"--max-tokens and --{requests} must be >= 1")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench.serve_load", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", default="http://127.0.0.1:8080", help="server base URL (with or without /v1)")
+    add_load_args(ap)
+    ap.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
+    ap.add_argument("--model", default=None, help="model name to send (default: the first of /v1/models)")
+    ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--extra-body", default=None,
+                    help='JSON object of fields added to every request, e.g. \'{"logit_bias": {"2": -1000}}\'')
+    args = ap.parse_args(argv)
+    try:
+        args.extra_body = json.loads(args.extra_body) if args.extra_body else None
+    except ValueError as e:
+        ap.error(f"--extra-body must be a JSON object, got {args.extra_body!r}: {e}")
+    if args.extra_body is not None and not isinstance(args.extra_body, dict):
+        ap.error(f"--extra-body must be a JSON object, got {args.extra_body!r}")
+    check_load_args(ap, args)
     return args
 
 
