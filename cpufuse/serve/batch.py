@@ -32,6 +32,7 @@ from .engine import Engine, FinishEvent, Handle, TokenEvent, deliver, make_sampl
 __all__ = ["BatchEngine"]
 
 DEFAULT_CHUNK = 128   # prompt chunk (tokens), aligned to absolute positions
+DEFAULT_STEP_TOKENS = 128   # prompt tokens per step at most, besides the decoding sequences
 
 
 @dataclasses.dataclass
@@ -70,7 +71,7 @@ class BatchEngine(Engine):
     most prompt tokens evaluated per step besides the decoding sequences (>= chunk)."""
 
     def __init__(self, model, model_name: Optional[str] = None, chunk: int = DEFAULT_CHUNK,
-                 step_tokens: Optional[int] = None):
+                 step_tokens: Optional[int] = DEFAULT_STEP_TOKENS):
         name = model_name or os.path.splitext(os.path.basename(getattr(model, "path", "model")))[0]
         tok = model.tokenizer
         parallel = int(model.n_seq)
@@ -87,10 +88,11 @@ class BatchEngine(Engine):
 
     @classmethod
     def load(cls, path: str, n_ctx: int = 2048, n_threads: Optional[int] = None, kv_dtype: str = "f16",
-             model_name: Optional[str] = None, parallel: int = 4, chunk: int = DEFAULT_CHUNK, **load_kw):
+             model_name: Optional[str] = None, parallel: int = 4, chunk: int = DEFAULT_CHUNK,
+             step_tokens: Optional[int] = DEFAULT_STEP_TOKENS, **load_kw):
         from cpufuse.llama import Model
         m = Model.load(path, n_ctx=n_ctx, n_threads=n_threads, kv_dtype=kv_dtype, n_seq=parallel, **load_kw)
-        return cls(m, model_name=model_name, chunk=chunk)
+        return cls(m, model_name=model_name, chunk=chunk, step_tokens=step_tokens)
 
     # ------------------------------------------------------------------ engine thread
     def _cancel_running(self) -> None:

@@ -14,7 +14,7 @@ import sys
 from cpufuse.llama.cli import INSTALL_HINT, find_smollm2
 
 from .app import create_app
-from .batch import DEFAULT_CHUNK, BatchEngine
+from .batch import DEFAULT_CHUNK, DEFAULT_STEP_TOKENS, BatchEngine
 from .engine import SerialEngine
 
 # --engine NAME -> a factory(path, n_ctx, n_threads, kv_dtype, model_name, parallel) -> Engine
@@ -40,6 +40,10 @@ def build_parser():
                          "(default); serial = one request at a time, FIFO")
     ap.add_argument("--chunk", type=int, default=DEFAULT_CHUNK,
                     help=f"prompt chunk of the batch engine, in tokens (default {DEFAULT_CHUNK})")
+    ap.add_argument("-b", "--batch-tokens", type=int, default=DEFAULT_STEP_TOKENS,
+                    help="the most prompt tokens the batch engine evaluates in one step besides the decoding "
+                         f"sequences; at least --chunk (default {DEFAULT_STEP_TOKENS}). More lets several queued "
+                         "prompts share a step: higher throughput, longer gaps for the running streams")
     ap.add_argument("--alias", default=None, help="model name in /v1/models and responses (default: the file name)")
     ap.add_argument("--kv", choices=("f16", "f32"), default="f16", help="KV cache type (default f16)")
     ap.add_argument("--shutdown-timeout", type=float, default=10.0,
@@ -50,10 +54,10 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    for name in ("parallel", "port", "chunk"):
+    for name in ("parallel", "port", "chunk", "batch_tokens"):
         v = getattr(args, name)
         if v < (0 if name == "port" else 1):
-            print(f"error: --{name} must be {'>= 0' if name == 'port' else '>= 1'}, got {v}", file=sys.stderr)
+            print(f"error: --{name.replace('_', '-')} must be {'>= 0' if name == 'port' else '>= 1'}, got {v}", file=sys.stderr)
             return 2
     path = args.model or find_smollm2()
     if path is None:
@@ -61,7 +65,7 @@ def main(argv=None):
               f"    {INSTALL_HINT}", file=sys.stderr)
         return 2
     try:
-        kw = {"chunk": args.chunk} if args.engine == "batch" else {}
+        kw = {"chunk": args.chunk, "step_tokens": args.batch_tokens} if args.engine == "batch" else {}
         engine = ENGINES[args.engine](path, n_ctx=args.n_ctx, n_threads=args.threads, kv_dtype=args.kv,
                                       model_name=args.alias, parallel=args.parallel, **kw)
     except (OSError, ValueError, NotImplementedError, RuntimeError) as e:
