@@ -403,9 +403,10 @@ def parse_args(argv=None):
     ap.add_argument("--step-iters", type=int, default=30, help="decoder calls per size per round (default 30)")
     ap.add_argument("--out", default=os.path.join("bench", "results", "serve"),
                     help="writes OUT.json, OUT.md, OUT.png (default bench/results/serve)")
+    ap.add_argument("--from-json", metavar="P", help="only write OUT.md and OUT.png again from a run's JSON")
     ap.add_argument("--step-worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.step_worker:
+    if args.step_worker or args.from_json:
         return args
     serve_load.check_load_args(ap, args, "requests")
     if max(args.clients) > args.parallel:
@@ -430,6 +431,15 @@ def main(argv=None):
     args = parse_args(argv)
     if args.step_worker:
         print("STEP_RESULT " + json.dumps(step_worker(json.loads(args.step_worker))), flush=True)
+        return 0
+    if args.from_json:
+        with open(args.from_json) as f:
+            res = json.load(f)
+        for mres in res["models"].values():       # JSON keeps no int keys: the summary again from the runs
+            mres["summary"] = summarize(mres["runs"])
+        res["chart"] = write_chart(res, args.out + ".png")
+        write_md(res, args.out + ".md")
+        print(f"bench.serve_bench: wrote {args.out}.md{', .png' if res['chart'] == 'ok' else ''} from {args.from_json}")
         return 0
     t_start = time.perf_counter()
     paths = model_paths(args.models)
