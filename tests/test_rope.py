@@ -583,3 +583,18 @@ def test_cache_bounds_message():
 def test_exported():
     assert "rope" in cpufuse.OPS and "rope" in cpufuse.__all__
     assert cpufuse.info()["ops"]["rope"]
+
+
+def test_rope_params_is_the_one_check_and_shares_ropes_defaults():
+    """rope and the graph's rope record both normalize their parameters through rope_params"""
+    from cpufuse.ops.rope import rope, rope_params
+    dr = rope.__kwdefaults__
+    dp = rope_params.__kwdefaults__
+    assert {k: dr[k] for k in dp} == dp
+    assert rope_params.__defaults__ == (dr["mode"],)
+    p = rope_params(8, 16, "neox", freq_base=5e5)
+    assert p.n_dims == 8 and p.mode == 1 and p.fps == [5e5, 1.0, 0.0, 1.0, 32.0, 1.0]
+    with pytest.raises(ValueError, match="n_dims"):
+        rope_params(18, 16)
+    with pytest.raises(TypeError, match="freq_scale"):
+        rope_params(8, 16, freq_scale="1")

@@ -210,31 +210,11 @@ class Program:
             return None
         p = st.params
         x, pos = st.ins[0], st.ins[1]
-        kw = dict(p["kw"])
-        try:
-            import inspect
-            dflt = {k: v.default for k, v in inspect.signature(_rp.rope).parameters.items()
-                    if v.kind == v.KEYWORD_ONLY}
-            known = ("freq_base", "freq_scale", "ext_factor", "attn_factor", "beta_fast", "beta_slow",
-                     "n_ctx_orig", "freq_factors", "ggml_compat")
-            if set(kw) - set(known) or not set(known) <= set(dflt):
-                return None  # the Python step raises the precise error (or runs a newer rope)
-            v = {k: kw.get(k, dflt[k]) for k in known}
-            m = _rp._mode(p["mode"])
-            fps = [_rp._real(v["freq_base"], "freq_base", positive=True),
-                   _rp._real(v["freq_scale"], "freq_scale", positive=True),
-                   _rp._real(v["ext_factor"], "ext_factor"), _rp._real(v["attn_factor"], "attn_factor"),
-                   _rp._real(v["beta_fast"], "beta_fast"), _rp._real(v["beta_slow"], "beta_slow")]
-            nco = _rp._int(v["n_ctx_orig"], "n_ctx_orig")
-        except (TypeError, ValueError, AttributeError):
-            return None
-        compat, ff = v["ggml_compat"], v["freq_factors"]
-        nd = p["n_dims"]
-        if nco < 0 or not isinstance(compat, (bool, np.bool_)):
-            return None
-        if ff is not None and (not isinstance(ff, np.ndarray) or ff.dtype != F32 or ff.shape != (nd // 2,)):
-            return None
         T, H, D = x.shape
+        try:  # the Python step raises the precise error (or runs a rope with parameters this record lacks)
+            nd, m, fps, nco, compat, ff = _rp.rope_params(p["n_dims"], D, p["mode"], **p["kw"])
+        except (TypeError, ValueError):
+            return None
         xst = _view_root(x)[1]
         if D > 1 and xst[2] != 1:
             return None

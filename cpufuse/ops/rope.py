@@ -5,6 +5,7 @@
 (cpufuse/numba/rope.py). Errors: TypeError for types/dtypes, ValueError for shapes, strides and
 parameters; the message names the argument, what was expected and what was received.
 """
+import collections as _collections
 import math
 import numbers as _numbers
 
@@ -64,6 +65,41 @@ def _mode(mode):
     if m is None:
         raise ValueError(f"mode must be 'norm', 'neox', 0 or 2, got {mode!r}")
     return m
+
+
+RopeParams = _collections.namedtuple("RopeParams", "n_dims mode fps n_ctx_orig ggml_compat freq_factors")
+
+
+def rope_params(n_dims, head_dim, mode="norm", *, freq_base=10000.0, freq_scale=1.0, ext_factor=0.0,
+                attn_factor=1.0, beta_fast=32.0, beta_slow=1.0, n_ctx_orig=0, freq_factors=None,
+                ggml_compat=False):
+    """rope's parameters checked and normalized (the one place they are: `rope` and the graph's rope
+    record both call it): RopeParams(n_dims, mode code 0 norm / 1 neox, fps = [freq_base, freq_scale,
+    ext_factor, attn_factor, beta_fast, beta_slow] as floats (RPF order), n_ctx_orig, ggml_compat,
+    freq_factors as a C-contiguous float32 array or None). TypeError / ValueError name the argument.
+    The defaults are rope's (tests/test_rope.py checks that they agree)."""
+    nd = _int(n_dims, "n_dims")
+    if nd <= 0 or nd % 2 or nd > head_dim:
+        raise ValueError(f"n_dims must be even, > 0 and <= head_dim = {head_dim}, got {nd}")
+    m = _mode(mode)
+    fps = [_real(freq_base, "freq_base", positive=True), _real(freq_scale, "freq_scale", positive=True),
+           _real(ext_factor, "ext_factor"), _real(attn_factor, "attn_factor"),
+           _real(beta_fast, "beta_fast"), _real(beta_slow, "beta_slow")]
+    nco = _int(n_ctx_orig, "n_ctx_orig")
+    if nco < 0:
+        raise ValueError(f"n_ctx_orig must be >= 0, got {nco}")
+    if not isinstance(ggml_compat, (bool, np.bool_)):
+        raise TypeError(f"ggml_compat must be a bool, got {type(ggml_compat).__name__}")
+    ff = None
+    if freq_factors is not None:
+        if not isinstance(freq_factors, _ndarray):
+            raise TypeError(f"freq_factors must be a numpy.ndarray of float32, got {type(freq_factors).__name__}")
+        if freq_factors.dtype != F32:
+            raise TypeError(f"freq_factors must be float32, got {freq_factors.dtype}")
+        if freq_factors.shape != (nd // 2,):
+            raise ValueError(f"freq_factors must have shape ({nd // 2},) (n_dims/2), got {freq_factors.shape}")
+        ff = np.ascontiguousarray(freq_factors)
+    return RopeParams(nd, m, fps, nco, bool(ggml_compat), ff)
 
 
 def _last_axis_ok(a, name):
@@ -266,30 +302,11 @@ def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_
         raise TypeError(f"pos must be int32, got {pos.dtype}")
     if pos.shape != (T,):
         raise ValueError(f"pos must have shape ({T},) (one position per token of x), got {pos.shape}")
-    nd = _int(n_dims, "n_dims")
-    if nd <= 0 or nd % 2 or nd > D:
-        raise ValueError(f"n_dims must be even, > 0 and <= head_dim = {D}, got {nd}")
-    m = _mode(mode)
-    base = _real(freq_base, "freq_base", positive=True)
-    fs = _real(freq_scale, "freq_scale", positive=True)
-    ext = _real(ext_factor, "ext_factor")
-    attn = _real(attn_factor, "attn_factor")
-    bfast = _real(beta_fast, "beta_fast")
-    bslow = _real(beta_slow, "beta_slow")
-    nco = _int(n_ctx_orig, "n_ctx_orig")
-    if nco < 0:
-        raise ValueError(f"n_ctx_orig must be >= 0, got {nco}")
-    if not isinstance(ggml_compat, (bool, np.bool_)):
-        raise TypeError(f"ggml_compat must be a bool, got {type(ggml_compat).__name__}")
-    ff = None
-    if freq_factors is not None:
-        if not isinstance(freq_factors, _ndarray):
-            raise TypeError(f"freq_factors must be a numpy.ndarray of float32, got {type(freq_factors).__name__}")
-        if freq_factors.dtype != F32:
-            raise TypeError(f"freq_factors must be float32, got {freq_factors.dtype}")
-        if freq_factors.shape != (nd // 2,):
-            raise ValueError(f"freq_factors must have shape ({nd // 2},) (n_dims/2), got {freq_factors.shape}")
-        ff = np.ascontiguousarray(freq_factors)
+    nd, m, fps, nco, compat, ff = rope_params(
+        n_dims, D, mode, freq_base=freq_base, freq_scale=freq_scale, ext_factor=ext_factor, attn_factor=attn_factor,
+        beta_fast=beta_fast, beta_slow=beta_slow, n_ctx_orig=n_ctx_orig, freq_factors=freq_factors,
+        ggml_compat=ggml_compat)
+    base, fs, ext, attn, bfast, bslow = fps
     n_th = _dispatch.threads(n_threads)
 
     if cache is not None and out is not None:
