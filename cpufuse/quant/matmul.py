@@ -212,10 +212,11 @@ def _entry(ws, rows, act, epi, do_norm):
     for w in ws:
         if type(w) is not QTensor or w.n_in != K:
             return None
-    if epi and (len(ws) != 2 or ws[1].n_out != w0.n_out):
+    if epi == 1 and (len(ws) != 2 or ws[1].n_out != w0.n_out) or epi == 2 and len(ws) != 1:
         return None
     n_out = tuple(w.n_out for w in ws) if not epi else (w0.n_out,)
-    d = qm_desc(rows, K, K, _ACT[act], epi, do_norm, ws, [n_out[i if not epi else 0] for i in range(len(ws))])
+    d = qm_desc(rows, K, K, _ACT[act], epi, do_norm, ws, [n_out[i if not epi else 0] for i in range(len(ws))],
+                w0.n_out if epi == 2 else 0)
     wp = [_wptr(w)[0] for w in ws] + [ffi.NULL] * (3 - len(ws))
     # each weight's bytes as a float pointer and a length in floats rounded up (for the overlap tests)
     spans = tuple((ffi.cast("float *", _wptr(w)[0]), w.nbytes // 4 + 1) for w in ws)
@@ -225,13 +226,14 @@ def _entry(ws, rows, act, epi, do_norm):
     return ffi.new("int64_t[]", d), wp, n_out, spans, one
 
 
-def _lean(x, ws, act, outs, isa, n_threads, norm_weight, eps, epi):
+def _lean(x, ws, act, outs, isa, n_threads, norm_weight, eps, epi, res=None):
     """The common call (1-D or 2-D C-contiguous x and outputs, native path) with the fewest
     checks that still catch every bad input; None when it does not apply (the full path then
     checks everything and raises the precise error). The descriptor for a (weights, rows, act)
     shape is built once and cached on the first weight; pointers come from ffi.from_buffer, which
     costs a tenth of __array_interface__, and overlaps are exact pointer-range tests (rounded up to
-    whole floats for the weights' bytes: a false alarm only sends the call the long way)."""
+    whole floats for the weights' bytes: a false alarm only sends the call the long way). res: the
+    residual (epi 2), C-contiguous of the output's shape; an output may be it exactly."""
     if type(x) is not _ndarray or x.dtype is not F32 or not x.flags.aligned:
         return None   # (a misaligned x: the full path copies it)
     w0 = ws[0]
@@ -280,6 +282,19 @@ def _lean(x, ws, act, outs, isa, n_threads, norm_weight, eps, epi):
         xb = _fb(_T_F32, x)
     except (ValueError, TypeError, BufferError):
         return None
+    rb = _NULL
+    if res is not None:
+        if (type(res) is not _ndarray or res.dtype is not F32 or res.shape != ((rows, n_out[0]) if nd == 2 else (n_out[0],))
+                or not res.flags.aligned):
+            return None
+        try:
+            rb = _fb(_T_F32, res)
+            lo, L = rb + 0, len(rb)
+            for a, m in [(xb, len(xb)), *wspans] + ([(nwp, len(nwp))] if do_norm and norm_weight is not None else []):
+                if -L < lo - a < m:
+                    return None
+        except (ValueError, TypeError, BufferError):
+            return None
     if outs is None:
         ys, yb = [], []
         for n in n_out:
@@ -302,6 +317,8 @@ def _lean(x, ws, act, outs, isa, n_threads, norm_weight, eps, epi):
         try:  # cpufuse.ops: overlap tests of the lean paths
             for b in yb:
                 lo, L = b + 0, len(b)
+                if res is not None and lo != rb and -L < lo - rb < len(rb):
+                    return None  # out = res exactly is in place; any other overlap: the full path refuses it
                 for a, m in ins:
                     if -L < lo - a < m:
                         return None  # shares a byte with an input or an earlier output: the full path says which
@@ -312,7 +329,7 @@ def _lean(x, ws, act, outs, isa, n_threads, norm_weight, eps, epi):
         return ys
     n = len(yb)
     rc = fn(d, xb, nwp, eps if do_norm else 0.0, wp[0], wp[1], wp[2], yb[0],
-            yb[1] if n > 1 else _NULL, yb[2] if n > 2 else _NULL, _NULL, n_threads or (1 if one else _thr[0]))
+            yb[1] if n > 1 else _NULL, yb[2] if n > 2 else _NULL, rb, n_threads or (1 if one else _thr[0]))
     if rc:
         raise RuntimeError(f"cpufuse.matmul: the {isa} kernel failed: {_ERRORS.get(rc, rc)}")
     return ys
@@ -328,10 +345,10 @@ def matmul(x, w, *, act=None, out=None, isa=None, n_threads=None, norm_weight=No
     (bit for bit what `residual + matmul(x, w)` gives; the product is never stored); out=residual
     updates it in place.
     out: optional float32 (..., n_out) output. Returns the result."""
-    if residual is None:
-        y = _lean(x, (w,), act, None if out is None else [out], isa, n_threads, norm_weight, eps, 0)
-        if y is not None:
-            return y[0]
+    y = _lean(x, (w,), act, None if out is None else [out], isa, n_threads, norm_weight, eps,
+              0 if residual is None else 2, residual)
+    if y is not None:
+        return y[0]
     lead = _lead(x)
     return _run(x, (w,), ("w",), act, None if out is None else [out], isa, n_threads, norm_weight, eps,
                 0 if residual is None else 2, lead, residual)[0]
