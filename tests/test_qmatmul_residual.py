@@ -105,6 +105,10 @@ def test_strided_and_batched_residual(isa, rng):
     cpufuse.matmul(x, w, isa=isa, residual=r, out=out[:, 2:23])
     _same(out[:, 2:23], want, "strided out")
     assert np.isnan(out[:, :2]).all() and np.isnan(out[:, 23:]).all()
+    # rows in reverse order (a negative row stride)
+    rv = np.ascontiguousarray(r[::-1])[::-1]
+    assert rv.strides[0] < 0
+    _same(cpufuse.matmul(x, w, isa=isa, residual=rv), want, "reversed rows")
     # in place on a strided view
     before = big.copy()
     cpufuse.matmul(x, w, isa=isa, residual=r, out=r)
