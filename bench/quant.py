@@ -74,7 +74,7 @@ ROPE_HEADS, ROPE_DIM, ROPE_CTX = 32, 128, 1024
 @dataclass(frozen=True)
 class QCase:
     name: str
-    kind: str               # matmul | swiglu | norm_matmul | qkv | rope
+    kind: str               # matmul | swiglu | norm_matmul | residual | qkv | rope
     model: str              # SmolLM2-135M | Llama-7B
     qtype: str              # weight type ("F16" for the rope rows' cache)
     n_in: int               # K (rope: heads * head_dim)
@@ -116,6 +116,9 @@ def _fused_cases():
     for rows in (1, 128):
         out.append(QCase(f"Llama-7B RMSNorm→quant→matmul 4096→4096 Q4_K ×{rows}", "norm_matmul", "Llama-7B", "Q4_K",
                          4096, 4096, rows, quick=False, big=rows > 1, rounds=3 if rows > 1 else None))
+    for rows in (1, 128):
+        out.append(QCase(f"SmolLM2 matmul+residual 576→1536 Q4_1 ×{rows}", "residual", "SmolLM2-135M", "Q4_1",
+                         576, 1536, rows))
     for rows in (1, 128):
         out.append(QCase(f"SmolLM2 QKV 576→576+192+192 Q8_0 ×{rows}", "qkv", "SmolLM2-135M", "Q8_0", 576, 576, rows,
                          n_kv=192))
@@ -230,9 +233,11 @@ def inputs(case):
         return inp
     x = _rng(case, "x").standard_normal((case.rows, case.n_in), dtype=np.float32)
     inp["x"] = x
-    if case.kind == "matmul":
+    if case.kind in ("matmul", "residual"):
         _keep_only({(case.qtype, case.n_out, case.n_in, "")})
         inp["w"] = [weight(case.qtype, case.n_out, case.n_in)]
+        if case.kind == "residual":
+            inp["r"] = _rng(case, "r").standard_normal((case.rows, case.n_out), dtype=np.float32)
     elif case.kind == "swiglu":
         keys = [(case.qtype, case.n_out, case.n_in, t) for t in ("gate", "up")]
         _keep_only(set(keys))
@@ -291,6 +296,8 @@ def reference(case, inp):
         return g / (1.0 + np.exp(-g)) * u
     if case.kind == "norm_matmul":
         return _rms64(x, inp["g"], EPS_NORM) @ ws[0].wf.astype(np.float64).T
+    if case.kind == "residual":
+        return inp["r"].astype(np.float64) + ref_matmul64(x, ws[0].wf)
     if case.kind == "qkv":
         return np.concatenate([ref_matmul64(x, w.wf) for w in ws], axis=-1)
     raise ValueError(case.kind)
@@ -333,14 +340,15 @@ def read_probe(n_threads):
 MM_COLS = ("cpufuse", "cpufuse f32", "cpufuse q8", "ggml", "ggml repack", "numpy", "DRAM read")
 FUSED_COLS = ("fused", "unfused", "numpy unfused", "copy")
 KIND_COLS = {"matmul": MM_COLS[:-1] + ("DRAM read",),
-             "swiglu": FUSED_COLS[:3], "norm_matmul": FUSED_COLS[:3], "qkv": FUSED_COLS[:3],
+             "swiglu": FUSED_COLS[:3], "norm_matmul": FUSED_COLS[:3], "residual": FUSED_COLS[:3], "qkv": FUSED_COLS[:3],
              "rope": ("fused", "unfused", "copy")}
 KIND_TITLE = {"swiglu": "gate/up + SwiGLU: `matmul_swiglu` vs two matmuls + swiglu",
               "norm_matmul": "RMSNorm → quant → matmul: `matmul(norm_weight=g, eps=1e-5)` vs `rms_norm` then `matmul`",
+              "residual": "matmul + residual add: `matmul(x, w, residual=r, out=y)` vs `matmul` then `np.add(r, t)`",
               "qkv": "QKV on one activation: `matmul_multi(x, (wq, wk, wv))` vs three matmuls",
               "rope": "RoPE + f16 KV-cache write: `rope(k, pos, n_dims=128, cache=(kc, pos0))` vs rope then a cast copy "
                       "into the cache, vs numpy's copy bandwidth"}
-HOOK_FN = {"swiglu": "matmul_swiglu", "norm_matmul": "matmul", "qkv": "matmul_multi", "rope": "rope"}
+HOOK_FN = {"swiglu": "matmul_swiglu", "norm_matmul": "matmul", "residual": "matmul", "qkv": "matmul_multi", "rope": "rope"}
 
 
 def _default_act():
@@ -530,6 +538,22 @@ class QuantSection:
                     np.divide(x, ms, out=t)
                     np.multiply(t, gw, out=t)
                     np.matmul(t, wt, out=y)
+        elif case.kind == "residual":
+            w, r = ws[0], inp["r"]
+            y = np.empty((rows, case.n_out), np.float32)
+            t = np.empty_like(y)
+            if col == "fused":
+                fn = functools.partial(cpufuse.matmul, x, w.qt, residual=r, out=y, n_threads=nth)
+            elif col == "unfused":
+                def fn():
+                    cpufuse.matmul(x, w.qt, out=t, n_threads=nth)
+                    np.add(r, t, out=y)
+            else:
+                wt = w.wf.T
+
+                def fn():
+                    np.matmul(x, wt, out=t)
+                    np.add(r, t, out=y)
         elif case.kind == "qkv":
             ys = [np.empty((rows, w.n_out), np.float32) for w in ws]
             y = None
@@ -811,7 +835,7 @@ def markdown(report, sec):
             lines += ["", "DRAM read probe (median over the decode rows): " + ", ".join(
                 f"{v:.1f} GB/s on {n} thread{'s' if n > 1 else ''}" for n, v in sorted(probes.items()))
                 + f"; DRAM copy (np.copyto, read + write) {report['copy_bw']['dram']['gbps']:.1f} GB/s."]
-    for kind in ("swiglu", "norm_matmul", "qkv", "rope"):
+    for kind in ("swiglu", "norm_matmul", "residual", "qkv", "rope"):
         rows = [c for c in entries if c["case"]["kind"] == kind]
         if not rows:
             continue

@@ -19,7 +19,7 @@ void cf_swiglu_f32__@ISA@(int64_t n, const float *g, const float *u, int64_t nb,
 void cf_scale_f32__@ISA@(int64_t n, const float *a, float s, float *y);
 void cf_silu_f32__@ISA@(int64_t n, const float *a, float *y);
 int64_t cf_plan_run__@ISA@(const int64_t *prog, int64_t len, void *const *ptrs, const float *fp, void *const *blas, int ilp64, int nth);
-int cf_qmatmul_f32__@ISA@(const int64_t *d, const float *x, const float *norm_w, float eps, const void *w0, const void *w1, const void *w2, float *y0, float *y1, float *y2, int nth);
+int cf_qmatmul_f32__@ISA@(const int64_t *d, const float *x, const float *norm_w, float eps, const void *w0, const void *w1, const void *w2, float *y0, float *y1, float *y2, const float *res, int nth);
 int64_t cf_qtype_info__@ISA@(int64_t t, int64_t what);
 int cf_quantize_act__@ISA@(int64_t vtype, int64_t rows, int64_t k, const float *x, int64_t xs, void *out);
 int cf_rope_f32__@ISA@(const int64_t *d, const float *x, const int32_t *pos, const float *freq_factors, const double *fp, void *y, int nth);

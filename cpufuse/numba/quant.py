@@ -484,10 +484,11 @@ def _path(t, act_q8):
 
 @nb.njit(**_JIT)
 def _work(lo, hi, nrc, c0, c1, rows, K, x, xs, w0, w1, w2, t0, t1, t2, act_q8, epi,
-          y0, y1, y2, ys0, ys1, ys2, aq32, ad32, sa32, aqk, adk, bsk):
+          y0, y1, y2, ys0, ys1, ys2, aq32, ad32, sa32, aqk, adk, bsk, res, rs):
     """tasks lo..hi-1; task = (weight, chunk of _CO output columns) x (chunk of _CR rows), in
     that order. Per output column the weight row (both, for epi 1) is decoded once and dotted
-    with every row of the chunk; epi 1: y = silu(x.W0^T) * (x.W1^T) in f32."""
+    with every row of the chunk; epi 1: y = silu(x.W0^T) * (x.W1^T) in f32; epi 2: y = res + x.W0^T
+    in f32 (res read before y is written at the same index, so res may be y)."""
     nsub = max(K // 32, 1)
     hb = np.zeros(16, np.uint8)
     wq = np.empty(K, np.int8)
@@ -529,15 +530,17 @@ def _work(lo, hi, nrc, c0, c1, rows, K, x, xs, w0, w1, w2, t0, t1, t2, act_q8, e
                     u = np.float32(_rowdot(pb, t1, K, x, r * xs, wf2, wq2, sd2, sm2, ssc2, smn2, r,
                                            aq32, ad32, sa32, aqk, adk, bsk))
                     g = g / (F32(1.0) + np.float32(math.exp(-g))) * u
+                elif epi == 2:
+                    g = res[r * rs + o] + g
                 y[r * ys + o] = g
 
 
 @nb.njit(**_PJIT)
 def _tasks(ntask, nrc, c0, c1, rows, K, x, xs, w0, w1, w2, t0, t1, t2, act_q8, epi,
-           y0, y1, y2, ys0, ys1, ys2, aq32, ad32, sa32, aqk, adk, bsk):
+           y0, y1, y2, ys0, ys1, ys2, aq32, ad32, sa32, aqk, adk, bsk, res, rs):
     for task in nb.prange(ntask):
         _work(task, task + 1, nrc, c0, c1, rows, K, x, xs, w0, w1, w2, t0, t1, t2, act_q8, epi,
-              y0, y1, y2, ys0, ys1, ys2, aq32, ad32, sa32, aqk, adk, bsk)
+              y0, y1, y2, ys0, ys1, ys2, aq32, ad32, sa32, aqk, adk, bsk, res, rs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -579,8 +582,9 @@ def _ro_weight(w):
     return v
 
 
-def qmatmul(x, norm_w, eps, do_norm, ws, type_ids, act_q8, epi, ys):
-    """ys[i] = x . dequant(ws[i])^T (epi 0), or ys[0] = silu(x.W0^T) * (x.W1^T) (epi 1), with x
+def qmatmul(x, norm_w, eps, do_norm, ws, type_ids, act_q8, epi, ys, res=None):
+    """ys[i] = x . dequant(ws[i])^T (epi 0), ys[0] = silu(x.W0^T) * (x.W1^T) (epi 1), or
+    ys[0] = res + x.W0^T (epi 2, res float32 of ys[0]'s shape; it may be ys[0] itself), with x
     first replaced by rms_norm(x) * norm_w when do_norm. Arguments are checked by the caller, who
     also sets numba's thread count (cpufuse._registry.kernel)."""
     x = np.asarray(x)
@@ -616,6 +620,12 @@ def qmatmul(x, norm_w, eps, do_norm, ws, type_ids, act_q8, epi, ys):
         else:
             yl.append(_DUMMY_F)
             sl.append(0)
+    rf, rs = _DUMMY_F, 0
+    if epi == 2:
+        fr = _flat(res, False)
+        if fr is None or not res.flags.writeable:  # (as x: one array type for the compiled kernel)
+            fr = _flat(np.ascontiguousarray(res, dtype=np.float32).copy(), False)
+        rf, rs = fr
     need32 = needk = False
     if act_q8:
         for t in tl[:n]:
@@ -637,7 +647,7 @@ def qmatmul(x, norm_w, eps, do_norm, ws, type_ids, act_q8, epi, ys):
     nrc = (rows + _CR - 1) // _CR
     cs = [(wl[i].shape[0] + _CO - 1) // _CO if i < n_y else 0 for i in range(3)]
     _tasks(sum(cs) * nrc, nrc, cs[0], cs[1], rows, K, xn, xns, wl[0], wl[1], wl[2], tl[0], tl[1], tl[2],
-           bool(act_q8), int(epi), yl[0], yl[1], yl[2], sl[0], sl[1], sl[2], aq32, ad32, sa32, aqk, adk, bsk)
+           bool(act_q8), int(epi), yl[0], yl[1], yl[2], sl[0], sl[1], sl[2], aq32, ad32, sa32, aqk, adk, bsk, rf, rs)
     for y, tmp in outs:
         y[...] = tmp
 

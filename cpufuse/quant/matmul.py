@@ -34,12 +34,29 @@ def _check_x(x, n_in, name="x"):
         raise ValueError(f"{name} must have at least 1 dimension, got a 0-d array")
     if x.shape[-1] != n_in:
         raise ValueError(f"{name} must have last dimension n_in={n_in} (the weight's), got shape {x.shape}")
-    x2 = x.reshape(-1, n_in)  # a view when the leading axes allow it, else a copy (x is never written)
-    if x2.size and x2.strides[-1] != 4 and n_in > 1:
-        x2 = np.ascontiguousarray(x2)
-    if x2.shape[0] > 1 and x2.strides[0] % 4:
-        x2 = np.ascontiguousarray(x2)
-    return x2 if x2.flags.aligned else np.require(x2, requirements="A")   # kernels read typed floats
+    return _rows(x, n_in)
+
+
+def _rows(a, n):
+    """a read-only input as (rows, n) with a unit-stride last axis, aligned: a view when the
+    leading axes allow it, else a copy (the input is never written)"""
+    a2 = a.reshape(-1, n)
+    if a2.size and a2.strides[-1] != 4 and n > 1:
+        a2 = np.ascontiguousarray(a2)
+    if a2.shape[0] > 1 and a2.strides[0] % 4:
+        a2 = np.ascontiguousarray(a2)
+    return a2 if a2.flags.aligned else np.require(a2, requirements="A")   # kernels read typed floats
+
+
+def _check_residual(r, shape):
+    if not isinstance(r, np.ndarray):
+        raise TypeError(f"residual must be a numpy.ndarray of float32, got {type(r).__name__}")
+    if r.dtype != F32:
+        raise TypeError(f"residual must be float32 (the output's dtype), got {r.dtype}")
+    if r.shape != shape:
+        raise ValueError(f"residual must have the output's shape {shape} (x's leading axes, n_out), "
+                         f"got {r.shape}")
+    return _rows(r, shape[-1])
 
 
 def _check_w(w, name):
@@ -97,16 +114,16 @@ def _no_overlap(outs, ins):
                                  f"the input {iname!r}")
 
 
-def qm_desc(rows, K, xs, q8, epi, norm, ws, ys):
+def qm_desc(rows, K, xs, q8, epi, norm, ws, ys, rs=0):
     """cf_qmatmul_f32's descriptor (QM / QW of cpufuse._layouts) as a list: rows x K activations of
-    row stride xs, q8 or f32, epilogue epi (1: SwiGLU), norm (1: the RMS_NORM prologue), the weights
-    ws (QTensors) and each one's output row stride ys[i]"""
-    return QM.pack(ROWS=rows, K=K, XS=xs, ACT=1 if q8 else 0, NW=len(ws), EPI=epi, NORM=norm,
+    row stride xs, q8 or f32, epilogue epi (1: SwiGLU, 2: residual add of row stride rs), norm (1: the
+    RMS_NORM prologue), the weights ws (QTensors) and each one's output row stride ys[i]"""
+    return QM.pack(ROWS=rows, K=K, XS=xs, ACT=1 if q8 else 0, NW=len(ws), EPI=epi, NORM=norm, RS=rs,
                    tail=[dict(T=w.type_id, N=w.shape[0], WS=w.row_bytes, YS=y, LAY=_LAYOUT[w.layout])
                          for w, y in zip(ws, ys)])
 
 
-def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead):
+def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead, residual=None):
     n_in = ws[0].shape[1]
     for w, nm in zip(ws, names):
         _check_w(w, nm)
@@ -130,8 +147,13 @@ def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead):
         o2 = _check_out(o, shape, oname)
         ys.append(o)
         y2.append(o2)
-    _no_overlap([(f"out[{i}]" if len(ys) > 1 else "out", o) for i, o in enumerate(ys)],
-                [("x", x), ("norm_weight", norm_weight)] + [(nm, w.raw) for w, nm in zip(ws, names)])
+    ins = [("x", x), ("norm_weight", norm_weight)] + [(nm, w.raw) for w, nm in zip(ws, names)]
+    _no_overlap([(f"out[{i}]" if len(ys) > 1 else "out", o) for i, o in enumerate(ys)], ins)
+    r2 = None
+    if epi == 2:   # y = residual + product: out may be residual itself (each element read, then written)
+        r2 = _check_residual(residual, ys[0].shape)
+        _no_overlap([("residual", residual)], ins)
+        _ops._check_no_overlap(ys[0], [("residual", residual)], alias_ok=residual)
     if len(ys) > 1:
         for i in range(len(ys)):
             for j in range(i):
@@ -141,16 +163,17 @@ def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead):
         return ys
     if isa == "numba":
         _registry.kernel("qmatmul", isa, nth)(x2, nw_arr, eps_f, bool(do_norm), tuple(w.gguf_bytes() for w in ws),
-                                              tuple(w.type_id for w in ws), act == "q8", epi, tuple(y2))
+                                              tuple(w.type_id for w in ws), act == "q8", epi, tuple(y2), r2)
         return ys
     d = qm_desc(rows, n_in, x2.strides[0] // 4 if rows > 1 else n_in, act == "q8", epi, do_norm, ws,
                 [(y2[i] if i < len(y2) else y2[0]).strides[0] // 4 if rows > 1 else w.shape[0]
-                 for i, w in enumerate(ws)])
+                 for i, w in enumerate(ws)], r2.strides[0] // 4 if r2 is not None and rows > 1 else 0)
     wp = [_wptr(w)[0] for w in ws] + [ffi.NULL] * (3 - len(ws))
     yp = [ffi.cast("float *", o.ctypes.data) for o in y2] + [ffi.NULL] * (3 - len(y2))
     xp = ffi.cast("const float *", x2.ctypes.data)
     np_ = ffi.cast("const float *", nw_arr.ctypes.data) if nw_arr is not None else ffi.NULL
-    rc = _registry.kernel("qmatmul", isa)(d, xp, np_, eps_f, wp[0], wp[1], wp[2], yp[0], yp[1], yp[2], nth)
+    rp = ffi.cast("const float *", r2.ctypes.data) if r2 is not None else ffi.NULL
+    rc = _registry.kernel("qmatmul", isa)(d, xp, np_, eps_f, wp[0], wp[1], wp[2], yp[0], yp[1], yp[2], rp, nth)
     if rc:
         raise RuntimeError(f"cpufuse.matmul: the {isa} kernel failed: {_ERRORS.get(rc, rc)}")
     return ys
@@ -189,10 +212,11 @@ def _entry(ws, rows, act, epi, do_norm):
     for w in ws:
         if type(w) is not QTensor or w.n_in != K:
             return None
-    if epi and (len(ws) != 2 or ws[1].n_out != w0.n_out):
+    if epi == 1 and (len(ws) != 2 or ws[1].n_out != w0.n_out) or epi == 2 and len(ws) != 1:
         return None
     n_out = tuple(w.n_out for w in ws) if not epi else (w0.n_out,)
-    d = qm_desc(rows, K, K, _ACT[act], epi, do_norm, ws, [n_out[i if not epi else 0] for i in range(len(ws))])
+    d = qm_desc(rows, K, K, _ACT[act], epi, do_norm, ws, [n_out[i if not epi else 0] for i in range(len(ws))],
+                w0.n_out if epi == 2 else 0)
     wp = [_wptr(w)[0] for w in ws] + [ffi.NULL] * (3 - len(ws))
     # each weight's bytes as a float pointer and a length in floats rounded up (for the overlap tests)
     spans = tuple((ffi.cast("float *", _wptr(w)[0]), w.nbytes // 4 + 1) for w in ws)
@@ -202,13 +226,14 @@ def _entry(ws, rows, act, epi, do_norm):
     return ffi.new("int64_t[]", d), wp, n_out, spans, one
 
 
-def _lean(x, ws, act, outs, isa, n_threads, norm_weight, eps, epi):
+def _lean(x, ws, act, outs, isa, n_threads, norm_weight, eps, epi, res=None):
     """The common call (1-D or 2-D C-contiguous x and outputs, native path) with the fewest
     checks that still catch every bad input; None when it does not apply (the full path then
     checks everything and raises the precise error). The descriptor for a (weights, rows, act)
     shape is built once and cached on the first weight; pointers come from ffi.from_buffer, which
     costs a tenth of __array_interface__, and overlaps are exact pointer-range tests (rounded up to
-    whole floats for the weights' bytes: a false alarm only sends the call the long way)."""
+    whole floats for the weights' bytes: a false alarm only sends the call the long way). res: the
+    residual (epi 2), C-contiguous of the output's shape; an output may be it exactly."""
     if type(x) is not _ndarray or x.dtype is not F32 or not x.flags.aligned:
         return None   # (a misaligned x: the full path copies it)
     w0 = ws[0]
@@ -257,6 +282,19 @@ def _lean(x, ws, act, outs, isa, n_threads, norm_weight, eps, epi):
         xb = _fb(_T_F32, x)
     except (ValueError, TypeError, BufferError):
         return None
+    rb = _NULL
+    if res is not None:
+        if (type(res) is not _ndarray or res.dtype is not F32 or res.shape != ((rows, n_out[0]) if nd == 2 else (n_out[0],))
+                or not res.flags.aligned):
+            return None
+        try:
+            rb = _fb(_T_F32, res)
+            lo, L = rb + 0, len(rb)
+            for a, m in [(xb, len(xb)), *wspans] + ([(nwp, len(nwp))] if do_norm and norm_weight is not None else []):
+                if -L < lo - a < m:
+                    return None
+        except (ValueError, TypeError, BufferError):
+            return None
     if outs is None:
         ys, yb = [], []
         for n in n_out:
@@ -279,6 +317,8 @@ def _lean(x, ws, act, outs, isa, n_threads, norm_weight, eps, epi):
         try:  # cpufuse.ops: overlap tests of the lean paths
             for b in yb:
                 lo, L = b + 0, len(b)
+                if res is not None and lo != rb and -L < lo - rb < len(rb):
+                    return None  # out = res exactly is in place; any other overlap: the full path refuses it
                 for a, m in ins:
                     if -L < lo - a < m:
                         return None  # shares a byte with an input or an earlier output: the full path says which
@@ -289,24 +329,29 @@ def _lean(x, ws, act, outs, isa, n_threads, norm_weight, eps, epi):
         return ys
     n = len(yb)
     rc = fn(d, xb, nwp, eps if do_norm else 0.0, wp[0], wp[1], wp[2], yb[0],
-            yb[1] if n > 1 else _NULL, yb[2] if n > 2 else _NULL, n_threads or (1 if one else _thr[0]))
+            yb[1] if n > 1 else _NULL, yb[2] if n > 2 else _NULL, rb, n_threads or (1 if one else _thr[0]))
     if rc:
         raise RuntimeError(f"cpufuse.matmul: the {isa} kernel failed: {_ERRORS.get(rc, rc)}")
     return ys
 
 
-def matmul(x, w, *, act=None, out=None, isa=None, n_threads=None, norm_weight=None, eps=None):
+def matmul(x, w, *, act=None, out=None, isa=None, n_threads=None, norm_weight=None, eps=None, residual=None):
     """y = x . dequant(w)^T for a QTensor w of shape (n_out, n_in); x float32 (..., n_in).
 
     act: "q8" (ggml's activation quantization and integer dots; the default) or "f32".
     norm_weight, eps: fuse RMS_NORM(x) * norm_weight in front (norm_weight None with eps given:
     RMS_NORM alone); the normalized rows are quantized in the same pass and never returned.
+    residual: optional float32 (..., n_out) added in the epilogue, y = residual + x . dequant(w)^T
+    (bit for bit what `residual + matmul(x, w)` gives; the product is never stored); out=residual
+    updates it in place.
     out: optional float32 (..., n_out) output. Returns the result."""
-    y = _lean(x, (w,), act, None if out is None else [out], isa, n_threads, norm_weight, eps, 0)
+    y = _lean(x, (w,), act, None if out is None else [out], isa, n_threads, norm_weight, eps,
+              0 if residual is None else 2, residual)
     if y is not None:
         return y[0]
     lead = _lead(x)
-    return _run(x, (w,), ("w",), act, None if out is None else [out], isa, n_threads, norm_weight, eps, 0, lead)[0]
+    return _run(x, (w,), ("w",), act, None if out is None else [out], isa, n_threads, norm_weight, eps,
+                0 if residual is None else 2, lead, residual)[0]
 
 
 def matmul_multi(x, ws, *, act=None, out=None, isa=None, n_threads=None, norm_weight=None, eps=None):

@@ -161,6 +161,16 @@ def ref_matmul_q8(x, qt):
     return y if x.ndim == 2 else y[0]
 
 
+def ref_matmul_residual(x, qt, residual, act="q8"):
+    """float64 of cpufuse.matmul(x, qt, residual=residual, act=act): residual + the act mode's
+    product (ref_matmul_q8 or ref_matmul_f32), residual of the output's shape."""
+    y = ref_matmul_q8(x, qt) if act == "q8" else ref_matmul_f32(x, qt)
+    residual = np.asarray(residual)
+    if residual.shape != y.shape:
+        raise ValueError(f"residual: expected shape {y.shape} (the output's), got {residual.shape}")
+    return residual.astype(np.float64) + y
+
+
 def _ref_q8_rows(x2, qt):
     v = qt.vec_dot_type
     K, rows, n = qt.n_in, x2.shape[0], qt.qtype
