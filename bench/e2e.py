@@ -18,10 +18,9 @@ and to a note. Engines:
                    RMS_NORM then MUL (rms_norm fused=False), Q, K, V and gate, up as separate
                    matmuls (the norm not folded into the matmul prologue), RoPE then a separate
                    f16 cache store, attention as score matrix + softmax + matmul
-                   (flash_attn fused=False), SiLU and MUL in numpy. (Model has no fusion switch.)
-  cpufuse DISABLE_FUSION=1   cpufuse.llama.Model under CPUFUSE_DISABLE_FUSION=1: the env var reaches
-                   only the compiled graph plan that runs one-token decode (Graph.compile reads it);
-                   the prompt path (n > 1) ignores it and stays fused.
+                   (flash_attn fused=False), SiLU and MUL in numpy.
+  cpufuse DISABLE_FUSION=1   cpufuse.llama.Model under CPUFUSE_DISABLE_FUSION=1 (= fusion=False): the
+                   decoder graph's plans, prompt and decode alike, run every op as its own kernel.
   numpy f32        every weight dequantized to float32 at load, plain numpy (BLAS) ops, f32 cache
   llama.cpp        llama-cpp-python, run by the peer interpreter (bench/e2e_peer.py):
                    n_batch = n_ubatch = 512, f16 K/V, logits_all=False, n_threads =
@@ -690,11 +689,10 @@ def write_md(md_path, speed_json, fid_json):
               "- **cpufuse unfused**: the same weights, cache and kernels driven op by op from bench/e2e.py "
               "(rms_norm fused=False then the MUL, separate Q, K, V, gate, up matmuls, RoPE then a separate "
               "cache store, flash_attn fused=False = score matrix + softmax + matmul, SiLU·up in numpy). "
-              "`Model` has no fusion switch, so this column is the bench's own forward.",
-              "- **cpufuse DISABLE_FUSION=1**: `Model` run under `CPUFUSE_DISABLE_FUSION=1`. `cpufuse.llama` honors "
-              "it only partly: the variable is read by `cpufuse.Graph.compile`, which builds the one-token decode "
-              "plan, so tg runs unfused graph nodes; prompt processing (n > 1, the per-layer Python path) ignores it "
-              "and stays fused (its pp numbers are the fused path's).",
+              "This column is the bench's own forward, not the decoder graph.",
+              "- **cpufuse DISABLE_FUSION=1**: `Model` run under `CPUFUSE_DISABLE_FUSION=1` (what `fusion=False` "
+              "does): the decoder graph's compiled plans, prompt micro-batches and decode steps alike, run every graph "
+              "node as its own kernel (no fusion rule of cpufuse/graph/fusion.py applied).",
               "- **numpy f32**: weights dequantized to float32 at load; numpy/OpenBLAS matmuls, numpy RoPE, "
               "softmax attention, f32 cache; OpenBLAS threads = k.",
               "- **llama.cpp**: llama-cpp-python "
