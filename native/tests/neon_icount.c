@@ -44,7 +44,7 @@ int main(int argc, char **argv) {
   memset(d, 0, sizeof d);
   d[QM_ROWS] = rows, d[QM_K] = K, d[QM_XS] = K, d[QM_ACT] = 1, d[QM_NW] = 1;
   d[QM_W0 + QW_T] = t, d[QM_W0 + QW_N] = N, d[QM_W0 + QW_WS] = rb, d[QM_W0 + QW_YS] = N;
-  const int rc = cf_qmatmul_f32__neon(d, x, NULL, 0.0f, w, NULL, NULL, y, NULL, NULL, 1);
+  const int rc = cf_qmatmul_f32__neon(d, x, NULL, 0.0f, w, NULL, NULL, y, NULL, NULL, NULL, 1);
   double cs = 0.0;
   for (int64_t i = 0; i < rows * N; i++) cs += y[i];
   printf("rc %d checksum %.9g\n", rc, cs);

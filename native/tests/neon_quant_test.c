@@ -325,8 +325,8 @@ static void test_single(const tinfo *t, int64_t K, int64_t N, int64_t rows, int 
     desc_init(d, rows, K, xs, act, 1, 0, 0);
     desc_w(d, 0, t, N, K, ys);
     for (int64_t i = 0; i < rows * ys; i++) yn[i] = yc[i] = yt[i] = GUARD;
-    const int rn = cf_qmatmul_f32__neon(d, x, NULL, 0.0f, w, NULL, NULL, yn, NULL, NULL, 1);
-    const int rc = cf_qmatmul_f32__scalar(d, x, NULL, 0.0f, w, NULL, NULL, yc, NULL, NULL, 1);
+    const int rn = cf_qmatmul_f32__neon(d, x, NULL, 0.0f, w, NULL, NULL, yn, NULL, NULL, NULL, 1);
+    const int rc = cf_qmatmul_f32__scalar(d, x, NULL, 0.0f, w, NULL, NULL, yc, NULL, NULL, NULL, 1);
     CHECK(rn == 0 && rc == 0, "return codes neon %d scalar %d", rn, rc);
     reference(t, w, N, K, rows, xd, x, xs, act, ref, l2);
     double *wr = act && t->vt ? &w_q8ref : &w_f32ref;
@@ -342,7 +342,7 @@ static void test_single(const tinfo *t, int64_t K, int64_t N, int64_t rows, int 
     CHECK(guard_damage(yn, rows, N, ys) == 0, "neon wrote past an output row");
     CHECK(guard_damage(yc, rows, N, ys) == 0, "scalar wrote past an output row");
     if (rows >= 5) { /* chunks do not depend on the thread count: bit-identical */
-      const int rt = cf_qmatmul_f32__neon(d, x, NULL, 0.0f, w, NULL, NULL, yt, NULL, NULL, 3);
+      const int rt = cf_qmatmul_f32__neon(d, x, NULL, 0.0f, w, NULL, NULL, yt, NULL, NULL, NULL, 3);
       CHECK(rt == 0 && memcmp(yt, yn, sizeof(float) * (size_t)(rows * ys)) == 0,
             "neon with 3 threads differs from 1 thread");
     }
@@ -367,8 +367,8 @@ static void test_swiglu(const tinfo *t, int64_t K, int64_t N, int64_t rows) {
     desc_w(d, 0, t, N, K, ys);
     desc_w(d, 1, t, N, K, ys);
     for (int64_t i = 0; i < rows * ys; i++) yn[i] = yc[i] = yt[i] = GUARD;
-    const int rn = cf_qmatmul_f32__neon(d, x, NULL, 0.0f, wg, wu, NULL, yn, NULL, NULL, 1);
-    const int rc = cf_qmatmul_f32__scalar(d, x, NULL, 0.0f, wg, wu, NULL, yc, NULL, NULL, 1);
+    const int rn = cf_qmatmul_f32__neon(d, x, NULL, 0.0f, wg, wu, NULL, yn, NULL, NULL, NULL, 1);
+    const int rc = cf_qmatmul_f32__scalar(d, x, NULL, 0.0f, wg, wu, NULL, yc, NULL, NULL, NULL, 1);
     CHECK(rn == 0 && rc == 0, "return codes neon %d scalar %d", rn, rc);
     reference(t, wg, N, K, rows, xd, x, xs, act, rg, NULL);
     reference(t, wu, N, K, rows, xd, x, xs, act, ru, NULL);
@@ -382,7 +382,7 @@ static void test_swiglu(const tinfo *t, int64_t K, int64_t N, int64_t rows) {
     CHECK(e <= (act ? 1e-12 : 1e-10), "neon vs scalar: NMSE %.3g", e);
     CHECK(guard_damage(yn, rows, N, ys) == 0, "neon wrote past an output row");
     if (rows >= 5) {
-      const int rt = cf_qmatmul_f32__neon(d, x, NULL, 0.0f, wg, wu, NULL, yt, NULL, NULL, 4);
+      const int rt = cf_qmatmul_f32__neon(d, x, NULL, 0.0f, wg, wu, NULL, yt, NULL, NULL, NULL, 4);
       CHECK(rt == 0 && memcmp(yt, yn, sizeof(float) * (size_t)(rows * ys)) == 0,
             "neon with 4 threads differs from 1 thread");
     }
@@ -424,12 +424,12 @@ static void test_norm(const tinfo *t, int64_t K, int64_t N, int64_t rows, int wi
     desc_w(d, 0, t, N, K, ys);
     desc_init(du, rows, K, K, act, 1, 0, 0);
     desc_w(du, 0, t, N, K, ys);
-    int rc = cf_qmatmul_f32__neon(d, x, nw, eps, w, NULL, NULL, yn, NULL, NULL, 1);
-    rc |= cf_qmatmul_f32__scalar(d, x, nw, eps, w, NULL, NULL, yc, NULL, NULL, 1);
-    rc |= cf_qmatmul_f32__neon(du, xn_n, NULL, 0.0f, w, NULL, NULL, un, NULL, NULL, 1);
+    int rc = cf_qmatmul_f32__neon(d, x, nw, eps, w, NULL, NULL, yn, NULL, NULL, NULL, 1);
+    rc |= cf_qmatmul_f32__scalar(d, x, nw, eps, w, NULL, NULL, yc, NULL, NULL, NULL, 1);
+    rc |= cf_qmatmul_f32__neon(du, xn_n, NULL, 0.0f, w, NULL, NULL, un, NULL, NULL, NULL, 1);
     CHECK(rc == 0, "a call failed");
     CHECK(memcmp(yn, un, sizeof(float) * (size_t)(rows * ys)) == 0, "neon: fused norm != rms_norm_rows + matmul");
-    rc = cf_qmatmul_f32__scalar(du, xn_c, NULL, 0.0f, w, NULL, NULL, uc, NULL, NULL, 1);
+    rc = cf_qmatmul_f32__scalar(du, xn_c, NULL, 0.0f, w, NULL, NULL, uc, NULL, NULL, NULL, 1);
     CHECK(rc == 0 && memcmp(yc, uc, sizeof(float) * (size_t)(rows * ys)) == 0,
           "scalar: fused norm != rms_norm_rows + matmul");
     if (!act || t->vt == 0) {
@@ -439,7 +439,7 @@ static void test_norm(const tinfo *t, int64_t K, int64_t N, int64_t rows, int wi
       CHECK(ec <= 1e-10, "scalar vs double reference: NMSE %.3g", ec);
     } else {
       /* scalar matmul on the neon-normalized rows: the same codes as the fused neon call */
-      rc = cf_qmatmul_f32__scalar(du, xn_n, NULL, 0.0f, w, NULL, NULL, uc, NULL, NULL, 1);
+      rc = cf_qmatmul_f32__scalar(du, xn_n, NULL, 0.0f, w, NULL, NULL, uc, NULL, NULL, NULL, 1);
       const double e = upd(&w_q8ns, nmse_ff(yn, uc, ys, rows, N));
       CHECK(rc == 0 && e <= 1e-12, "q8 fused neon vs scalar on the same normalized rows: NMSE %.3g", e);
       double *xnd = x_as_double(xn_n, rows, K, K);
@@ -474,8 +474,8 @@ static void test_multi(const tinfo *t0, const tinfo *t1, const tinfo *t2, int64_
           act ? "q8" : "f32");
     desc_init(d, rows, K, xs, act, 3, 0, 0);
     for (int i = 0; i < 3; i++) desc_w(d, i, ts[i], Ns[i], K, Ns[i]);
-    int rc = cf_qmatmul_f32__neon(d, x, NULL, 0.0f, w[0], w[1], w[2], yn[0], yn[1], yn[2], 2);
-    rc |= cf_qmatmul_f32__scalar(d, x, NULL, 0.0f, w[0], w[1], w[2], yc[0], yc[1], yc[2], 1);
+    int rc = cf_qmatmul_f32__neon(d, x, NULL, 0.0f, w[0], w[1], w[2], yn[0], yn[1], yn[2], NULL, 2);
+    rc |= cf_qmatmul_f32__scalar(d, x, NULL, 0.0f, w[0], w[1], w[2], yc[0], yc[1], yc[2], NULL, 1);
     CHECK(rc == 0, "a call failed");
     for (int i = 0; i < 3; i++) {
       reference(ts[i], w[i], Ns[i], K, rows, xd, x, xs, act, ref, NULL);
@@ -499,7 +499,7 @@ static int call1(const tinfo *t, int lay, const uint8_t *w, int64_t N, int64_t K
   desc_init(d, rows, K, xs, act, 1, 0, 0);
   desc_w(d, 0, t, N, K, ys);
   d[QM_W0 + QW_LAY] = lay;
-  return cf_qmatmul_f32__neon(d, x + r0 * xs, NULL, 0.0f, w, NULL, NULL, y, NULL, NULL, nth);
+  return cf_qmatmul_f32__neon(d, x + r0 * xs, NULL, 0.0f, w, NULL, NULL, y, NULL, NULL, NULL, nth);
 }
 /* weights repacked in C (cf_repack_p16, QW_LAY = 1) == GGUF layout, bit for bit, in q8 and f32
  * mode and in the swiglu epilogue; every row alone == the same row inside batches of 3, 8 and 17
@@ -557,7 +557,7 @@ static void test_p16(const tinfo *t, int64_t K, int64_t N) {
     desc_w(d, 0, t, N, K, ys);
     desc_w(d, 1, t, N, K, ys);
     d[QM_W0 + QW_LAY] = d[QM_W0 + QW_LEN + QW_LAY] = l;
-    CHECK(cf_qmatmul_f32__neon(d, x, NULL, 0.0f, w[l], u[l], NULL, l ? yt : yb, NULL, NULL, 2) == 0, "swiglu call failed");
+    CHECK(cf_qmatmul_f32__neon(d, x, NULL, 0.0f, w[l], u[l], NULL, l ? yt : yb, NULL, NULL, NULL, 2) == 0, "swiglu call failed");
   }
   CHECK(memcmp(yb, yt, sizeof(float) * (size_t)(R * ys)) == 0, "swiglu: P16 layout differs from the GGUF layout");
   digest(y[1][1], R, N, ys);
