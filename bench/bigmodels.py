@@ -407,7 +407,7 @@ def check(path, n_tokens=64, n_threads=None):
     ids = (ids * (n_tokens // max(1, len(ids)) + 1))[:n_tokens]
     lg = np.array(m.logits(ids))
     return {"finite": bool(np.isfinite(lg).all()), "mean": float(lg.mean()), "std": float(lg.std()),
-            "absmax": float(np.abs(lg).max()), "n_tokens": len(ids), "n_prompt_ids": len(ids)}
+            "absmax": float(np.abs(lg).max()), "n_tokens": len(ids)}
 
 
 def parse_list(s, allowed, what):
