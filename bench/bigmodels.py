@@ -49,6 +49,8 @@ import time
 
 import numpy as np
 
+from cpufuse.quant.types import QTYPES
+
 GEN_VERSION = 1
 DEFAULT_DIR = os.path.join(os.path.expanduser("~"), ".cache", "cpufuse-bench")
 
@@ -60,10 +62,12 @@ SHAPES = {
 }
 TYPES = ("q4_0", "q4_k", "q6_k", "q8_0", "q4_k_m")
 
-# block size (weights), bytes per block, and the GGUF / llama_ftype numbers
-QK = {"Q4_0": 32, "Q8_0": 32, "Q4_K": 256, "Q6_K": 256}
-BLOCK_BYTES = {"Q4_0": 18, "Q8_0": 34, "Q4_K": 144, "Q6_K": 210}
-GGML_TYPE = {"Q4_0": 2, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
+# block size (weights), bytes per block and GGUF type number of the block types used here (from
+# cpufuse/quant/types.py, the one table), and the llama_ftype numbers
+_BLOCK_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q6_K")
+QK = {t: QTYPES[t].block_size for t in _BLOCK_TYPES}
+BLOCK_BYTES = {t: QTYPES[t].type_size for t in _BLOCK_TYPES}
+GGML_TYPE = {t: QTYPES[t].type_id for t in _BLOCK_TYPES}
 FTYPE = {"q4_0": 2, "q8_0": 7, "q4_k": 14, "q4_k_m": 15, "q6_k": 18}   # llama_ftype (q4_k = Q4_K_S)
 
 
@@ -407,7 +411,7 @@ def check(path, n_tokens=64, n_threads=None):
     ids = (ids * (n_tokens // max(1, len(ids)) + 1))[:n_tokens]
     lg = np.array(m.logits(ids))
     return {"finite": bool(np.isfinite(lg).all()), "mean": float(lg.mean()), "std": float(lg.std()),
-            "absmax": float(np.abs(lg).max()), "n_tokens": len(ids), "n_prompt_ids": len(ids)}
+            "absmax": float(np.abs(lg).max()), "n_tokens": len(ids)}
 
 
 def parse_list(s, allowed, what):

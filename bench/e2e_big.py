@@ -43,7 +43,7 @@ import time
 
 from . import bigmodels
 from . import threads as threads_mod
-from .e2e import DEFAULT_PEER, HERE, N_CTX, RESULTS, _cpu_name, bench_tokens, load_avg, peer_status, run_job
+from .e2e import DEFAULT_PEER, HERE, N_CTX, RESULTS, _cpu_name, _f, bench_tokens, load_avg, peer_status, run_job
 
 PP, TG = 512, 128
 ENGINES = ("cpufuse", "llamacpp-fa-off", "llamacpp-fa-on")
@@ -276,10 +276,6 @@ def summarize(files, raw, threads, engines):
 
 # ================================================================================================
 # report
-
-def _f(x, nd=1):
-    return "–" if x is None or x != x else f"{x:.{nd}f}"
-
 
 def write_md(R, md_path, png_path=None):
     m = R["machine"]

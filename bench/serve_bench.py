@@ -49,6 +49,8 @@ import urllib.error
 import urllib.request
 
 from bench import serve_load
+from bench.e2e import _cpu_name, _f, load_avg, median
+from bench.e2e import peer_status as _importable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -99,8 +101,7 @@ def free_port():
 
 def peer_status(peer):
     """None when `peer -m llama_cpp.server` can run, else why not; and llama_cpp's version"""
-    from bench.e2e import peer_status as importable
-    why = importable(peer)
+    why = _importable(peer)
     if why:
         return why, None
     p = subprocess.run([peer, "-m", "llama_cpp.server", "--help"], capture_output=True, text=True, timeout=120)
@@ -222,11 +223,6 @@ def step_bench(path, args):
 # ================================================================================================
 # summary, report, chart
 
-def median(xs):
-    xs = [x for x in xs if x == x]
-    return statistics.median(xs) if xs else float("nan")
-
-
 METRICS = ("tok_s", "ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "req_decode_tok_s")
 
 
@@ -269,10 +265,6 @@ def checks(res, issue_model):
     return [(name, r, (">= " if t > 0 else "<= ") + str(abs(t)), r >= t if t > 0 else r <= -t,
              why or "not measured in this run" if r != r else "")
             for name, r, t, why in rows]
-
-
-def _f(x, nd=1):
-    return "–" if x != x else f"{x:.{nd}f}"
 
 
 def write_md(res, path):
@@ -382,7 +374,6 @@ def write_chart(res, path):
 
 def machine(args):
     import cpufuse
-    from bench.e2e import _cpu_name, load_avg
     return dict(cpu=_cpu_name(), cpus=threads_default(), python=platform.python_version(),
                 cpufuse=cpufuse.__version__, isa=cpufuse.available_isas()[0], load_start=load_avg()[0])
 
@@ -488,7 +479,6 @@ def main(argv=None):
                     os.unlink(log)
                 mres["runs"].append(run)
         mres["summary"] = summarize(mres["runs"])
-    from bench.e2e import load_avg
     res["machine"]["load_end"] = load_avg()[0]
     res["seconds"] = time.perf_counter() - t_start
     res["checks"] = checks(res, "smollm2")
