@@ -573,6 +573,15 @@ _DUMMY_W.flags.writeable = False
 _DUMMY_F = np.zeros(1, np.float32)
 
 
+def _flat_in(a):
+    """_flat of a read-only float32 input, through a contiguous copy where its layout (or a read-only
+    array: one array type for the compiled kernel) does not fit"""
+    f = _flat(a, False)
+    if f is None or not a.flags.writeable:
+        f = _flat(np.ascontiguousarray(a, dtype=np.float32).copy(), False)
+    return f
+
+
 def _ro_weight(w):
     v = np.asarray(w).view(np.ndarray)
     if not v.flags.c_contiguous or v.dtype != np.uint8 or not v.flags.aligned:
@@ -591,10 +600,7 @@ def qmatmul(x, norm_w, eps, do_norm, ws, type_ids, act_q8, epi, ys, res=None):
     rows, K = x.shape
     if rows == 0:
         return
-    fx = _flat(x, False)
-    if fx is None or not x.flags.writeable:
-        fx = _flat(np.ascontiguousarray(x, dtype=np.float32).copy(), False)
-    xf, xs = fx
+    xf, xs = _flat_in(x)
     if norm_w is None:
         nwv, have_nw = _DUMMY_F, False
     else:
@@ -620,12 +626,7 @@ def qmatmul(x, norm_w, eps, do_norm, ws, type_ids, act_q8, epi, ys, res=None):
         else:
             yl.append(_DUMMY_F)
             sl.append(0)
-    rf, rs = _DUMMY_F, 0
-    if epi == 2:
-        fr = _flat(res, False)
-        if fr is None or not res.flags.writeable:  # (as x: one array type for the compiled kernel)
-            fr = _flat(np.ascontiguousarray(res, dtype=np.float32).copy(), False)
-        rf, rs = fr
+    rf, rs = _flat_in(res) if epi == 2 else (_DUMMY_F, 0)
     need32 = needk = False
     if act_q8:
         for t in tl[:n]:
@@ -660,10 +661,7 @@ def quantize_act(x, vtype_id):
     if x.ndim == 1:
         x = x[None]
     rows, K = x.shape
-    fx = _flat(x, False)
-    if fx is None or not x.flags.writeable:
-        fx = _flat(np.ascontiguousarray(x).copy(), False)
-    xf, xs = fx
+    xf, xs = _flat_in(x)
     B = 256 if vtype_id == 15 else 32
     nbk = K // B
     q = np.empty(rows * K, np.int8)

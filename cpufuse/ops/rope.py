@@ -25,7 +25,6 @@ _MODES = {"norm": 0, "neox": 1, 0: 0, 2: 1}
 _GGML_OTHER_MODES = {8: "MROPE", 24: "VISION", 40: "IMROPE"}
 
 
-
 def rp_desc(T, H, D, nd, mode, compat, yf16, xs0, xs1, ys0, ys1, nco):
     """cf_rope_f32's int64 descriptor (RP of cpufuse._layouts) as a list; strides in elements"""
     return RP.pack(T=T, H=H, D=D, NDIMS=nd, MODE=mode, COMPAT=bool(compat), YF16=bool(yf16), XS0=xs0, XS1=xs1,
@@ -306,7 +305,6 @@ def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_
         n_dims, D, mode, freq_base=freq_base, freq_scale=freq_scale, ext_factor=ext_factor, attn_factor=attn_factor,
         beta_fast=beta_fast, beta_slow=beta_slow, n_ctx_orig=n_ctx_orig, freq_factors=freq_factors,
         ggml_compat=ggml_compat)
-    base, fs, ext, attn, bfast, bslow = fps
     n_th = _dispatch.threads(n_threads)
 
     if cache is not None and out is not None:
@@ -350,14 +348,14 @@ def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_
     f16 = y.dtype == F16
 
     if isa == "numba":
-        _registry.kernel("rope", isa, n_threads)(x, posc, ff, nd, m, bool(ggml_compat), (base, fs, ext, attn, bfast, bslow),
+        _registry.kernel("rope", isa, n_threads)(x, posc, ff, nd, m, compat, tuple(fps),
                                                  nco, y)
         return ret
 
     it = y.itemsize
-    d = ffi.new("int64_t[]", rp_desc(T, H, D, nd, m, ggml_compat, f16, x.strides[0] // 4, x.strides[1] // 4,
+    d = ffi.new("int64_t[]", rp_desc(T, H, D, nd, m, compat, f16, x.strides[0] // 4, x.strides[1] // 4,
                                      y.strides[0] // it, y.strides[1] // it, nco))
-    fp = ffi.new("double[]", [base, fs, ext, attn, bfast, bslow])
+    fp = ffi.new("double[]", fps)
     rc = _registry.kernel("rope", isa)(
         d, ffi.cast("const float *", x.ctypes.data), ffi.cast("const int32_t *", posc.ctypes.data),
         ffi.cast("const float *", ff.ctypes.data) if ff is not None else ffi.NULL, fp,

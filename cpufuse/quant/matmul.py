@@ -282,19 +282,6 @@ def _lean(x, ws, act, outs, isa, n_threads, norm_weight, eps, epi, res=None):
         xb = _fb(_T_F32, x)
     except (ValueError, TypeError, BufferError):
         return None
-    rb = _NULL
-    if res is not None:
-        if (type(res) is not _ndarray or res.dtype is not F32 or res.shape != ((rows, n_out[0]) if nd == 2 else (n_out[0],))
-                or not res.flags.aligned):
-            return None
-        try:
-            rb = _fb(_T_F32, res)
-            lo, L = rb + 0, len(rb)
-            for a, m in [(xb, len(xb)), *wspans] + ([(nwp, len(nwp))] if do_norm and norm_weight is not None else []):
-                if -L < lo - a < m:
-                    return None
-        except (ValueError, TypeError, BufferError):
-            return None
     if outs is None:
         ys, yb = [], []
         for n in n_out:
@@ -317,13 +304,28 @@ def _lean(x, ws, act, outs, isa, n_threads, norm_weight, eps, epi, res=None):
         try:  # cpufuse.ops: overlap tests of the lean paths
             for b in yb:
                 lo, L = b + 0, len(b)
-                if res is not None and lo != rb and -L < lo - rb < len(rb):
-                    return None  # out = res exactly is in place; any other overlap: the full path refuses it
                 for a, m in ins:
                     if -L < lo - a < m:
                         return None  # shares a byte with an input or an earlier output: the full path says which
                 ins.append((b, L))
         except ValueError:
+            return None
+    rb = _NULL
+    if res is not None:   # (all the residual's tests here: a call without one pays this `is None` only)
+        if (type(res) is not _ndarray or res.dtype is not F32 or res.shape != ((rows, n_out[0]) if nd == 2 else (n_out[0],))
+                or not res.flags.aligned):
+            return None
+        try:
+            rb = _fb(_T_F32, res)
+            lo, L = rb + 0, len(rb)
+            for a, m in [(xb, len(xb)), *wspans] + ([(nwp, len(nwp))] if do_norm and norm_weight is not None else []):
+                if -L < lo - a < m:
+                    return None  # the residual shares memory with an input: the full path refuses it
+            if outs is not None:
+                for b in yb:
+                    if b != rb and -L < lo - b < len(b):
+                        return None  # out = res exactly is in place; any other overlap: the full path refuses it
+        except (ValueError, TypeError, BufferError):
             return None
     if rows == 0 or 0 in n_out:
         return ys
