@@ -113,7 +113,6 @@ static inline p16i pi_i8(const uint8_t *p) {
 }
 
 #if defined(__ARM_FEATURE_DOTPROD)
-#define P16_NEON_DOT "sdot"
 /* acc + the 4-code dots of w's 4 columns with activation group `lane` (0..3) of av */
 static inline int32x4_t p16_sdot(int32x4_t acc, int8x16_t w, int8x16_t av, int lane) {
   switch (lane) {
@@ -132,7 +131,6 @@ static inline p16i pi_dot4(p16i acc, const p16c *w, const uint8_t *a, int bits) 
   return acc;
 }
 #else
-#define P16_NEON_DOT "smull"
 /* quarter q of chunk c against activation group c (broadcast in ab): the int16 products of
  * columns 4q, 4q+1 (lo) and 4q+2, 4q+3 (hi), 4 consecutive lanes per column */
 #define P16_MULL(w, ab) vmull_s8(vget_low_s8(vreinterpretq_s8_u8(w)), vget_low_s8(ab))

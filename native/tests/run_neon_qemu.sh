@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Cross-compile native/tests/neon_test.c with the neon and scalar kernels (and the thread pool)
-# for aarch64 and run it under qemu-user. The test's prototypes and the flash-attention descriptor
-# layout are generated here from native/cdef.h and native/kernels/flash_attn.inc, so they follow
-# the kernels. Exit status: 0 pass, 1 fail (build or test), 77 when the cross compiler or
+# for aarch64 and run it under qemu-user. The test's prototypes are generated here from
+# native/cdef.h (the descriptor layouts come from native/kernels/layouts.h), so they follow the
+# kernels. Exit status: 0 pass, 1 fail (build or test), 77 when the cross compiler or
 # qemu-aarch64 is missing (the reason is printed). Last line of a run: "neon: N passed, M failed".
 # Then native/tests/neon_quant_test.c (the quantized matmul) is built and run the same way, plain,
 # with the dot-product extension and with i8mm (qemu-aarch64's default cpu, max, has both); the three
