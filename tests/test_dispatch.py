@@ -10,6 +10,7 @@ import pytest
 
 import cpufuse
 from cpufuse import _dispatch, _registry
+from cpufuse.ops.checks import clear_plans
 from _util import AVAILABLE, clean_env
 
 X = np.random.default_rng(3).standard_normal((3, 40)).astype(np.float32)
@@ -21,7 +22,9 @@ SPIED = ("softmax", "softmax_serial", "softmax_unfused", "rms_norm", "rms_norm_s
 
 
 def record(monkeypatch, calls, ops=SPIED):
-    """wrap the registry's entries of ops (every ISA here) so that each call appends (op, isa) to calls"""
+    """wrap the registry's entries of ops (every ISA here) so that each call appends (op, isa) to calls
+    (the ops' call plans hold the kernels they were made with: they are cleared before and after)"""
+    clear_plans()
     for op in ops:
         for isa in AVAILABLE:
             try:
@@ -45,12 +48,13 @@ def spy(monkeypatch):
         isas = [isa for _, isa in calls]
         calls.clear()
         return isas
-    return used
+    yield used
+    clear_plans()  # (monkeypatch restores the entries after this)
 
 
 def run_all(**kw):
     cpufuse.softmax(X, **kw)
-    cpufuse.rms_norm(X, W, eps=1e-6, **kw)   # lean path
+    cpufuse.rms_norm(X, W, eps=1e-6, **kw)   # the row kernel (a plan)
     cpufuse.rms_norm(X[None], W, eps=1e-6, **kw)
     cpufuse.add_rms_norm(X, X, eps=1e-6, **kw)
 

@@ -1,5 +1,5 @@
 """cpufuse.rms_norm / add_rms_norm vs the float64 oracle (docs/semantics.md §3, §1): accuracy on every ISA,
-fused vs unfused bit-identity (§5), lean vs general path, ggml tiling, ggml's test-backend-ops
+fused vs unfused bit-identity (§5), planned vs checked calls, ggml tiling, ggml's test-backend-ops
 grids, edge cases, aliasing, guards, inputs untouched, empty tensors."""
 import functools
 
@@ -8,6 +8,7 @@ import pytest
 
 import cpufuse
 from cpufuse import _registry, reference
+from cpufuse.ops.checks import clear_plans
 from _util import (AVAILABLE, assert_bit_identical, assert_guard_intact, assert_nmse, fused_modes, guarded,
                    max_rel_err)
 
@@ -111,10 +112,10 @@ def test_fused_unfused_bit_identical(native_isa, n, rng):
             hu, yu = cpufuse.add_rms_norm(x, r, eps=eps, isa=native_isa, fused=False, **kw)
             assert_bit_identical(ha, hu, "add_rms_norm h")
             assert_bit_identical(ya, yu, f"add_rms_norm y {sorted(kw)} eps={eps}")
-        # the 2-D lean path against the unfused chain
+        # the 2-D planned call against the unfused chain
         x2 = x.reshape(-1, n)
         assert_bit_identical(cpufuse.rms_norm(x2, w, eps=eps, isa=native_isa),
-                             cpufuse.rms_norm(x2, w, eps=eps, isa=native_isa, fused=False), "lean vs unfused")
+                             cpufuse.rms_norm(x2, w, eps=eps, isa=native_isa, fused=False), "planned vs unfused")
 
 
 def test_isas_agree(rng):
@@ -126,29 +127,31 @@ def test_isas_agree(rng):
 
 
 # ------------------------------------------------------------------------------------------------
-# lean path (2-D contiguous x + 1-D weight) vs the general path
+# a planned call (2-D contiguous x + 1-D weight) vs the same values through the checks (strided, 2-D weight...)
 
 @pytest.mark.parametrize("n", [1, 5, 8, 16, 33, 100, 1025])
-def test_lean_equals_general(isa, n, rng):
+def test_planned_equals_general(isa, n, rng):
     rows = 6
     x = U(rng, (rows, n))
     w = U(rng, (n,))
-    lean = cpufuse.rms_norm(x, w, eps=1e-6, isa=isa)
+    planned = cpufuse.rms_norm(x, w, eps=1e-6, isa=isa)
     # the same data, non-contiguous
     xs = np.empty((rows, n + 7), np.float32)[:, 3:3 + n]
     xs[...] = x
-    assert_bit_identical(lean, cpufuse.rms_norm(xs, w, eps=1e-6, isa=isa), "non-contiguous x")
-    assert_bit_identical(lean, cpufuse.rms_norm(x, w.reshape(1, n), eps=1e-6, isa=isa), "2-D weight")
-    assert_bit_identical(lean, cpufuse.rms_norm(x, w, eps=np.float32(1e-6), isa=isa), "np.float32 eps")
-    assert_bit_identical(lean, cpufuse.rms_norm(x[None], w, eps=1e-6, isa=isa)[0], "3-D x")
+    assert_bit_identical(planned, cpufuse.rms_norm(xs, w, eps=1e-6, isa=isa), "non-contiguous x")
+    assert_bit_identical(planned, cpufuse.rms_norm(x, w.reshape(1, n), eps=1e-6, isa=isa), "2-D weight")
+    assert_bit_identical(planned, cpufuse.rms_norm(x, w, eps=np.float32(1e-6), isa=isa), "np.float32 eps")
+    assert_bit_identical(planned, cpufuse.rms_norm(x[None], w, eps=1e-6, isa=isa)[0], "3-D x")
     out = np.empty((rows, n + 3), np.float32)[:, :n]
-    assert_bit_identical(lean, cpufuse.rms_norm(x, w, eps=1e-6, out=out, isa=isa), "strided out")
-    assert_bit_identical(lean[0], cpufuse.rms_norm(x[0], w, eps=1e-6, isa=isa), "1-D x")
-    check(lean, reference.rms_norm(x, 1e-6, w))
+    assert_bit_identical(planned, cpufuse.rms_norm(x, w, eps=1e-6, out=out, isa=isa), "strided out")
+    assert_bit_identical(planned[0], cpufuse.rms_norm(x[0], w, eps=1e-6, isa=isa), "1-D x")
+    check(planned, reference.rms_norm(x, 1e-6, w))
 
 
-def test_lean_path_is_taken(native_isa, rng, monkeypatch):
-    """the two paths compared above really are different entry points"""
+def test_row_kernel_is_taken(native_isa, rng, monkeypatch):
+    """the calls compared above really reach different kernels (the plans, made after the entries are
+    wrapped, hold the wrapped ones; forgotten again at the end)"""
+    clear_plans()
     calls = []
     for op in ("rms_norm_rows", "rms_norm", "rms_norm_unfused"):  # the registry's entries, wrapped
         fn = _registry.kernel(op, native_isa)
@@ -162,6 +165,7 @@ def test_lean_path_is_taken(native_isa, rng, monkeypatch):
     calls.clear()
     cpufuse.rms_norm(x, w, eps=1e-6, isa=native_isa, fused=False)
     assert calls == ["rms_norm_unfused"]
+    clear_plans()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -451,7 +455,7 @@ def test_guard_elements(isa, fused, n, rng):
     assert_guard_intact(hbuf, hin)
     assert_guard_intact(ybuf, yin)
     check(yout, reference.rms_norm(x, 1e-5, w, b, residual=r)[1])
-    # a C-contiguous 2-D out inside a flat buffer (the lean path writes through it)
+    # a C-contiguous 2-D out inside a flat buffer (a plan writes through it)
     x2 = x.reshape(-1, n)
     flat = np.full(x2.size + 48, S, np.float32)
     o2 = flat[16:16 + x2.size].reshape(x2.shape)

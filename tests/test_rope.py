@@ -247,9 +247,9 @@ def test_accurate_angles_extreme(isa, base, nd):
     assert_bit_identical(S, Ss, f"{isa} vs scalar table (sin)")
 
 
-def test_lean_path_matches_full(rng):
-    """the lean path (plain arguments) and the full path (numpy scalars, lists) give the same bits,
-    and the lean path's guards fall back to the full checks"""
+def test_plan_matches_checked(rng):
+    """a planned call (plain arguments) and one through the checks (numpy scalars, lists) give the same bits,
+    and a plan never skips a check: overlaps and bounds still raise"""
     T, H, D = 5, 4, 64
     x = U(rng, (T, H, D))
     pos = positions(rng, T)
@@ -260,8 +260,8 @@ def test_lean_path_matches_full(rng):
     assert np.array_equal(kc.view(np.uint16), kc2.view(np.uint16))
     y = cpufuse.rope(x, pos, n_dims=D, mode=2, freq_scale=0.5)
     y2 = cpufuse.rope(x, pos, n_dims=D, mode="NEOX", freq_scale=np.float32(0.5))
-    assert_bit_identical(y, y2, "lean vs full")
-    # overlaps the lean path must not miss
+    assert_bit_identical(y, y2, "planned vs checked")
+    # overlaps a plan must not miss
     buf = np.zeros(8192, np.uint8)
     kco = buf[:8 * H * D * 2].view(np.float16).reshape(8, H, D)
     xo = buf[1024:1024 + T * H * D * 4].view(np.float32).reshape(T, H, D)

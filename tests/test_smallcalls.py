@@ -1,7 +1,9 @@
-"""The lean paths of the small calls (issue 14): bit-identical to the general path, the same errors,
-inputs left alone, out= and in-place kept. The general path is forced with an argument of another
-type but the same value (max_bias=0, eps=np.float64(...), chunk=np.int64(256), n_ctx_orig=np.int64(0))
-or a non-contiguous view, which the lean paths leave to it."""
+"""Call plans (cpufuse/ops/checks.py, "call plans") of the small calls (issue 14): a planned call is
+bit-identical to the general one, raises the same errors, leaves inputs alone and keeps out= and
+in-place. The general path is forced with an argument of another type but the same value (max_bias=0,
+eps=np.float64(...), chunk=np.int64(256), n_ctx_orig=np.int64(0)) or a non-contiguous view, which a
+plan leaves to it. A plan never skips a check: after a call made one, a call whose arguments differ
+only in what the signature leaves out (addresses, layout, writeability, overlap, pos0) still raises."""
 import numpy as np
 import pytest
 
@@ -35,16 +37,16 @@ def raised(fn):
 
 
 # ------------------------------------------------------------------------------------------------
-# lean == general, bit for bit
+# a planned call == the general call, bit for bit
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("shape", [(64,), (1, 64), (3, 37), (5, 576)])
-def test_softmax_lean_matches_general(isa, shape):
+def test_softmax_planned_matches_general(isa, shape):
     x = f32(*shape) * 4
     x0 = x.copy()
-    lean = cpufuse.softmax(x, scale=0.5, isa=isa)
+    planned = cpufuse.softmax(x, scale=0.5, isa=isa)
     gen = cpufuse.softmax(x, scale=0.5, max_bias=0, isa=isa)
-    assert_bit_identical(lean, gen)
+    assert_bit_identical(planned, gen)
     assert_bit_identical(cpufuse.softmax(strided(x), scale=0.5, isa=isa), gen)
     y = np.empty_like(x)
     assert cpufuse.softmax(x, scale=0.5, out=y, isa=isa) is y
@@ -58,8 +60,8 @@ def test_softmax_lean_matches_general(isa, shape):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("mdt", [np.float32, np.float16])
 @pytest.mark.parametrize("shape", [(1, 64), (3, 37), (5, 576)])
-def test_softmax_masked_lean_matches_general(isa, mdt, shape):
-    """the lean path takes an (R, C) f32/f16 mask like x's: same bits as the general path (forced by
+def test_softmax_masked_planned_matches_general(isa, mdt, shape):
+    """the planned path takes an (R, C) f32/f16 mask like x's: same bits as the general path (forced by
     max_bias=0 as an int), -inf columns and a fully masked row (NaN) included; a mask that shares
     bytes with out is refused with the general path's message"""
     x = f32(*shape) * 4
@@ -90,7 +92,7 @@ def test_softmax_masked_lean_matches_general(isa, mdt, shape):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("shape", [(64,), (1, 64), (3, 37), (2, 576)])
-def test_rms_norm_lean_matches_general(isa, shape):
+def test_rms_norm_planned_matches_general(isa, shape):
     x, w = f32(*shape), f32(shape[-1])
     x0, w0 = x.copy(), w.copy()
     gen = cpufuse.rms_norm(x, w, eps=np.float64(EPS), isa=isa)
@@ -105,7 +107,7 @@ def test_rms_norm_lean_matches_general(isa, shape):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("shape", [(64,), (1, 64), (3, 37)])
-def test_add_rms_norm_lean_matches_general(isa, shape):
+def test_add_rms_norm_planned_matches_general(isa, shape):
     x, r, w = f32(*shape), f32(*shape), f32(shape[-1])
     x0, r0 = x.copy(), r.copy()
     gh, gy = cpufuse.add_rms_norm(x, r, w, eps=np.float64(EPS), isa=isa)
@@ -128,7 +130,7 @@ def test_add_rms_norm_lean_matches_general(isa, shape):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("kv", [np.float16, np.float32])
 @pytest.mark.parametrize("geom", [(1, 1, 1, 64, 1, 1, 64), (2, 4, 3, 64, 2, 37, 48), (1, 2, 1, 32, 1, 600, 32)])
-def test_flash_attn_lean_matches_general(isa, kv, geom):
+def test_flash_attn_planned_matches_general(isa, kv, geom):
     S, Hq, N, DK, Hk, T, DV = geom
     q = f32(S, Hq, N, DK)
     k = f32(S, Hk, T, DK).astype(kv)
@@ -146,7 +148,7 @@ def test_flash_attn_lean_matches_general(isa, kv, geom):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
 @pytest.mark.parametrize("rows", [1, 3])
-def test_qmatmul_lean_matches_general(isa, qtype, rows):
+def test_qmatmul_planned_matches_general(isa, qtype, rows):
     ws = [make_weight(qtype, 64, 64, RNG) for _ in range(3)]
     x = f32(rows, 64)
     xs = x[None]  # the long way (3-D)
@@ -155,13 +157,13 @@ def test_qmatmul_lean_matches_general(isa, qtype, rows):
     for fn, args in ((cpufuse.matmul, (ws[0],)), (cpufuse.matmul_multi, (tuple(ws),)),
                      (cpufuse.matmul_swiglu, (ws[0], ws[1]))):
         for kw in ({}, {"norm_weight": nw, "eps": EPS}):
-            lean = fn(x, *args, isa=isa, **kw)
+            planned = fn(x, *args, isa=isa, **kw)
             gen = fn(xs, *args, isa=isa, **kw)
             if fn is cpufuse.matmul_multi:
-                for a, b in zip(lean, gen):
+                for a, b in zip(planned, gen):
                     assert_bit_identical(a, b[0])
             else:
-                assert_bit_identical(lean, gen[0])
+                assert_bit_identical(planned, gen[0])
     y = np.empty((rows, 64), np.float32)
     assert cpufuse.matmul(x, ws[0], out=y, isa=isa) is y
     assert_bit_identical(y, cpufuse.matmul(xs, ws[0], isa=isa)[0])
@@ -170,7 +172,7 @@ def test_qmatmul_lean_matches_general(isa, qtype, rows):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("mode", ["norm", "neox"])
-def test_rope_out_lean_matches_general(isa, mode):
+def test_rope_out_planned_matches_general(isa, mode):
     x = f32(3, 2, 64)
     pos = np.array([0, 7, 4096], np.int32)
     x0 = x.copy()
@@ -186,7 +188,7 @@ def test_rope_out_lean_matches_general(isa, mode):
 
 
 # ------------------------------------------------------------------------------------------------
-# bad arguments: the lean call raises what the general call raises
+# bad arguments: the planned call raises what the general call raises
 
 def _pairs():
     x, w = f32(2, 64), f32(64)
@@ -244,11 +246,11 @@ def _pairs():
 
 
 @pytest.mark.parametrize("case", list(_pairs()))
-def test_lean_errors_match_general(case):
-    lean, gen = _pairs()[case]
+def test_planned_errors_match_general(case):
+    planned, gen = _pairs()[case]
     want = raised(gen)
     assert want is not None, f"{case}: the general call did not raise"
-    assert raised(lean) == want
+    assert raised(planned) == want
 
 
 def test_matmul_errors_match_general():
@@ -303,3 +305,51 @@ def test_numba_serial_twins_bit_identical(shape):
     # and a call above the serial threshold takes the parallel kernel with the same result
     big = f32(64, 576)
     assert_bit_identical(cpufuse.softmax(big, isa="numba"), cpufuse.softmax(big, max_bias=0, isa="numba"))
+
+
+# ------------------------------------------------------------------------------------------------
+# a plan never outlives a check: same signature, bad operands
+
+def test_plan_never_skips_a_check():
+    x, w = f32(2, 64), f32(64)
+    y = np.empty((2, 64), np.float32)
+    for _ in range(2):  # the first call makes the plan, the second uses it
+        cpufuse.rms_norm(x, w, eps=1e-6, out=y, n_threads=1)
+        cpufuse.softmax(x, out=y, n_threads=1)
+    with pytest.raises((TypeError, ValueError), match="n_threads"):
+        cpufuse.rms_norm(x, w, eps=1e-6, out=y, n_threads=True)  # True == 1 as a dict key
+    with pytest.raises((TypeError, ValueError), match="n_threads"):
+        cpufuse.softmax(x, out=y, n_threads=True)
+    ro = np.empty((2, 64), np.float32)
+    ro.flags.writeable = False
+    buf = np.zeros(300, np.float32)
+    xo, yo = buf[:128].reshape(2, 64), buf[100:228].reshape(2, 64)  # partially overlapping
+    xo[:] = x
+    for op in (lambda x_, o: cpufuse.rms_norm(x_, w, eps=1e-6, out=o, n_threads=1),
+               lambda x_, o: cpufuse.softmax(x_, out=o, n_threads=1)):
+        with pytest.raises(ValueError, match="writeable"):
+            op(x, ro)
+        with pytest.raises(ValueError, match="overlap"):
+            op(xo, yo)
+        po = np.empty((2, 80), np.float32)[:, :64]  # same shape and dtype, padded rows
+        assert_bit_identical(op(x, po), op(x, np.empty((2, 64), np.float32)))
+    # a plan's rope cache write still checks pos0 against the cache
+    xr, pos = f32(2, 1, 64), np.arange(2, dtype=np.int32)
+    kc = np.zeros((4, 1, 64), np.float16)
+    for p0 in (0, 2):
+        cpufuse.rope(xr, pos, n_dims=64, cache=(kc, p0))
+    with pytest.raises(ValueError, match="exceeds"):
+        cpufuse.rope(xr, pos, n_dims=64, cache=(kc, 3))
+    with pytest.raises(ValueError, match="pos0"):
+        cpufuse.rope(xr, pos, n_dims=64, cache=(kc, -1))
+    # the quantized matmul: a read-only or overlapping out after a plan was made
+    wq = make_weight("Q8_0", 64, 64, RNG)
+    cpufuse.matmul(x, wq, out=y)
+    cpufuse.matmul(x, wq, out=y)
+    with pytest.raises(ValueError, match="writeable"):
+        cpufuse.matmul(x, wq, out=ro)
+    buf = np.zeros(300, np.float32)
+    xo, yo = buf[:128].reshape(2, 64), buf[100:228].reshape(2, 64)
+    with pytest.raises(ValueError, match="overlap"):
+        cpufuse.matmul(xo, wq, out=yo)
+    assert_bit_identical(cpufuse.matmul(x, wq, out=np.empty((2, 80), np.float32)[:, :64]), cpufuse.matmul(x, wq))

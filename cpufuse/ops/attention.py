@@ -1,17 +1,17 @@
-"""flash_attn (ggml flash_attn_ext): checks, the strategy, the lean path and the call."""
+"""flash_attn (ggml flash_attn_ext): the checks, which make a call plan (checks.py, "call plans"), the
+strategy and the call."""
 import math
 
 import numpy as np
 
-from .. import _dispatch, _registry
+from .. import _dispatch
 from .._layouts import FA, FA_STRATEGY
 from .checks import (
-    F16, F32, _MAXT, _NULL, _T_F32, _aligned, _check_f32, _check_last_axis, _check_mask_sinks,
-    _check_no_overlap, _check_out, _desc, _empty, _fb, _geom4, _kernel, _lean_fn, _ndarray, _ptr, _real,
+    F16, F32, _NULL, _T_F32, _aligned, _check_f32, _check_last_axis, _check_mask_sinks, _check_no_overlap,
+    _check_out, _ctx_get, _desc, _empty, _fb, _geom4, _kernel, _ndarray, _new_plans, _ptr, _real, _remember,
     _slopes, _thr)
 
-_FA_FN = _registry.table("flash_attn")
-_FA_LEAN = {}  # lean-path (descriptor, output shape) by shapes
+_PLANS = _new_plans()  # call signature -> plan (checks.py, "call plans")
 
 
 def fa_desc(qg, kg, vg, og, mg, mkind, kf16, vf16, strategy, chunk, q_tile):
@@ -35,8 +35,6 @@ _FA_DESCS = {}  # flash_attn descriptors (cffi int64 arrays, read-only to the ke
 DEFAULT_SPLIT_CHUNK = 256  # KV columns per split-KV chunk: fixed, so results never depend on threads
 
 
-_INF = float("inf")
-
 
 def _cgeom(shape):
     """(shape, element strides) of a C-contiguous 4-D array"""
@@ -44,25 +42,42 @@ def _cgeom(shape):
     return shape, [H * R * C, R * C, C, 1]
 
 
-def _fa_lean_desc(key):
-    """(descriptor, output shape) for C-contiguous q, k, v of the lean path, or None where the long
-    way must check (or refuse) the shapes"""
-    (qs, ks, kf16, vs, vf16) = key
-    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
+def _plan(isa, fused, qs, ks, vs, kf16, vf16, strategy, chunk, q_tile, n_threads):
+    """the plan of a checked call with C-contiguous q, k, v, no mask, sinks or ALiBi, native:
+    run(q, k, v, scale, softcap, out) -> o, or None where the operands do not bind (out new, or
+    sharing no byte with q, k, v: exact pointer-range tests, conservative by one element for f16)"""
+    if isa == "numba":
         return None
+    nt = n_threads
+    fn = _kernel("flash_attn" if fused else "flash_attn_unfused", isa)
     S, Hq, N, DK = qs
-    Sk, Hk, T, DKk = ks
-    Sv, Hv, Tv, DV = vs
-    if not (Sk == S == Sv and DKk == DK and Tv == T and Hk and Hv and not Hq % Hk and not Hq % Hv
-            and S * Hq * N * DK * T * DV > 0):
-        return None
+    DV = vs[3]
     oshape = (S, N, Hq, DV)
-    og = (oshape, [N * Hq * DV, Hq * DV, DV, 1])
-    if len(_FA_LEAN) >= 256:
-        _FA_LEAN.clear()
-    ent = _FA_LEAN[key] = (_desc(fa_desc(_cgeom(qs), _cgeom(ks), _cgeom(vs), og, None, 0, kf16, vf16,
-                                         choose_strategy(N, T), DEFAULT_SPLIT_CHUNK, 64)), oshape)
-    return ent
+    dp = _desc(fa_desc(_cgeom(qs), _cgeom(ks), _cgeom(vs), (oshape, [N * Hq * DV, Hq * DV, DV, 1]), None, 0,
+                       kf16, vf16, strategy, chunk, q_tile))
+
+    def run(q, k, v, scale, softcap, out):
+        if not (q.flags.aligned and k.flags.aligned and v.flags.aligned):
+            return None
+        try:
+            qb, kb, vb = _fb(_T_F32, q), _fb(_T_F32, k), _fb(_T_F32, v)
+            if out is None:
+                o = _empty(oshape, F32)
+                ob = _fb(_T_F32, o)
+            else:
+                o = out
+                if not o.flags.behaved:  # aligned and writeable
+                    return None
+                ob = _fb(_T_F32, o)
+                L, o0 = len(ob), ob + 0
+                if -L < o0 - qb < len(qb) or -L < o0 - kb <= len(kb) or -L < o0 - vb <= len(vb):
+                    return None
+        except (ValueError, TypeError, BufferError):
+            return None  # not C-contiguous, read-only, or pointers cffi cannot compare
+        if fn(dp, qb, kb, vb, _NULL, _NULL, _NULL, scale, softcap, ob, nt or _thr[0]):
+            raise MemoryError("flash_attn: could not allocate scratch memory")
+        return o
+    return run
 
 
 def _check_kv(a, name):
@@ -103,41 +118,19 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
     fused=False runs the unfused chain (score matrix, softmax, matmul). ggml_compat=True rounds Q
     to f16 when K is f16, as upstream's reference path does.
     """
-    # lean path: C-contiguous 4-D q, k, v (f32 or f16) and out (new, or sharing no byte with them: exact
-    # pointer-range tests, conservative by one element for f16), no mask/sinks/ALiBi, default strategy,
-    # chunk and q_tile; one cached descriptor per shape. Anything else, and every error, goes the long way.
-    if (mask is None and sinks is None and type(q) is _ndarray and type(k) is _ndarray and type(v) is _ndarray
-            and type(scale) is float and type(softcap) is float and type(max_bias) is float and max_bias == 0.0
-            and strategy is None and chunk is DEFAULT_SPLIT_CHUNK and type(q_tile) is int and q_tile == 64
-            and fused is True and ggml_compat is False and -_INF < scale < _INF and -_INF < softcap < _INF
-            and (n_threads is None or type(n_threads) is int and 0 < n_threads <= _MAXT)):
-        fn = _lean_fn(_FA_FN, isa)
-        kd, vd = k.dtype, v.dtype
-        key = (q.shape, k.shape, kd is F16, v.shape, vd is F16)
-        dp = _FA_LEAN.get(key)
-        if dp is None and fn is not None and (kd is F32 or kd is F16) and (vd is F32 or vd is F16):
-            dp = _fa_lean_desc(key)
-        if (dp is not None and fn is not None and q.dtype is F32 and (kd is F32 or kd is F16) and (vd is F32 or vd is F16)
-                and q.flags.aligned and k.flags.aligned and v.flags.aligned):
-            oshape = dp[1]
-            o = _empty(oshape, F32) if out is None else out if (
-                type(out) is _ndarray and out.dtype is F32 and out.shape == oshape and out.flags.behaved) else None
-            if o is not None:
-                try:
-                    qb, kb, vb, ob = _fb(_T_F32, q), _fb(_T_F32, k), _fb(_T_F32, v), _fb(_T_F32, o)
-                except (ValueError, TypeError, BufferError):
-                    qb = None  # not C-contiguous
-                if qb is not None:
-                    L, o0 = len(ob), ob + 0
-                    try:
-                        ok = out is None or not (-L < o0 - qb < len(qb) or -L < o0 - kb <= len(kb)
-                                                 or -L < o0 - vb <= len(vb))
-                    except ValueError:
-                        ok = False
-                    if ok:
-                        if fn(dp[0], qb, kb, vb, _NULL, _NULL, _NULL, scale, softcap, ob, n_threads or _thr[0]):
-                            raise MemoryError("flash_attn: could not allocate scratch memory")
-                        return o
+    try:
+        key = (q.shape, q.dtype, k.shape, k.dtype, v.shape, v.dtype, mask is None, sinks is None, type(scale), scale,
+               type(softcap), softcap, type(max_bias), max_bias, strategy, chunk, q_tile, fused, ggml_compat,
+               None if out is None else (out.shape, out.dtype), isa or _ctx_get() or _dispatch.DEFAULT,
+               type(n_threads), n_threads)
+        run = _PLANS.get(key)
+    except (AttributeError, TypeError):  # not arrays, or an unhashable parameter: the checks say which
+        key = run = None
+    if run is not None:
+        o = run(q, k, v, scale, softcap, out)
+        if o is not None:
+            return o
+    plain = type(scale) is float and type(softcap) is float  # a plan passes them to the kernel as given
     isa = _dispatch.resolve(isa)
     _check_f32(q, "q")
     if q.ndim != 4:
@@ -169,11 +162,18 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
         if val < 1:
             raise ValueError(f"{nm} must be >= 1, got {val}")
     oshape = (S, N, Hq, DV)
-    if out is None:
-        out = np.empty(oshape, F32)
-    else:
+    n_th = _dispatch.threads(n_threads)
+    if out is not None:
         _check_out(out, oshape)
         _check_no_overlap(out, (("q", q), ("k", k), ("v", v), ("mask", mask), ("sinks", sinks)))
+    if plain and mask is None and sinks is None and max_bias == 0.0 and not ggml_compat and S * Hq * N * T * DK * DV:
+        run = _remember(_PLANS, key, _plan(isa, fused, q.shape, k.shape, v.shape, k.dtype == F16,
+                                           v.dtype == F16, strategy, chunk, q_tile, n_threads))
+        o = run(q, k, v, scale, softcap, out) if run is not None else None
+        if o is not None:
+            return o
+    if out is None:
+        out = np.empty(oshape, F32)
     if out.size == 0:
         return out
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
@@ -192,20 +192,19 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
         return out
 
     # the descriptor depends only on geometry and options: decode calls repeat it, so it is cached
-    key = (q.shape, q.strides, k.shape, k.strides, k.dtype.char, v.shape, v.strides, v.dtype.char, out.strides,
-           None if m4 is None else (m4.shape, m4.strides, mkind), strategy, chunk, q_tile)
-    dp = _FA_DESCS.get(key)
+    dkey = (q.shape, q.strides, k.shape, k.strides, k.dtype.char, v.shape, v.strides, v.dtype.char, out.strides,
+            None if m4 is None else (m4.shape, m4.strides, mkind), strategy, chunk, q_tile)
+    dp = _FA_DESCS.get(dkey)
     if dp is None:
         dp = _desc(fa_desc(_geom4(q), _geom4(k), _geom4(v), _geom4(out), _geom4(m4) if m4 is not None else None,
                            mkind, k.dtype == F16, v.dtype == F16, strategy, chunk, q_tile))
         if len(_FA_DESCS) >= 256:
             _FA_DESCS.clear()
-        _FA_DESCS[key] = dp
+        _FA_DESCS[dkey] = dp
     fn = _kernel("flash_attn" if fused else "flash_attn_unfused", isa)
     rc = fn(dp, _ptr(q), _ptr(k), _ptr(v), _ptr(m4) if m4 is not None else _NULL,
             _fb(_T_F32, slopes) if slopes is not None else _NULL,
-            _fb(_T_F32, sinks) if sinks is not None else _NULL, scale, softcap, _ptr(out, writable=True),
-            _dispatch.threads(n_threads))
+            _fb(_T_F32, sinks) if sinks is not None else _NULL, scale, softcap, _ptr(out, writable=True), n_th)
     if rc != 0:
         raise MemoryError("flash_attn: could not allocate scratch memory")
     return out

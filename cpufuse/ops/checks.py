@@ -34,24 +34,44 @@ else:  # a pure-Python install: only the Numba paths run
 # the registry's lookup (every module's kernel tables are the registry's dicts)
 _kernel = _registry.kernel
 _thr = _dispatch._threads  # [default thread count]
-_MAXT = _dispatch.MAX_THREADS  # a larger n_threads goes the long way, which refuses it
 _NB_SMALL = 1 << 15  # calls of at most this many elements take the serial Numba kernels (no parallel start-up)
 
 
-def _lean_fn(table, isa):
-    """the native kernel of a lean path: table[isa or the ISA in force], or None (numba, an unknown
-    name: the long way resolves and checks it)"""
-    i = isa or _ctx_get() or _dispatch.DEFAULT
-    return None if i == "numba" else table.get(i)
+# ------------------------------------------------------------------------------------------------
+# call plans: each public op has one path. A call's signature is a tuple of what its checks look at
+# apart from the operands' addresses and memory layout (shapes, dtypes, parameter values and types,
+# the ISA in force, n_threads). The first call with a signature runs the op's checks, which raise the
+# precise error or make a plan: a function run(operands) that binds the operands (C-contiguous and
+# aligned, outputs writeable, no overlap: exact pointer-range tests) and calls the kernel. Later calls
+# with that signature only bind; one whose operands do not bind (strided, misaligned, read-only or
+# overlapping) returns None from run and goes through the checks again, which run it strided, copy,
+# or raise. So the checks are written once, and a decode loop's repeated call pays for a dict lookup.
+
+_PLAN_MAX = 256  # plans kept per op; the cache is cleared when full
+_ALL_PLANS = []
 
 
-def _lean_desc(cache, sh, build, key=None):
-    """the descriptor for a C-contiguous array of shape sh (1-D or 2-D): build(rows, n), cached
-    under key (default: sh)"""
-    if len(cache) >= 256:
-        cache.clear()
-    d = cache[sh if key is None else key] = _desc(build(sh[0] if len(sh) == 2 else 1, sh[-1]))
+def _new_plans():
+    """an op's plan cache: signature -> run"""
+    d = {}
+    _ALL_PLANS.append(d)
     return d
+
+
+def clear_plans():
+    """forget every op's plans: a plan holds the kernel the registry gave when it was made, so code
+    that swaps registry entries (tests do) clears them"""
+    for d in _ALL_PLANS:
+        d.clear()
+
+
+def _remember(plans, key, run):
+    """store run as the plan of key (None: the call had no hashable signature) and return it"""
+    if key is not None:
+        if len(plans) >= _PLAN_MAX:
+            plans.clear()
+        plans[key] = run
+    return run
 
 
 def _rows_geom(rows, n):
@@ -59,9 +79,9 @@ def _rows_geom(rows, n):
     return (1, 1, rows, n), [0, 0, n, 1]
 
 
-# Overlap tests of the lean paths, on from_buffer pointers of C-contiguous operands: the float ranges
+# Overlap tests of the plans, on from_buffer pointers of C-contiguous operands: the float ranges
 # [a, a + na) and [b, b + nb) share a byte iff -nb < (b + 0) - a < na. cffi refuses (ValueError) to
-# subtract pointers that are not a whole number of floats apart; such a call goes the long way.
+# subtract pointers that are not a whole number of floats apart; such a call goes through the checks.
 # An f16 mask is compared in bytes, on char pointers.
 
 

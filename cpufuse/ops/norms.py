@@ -1,17 +1,15 @@
 """rms_norm and add_rms_norm (ggml RMS_NORM [-> MUL [-> ADD]], and the pre-norm residual
-pattern): checks, the lean paths and the call."""
+pattern): the checks, which make call plans (checks.py, "call plans"), and the call."""
 import numpy as np
 
-from .. import _dispatch, _registry
+from .. import _dispatch
 from .._layouts import RN
 from .checks import (
-    F32, _MAXT, _NULL, _T_F32, _aligned, _check_eps, _check_f32, _check_no_overlap, _check_out,
-    _check_tiled, _ctx_get, _desc, _empty, _fb, _geom4, _kernel, _lean_desc, _lean_fn, _nb_dummies,
-    _nb_small, _ndarray, _pad4, _ptr, _rows_geom, _same_view, _thr)
+    F32, _NULL, _T_F32, _aligned, _check_eps, _check_f32, _check_no_overlap, _check_out, _check_tiled, _desc,
+    _ctx_get, _empty, _fb, _geom4, _kernel, _nb_dummies, _nb_small, _ndarray, _new_plans, _pad4, _ptr, _remember,
+    _rows_geom, _same_view, _thr)
 
-_RMS_ROWS = _registry.table("rms_norm_rows")
-_RMS_FN = _registry.table("rms_norm")
-_RN_DESCS = {}  # lean-path descriptors (cffi int64 arrays, read-only) by shape
+_PLANS = _new_plans()  # call signature -> plan (checks.py, "call plans"), both ops
 
 
 def rms_desc(xg, yg, hg, rg, wg, bg):
@@ -39,37 +37,60 @@ def rms_norm(x, weight=None, *, eps, bias=None, out=None, isa=None, fused=True, 
     RMS_NORM followed by MUL (and ADD). out may be x only without weight and bias.
     fused=False runs the unfused chain (norm = sum of squares + copy + scale, then MUL, then ADD).
     """
-    # lean path: the decode/prefill call, 1-D/2-D C-contiguous x with a 1-D row weight. Contiguity
-    # is checked by from_buffer (it refuses a non-C-contiguous buffer), overlap by the kernel (return
-    # code; np.may_share_memory on the Numba path); anything unusual goes the long way.
-    if (type(x) is _ndarray and type(weight) is _ndarray and bias is None and fused is True and type(eps) is float
-            and (n_threads is None or type(n_threads) is int and 0 < n_threads <= _MAXT)):
-        sh = x.shape
-        if (x.dtype is F32 and weight.dtype is F32 and 0 < len(sh) <= 2 and weight.shape == sh[-1:]
-                and sh[-1] > 0 and eps >= 0.0 and x.flags.aligned and weight.flags.aligned):
-            y = _empty(sh, F32) if out is None else out if (
-                type(out) is _ndarray and out.dtype is F32 and out.shape == sh and out.flags.behaved) else None
-            if y is not None:
-                isa_ = isa or _ctx_get() or _dispatch.DEFAULT
-                fn = _RMS_ROWS.get(isa_)
-                n = sh[-1]
-                if fn is not None:
-                    try:
-                        rc = fn(x.size // n, n, _fb(_T_F32, x), _fb(_T_F32, weight), eps, _fb(_T_F32, y),
-                                n_threads or _thr[0])
-                    except (ValueError, TypeError, BufferError):
-                        rc = -1  # not C-contiguous: the general path says which
-                    if rc == 0:
-                        return y
-                elif isa_ == "numba" and x.flags.c_contiguous and weight.flags.c_contiguous and (
-                        out is None or y.flags.c_contiguous and not np.may_share_memory(y, x)
-                        and not np.may_share_memory(y, weight)):
-                    sh4 = (1, 1, x.size // n, n)
-                    d = _nb_dummies()[0]
-                    _nb_small("rms_norm", x.size, n_threads)(
-                        x.reshape(sh4), d, False, weight.reshape(1, 1, 1, n), True, d, False, eps, d, y.reshape(sh4))
-                    return y
-    return _rms_norm_general(x, None, weight, eps, bias, out, _dispatch.resolve(isa), fused, n_threads)
+    try:
+        key = (x.shape, x.dtype, None if weight is None else (weight.shape, weight.dtype), bias is None, type(eps),
+               eps, None if out is None else True if out is x else (out.shape, out.dtype),
+               isa or _ctx_get() or _dispatch.DEFAULT, type(n_threads), n_threads, fused)
+        run = _PLANS.get(key)
+    except (AttributeError, TypeError):  # not arrays, or an unhashable parameter: the checks say which
+        key = run = None
+    if run is not None:
+        y = run(x, weight, eps, out)
+        if y is not None:
+            return y
+    return _rms_norm_general(x, None, weight, eps, bias, out, _dispatch.resolve(isa), fused, n_threads, key)
+
+
+def _plan_rows(isa, sh, n_threads):
+    """rms_norm's plan for C-contiguous 1-D/2-D x with a 1-D row weight, fused, no bias:
+    run(x, weight, eps, out) -> y, or None where the operands do not bind"""
+    nt = n_threads
+    n = sh[-1]
+    rows = sh[0] if len(sh) == 2 else 1
+    if isa == "numba":
+        sh4 = (1, 1, rows, n)
+        nb = _nb_small("rms_norm", rows * n, nt)
+        d = _nb_dummies()[0]
+
+        def run(x, weight, eps, out):
+            y = _empty(sh, F32) if out is None else out
+            if not (x.flags.c_contiguous and weight.flags.c_contiguous and y.flags.c_contiguous and y.flags.writeable
+                    and (out is None or not np.may_share_memory(y, x) and not np.may_share_memory(y, weight))):
+                return None
+            nb(x.reshape(sh4), d, False, weight.reshape(1, 1, 1, n), True, d, False, eps, d, y.reshape(sh4))
+            return y
+        return run
+
+    fn = _kernel("rms_norm_rows", isa)
+
+    def run(x, weight, eps, out):
+        if not (x.flags.aligned and weight.flags.aligned):
+            return None
+        try:
+            if out is None:
+                y = _empty(sh, F32)
+                yb = _fb(_T_F32, y)
+            elif out.flags.behaved:  # aligned and writeable
+                y = out
+                yb = _fb(_T_F32, y)
+            else:
+                return None
+            # the kernel tests the overlaps (return code 1 or 2)
+            rc = fn(rows, n, _fb(_T_F32, x), _fb(_T_F32, weight), eps, yb, nt or _thr[0])
+        except (ValueError, TypeError, BufferError):
+            return None  # not C-contiguous, or read-only
+        return y if rc == 0 else None
+    return run
 
 
 def add_rms_norm(x, residual, weight=None, *, eps, bias=None, out=None, isa=None, fused=True, n_threads=None):
@@ -78,55 +99,66 @@ def add_rms_norm(x, residual, weight=None, *, eps, bias=None, out=None, isa=None
     Returns (h, y). residual, weight and bias tile x by modulo (ggml_can_repeat).
     out: optional (h_out, y_out); h_out may be x or residual itself (in-place residual update).
     """
-    # lean path: 1-D/2-D C-contiguous x and residual of one shape, a 1-D row weight, outputs new or
-    # C-contiguous, h_out = x or residual exactly or sharing no byte with them (y_out shares none with
-    # anything): exact pointer-range tests. Anything else, and every error, goes the long way.
-    if (type(x) is _ndarray and type(residual) is _ndarray and type(weight) is _ndarray and bias is None
-            and fused is True and type(eps) is float and (n_threads is None or type(n_threads) is int and 0 < n_threads <= _MAXT)):
-        fn = _lean_fn(_RMS_FN, isa)
-        sh = x.shape
-        dp = _RN_DESCS.get(sh)
-        if dp is None and fn is not None and 0 < len(sh) <= 2 and x.size:
-            dp = _lean_desc(_RN_DESCS, sh, lambda r, n: rms_desc(_rows_geom(r, n), _rows_geom(r, n), _rows_geom(r, n),
-                                                                 _rows_geom(r, n), ((1, 1, 1, n), [0, 0, 0, 1]), None))
-        if (dp is not None and fn is not None and x.dtype is F32 and residual.dtype is F32 and weight.dtype is F32
-                and residual.shape == sh and weight.shape == sh[-1:] and eps >= 0.0
-                and x.flags.aligned and residual.flags.aligned and weight.flags.aligned):
-            if out is None:
-                h, y = _empty(sh, F32), _empty(sh, F32)
-            elif type(out) is tuple and len(out) == 2:
-                h, y = out
-                if not (type(h) is _ndarray and type(y) is _ndarray and h.dtype is F32 and y.dtype is F32
-                        and h.shape == sh and y.shape == sh and h.flags.behaved and y.flags.behaved):
-                    h = None
-            else:
-                h = None
-            if h is not None:
-                try:
-                    xb, rb, wb, hb, yb = (_fb(_T_F32, x), _fb(_T_F32, residual), _fb(_T_F32, weight), _fb(_T_F32, h),
-                                          _fb(_T_F32, y))
-                except (ValueError, TypeError, BufferError):
-                    xb = None  # not C-contiguous
-                if xb is not None:
-                    L, n = len(xb), sh[-1]
-                    y0, h0 = yb + 0, hb + 0
-                    try:
-                        ok = out is None or not (
-                            -L < y0 - xb < L or -L < y0 - rb < L or -L < y0 - wb < n or -L < y0 - hb < L
-                            or -L < h0 - wb < n or h is not x and -L < h0 - xb < L
-                            or h is not residual and -L < h0 - rb < L)
-                    except ValueError:
-                        ok = False
-                    if ok:
-                        fn(dp, xb, rb, wb, _NULL, eps, hb, yb, n_threads or _thr[0])
-                        return h, y
+    try:
+        key = (x.shape, x.dtype, residual.shape, residual.dtype,
+               None if weight is None else (weight.shape, weight.dtype), bias is None, type(eps), eps, None if out is None else (
+                   type(out), len(out), out[0].shape, out[0].dtype, out[1].shape, out[1].dtype,
+                   out[0] is x, out[0] is residual),
+               isa or _ctx_get() or _dispatch.DEFAULT, type(n_threads), n_threads, fused, True)
+        run = _PLANS.get(key)
+    except (AttributeError, TypeError, IndexError, KeyError):  # the checks say what is wrong
+        key = run = None
+    if run is not None:
+        r = run(x, residual, weight, eps, out)
+        if r is not None:
+            return r
     if not isinstance(residual, _ndarray):
         raise TypeError(f"residual must be a numpy.ndarray of float32, got {type(residual).__name__}")
-    return _rms_norm_general(x, residual, weight, eps, bias, out, _dispatch.resolve(isa), fused, n_threads)
+    return _rms_norm_general(x, residual, weight, eps, bias, out, _dispatch.resolve(isa), fused, n_threads, key)
 
 
-def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused, n_threads=None):
+def _plan_add(isa, sh, n_threads):
+    """add_rms_norm's plan for C-contiguous 1-D/2-D x and residual of one shape with a 1-D row weight,
+    fused, no bias, native: run(x, residual, weight, eps, out) -> (h, y), or None where the operands do
+    not bind. h_out may be x or residual exactly; otherwise no output shares a byte with anything."""
+    if isa == "numba":
+        return None
+    nt = n_threads
+    fn = _kernel("rms_norm", isa)
+    n = sh[-1]
+    g = _rows_geom(sh[0] if len(sh) == 2 else 1, n)
+    dp = _desc(rms_desc(g, g, g, g, ((1, 1, 1, n), [0, 0, 0, 1]), None))
+
+    def run(x, residual, weight, eps, out):
+        if not (x.flags.aligned and residual.flags.aligned and weight.flags.aligned):
+            return None
+        try:
+            xb, rb, wb = _fb(_T_F32, x), _fb(_T_F32, residual), _fb(_T_F32, weight)
+            if out is None:
+                h, y = _empty(sh, F32), _empty(sh, F32)
+                hb, yb = _fb(_T_F32, h), _fb(_T_F32, y)
+            else:
+                h, y = out
+                if not (h.flags.behaved and y.flags.behaved):  # aligned and writeable
+                    return None
+                hb, yb = _fb(_T_F32, h), _fb(_T_F32, y)
+                L = len(xb)
+                y0, h0 = yb + 0, hb + 0
+                if (-L < y0 - xb < L or -L < y0 - rb < L or -L < y0 - wb < n or -L < y0 - hb < L
+                        or -L < h0 - wb < n or h is not x and -L < h0 - xb < L
+                        or h is not residual and -L < h0 - rb < L):
+                    return None
+        except (ValueError, TypeError, BufferError):
+            return None  # not C-contiguous, read-only, or pointers cffi cannot compare
+        fn(dp, xb, rb, wb, _NULL, eps, hb, yb, nt or _thr[0])
+        return h, y
+    return run
+
+
+def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused, n_threads=None, key=None):
+    """the checks of both ops, then the call (through a plan when the call has one)"""
     _check_f32(x, "x")
+    plain = type(eps) is float  # a plan passes eps to the kernel as given
     eps = _check_eps(eps)
     shape = x.shape
     x4 = _pad4(_aligned(x))
@@ -140,9 +172,7 @@ def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused, n_threads
         b4 = None
     r4 = _check_tiled(residual, "residual", shape) if residual is not None else None
     if residual is not None:
-        if out is None:
-            h_out, y_out = np.empty(shape, F32), np.empty(shape, F32)
-        else:
+        if out is not None:
             if not isinstance(out, tuple) or len(out) != 2:
                 raise TypeError("out must be a tuple (h_out, y_out) for add_rms_norm, got "
                                 + (f"a tuple of length {len(out)}" if isinstance(out, tuple) else type(out).__name__))
@@ -160,13 +190,26 @@ def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused, n_threads
                                      f"array partially overlapping {nm!r}")
     else:
         h_out = None
-        if out is None:
-            y_out = np.empty(shape, F32)
-        else:
+        if out is not None:
             y_out = out
             _check_out(y_out, shape)
             _check_no_overlap(y_out, (("x", x), ("weight", weight), ("bias", bias)),
                               alias_ok=x if (weight is None and bias is None) else None)
+    n_th = _dispatch.threads(n_threads)
+    if (plain and fused and bias is None and weight is not None and weight.shape == shape[-1:] and 0 < len(shape) <= 2
+            and x.size and (residual is None or residual.shape == shape)):
+        if residual is None:
+            run = _remember(_PLANS, key, _plan_rows(isa, shape, n_threads))
+            r = run(x, weight, eps, out)
+        else:
+            run = _remember(_PLANS, key, _plan_add(isa, shape, n_threads))
+            r = run(x, residual, weight, eps, out) if run is not None else None
+        if r is not None:
+            return r
+    if out is None:
+        y_out = np.empty(shape, F32)
+        if residual is not None:
+            h_out = np.empty(shape, F32)
     if x.size == 0:
         return (h_out, y_out) if residual is not None else y_out
     y4 = _pad4(y_out)
@@ -183,6 +226,5 @@ def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused, n_threads
         fn = _kernel("rms_norm" if fused else "rms_norm_unfused", isa)
         fn(dp, _ptr(x4), _ptr(r4) if r4 is not None else _NULL,
            _ptr(w4) if w4 is not None else _NULL, _ptr(b4) if b4 is not None else _NULL, eps,
-           _ptr(h4, writable=True) if h4 is not None else _NULL, _ptr(y4, writable=True),
-           _dispatch.threads(n_threads))
+           _ptr(h4, writable=True) if h4 is not None else _NULL, _ptr(y4, writable=True), n_th)
     return (h_out, y_out) if residual is not None else y_out

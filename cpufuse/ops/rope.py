@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import _backend, _dispatch, _registry
 from .._layouts import RP
-from .checks import _aligned, _check_aligned_out
+from .checks import _aligned, _check_aligned_out, _new_plans, _remember
 
 ffi, lib = _backend.ffi, _backend.lib
 F32 = np.dtype(np.float32)
@@ -140,106 +140,73 @@ def _check_cache(cache, shape):
 
 
 # ------------------------------------------------------------------------------------------------
-# the lean path: the common call with the fewest checks that still catch every bad input
+# the call plan (checks.py, "call plans")
 
-_FNS = _registry.table("rope")
 _fb = ffi.from_buffer if ffi is not None else None
+_cast = ffi.cast if ffi is not None else None
 _T_F32 = ffi.typeof("float[]") if ffi is not None else None
 _T_I32 = ffi.typeof("int32_t[]") if ffi is not None else None
+_T_CHAR = ffi.typeof("char[]") if ffi is not None else None
 _NULL = ffi.NULL if ffi is not None else None
 _ctx_get = _dispatch._ctx.get
 _thr = _dispatch._threads
-_MAXT = _dispatch.MAX_THREADS
-_DESC = {}   # (T, H, D, nd, mode, compat, nco) -> int64_t[RP.LEN] for C-contiguous x and y
-_PARAMS = {}  # (base, fs, ext, attn, beta_fast, beta_slow) -> double[6], validated on insertion
-_NUM = (float, int)
-_INF = float("inf")
+_PLANS = _new_plans()  # call signature -> plan
 
 
-def _lean_params(key):
-    fp = _PARAMS.get(key)
-    if fp is None:
+def _plan(isa, shape, nd, m, compat, nco, fps, cache_dtype, n_threads):
+    """the plan of a checked call with C-contiguous x and pos, no freq_factors, native: run(x, pos,
+    cache, out) -> (result,), or None where the operands do not bind. out: new, x itself, or
+    C-contiguous sharing no byte with x and pos; cache (cache_dtype not None): k_cache C-contiguous,
+    sharing no byte with x and pos, pos0 an int with the rows inside it (exact pointer-range tests)"""
+    if isa == "numba" or ffi is None:
+        return None
+    nt = n_threads
+    fn = _registry.kernel("rope", isa)
+    T, H, D = shape
+    n = T * H * D
+    f16 = cache_dtype == F16
+    d = ffi.new("int64_t[]", rp_desc(T, H, D, nd, m, compat, f16, H * D, D, H * D, D, nco))
+    fp = ffi.new("double[]", fps)
+    row = H * D * (2 if f16 else 4)  # bytes of one token's rows in k_cache
+
+    def run(x, pos, cache, out):
+        xf = x.flags
+        if not (xf.aligned and pos.flags.aligned):
+            return None
         try:
-            vals = [float(v) for v in key if type(v) in _NUM]
-        except OverflowError:
-            return None
-        if len(vals) != 6 or not all(-_INF < v < _INF for v in vals) or not (vals[0] > 0 and vals[1] > 0):
-            return None  # the full path raises the precise error
-        if len(_PARAMS) >= 64:
-            _PARAMS.clear()
-        fp = _PARAMS[key] = ffi.new("double[]", vals)
-    return fp
-
-
-def _lean(x, pos, nd, mode, key, nco, compat, cache, out, isa, n_threads):
-    """The common call: x C-contiguous float32 (T, H, D), pos C-contiguous int32 (T,), no
-    freq_factors, and either cache=(C-contiguous float16 k_cache, int pos0) or out; plain
-    Python numbers for the parameters; out None, x itself, or C-contiguous sharing no byte with x and
-    pos (exact pointer-range tests). Returns (True, result), or None where anything is unusual
-    (the full path then checks everything and raises the precise error)."""
-    if (ffi is None or type(x) is not _ndarray or x.dtype is not F32 or type(pos) is not _ndarray or pos.dtype is not I32
-            or x.ndim != 3 or type(nd) is not int or type(compat) is not bool or type(nco) is not int
-            or nco < 0):
-        return None
-    xf, pf = x.flags, pos.flags
-    if not (xf.c_contiguous and xf.aligned and pf.c_contiguous and pf.aligned):
-        return None
-    T, H, D = x.shape
-    if pos.shape != (T,) or nd <= 0 or nd & 1 or nd > D or T == 0 or H == 0:
-        return None
-    tm = type(mode)
-    m = _MODES.get(mode) if tm is str or tm is int else None
-    if m is None:
-        return None
-    fp = _lean_params(key)
-    if fp is None:
-        return None
-    isa = isa or _ctx_get() or _dispatch.DEFAULT
-    fn = _FNS.get(isa) if isa != "numba" else None
-    if fn is None or not (n_threads is None or type(n_threads) is int and 0 < n_threads <= _MAXT):
-        return None  # numba, or an isa / n_threads the full path checks
-    if cache is None:
-        if out is None:
-            y = np.empty((T, H, D), F32)
-            yb = _fb(_T_F32, y)
-        elif type(out) is _ndarray and out.dtype is F32 and out.shape == x.shape and out.flags.behaved:
-            try:
-                y, yb = out, _fb(_T_F32, out)
-            except (ValueError, TypeError, BufferError):
-                return None  # not C-contiguous
-            if out is not x:
-                n, y0 = len(yb), yb + 0
-                try:  # cpufuse.ops: overlap tests of the lean paths
-                    if -n < y0 - _fb(_T_F32, x) < n or -n < y0 - _fb(_T_F32, pos) < T:
-                        return None  # out overlaps x other than as x itself, or pos: the full path says which
-                except ValueError:
+            xb, pb = _fb(_T_F32, x), _fb(_T_I32, pos)
+            if cache is None:
+                ret = out
+                if out is None:
+                    ret = np.empty(shape, F32)
+                    yb = _fb(_T_F32, ret)
+                elif out is x:
+                    if not xf.writeable:
+                        return None
+                    yb = xb
+                else:
+                    if not out.flags.behaved:  # aligned and writeable
+                        return None
+                    yb = _fb(_T_F32, out)
+                    y0 = yb + 0
+                    if -n < y0 - xb < n or -n < y0 - _cast("float *", pb) < T:
+                        return None
+            else:
+                kc, p0 = cache
+                if type(p0) is not int or not 0 <= p0 <= kc.shape[0] - T or not kc.flags.behaved:
                     return None
-        else:
-            return None
-        ret = y
-        f16 = 0
-    else:
-        if type(cache) is not tuple or len(cache) != 2 or out is not None:
-            return None
-        kc, p0 = cache
-        if type(kc) is not _ndarray or kc.dtype is not F16 or type(p0) is not int or kc.ndim != 3:
-            return None
-        kf = kc.flags
-        if (not kf.c_contiguous or not kf.behaved or kc.shape[1] != H or kc.shape[2] != D or p0 < 0
-                or p0 + T > kc.shape[0] or np.may_share_memory(kc, x) or np.may_share_memory(kc, pos)):
-            return None
-        yb = ffi.from_buffer("uint16_t[]", kc) + p0 * H * D
-        ret = None
-        f16 = 1
-    dk = (T, H, D, nd, m, compat, nco, f16)
-    d = _DESC.get(dk)
-    if d is None:
-        if len(_DESC) >= 64:
-            _DESC.clear()
-        d = _DESC[dk] = ffi.new("int64_t[]", rp_desc(T, H, D, nd, m, compat, f16, H * D, D, H * D, D, nco))
-    if fn(d, _fb(_T_F32, x), _fb(_T_I32, pos), _NULL, fp, yb, n_threads or _thr[0]):
-        raise MemoryError("rope: could not allocate scratch memory")
-    return True, ret
+                kb = _fb(_T_CHAR, kc)
+                L, k0 = len(kb), kb + 0
+                if -L < k0 - _cast("char *", xb) < 4 * n or -L < k0 - _cast("char *", pb) < 4 * T:
+                    return None
+                yb = k0 + p0 * row
+                ret = None
+        except (ValueError, TypeError, BufferError):
+            return None  # not C-contiguous, or pointers cffi cannot compare
+        if fn(d, xb, pb, _NULL, fp, yb, nt or _thr[0]):
+            raise MemoryError("rope: could not allocate scratch memory")
+        return (ret,)
+    return run
 
 
 # ------------------------------------------------------------------------------------------------
@@ -281,11 +248,21 @@ def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_
 
     The result does not depend on n_threads (bit-identical for every thread count).
     """
-    if freq_factors is None:
-        r = _lean(x, pos, n_dims, mode, (freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow),
-                  n_ctx_orig, ggml_compat, cache, out, isa, n_threads)
+    try:
+        key = (x.shape, x.dtype, pos.shape, pos.dtype, n_dims, mode, freq_base, freq_scale, ext_factor, attn_factor,
+               beta_fast, beta_slow, n_ctx_orig, ggml_compat, freq_factors is None,
+               (type(n_dims), type(mode), type(freq_base), type(freq_scale), type(ext_factor), type(attn_factor),
+                type(beta_fast), type(beta_slow), type(n_ctx_orig), type(ggml_compat), type(n_threads)),
+               None if cache is None else (type(cache), len(cache), cache[0].shape, cache[0].dtype),
+               None if out is None else True if out is x else (out.shape, out.dtype),
+               isa or _ctx_get() or _dispatch.DEFAULT, n_threads)
+        run = _PLANS.get(key)
+    except (AttributeError, TypeError, IndexError, KeyError):  # the checks say what is wrong
+        key = run = None
+    if run is not None:
+        r = run(x, pos, cache, out)
         if r is not None:
-            return r[1]
+            return r[0]
     isa = _dispatch.resolve(isa)
     if not isinstance(x, _ndarray):
         raise TypeError(f"x must be a numpy.ndarray of float32, got {type(x).__name__}")
@@ -318,28 +295,34 @@ def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_
                 raise ValueError(f"cache: k_cache must not overlap the input {nm!r}, got an array sharing memory "
                                  f"with it")
         y = kc[p0:p0 + T]
-    else:
+    elif out is not None:
+        if not isinstance(out, _ndarray):
+            raise TypeError(f"out must be a numpy.ndarray of float32, got {type(out).__name__}")
+        if out.dtype != F32:
+            raise TypeError(f"out must be float32, got {out.dtype}")
+        if out.shape != x.shape:
+            raise ValueError(f"out must have shape {x.shape} (that of x), got {out.shape}")
+        if not out.flags.writeable:
+            raise ValueError("out must be writeable, got a read-only array")
+        _last_axis_ok(out, "out")
+        _check_aligned_out(out, "out")
+        same = (out.__array_interface__["data"][0] == x.__array_interface__["data"][0]
+                and out.strides == x.strides)
+        if np.may_share_memory(out, x) and not same:
+            raise ValueError("out must be x itself (in place) or not overlap it, got an array partially "
+                             "overlapping 'x'")
+        for nm, a in (("pos", pos), ("freq_factors", freq_factors)):
+            if a is not None and np.may_share_memory(out, a):
+                raise ValueError(f"out must not overlap the input {nm!r}, got an array sharing memory with it")
+    if freq_factors is None and T and H and x.flags.c_contiguous and pos.flags.c_contiguous:
+        run = _remember(_PLANS, key, _plan(isa, x.shape, nd, m, compat, nco, fps, None if cache is None else kc.dtype,
+                                           n_threads))
+        r = run(x, pos, cache, out) if run is not None else None
+        if r is not None:
+            return r[0]
+    if cache is None:
         if out is None:
             out = np.empty(x.shape, F32)
-        else:
-            if not isinstance(out, _ndarray):
-                raise TypeError(f"out must be a numpy.ndarray of float32, got {type(out).__name__}")
-            if out.dtype != F32:
-                raise TypeError(f"out must be float32, got {out.dtype}")
-            if out.shape != x.shape:
-                raise ValueError(f"out must have shape {x.shape} (that of x), got {out.shape}")
-            if not out.flags.writeable:
-                raise ValueError("out must be writeable, got a read-only array")
-            _last_axis_ok(out, "out")
-            _check_aligned_out(out, "out")
-            same = (out.__array_interface__["data"][0] == x.__array_interface__["data"][0]
-                    and out.strides == x.strides)
-            if np.may_share_memory(out, x) and not same:
-                raise ValueError("out must be x itself (in place) or not overlap it, got an array partially "
-                                 "overlapping 'x'")
-            for nm, a in (("pos", pos), ("freq_factors", freq_factors)):
-                if a is not None and np.may_share_memory(out, a):
-                    raise ValueError(f"out must not overlap the input {nm!r}, got an array sharing memory with it")
         y = ret = out
     if T == 0 or H == 0:
         return ret

@@ -1,17 +1,16 @@
-"""softmax (ggml soft_max_ext): checks, the lean path and the call."""
+"""softmax (ggml soft_max_ext): the checks, which make a call plan (checks.py, "call plans"), and the call."""
 import math
 
 import numpy as np
 
-from .. import _dispatch, _registry
+from .. import _dispatch
 from .._layouts import SM
 from .checks import (
-    F16, F32, _MAXT, _NULL, _T_CHAR, _T_F32, _aligned, _cast, _check_f32, _check_mask_sinks,
-    _check_no_overlap, _check_out, _ctx_get, _desc, _empty, _fb, _geom4, _kernel, _lean_desc, _lean_fn,
-    _nb_dummies, _nb_small, _ndarray, _pad4, _ptr, _real, _rows_geom, _slopes, _thr)
+    F32, _NULL, _T_CHAR, _T_F32, _aligned, _cast, _check_f32, _check_mask_sinks, _check_no_overlap,
+    _check_out, _desc, _empty, _fb, _geom4, _ctx_get, _kernel, _nb_dummies, _nb_small, _pad4, _ptr, _real,
+    _new_plans, _remember, _rows_geom, _slopes, _thr)
 
-_SM_FN = _registry.table("softmax")
-_SM_DESCS = {}  # lean-path descriptors (cffi int64 arrays, read-only) by shape
+_PLANS = _new_plans()  # call signature -> plan (checks.py, "call plans")
 
 
 def softmax_desc(xg, yg, mg, mkind):
@@ -38,76 +37,101 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
     (in place). A fully masked row without sinks is NaN (as upstream and PyTorch).
     fused=False runs the separate-pass chain ggml uses (for benchmarks and equivalence tests).
     """
-    # lean path: 1-D/2-D C-contiguous rows, no mask/sinks/ALiBi, out None, x itself or a C-contiguous
-    # array that shares no byte with x; one cached descriptor per shape. Anything else, and every
-    # error, goes the long way.
-    if ((mask is None or type(mask) is _ndarray) and sinks is None and type(x) is _ndarray and type(scale) is float
-            and type(max_bias) is float
-            and max_bias == 0.0 and fused is True and (n_threads is None or type(n_threads) is int
-                                                                 and 0 < n_threads <= _MAXT)):
-        fn = _lean_fn(_SM_FN, isa)
-        sh = x.shape
-        mk = 0 if mask is None else 1 if mask.dtype is F32 else 2 if mask.dtype is F16 else 3
-        if mk and (mk == 3 or mask.shape != sh or len(sh) != 2):  # lean masks: (R, C) like x, f32/f16
-            fn = None
-        key = (sh, mk) if mk else sh
-        dp = _SM_DESCS.get(key)
-        if dp is None and fn is not None and 0 < len(sh) <= 2 and x.size:
-            dp = _lean_desc(_SM_DESCS, sh, lambda r, n: softmax_desc(_rows_geom(r, n), _rows_geom(r, n),
-                                                                     _rows_geom(r, n) if mk else None, mk), key)
-        if dp is not None and fn is not None and x.dtype is F32 and x.flags.aligned:
-            y = _empty(sh, F32) if out is None else out if (
-                type(out) is _ndarray and out.dtype is F32 and out.shape == sh and out.flags.behaved) else None
-            if y is not None:
-                try:
-                    xb = _fb(_T_F32, x)
-                    yb = xb if y is x else _fb(_T_F32, y)
-                except (ValueError, TypeError, BufferError):
-                    yb = None  # not C-contiguous
-                if yb is not None:
-                    n = len(xb)
-                    try:
-                        ok = y is x or out is None or not -n < (yb + 0) - xb < n  # no shared byte
-                    except ValueError:
-                        ok = False
-                    mb = _NULL
-                    if ok and mk:  # the mask: C-contiguous, aligned, sharing no byte with the output
-                        try:
-                            if not mask.flags.aligned:
-                                raise ValueError
-                            mb = _fb(_T_CHAR, mask)
-                            ok = not -mask.nbytes < (mb + 0) - _cast("char *", yb) < y.nbytes
-                        except (ValueError, TypeError, BufferError):
-                            ok = False
-                    if ok:
-                        if fn(dp, xb, mb, _NULL, _NULL, scale, yb, n_threads or _thr[0]):
-                            raise MemoryError("softmax: could not allocate scratch memory")
-                        return y
-        elif (fn is None and not mk and (isa or _ctx_get() or _dispatch.DEFAULT) == "numba" and x.dtype is F32
-              and 0 < len(sh) <= 2
-              and x.flags.c_contiguous):
-            y = _empty(sh, F32) if out is None else out if (
-                type(out) is _ndarray and out.dtype is F32 and out.shape == sh and out.flags.behaved
-                and out.flags.c_contiguous and (out is x or not np.may_share_memory(out, x))) else None
-            if y is not None and x.size:
-                sh4 = (1, 1, x.size // sh[-1], sh[-1])
-                d32, d16, d1 = _nb_dummies()
-                _nb_small("softmax", x.size, n_threads)(
-                    x.reshape(sh4), d32, d16, 0, d1, False, d1, False, scale, y.reshape(sh4))
-                return y
+    try:
+        key = (x.shape, x.dtype, None if mask is None else (mask.shape, mask.dtype), sinks is None, type(scale),
+               type(max_bias), max_bias, None if out is None else True if out is x else (out.shape, out.dtype),
+               isa or _ctx_get() or _dispatch.DEFAULT, type(n_threads), n_threads, fused)
+        run = _PLANS.get(key)
+    except (AttributeError, TypeError):  # not arrays, or an unhashable parameter: the checks say which
+        key = run = None
+    if run is not None:
+        y = run(x, mask, scale, out)
+        if y is not None:
+            return y
+    return _softmax(x, mask, scale, max_bias, sinks, out, isa, fused, n_threads, key)
+
+
+def _plan(isa, fused, sh, mk, n_threads):
+    """the plan of a checked call with C-contiguous rows (1-D or 2-D x; mask None or x's shape, f32
+    (mk 1) or f16 (mk 2)), no sinks and no ALiBi: run(x, mask, scale, out) -> result, or None where
+    the operands do not bind"""
+    nt = n_threads
+    if isa == "numba":
+        if mk:
+            return None
+        sh4 = (1, 1, sh[0] if len(sh) == 2 else 1, sh[-1])
+        nb = _nb_small("softmax", sh4[2] * sh4[3], nt)
+        d32, d16, d1 = _nb_dummies()
+
+        def run(x, mask, scale, out):
+            y = _empty(sh, F32) if out is None else out
+            xf, yf = x.flags, y.flags
+            if not (xf.c_contiguous and yf.c_contiguous and yf.writeable and (
+                    y is x or out is None or not np.may_share_memory(y, x))):
+                return None
+            nb(x.reshape(sh4), d32, d16, 0, d1, False, d1, False, scale, y.reshape(sh4))
+            return y
+        return run
+
+    fn = _kernel("softmax" if fused else "softmax_unfused", isa)
+    g = _rows_geom(sh[0] if len(sh) == 2 else 1, sh[-1])
+    dp = _desc(softmax_desc(g, g, g if mk else None, mk))
+
+    def run(x, mask, scale, out):
+        if not x.flags.aligned:
+            return None
+        try:
+            xb = _fb(_T_F32, x)
+            if out is None:
+                y = _empty(sh, F32)
+                yb = _fb(_T_F32, y)
+            else:
+                y = out
+                if not y.flags.behaved:  # aligned and writeable
+                    return None
+                yb = _fb(_T_F32, y)
+                n = len(xb)
+                if y is not x and -n < (yb + 0) - xb < n:  # no shared byte
+                    return None
+            mb = _NULL
+            if mk:  # the mask: aligned, sharing no byte with the output
+                if not mask.flags.aligned:
+                    return None
+                mb = _fb(_T_CHAR, mask)
+                if -mask.nbytes < (mb + 0) - _cast("char *", yb) < y.nbytes:
+                    return None
+        except (ValueError, TypeError, BufferError):
+            return None  # not C-contiguous, read-only, or pointers cffi cannot compare
+        if fn(dp, xb, mb, _NULL, _NULL, scale, yb, nt or _thr[0]):
+            raise MemoryError("softmax: could not allocate scratch memory")
+        return y
+    return run
+
+
+def _softmax(x, mask, scale, max_bias, sinks, out, isa, fused, n_threads, key):
+    """the checks, then the call (through a plan when the call has one)"""
     isa = _dispatch.resolve(isa)
     _check_f32(x, "x")
     xg = _geom4(x)
     S, H, R, C = xg[0]
+    plain = type(scale) is float  # a plan passes scale to the kernel as given
     scale, max_bias = _real(scale, "scale"), _real(max_bias, "max_bias")
     if not math.isfinite(max_bias):
         raise ValueError(f"max_bias must be finite, got {max_bias}")
     m4, mkind, sinks = _check_mask_sinks(mask, max_bias, sinks, S, H, R, C, True, "x")
-    if out is None:
-        out = np.empty(x.shape, F32)
-    else:
+    n_th = _dispatch.threads(n_threads)
+    if out is not None:
         _check_out(out, x.shape)
         _check_no_overlap(out, (("x", x), ("mask", mask), ("sinks", sinks)), alias_ok=x)
+    sh = x.shape
+    if (plain and sinks is None and max_bias == 0.0 and 0 < len(sh) <= 2 and x.size
+            and (mask is None or mask.shape == sh and len(sh) == 2)):
+        run = _remember(_PLANS, key, _plan(isa, fused, sh, mkind, n_threads))
+        y = run(x, mask, scale, out) if run is not None else None
+        if y is not None:
+            return y
+    if out is None:
+        out = np.empty(x.shape, F32)
     if not x.flags.aligned:   # (out is then not x: out is aligned)
         x = _aligned(x)
         xg = _geom4(x)
@@ -132,7 +156,7 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
     rc = fn(dp, _ptr(x), _ptr(mask) if m4 is not None else _NULL,
             _fb(_T_F32, slopes) if slopes is not None else _NULL,
             _fb(_T_F32, sinks) if sinks is not None else _NULL,
-            scale, _ptr(out, writable=True), _dispatch.threads(n_threads))
+            scale, _ptr(out, writable=True), n_th)
     if rc:
         raise MemoryError("softmax: could not allocate scratch memory")
     return out

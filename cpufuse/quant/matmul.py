@@ -123,7 +123,9 @@ def qm_desc(rows, K, xs, q8, epi, norm, ws, ys, rs=0):
                          for w, y in zip(ws, ys)])
 
 
-def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead, residual=None):
+def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead, residual=None, key=None):
+    """the checks, then the call (through a plan when the call has one; key: its signature)"""
+    plain = eps is None or type(eps) is float  # a plan passes eps to the kernel as given
     n_in = ws[0].shape[1]
     for w, nm in zip(ws, names):
         _check_w(w, nm)
@@ -161,6 +163,12 @@ def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead, r
                     raise ValueError(f"out[{i}] must not overlap out[{j}], got arrays sharing memory")
     if rows == 0 or any(n == 0 for n in n_out):
         return ys
+    if key is not None and plain and len(lead) <= 1 and isa != "numba":
+        run = _ops._remember(_plans(ws[0]), key, _plan(ws, x.shape, act, epi, do_norm, nw_arr is not None, isa,
+                                                        n_threads))
+        y = run(x, outs, norm_weight, eps, residual)
+        if y is not None:
+            return y
     if isa == "numba":
         _registry.kernel("qmatmul", isa, nth)(x2, nw_arr, eps_f, bool(do_norm), tuple(w.gguf_bytes() for w in ws),
                                               tuple(w.type_id for w in ws), act == "q8", epi, tuple(y2), r2)
@@ -184,13 +192,12 @@ def _wptr(w):
     if c is None:
         b = ffi.from_buffer(w.raw)
         a = int(ffi.cast("intptr_t", b))
-        c = (b, a, a + w.nbytes, {})  # pointer, address span, descriptors cached by call shape
+        c = (b, a, a + w.nbytes, {})  # pointer, address span, call plans by signature (_plan)
         object.__setattr__(w, "_c", c)
     return c
 
 
 _ndarray = np.ndarray
-_ACT = {None: 1 if DEFAULT_ACT == "q8" else 0, "q8": 1, "f32": 0}
 
 
 _fb = ffi.from_buffer if ffi is not None else None
@@ -200,141 +207,88 @@ _FNS = _registry.table("qmatmul")
 _ctx_get = _dispatch._ctx.get
 _SERIAL_MACS = 1 << 16  # lean path, default threads: products of at most this many multiply-adds run on one thread
 _thr = _dispatch._threads
-_MAX_THREADS = _dispatch.MAX_THREADS
 _empty = np.empty
 
 
-def _entry(ws, rows, act, epi, do_norm):
-    """(descriptor, weight pointers, output widths) for a call shape, or None when the weights
-    do not fit the lean path. Cached on the first weight (see _lean)."""
+def _plan(ws, sh, act, epi, do_norm, has_nw, isa, n_threads):
+    """the plan of a checked call with 1-D or 2-D C-contiguous x and outputs, native (call plans:
+    cpufuse/ops/checks.py): run(x, outs, norm_weight, eps, res) -> list of outputs, or None where the
+    operands do not bind. Outputs: new, or C-contiguous sharing no byte with an input or each other;
+    the residual (epi 2) shares none with an input, and an output may be it exactly. Overlap tests are
+    exact pointer-range tests (the weights' bytes rounded up to whole floats: a false alarm only sends
+    the call through the checks, which find no overlap and run it the general way)."""
+    if isa == "numba":
+        return None
+    fn = _registry.kernel("qmatmul", isa)
     w0 = ws[0]
     K = w0.n_in
-    for w in ws:
-        if type(w) is not QTensor or w.n_in != K:
-            return None
-    if epi == 1 and (len(ws) != 2 or ws[1].n_out != w0.n_out) or epi == 2 and len(ws) != 1:
-        return None
+    nd = len(sh)
+    rows = sh[0] if nd == 2 else 1
     n_out = tuple(w.n_out for w in ws) if not epi else (w0.n_out,)
-    d = qm_desc(rows, K, K, _ACT[act], epi, do_norm, ws, [n_out[i if not epi else 0] for i in range(len(ws))],
-                w0.n_out if epi == 2 else 0)
-    wp = [_wptr(w)[0] for w in ws] + [ffi.NULL] * (3 - len(ws))
+    oshapes = [(rows, n) if nd == 2 else (n,) for n in n_out]
+    d = ffi.new("int64_t[]", qm_desc(rows, K, K, act == "q8", epi, do_norm, ws,
+                                     [n_out[i if not epi else 0] for i in range(len(ws))], w0.n_out if epi == 2 else 0))
+    wp = [_wptr(w)[0] for w in ws] + [_NULL] * (3 - len(ws))
+    w0p, w1p, w2p = wp
     # each weight's bytes as a float pointer and a length in floats rounded up (for the overlap tests)
-    spans = tuple((ffi.cast("float *", _wptr(w)[0]), w.nbytes // 4 + 1) for w in ws)
+    spans = [(ffi.cast("float *", _wptr(w)[0]), w.nbytes // 4 + 1) for w in ws]
     # default thread count: one thread for a product too small to pay for waking the pool (results are
     # the same for every thread count)
-    one = rows * K * sum(w.n_out for w in ws) <= _SERIAL_MACS
-    return ffi.new("int64_t[]", d), wp, n_out, spans, one
+    nt = n_threads or (1 if rows * K * sum(w.n_out for w in ws) <= _SERIAL_MACS else None)
+    nw = len(n_out)
 
-
-def _lean(x, ws, act, outs, isa, n_threads, norm_weight, eps, epi, res=None):
-    """The common call (1-D or 2-D C-contiguous x and outputs, native path) with the fewest
-    checks that still catch every bad input; None when it does not apply (the full path then
-    checks everything and raises the precise error). The descriptor for a (weights, rows, act)
-    shape is built once and cached on the first weight; pointers come from ffi.from_buffer, which
-    costs a tenth of __array_interface__, and overlaps are exact pointer-range tests (rounded up to
-    whole floats for the weights' bytes: a false alarm only sends the call the long way). res: the
-    residual (epi 2), C-contiguous of the output's shape; an output may be it exactly."""
-    if type(x) is not _ndarray or x.dtype is not F32 or not x.flags.aligned:
-        return None   # (a misaligned x: the full path copies it)
-    w0 = ws[0]
-    if type(w0) is not QTensor:
-        return None
-    sh = x.shape
-    nd = len(sh)
-    if nd == 2:
-        rows = sh[0]
-    elif nd == 1:
-        rows = 1
-    else:
-        return None
-    if sh[-1] != w0.n_in or act not in _ACT:
-        return None
-    isa = isa or _ctx_get() or _dispatch.DEFAULT
-    fn = _FNS.get(isa) if isa != "numba" else None
-    if fn is None or not (n_threads is None or type(n_threads) is int and 0 < n_threads <= _MAX_THREADS):
-        return None  # numba, or an isa / n_threads the full path checks
-    do_norm = 0
-    nwp = _NULL
-    if norm_weight is not None or eps is not None:
-        if type(eps) is not float or not eps >= 0.0:
-            return None
-        if norm_weight is not None:
-            if (type(norm_weight) is not _ndarray or norm_weight.dtype is not F32 or norm_weight.shape != (w0.n_in,)
-                    or not norm_weight.flags.aligned):
-                return None
-            try:
-                nwp = _fb(_T_F32, norm_weight)
-            except (ValueError, TypeError, BufferError):
-                return None
-        do_norm = 1
-    cache = (w0._c or _wptr(w0))[3]
-    key = (rows, act, epi, do_norm) + ws[1:] if len(ws) > 1 else (rows, act, epi, do_norm)
-    ent = cache.get(key)
-    if ent is None:
-        ent = _entry(ws, rows, act, epi, do_norm)
-        if ent is None:
-            return None
-        if len(cache) > 64:
-            cache.clear()
-        cache[key] = ent
-    d, wp, n_out, wspans, one = ent
-    try:
-        xb = _fb(_T_F32, x)
-    except (ValueError, TypeError, BufferError):
-        return None
-    if outs is None:
-        ys, yb = [], []
-        for n in n_out:
-            o = _empty((rows, n) if nd == 2 else (n,), F32)
-            ys.append(o)
-            yb.append(_fb(_T_F32, o))
-    else:
-        ys, yb = outs, []
-        for o, n in zip(outs, n_out):
-            if (type(o) is not _ndarray or o.dtype is not F32 or o.shape != ((rows, n) if nd == 2 else (n,))
-                    or not o.flags.writeable or not o.flags.aligned):
-                return None
-            try:
-                yb.append(_fb(_T_F32, o))
-            except (ValueError, TypeError, BufferError):
-                return None
-        ins = [(xb, len(xb)), *wspans]
-        if do_norm and norm_weight is not None:
-            ins.append((nwp, len(nwp)))
-        try:  # cpufuse.ops: overlap tests of the lean paths
-            for b in yb:
-                lo, L = b + 0, len(b)
-                for a, m in ins:
-                    if -L < lo - a < m:
-                        return None  # shares a byte with an input or an earlier output: the full path says which
-                ins.append((b, L))
-        except ValueError:
-            return None
-    rb = _NULL
-    if res is not None:   # (all the residual's tests here: a call without one pays this `is None` only)
-        if (type(res) is not _ndarray or res.dtype is not F32 or res.shape != ((rows, n_out[0]) if nd == 2 else (n_out[0],))
-                or not res.flags.aligned):
+    def run(x, outs, norm_weight, eps, res):
+        if not x.flags.aligned:
             return None
         try:
-            rb = _fb(_T_F32, res)
-            lo, L = rb + 0, len(rb)
-            for a, m in [(xb, len(xb)), *wspans] + ([(nwp, len(nwp))] if do_norm and norm_weight is not None else []):
-                if -L < lo - a < m:
-                    return None  # the residual shares memory with an input: the full path refuses it
-            if outs is not None:
-                for b in yb:
-                    if b != rb and -L < lo - b < len(b):
-                        return None  # out = res exactly is in place; any other overlap: the full path refuses it
+            xb = _fb(_T_F32, x)
+            ins = [(xb, len(xb)), *spans]
+            nwp = _NULL
+            if has_nw:
+                if not norm_weight.flags.aligned:
+                    return None
+                nwp = _fb(_T_F32, norm_weight)
+                ins.append((nwp, len(nwp)))
+            inputs = ins[:]
+            if outs is None:
+                ys = [_empty(s, F32) for s in oshapes]
+                yb = [_fb(_T_F32, o) for o in ys]
+            else:
+                ys, yb = outs, []
+                for o in outs:
+                    if not o.flags.behaved:  # aligned and writeable
+                        return None
+                    b = _fb(_T_F32, o)
+                    lo, L = b + 0, len(b)
+                    for a, m in ins:
+                        if -L < lo - a < m:
+                            return None  # shares a byte with an input or an earlier output
+                    ins.append((b, L))
+                    yb.append(b)
+            rb = _NULL
+            if epi == 2:
+                if not res.flags.aligned:
+                    return None
+                rb = _fb(_T_F32, res)
+                lo, L = rb + 0, len(rb)
+                for a, m in inputs:
+                    if -L < lo - a < m:
+                        return None  # the residual shares memory with an input
+                if outs is not None and yb[0] != rb and -L < lo - yb[0] < len(yb[0]):
+                    return None  # out = residual exactly is in place; any other overlap is refused
         except (ValueError, TypeError, BufferError):
-            return None
-    if rows == 0 or 0 in n_out:
+            return None  # not C-contiguous, or pointers cffi cannot compare
+        rc = fn(d, xb, nwp, eps if do_norm else 0.0, w0p, w1p, w2p, yb[0], yb[1] if nw > 1 else _NULL,
+                yb[2] if nw > 2 else _NULL, rb, nt or _thr[0])
+        if rc:
+            raise RuntimeError(f"cpufuse.matmul: the {isa} kernel failed: {_ERRORS.get(rc, rc)}")
         return ys
-    n = len(yb)
-    rc = fn(d, xb, nwp, eps if do_norm else 0.0, wp[0], wp[1], wp[2], yb[0],
-            yb[1] if n > 1 else _NULL, yb[2] if n > 2 else _NULL, rb, n_threads or (1 if one else _thr[0]))
-    if rc:
-        raise RuntimeError(f"cpufuse.matmul: the {isa} kernel failed: {_ERRORS.get(rc, rc)}")
-    return ys
+    return run
+
+
+def _plans(w):
+    """the call plans cached on a weight (the first of a call's weights)"""
+    return (w._c or _wptr(w))[3]
 
 
 def matmul(x, w, *, act=None, out=None, isa=None, n_threads=None, norm_weight=None, eps=None, residual=None):
@@ -347,13 +301,23 @@ def matmul(x, w, *, act=None, out=None, isa=None, n_threads=None, norm_weight=No
     (bit for bit what `residual + matmul(x, w)` gives; the product is never stored); out=residual
     updates it in place.
     out: optional float32 (..., n_out) output. Returns the result."""
-    y = _lean(x, (w,), act, None if out is None else [out], isa, n_threads, norm_weight, eps,
-              0 if residual is None else 2, residual)
-    if y is not None:
-        return y[0]
+    outs = None if out is None else [out]
+    key = None
+    try:
+        key = (x.shape, x.dtype, act, None if norm_weight is None else (norm_weight.shape, norm_weight.dtype),
+               type(eps), eps, None if out is None else (out.shape, out.dtype, out is residual),
+               None if residual is None else (residual.shape, residual.dtype),
+               isa or _ctx_get() or _dispatch.DEFAULT, type(n_threads), n_threads, "matmul")
+        run = w._c[3].get(key)
+    except (AttributeError, TypeError):  # no hashable signature, or no plans on w yet
+        run = None
+    if run is not None:
+        y = run(x, outs, norm_weight, eps, residual)
+        if y is not None:
+            return y[0]
     lead = _lead(x)
-    return _run(x, (w,), ("w",), act, None if out is None else [out], isa, n_threads, norm_weight, eps,
-                0 if residual is None else 2, lead, residual)[0]
+    return _run(x, (w,), ("w",), act, outs, isa, n_threads, norm_weight, eps, 0 if residual is None else 2, lead,
+                residual, key)[0]
 
 
 def matmul_multi(x, ws, *, act=None, out=None, isa=None, n_threads=None, norm_weight=None, eps=None):
@@ -365,27 +329,47 @@ def matmul_multi(x, ws, *, act=None, out=None, isa=None, n_threads=None, norm_we
     if out is not None and (not isinstance(out, (tuple, list)) or len(out) != len(ws)):
         raise ValueError(f"out must be a sequence of {len(ws)} arrays (one per weight) or None, got "
                          + (f"{len(out)} arrays" if isinstance(out, (tuple, list)) else type(out).__name__))
-    y = _lean(x, tuple(ws), act, out, isa, n_threads, norm_weight, eps, 0)
-    if y is not None:
-        return tuple(y)
+    ws = tuple(ws)
+    key = None
+    try:
+        key = (x.shape, x.dtype, act, None if norm_weight is None else (norm_weight.shape, norm_weight.dtype),
+               type(eps), eps, None if out is None else tuple([(o.shape, o.dtype) for o in out]),
+               isa or _ctx_get() or _dispatch.DEFAULT, type(n_threads), n_threads, "multi") + ws[1:]
+        run = ws[0]._c[3].get(key)
+    except (AttributeError, TypeError):  # no hashable signature, or no plans on ws[0] yet
+        run = None
+    if run is not None:
+        y = run(x, out, norm_weight, eps, None)
+        if y is not None:
+            return tuple(y)
     lead = _lead(x)
-    return tuple(_run(x, tuple(ws), tuple(f"ws[{i}]" for i in range(len(ws))), act, out, isa, n_threads,
-                      norm_weight, eps, 0, lead))
+    return tuple(_run(x, ws, tuple(f"ws[{i}]" for i in range(len(ws))), act, out, isa, n_threads,
+                      norm_weight, eps, 0, lead, None, key))
 
 
 def matmul_swiglu(x, w_gate, w_up, *, act=None, out=None, isa=None, n_threads=None, norm_weight=None, eps=None):
     """silu(x . Wg^T) * (x . Wu^T) in one kernel: both products of an output are computed together
     and combined in the epilogue; neither is stored. Wg and Wu must have the same shape."""
-    y = _lean(x, (w_gate, w_up), act, None if out is None else [out], isa, n_threads, norm_weight, eps, 1)
-    if y is not None:
-        return y[0]
+    outs = None if out is None else [out]
+    key = None
+    try:
+        key = (x.shape, x.dtype, act, None if norm_weight is None else (norm_weight.shape, norm_weight.dtype),
+               type(eps), eps, None if out is None else (out.shape, out.dtype),
+               isa or _ctx_get() or _dispatch.DEFAULT, type(n_threads), n_threads, "swiglu", w_up)
+        run = w_gate._c[3].get(key)
+    except (AttributeError, TypeError):  # no hashable signature, or no plans on w_gate yet
+        run = None
+    if run is not None:
+        y = run(x, outs, norm_weight, eps, None)
+        if y is not None:
+            return y[0]
     _check_w(w_gate, "w_gate")
     _check_w(w_up, "w_up")
     if w_gate.shape != w_up.shape:
         raise ValueError(f"w_gate and w_up must have the same shape, got {w_gate.shape} and {w_up.shape}")
     lead = _lead(x)
-    return _run(x, (w_gate, w_up), ("w_gate", "w_up"), act, None if out is None else [out], isa, n_threads,
-                norm_weight, eps, 1, lead)[0]
+    return _run(x, (w_gate, w_up), ("w_gate", "w_up"), act, outs, isa, n_threads, norm_weight, eps, 1, lead,
+                None, key)[0]
 
 
 def _lead(x):
