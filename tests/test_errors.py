@@ -1,5 +1,5 @@
 """Bad inputs raise TypeError / ValueError whose message names the offending argument (docs/semantics.md §1),
-on every available path, including the lean rms_norm path; never a crash."""
+on every available path, including planned calls; never a crash."""
 import re
 
 import numpy as np
@@ -11,7 +11,7 @@ from _util import AVAILABLE
 F32 = np.float32
 _rng = np.random.default_rng(11)
 X = _rng.standard_normal((2, 3, 4, 16)).astype(F32)
-X2 = _rng.standard_normal((6, 16)).astype(F32)  # 2-D contiguous: the lean rms_norm path
+X2 = _rng.standard_normal((6, 16)).astype(F32)  # 2-D contiguous: a planned rms_norm call
 W = _rng.standard_normal(16).astype(F32)
 M = np.zeros((1, 3, 4, 16), F32)
 
@@ -105,7 +105,7 @@ RMS_BAD = [
     ("out-shape-plain", ValueError, "out", lambda i: cpufuse.rms_norm(X, eps=1e-6, out=np.empty((24, 16), F32), isa=i)),
     ("out-dtype", TypeError, "out", lambda i: cpufuse.rms_norm(X2, W, eps=1e-6, out=np.empty((6, 16)), isa=i)),
     ("out-dtype-plain", TypeError, "out", lambda i: cpufuse.rms_norm(X, eps=1e-6, out=np.empty(X.shape, np.float16), isa=i)),
-    ("out-readonly-lean", ValueError, "out", lambda i: cpufuse.rms_norm(X2, W, eps=1e-6, out=_ro(X2), isa=i)),
+    ("out-readonly-planned", ValueError, "out", lambda i: cpufuse.rms_norm(X2, W, eps=1e-6, out=_ro(X2), isa=i)),
     ("out-readonly-plain", ValueError, "out", lambda i: cpufuse.rms_norm(X, eps=1e-6, out=_ro(X), isa=i)),
     ("out-readonly-bias", ValueError, "out", lambda i: cpufuse.rms_norm(X2, W, eps=1e-6, bias=W, out=_ro(X2), isa=i)),
     ("out-overlaps-x", ValueError, "out", lambda i: cpufuse.rms_norm(_bx, W, eps=1e-6, out=_bout, isa=i)),

@@ -68,7 +68,7 @@ SCRIPT = textwrap.dedent(r"""
             r = at_page_end((R, C), np.float32, rng.standard_normal((R, C)).astype(np.float32))
             for fused in (True, False):
                 y = at_page_end((R, C), np.float32)
-                cpufuse.rms_norm(x, w, eps=1e-6, out=y, isa=isa, fused=fused)          # lean path when fused
+                cpufuse.rms_norm(x, w, eps=1e-6, out=y, isa=isa, fused=fused)          # a plan when fused
                 y = at_page_end((R, C), np.float32)
                 cpufuse.rms_norm(x, w, eps=1e-6, bias=b, out=y, isa=isa, fused=fused)
                 y = at_page_end((R, C), np.float32)

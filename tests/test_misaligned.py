@@ -51,14 +51,14 @@ XR, POS, FF = f32(3, 2, 20), np.array([0, 5, 9], np.int32), (1 + rng.random(10))
 
 OPS = {
     "softmax": (lambda x, m, s, isa: cpufuse.softmax(x, m, sinks=s, scale=0.5, isa=isa), (X, MASK16, f32(1))),
-    "softmax-lean": (lambda x, isa: cpufuse.softmax(x, isa=isa), (X,)),
+    "softmax-planned": (lambda x, isa: cpufuse.softmax(x, isa=isa), (X,)),
     "rms_norm": (lambda x, w, b, isa: cpufuse.rms_norm(x, w, bias=b, eps=1e-5, isa=isa), (X, W37, B37)),
-    "rms_norm-lean": (lambda x, w, isa: cpufuse.rms_norm(x, w, eps=1e-5, isa=isa), (X, W37)),
+    "rms_norm-planned": (lambda x, w, isa: cpufuse.rms_norm(x, w, eps=1e-5, isa=isa), (X, W37)),
     "add_rms_norm": (lambda x, r, w, isa: cpufuse.add_rms_norm(x, r, w, eps=1e-5, isa=isa), (X, X[::-1].copy(), W37)),
     "flash_attn": (lambda q, k, v, m, isa: cpufuse.flash_attn(q, k, v, m, scale=0.2, isa=isa), (Q, K, V, AMASK)),
-    "flash_attn-lean": (lambda q, k, v, isa: cpufuse.flash_attn(q, k, v, scale=0.2, isa=isa), (Q, K, V)),
+    "flash_attn-planned": (lambda q, k, v, isa: cpufuse.flash_attn(q, k, v, scale=0.2, isa=isa), (Q, K, V)),
     "rope": (lambda x, p, f, isa: cpufuse.rope(x, p, n_dims=20, freq_factors=f, isa=isa), (XR, POS, FF)),
-    "rope-lean": (lambda x, p, isa: cpufuse.rope(x, p, n_dims=20, mode="neox", isa=isa), (XR, POS)),
+    "rope-planned": (lambda x, p, isa: cpufuse.rope(x, p, n_dims=20, mode="neox", isa=isa), (XR, POS)),
 }
 
 
@@ -98,7 +98,7 @@ def test_misaligned_matmul_x(isa, off):
     x = f32(3, 64)
     want = cpufuse.matmul(x, w, isa=isa)
     same(cpufuse.matmul(mis(x, off)[:, None, :], w, isa=isa)[:, 0], want)   # 3-D: through _check_x
-    same(cpufuse.matmul(mis(x, off), w, isa=isa), want)                     # 2-D: the lean path steps aside
+    same(cpufuse.matmul(mis(x, off), w, isa=isa), want)                     # 2-D: the plan does not bind a misaligned x
 
 
 # ------------------------------------------------------------------------------------------------

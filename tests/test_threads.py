@@ -43,7 +43,7 @@ def test_rms_norm_any_thread_count(isa, rng):
     x2 = x.reshape(-1, 1031)
     runs = {
         "plain": lambda t: cpufuse.rms_norm(x, eps=1e-5, isa=isa, n_threads=t),
-        "lean": lambda t: cpufuse.rms_norm(x2, w, eps=1e-5, isa=isa, n_threads=t),
+        "planned": lambda t: cpufuse.rms_norm(x2, w, eps=1e-5, isa=isa, n_threads=t),
         "weight+bias": lambda t: cpufuse.rms_norm(x, w, eps=1e-5, bias=b, isa=isa, n_threads=t),
         "add_rms_norm": lambda t: np.concatenate([a.ravel() for a in cpufuse.add_rms_norm(
             x, r, w, eps=1e-5, isa=isa, n_threads=t)]),

@@ -205,7 +205,7 @@ _T_F32 = ffi.typeof("float[]") if ffi is not None else None
 _NULL = ffi.NULL if ffi is not None else None
 _FNS = _registry.table("qmatmul")
 _ctx_get = _dispatch._ctx.get
-_SERIAL_MACS = 1 << 16  # lean path, default threads: products of at most this many multiply-adds run on one thread
+_SERIAL_MACS = 1 << 16  # plans, default threads: products of at most this many multiply-adds run on one thread
 _thr = _dispatch._threads
 _empty = np.empty
 
