@@ -24,6 +24,9 @@ class BuildExt(build_ext):
         if ext.name == "cpufuse._native":
             objs = _ffibuild().compile_isa_objects(self.compiler, self.build_temp)
             ext.extra_objects = list(ext.extra_objects or []) + objs
+            # the objects are rebuilt on every run: listed as dependencies, they make setuptools relink
+            # the extension (it compares only sources and depends with the built file)
+            ext.depends = list(ext.depends or []) + objs
         super().build_extension(ext)
 
 
