@@ -313,7 +313,7 @@ def test_layout_equals_reference(qt, rng):
     """cf_repack_p16 / cf_unrepack_p16 against the bit map above: random bytes in every bit, padding
     rows (n_out not a multiple of 16), several K, panel ranges not starting at 0, strided rows"""
     t = QTYPES[qt]
-    for nbk in (1, 2, 3, 8):
+    for nbk in (1, 2, 3, 8, 37):  # 37: more than one round of panel blocks (repack.c KSPAN)
         K = nbk * t.block_size
         rb = nbk * t.type_size
         for n_out in (1, 16, 37, 64):
