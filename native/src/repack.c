@@ -13,11 +13,35 @@
  * elements (t = 0..3) of one group, i.e. the operand layout of a 16-lane u8 x s8 dot (VPDPBUSD)
  * whose activation operand is 4 bytes broadcast to every lane. 4-bit codes pack two groups per
  * chunk (low and high nibbles); 5th bits are bit planes (one bit per chunk byte) and Q6_K's two
- * high bits are 2-bit planes (four chunks per 64 bytes). */
+ * high bits are 2-bit planes (four chunks per 64 bytes).
+ *
+ * A panel block is a permutation of the bits of its 16 blocks (Q8_0 also flips its codes' top
+ * bits), so every byte is written once in either direction and nothing is cleared first. The moves
+ * are word-level: each field is a few transposes of bit matrices held in 64-bit words (swap_index),
+ * each its own inverse, so unpacking runs the same steps in reverse order; padding rows are read
+ * from a neutral block or written to a sink, so no loop tests rows. GGUF's little-endian fields are
+ * moved as host words (every target of this library is little-endian). tests/test_repack.py checks
+ * both directions bit for bit against a reference of the layout. */
 #include <stdint.h>
 #include <string.h>
 
 #include "../kernels/repack.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "repack.c moves GGUF's little-endian fields as host words"
+#endif
+
+/* The per-field helpers are inlined into the two directions' loops (dir a constant there), and
+ * their short fixed loops unrolled (baseline -O2 would keep them, and their word arrays in memory). */
+#if defined(__GNUC__)
+#define INL static inline __attribute__((always_inline))
+#define NOINL static __attribute__((noinline))
+#define UNROLL _Pragma("GCC unroll 16")
+#else
+#define INL static inline
+#define NOINL static
+#define UNROLL
+#endif
 
 static int64_t blk_elems(int64_t t) {
   switch (t) {
@@ -46,203 +70,359 @@ int64_t cf_p16_bytes(int64_t type, int64_t n_out, int64_t K) {
   return (n_out + 15) / 16 * 16 * (K / be) * bb;
 }
 
-/* The 6-bit scale/min of sub-block j of a Q4_K/Q5_K block (the 12-byte packing) */
-static void k4_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
-  if (j < 4) {
-    *sc = s[j] & 63;
-    *m = s[j + 4] & 63;
+/* ------------------------------------------------------------------------------------------------
+ * words and transposes */
+
+INL uint32_t ld32(const uint8_t *s) { uint32_t v; memcpy(&v, s, 4); return v; }
+INL uint64_t ld64(const uint8_t *s) { uint64_t v; memcpy(&v, s, 8); return v; }
+INL void st32(uint8_t *d, uint32_t v) { memcpy(d, &v, 4); }
+INL void st64(uint8_t *d, uint64_t v) { memcpy(d, &v, 8); }
+
+/* Every field below is a permutation of bits, done as transposes of bit matrices held in 64-bit
+ * words: bit j of word x[i] is element (i, j). The step: exchange one bit of the word index i with
+ * one bit of the bit index j, for every pair of words (delta swaps: the bits of *a at m << sh with
+ * those of *b at m); a field is a few such steps, each its own inverse. */
+INL void swap_bits(uint64_t *a, uint64_t *b, int sh, uint64_t m) {
+  const uint64_t t = (*a >> sh ^ *b) & m;
+  *a ^= t << sh;
+  *b ^= t;
+}
+/* x[nw]: word-index bit w <-> bit-index bit p */
+INL void swap_index(uint64_t *x, int nw, int w, int p) {
+  static const uint64_t m[6] = {0x5555555555555555ull, 0x3333333333333333ull, 0x0F0F0F0F0F0F0F0Full,
+                                0x00FF00FF00FF00FFull, 0x0000FFFF0000FFFFull, 0x00000000FFFFFFFFull};
+  UNROLL for (int i = 0; i < nw; i++)
+    if (!(i >> w & 1)) swap_bits(&x[i], &x[i | 1 << w], 1 << p, m[p]);
+}
+/* 4-byte words: (a0, a1), (b0, b1) -> (a0, b0), (a1, b1) */
+INL void tr_words(uint64_t *a, uint64_t *b) { swap_bits(a, b, 32, 0x00000000FFFFFFFFull); }
+/* nibbles, per byte: (a.lo, a.hi), (b.lo, b.hi) -> (a.lo, b.lo), (a.hi, b.hi) */
+INL void tr_nibbles(uint64_t *a, uint64_t *b) { swap_bits(a, b, 4, 0x0F0F0F0F0F0F0F0Full); }
+/* 8x8 bytes: byte j of x[i] <-> byte i of x[j] */
+INL void tr_bytes(uint64_t *x) {
+  swap_index(x, 8, 2, 5);
+  swap_index(x, 8, 1, 4);
+  swap_index(x, 8, 0, 3);
+}
+/* 2-bit fields, per byte: field j of x[i] <-> field i of x[j] (i, j < 4) */
+INL void tr_pairs(uint64_t *x) {
+  swap_index(x, 4, 1, 2);
+  swap_index(x, 4, 0, 1);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * fields. Each helper moves one field of one panel block between the GGUF blocks of its rows and
+ * the panel block q: dir 0 packs (rows -> q), dir 1 unpacks (q -> rows). Most move the two rows
+ * 2m, 2m+1 (their blocks a, b); the others all 16 rows of the block (r[16]). */
+
+/* the 2-byte field at row offset off <-> q[2n] */
+INL void f_half(int dir, uint8_t *a, uint8_t *b, int m, int off, uint8_t *q) {
+  if (dir) {
+    memcpy(a + off, q + 4 * m, 2);
+    memcpy(b + off, q + 4 * m + 2, 2);
   } else {
-    *sc = (uint8_t)((s[j + 4] & 15) | ((s[j - 4] >> 6) << 4));
-    *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    uint16_t u, v;
+    memcpy(&u, a + off, 2);
+    memcpy(&v, b + off, 2);
+    st32(q + 4 * m, u | (uint32_t)v << 16);
   }
 }
-/* ...and the inverse: write sc/m (6-bit) of sub-block j into the 12-byte packing */
-static void k4_put_scale_min(uint8_t *s, int j, uint8_t sc, uint8_t m) {
-  if (j < 4) {
-    s[j] = (uint8_t)((s[j] & 0xC0) | (sc & 63));
-    s[j + 4] = (uint8_t)((s[j + 4] & 0xC0) | (m & 63));
-  } else {
-    s[j + 4] = (uint8_t)((sc & 15) | ((m & 15) << 4));
-    s[j - 4] = (uint8_t)((s[j - 4] & 63) | ((sc >> 4) << 6));
-    s[j] = (uint8_t)((s[j] & 63) | ((m >> 4) << 6));
+/* nch code chunks: chunk i, byte 4n+t <-> row byte off + 4i + t, ^ x; chunk i is chunk i % per of
+ * record i / per, at q + rec * (i / per) + 64 * (i % per). 2 rows x 2 chunks are 2 words each. */
+INL void f_chunks(int dir, uint8_t *a, uint8_t *b, int m, int off, int nch, int per, int rec, uint64_t x,
+                  uint8_t *q) {
+  UNROLL for (int i = 0; i < nch; i += 2) {
+    uint8_t *qa = q + rec * (i / per) + 64 * (i % per) + 8 * m, *qb = qa + 64;
+    uint8_t *ra = a + off + 4 * i, *rb = b + off + 4 * i;
+    uint64_t u = ld64(dir ? qa : ra) ^ x, v = ld64(dir ? qb : rb) ^ x;
+    tr_words(&u, &v);
+    st64(dir ? ra : qa, u);
+    st64(dir ? rb : qb, v);
   }
-}
-
-static void put_bit(uint8_t *plane, int bit, int v) {
-  if (v) plane[bit >> 3] |= (uint8_t)(1u << (bit & 7));
-}
-static int get_bit(const uint8_t *plane, int bit) { return (plane[bit >> 3] >> (bit & 7)) & 1; }
-
-/* Each field helper moves one field between the 16 GGUF blocks r[n] (NULL: a padding row) and the
- * panel block p: dir 0 packs (r -> p, p pre-zeroed), dir 1 unpacks (p -> r, r pre-zeroed). */
-
-/* the 2-byte field at r offset off <-> p[2n] */
-static void f_half(int dir, uint8_t *const *r, int off, uint8_t *p) {
-  for (int n = 0; n < 16; n++)
-    if (r[n]) {
-      if (dir) memcpy(r[n] + off, p + 2 * n, 2);
-      else memcpy(p + 2 * n, r[n] + off, 2);
-    }
-}
-/* nc code chunks: chunk c, byte 4n+t <-> r[n][off + 4c + t] ^ x */
-static void f_chunks(int dir, uint8_t *const *r, int off, int nc, uint8_t x, uint8_t *p) {
-  for (int c = 0; c < nc; c++)
-    for (int n = 0; n < 16; n++)
-      if (r[n])
-        for (int t = 0; t < 4; t++) {
-          if (dir) r[n][off + 4 * c + t] = (uint8_t)(p[64 * c + 4 * n + t] ^ x);
-          else p[64 * c + 4 * n + t] = (uint8_t)(r[n][off + 4 * c + t] ^ x);
-        }
 }
 /* Q5_0/Q5_1 5th bits: qh (uint32 LE at off) bit e = element e <-> bit planes: chunk c, 8 bytes for
- * the low-nibble group (elements 4c+t), 8 bytes for the high one (16+4c+t), bit 4n+t */
-static void f_qh32(int dir, uint8_t *const *r, int off, uint8_t *p) {
-  for (int n = 0; n < 16; n++) {
-    if (!r[n]) continue;
-    uint32_t qh = 0;
-    if (!dir) memcpy(&qh, r[n] + off, 4);
-    for (int c = 0; c < 4; c++)
-      for (int t = 0; t < 4; t++)
-        for (int h = 0; h < 2; h++) {
-          const int e = 16 * h + 4 * c + t;
-          if (dir) qh |= (uint32_t)get_bit(p + 16 * c + 8 * h, 4 * n + t) << e;
-          else put_bit(p + 16 * c + 8 * h, 4 * n + t, (qh >> e) & 1);
-        }
-    if (dir) memcpy(r[n] + off, &qh, 4);
+ * the low-nibble group (elements 4c+t), 8 bytes for the high one (16+4c+t), bit 4n+t. As words
+ * x[m] = qh of rows 2m, 2m+1, the bit index is (n0 h c1 c0 t1 t0) and the word index (n3 n2 n1); four
+ * index swaps give word (c0 h c1) with bit index (n3 n2 n1 n0 t1 t0): the plane at 16c + 8h. */
+INL void f_qh32(int dir, uint8_t *const *r, int off, uint8_t *q) {
+  uint64_t x[8];
+  if (dir) {
+    UNROLL for (int i = 0; i < 8; i++) x[i] = ld64(q + 16 * ((i >> 2) + 2 * (i & 1)) + 8 * (i >> 1 & 1));
+    swap_index(x, 8, 2, 2);
+    swap_index(x, 8, 2, 5);
+    swap_index(x, 8, 1, 4);
+    swap_index(x, 8, 0, 3);
+    UNROLL for (int m = 0; m < 8; m++) {
+      st32(r[2 * m] + off, (uint32_t)x[m]);
+      st32(r[2 * m + 1] + off, (uint32_t)(x[m] >> 32));
+    }
+  } else {
+    UNROLL for (int m = 0; m < 8; m++)
+      x[m] = ld32(r[2 * m] + off) | (uint64_t)ld32(r[2 * m + 1] + off) << 32;
+    swap_index(x, 8, 0, 3);
+    swap_index(x, 8, 1, 4);
+    swap_index(x, 8, 2, 5);
+    swap_index(x, 8, 2, 2);
+    UNROLL for (int i = 0; i < 8; i++) st64(q + 16 * ((i >> 2) + 2 * (i & 1)) + 8 * (i >> 1 & 1), x[i]);
   }
 }
-/* Q4_K/Q5_K scales and mins (r offset 4, 12 bytes) <-> 128 bytes of low nibbles (byte 16j+n:
+/* Q4_K/Q5_K scales and mins (row offset 4, 12 bytes) <-> 128 bytes of low nibbles (byte 16j+n:
  * sc[n][j] & 15 | (m[n][j] & 15) << 4) then 64 bytes of high bits (byte i < 64: bits 0-1 of value
  * i, 2-3 of value 64+i, 4-5 of value 128+i, 6-7 of value 192+i, where values 0..127 are sc[16j+n]
- * and 128..255 are m[16j+n], >> 4) */
-static void f_scm(int dir, uint8_t *const *r, uint8_t *p) {
-  uint8_t v[256];
-  memset(v, 0, sizeof v);
-  if (dir)
-    for (int i = 0; i < 256; i++) {
-      const int lo = i < 128 ? p[i] & 15 : p[i - 128] >> 4;
-      v[i] = (uint8_t)(lo | (((p[128 + (i & 63)] >> (2 * (i >> 6))) & 3) << 4));
+ * and 128..255 are m[16j+n], >> 4). With the 12 bytes of row n as words S0, S1, S2 that is: (S0,
+ * S1) nibble-transposed to (N, H), then byte j of N | S2 << 32 -> q[16j + n], byte j of H ->
+ * q[128 + 16j + n] (byte transposes of rows 0-7 and 8-15, and of H of row i | H of row i+8 << 32). */
+INL void f_scm(int dir, uint8_t *const *r, uint8_t *q) {
+  uint64_t w[2][8], h[8];
+  if (dir) {
+    UNROLL for (int j = 0; j < 8; j++) {
+      w[0][j] = ld64(q + 16 * j);
+      w[1][j] = ld64(q + 16 * j + 8);
+      h[j] = ld64(q + 128 + 16 * (j & 3) + 8 * (j >> 2));
     }
-  for (int n = 0; n < 16; n++)
-    if (r[n])
-      for (int j = 0; j < 8; j++) {
-        if (dir) k4_put_scale_min(r[n] + 4, j, v[16 * j + n], v[128 + 16 * j + n]);
-        else k4_scale_min(r[n] + 4, j, &v[16 * j + n], &v[128 + 16 * j + n]);
-      }
-  if (!dir) {
-    for (int i = 0; i < 128; i++) p[i] = (uint8_t)((v[i] & 15) | ((v[128 + i] & 15) << 4));
-    for (int i = 0; i < 64; i++)
-      p[128 + i] = (uint8_t)((v[i] >> 4) | ((v[64 + i] >> 4) << 2) | ((v[128 + i] >> 4) << 4) | ((v[192 + i] >> 4) << 6));
+  } else {
+    UNROLL for (int n = 0; n < 16; n++) {
+      uint64_t s0 = ld32(r[n] + 4), s1 = ld32(r[n] + 8);
+      tr_nibbles(&s0, &s1);
+      w[n >> 3][n & 7] = s0 | (uint64_t)ld32(r[n] + 12) << 32;
+      h[n & 7] = n < 8 ? s1 : h[n & 7] | s1 << 32;
+    }
+  }
+  tr_bytes(w[0]);
+  tr_bytes(w[1]);
+  tr_bytes(h);
+  if (dir) {
+    UNROLL for (int n = 0; n < 16; n++) {
+      const uint64_t nw = w[n >> 3][n & 7];
+      uint64_t s0 = nw & 0xFFFFFFFFull, s1 = h[n & 7] >> (n < 8 ? 0 : 32) & 0xFFFFFFFFull;
+      tr_nibbles(&s0, &s1);
+      st32(r[n] + 4, (uint32_t)s0);
+      st32(r[n] + 8, (uint32_t)s1);
+      st32(r[n] + 12, (uint32_t)(nw >> 32));
+    }
+  } else {
+    UNROLL for (int j = 0; j < 8; j++) {
+      st64(q + 16 * j, w[0][j]);
+      st64(q + 16 * j + 8, w[1][j]);
+      st64(q + 128 + 16 * (j & 3) + 8 * (j >> 2), h[j]);
+    }
   }
 }
-/* Q5_K 5th bits (r offset 16: qh[l] bit j = element 32j + l) <-> per pair record g (at p + rec*g):
- * after its 8 code chunks, per chunk c 8 bytes for sub-block 2g and 8 for 2g+1, bit 4n+t */
-static void f_q5k_planes(int dir, uint8_t *const *r, uint8_t *p, int rec) {
-  for (int n = 0; n < 16; n++) {
-    if (!r[n]) continue;
-    for (int g = 0; g < 4; g++)
-      for (int c = 0; c < 8; c++)
-        for (int t = 0; t < 4; t++)
-          for (int h = 0; h < 2; h++) {
-            uint8_t *hp = p + rec * g + 512 + 16 * c + 8 * h, *q = &r[n][16 + 4 * c + t];
-            if (dir) *q = (uint8_t)(*q | (get_bit(hp, 4 * n + t) << (2 * g + h)));
-            else put_bit(hp, 4 * n + t, (*q >> (2 * g + h)) & 1);
-          }
-  }
-}
-/* Q6_K codes and scales <-> per 32-element sub-block s a 416-byte record at p + 416 s: low
- * nibbles (4 chunks: group c low, group c+4 high), 2-bit high planes (2 x 64 bytes: bits 2c..2c+1
- * of byte 4n+t for groups c / c+4), the int8 scales of its two 16-element groups (2 x 16) */
-static void f_q6k(int dir, uint8_t *const *r, uint8_t *p) {
-  for (int n = 0; n < 16; n++) {
-    if (!r[n]) continue;
-    for (int gr = 0; gr < 16; gr++) {
-      uint8_t *ps = p + 416 * (gr >> 1) + 384 + 16 * (gr & 1) + n;
-      if (dir) r[n][192 + gr] = *ps;
-      else *ps = r[n][192 + gr];
-    }
-    for (int e = 0; e < 256; e++) {
-      const int h = e >> 7, rr = e & 127, l = rr & 31, gq = rr >> 5;
-      const int s = e >> 5, k = e & 31, hi = k >> 4, c = (k & 15) >> 2, t = k & 3;
-      uint8_t *ql = &r[n][64 * h + 32 * (gq & 1) + l], *qh = &r[n][128 + 32 * h + l];
-      uint8_t *pl = p + 416 * s + 64 * c + 4 * n + t, *ph = p + 416 * s + 256 + 64 * hi + 4 * n + t;
-      if (dir) {
-        *ql = (uint8_t)(*ql | (((*pl >> (4 * hi)) & 15) << (4 * (gq >> 1))));
-        *qh = (uint8_t)(*qh | (((*ph >> (2 * c)) & 3) << (2 * gq)));
-      } else {
-        *pl = (uint8_t)(*pl | (((*ql >> (4 * (gq >> 1))) & 15) << (4 * hi)));
-        *ph = (uint8_t)(*ph | (((*qh >> (2 * gq)) & 3) << (2 * c)));
+/* Q5_K 5th bits (row offset 16: qh[l] bit j = element 32j + l) <-> per pair record g (at q + rec*g):
+ * after its 8 code chunks, per chunk c 8 bytes for sub-block 2g and 8 for 2g+1, bit 4n+t. Per 8
+ * bytes qh[8k..8k+7] of the 16 rows (chunks 2k+u), as words x[n]: bit index (u t1 t0 s2 s1 s0) (byte
+ * 4u+t, bit s), word index (n3 n2 n1 n0); six index swaps give word (u s1 s0 s2) with bit index
+ * (n3 n2 n1 n0 t1 t0): the plane of chunk 2k+u, sub-block s = 2g+h (t moves out and back in). */
+INL void f_q5k_planes(int dir, uint8_t *const *r, int rec, uint8_t *q) {
+  for (int k = 0; k < 4; k++) {
+    uint64_t x[16];
+    uint8_t *pk = q + 512 + 32 * k;
+    if (dir) {
+      UNROLL for (int i = 0; i < 16; i++) {
+        const int s = (i >> 1 & 1) | (i >> 2 & 1) << 1 | (i & 1) << 2;
+        x[i] = ld64(pk + rec * (s >> 1) + 16 * (i >> 3) + 8 * (s & 1));
+      }
+      UNROLL for (int h = 0; h < 16; h += 8) { /* the same swaps in reverse order */
+        swap_index(x + h, 8, 0, 2);
+        swap_index(x + h, 8, 2, 1);
+        swap_index(x + h, 8, 2, 4);
+        swap_index(x + h, 8, 1, 0);
+        swap_index(x + h, 8, 1, 3);
+      }
+      swap_index(x, 16, 3, 5);
+      UNROLL for (int n = 0; n < 16; n++) st64(r[n] + 16 + 8 * k, x[n]);
+    } else {
+      UNROLL for (int n = 0; n < 16; n++) x[n] = ld64(r[n] + 16 + 8 * k);
+      swap_index(x, 16, 3, 5); /* first: the other swaps keep to each half of x (8 words) */
+      UNROLL for (int h = 0; h < 16; h += 8) {
+        swap_index(x + h, 8, 1, 3);
+        swap_index(x + h, 8, 1, 0);
+        swap_index(x + h, 8, 2, 4);
+        swap_index(x + h, 8, 2, 1);
+        swap_index(x + h, 8, 0, 2);
+      }
+      UNROLL for (int i = 0; i < 16; i++) {
+        const int s = (i >> 1 & 1) | (i >> 2 & 1) << 1 | (i & 1) << 2;
+        st64(pk + rec * (s >> 1) + 16 * (i >> 3) + 8 * (s & 1), x[i]);
       }
     }
   }
+}
+/* Q6_K codes <-> per 32-element sub-block s a 416-byte record at q + 416 s: low nibbles (4 chunks:
+ * group c low, group c+4 high), 2-bit high planes (2 x 64 bytes: bits 2c..2c+1 of byte 4n+t for
+ * groups c / c+4), then the scales (f_q6k_scales). GGUF: sub-block s = 4h+g (g < 4), element l: low
+ * 4 bits in nibble g >> 1 of ql[64h + 32(g&1) + l], high 2 bits at bit 2g of qh[32h + l] (row offset
+ * 128). So per (h, g&1) the ql bytes of sub-blocks s and s+2 are a nibble transpose of their
+ * records' chunks, and per h the qh bytes a 2-bit-field transpose of 4 records' planes. */
+INL void f_q6k_codes(int dir, uint8_t *a, uint8_t *b, int m, uint8_t *q) {
+  UNROLL for (int s = 0; s < 8; s += 4) /* low nibbles: records s+g, s+g+2 */
+    UNROLL for (int g = 0; g < 2; g++)
+      UNROLL for (int c = 0; c < 4; c += 2) {
+        uint8_t *qa = a + 64 * (s >> 2) + 32 * g + 4 * c, *qb = b + 64 * (s >> 2) + 32 * g + 4 * c;
+        uint8_t *c0 = q + 416 * (s + g) + 64 * c + 8 * m, *c1 = c0 + 2 * 416;
+        uint64_t w[4]; /* rows 2m, 2m+1 x (s+g, s+g+2), chunks c, c+1 */
+        if (dir) {
+          uint64_t a0 = ld64(c0), a1 = ld64(c0 + 64), b0 = ld64(c1), b1 = ld64(c1 + 64);
+          tr_words(&a0, &a1);
+          tr_words(&b0, &b1);
+          w[0] = a0, w[1] = b0, w[2] = a1, w[3] = b1;
+          tr_nibbles(&w[0], &w[1]);
+          tr_nibbles(&w[2], &w[3]);
+          st64(qa, w[0]);
+          st64(qa + 16, w[1]);
+          st64(qb, w[2]);
+          st64(qb + 16, w[3]);
+        } else {
+          w[0] = ld64(qa), w[1] = ld64(qa + 16), w[2] = ld64(qb), w[3] = ld64(qb + 16);
+          tr_nibbles(&w[0], &w[1]);
+          tr_nibbles(&w[2], &w[3]);
+          tr_words(&w[0], &w[2]);
+          tr_words(&w[1], &w[3]);
+          st64(c0, w[0]);
+          st64(c0 + 64, w[2]);
+          st64(c1, w[1]);
+          st64(c1 + 64, w[3]);
+        }
+      }
+  UNROLL for (int h = 0; h < 2; h++) /* high bits: qh bytes of rows 2m, 2m+1 <-> records 4h..4h+3 */
+    UNROLL for (int hi = 0; hi < 2; hi++) {
+      const int qh = 128 + 32 * h + 16 * hi;
+      uint8_t *pl = q + 416 * 4 * h + 256 + 64 * hi + 8 * m;
+      uint64_t w[4]; /* dir 0: qh bytes 4c..4c+3 of rows 2m, 2m+1; dir 1: record 4h+g's plane */
+      UNROLL for (int i = 0; i < 4; i++)
+        w[i] = dir ? ld64(pl + 416 * i) : ld32(a + qh + 4 * i) | (uint64_t)ld32(b + qh + 4 * i) << 32;
+      tr_pairs(w);
+      UNROLL for (int i = 0; i < 4; i++) {
+        if (dir) {
+          st32(a + qh + 4 * i, (uint32_t)w[i]);
+          st32(b + qh + 4 * i, (uint32_t)(w[i] >> 32));
+        } else {
+          st64(pl + 416 * i, w[i]);
+        }
+      }
+    }
+}
+/* Q6_K scales (row offset 192: the int8 scale of 16-element group 2s+u) <-> per record s, after
+ * its planes, 16 bytes for u = 0 and 16 for u = 1, byte n: a 16x16 byte transpose */
+INL void f_q6k_scales(int dir, uint8_t *const *r, uint8_t *q) {
+  UNROLL for (int n0 = 0; n0 < 16; n0 += 8)
+    UNROLL for (int g0 = 0; g0 < 16; g0 += 8) {
+      uint64_t w[8];
+      UNROLL for (int i = 0; i < 8; i++) {
+        uint8_t *sc = q + 416 * ((g0 + i) >> 1) + 384 + 16 * (i & 1) + n0;
+        w[i] = ld64(dir ? sc : r[n0 + i] + 192 + g0);
+      }
+      tr_bytes(w);
+      UNROLL for (int i = 0; i < 8; i++) {
+        uint8_t *sc = q + 416 * ((g0 + i) >> 1) + 384 + 16 * (i & 1) + n0;
+        st64(dir ? r[n0 + i] + 192 + g0 : sc, w[i]);
+      }
+    }
 }
 
-/* One panel block of type t, both directions: the one declaration of each type's P16 layout */
-static void xfer_block(int64_t t, int dir, uint8_t *const *r, uint8_t *p) {
-  if (dir) {
-    for (int n = 0; n < 16; n++)
-      if (r[n]) memset(r[n], 0, (size_t)blk_bytes(t));
-  } else {
-    memset(p, 0, (size_t)(16 * blk_bytes(t)));
+/* ------------------------------------------------------------------------------------------------
+ * panels. Block k of row n is at row[n] + k * step[n] (step 0 for a padding row: packing reads a
+ * neutral block, unpacking writes a sink), panel block k at p + k * pstep. */
+typedef struct {
+  uint8_t *row[16];
+  int64_t step[16], nb, pstep;
+} panel;
+
+/* In xfer_panel, PAIRS(fields) runs the fields for blocks k0 <= k < k1 (panel block q) of every
+ * pair of rows 2m, 2m+1 (blocks a, b), row pair after row pair; ROWS(fields) for the 16 rows (blocks
+ * r[16]) of each of those blocks (panel blocks are ps bytes apart). */
+#define KSPAN 8192
+#define PAIRS(...)                                                                              \
+  for (int m = 0; m < 8; m++) {                                                                 \
+    uint8_t *const ra = P->row[2 * m], *const rb = P->row[2 * m + 1];                           \
+    const int64_t sa = P->step[2 * m], sb = P->step[2 * m + 1];                                 \
+    for (int64_t k = k0; k < k1; k++) {                                                         \
+      uint8_t *a = ra + k * sa, *b = rb + k * sb, *q = p + k * ps;                              \
+      __VA_ARGS__;                                                                              \
+    }                                                                                           \
   }
-  switch (t) {
-    case 2: /* Q4_0 (d, qs[16]): d | 4 code chunks */
-      f_half(dir, r, 0, p);
-      f_chunks(dir, r, 2, 4, 0, p + 32);
-      break;
-    case 3: /* Q4_1 (d, m, qs[16]): d | m | 4 code chunks */
-      f_half(dir, r, 0, p);
-      f_half(dir, r, 2, p + 32);
-      f_chunks(dir, r, 4, 4, 0, p + 64);
-      break;
-    case 6: /* Q5_0 (d, qh, qs[16]): d | bit planes | 4 code chunks */
-      f_half(dir, r, 0, p);
-      f_qh32(dir, r, 2, p + 32);
-      f_chunks(dir, r, 6, 4, 0, p + 96);
-      break;
-    case 7: /* Q5_1 (d, m, qh, qs[16]): d | m | bit planes | 4 code chunks */
-      f_half(dir, r, 0, p);
-      f_half(dir, r, 2, p + 32);
-      f_qh32(dir, r, 4, p + 64);
-      f_chunks(dir, r, 8, 4, 0, p + 128);
-      break;
-    case 8: /* Q8_0 (d, qs[32]): d | 8 chunks of codes + 128 (unsigned) */
-      f_half(dir, r, 0, p);
-      f_chunks(dir, r, 2, 8, 0x80, p + 32);
-      break;
-    case 12: case 13: { /* Q4_K/Q5_K (d, dmin, scales[12], Q5_K: qh[32], qs[128]): d | dmin |
-                         * scales+mins, then per pair of sub-blocks g (2g in the low nibbles, 2g+1
-                         * in the high ones) a record: 8 code chunks (+ Q5_K's 5th-bit planes) */
-      const int q5 = t == 13, rec = q5 ? 640 : 512;
-      f_half(dir, r, 0, p);
-      f_half(dir, r, 2, p + 32);
-      f_scm(dir, r, p + 64);
-      for (int g = 0; g < 4; g++) f_chunks(dir, r, (q5 ? 48 : 16) + 32 * g, 8, 0, p + 256 + rec * g);
-      if (q5) f_q5k_planes(dir, r, p + 256, rec);
-      break;
+#define ROWS(...)                                                                               \
+  for (int64_t k = k0; k < k1; k++) {                                                           \
+    uint8_t *r[16], *q = p + k * ps;                                                            \
+    UNROLL for (int n = 0; n < 16; n++) r[n] = P->row[n] + k * P->step[n];                      \
+    __VA_ARGS__;                                                                                \
+  }
+
+/* The panel blocks of type t, both directions: the one declaration of each type's P16 layout. A
+ * panel is moved about KSPAN bytes of panel blocks at a time, so that both sides stay in L1 while
+ * the row pairs take their turns. */
+INL void xfer_panel(int64_t t, int dir, const panel *P, uint8_t *p) {
+  const int64_t nb = P->nb, ps = P->pstep, span = 1 + KSPAN / ps; /* (locals: stores may alias *P) */
+  for (int64_t k0 = 0; k0 < nb; k0 += span) {
+    const int64_t k1 = k0 + span < nb ? k0 + span : nb;
+    switch (t) {
+      case 2: /* Q4_0 (d, qs[16]): d | 4 code chunks */
+        PAIRS(f_half(dir, a, b, m, 0, q); f_chunks(dir, a, b, m, 2, 4, 4, 0, 0, q + 32));
+        break;
+      case 3: /* Q4_1 (d, m, qs[16]): d | m | 4 code chunks */
+        PAIRS(f_half(dir, a, b, m, 0, q); f_half(dir, a, b, m, 2, q + 32);
+              f_chunks(dir, a, b, m, 4, 4, 4, 0, 0, q + 64));
+        break;
+      case 6: /* Q5_0 (d, qh, qs[16]): d | bit planes | 4 code chunks */
+        PAIRS(f_half(dir, a, b, m, 0, q); f_chunks(dir, a, b, m, 6, 4, 4, 0, 0, q + 96));
+        ROWS(f_qh32(dir, r, 2, q + 32));
+        break;
+      case 7: /* Q5_1 (d, m, qh, qs[16]): d | m | bit planes | 4 code chunks */
+        PAIRS(f_half(dir, a, b, m, 0, q); f_half(dir, a, b, m, 2, q + 32);
+              f_chunks(dir, a, b, m, 8, 4, 4, 0, 0, q + 128));
+        ROWS(f_qh32(dir, r, 4, q + 64));
+        break;
+      case 8: /* Q8_0 (d, qs[32]): d | 8 chunks of codes + 128 (unsigned) */
+        PAIRS(f_half(dir, a, b, m, 0, q);
+              f_chunks(dir, a, b, m, 2, 8, 8, 0, 0x8080808080808080ull, q + 32));
+        break;
+      case 12: case 13: { /* Q4_K/Q5_K (d, dmin, scales[12], Q5_K: qh[32], qs[128]): d | dmin |
+                           * scales+mins, then per pair of sub-blocks g (2g in the low nibbles, 2g+1
+                           * in the high ones) a record: 8 code chunks (+ Q5_K's 5th-bit planes) */
+        const int q5 = t == 13, rec = q5 ? 640 : 512;
+        PAIRS(f_half(dir, a, b, m, 0, q); f_half(dir, a, b, m, 2, q + 32);
+              f_chunks(dir, a, b, m, q5 ? 48 : 16, 32, 8, rec, 0, q + 256));
+        ROWS(f_scm(dir, r, q + 64));
+        if (q5) ROWS(f_q5k_planes(dir, r, rec, q + 256));
+        break;
+      }
+      case 14: /* Q6_K (ql[128], qh[64], scales[16], d): d | 8 sub-block records: codes, scales */
+        PAIRS(f_half(dir, a, b, m, 208, q); f_q6k_codes(dir, a, b, m, q + 32));
+        ROWS(f_q6k_scales(dir, r, q + 32));
+        break;
     }
-    case 14: /* Q6_K (ql[128], qh[64], scales[16], d): d | 8 sub-block records */
-      f_half(dir, r, 208, p);
-      f_q6k(dir, r, p + 32);
-      break;
   }
 }
+#undef PAIRS
+#undef ROWS
+#undef KSPAN
+
+/* The two directions, a panel per call (kept out of line: the entry points' own loops stay small) */
+NOINL void pack_panel(int64_t t, const panel *P, uint8_t *p) { xfer_panel(t, 0, P, p); }
+NOINL void unpack_panel(int64_t t, const panel *P, const uint8_t *p) {
+  xfer_panel(t, 1, P, (uint8_t *)p); /* only read */
+}
+
+/* Padding rows: packing reads them from a block whose panel bytes are all zero (Q8_0's codes are
+ * stored + 128), unpacking writes them into a sink. */
+#define X8 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80
+static const uint8_t pad_zero[256], pad_q8_0[34] = {0, 0, X8, X8, X8, X8};
+#undef X8
 
 int cf_repack_p16(int64_t type, int64_t n_out, int64_t K, const uint8_t *src, int64_t src_row_bytes,
                   uint8_t *dst, int64_t p0, int64_t p1) {
   const int64_t be = blk_elems(type), bb = blk_bytes(type);
   if (!be || K % be) return 1;
   const int64_t nb = K / be, pbytes = 16 * bb * nb;
+  const uint8_t *pad = type == 8 ? pad_q8_0 : pad_zero;
   for (int64_t p = p0; p < p1; p++) {
-    uint8_t *d = dst + (p - p0) * pbytes;
-    for (int64_t b = 0; b < nb; b++) {
-      const uint8_t *r[16];
-      for (int n = 0; n < 16; n++) {
-        const int64_t row = 16 * p + n;
-        r[n] = row < n_out ? src + row * src_row_bytes + b * bb : NULL;
-      }
-      xfer_block(type, 0, (uint8_t *const *)r, d + b * 16 * bb);
+    panel P = {.nb = nb, .pstep = 16 * bb};
+    for (int n = 0; n < 16; n++) {
+      const int64_t row = 16 * p + n;
+      P.row[n] = (uint8_t *)(row < n_out ? src + row * src_row_bytes : pad); /* only read */
+      P.step[n] = row < n_out ? bb : 0;
     }
+    pack_panel(type, &P, dst + (p - p0) * pbytes);
   }
   return 0;
 }
@@ -252,16 +432,15 @@ int cf_unrepack_p16(int64_t type, int64_t n_out, int64_t K, const uint8_t *src, 
   const int64_t be = blk_elems(type), bb = blk_bytes(type);
   if (!be || K % be) return 1;
   const int64_t nb = K / be, pbytes = 16 * bb * nb;
+  uint8_t sink[256];
   for (int64_t p = p0; p < p1; p++) {
-    const uint8_t *s = src + p * pbytes;
-    for (int64_t b = 0; b < nb; b++) {
-      uint8_t *r[16];
-      for (int n = 0; n < 16; n++) {
-        const int64_t row = 16 * p + n;
-        r[n] = row < n_out ? dst + (row - 16 * p0) * dst_row_bytes + b * bb : NULL;
-      }
-      xfer_block(type, 1, r, (uint8_t *)(s + b * 16 * bb));
+    panel P = {.nb = nb, .pstep = 16 * bb};
+    for (int n = 0; n < 16; n++) {
+      const int64_t row = 16 * p + n;
+      P.row[n] = row < n_out ? dst + (row - 16 * p0) * dst_row_bytes : sink;
+      P.step[n] = row < n_out ? bb : 0;
     }
+    unpack_panel(type, &P, src + p * pbytes);
   }
   return 0;
 }
