@@ -333,6 +333,15 @@ def test_plan_never_skips_a_check():
             op(xo, yo)
         po = np.empty((2, 80), np.float32)[:, :64]  # same shape and dtype, padded rows
         assert_bit_identical(op(x, po), op(x, np.empty((2, 64), np.float32)))
+    # the Numba plans bind by the same rules: a misaligned output is refused, as the checks refuse it
+    mis = np.zeros(2 * 64 * 4 + 4, np.uint8)[1:1 + 2 * 64 * 4].view(np.float32).reshape(2, 64)
+    assert not mis.flags.aligned
+    for op in (lambda o: cpufuse.rms_norm(x, w, eps=1e-6, out=o, isa="numba"),
+               lambda o: cpufuse.softmax(x, out=o, isa="numba")):
+        op(y)
+        op(y)
+        with pytest.raises(ValueError, match="aligned"):
+            op(mis)
     # a plan's rope cache write still checks pos0 against the cache
     xr, pos = f32(2, 1, 64), np.arange(2, dtype=np.int32)
     kc = np.zeros((4, 1, 64), np.float16)

@@ -66,8 +66,9 @@ def clear_plans():
 
 
 def _remember(plans, key, run):
-    """store run as the plan of key (None: the call had no hashable signature) and return it"""
-    if key is not None:
+    """store run as the plan of key and return it (key None: the call had no hashable signature; run
+    None: the op has no plan for such a call, which then always goes through the checks)"""
+    if key is not None and run is not None:
         if len(plans) >= _PLAN_MAX:
             plans.clear()
         plans[key] = run

@@ -64,8 +64,10 @@ def _plan_rows(isa, sh, n_threads):
 
         def run(x, weight, eps, out):
             y = _empty(sh, F32) if out is None else out
-            if not (x.flags.c_contiguous and weight.flags.c_contiguous and y.flags.c_contiguous and y.flags.writeable
-                    and (out is None or not np.may_share_memory(y, x) and not np.may_share_memory(y, weight))):
+            xf, wf, yf = x.flags, weight.flags, y.flags
+            if not (xf.c_contiguous and xf.aligned and wf.c_contiguous and wf.aligned and yf.c_contiguous
+                    and yf.behaved and (out is None or not np.may_share_memory(y, x)
+                                        and not np.may_share_memory(y, weight))):
                 return None
             nb(x.reshape(sh4), d, False, weight.reshape(1, 1, 1, n), True, d, False, eps, d, y.reshape(sh4))
             return y

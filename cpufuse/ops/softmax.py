@@ -66,7 +66,7 @@ def _plan(isa, fused, sh, mk, n_threads):
         def run(x, mask, scale, out):
             y = _empty(sh, F32) if out is None else out
             xf, yf = x.flags, y.flags
-            if not (xf.c_contiguous and yf.c_contiguous and yf.writeable and (
+            if not (xf.c_contiguous and xf.aligned and yf.c_contiguous and yf.behaved and (
                     y is x or out is None or not np.may_share_memory(y, x))):
                 return None
             nb(x.reshape(sh4), d32, d16, 0, d1, False, d1, False, scale, y.reshape(sh4))

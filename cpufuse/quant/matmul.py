@@ -197,13 +197,9 @@ def _wptr(w):
     return c
 
 
-_ndarray = np.ndarray
-
-
 _fb = ffi.from_buffer if ffi is not None else None
 _T_F32 = ffi.typeof("float[]") if ffi is not None else None
 _NULL = ffi.NULL if ffi is not None else None
-_FNS = _registry.table("qmatmul")
 _ctx_get = _dispatch._ctx.get
 _SERIAL_MACS = 1 << 16  # plans, default threads: products of at most this many multiply-adds run on one thread
 _thr = _dispatch._threads
@@ -211,14 +207,12 @@ _empty = np.empty
 
 
 def _plan(ws, sh, act, epi, do_norm, has_nw, isa, n_threads):
-    """the plan of a checked call with 1-D or 2-D C-contiguous x and outputs, native (call plans:
+    """the plan of a checked call with 1-D or 2-D C-contiguous x and outputs, native ISAs (call plans:
     cpufuse/ops/checks.py): run(x, outs, norm_weight, eps, res) -> list of outputs, or None where the
     operands do not bind. Outputs: new, or C-contiguous sharing no byte with an input or each other;
     the residual (epi 2) shares none with an input, and an output may be it exactly. Overlap tests are
     exact pointer-range tests (the weights' bytes rounded up to whole floats: a false alarm only sends
     the call through the checks, which find no overlap and run it the general way)."""
-    if isa == "numba":
-        return None
     fn = _registry.kernel("qmatmul", isa)
     w0 = ws[0]
     K = w0.n_in
@@ -228,10 +222,11 @@ def _plan(ws, sh, act, epi, do_norm, has_nw, isa, n_threads):
     oshapes = [(rows, n) if nd == 2 else (n,) for n in n_out]
     d = ffi.new("int64_t[]", qm_desc(rows, K, K, act == "q8", epi, do_norm, ws,
                                      [n_out[i if not epi else 0] for i in range(len(ws))], w0.n_out if epi == 2 else 0))
-    wp = [_wptr(w)[0] for w in ws] + [_NULL] * (3 - len(ws))
-    w0p, w1p, w2p = wp
+    wp = [_wptr(w)[0] for w in ws]
+    w0p, w1p, w2p = wp + [_NULL] * (3 - len(ws))
     # each weight's bytes as a float pointer and a length in floats rounded up (for the overlap tests)
-    spans = [(ffi.cast("float *", _wptr(w)[0]), w.nbytes // 4 + 1) for w in ws]
+    spans = [(ffi.cast("float *", p), w.nbytes // 4 + 1) for p, w in zip(wp, ws)]
+    ni = len(ws) + 1 + has_nw  # entries of `ins` that are inputs: x, the weights, norm_weight
     # default thread count: one thread for a product too small to pay for waking the pool (results are
     # the same for every thread count)
     nt = n_threads or (1 if rows * K * sum(w.n_out for w in ws) <= _SERIAL_MACS else None)
@@ -249,7 +244,6 @@ def _plan(ws, sh, act, epi, do_norm, has_nw, isa, n_threads):
                     return None
                 nwp = _fb(_T_F32, norm_weight)
                 ins.append((nwp, len(nwp)))
-            inputs = ins[:]
             if outs is None:
                 ys = [_empty(s, F32) for s in oshapes]
                 yb = [_fb(_T_F32, o) for o in ys]
@@ -271,7 +265,7 @@ def _plan(ws, sh, act, epi, do_norm, has_nw, isa, n_threads):
                     return None
                 rb = _fb(_T_F32, res)
                 lo, L = rb + 0, len(rb)
-                for a, m in inputs:
+                for a, m in ins[:ni]:
                     if -L < lo - a < m:
                         return None  # the residual shares memory with an input
                 if outs is not None and yb[0] != rb and -L < lo - yb[0] < len(yb[0]):
