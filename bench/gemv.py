@@ -79,6 +79,8 @@ def main():
     ap.add_argument("--ghz", type=float, default=0.0)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--nth", type=int, default=1)
+    ap.add_argument("--ramp", default="", help="E5 size ramp: comma list of weight rows per call (from DRAM), "
+                    "e.g. 64,256,1024,4096; prints time per call against bytes per call instead of the table")
     a = ap.parse_args()
     isa = a.isa or cpufuse.info()["auto_isa"]
     rng = np.random.default_rng(0)
@@ -86,6 +88,23 @@ def main():
     from bench.threads import read_bw_stats
     pr = read_bw_stats(a.nth, nbytes=512 << 20, passes=5, isa=isa)
     print(f"read probe ({pr['how']}): {pr['gbps']:.2f} GB/s = B/ns")
+    if a.ramp:
+        print("| type | rows | KiB / call | µs / call (DRAM) | B/ns |")
+        print("|---|---:|---:|---:|---:|")
+        for tn in a.types.split(","):
+            t = QTYPES[tn.upper()]
+            row_bytes = a.K // t.block_size * t.type_size
+            for rows in (int(r) for r in a.ramp.split(",")):
+                nb = rows * row_bytes
+                nring = max(2, a.dram_mib * 2**20 // nb)
+                first, raw = make_weight(tn, rows, a.K, rng)
+                ring = [first] + [make_weight(tn, rows, a.K, rng, like=raw)[0] for _ in range(nring - 1)]
+                rd = caller(ring, isa, a.K, a.nth)
+                ts = sorted(time_calls(rd, nring, 3) for _ in range(a.rounds))
+                tm = ts[len(ts) // 2]
+                print(f"| {tn} | {rows} | {nb / 1024:.0f} | {tm / 1e3:.2f} | {nb / tm:.2f} |", flush=True)
+                del ring, rd
+        return
     print("| type | cache B/ns | DRAM B/ns | cache B/cyc | DRAM B/cyc |")
     print("|---|---:|---:|---:|---:|")
     for tn in a.types.split(","):

@@ -87,6 +87,7 @@ ISAS = buildable_isas() if have_compiler() else []
 with open(os.path.join(HERE, "cdef.h")) as f:
     _proto = "\n".join(l for l in f.read().splitlines() if l and not l.startswith(("/*", " *")))
 _COMMON = ("uint32_t cf_cpu_features(void);\nconst char *cf_compiled_isas(void);\n"
+           "void cf_pool_profile(int on, uint64_t *out);\n"
            "int64_t cf_p16_bytes(int64_t type, int64_t n_out, int64_t K);\n"
            "int cf_repack_p16(int64_t type, int64_t n_out, int64_t K, const uint8_t *src, int64_t src_row_bytes, "
            "uint8_t *dst, int64_t p0, int64_t p1);\n"

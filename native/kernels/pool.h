@@ -14,5 +14,9 @@ void cf_parallel_for(int nth, int64_t nchunks, cf_task_fn fn, void *ctx);
  * cf_team_end once), 0 if not (nth <= 1, a team already active, or another thread's job). */
 int cf_team_begin(int nth);
 void cf_team_end(void);
+/* profile counters: out (if not NULL) gets {busy ns: every thread's time in the tasks of parallel
+ * regions, region ns: the regions' wall time on their callers, regions}; then on >= 0 resets them and
+ * turns counting on (1) or off (0) */
+void cf_pool_profile(int on, uint64_t *out);
 #define CF_MAX_THREADS 256
 #endif

@@ -60,11 +60,31 @@ static uint64_t now_ns(void) {
   return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
+/* Profile counters (cf_pool_profile): off unless asked for, then per parallel region its wall time on
+ * the caller and every thread's time inside its tasks, so a benchmark can split a step into serial
+ * time, task time and the idle and synchronization time inside the regions. */
+static atomic_int prof_on;
+static atomic_ullong prof_busy_ns, prof_region_ns, prof_regions;
 static void run_chunks(int tid) {
+  const uint64_t t0 = atomic_load_explicit(&prof_on, memory_order_relaxed) ? now_ns() : 0;
   for (;;) {
     const int64_t c = atomic_fetch_add(&job.next, 1);
     if (c >= job.n) break;
     job.fn(job.ctx, c, tid);
+  }
+  if (t0) atomic_fetch_add_explicit(&prof_busy_ns, now_ns() - t0, memory_order_relaxed);
+}
+void cf_pool_profile(int on, uint64_t *out) {
+  if (out) {
+    out[0] = atomic_load(&prof_busy_ns);
+    out[1] = atomic_load(&prof_region_ns);
+    out[2] = atomic_load(&prof_regions);
+  }
+  if (on >= 0) {
+    atomic_store(&prof_busy_ns, 0);
+    atomic_store(&prof_region_ns, 0);
+    atomic_store(&prof_regions, 0);
+    atomic_store(&prof_on, on);
   }
 }
 
@@ -190,6 +210,7 @@ void cf_parallel_for(int nth, int64_t nchunks, cf_task_fn fn, void *ctx) {
     if (locked) pthread_mutex_unlock(&job_lock);
     return;
   }
+  const uint64_t r0 = atomic_load_explicit(&prof_on, memory_order_relaxed) ? now_ns() : 0;
   /* publish: the job's fields, then the word (release), then wake sleepers if any */
   job.fn = fn;
   job.ctx = ctx;
@@ -217,6 +238,10 @@ void cf_parallel_for(int nth, int64_t nchunks, cf_task_fn fn, void *ctx) {
         break;
       }
     }
+  }
+  if (r0) {
+    atomic_fetch_add(&prof_region_ns, now_ns() - r0);
+    atomic_fetch_add(&prof_regions, 1);
   }
   if (locked) pthread_mutex_unlock(&job_lock);
 }
