@@ -30,19 +30,21 @@ def worker(path, nth, steps):
     m.eval(toks[:16])
     for i in range(16):
         m.eval([toks[16 + i]])
-    out = ffi.new("uint64_t[3]")
+    out = ffi.new("uint64_t[67]")
     lib.cf_pool_profile(1, ffi.NULL)
     t0 = time.perf_counter_ns()
     for i in range(steps):
         m.eval([toks[32 + i]])
     wall = time.perf_counter_ns() - t0
     lib.cf_pool_profile(0, out)
-    busy, region, nreg = (int(v) for v in out)
+    busy, region, nreg = (int(out[i]) for i in range(3))
+    from cpufuse._layouts import RECORDS
+    ops = {r.name: out[3 + r.op] / steps / 1e3 for r in RECORDS if r.op < 64 and out[3 + r.op]}
     W = wall / steps / 1e3
     R = region / steps / 1e3
     B = busy / steps / 1e3
     return {"threads": nth, "wall_us": W, "region_us": R, "busy_us": B, "regions": nreg / steps,
-            "serial_us": W - R if nth > 1 else 0.0, "idle_sync_us": R - B / nth if nth > 1 else 0.0}
+            "serial_us": W - R if nth > 1 else 0.0, "idle_sync_us": R - B / nth if nth > 1 else 0.0, "ops_us": ops}
 
 
 def main():
@@ -58,6 +60,7 @@ def main():
     print(f"{os.path.basename(a.model)}, {a.steps} decode steps per thread count")
     print("| threads | token µs | regions / token | serial µs | in-region idle + sync µs | task µs / thread | idle+sync % |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
+    per_op = []
     for t in (int(x) for x in a.threads.split(",")):
         cmd = [sys.executable, "-m", "bench.sync", a.model, "--steps", str(a.steps), "--worker", str(t)]
         if t == 1:
@@ -66,6 +69,13 @@ def main():
         lost = r["serial_us"] * (t - 1) / t + r["idle_sync_us"] if t > 1 else 0.0
         print(f"| {t} | {r['wall_us']:.0f} | {r['regions']:.0f} | {r['serial_us']:.0f} | {r['idle_sync_us']:.0f} | "
               f"{r['busy_us'] / t:.0f} | {100 * lost / r['wall_us']:.1f} |", flush=True)
+        per_op.append((t, r["ops_us"]))
+    print("\nwall µs per token by plan record kind (the C plan executor; the rest of the token is Python):")
+    kinds = sorted({k for _, o in per_op for k in o}, key=lambda k: -per_op[0][1].get(k, 0))
+    print("| threads | " + " | ".join(kinds) + " |")
+    print("|---:|" + "---:|" * len(kinds))
+    for t, o in per_op:
+        print(f"| {t} | " + " | ".join(f"{o.get(k, 0):.0f}" for k in kinds) + " |")
 
 
 if __name__ == "__main__":

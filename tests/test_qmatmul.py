@@ -104,6 +104,24 @@ def test_decode_row_equals_batch_row(isa, qtype, rng):
         _check(x[:1], w, cpufuse.matmul(x[0], w, isa=isa)[None], "q8", f"{isa} {qtype} decode n_out={n_out}")
 
 
+@pytest.mark.parametrize("act", ["f32", "q8"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+def test_decode_prep_split_over_threads(isa, qtype, act, rng):
+    """With 1-3 rows and several threads, each row's RMS norm and activation quantization is split
+    over the team in 256-element parts; the results equal one thread's and the rows' results inside
+    a 6-row call (whole rows per thread) bit for bit, with and without the norm prologue."""
+    for n_in in (1024, 2304):
+        w = _weight(qtype, 40, n_in, rng)
+        x = (rng.standard_normal((6, n_in)) * rng.uniform(0.1, 10, (6, 1))).astype(np.float32)
+        g = rng.uniform(0.5, 1.5, n_in).astype(np.float32)
+        for kw in ({}, {"norm_weight": g, "eps": 1e-5}):
+            ref = cpufuse.matmul(x, w, act=act, isa=isa, n_threads=2, **kw)
+            for rows in (1, 2, 3):
+                for nth in (1, 2, 3):
+                    y = cpufuse.matmul(x[:rows], w, act=act, isa=isa, n_threads=nth, **kw)
+                    assert np.array_equal(y.view(np.uint32), ref[:rows].view(np.uint32)), (n_in, kw.keys(), rows, nth)
+
+
 def test_q8_error_against_f32_is_activation_quantization(rng):
     """The q8 mode's error against exact f32 math is the activation quantization's (docs/semantics.md §8
     4.7: NMSE ~ c_B^2 / 193548; about 3e-5 for N(0,1) activations), nothing more."""

@@ -14,9 +14,14 @@ void cf_parallel_for(int nth, int64_t nchunks, cf_task_fn fn, void *ctx);
  * cf_team_end once), 0 if not (nth <= 1, a team already active, or another thread's job). */
 int cf_team_begin(int nth);
 void cf_team_end(void);
-/* profile counters: out (if not NULL) gets {busy ns: every thread's time in the tasks of parallel
- * regions, region ns: the regions' wall time on their callers, regions}; then on >= 0 resets them and
- * turns counting on (1) or off (0) */
+/* profile counters: out (if not NULL, 3 + CF_PROF_SLOTS entries) gets {busy ns: every thread's time in
+ * the tasks of parallel regions, region ns: the regions' wall time on their callers, regions, then
+ * the CF_PROF_SLOTS slots (the plan executor: wall ns per record opcode)}; then on >= 0 resets them
+ * and turns counting on (1) or off (0). cf_prof_add adds to a slot. */
+#define CF_PROF_SLOTS 64
 void cf_pool_profile(int on, uint64_t *out);
+int cf_prof_on(void);
+uint64_t cf_now_ns(void);
+void cf_prof_add(int slot, uint64_t ns);
 #define CF_MAX_THREADS 256
 #endif

@@ -64,7 +64,12 @@ static uint64_t now_ns(void) {
  * the caller and every thread's time inside its tasks, so a benchmark can split a step into serial
  * time, task time and the idle and synchronization time inside the regions. */
 static atomic_int prof_on;
-static atomic_ullong prof_busy_ns, prof_region_ns, prof_regions;
+static atomic_ullong prof_busy_ns, prof_region_ns, prof_regions, prof_slot[CF_PROF_SLOTS];
+int cf_prof_on(void) { return atomic_load_explicit(&prof_on, memory_order_relaxed); }
+uint64_t cf_now_ns(void) { return now_ns(); }
+void cf_prof_add(int slot, uint64_t ns) {
+  if (slot >= 0 && slot < CF_PROF_SLOTS) atomic_fetch_add_explicit(&prof_slot[slot], ns, memory_order_relaxed);
+}
 static void run_chunks(int tid) {
   const uint64_t t0 = atomic_load_explicit(&prof_on, memory_order_relaxed) ? now_ns() : 0;
   for (;;) {
@@ -79,11 +84,13 @@ void cf_pool_profile(int on, uint64_t *out) {
     out[0] = atomic_load(&prof_busy_ns);
     out[1] = atomic_load(&prof_region_ns);
     out[2] = atomic_load(&prof_regions);
+    for (int i = 0; i < CF_PROF_SLOTS; i++) out[3 + i] = atomic_load(&prof_slot[i]);
   }
   if (on >= 0) {
     atomic_store(&prof_busy_ns, 0);
     atomic_store(&prof_region_ns, 0);
     atomic_store(&prof_regions, 0);
+    for (int i = 0; i < CF_PROF_SLOTS; i++) atomic_store(&prof_slot[i], 0);
     atomic_store(&prof_on, on);
   }
 }
