@@ -110,7 +110,7 @@ def test_decode_prep_split_over_threads(isa, qtype, act, rng):
     """With 1-3 rows and several threads, each row's RMS norm and activation quantization is split
     over the team in 256-element parts; the results equal one thread's and the rows' results inside
     a 6-row call (whole rows per thread) bit for bit, with and without the norm prologue."""
-    for n_in in (1024, 2304):
+    for n_in in (1024, 2304):   # >= 512 elements per thread at 2 threads: the split path
         w = _weight(qtype, 40, n_in, rng)
         x = (rng.standard_normal((6, n_in)) * rng.uniform(0.1, 10, (6, 1))).astype(np.float32)
         g = rng.uniform(0.5, 1.5, n_in).astype(np.float32)
