@@ -197,7 +197,8 @@ _RECORDS = [
     ("CACHE_WRITE", "n src cache pos0 n_ctx t f16", "t rows (n elements) of f32 src into cache rows p0.."),
     ("KV_WRITE", "n src cache cells n_cells row f16", "row i of src into cache cell cells[i] (distinct, < n_cells)"),
     ("ATTN_SEQS", "q k v seqs ngroups out n h hkv d n_cells kf16 vf16 split_min_t tiled_min_n chunk f_scale f_softcap "
-     "swa", "attention of each sequence over its own KV cells (swa > 0: a sliding window of swa positions)"),
+     "swa ring", "attention of each sequence over its own KV cells (swa > 0: a sliding window of swa positions; "
+     "ring > 0: a sequence's cells are a ring of that many)"),
     ("GATHER_ROWS", "m src idx dst row n_src", "dst[j] = src[idx[j]]"),
     ("GELU", "n a y", "y = gelu(a), the tanh form"),
     ("GEGLU", "n g u nb y", "y = gelu(g) * u"),

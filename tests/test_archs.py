@@ -41,21 +41,60 @@ def test_arch_logits_match_float64_reference(tmp_path, arch):
 
 
 @pytest.mark.parametrize("arch", NEW_ARCHS)
-def test_arch_incremental_matches_reference(tmp_path, arch):
-    """micro-batches of 3 then single-token decode steps: the sliding window and the KV cells
-    across calls (the SWA layers' key range starts inside the cache)"""
+@pytest.mark.parametrize("kv", ["f32", "f16"])
+def test_arch_incremental_matches_reference(tmp_path, arch, kv):
+    """a micro-batch, then micro-batches of 3, then single-token decode steps: the KV cells
+    across calls; for gemma the sliding window (4) and its rings of window + n_batch = 7 cells per
+    sequence, which wrap around several times over the 14 positions"""
     p = _tiny(tmp_path, arch, dims={"n_layer": 3} if arch == "gemma3" else None,
               arch_keys={"attention.sliding_window_pattern": 3} if arch == "gemma3" else None)
-    m = Model.load(p, n_ctx=64, act="f32", kv_dtype="f32", n_batch=3, n_threads=2)
-    ref = ref_logits(p, TOKENS, n_ctx=64) if arch != "gemma3" else None
-    if arch == "gemma3":   # pattern 3: layers 0, 1 SWA, 2 global (the reference's default is 6)
-        assert m.hparams.swa_layers == (True, True, False)
-        return
-    m.reset()
-    got = [m.eval(TOKENS[:8])]
-    for t in TOKENS[8:]:
+    m = Model.load(p, n_ctx=64, act="f32", kv_dtype=kv, n_batch=3, n_threads=2)
+    if arch.startswith("gemma"):
+        assert m.swa_cells == 7
+        assert m.hparams.swa_layers == ((True, True, False) if arch == "gemma3" else (True, False))
+    ref = ref_logits(p, TOKENS, n_ctx=64)
+    got = [m.eval(TOKENS[:3])]
+    for s in range(3, 9, 3):
+        got.append(m.eval(TOKENS[s:s + 3]))
+    for t in TOKENS[9:]:
         got.append(m.eval([t]))
-    _close(np.stack(got), ref[7:], 2e-5)
+    rows = [2, 5, 8] + list(range(9, len(TOKENS)))
+    _close(np.stack(got), ref[rows], 2e-5 if kv == "f32" else 3e-3)
+
+
+def test_gemma_ring_cache_memory_and_limits(tmp_path):
+    p = _tiny(tmp_path, "gemma3")
+    full = Model.load(p, n_ctx=64, n_batch=64)      # window + n_batch >= n_ctx: one full cache
+    ring = Model.load(p, n_ctx=64, n_batch=4)       # 5 SWA layers of 8 cells, 1 global of 64
+    assert full.swa_cells == 0 and ring.swa_cells == 8
+    assert ring.kv_bytes * 64 == full.kv_bytes * (5 * 8 + 64) // 6
+    from cpufuse.llama.decoder import Batch
+    b = Batch(ring)
+    with pytest.raises(ValueError, match="ring of 8 cells"):
+        b.add(0, list(range(6)), 0)
+    # the rings change where K and V live, not a bit of the results
+    import cpufuse.llama.model as _model
+    long = TOKENS + TOKENS[:6]
+    lr = ring.logits(long)
+    _model.SWA_RINGS = False
+    try:
+        noring = Model.load(p, n_ctx=64, n_batch=4)
+    finally:
+        _model.SWA_RINGS = True
+    assert noring.swa_cells == 0
+    np.testing.assert_array_equal(noring.logits(long), lr)
+    # a reused prefix whose window cells were overwritten is evaluated again: same tokens
+    long = TOKENS + TOKENS[:6]
+    a = ring.generate(long, max_tokens=3, temperature=0).tokens
+    assert ring.kv_reusable(12, len(long) + 2) == 0 and ring.kv_reusable(12, 14) == 12
+    r1 = ring.generate(TOKENS[:12] + [9, 9], max_tokens=4, temperature=0).tokens
+    assert ring.generate(long, max_tokens=3, temperature=0, reuse_cache=False).tokens == a
+    r2 = ring.generate(TOKENS[:12] + [9, 9], max_tokens=4, temperature=0, reuse_cache=False).tokens
+    assert r1 == r2
+    # a reusable prefix (the ring still holds its window) is reused
+    ring.generate(TOKENS[:12], max_tokens=1, temperature=0)
+    r3 = ring.generate(TOKENS[:12] + [9, 9], max_tokens=4, temperature=0)
+    assert r3.prompt_eval_tokens == 2 and r3.tokens == r1
 
 
 def test_gemma3_pattern_and_keys(tmp_path):
@@ -159,8 +198,9 @@ def test_gemma_tokens_eog_template(tmp_path):
 def test_gemma3_generate_on_numba(tmp_path):
     """the Numba ISA runs the same graph (GEGLU epilogue 3, the window in Python's attn_seqs)"""
     p = _tiny(tmp_path, "gemma3")
-    m = Model.load(p, n_ctx=64, act="f32", kv_dtype="f32", isa="numba")
-    _close(m.logits(TOKENS[:9]), ref_logits(p, TOKENS[:9]), 2e-5)
+    m = Model.load(p, n_ctx=64, act="f32", kv_dtype="f32", isa="numba", n_batch=3)
+    assert m.swa_cells == 7     # the rings, read by the Python attn_seqs
+    _close(m.logits(TOKENS), ref_logits(p, TOKENS), 2e-5)
 
 
 # ------------------------------------------------------------------------------- graph ops
@@ -234,7 +274,10 @@ def test_gemma3_batch_engine_tokens_do_not_depend_on_the_batch(tmp_path):
     def collect(h):
         return [ev.token for ev in h if isinstance(ev, TokenEvent)]
 
-    eng = BatchEngine(Model.load(p, n_ctx=64, n_seq=3), chunk=5)
+    eng = BatchEngine(Model.load(p, n_ctx=64, n_seq=3, n_batch=5), chunk=5)
+    assert eng.model.swa_cells == 9        # the sliding-window layers' rings
+    with pytest.raises(ValueError, match="chunk must be <= the model's n_batch"):
+        BatchEngine(eng.model, chunk=6)
     eng.start()
     try:
         alone = [collect(eng.submit(EngineRequest(list(r.prompt_ids), r.max_tokens, r.sampling))) for r in reqs]

@@ -225,7 +225,7 @@ class Plan(Lowering, Program):
                 np.divide(x, 1.0 + np.exp(-x), out=A(st.outs[0]))
         elif k in ("gelu", "geglu"):
             g = A(st.ins[0])
-            with np.errstate(over="ignore"):   # the formula of graph.inc's gelu_v, op by op in f32
+            with np.errstate(over="ignore", invalid="ignore"):   # graph.inc's gelu_v, op by op in f32 (-inf: NaN)
                 z = g * (np.float32(0.07135481627159025) * (g * g) + np.float32(1.5957691216057308))
                 y = g / (np.float32(1.0) + np.exp(-z))
             if k == "geglu":
@@ -318,20 +318,23 @@ class Plan(Lowering, Program):
         for g, (cell0, r0, nr, pos0) in enumerate(seqs.tolist()):
             if nr == 0:
                 continue
-            if nr < 0 or r0 < 0 or r0 + nr > n or pos0 < 0 or cell0 < 0 or cell0 + pos0 + nr > kc.shape[0]:
-                raise GraphError(f"run: attn_seqs {st.outs[0].name!r}: group {g} (cell0, row0, n_rows, pos0) = "
-                                 f"{(cell0, r0, nr, pos0)} does not fit {n} query rows and {kc.shape[0]} cache cells")
-            win = st.params.get("window", 0)
+            win, ring = st.params["window"], st.params["ring"]
             k0 = max(0, pos0 - win + 1) if win > 0 else 0   # graph.inc plan_attn_seqs: the first visible key
             T = pos0 + nr - k0
+            if nr < 0 or r0 < 0 or r0 + nr > n or pos0 < 0 or cell0 < 0 or (
+                    cell0 + ring > kc.shape[0] or T > ring if ring else cell0 + pos0 + nr > kc.shape[0]):
+                raise GraphError(f"run: attn_seqs {st.outs[0].name!r}: group {g} (cell0, row0, n_rows, pos0) = "
+                                 f"{(cell0, r0, nr, pos0)} does not fit {n} query rows and {kc.shape[0]} cache cells"
+                                 + (f" (a ring of {ring} cells per sequence, window {win})" if ring else ""))
             mask = None
             if nr > 1:
                 mask = np.zeros((1, 1, nr, T), F16)
                 pk, pq = k0 + np.arange(T)[None, :], pos0 + np.arange(nr)[:, None]
                 bad = (pk > pq) | ((pq - pk >= win) if win > 0 else False)
                 mask[0, 0][bad] = -np.inf
-            K = kc[cell0 + k0:cell0 + k0 + T].transpose(1, 0, 2)[None]
-            V = vc[cell0 + k0:cell0 + k0 + T].transpose(1, 0, 2)[None]
+            rows = cell0 + (np.arange(k0, k0 + T) % ring if ring else np.arange(k0, k0 + T))
+            K = kc[rows].transpose(1, 0, 2)[None]
+            V = vc[rows].transpose(1, 0, 2)[None]
             Q = q[r0:r0 + nr].transpose(1, 0, 2)[None]
             o = _attn.flash_attn(Q, K, V, mask, scale=st.params["scale"], softcap=st.params["softcap"],
                                 isa=self.isa, n_threads=nth)

@@ -363,7 +363,7 @@ class Program:
                                     vf16=vc.dtype == F16, split_min_t=_attn.SPLIT_MIN_T,
                                     tiled_min_n=_attn.TILED_MIN_N, chunk=_attn.DEFAULT_SPLIT_CHUNK,
                                     f_scale=self._fparam(st.params["scale"]),
-                                    f_softcap=self._fparam(st.params["softcap"]), swa=st.params["window"]), None
+                                    f_softcap=self._fparam(st.params["softcap"]), swa=st.params["window"], ring=st.params["ring"]), None
         if k == "gather_rows":
             x, idx = ins
             out = outs[0]

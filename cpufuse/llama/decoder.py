@@ -33,9 +33,10 @@ F32 = np.float32
 class _Ctx:
     """What every layer function needs: the graph, the batch inputs, the model and its options."""
 
-    def __init__(self, g, model, n, x, pos, cells, seqs):
+    def __init__(self, g, model, n, x, pos, cells, seqs, ring=None):
         self.g, self.m, self.hp, self.n = g, model, model.hparams, n
         self.x, self.pos, self.cells, self.seqs = x, pos, cells, seqs
+        self.ring = ring   # (cells, seqs) inputs of the sliding-window layers' rings, or None
         self.act = model.act
         self.rope_kw = {k: v for k, v in model._rope_kw.items() if k not in ("n_dims", "mode", "isa", "n_threads")}
         if self.rope_kw.get("freq_factors") is None:
@@ -79,12 +80,15 @@ def _attention(cx, li, L, h):
         q3 = g.reshape(cx.norm(g.reshape(q3, (n * H, D)), L.q_norm, p + "q_norm"), (n, H, D))
         k3 = g.reshape(cx.norm(g.reshape(k3, (n * Hkv, D)), L.k_norm, p + "k_norm"), (n, Hkv, D))
     rkw = None if hp.nope_layers[li] else _rope_kw(cx, li)
-    kw = g.kv_write(k3 if rkw is None else cx.rope(k3, p + "rope_k", rkw), cx.m.k_cache[li], cx.cells,
-                    name=p + "k_cache")
-    vw = g.kv_write(g.reshape(v, (n, Hkv, D)), cx.m.v_cache[li], cx.cells, name=p + "v_cache")
     window = hp.swa_window if hp.swa_layers[li] else 0
-    a = g.attn_seqs(q3 if rkw is None else cx.rope(q3, p + "rope_q", rkw), kw, vw, cx.seqs, scale=hp.kq_scale, softcap=hp.attn_softcap, window=window,
-                    name=p + "attn")
+    cells, seqs, ring = cx.cells, cx.seqs, 0
+    if window and cx.ring is not None:     # this layer's cache is a ring of cells per sequence
+        (cells, seqs), ring = cx.ring, cx.m.swa_cells
+    kw = g.kv_write(k3 if rkw is None else cx.rope(k3, p + "rope_k", rkw), cx.m.k_cache[li], cells,
+                    name=p + "k_cache")
+    vw = g.kv_write(g.reshape(v, (n, Hkv, D)), cx.m.v_cache[li], cells, name=p + "v_cache")
+    a = g.attn_seqs(q3 if rkw is None else cx.rope(q3, p + "rope_q", rkw), kw, vw, seqs,
+                    scale=hp.kq_scale, softcap=hp.attn_softcap, window=window, ring=ring, name=p + "attn")
     return cx.linear(g.reshape(a, (n, H * D)), L.wo, L.bo, p + "o")
 
 
@@ -184,7 +188,10 @@ def build(model, n, m, n_groups):
     cells = g.input("cells", (n,), np.int32)
     seqs = g.input("seqs", (n_groups, 4), np.int32)
     idx = g.input("idx", (m,), np.int32)
-    cx = _Ctx(g, model, n, x, pos, cells, seqs)
+    ring = None
+    if getattr(model, "swa_cells", 0):
+        ring = (g.input("cells_swa", (n,), np.int32), g.input("seqs_swa", (n_groups, 4), np.int32))
+    cx = _Ctx(g, model, n, x, pos, cells, seqs, ring)
     h = ARCHS[hp.arch](cx)
     hn = cx.norm(g.gather_rows(h, idx, name="last"), model.output_norm, "output_norm")
     y = cx.linear(hn, model.output, model.output_bias, "output")
@@ -212,12 +219,14 @@ class Decoder:
                 fusion=self.fusion, isa=self.isa)
         return dp
 
-    def run(self, cap, x, pos, cells, seqs, idx, n_threads=None):
+    def run(self, cap, x, pos, cells, seqs, idx, n_threads=None, **ring):
         """Logits (len(idx), n_vocab) of a batch, on the plan of capacity cap = (n, m, n_groups);
-        the plan's buffer, valid until its next run."""
+        the plan's buffer, valid until its next run. ring: cells_swa= and seqs_swa= for a model
+        whose sliding-window layers keep rings (model.swa_cells)."""
         dp = self.plan(*cap)
         n, m = x.shape[0], idx.shape[0]
-        return dp.run({"n": n, "m": m}, n_threads=n_threads, x=x, pos=pos, cells=cells, seqs=seqs, idx=idx)[0]
+        return dp.run({"n": n, "m": m}, n_threads=n_threads, x=x, pos=pos, cells=cells, seqs=seqs, idx=idx,
+                      **ring)[0]
 
 
 class Batch:
@@ -241,6 +250,11 @@ class Batch:
         if not 0 <= slot < self.m.n_seq or n < 1 or pos0 < 0 or pos0 + n > n_ctx:
             raise ValueError(f"batch: slot {slot} with {n} tokens at position {pos0} does not fit "
                              f"{self.m.n_seq} slots of n_ctx = {n_ctx}")
+        C = getattr(self.m, "swa_cells", 0)
+        if C and n > C - self.m.hparams.swa_window + 1:
+            raise ValueError(f"batch: {n} tokens of one sequence in one call do not fit the sliding-window "
+                             f"layers' ring of {C} cells (window {self.m.hparams.swa_window} + n_batch "
+                             f"{self.m.n_batch}); at most n_batch + 1 tokens per sequence and call")
         r0 = len(self.tokens)
         self.tokens += [int(t) for t in tokens]
         self.pos += range(pos0, pos0 + n)
@@ -264,6 +278,15 @@ class Batch:
         seqs = np.zeros((cap[2], 4), np.int32)
         seqs[:g] = self.seqs
         idx = self.idx or [n - 1]   # a plan computes >= 1 logits row: one nobody asked for
+        ring = {}
+        C = getattr(self.m, "swa_cells", 0)
+        if C:   # the sliding-window layers' rings: slot s, position p in cell s*C + p % C
+            n_ctx = self.m.n_ctx
+            slot = np.asarray(self.cells, np.int64) // n_ctx
+            ring["cells_swa"] = (slot * C + np.asarray(self.pos, np.int64) % C).astype(np.int32)
+            sw = seqs.copy()
+            sw[:g, 0] = seqs[:g, 0] // n_ctx * C
+            ring["seqs_swa"] = sw
         out = decoder.run(cap, x, np.asarray(self.pos, np.int32), np.asarray(self.cells, np.int32), seqs,
-                          np.asarray(idx, np.int32), n_threads=n_threads)
+                          np.asarray(idx, np.int32), n_threads=n_threads, **ring)
         return out[:m]

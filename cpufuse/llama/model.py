@@ -33,10 +33,12 @@ Weights: Model.load(repack=True, the default) lays each quantized weight out in 
 panels for the kernels (QTensor.repack; the same results bit for bit) and drops the file pages it
 read from the process's memory, so RSS stays near the file size; repack=False keeps the mapping.
 KV cache: n_seq slots of n_ctx cells (k_cache[l] is (n_seq * n_ctx, n_kv_heads, head_dim)); the
-generate/eval API uses slot 0, the server (cpufuse.serve.batch) all of them.
+generate/eval API uses slot 0, the server (cpufuse.serve.batch) all of them. Sliding-window layers
+(gemma) keep a ring of window + n_batch cells per slot instead (docs/architectures.md).
 
 Architectures: llama (RoPE NORM), qwen2 (Q/K/V biases, RoPE NEOX), qwen3 (per-head Q/K RMSNorm,
-NEOX). Anything else is refused with a ValueError naming the architecture.
+NEOX), gemma3, gemma2, phi3, smollm3, granite (docs/architectures.md). Anything else is refused
+with a ValueError naming the architecture.
 """
 from __future__ import annotations
 
@@ -68,6 +70,8 @@ _SMOLLM3_NOPE_STEP = 4     # llama.cpp's n_no_rope_layer_step for smollm3 (no GG
 DEFAULT_N_CTX = 2048
 DEFAULT_N_BATCH = 512
 MAX_N_SEQ = 1024           # KV slots
+SWA_RINGS = True           # sliding-window layers keep rings of window + n_batch cells (False: full
+                           # caches, the same results bit for bit; tests and benchmarks compare)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -640,11 +644,36 @@ class Model:
             self.output = rp(self.output)
 
     def _alloc(self):
+        """The KV cache: per layer (n_seq * n_ctx, n_kv_heads, head_dim) cells, except that
+        sliding-window layers hold a ring of swa_cells = window + n_batch cells per sequence when
+        that is less than n_ctx (k_cache is then a list of per-layer arrays)."""
         hp = self.hparams
         kvt = F16 if self.kv_dtype == "f16" else F32
         n_cells = self.n_seq * self.n_ctx
-        self.k_cache = np.zeros((hp.n_layer, n_cells, hp.n_head_kv, hp.head_dim), kvt)
-        self.v_cache = np.zeros((hp.n_layer, n_cells, hp.n_head_kv, hp.head_dim), kvt)
+        C = hp.swa_window + self.n_batch
+        self.swa_cells = C if SWA_RINGS and hp.swa_window and any(hp.swa_layers) and C < self.n_ctx else 0
+        if not self.swa_cells:
+            self.k_cache = np.zeros((hp.n_layer, n_cells, hp.n_head_kv, hp.head_dim), kvt)
+            self.v_cache = np.zeros((hp.n_layer, n_cells, hp.n_head_kv, hp.head_dim), kvt)
+            return
+        shape = [((self.n_seq * C) if swa else n_cells, hp.n_head_kv, hp.head_dim) for swa in hp.swa_layers]
+        self.k_cache = [np.zeros(sh, kvt) for sh in shape]
+        self.v_cache = [np.zeros(sh, kvt) for sh in shape]
+
+    @property
+    def kv_bytes(self):
+        """bytes of the KV cache (K and V, every layer)"""
+        return sum(a.nbytes for a in self.k_cache) + sum(a.nbytes for a in self.v_cache)
+
+    def kv_reusable(self, keep, n_cached):
+        """How many of the first `keep` cached tokens a new sequence may reuse when the slot holds
+        n_cached evaluated tokens: all of them, except with the sliding-window rings, where the
+        cells of positions keep - window + 1 .. keep - 1 must not have been overwritten by later
+        positions (else 0: evaluate from the start)."""
+        C, W = self.swa_cells, self.hparams.swa_window
+        if not C or keep <= 0 or max(0, keep - W + 1) >= n_cached - C:
+            return keep
+        return 0
 
     def plan(self, n_tokens=1, all_logits=False):
         """The compiled decoder plan (cpufuse.graph.DynamicPlan) a micro-batch of n_tokens runs on,
@@ -868,6 +897,7 @@ class Model:
                 m = min(len(c), len(ids) - 1)
                 while keep < m and c[keep] == ids[keep]:
                     keep += 1
+                keep = self.kv_reusable(keep, len(c))
             self._n_past = keep
             del self._cached[keep:]
             sampler.accept_prompt(ids)

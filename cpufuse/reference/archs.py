@@ -98,8 +98,11 @@ def ref_logits(path, tokens, n_ctx=None):
 
     # per-layer attention kind and RoPE
     window = f.a("attention.sliding_window", 4096 if arch == "gemma2" else 0) if gemma else 0
-    pattern = 2 if arch == "gemma2" else 6
-    swa = [bool(window) and il % pattern < pattern - 1 for il in range(L)]
+    pattern = f.a("attention.sliding_window_pattern", 2 if arch == "gemma2" else 6)
+    if isinstance(pattern, list):   # one bool per layer: True = sliding window
+        swa = [bool(window) and bool(b) for b in pattern]
+    else:                           # llama.cpp set_swa_pattern(n): il % n < n - 1 (n = 0: every layer)
+        swa = [bool(window) and (pattern == 0 or il % pattern < pattern - 1) for il in range(L)]
     nope = [arch == "smollm3" and (il + 1) % 4 == 0 for il in range(L)]
     qscale = 1.0 / math.sqrt(D)
     if gemma and ((arch == "gemma2" and L == 46) or (arch == "gemma3" and L == 62)):
