@@ -109,6 +109,28 @@ def test_gemma3_pattern_and_keys(tmp_path):
     assert m.tied and m.output is not None
 
 
+@pytest.mark.parametrize("key, value, msg", [
+    ("attention.sliding_window_pattern", [True, False], "one bool per layer"),
+    ("final_logit_softcapping", -3.0, "final_logit_softcapping = -3.0: must be finite and > 0"),
+    ("final_logit_softcapping", float("nan"), "final_logit_softcapping = nan: must be finite"),
+    ("rope.freq_base_swa", 0.0, "rope.freq_base_swa = 0.0: must be finite and > 0"),
+    ("attention.sliding_window", "wide", "sliding_window = 'wide': expected an integer"),
+])
+def test_gemma3_bad_keys_are_refused(tmp_path, key, value, msg):
+    def extra(w):
+        k = "gemma3." + key
+        if isinstance(value, str):
+            w.add_string(k, value)
+        elif isinstance(value, list):
+            w.add_array(k, value)
+        else:
+            w.add_float32(k, value)
+    keys = {key: None} if key == "attention.sliding_window" else None
+    p = write_tiny_gguf(tmp_path / "bad.gguf", arch="gemma3", extra=extra, arch_keys=keys)
+    with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace(")", r"\)")):
+        Model.load(p, n_ctx=64)
+
+
 def test_gemma3_head_dim_and_rope_scaling(tmp_path):
     """key_length != n_embd / n_head; global layers on freq_base with the linear factor, SWA
     layers on base 10000 and scale 1; an explicit final softcap"""

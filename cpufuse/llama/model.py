@@ -1,4 +1,5 @@
-"""A llama-architecture GGUF model on cpufuse's fused kernels (docs/semantics.md §10).
+"""A GGUF decoder model (llama, qwen2, qwen3, gemma3, gemma2, phi3, smollm3, granite) on cpufuse's
+fused kernels (docs/semantics.md §10, docs/architectures.md).
 
     from cpufuse.llama import Model
     m = Model.load("SmolLM2-135M-Instruct.Q4_1.gguf", n_ctx=2048, n_threads=2)
@@ -181,6 +182,10 @@ class HParams:
     freq_base_swa: float = 10000.0    # RoPE base and scale of the SWA layers
     freq_scale_swa: float = 1.0
     nope_layers: tuple = ()           # per layer: True = no RoPE (smollm3)
+
+    def __post_init__(self):
+        self.swa_layers = tuple(self.swa_layers) or (False,) * self.n_layer
+        self.nope_layers = tuple(self.nope_layers) or (False,) * self.n_layer
 
     @classmethod
     def from_gguf(cls, gf, n_vocab):
