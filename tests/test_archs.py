@@ -313,3 +313,11 @@ def test_gemma3_batch_engine_tokens_do_not_depend_on_the_batch(tmp_path):
         ref = m.generate(list(r.prompt_ids), max_tokens=r.max_tokens, sampler=make_sampler(r.sampling),
                          stop_at_eog=False, reuse_cache=False).tokens
         assert toks == ref
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gemma2", "phi3"])
+def test_arch_results_do_not_depend_on_threads(tmp_path, arch):
+    p = _tiny(tmp_path, arch, qtype="Q8_0")
+    outs = [Model.load(p, n_ctx=64, n_batch=4, n_threads=t).logits(TOKENS) for t in (1, 2, 3)]
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])

@@ -54,6 +54,14 @@ def _gelu(x):
         return x / (1.0 + np.exp(-2.0 * math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
+def _gelu_f16_table(x):
+    """llama.cpp's CPU GELU (GGML_GELU_FP16): x <= -10 gives 0, x >= 10 gives x, else x rounded
+    to f16 and the f16-rounded tanh GELU of that value (its 64K-entry table)"""
+    xh = x.astype(np.float16).astype(np.float64)
+    y = _gelu(xh).astype(np.float16).astype(np.float64)
+    return np.where(x <= -10.0, 0.0, np.where(x >= 10.0, x, y))
+
+
 def _silu(x):
     return x / (1.0 + np.exp(-x))
 
@@ -76,10 +84,17 @@ def _rope(x, pos, n_rot, neox, base, scale, factors, mscale):
     return y
 
 
-def ref_logits(path, tokens, n_ctx=None):
+_CACHE = {}
+
+
+def ref_logits(path, tokens, n_ctx=None, gelu="tanh", keep=False):
     """(len(tokens), n_vocab) float64 logits of every position; n_ctx: the context size the model
-    runs with (phi3 picks its long or short RoPE factors by it; default context_length)"""
-    f = _File(path)
+    runs with (phi3 picks its long or short RoPE factors by it; default context_length).
+    gelu: "tanh" (the formula) or "f16_table" (llama.cpp's CPU table, to measure what it changes).
+    keep: keep the dequantized file in memory for the next call on the same path."""
+    f = _CACHE.get(path) or _File(path)
+    if keep:
+        _CACHE[path] = f
     arch, T = f.arch, f.t
     E, L, H = f.a("embedding_length"), f.a("block_count"), f.a("attention.head_count")
     Hkv = f.a("attention.head_count_kv", H)
@@ -174,7 +189,8 @@ def ref_logits(path, tokens, n_ctx=None):
         else:   # phi3: one ffn_up, the gate's rows first
             gu = h @ T[b + "ffn_up.weight"].T
             gt, up = gu[:, :gu.shape[1] // 2], gu[:, gu.shape[1] // 2:]
-        y = ((_gelu(gt) if gemma else _silu(gt)) * up) @ T[b + "ffn_down.weight"].T
+        act = (_gelu_f16_table if gelu == "f16_table" else _gelu) if gemma else _silu
+        y = (act(gt) * up) @ T[b + "ffn_down.weight"].T
         if gemma:
             y = _rms(y, T[b + "post_ffw_norm.weight"], eps)
         if arch == "granite" and f.a("residual_scale"):
