@@ -321,3 +321,16 @@ def test_arch_results_do_not_depend_on_threads(tmp_path, arch):
     outs = [Model.load(p, n_ctx=64, n_batch=4, n_threads=t).logits(TOKENS) for t in (1, 2, 3)]
     for o in outs[1:]:
         np.testing.assert_array_equal(o, outs[0])
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+def test_gemma_python_steps_match_the_c_plan(tmp_path, arch, monkeypatch):
+    """the Python steps of the new kinds (matmul_geglu, attn_seqs with window and ring, softcap)
+    give what the C plan gives"""
+    p = _tiny(tmp_path, arch, qtype="Q8_0")
+    c = Model.load(p, n_ctx=64, n_batch=3).logits(TOKENS)
+    monkeypatch.setattr(_records, "PY_STEPS", {"qmatmul_geglu", "attn_seqs", "softcap", "geglu"})
+    m = Model.load(p, n_ctx=64, n_batch=3)
+    assert m.swa_cells == 7
+    py = m.logits(TOKENS)
+    np.testing.assert_allclose(py, c, rtol=0, atol=1e-5 * np.max(np.abs(c)))
