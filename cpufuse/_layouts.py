@@ -146,7 +146,7 @@ QM = Layout("QM", "quantized matmul (cpufuse.quant.matmul -> cf_qmatmul_f32, nat
     ("ROWS K XS", "activation rows, n_in, x row stride (floats)"),
     ("ACT", "0 f32 activations, 1 q8"),
     ("NW", "number of weights (1..3)"),
-    ("EPI", "0 one output per weight, 1 silu(y0) * y1 (matmul_swiglu), 2 y0 = res + y0 (matmul residual=)"),
+    ("EPI", "0 one output per weight, 1 silu(y0) * y1 (matmul_swiglu), 2 y0 = res + y0 (matmul residual=), 3 gelu(y0) * y1 (matmul_geglu)"),
     ("NORM", "1: RMS_NORM (x norm_w) prologue"),
     ("RS", "EPI 2: the residual's row stride (floats)"),
     ("W0", "the first weight's QW_* block (3 blocks)"),
@@ -196,9 +196,13 @@ _RECORDS = [
      "y + p0 * row_bytes, p0 = *(int32 *)ptrs[pos0] checked against n_ctx"),
     ("CACHE_WRITE", "n src cache pos0 n_ctx t f16", "t rows (n elements) of f32 src into cache rows p0.."),
     ("KV_WRITE", "n src cache cells n_cells row f16", "row i of src into cache cell cells[i] (distinct, < n_cells)"),
-    ("ATTN_SEQS", "q k v seqs ngroups out n h hkv d n_cells kf16 vf16 split_min_t tiled_min_n chunk f_scale f_softcap",
-     "attention of each sequence over its own KV cells"),
+    ("ATTN_SEQS", "q k v seqs ngroups out n h hkv d n_cells kf16 vf16 split_min_t tiled_min_n chunk f_scale f_softcap "
+     "swa ring", "attention of each sequence over its own KV cells (swa > 0: a sliding window of swa positions; "
+     "ring > 0: a sequence's cells are a ring of that many)"),
     ("GATHER_ROWS", "m src idx dst row n_src", "dst[j] = src[idx[j]]"),
+    ("GELU", "n a y", "y = gelu(a), the tanh form"),
+    ("GEGLU", "n g u nb y", "y = gelu(g) * u"),
+    ("SOFTCAP", "n a f_inv f_c y", "y = c * tanh(a * inv), inv = 1/c"),
 ]
 RECORDS = tuple(Record(name, i + 1, fields, doc) for i, (name, fields, doc) in enumerate(_RECORDS))
 

@@ -123,6 +123,21 @@ class Graph:
         self._f32(a, "silu", self._name("silu", name))
         return self._add("silu", [a], {}, a.shape, F32, name)
 
+    def gelu(self, a, name=None):
+        """GELU, tanh form: a / (1 + exp(-a (C1 + C2 a^2))), C1 = 2 sqrt(2/pi), C2 = 0.044715 C1
+        (= 0.5 a (1 + tanh(sqrt(2/pi) (a + 0.044715 a^3))); docs/semantics.md §5)"""
+        self._f32(a, "gelu", self._name("gelu", name))
+        return self._add("gelu", [a], {}, a.shape, F32, name)
+
+    def softcap(self, a, cap, name=None):
+        """y = cap * tanh(a / cap) (the logit softcap of Gemma 2), cap a finite number > 0"""
+        nm = self._name("softcap", name)
+        self._f32(a, "softcap", nm)
+        cap = float(cap)
+        if not (math.isfinite(cap) and cap > 0):
+            raise GraphError(f"softcap {nm!r}: cap must be finite and > 0, got {cap}")
+        return self._add("softcap", [a], {"cap": cap}, a.shape, F32, name)
+
     def rms_norm(self, a, eps, name=None):
         nm = self._name("rms_norm", name)
         self._f32(a, "rms_norm", nm)
@@ -304,7 +319,7 @@ class Graph:
         self._i32_input("kv_write", nm, cells, "cells", (src.shape[0],))
         return self._add("kv_write", [src, cells], {"cache": cache}, cache.shape, cache.dtype, name)
 
-    def attn_seqs(self, q, k, v, seqs, scale, softcap=0.0, name=None):
+    def attn_seqs(self, q, k, v, seqs, scale, softcap=0.0, window=0, ring=0, name=None):
         """Attention of a batch that mixes sequences, each over exactly its own KV cells. q (n_tokens,
         n_heads, head_dim) float32; k, v: kv_write (or cache_write) nodes, i.e. KV caches (n_cells,
         n_kv_heads, head_dim) with n_heads a multiple of n_kv_heads (GQA); seqs an int32 input node
@@ -313,7 +328,12 @@ class Graph:
         in cell cell0 + p, and token i attends positions 0 .. pos0+i (causal). Rows with n_rows = 0
         are unused. Each sequence is one flash_attn call with N = n_rows, T = pos0 + n_rows and the
         auto strategy of cpufuse.ops.choose_strategy: what it computes alone, whatever else is in
-        the batch. Output (n_tokens, n_heads, head_dim) float32 (rows of no group are left as they were)."""
+        the batch. window > 0: a sliding window, the token at position p attends positions
+        p - window + 1 .. p only (T counts from the group's first visible position). ring > 0 (with a
+        window): each sequence's cells are a ring of `ring` cells from cell0, position p in cell
+        cell0 + p % ring (a sliding-window layer's cache of window + batch cells); a group whose
+        visible keys wrap around is attended over a contiguous copy of them.
+        Output (n_tokens, n_heads, head_dim) float32 (rows of no group are left as they were)."""
         nm = self._name("attn_seqs", name)
         self._f32(q, "attn_seqs", nm)
         if len(q.shape) != 3:
@@ -327,7 +347,14 @@ class Graph:
         if k.shape != v.shape:
             raise GraphError(f"attn_seqs {nm!r}: k {k.shape} and v {v.shape} caches differ")
         self._i32_input("attn_seqs", nm, seqs, "seqs", (None, 4))
-        return self._add("attn_seqs", [q, k, v, seqs], {"scale": float(scale), "softcap": float(softcap)},
+        if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 0:
+            raise GraphError(f"attn_seqs {nm!r}: window must be an integer >= 0 (0: none), got {window!r}")
+        if isinstance(ring, bool) or not isinstance(ring, (int, np.integer)) or ring < 0 or \
+                (ring and not (window and window <= ring <= k.shape[0])):
+            raise GraphError(f"attn_seqs {nm!r}: ring must be 0 or an integer in [window, n_cells] with a "
+                             f"window > 0, got ring={ring!r}, window={window!r}, n_cells={k.shape[0]}")
+        return self._add("attn_seqs", [q, k, v, seqs], {"scale": float(scale), "softcap": float(softcap),
+                                                        "window": int(window), "ring": int(ring)},
                          q.shape, F32, name)
 
     def gather_rows(self, x, idx, name=None):

@@ -223,6 +223,17 @@ class Plan(Lowering, Program):
             x = A(st.ins[0])
             with np.errstate(over="ignore"):  # exp(-x) = inf for very negative x: silu -> -0, as in C
                 np.divide(x, 1.0 + np.exp(-x), out=A(st.outs[0]))
+        elif k in ("gelu", "geglu"):
+            g = A(st.ins[0])
+            with np.errstate(over="ignore", invalid="ignore"):   # graph.inc's gelu_v, op by op in f32 (-inf: NaN)
+                z = g * (np.float32(0.07135481627159025) * (g * g) + np.float32(1.5957691216057308))
+                y = g / (np.float32(1.0) + np.exp(-z))
+            if k == "geglu":
+                y = y * A(st.ins[1])
+            np.copyto(A(st.outs[0]), y)
+        elif k == "softcap":
+            c = np.float32(st.params["cap"])
+            np.multiply(np.tanh(A(st.ins[0]) * (np.float32(1.0) / c)), c, out=A(st.outs[0]))
         elif k == "swiglu":
             g, u = A(st.ins[0]), A(st.ins[1])
             with np.errstate(over="ignore"):
@@ -248,7 +259,7 @@ class Plan(Lowering, Program):
             np.copyto(A(st.outs[0]), A(st.ins[0]))
         elif k == "concat":
             np.concatenate([A(st.ins[0]), A(st.ins[1])], axis=st.params["axis"], out=A(st.outs[0]))
-        elif k in ("qmatmul", "qmatmul_swiglu"):
+        elif k in ("qmatmul", "qmatmul_swiglu", "qmatmul_geglu"):
             from ..quant import matmul as _qm
             p = st.params
             x = A(st.ins[0])
@@ -259,6 +270,8 @@ class Plan(Lowering, Program):
                     kw["norm_weight"] = np.ascontiguousarray(A(st.ins[1])).reshape(-1)
             if k == "qmatmul_swiglu":
                 _qm.matmul_swiglu(x, p["ws"][0], p["ws"][1], out=A(st.outs[0]), **kw)
+            elif k == "qmatmul_geglu":
+                _qm.matmul_geglu(x, p["ws"][0], p["ws"][1], out=A(st.outs[0]), **kw)
             elif len(p["ws"]) == 1:
                 _qm.matmul(x, p["ws"][0], out=A(st.outs[0]), **kw)
             else:
@@ -305,16 +318,23 @@ class Plan(Lowering, Program):
         for g, (cell0, r0, nr, pos0) in enumerate(seqs.tolist()):
             if nr == 0:
                 continue
-            if nr < 0 or r0 < 0 or r0 + nr > n or pos0 < 0 or cell0 < 0 or cell0 + pos0 + nr > kc.shape[0]:
+            win, ring = st.params["window"], st.params["ring"]
+            k0 = max(0, pos0 - win + 1) if win > 0 else 0   # graph.inc plan_attn_seqs: the first visible key
+            T = pos0 + nr - k0
+            if nr < 0 or r0 < 0 or r0 + nr > n or pos0 < 0 or cell0 < 0 or (
+                    cell0 + ring > kc.shape[0] or T > ring if ring else cell0 + pos0 + nr > kc.shape[0]):
                 raise GraphError(f"run: attn_seqs {st.outs[0].name!r}: group {g} (cell0, row0, n_rows, pos0) = "
-                                 f"{(cell0, r0, nr, pos0)} does not fit {n} query rows and {kc.shape[0]} cache cells")
-            T = pos0 + nr
+                                 f"{(cell0, r0, nr, pos0)} does not fit {n} query rows and {kc.shape[0]} cache cells"
+                                 + (f" (a ring of {ring} cells per sequence, window {win})" if ring else ""))
             mask = None
             if nr > 1:
                 mask = np.zeros((1, 1, nr, T), F16)
-                mask[0, 0][np.arange(T)[None, :] > pos0 + np.arange(nr)[:, None]] = -np.inf
-            K = kc[cell0:cell0 + T].transpose(1, 0, 2)[None]
-            V = vc[cell0:cell0 + T].transpose(1, 0, 2)[None]
+                pk, pq = k0 + np.arange(T)[None, :], pos0 + np.arange(nr)[:, None]
+                bad = (pk > pq) | ((pq - pk >= win) if win > 0 else False)
+                mask[0, 0][bad] = -np.inf
+            rows = cell0 + (np.arange(k0, k0 + T) % ring if ring else np.arange(k0, k0 + T))
+            K = kc[rows].transpose(1, 0, 2)[None]
+            V = vc[rows].transpose(1, 0, 2)[None]
             Q = q[r0:r0 + nr].transpose(1, 0, 2)[None]
             o = _attn.flash_attn(Q, K, V, mask, scale=st.params["scale"], softcap=st.params["softcap"],
                                 isa=self.isa, n_threads=nth)

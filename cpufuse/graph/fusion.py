@@ -103,13 +103,14 @@ class Lowering:
             return None
         if n.op == "rope":
             return self._rope_cache(n, pos)
-        if n.op == "silu":
+        if n.op in ("silu", "gelu"):
             cons = self._consumers[n.id]
             if cons and cons[0].op == "mul":
                 m = cons[0]
-                u, why = self._mul_operand(n, m, pos, "SILU -> MUL")
+                label = n.op.upper() + " -> MUL"
+                u, why = self._mul_operand(n, m, pos, label)
                 if why is None:
-                    return Step("swiglu", [n, m], [n.srcs[0], u], [m], note="SILU -> MUL")
+                    return Step("swiglu" if n.op == "silu" else "geglu", [n, m], [n.srcs[0], u], [m], note=label)
                 self.rejected.append(why)
         return None
 
@@ -131,7 +132,7 @@ class Lowering:
         if len(cons) != 1:
             return None
         c = cons[0]
-        if c.op == "silu":
+        if c.op in ("silu", "gelu"):
             s = c
             sc = self._consumers[s.id]
             if len(sc) != 1 or sc[0].op != "mul":
@@ -141,14 +142,14 @@ class Lowering:
         elif c.op == "mul":
             m = c
             s = self._other(m, n)
-            if s is None or s.op != "silu" or s.srcs[0].op != "qmatmul":
+            if s is None or s.op not in ("silu", "gelu") or s.srcs[0].op != "qmatmul":
                 return None
             g, u = s.srcs[0], n
         else:
             return None
         if u is None or u.op != "qmatmul" or g is u:
             return None
-        label = "QMATMUL x2 -> SILU -> MUL"
+        label = f"QMATMUL x2 -> {s.op.upper()} -> MUL"
         why = None
         for node in (g, u, s):
             why = why or self._intermediate(node, label)
@@ -243,6 +244,10 @@ class Lowering:
         act = nodes[0].params["act"]
         if kind == "swiglu":
             g, u, s, mm = nodes
+            if s.op == "gelu":
+                return Step("qmatmul_geglu", pre + nodes, [x, w], [mm],
+                            {"ws": (g.params["w"], u.params["w"]), "act": act, "eps": eps},
+                            note=head + "QMATMUL x2 -> GELU -> MUL (matmul_geglu)")
             return Step("qmatmul_swiglu", pre + nodes, [x, w], [mm],
                         {"ws": (g.params["w"], u.params["w"]), "act": act, "eps": eps},
                         note=head + "QMATMUL x2 -> SILU -> MUL (matmul_swiglu)")
@@ -343,7 +348,8 @@ class Lowering:
                     {"scale": scale * sm.params["scale"], "max_bias": 0.0}, note=label)
 
     def _single(self, n):
-        kind = {"add": "add", "mul": "mul", "scale": "scale", "silu": "silu", "rms_norm": "rms_norm",
+        kind = {"add": "add", "mul": "mul", "scale": "scale", "silu": "silu", "gelu": "gelu", "softcap": "softcap",
+                "rms_norm": "rms_norm",
                 "softmax": "softmax", "flash_attn": "flash_attn", "matmul": "matmul", "copy": "copy",
                 "concat": "concat", "qmatmul": "qmatmul", "rope": "rope", "cache_write": "cache_write",
                 "kv_write": "kv_write", "attn_seqs": "attn_seqs", "gather_rows": "gather_rows"}[n.op]

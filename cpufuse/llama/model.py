@@ -1,4 +1,5 @@
-"""A llama-architecture GGUF model on cpufuse's fused kernels (docs/semantics.md §10).
+"""A GGUF decoder model (llama, qwen2, qwen3, gemma3, gemma2, phi3, smollm3, granite) on cpufuse's
+fused kernels (docs/semantics.md §10, docs/architectures.md).
 
     from cpufuse.llama import Model
     m = Model.load("SmolLM2-135M-Instruct.Q4_1.gguf", n_ctx=2048, n_threads=2)
@@ -33,10 +34,12 @@ Weights: Model.load(repack=True, the default) lays each quantized weight out in 
 panels for the kernels (QTensor.repack; the same results bit for bit) and drops the file pages it
 read from the process's memory, so RSS stays near the file size; repack=False keeps the mapping.
 KV cache: n_seq slots of n_ctx cells (k_cache[l] is (n_seq * n_ctx, n_kv_heads, head_dim)); the
-generate/eval API uses slot 0, the server (cpufuse.serve.batch) all of them.
+generate/eval API uses slot 0, the server (cpufuse.serve.batch) all of them. Sliding-window layers
+(gemma) keep a ring of window + n_batch cells per slot instead (docs/architectures.md).
 
 Architectures: llama (RoPE NORM), qwen2 (Q/K/V biases, RoPE NEOX), qwen3 (per-head Q/K RMSNorm,
-NEOX). Anything else is refused with a ValueError naming the architecture.
+NEOX), gemma3, gemma2, phi3, smollm3, granite (docs/architectures.md). Anything else is refused
+with a ValueError naming the architecture.
 """
 from __future__ import annotations
 
@@ -60,11 +63,16 @@ __all__ = ["Model", "HParams", "GenerationResult", "SUPPORTED_ARCHS"]
 
 F32 = np.float32
 F16 = np.float16
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
-_ROPE_MODE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox"}
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "gemma2", "phi3", "smollm3", "granite")
+_ROPE_MODE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "gemma3": "neox", "gemma2": "neox",
+              "phi3": "neox", "smollm3": "norm", "granite": "norm"}
+_GEMMA = ("gemma2", "gemma3")
+_SMOLLM3_NOPE_STEP = 4     # llama.cpp's n_no_rope_layer_step for smollm3 (no GGUF key)
 DEFAULT_N_CTX = 2048
 DEFAULT_N_BATCH = 512
 MAX_N_SEQ = 1024           # KV slots
+SWA_RINGS = True           # sliding-window layers keep rings of window + n_batch cells (False: full
+                           # caches, the same results bit for bit; tests and benchmarks compare)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -160,6 +168,24 @@ class HParams:
     attn_factor: float = 1.0
     n_ctx_orig: int = 0
     kq_scale: float = 0.0
+    # the per-architecture parts (docs/architectures.md); the defaults are llama's
+    qk_norm: bool = False             # per-head Q/K RMSNorm before RoPE (qwen3, gemma3)
+    post_norms: bool = False          # RMSNorm of each branch output before its residual add (gemma)
+    ffn_act: str = "silu"             # the gate activation: "silu" (SwiGLU) or "gelu" (GEGLU, tanh form)
+    emb_scale: float = 0.0            # x = embedding * emb_scale when > 0 (gemma: sqrt(n_embd); granite)
+    residual_scale: float = 0.0       # branch * residual_scale before the residual add when > 0 (granite)
+    logit_scale: float = 0.0          # logits / logit_scale when > 0 (granite)
+    attn_softcap: float = 0.0         # attention-logit softcap c*tanh(s/c) when > 0 (gemma2)
+    final_softcap: float = 0.0        # final-logit softcap when > 0 (gemma2; gemma3 when the key is set)
+    swa_window: int = 0               # sliding window of the SWA layers (0: none)
+    swa_layers: tuple = ()            # per layer: True = sliding-window layer
+    freq_base_swa: float = 10000.0    # RoPE base and scale of the SWA layers
+    freq_scale_swa: float = 1.0
+    nope_layers: tuple = ()           # per layer: True = no RoPE (smollm3)
+
+    def __post_init__(self):
+        self.swa_layers = tuple(self.swa_layers) or (False,) * self.n_layer
+        self.nope_layers = tuple(self.nope_layers) or (False,) * self.n_layer
 
     @classmethod
     def from_gguf(cls, gf, n_vocab):
@@ -210,11 +236,66 @@ class HParams:
             a = 0.1 * math.log(fct) + 1.0 if fct > 1.0 else 1.0
             attn_factor = a * (1.0 / (1.0 + 0.1 * math.log(fct)))
         attn_factor *= _float_key(gf, p + "rope.scaling.attn_factor", 1.0)
-        return cls(arch=arch, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
-                   head_dim=d_k, n_rot=n_rot, n_vocab=n_vocab, n_ctx_train=n_ctx_train, eps=eps,
-                   freq_base=freq_base, freq_scale=freq_scale, rope_mode=_ROPE_MODE[arch],
-                   rope_scaling=scaling, ext_factor=ext_factor, attn_factor=attn_factor,
-                   n_ctx_orig=n_ctx_orig, kq_scale=1.0 / math.sqrt(d_k))
+        hp = cls(arch=arch, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
+                 head_dim=d_k, n_rot=n_rot, n_vocab=n_vocab, n_ctx_train=n_ctx_train, eps=eps,
+                 freq_base=freq_base, freq_scale=freq_scale, rope_mode=_ROPE_MODE[arch],
+                 rope_scaling=scaling, ext_factor=ext_factor, attn_factor=attn_factor,
+                 n_ctx_orig=n_ctx_orig, kq_scale=1.0 / math.sqrt(d_k),
+                 swa_layers=(False,) * n_layer, nope_layers=(False,) * n_layer)
+        _arch_hparams(gf, hp)
+        return hp
+
+
+def _arch_hparams(gf, hp):
+    """The architecture-specific keys and rules (as llama.cpp's load_hparams reads them)."""
+    arch, p, L = hp.arch, hp.arch + ".", hp.n_layer
+    hp.qk_norm = arch in ("qwen3", "gemma3")
+    if arch in _GEMMA:
+        hp.post_norms, hp.ffn_act = True, "gelu"
+        hp.emb_scale = float(np.sqrt(np.float32(hp.n_embd)))   # llama.cpp: sqrtf(n_embd), f32
+        # q scale: 1/sqrt(key_length), except the 27B sizes (gemma2 46 layers, gemma3 62) which use
+        # 1/sqrt(n_embd / n_head)
+        big = (arch == "gemma2" and L == 46) or (arch == "gemma3" and L == 62)
+        hp.kq_scale = 1.0 / math.sqrt(hp.n_embd // hp.n_head if big else hp.head_dim)
+        hp.final_softcap = _float_key(gf, p + "final_logit_softcapping", 30.0 if arch == "gemma2" else 0.0,
+                                      zero_ok=True)
+        if arch == "gemma2":
+            hp.attn_softcap = _float_key(gf, p + "attn_logit_softcapping", 50.0, zero_ok=True)
+            window = _int_key(gf, p + "attention.sliding_window", 4096, lo=0, hi=MAX_N_CTX)
+            pattern = 2
+            hp.freq_base_swa = _float_key(gf, p + "rope.freq_base_swa", hp.freq_base)
+            hp.freq_scale_swa = hp.freq_scale
+        else:
+            window = _int_key(gf, p + "attention.sliding_window", 0, lo=0, hi=MAX_N_CTX)
+            pattern = 6
+            hp.freq_base_swa = _float_key(gf, p + "rope.freq_base_swa", 10000.0)
+            hp.freq_scale_swa = 1.0
+        key = p + "attention.sliding_window_pattern"
+        if key in gf.kv:
+            v = gf.kv[key]
+            if isinstance(v, np.ndarray):
+                if v.shape != (L,) or v.dtype.kind not in "biu":
+                    raise ValueError(f"{key}: a per-layer array needs one bool per layer (block_count = {L}), "
+                                     f"found {gf.value_type(key)} of {v.size}")
+                swa = tuple(bool(b) for b in v.tolist())
+            else:
+                pattern = _int_key(gf, key, lo=0, hi=MAX_LAYERS)
+                swa = None
+        else:
+            swa = None
+        if swa is None:   # llama.cpp set_swa_pattern(n): layer il is SWA iff il % n < n - 1 (n = 0: all)
+            swa = tuple(pattern == 0 or il % pattern < pattern - 1 for il in range(L))
+        if window > 0:
+            hp.swa_window, hp.swa_layers = window, swa
+    elif arch == "granite":
+        hp.emb_scale = _float_key(gf, p + "embedding_scale", 0.0, zero_ok=True)
+        hp.residual_scale = _float_key(gf, p + "residual_scale", 0.0, zero_ok=True)
+        hp.logit_scale = _float_key(gf, p + "logit_scale", 0.0, zero_ok=True)
+        a = _float_key(gf, p + "attention.scale", 0.0, zero_ok=True)
+        if a:
+            hp.kq_scale = a
+    elif arch == "smollm3":
+        hp.nope_layers = tuple((il + 1) % _SMOLLM3_NOPE_STEP == 0 for il in range(L))
 
 
 def _arch(gf):
@@ -307,7 +388,7 @@ def _vector(t, n):
 
 class _Layer:
     __slots__ = ("attn_norm", "wq", "wk", "wv", "bq", "bk", "bv", "wo", "bo", "q_norm", "k_norm",
-                 "ffn_norm", "wg", "wu", "wd", "bd")
+                 "ffn_norm", "wg", "wu", "wd", "bd", "post_attn_norm", "post_ffn_norm")
 
 
 @dataclass
@@ -487,6 +568,11 @@ class Model:
         self.output_bias = vec("output.bias", V, required=False)
         self.n_logits = self.output.n_out
         self.rope_freqs = vec("rope_freqs.weight", hp.n_rot // 2, required=False)
+        if hp.arch == "phi3" and "rope_factors_long.weight" in tensors:
+            # LongRoPE: per-dimension frequency factors, the long ones when the context exceeds the
+            # original one (llama.cpp build_rope_factors: n_ctx_per_seq > n_ctx_orig_yarn)
+            which = "long" if self.n_ctx > hp.n_ctx_orig else "short"
+            self.rope_freqs = vec(f"rope_factors_{which}.weight", hp.n_rot // 2)
 
         layers = []
         for i in range(hp.n_layer):
@@ -513,14 +599,26 @@ class Model:
                 L.bv = vec(b + "attn_v.bias", Hkv * D, required=False)
             L.wo = qt(b + "attn_output.weight", (E, H * D))
             L.bo = vec(b + "attn_output.bias", E, required=False)
-            if hp.arch == "qwen3":
+            if hp.qk_norm:
                 L.q_norm = vec(b + "attn_q_norm.weight", D)
                 L.k_norm = vec(b + "attn_k_norm.weight", D)
             else:
                 L.q_norm = L.k_norm = None
             L.ffn_norm = vec(b + "ffn_norm.weight", E)
-            L.wg = qt(b + "ffn_gate.weight", (FF, E))
-            L.wu = qt(b + "ffn_up.weight", (FF, E))
+            if hp.post_norms:   # gemma: the branch outputs' norms (weights with the +1 already in)
+                L.post_attn_norm = vec(b + "post_attention_norm.weight", E)
+                L.post_ffn_norm = vec(b + "post_ffw_norm.weight", E)
+            else:
+                L.post_attn_norm = L.post_ffn_norm = None
+            if b + "ffn_gate.weight" not in tensors and b + "ffn_up.weight" in tensors and \
+                    tensors[b + "ffn_up.weight"].ne == (E, 2 * FF):
+                # phi3: one ffn_up of 2*n_ff rows, the gate first (llama.cpp LLM_FFN_SWIGLU on the halves)
+                w = qt(b + "ffn_up.weight", (2 * FF, E))
+                L.wg = QTensor(w.raw[:FF], w.qtype, (FF, E))
+                L.wu = QTensor(w.raw[FF:], w.qtype, (FF, E))
+            else:
+                L.wg = qt(b + "ffn_gate.weight", (FF, E))
+                L.wu = qt(b + "ffn_up.weight", (FF, E))
             L.wd = qt(b + "ffn_down.weight", (E, FF))
             L.bd = vec(b + "ffn_down.bias", E, required=False)
             for nm in ("ffn_gate.bias", "ffn_up.bias"):
@@ -551,11 +649,36 @@ class Model:
             self.output = rp(self.output)
 
     def _alloc(self):
+        """The KV cache: per layer (n_seq * n_ctx, n_kv_heads, head_dim) cells, except that
+        sliding-window layers hold a ring of swa_cells = window + n_batch cells per sequence when
+        that is less than n_ctx (k_cache is then a list of per-layer arrays)."""
         hp = self.hparams
         kvt = F16 if self.kv_dtype == "f16" else F32
         n_cells = self.n_seq * self.n_ctx
-        self.k_cache = np.zeros((hp.n_layer, n_cells, hp.n_head_kv, hp.head_dim), kvt)
-        self.v_cache = np.zeros((hp.n_layer, n_cells, hp.n_head_kv, hp.head_dim), kvt)
+        C = hp.swa_window + self.n_batch
+        self.swa_cells = C if SWA_RINGS and hp.swa_window and any(hp.swa_layers) and C < self.n_ctx else 0
+        if not self.swa_cells:
+            self.k_cache = np.zeros((hp.n_layer, n_cells, hp.n_head_kv, hp.head_dim), kvt)
+            self.v_cache = np.zeros((hp.n_layer, n_cells, hp.n_head_kv, hp.head_dim), kvt)
+            return
+        shape = [((self.n_seq * C) if swa else n_cells, hp.n_head_kv, hp.head_dim) for swa in hp.swa_layers]
+        self.k_cache = [np.zeros(sh, kvt) for sh in shape]
+        self.v_cache = [np.zeros(sh, kvt) for sh in shape]
+
+    @property
+    def kv_bytes(self):
+        """bytes of the KV cache (K and V, every layer)"""
+        return sum(a.nbytes for a in self.k_cache) + sum(a.nbytes for a in self.v_cache)
+
+    def kv_reusable(self, keep, n_cached):
+        """How many of the first `keep` cached tokens a new sequence may reuse when the slot holds
+        n_cached evaluated tokens: all of them, except with the sliding-window rings, where the
+        cells of positions keep - window + 1 .. keep - 1 must not have been overwritten by later
+        positions (else 0: evaluate from the start)."""
+        C, W = self.swa_cells, self.hparams.swa_window
+        if not C or keep <= 0 or max(0, keep - W + 1) >= n_cached - C:
+            return keep
+        return 0
 
     def plan(self, n_tokens=1, all_logits=False):
         """The compiled decoder plan (cpufuse.graph.DynamicPlan) a micro-batch of n_tokens runs on,
@@ -779,6 +902,7 @@ class Model:
                 m = min(len(c), len(ids) - 1)
                 while keep < m and c[keep] == ids[keep]:
                     keep += 1
+                keep = self.kv_reusable(keep, len(c))
             self._n_past = keep
             del self._cached[keep:]
             sampler.accept_prompt(ids)

@@ -465,6 +465,9 @@ class Tokenizer:
         self.special_ids = ids
         self.eog_ids = frozenset(eog)
         self.chat_template: Optional[str] = meta.get("tokenizer.chat_template") or None
+        if self.chat_template is None and "<start_of_turn>" in tokens and "<end_of_turn>" in tokens:
+            from .chat import GEMMA_TEMPLATE   # a Gemma file without a template (llama.cpp's fallback too)
+            self.chat_template = GEMMA_TEMPLATE
 
         # special-token cache: CONTROL | USER_DEFINED | UNKNOWN, longest (UTF-8 bytes) first
         cache = [i for i in range(n) if attrs[i] & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)]

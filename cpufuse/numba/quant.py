@@ -497,7 +497,7 @@ def _work(lo, hi, nrc, c0, c1, rows, K, x, xs, w0, w1, w2, t0, t1, t2, act_q8, e
     sm = np.empty(nsub, np.float32)
     ssc = np.empty(2 * nsub, np.int64)
     smn = np.empty(nsub, np.int64)
-    if epi == 1:
+    if epi == 1 or epi == 3:
         wq2 = np.empty(K, np.int8)
         wf2 = np.empty(K, np.float32)
         sd2 = np.empty(nsub, np.float32)
@@ -521,15 +521,19 @@ def _work(lo, hi, nrc, c0, c1, rows, K, x, xs, w0, w1, w2, t0, t1, t2, act_q8, e
         o0 = oc * _CO
         for o in range(o0, min(o0 + _CO, wa.shape[0])):
             _unpack(ta, pa == 0, wa[o], K, wq, sd, sm, ssc, smn, wf, hb)
-            if epi == 1:
+            if epi == 1 or epi == 3:
                 _unpack(t1, pb == 0, w1[o], K, wq2, sd2, sm2, ssc2, smn2, wf2, hb)
             for r in range(r0, r1):
                 g = np.float32(_rowdot(pa, ta, K, x, r * xs, wf, wq, sd, sm, ssc, smn, r,
                                        aq32, ad32, sa32, aqk, adk, bsk))
-                if epi == 1:
+                if epi == 1 or epi == 3:
                     u = np.float32(_rowdot(pb, t1, K, x, r * xs, wf2, wq2, sd2, sm2, ssc2, smn2, r,
                                            aq32, ad32, sa32, aqk, adk, bsk))
-                    g = g / (F32(1.0) + np.float32(math.exp(-g))) * u
+                    if epi == 3:   # gelu, tanh form (graph.inc gelu_v's operation order)
+                        z = g * (F32(0.07135481627159025) * (g * g) + F32(1.5957691216057308))
+                        g = g / (F32(1.0) + np.float32(math.exp(-z))) * u
+                    else:
+                        g = g / (F32(1.0) + np.float32(math.exp(-g))) * u
                 elif epi == 2:
                     g = res[r * rs + o] + g
                 y[r * ys + o] = g
@@ -612,7 +616,7 @@ def qmatmul(x, norm_w, eps, do_norm, ws, type_ids, act_q8, epi, ys, res=None):
     wl = [_ro_weight(w) for w in ws] + [_DUMMY_W] * (3 - n)
     tl = [int(t) for t in type_ids] + [0] * (3 - n)
     outs, yl, sl = [], [], []
-    n_y = 1 if epi == 1 else n
+    n_y = 1 if epi in (1, 3) else n
     for i in range(3):
         if i < n_y:
             y = ys[i]

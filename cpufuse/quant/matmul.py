@@ -366,6 +366,18 @@ def matmul_swiglu(x, w_gate, w_up, *, act=None, out=None, isa=None, n_threads=No
                 None, key)[0]
 
 
+def matmul_geglu(x, w_gate, w_up, *, act=None, out=None, isa=None, n_threads=None, norm_weight=None, eps=None):
+    """gelu(x . Wg^T) * (x . Wu^T) in one kernel (GEGLU, the tanh-form GELU of docs/semantics.md
+    §5): matmul_swiglu with GELU in place of SiLU (epilogue 3). Wg and Wu must have the same shape."""
+    _check_w(w_gate, "w_gate")
+    _check_w(w_up, "w_up")
+    if w_gate.shape != w_up.shape:
+        raise ValueError(f"w_gate and w_up must have the same shape, got {w_gate.shape} and {w_up.shape}")
+    lead = _lead(x)
+    return _run(x, (w_gate, w_up), ("w_gate", "w_up"), act, None if out is None else [out], isa, n_threads,
+                norm_weight, eps, 3, lead, None, None)[0]
+
+
 def _lead(x):
     if not isinstance(x, np.ndarray):
         raise TypeError(f"x must be a numpy.ndarray of float32, got {type(x).__name__}")

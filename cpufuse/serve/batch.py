@@ -79,6 +79,9 @@ class BatchEngine(Engine):
                          getattr(tok, "chat_template", None))
         if int(chunk) < 1:
             raise ValueError(f"chunk must be >= 1, got {chunk!r}")
+        if getattr(model, "swa_cells", 0) and int(chunk) > model.n_batch:
+            raise ValueError(f"chunk must be <= the model's n_batch ({model.n_batch}) for its sliding-window "
+                             f"layers' KV rings (window + n_batch cells), got {chunk!r}")
         self.model, self.model_path = model, getattr(model, "path", name)
         self.chunk = int(chunk)
         self.step_tokens = max(self.chunk, int(step_tokens or self.chunk))
@@ -120,6 +123,7 @@ class BatchEngine(Engine):
                 while n < lim and s.tokens[n] == prompt[n]:
                     n += 1
                 n = n // self.chunk * self.chunk       # whole chunks only (batch invariance)
+                n = self.model.kv_reusable(n, len(s.tokens))   # 0 where a sliding-window ring moved on
                 if n > best_n or (n == best_n and s.last_used < best.last_used):
                     best, best_n = s, n
             best.busy = True

@@ -63,8 +63,8 @@ enum {
 };
 
 /* plan executor opcodes (cf_plan_run, native/kernels/graph.inc) */
-enum { OP_ADD = 1, OP_MUL = 2, OP_SCALE = 3, OP_SILU = 4, OP_SWIGLU = 5, OP_RMS_NORM = 6, OP_SOFTMAX = 7, OP_FLASH_ATTN = 8, OP_COPY = 9, OP_GEMM = 10, OP_QMM = 11, OP_ROPE = 12, OP_CACHE_WRITE = 13, OP_KV_WRITE = 14, OP_ATTN_SEQS = 15, OP_GATHER_ROWS = 16, OP_END };
-#define CF_PLAN_NARGS { 0, R_ADD_NARGS, R_MUL_NARGS, R_SCALE_NARGS, R_SILU_NARGS, R_SWIGLU_NARGS, R_RMS_NORM_NARGS, R_SOFTMAX_NARGS, R_FLASH_ATTN_NARGS, R_COPY_NARGS, R_GEMM_NARGS, R_QMM_NARGS, R_ROPE_NARGS, R_CACHE_WRITE_NARGS, R_KV_WRITE_NARGS, R_ATTN_SEQS_NARGS, R_GATHER_ROWS_NARGS }
+enum { OP_ADD = 1, OP_MUL = 2, OP_SCALE = 3, OP_SILU = 4, OP_SWIGLU = 5, OP_RMS_NORM = 6, OP_SOFTMAX = 7, OP_FLASH_ATTN = 8, OP_COPY = 9, OP_GEMM = 10, OP_QMM = 11, OP_ROPE = 12, OP_CACHE_WRITE = 13, OP_KV_WRITE = 14, OP_ATTN_SEQS = 15, OP_GATHER_ROWS = 16, OP_GELU = 17, OP_GEGLU = 18, OP_SOFTCAP = 19, OP_END };
+#define CF_PLAN_NARGS { 0, R_ADD_NARGS, R_MUL_NARGS, R_SCALE_NARGS, R_SILU_NARGS, R_SWIGLU_NARGS, R_RMS_NORM_NARGS, R_SOFTMAX_NARGS, R_FLASH_ATTN_NARGS, R_COPY_NARGS, R_GEMM_NARGS, R_QMM_NARGS, R_ROPE_NARGS, R_CACHE_WRITE_NARGS, R_KV_WRITE_NARGS, R_ATTN_SEQS_NARGS, R_GATHER_ROWS_NARGS, R_GELU_NARGS, R_GEGLU_NARGS, R_SOFTCAP_NARGS }
 /* each record's arguments: R_<OP>_<FIELD> indexes args = the record after [op, nargs] */
 /* OP_ADD [n, a, b, nb, y]: y = a + b, b tiled by modulo of its length nb */
 enum { R_ADD_N, R_ADD_A, R_ADD_B, R_ADD_NB, R_ADD_Y, R_ADD_NARGS };
@@ -94,9 +94,15 @@ enum { R_ROPE_DESC, R_ROPE_X, R_ROPE_POS, R_ROPE_FF, R_ROPE_Y, R_ROPE_POS0, R_RO
 enum { R_CACHE_WRITE_N, R_CACHE_WRITE_SRC, R_CACHE_WRITE_CACHE, R_CACHE_WRITE_POS0, R_CACHE_WRITE_N_CTX, R_CACHE_WRITE_T, R_CACHE_WRITE_F16, R_CACHE_WRITE_NARGS };
 /* OP_KV_WRITE [n, src, cache, cells, n_cells, row, f16]: row i of src into cache cell cells[i] (distinct, < n_cells) */
 enum { R_KV_WRITE_N, R_KV_WRITE_SRC, R_KV_WRITE_CACHE, R_KV_WRITE_CELLS, R_KV_WRITE_N_CELLS, R_KV_WRITE_ROW, R_KV_WRITE_F16, R_KV_WRITE_NARGS };
-/* OP_ATTN_SEQS [q, k, v, seqs, ngroups, out, n, h, hkv, d, n_cells, kf16, vf16, split_min_t, tiled_min_n, chunk, f_scale, f_softcap]: attention of each sequence over its own KV cells */
-enum { R_ATTN_SEQS_Q, R_ATTN_SEQS_K, R_ATTN_SEQS_V, R_ATTN_SEQS_SEQS, R_ATTN_SEQS_NGROUPS, R_ATTN_SEQS_OUT, R_ATTN_SEQS_N, R_ATTN_SEQS_H, R_ATTN_SEQS_HKV, R_ATTN_SEQS_D, R_ATTN_SEQS_N_CELLS, R_ATTN_SEQS_KF16, R_ATTN_SEQS_VF16, R_ATTN_SEQS_SPLIT_MIN_T, R_ATTN_SEQS_TILED_MIN_N, R_ATTN_SEQS_CHUNK, R_ATTN_SEQS_F_SCALE, R_ATTN_SEQS_F_SOFTCAP, R_ATTN_SEQS_NARGS };
+/* OP_ATTN_SEQS [q, k, v, seqs, ngroups, out, n, h, hkv, d, n_cells, kf16, vf16, split_min_t, tiled_min_n, chunk, f_scale, f_softcap, swa, ring]: attention of each sequence over its own KV cells (swa > 0: a sliding window of swa positions; ring > 0: a sequence's cells are a ring of that many) */
+enum { R_ATTN_SEQS_Q, R_ATTN_SEQS_K, R_ATTN_SEQS_V, R_ATTN_SEQS_SEQS, R_ATTN_SEQS_NGROUPS, R_ATTN_SEQS_OUT, R_ATTN_SEQS_N, R_ATTN_SEQS_H, R_ATTN_SEQS_HKV, R_ATTN_SEQS_D, R_ATTN_SEQS_N_CELLS, R_ATTN_SEQS_KF16, R_ATTN_SEQS_VF16, R_ATTN_SEQS_SPLIT_MIN_T, R_ATTN_SEQS_TILED_MIN_N, R_ATTN_SEQS_CHUNK, R_ATTN_SEQS_F_SCALE, R_ATTN_SEQS_F_SOFTCAP, R_ATTN_SEQS_SWA, R_ATTN_SEQS_RING, R_ATTN_SEQS_NARGS };
 /* OP_GATHER_ROWS [m, src, idx, dst, row, n_src]: dst[j] = src[idx[j]] */
 enum { R_GATHER_ROWS_M, R_GATHER_ROWS_SRC, R_GATHER_ROWS_IDX, R_GATHER_ROWS_DST, R_GATHER_ROWS_ROW, R_GATHER_ROWS_N_SRC, R_GATHER_ROWS_NARGS };
+/* OP_GELU [n, a, y]: y = gelu(a), the tanh form */
+enum { R_GELU_N, R_GELU_A, R_GELU_Y, R_GELU_NARGS };
+/* OP_GEGLU [n, g, u, nb, y]: y = gelu(g) * u */
+enum { R_GEGLU_N, R_GEGLU_G, R_GEGLU_U, R_GEGLU_NB, R_GEGLU_Y, R_GEGLU_NARGS };
+/* OP_SOFTCAP [n, a, f_inv, f_c, y]: y = c * tanh(a * inv), inv = 1/c */
+enum { R_SOFTCAP_N, R_SOFTCAP_A, R_SOFTCAP_F_INV, R_SOFTCAP_F_C, R_SOFTCAP_Y, R_SOFTCAP_NARGS };
 
 #endif

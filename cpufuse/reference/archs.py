@@ -1,0 +1,205 @@
+"""A float64 reference forward pass of the decoder architectures cpufuse.llama runs, written from
+llama.cpp's graph of each (docs/architectures.md), for the tests. It reads the GGUF with gguf-py's
+GGUFReader and dequantizes with gguf.quants (nothing of cpufuse's loader, graph or kernels), keeps
+K and V exactly (no f16 cache) and computes every step in float64.
+
+    logits = ref_logits(path, tokens)        # (len(tokens), n_vocab) float64, from an empty cache
+
+Per layer (each architecture's deltas in the comments): pre-norm RMSNorm, Q/K/V, the per-head
+Q/K norms, RoPE, causal (and sliding-window) softmax attention with the q.k scale and the optional
+logit softcap, the output projection, the optional post-norm or residual scale, the residual add,
+then the same for the gated FFN (SiLU or tanh-GELU gate); the final norm, the head (token_embd
+when output.weight is absent), the logit scale and the final softcap.
+"""
+import math
+
+import numpy as np
+
+_NEOX = {"qwen2", "qwen3", "gemma3", "gemma2", "phi3"}
+
+
+class _File:
+    def __init__(self, path):
+        import gguf
+        self.r = gguf.GGUFReader(path)
+        self.arch = self.get("general.architecture")
+        self.t = {}
+        for t in self.r.tensors:
+            a = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64)
+            shape = tuple(int(x) for x in reversed(t.shape.tolist()))   # numpy order: (n_out, n_in)
+            self.t[t.name] = a.reshape(shape)
+
+    def get(self, key, default=None):
+        f = self.r.fields.get(key)
+        if f is None:
+            return default
+        if len(f.data) == 1 and f.types[0] != 9:   # a scalar (9 = array)
+            v = f.parts[f.data[0]]
+            if f.types[0] == 8:                    # string
+                return bytes(v).decode()
+            return v[0].item()
+        return [f.parts[i][0].item() if f.types[-1] != 8 else bytes(f.parts[i]).decode() for i in f.data]
+
+    def a(self, key, default=None):
+        return self.get(f"{self.arch}.{key}", default)
+
+
+def _rms(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def _gelu(x):
+    # 0.5 x (1 + tanh(y)), y = sqrt(2/pi) (x + 0.044715 x^3), as x / (1 + exp(-2y)) (no cancellation)
+    with np.errstate(over="ignore"):
+        return x / (1.0 + np.exp(-2.0 * math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _gelu_f16_table(x):
+    """llama.cpp's CPU GELU (GGML_GELU_FP16): x <= -10 gives 0, x >= 10 gives x, else x rounded
+    to f16 and the f16-rounded tanh GELU of that value (its 64K-entry table)"""
+    xh = x.astype(np.float16).astype(np.float64)
+    y = _gelu(xh).astype(np.float16).astype(np.float64)
+    return np.where(x <= -10.0, 0.0, np.where(x >= 10.0, x, y))
+
+
+def _silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def _rope(x, pos, n_rot, neox, base, scale, factors, mscale):
+    """x (n, heads, d): ggml rope_ext without YaRN extrapolation: theta_i = p * scale * base^(-2i/n_rot)
+    / factors[i], cos and sin times mscale (attn_factor); dims >= n_rot unchanged"""
+    y = x.copy()
+    i = np.arange(n_rot // 2)
+    th = pos[:, None] * scale * base ** (-2.0 * i / n_rot)
+    if factors is not None:
+        th = th / factors[None, :]
+    c, s = (np.cos(th) * mscale)[:, None, :], (np.sin(th) * mscale)[:, None, :]
+    if neox:
+        a, b = x[..., i], x[..., i + n_rot // 2]
+        y[..., i], y[..., i + n_rot // 2] = a * c - b * s, a * s + b * c
+    else:
+        a, b = x[..., 2 * i], x[..., 2 * i + 1]
+        y[..., 2 * i], y[..., 2 * i + 1] = a * c - b * s, a * s + b * c
+    return y
+
+
+_CACHE = {}
+
+
+def ref_logits(path, tokens, n_ctx=None, gelu="tanh", keep=False):
+    """(len(tokens), n_vocab) float64 logits of every position; n_ctx: the context size the model
+    runs with (phi3 picks its long or short RoPE factors by it; default context_length).
+    gelu: "tanh" (the formula) or "f16_table" (llama.cpp's CPU table, to measure what it changes).
+    keep: keep the dequantized file in memory for the next call on the same path."""
+    f = _CACHE.get(path) or _File(path)
+    if keep:
+        _CACHE[path] = f
+    arch, T = f.arch, f.t
+    E, L, H = f.a("embedding_length"), f.a("block_count"), f.a("attention.head_count")
+    Hkv = f.a("attention.head_count_kv", H)
+    D = f.a("attention.key_length", E // H)
+    n_rot = f.a("rope.dimension_count", D)
+    eps = f.a("attention.layer_norm_rms_epsilon")
+    base = f.a("rope.freq_base", 10000.0)
+    factor = f.a("rope.scaling.factor", 0.0)
+    scale_g = 1.0 / factor if factor and f.a("rope.scaling.type", "linear") == "linear" else 1.0
+    mscale = f.a("rope.scaling.attn_factor", 1.0)
+    n_ctx_train = f.a("context_length")
+    gemma = arch in ("gemma2", "gemma3")
+    tokens = np.asarray(tokens)
+    n = len(tokens)
+    pos = np.arange(n, dtype=np.float64)
+
+    # per-layer attention kind and RoPE
+    window = f.a("attention.sliding_window", 4096 if arch == "gemma2" else 0) if gemma else 0
+    pattern = f.a("attention.sliding_window_pattern", 2 if arch == "gemma2" else 6)
+    if isinstance(pattern, list):   # one bool per layer: True = sliding window
+        swa = [bool(window) and bool(b) for b in pattern]
+    else:                           # llama.cpp set_swa_pattern(n): il % n < n - 1 (n = 0: every layer)
+        swa = [bool(window) and (pattern == 0 or il % pattern < pattern - 1) for il in range(L)]
+    nope = [arch == "smollm3" and (il + 1) % 4 == 0 for il in range(L)]
+    qscale = 1.0 / math.sqrt(D)
+    if gemma and ((arch == "gemma2" and L == 46) or (arch == "gemma3" and L == 62)):
+        qscale = 1.0 / math.sqrt(E // H)
+    if arch == "granite" and f.a("attention.scale"):
+        qscale = f.a("attention.scale")
+    attn_cap = f.a("attn_logit_softcapping", 50.0) if arch == "gemma2" else 0.0
+    final_cap = f.a("final_logit_softcapping", 30.0 if arch == "gemma2" else 0.0) if gemma else 0.0
+    factors = T.get("rope_freqs.weight")
+    if arch == "phi3" and "rope_factors_long.weight" in T:
+        orig = f.a("rope.scaling.original_context_length", n_ctx_train)
+        factors = T["rope_factors_long.weight" if (n_ctx or n_ctx_train) > orig else "rope_factors_short.weight"]
+
+    x = T["token_embd.weight"][tokens]
+    if gemma:
+        x = x * math.sqrt(E)
+    if arch == "granite" and f.a("embedding_scale"):
+        x = x * f.a("embedding_scale")
+    causal = pos[None, :] <= pos[:, None]
+    for il in range(L):
+        b = f"blk.{il}."
+        h = _rms(x, T[b + "attn_norm.weight"], eps)
+        if b + "attn_qkv.weight" in T:
+            qkv = h @ T[b + "attn_qkv.weight"].T
+            q, k, v = qkv[:, :H * D], qkv[:, H * D:(H + Hkv) * D], qkv[:, (H + Hkv) * D:]
+        else:
+            q, k, v = (h @ T[b + f"attn_{c}.weight"].T for c in "qkv")
+        for c, t in (("q", None), ("k", None), ("v", None)):
+            if b + f"attn_{c}.bias" in T:
+                if c == "q":
+                    q = q + T[b + "attn_q.bias"]
+                elif c == "k":
+                    k = k + T[b + "attn_k.bias"]
+                else:
+                    v = v + T[b + "attn_v.bias"]
+        q, k, v = q.reshape(n, H, D), k.reshape(n, Hkv, D), v.reshape(n, Hkv, D)
+        if b + "attn_q_norm.weight" in T:
+            q = _rms(q, T[b + "attn_q_norm.weight"], eps)
+            k = _rms(k, T[b + "attn_k_norm.weight"], eps)
+        if not nope[il]:
+            if swa[il]:   # gemma3: base 10000, scale 1; gemma2: the global base and scale
+                lb = f.a("rope.freq_base_swa", 10000.0 if arch == "gemma3" else base)
+                ls = 1.0 if arch == "gemma3" else scale_g
+            else:
+                lb, ls = base, scale_g
+            q = _rope(q, pos, n_rot, arch in _NEOX, lb, ls, factors, mscale)
+            k = _rope(k, pos, n_rot, arch in _NEOX, lb, ls, factors, mscale)
+        vis = causal & ((pos[:, None] - pos[None, :] < window) if swa[il] else True)
+        out = np.empty((n, H, D))
+        g = H // Hkv
+        for hh in range(H):
+            s = (q[:, hh] @ k[:, hh // g].T) * qscale
+            if attn_cap:
+                s = attn_cap * np.tanh(s / attn_cap)
+            s = np.where(vis, s, -np.inf)
+            p = np.exp(s - s.max(axis=1, keepdims=True))
+            out[:, hh] = (p / p.sum(axis=1, keepdims=True)) @ v[:, hh // g]
+        a = out.reshape(n, H * D) @ T[b + "attn_output.weight"].T
+        if b + "attn_output.bias" in T:
+            a = a + T[b + "attn_output.bias"]
+        if gemma:
+            a = _rms(a, T[b + "post_attention_norm.weight"], eps)
+        if arch == "granite" and f.a("residual_scale"):
+            a = a * f.a("residual_scale")
+        x = x + a
+        h = _rms(x, T[b + "ffn_norm.weight"], eps)
+        if b + "ffn_gate.weight" in T:
+            gt, up = h @ T[b + "ffn_gate.weight"].T, h @ T[b + "ffn_up.weight"].T
+        else:   # phi3: one ffn_up, the gate's rows first
+            gu = h @ T[b + "ffn_up.weight"].T
+            gt, up = gu[:, :gu.shape[1] // 2], gu[:, gu.shape[1] // 2:]
+        act = (_gelu_f16_table if gelu == "f16_table" else _gelu) if gemma else _silu
+        y = (act(gt) * up) @ T[b + "ffn_down.weight"].T
+        if gemma:
+            y = _rms(y, T[b + "post_ffw_norm.weight"], eps)
+        if arch == "granite" and f.a("residual_scale"):
+            y = y * f.a("residual_scale")
+        x = x + y
+    x = _rms(x, T["output_norm.weight"], eps)
+    logits = x @ T.get("output.weight", T["token_embd.weight"]).T
+    if arch == "granite" and f.a("logit_scale"):
+        logits = logits / f.a("logit_scale")
+    if final_cap:
+        logits = final_cap * np.tanh(logits / final_cap)
+    return logits
