@@ -1369,6 +1369,7 @@ def main(argv=None):
     bad = [(c["case"]["name"], k) for s in report["sections"].values() for c in s["cases"]
            for k, r in c["results"].items() if r["status"] in ("failed", "error") and r["kind"] == "cpufuse"]
     log(f"total run time {report['runtime_s']:.0f} s")
+    log("\n".join(["headline (the report above opens with it):"] + [x for x in headline(report) if x.startswith("- ")]))
     if bad:
         log(f"!!! {len(bad)} cpufuse variant(s) failed the check: {bad}")
     return 1 if bad else 0

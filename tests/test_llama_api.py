@@ -181,6 +181,11 @@ def test_refused_and_unknown_options(path, llm):
     with pytest.raises(NotImplementedError, match="lora_path"):
         Llama(path, lora_path="x.gguf", verbose=False)
     Llama(path, n_ctx=64, n_gpu_layers=-1, use_mmap=True, flash_attn=True, logits_all=True, verbose=False)
+    # what LangChain's LlamaCpp passes: legacy options, and RoPE values equal to the model's
+    Llama(path, n_ctx=64, n_parts=-1, f16_kv=True, rope_freq_base=10000.0, rope_freq_scale=1.0, lora_path=None,
+          lora_base=None, vocab_only=False, use_mlock=False, last_n_tokens_size=64, verbose=False)
+    with pytest.raises(NotImplementedError, match="rope_freq_base"):
+        Llama(path, n_ctx=64, rope_freq_base=500000.0, verbose=False)
     for kw, name in ((dict(mirostat_mode=2), "mirostat_mode"), (dict(typical_p=0.5), "typical_p"),
                      (dict(logit_bias={1: 2.0}), "logit_bias"), (dict(suffix="x"), "suffix")):
         with pytest.raises(NotImplementedError, match=name):

@@ -45,10 +45,11 @@ PENALTY_LAST_N = 64                      # llama-cpp-python's last_n_tokens_size
 _CTOR_NEUTRAL = {"n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "rpc_servers", "vocab_only",
                  "use_mmap", "use_mlock", "kv_overrides", "n_ubatch", "n_threads_batch", "offload_kqv",
                  "flash_attn", "op_offload", "swa_full", "numa", "last_n_tokens_size", "no_perf",
-                 "spm_infill", "logits_all", "mul_mat_q", "cache", "draft_model_num_pred_tokens"}
+                 "spm_infill", "logits_all", "mul_mat_q", "cache", "draft_model_num_pred_tokens",
+                 "n_parts", "f16_kv"}   # the last two: older releases' options, which LangChain still passes
 # ... and those that would change them: refused unless left at their default
 _CTOR_REFUSED = {"lora_base": None, "lora_path": None, "lora_scale": 1.0, "rope_scaling_type": -1,
-                 "pooling_type": -1, "rope_freq_base": 0.0, "rope_freq_scale": 0.0, "yarn_ext_factor": -1.0,
+                 "pooling_type": -1, "yarn_ext_factor": -1.0,
                  "yarn_attn_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0, "yarn_orig_ctx": 0,
                  "embedding": False, "chat_format": None, "chat_handler": None, "draft_model": None,
                  "tokenizer": None, "type_k": None, "type_v": None}
@@ -103,6 +104,7 @@ class Llama:
                  n_threads: Optional[int] = None, verbose: bool = True, **kwargs):
         from . import hub
         from .model import Model
+        rope = {k: kwargs.pop(k) for k in ("rope_freq_base", "rope_freq_scale") if k in kwargs}
         for k, v in kwargs.items():
             if k in _CTOR_REFUSED:
                 _refuse(k, v, _CTOR_REFUSED[k])
@@ -114,6 +116,12 @@ class Llama:
         self.model_path = hub.resolve(model_path)
         t0 = time.perf_counter()
         self._model = Model.load(self.model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
+        hp = self._model.hparams
+        for k, own in (("rope_freq_base", hp.freq_base), ("rope_freq_scale", hp.freq_scale)):
+            v = rope.get(k)      # 0 (llama-cpp-python's default) or the model's own value: accepted
+            if v is not None and v != 0 and not np.isclose(v, own, rtol=1e-6):
+                raise NotImplementedError(f"{k}={v!r} differs from the model's own {own!r}; cpufuse's Llama does not "
+                                          f"override RoPE (leave it at 0, the model's)")
         if self.verbose:
             print(f"cpufuse.llama.Llama: {os.path.basename(self.model_path)} ({self._model.hparams.arch}, "
                   f"n_ctx {self._model.n_ctx}) loaded in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
