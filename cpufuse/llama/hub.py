@@ -102,7 +102,7 @@ class Progress:
     """A one-line progress report on a stream (stderr), drawn only once `delay` seconds have passed
     (a fast step shows nothing): `\\r` updates on a terminal, a line per 25% elsewhere."""
 
-    def __init__(self, label, total=None, unit="MB", scale=1 << 20, delay=1.0, stream=None):
+    def __init__(self, label, total=None, unit="MB", scale=1_000_000, delay=1.0, stream=None):
         self.label, self.total, self.unit, self.scale, self.delay = label, total, unit, scale, delay
         self.stream = sys.stderr if stream is None else stream
         self.t0 = time.monotonic()
@@ -520,7 +520,7 @@ def models_main(argv=None):
     rows = table()
     head = ("name", "model", "size", "licence", "status")
     w = [max(len(str(r[i])) for r in rows + [head]) for i in range(5)]
-    print("  ".join(h.ljust(w[i]) for i, h in enumerate(head)))
+    print("  ".join(h.ljust(w[i]) for i, h in enumerate(head)).rstrip())
     for r in rows:
         print("  ".join(str(r[i]).ljust(w[i]) for i in range(5)).rstrip())
     print(f"\n* the default of generate, chat and serve. Files are verified by sha256; assembled ones "
