@@ -276,3 +276,22 @@ def test_hf_unknown_repo_is_one_line(hf_server):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "tiny/Nope-GGUF" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_llama_from_pretrained_against_the_local_endpoint(hf_server):
+    env, blobs, _ = hf_server
+    pytest.importorskip("huggingface_hub")
+    code = ("from cpufuse.llama import Llama\n"
+            "llm = Llama.from_pretrained('tiny/Tiny-GGUF', filename='*Q8_0.gguf', n_ctx=64, verbose=False)\n"
+            "print(llm.model_path)\n"
+            "print(llm('hello', max_tokens=3, temperature=0)['object'])\n"
+            "try:\n    Llama.from_pretrained('tiny/Tiny-GGUF', filename='*.gguf')\n"
+            "except ValueError as e:\n    print('several:', e)\n"
+            "try:\n    Llama.from_pretrained('tiny/Tiny-GGUF', filename='*Q2_K*')\n"
+            "except ValueError as e:\n    print('none:', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    assert open(out[0], "rb").read() == blobs["q8"] and out[1] == "text_completion"
+    assert out[2].startswith("several:") and "tiny-Q4_0.gguf" in out[2] and "tiny-Q8_0.gguf" in out[2]
+    assert out[3].startswith("none:") and "matches '*Q2_K*'" in out[3]
