@@ -23,7 +23,8 @@ def _version():
 
 def build_parser():
     ap = argparse.ArgumentParser(prog="python -m cpufuse",
-                                 description="cpufuse: fused LLM kernels for CPU inference, and a GGUF model runner.",
+                                 description="cpufuse: a CPU runtime for LLMs (GGUF models: chat, generate, an OpenAI-compatible "
+                                             "server) on fused kernels. Start with: python -m cpufuse chat",
                                  epilog="`python -m cpufuse COMMAND --help` lists a command's options.")
     ap.add_argument("--version", action="version", version=f"cpufuse {_version()}")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
