@@ -209,12 +209,22 @@ def _wait_for(stream, want, timeout=60):
     return buf
 
 
+def _default_sigint():
+    """in the child: SIGINT delivered and handled as in a terminal. A suite started in the
+    background of a non-interactive shell (`make test &`, nohup) has SIGINT ignored, children
+    inherit that, and Python then installs no KeyboardInterrupt handler."""
+    import signal
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_without_a_traceback(tmp_path):
     import signal
     p = write_tiny_gguf(tmp_path / "c.gguf", chat_template=TEMPLATE, n_ctx_train=40000)
     # generate: Ctrl-C in the middle of a long reply stops it, exit code 130
     g = subprocess.Popen([sys.executable, "-m", "cpufuse", "generate", p, "-p", "hello", "-n", "30000", "-c",
-                          "32000", "--temp", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                          "32000", "--temp", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=_default_sigint)
     _wait_for(g.stdout, "hello")
     time.sleep(0.5)
     g.send_signal(signal.SIGINT)
@@ -222,7 +232,7 @@ def test_ctrl_c_stops_without_a_traceback(tmp_path):
     assert g.returncode == 130 and b"(interrupted)" in err and b"Traceback" not in err, err.decode()
     # chat: Ctrl-C at the (empty) prompt quits, exit code 0
     c = subprocess.Popen([sys.executable, "-m", "cpufuse", "chat", p, "--temp", "0", "-n", "4"], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_default_sigint)
     c.stdin.write(b"hi\n")
     c.stdin.flush()
     _wait_for(c.stdout, "\n")
