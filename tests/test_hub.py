@@ -295,3 +295,28 @@ def test_llama_from_pretrained_against_the_local_endpoint(hf_server):
     assert open(out[0], "rb").read() == blobs["q8"] and out[1] == "text_completion"
     assert out[2].startswith("several:") and "tiny-Q4_0.gguf" in out[2] and "tiny-Q8_0.gguf" in out[2]
     assert out[3].startswith("none:") and "matches '*Q2_K*'" in out[3]
+
+
+def test_progress_lines():
+    import io
+    s = io.StringIO()                                  # not a terminal: a line per quarter, then the total
+    p = hub.Progress("x: assembling", total=400_000_000, delay=0.0, stream=s)
+    for done in range(0, 400_000_001, 50_000_000):
+        p.update(done)
+    p.done()
+    lines = s.getvalue().splitlines()
+    assert lines[:4] == ["x: assembling: 0/400 MB (0%)", "x: assembling: 100/400 MB (25%)",
+                         "x: assembling: 200/400 MB (50%)", "x: assembling: 300/400 MB (75%)"]
+    assert lines[4].startswith("x: assembling: 400/400 MB (100%), ") and len(lines) == 5
+    s = io.StringIO()                                  # a step under the delay shows nothing
+    p = hub.Progress("y", total=10, stream=s)
+    p.update(10)
+    p.done()
+    assert s.getvalue() == ""
+
+
+def test_models_install_of_an_unknown_name_is_one_line():
+    r = subprocess.run([sys.executable, "-m", "cpufuse", "models", "--install", "nope"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.startswith("error: unknown model name 'nope'")
+    assert len(r.stderr.strip().splitlines()) == 1
