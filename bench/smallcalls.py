@@ -184,7 +184,9 @@ def table(entries):
 
 INTRO = ("Time per call from Python (median of back-to-back batches, interleaved rounds) of each op on tiny "
          "inputs with a preallocated out=, beside `np.add(x, y, out=z)` on the same arrays in the same run; "
-         "then the numba path's per-call cost above the scalar C path on one 576-wide row.")
+         "then the numba path's per-call cost above the scalar C path on one 576-wide row. The last column says "
+         "whether the call stays within the overhead budget set for it (bound): **over** means slower than that "
+         "budget, not a wrong result (every result is checked first).")
 
 
 # ------------------------------------------------------------------------------------------------

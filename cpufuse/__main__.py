@@ -1,10 +1,11 @@
-"""python -m cpufuse {info, generate, chat, serve} [--help] | --version | --help"""
+"""python -m cpufuse {info, models, generate, chat, serve} [--help] | --version | --help"""
 import argparse
 import importlib
 import sys
 
 # command -> (module, function, one-line help); each command parses its own arguments
 COMMANDS = {
+    "models": ("cpufuse.llama.hub", "models_main", "the models that ship (by name): size, licence, present or not"),
     "generate": ("cpufuse.llama.cli", "main", "generate text from a GGUF model (stream to stdout)"),
     "chat": ("cpufuse.llama.cli", "chat_main", "interactive chat with a GGUF model on stdin/stdout"),
     "serve": ("cpufuse.serve.cli", "main", "OpenAI-compatible HTTP server (needs cpufuse[serve])"),
@@ -22,7 +23,8 @@ def _version():
 
 def build_parser():
     ap = argparse.ArgumentParser(prog="python -m cpufuse",
-                                 description="cpufuse: fused LLM kernels for CPU inference, and a GGUF model runner.",
+                                 description="cpufuse: a CPU runtime for LLMs (GGUF models: chat, generate, an OpenAI-compatible "
+                                             "server) on fused kernels. Start with: python -m cpufuse chat",
                                  epilog="`python -m cpufuse COMMAND --help` lists a command's options.")
     ap.add_argument("--version", action="version", version=f"cpufuse {_version()}")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")

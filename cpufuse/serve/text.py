@@ -15,43 +15,10 @@ from __future__ import annotations
 
 from typing import List, Sequence, Tuple
 
+from cpufuse.llama.stops import StopMatcher
 from cpufuse.llama.tokenizer import StreamDecoder
 
-__all__ = ["StopMatcher", "TextAssembler"]
-
-
-class StopMatcher:
-    """push(text) -> (text to send now, stopped); flush() -> the held-back rest (no match)."""
-
-    def __init__(self, stops: Sequence[str]):
-        self.stops = [s for s in stops if s]
-        self.buf = ""
-
-    def push(self, text: str) -> Tuple[str, bool]:
-        if not self.stops:
-            return text, False
-        self.buf += text
-        first = -1
-        for s in self.stops:
-            k = self.buf.find(s)
-            if k >= 0 and (first < 0 or k < first):
-                first = k
-        if first >= 0:
-            out, self.buf = self.buf[:first], ""
-            return out, True
-        hold = 0
-        for s in self.stops:
-            for n in range(min(len(s) - 1, len(self.buf)), hold, -1):
-                if self.buf.endswith(s[:n]):
-                    hold = n
-                    break
-        cut = len(self.buf) - hold
-        out, self.buf = self.buf[:cut], self.buf[cut:]
-        return out, False
-
-    def flush(self) -> str:
-        out, self.buf = self.buf, ""
-        return out
+__all__ = ["StopMatcher", "TextAssembler"]   # StopMatcher lives in cpufuse.llama.stops
 
 
 class TextAssembler:
