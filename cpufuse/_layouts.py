@@ -190,7 +190,8 @@ _RECORDS = [
     ("FLASH_ATTN", "desc q k v mask slopes sinks f_scale f_softcap out fused", "cf_flash_attn_f32 (FA_*)"),
     ("COPY", "desc src dst esize", "strided 4-D copy: desc = shape[4], src strides[4], dst strides[4]"),
     ("GEMM", "m n k a lda b ldb c ldc", "C = A.B row-major through numpy's cblas_sgemm (sgemv when M == 1)"),
-    ("QMM", "desc x nw f_eps w0 w1 w2 y0 y1 y2", "cf_qmatmul_f32 (QM_*); weights are pointer-table entries"),
+    ("QMM", "desc x nw f_eps w0 w1 w2 y0 y1 y2 res", "cf_qmatmul_f32 (QM_*); weights are pointer-table entries; res: "
+            "the residual of QM_EPI 2 (-1: none)"),
     ("ROPE", "desc x pos ff y pos0 n_ctx row_bytes",
      "cf_rope_f32: desc = RP_LEN ints then RPF_LEN doubles (their bits); pos0 >= 0: rows go to "
      "y + p0 * row_bytes, p0 = *(int32 *)ptrs[pos0] checked against n_ctx"),

@@ -396,7 +396,9 @@ def test_decoder_fusions(tiny_dir):
     m = Model.load(tiny(tiny_dir, "Q4_0"), n_ctx=64)
     notes = [st.note for st in m.plan(1).plan.steps if len(st.nodes) > 1]
     per_layer = ["RMS_NORM -> MUL -> QMATMUL x3 (shared activation)",
-                 "RMS_NORM -> MUL -> QMATMUL x2 -> SILU -> MUL (matmul_swiglu)"]
+                 "QMATMUL -> ADD (the residual in the epilogue)",
+                 "RMS_NORM -> MUL -> QMATMUL x2 -> SILU -> MUL (matmul_swiglu)",
+                 "QMATMUL -> ADD (the residual in the epilogue)"]
     assert notes == per_layer * m.hparams.n_layer + ["RMS_NORM -> MUL -> QMATMUL"]
 
 

@@ -13,7 +13,7 @@ unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
 OUT=/tmp/xs bash bench/device/xeon.sh setup > /tmp/xs.log 2>&1 || { tail -20 /tmp/xs.log; exit 1; }
 M="$HOME/.cache/cpufuse-bench/llama-1b-shapes-Q4_0.gguf"
 {
-  echo "## sync"; python3 -m bench.sync "$M" --threads 1,2,4,8,16 --steps 64
+  echo "## sync"; python3 -m bench.sync "$M" --threads ${SYNC_THREADS:-1,2,4,8,16} --steps 64
   echo; echo "## ramp (E5), 1 thread"; taskset -c 2 python3 -m bench.gemv --ramp 16,64,256,1024,4096 --types q4_0,q4_k --dram-mib 1024 --rounds 3
   echo; echo "## gemv, 1 thread"; taskset -c 2 python3 -m bench.gemv --types q4_0,q4_1,q5_0,q8_0,q4_k,q5_k,q6_k --dram-mib 1024 --rounds 3
   echo; echo "## gemv, 1 thread, avx2 build on this Xeon"; taskset -c 2 python3 -m bench.gemv --isa avx2 --types q4_0,q4_k --dram-mib 1024 --rounds 3

@@ -273,7 +273,8 @@ class Plan(Lowering, Program):
             elif k == "qmatmul_geglu":
                 _qm.matmul_geglu(x, p["ws"][0], p["ws"][1], out=A(st.outs[0]), **kw)
             elif len(p["ws"]) == 1:
-                _qm.matmul(x, p["ws"][0], out=A(st.outs[0]), **kw)
+                res = A(st.ins[2]) if len(st.ins) > 2 else None   # QMATMUL -> ADD: the residual epilogue
+                _qm.matmul(x, p["ws"][0], out=A(st.outs[0]), residual=res, **kw)
             else:
                 _qm.matmul_multi(x, p["ws"], out=tuple(A(o) for o in st.outs), **kw)
         elif k == "rope":

@@ -100,7 +100,36 @@ class Lowering:
             grp = self._qgroup(n, order, pos)
             if grp is not None:
                 return self._qstep(grp, None)
+            return self._qmm_residual(n, pos)
+        return self._try_fuse_rest(n, order, pos)
+
+    def _qmm_residual(self, n, pos):
+        """QMATMUL -> ADD(product, r): the add folded into the matmul's epilogue (QM_EPI 2: one f32 add
+        per element, as the ADD kernel does), or None (reason recorded)"""
+        cons = self._consumers[n.id]
+        if len(cons) != 1 or cons[0].op != "add":
             return None
+        a = cons[0]
+        label = "QMATMUL -> ADD"
+        why = self._intermediate(n, label)
+        r = self._other(a, n)
+        if why is None and r is None:
+            why = f"{label}: ADD({n.name!r}, {n.name!r}) adds the product to itself"
+        if why is None and pos.get(a.id) != pos[n.id] + 1:
+            why = f"{label}: {a.name!r} does not directly follow {n.name!r}"
+        if why is None and (r.shape != a.shape or n.shape != a.shape or r.dtype != F32):
+            why = f"{label}: ADD {a.name!r} {a.shape} broadcasts or is not float32"
+        if why is None and (a.is_view or r.is_view):
+            why = f"{label}: {(a if a.is_view else r).name!r} is a view"
+        if why:
+            self.rejected.append(why)
+            return None
+        return Step("qmatmul", [n, a], [n.srcs[0], None, r], [a],
+                    {"ws": (n.params["w"],), "act": n.params["act"], "eps": None},
+                    note="QMATMUL -> ADD (the residual in the epilogue)")
+
+    def _try_fuse_rest(self, n, order, pos):
+        """_try_fuse for the remaining op kinds (rope, silu/gelu)"""
         if n.op == "rope":
             return self._rope_cache(n, pos)
         if n.op in ("silu", "gelu"):

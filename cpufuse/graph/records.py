@@ -179,13 +179,17 @@ class Program:
     def _qmm_record(self, st):
         """OP_QMM for a qmatmul / qmatmul_swiglu step (its descriptor as quant.inc's QM_* / QW_*)"""
         p = st.params
-        x, nw = st.ins
+        x, nw = st.ins[:2]
+        res = st.ins[2] if len(st.ins) > 2 else None   # QMATMUL -> ADD: the residual added in the epilogue
         ws = p["ws"]
-        epi = {"qmatmul_swiglu": 1, "qmatmul_geglu": 3}.get(st.kind, 0)
+        epi = {"qmatmul_swiglu": 1, "qmatmul_geglu": 3}.get(st.kind, 2 if res is not None else 0)
         geo = self._rows(x)
         if geo is None or not all(self._contig(o) for o in st.outs):
             return None
         rows, xs = geo
+        rgeo = self._rows(res) if res is not None else (rows, 0)
+        if rgeo is None or rgeo[0] != rows:
+            return None
         K = ws[0].shape[1]
         if rows == 0 or any(math.prod(o.shape) == 0 for o in st.outs):
             return None
@@ -194,12 +198,14 @@ class Program:
         from ..quant.matmul import qm_desc
         do_norm = 1 if p["eps"] is not None else 0
         d = qm_desc(rows, K, xs if rows > 1 else K, p["act"] == "q8", epi, do_norm, ws,
-                    [ws[0].shape[0] if epi else w.shape[0] for w in ws])
+                    [ws[0].shape[0] if epi else w.shape[0] for w in ws],
+                    0 if res is None else (rgeo[1] if rows > 1 else ws[0].shape[0]))
         wsl = [self._wslot(w) for w in ws] + [-1] * (3 - len(ws))
         ysl = [self._slot(o) for o in st.outs] + [-1] * (3 - len(st.outs))
         eps = self._fparam(p["eps"] if do_norm else 0.0)
         return R.QMM.pack(desc=0, x=self._slot(x), nw=self._slot(nw) if do_norm else -1, f_eps=eps,
-                          w0=wsl[0], w1=wsl[1], w2=wsl[2], y0=ysl[0], y1=ysl[1], y2=ysl[2]), d
+                          w0=wsl[0], w1=wsl[1], w2=wsl[2], y0=ysl[0], y1=ysl[1], y2=ysl[2],
+                          res=self._slot(res) if res is not None else -1), d
 
     def _rope_record(self, st):
         """OP_ROPE for a rope or rope_cache step: descriptor RP_* then the RPF_* doubles' bits"""

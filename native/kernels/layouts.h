@@ -86,8 +86,8 @@ enum { R_FLASH_ATTN_DESC, R_FLASH_ATTN_Q, R_FLASH_ATTN_K, R_FLASH_ATTN_V, R_FLAS
 enum { R_COPY_DESC, R_COPY_SRC, R_COPY_DST, R_COPY_ESIZE, R_COPY_NARGS };
 /* OP_GEMM [m, n, k, a, lda, b, ldb, c, ldc]: C = A.B row-major through numpy's cblas_sgemm (sgemv when M == 1) */
 enum { R_GEMM_M, R_GEMM_N, R_GEMM_K, R_GEMM_A, R_GEMM_LDA, R_GEMM_B, R_GEMM_LDB, R_GEMM_C, R_GEMM_LDC, R_GEMM_NARGS };
-/* OP_QMM [desc, x, nw, f_eps, w0, w1, w2, y0, y1, y2]: cf_qmatmul_f32 (QM_*); weights are pointer-table entries */
-enum { R_QMM_DESC, R_QMM_X, R_QMM_NW, R_QMM_F_EPS, R_QMM_W0, R_QMM_W1, R_QMM_W2, R_QMM_Y0, R_QMM_Y1, R_QMM_Y2, R_QMM_NARGS };
+/* OP_QMM [desc, x, nw, f_eps, w0, w1, w2, y0, y1, y2, res]: cf_qmatmul_f32 (QM_*); weights are pointer-table entries; res: the residual of QM_EPI 2 (-1: none) */
+enum { R_QMM_DESC, R_QMM_X, R_QMM_NW, R_QMM_F_EPS, R_QMM_W0, R_QMM_W1, R_QMM_W2, R_QMM_Y0, R_QMM_Y1, R_QMM_Y2, R_QMM_RES, R_QMM_NARGS };
 /* OP_ROPE [desc, x, pos, ff, y, pos0, n_ctx, row_bytes]: cf_rope_f32: desc = RP_LEN ints then RPF_LEN doubles (their bits); pos0 >= 0: rows go to y + p0 * row_bytes, p0 = *(int32 *)ptrs[pos0] checked against n_ctx */
 enum { R_ROPE_DESC, R_ROPE_X, R_ROPE_POS, R_ROPE_FF, R_ROPE_Y, R_ROPE_POS0, R_ROPE_N_CTX, R_ROPE_ROW_BYTES, R_ROPE_NARGS };
 /* OP_CACHE_WRITE [n, src, cache, pos0, n_ctx, t, f16]: t rows (n elements) of f32 src into cache rows p0.. */
