@@ -48,6 +48,29 @@ static inline __m256i p16_2bits(__m256i v, int sh) {
   return sh <= 4 ? _mm256_slli_epi16(m, 4 - sh) : _mm256_srli_epi16(m, sh - 4);
 }
 static inline p16c pc_2bits(p16c v, int sh) { p16c r = {p16_2bits(v.lo, sh), p16_2bits(v.hi, sh)}; return r; }
+/* byte i = t[v[i]] (v's bytes 0..15): VPSHUFB with the 16-byte table in both lanes */
+static inline p16c pc_lut16(p16c v, const uint8_t *t) {
+  const __m256i tb = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t));
+  p16c r = {_mm256_shuffle_epi8(tb, v.lo), _mm256_shuffle_epi8(tb, v.hi)};
+  return r;
+}
+/* byte i = (v[i] >> sh) & 3 */
+static inline p16c pc_2b(p16c v, int sh) {
+  const __m256i m = _mm256_set1_epi8(3);
+  p16c r = {_mm256_and_si256(_mm256_srli_epi16(v.lo, sh), m), _mm256_and_si256(_mm256_srli_epi16(v.hi, sh), m)};
+  return r;
+}
+/* byte i = val where bit i of the 64-bit plane at p is set */
+static inline __m256i p16_bitsv(uint32_t q, uint8_t val) {
+  const __m256i shuf = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0);
+  __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)q), shuf);
+  v = _mm256_or_si256(v, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1)), _mm256_set1_epi8((char)val));
+}
+static inline p16c pc_bitn(const uint8_t *p, uint8_t val) {
+  p16c r = {p16_bitsv(p16_rd32(p), val), p16_bitsv(p16_rd32(p + 4), val)};
+  return r;
+}
 
 static inline p16i pi_zero(void) { p16i r = {_mm256_setzero_si256(), _mm256_setzero_si256()}; return r; }
 static inline p16i pi_set1(int32_t v) { p16i r = {_mm256_set1_epi32(v), _mm256_set1_epi32(v)}; return r; }

@@ -82,6 +82,33 @@ static inline p16c pc_2bits(p16c v, int sh) {
   }
   return v;
 }
+/* byte i = t[v[i]] (v's bytes 0..15): TBL */
+static inline p16c pc_lut16(p16c v, const uint8_t *t) {
+  const uint8x16_t tb = vld1q_u8(t);
+  for (int q = 0; q < 4; q++) v.val[q] = vqtbl1q_u8(tb, v.val[q]);
+  return v;
+}
+/* byte i = (v[i] >> sh) & 3, sh in 0, 2, 4, 6 */
+static inline p16c pc_2b(p16c v, int sh) {
+  const uint8x16_t m = vdupq_n_u8(3);
+  for (int q = 0; q < 4; q++) {
+    const uint8x16_t x = v.val[q];
+    v.val[q] = vandq_u8(sh == 0 ? x : sh == 2 ? vshrq_n_u8(x, 2) : sh == 4 ? vshrq_n_u8(x, 4) : vshrq_n_u8(x, 6), m);
+  }
+  return v;
+}
+/* byte i = val where bit i of the 64-bit plane at p is set (as pc_bit16) */
+static inline p16c pc_bitn(const uint8_t *p, uint8_t val) {
+  static const uint8_t sel[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+  const uint8x16_t pl = vreinterpretq_u8_u64(vld1q_dup_u64((const uint64_t *)(const void *)p));
+  const uint8x16_t bit = vld1q_u8(sel), vv = vdupq_n_u8(val);
+  p16c r;
+  for (int q = 0; q < 4; q++) {
+    const uint8x16_t idx = vcombine_u8(vdup_n_u8((uint8_t)(2 * q)), vdup_n_u8((uint8_t)(2 * q + 1)));
+    r.val[q] = vandq_u8(vtstq_u8(vqtbl1q_u8(pl, idx), bit), vv);
+  }
+  return r;
+}
 
 static inline p16i pi_set1(int32_t x) {
   p16i r;
