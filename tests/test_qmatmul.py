@@ -203,7 +203,9 @@ def test_errors(rng):
         QTensor(w.raw.reshape(-1)[:-1], "Q4_0", (8, 64))
     with pytest.raises(ValueError):
         QTensor(w.raw, "Q4_0", (8, 48))
-    with pytest.raises(NotImplementedError, match="Q3_K"):
+    with pytest.raises(NotImplementedError, match="IQ3_S"):
+        QTensor(w.raw, "IQ3_S", (8, 64))
+    with pytest.raises(ValueError, match="n_in=64 is not a multiple of the Q3_K block size 256"):
         QTensor(w.raw, "Q3_K", (8, 64))
 
 
