@@ -276,8 +276,9 @@ static inline void pi_dot_rows(int MR, p16i *i, const int32_t *o, const p16c *w,
       av[0] = vreinterpretq_s8_s64(vzip1q_s64(x, y));
       av[1] = vreinterpretq_s8_s64(vzip2q_s64(x, y));
     }
-    const int32x4_t init = o ? vreinterpretq_s32_s64(vld1q_dup_s64((const int64_t *)(const void *)(o + 2 * p)))
-                             : vdupq_n_s32(0); /* [o0, o1, o0, o1] */
+    /* [o0, o1, o0, o1], read as int32 (an int64 load of an int32 array the caller just wrote may be
+     * reordered before those stores: strict aliasing) */
+    const int32x4_t init = o ? vcombine_s32(vld1_s32(o + 2 * p), vld1_s32(o + 2 * p)) : vdupq_n_s32(0);
     int32x4_t acc[8];
     for (int j = 0; j < 8; j++) acc[j] = init;
     for (int g = 0; g < nc / 2; g++)
