@@ -249,16 +249,11 @@ def _p16_bit_map(qt):
         for n in range(16):
             for j in range(16):
                 put(64 + 16 * j + n, 0, n, j, 0, 8)
-    elif qt == "Q3_K":                       # hmask[l] bit b: element 32b + l -> sub-block j, plane (j, c)
-        half(108, 0), chunks(32, 16, 224)
+    elif qt == "Q3_K":
+        half(108, 0), chunks(32, 16, 224), chunks(0, 8, 1248)
         for n in range(16):
             for k in range(12):
                 put(32 + 16 * k + n, 0, n, 96 + k, 0, 8)
-            for l in range(32):
-                for b in range(8):
-                    s_, c, t = l >> 4, (l >> 2) & 3, l & 3
-                    j = 8 * (b >> 2) + 2 * (b & 3) + s_
-                    put(1248 + 32 * j + 8 * c + (4 * n + t) // 8, (4 * n + t) % 8, n, l, b)
     assert (src >= 0).all() and np.array_equal(np.sort(src), np.arange(src.size)), f"{qt}: not a bijection"
     return src, flip
 

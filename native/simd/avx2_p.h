@@ -60,17 +60,12 @@ static inline p16c pc_2b(p16c v, int sh) {
   p16c r = {_mm256_and_si256(_mm256_srli_epi16(v.lo, sh), m), _mm256_and_si256(_mm256_srli_epi16(v.hi, sh), m)};
   return r;
 }
-/* byte i = val where bit i of the 64-bit plane at p is set */
-static inline __m256i p16_bitsv(uint32_t q, uint8_t val) {
-  const __m256i shuf = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0);
-  __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)q), shuf);
-  v = _mm256_or_si256(v, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL));
-  return _mm256_and_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1)), _mm256_set1_epi8((char)val));
+/* byte i = ((v[i] >> b) & 1) << pos: a 16-bit shift by b - pos (bits crossing bytes are masked off) */
+static inline __m256i p16_bitsel(__m256i v, int b, int pos) {
+  const __m256i x = b >= pos ? _mm256_srli_epi16(v, b - pos) : _mm256_slli_epi16(v, pos - b);
+  return _mm256_and_si256(x, _mm256_set1_epi8((char)(1 << pos)));
 }
-static inline p16c pc_bitn(const uint8_t *p, uint8_t val) {
-  p16c r = {p16_bitsv(p16_rd32(p), val), p16_bitsv(p16_rd32(p + 4), val)};
-  return r;
-}
+static inline p16c pc_bitsel(p16c v, int b, int pos) { p16c r = {p16_bitsel(v.lo, b, pos), p16_bitsel(v.hi, b, pos)}; return r; }
 
 static inline p16i pi_zero(void) { p16i r = {_mm256_setzero_si256(), _mm256_setzero_si256()}; return r; }
 static inline p16i pi_set1(int32_t v) { p16i r = {_mm256_set1_epi32(v), _mm256_set1_epi32(v)}; return r; }

@@ -37,9 +37,10 @@ static inline p16c pc_lut16(p16c v, const uint8_t *t) {
 }
 /* byte i = (v[i] >> sh) & 3 */
 static inline p16c pc_2b(p16c v, int sh) { return _mm512_and_si512(_mm512_srli_epi16(v, sh), _mm512_set1_epi8(3)); }
-/* byte i = val where bit i of the 64-bit plane at p is set */
-static inline p16c pc_bitn(const uint8_t *p, uint8_t val) {
-  return _mm512_maskz_mov_epi8(_cvtu64_mask64(p16_rd64(p)), _mm512_set1_epi8((char)val));
+/* byte i = ((v[i] >> b) & 1) << pos: a 16-bit shift by b - pos (bits crossing bytes are masked off) */
+static inline p16c pc_bitsel(p16c v, int b, int pos) {
+  const __m512i x = b >= pos ? _mm512_srli_epi16(v, b - pos) : _mm512_slli_epi16(v, pos - b);
+  return _mm512_and_si512(x, _mm512_set1_epi8((char)(1 << pos)));
 }
 
 static inline p16i pi_zero(void) { return _mm512_setzero_si512(); }

@@ -97,17 +97,12 @@ static inline p16c pc_2b(p16c v, int sh) {
   }
   return v;
 }
-/* byte i = val where bit i of the 64-bit plane at p is set (as pc_bit16) */
-static inline p16c pc_bitn(const uint8_t *p, uint8_t val) {
-  static const uint8_t sel[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
-  const uint8x16_t pl = vreinterpretq_u8_u64(vld1q_dup_u64((const uint64_t *)(const void *)p));
-  const uint8x16_t bit = vld1q_u8(sel), vv = vdupq_n_u8(val);
-  p16c r;
-  for (int q = 0; q < 4; q++) {
-    const uint8x16_t idx = vcombine_u8(vdup_n_u8((uint8_t)(2 * q)), vdup_n_u8((uint8_t)(2 * q + 1)));
-    r.val[q] = vandq_u8(vtstq_u8(vqtbl1q_u8(pl, idx), bit), vv);
-  }
-  return r;
+/* byte i = ((v[i] >> b) & 1) << pos: USHL by pos - b (negative: a right shift), then AND */
+static inline p16c pc_bitsel(p16c v, int b, int pos) {
+  const int8x16_t sh = vdupq_n_s8((int8_t)(pos - b));
+  const uint8x16_t m = vdupq_n_u8((uint8_t)(1 << pos));
+  for (int q = 0; q < 4; q++) v.val[q] = vandq_u8(vshlq_u8(v.val[q], sh), m);
+  return v;
 }
 
 static inline p16i pi_set1(int32_t x) {

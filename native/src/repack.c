@@ -324,8 +324,8 @@ INL void f_q6k_scales(int dir, uint8_t *const *r, uint8_t *q) {
     }
 }
 
-/* The fields of Q2_K, Q3_K and IQ4_XS below move bytes and bits one at a time (plain loops, not
- * the word transposes above): simple, and a permutation like the others. */
+/* The scale fields of Q2_K, Q3_K and IQ4_XS below move bytes one at a time (plain loops, not the
+ * word transposes above): simple, and a permutation like the others. */
 
 /* nb bytes at row offset off <-> q[16j + n] = byte j of row n (a 16 x nb byte transpose) */
 INL void f_bytes16(int dir, uint8_t *const *r, int off, int nb, uint8_t *q) {
@@ -358,34 +358,6 @@ INL void f_xs_scales(int dir, uint8_t *const *r, uint8_t *q) {
     }
   }
 }
-/* Q3_K high bits (row offset 0: bit b of hmask[l] = element 32b + l) <-> 64-bit planes, plane
- * (j, c) at q + 32j + 8c: bit 4n + t = element 16s + 4c + t of 16-element sub-block j = 8h + 2g + s
- * (b = 4h + g) of row n */
-INL void f_q3k_hmask(int dir, uint8_t *const *r, uint8_t *q) {
-  if (dir) {
-    for (int n = 0; n < 16; n++)
-      for (int l = 0; l < 32; l++) {
-        const int s = l >> 4, c = (l >> 2) & 3, t = l & 3;
-        uint32_t v = 0;
-        for (int b = 0; b < 8; b++) {
-          const int j = 8 * (b >> 2) + 2 * (b & 3) + s;
-          v |= (uint32_t)((ld64(q + 32 * j + 8 * c) >> (4 * n + t)) & 1) << b;
-        }
-        r[n][l] = (uint8_t)v;
-      }
-  } else {
-    for (int j = 0; j < 16; j++) {
-      const int b = 4 * (j >> 3) + ((j >> 1) & 3), s = j & 1;
-      for (int c = 0; c < 4; c++) {
-        uint64_t v = 0;
-        for (int n = 0; n < 16; n++)
-          for (int t = 0; t < 4; t++) v |= (uint64_t)((r[n][16 * s + 4 * c + t] >> b) & 1) << (4 * n + t);
-        st64(q + 32 * j + 8 * c, v);
-      }
-    }
-  }
-}
-
 /* ------------------------------------------------------------------------------------------------
  * panels. Block k of row n is at row[n] + k * step[n] (step 0 for a padding row: packing reads a
  * neutral block, unpacking writes a sink), panel block k at p + k * pstep. */
@@ -462,9 +434,10 @@ INL void xfer_panel(int64_t t, int dir, const panel *P, uint8_t *p) {
         ROWS(f_bytes16(dir, r, 0, 16, q + 64));
         break;
       case 11: /* Q3_K (hmask[32], qs[64], scales[12], d): d | scales (16 x 12 transpose) | 16 code
-                * chunks of the low 2 bits | 512 bytes of high-bit planes */
-        PAIRS(f_half(dir, a, b, m, 108, q); f_chunks(dir, a, b, m, 32, 16, 16, 0, 0, q + 224));
-        ROWS(f_bytes16(dir, r, 96, 12, q + 32); f_q3k_hmask(dir, r, q + 1248));
+                * chunks of the low 2 bits | 8 chunks of hmask */
+        PAIRS(f_half(dir, a, b, m, 108, q); f_chunks(dir, a, b, m, 32, 16, 16, 0, 0, q + 224);
+              f_chunks(dir, a, b, m, 0, 8, 8, 0, 0, q + 1248));
+        ROWS(f_bytes16(dir, r, 96, 12, q + 32));
         break;
       case 23: /* IQ4_XS (d, scales_h, scales_l[4], qs[128]): d | scales (L, H) | 32 code chunks:
                 * sub-block j's 4 at 256j (low nibbles elements 0-15, high 16-31) */
