@@ -503,7 +503,7 @@ def ggml_fa_build(g, case, inp):
 
 GGML_BACKEND_BUFFER_USAGE_WEIGHTS = 1
 GGML_QTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10,
-               "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "BF16": 30}
+               "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23, "BF16": 30}
 # llamafile_sgemm on x86 (ggml-cpu/llamafile/sgemm.cpp): these weight types x Q8_0 activations, n >= 2
 _SGEMM_X86 = {"Q8_0", "Q4_0", "Q5_0", "IQ4_NL"}
 # ggml_repack_get_optimal_repack_type on x86 (ggml-cpu/repack.cpp): layout name, ISA needed

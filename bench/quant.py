@@ -3,10 +3,10 @@
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m bench.run --section quant [--quick] [--no-big]
 
 Rows (QCase): SmolLM2-135M projections (K -> N: 576->576, 576->192, 576->1536, 1536->576) in Q4_1 and
-Q8_0, Llama-7B projections (4096->4096, 4096->11008, 11008->4096) in Q4_0, Q4_K, Q6_K and Q8_0, each at
-1 row (decode) and 128 rows (prefill). Weights: Q4_0/Q4_1/Q8_0 = gguf.quants.quantize of
-N(0,1)*0.02 floats; K-quants = random code bytes with f16 d / dmin uniform in [1e-4, 1e-3]
-(valid blocks, no quantizer run). x = N(0,1) f32. One weight is generated per (type, shape) and
+Q8_0, Llama-7B projections (4096->4096, 4096->11008, 11008->4096) in Q4_0, Q4_K, Q6_K, Q8_0, IQ4_NL,
+IQ4_XS, Q2_K and Q3_K, each at 1 row (decode) and 128 rows (prefill). Weights: Q4_0/Q4_1/Q8_0 =
+gguf.quants.quantize of N(0,1)*0.02 floats; K-quants and IQ4 = random code bytes with f16 d / dmin
+uniform in [1e-4, 1e-3] (valid blocks, no quantizer run). x = N(0,1) f32. One weight is generated per (type, shape) and
 reused by its decode and prefill rows (bench/quant.py keeps one at a time).
 
 Columns (1 thread pinned to one core, and xN on every core, as the rest of bench.run):
@@ -66,7 +66,7 @@ NA = "not a column of this row kind"
 SMOL_SHAPES = [(576, 576, "q/o"), (576, 192, "k/v"), (576, 1536, "gate/up"), (1536, 576, "down")]
 LLAMA_SHAPES = [(4096, 4096, "q/k/v/o"), (4096, 11008, "gate/up"), (11008, 4096, "down")]
 SMOL_TYPES = ("Q4_1", "Q8_0")
-LLAMA_TYPES = ("Q4_0", "Q4_K", "Q6_K", "Q8_0")
+LLAMA_TYPES = ("Q4_0", "Q4_K", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K")
 LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 ROPE_HEADS, ROPE_DIM, ROPE_CTX = 32, 128, 1024
 
@@ -163,6 +163,8 @@ def make_raw(qtype, n_out, n_in, rng):
         b[:, tsize - 4:tsize - 2], b[:, tsize - 2:] = f16(1e-4, 1e-3), f16(1e-4, 1e-3)
     elif qtype == "Q3_K":
         b[:, tsize - 2:] = f16(1e-4, 1e-3)
+    elif qtype in ("IQ4_NL", "IQ4_XS"):    # d at bytes 0..1
+        b[:, 0:2] = f16(1e-4, 1e-3)
     else:
         raise ValueError(f"no random-bytes recipe for {qtype}")
     return b.reshape(n_out, -1)

@@ -157,7 +157,7 @@ def test_harness_quant_cases():
     assert run.SECTIONS["quant"] is quant.QuantSection and "quant" in run.DERIVED and "quant" in run.MARKDOWN
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"])
 def test_harness_quant_weights(qtype):
     from bench import quant
     gguf = pytest.importorskip("gguf")
@@ -167,9 +167,9 @@ def test_harness_quant_weights(qtype):
     assert raw.dtype == np.uint8 and raw.shape == (16, 512 // block * tsize)
     wf = quant.dequantize(raw, qtype, 512)
     assert wf.shape == (16, 512) and np.all(np.isfinite(wf))
-    if qtype in ("Q4_K", "Q6_K"):  # f16 d (and dmin) in [1e-4, 1e-3]
+    if qtype not in ("Q4_0", "Q4_1", "Q8_0"):  # random blocks: f16 d (and dmin) in [1e-4, 1e-3]
         b = raw.reshape(-1, tsize)
-        d = b[:, -2:] if qtype == "Q6_K" else b[:, 0:2]
+        d = b[:, -2:] if qtype in ("Q6_K", "Q3_K") else b[:, -4:-2] if qtype == "Q2_K" else b[:, 0:2]
         d = d.copy().view("<f2").astype(np.float32).ravel()
         assert d.min() >= 9.9e-5 and d.max() <= 1.001e-3
         assert 0 < np.abs(wf).max() < 1e-3 * 128 * 32 * 1.01   # Q6_K: d * int8 scale * 6-bit code

@@ -133,13 +133,13 @@ def test_handmade_file_every_value_type(tmp_path):
 
 
 def test_version_2_alignment_and_unsupported_type(tmp_path):
-    ts = [T("a", (64, 2), 2, q4_0_bytes(4)), T("q2k", (256, 1), 10, bytes(84)), T("odd", (3,), 0, bytes(12))]
+    ts = [T("a", (64, 2), 2, q4_0_bytes(4)), T("iq3s", (256, 1), 21, bytes(110)), T("odd", (3,), 0, bytes(12))]
     kv = BASE_KV + [KV("general.alignment", UINT32, 64)]
     f = GGUFFile(write(tmp_path, gguf_bytes(kv, ts, Layout(version=2, alignment=64))))
     assert f.version == 2 and f.alignment == 64 and f.data_offset % 64 == 0
     assert [t.offset % 64 for t in f.tensors.values()] == [0, 0, 0]
-    q = f.tensors["q2k"]
-    assert q.type_name == "Q2_K" and not q.supported and q.nbytes == 84   # sized and checked, not refused
+    q = f.tensors["iq3s"]
+    assert q.type_name == "IQ3_S" and not q.supported and q.nbytes == 110  # sized and checked, not refused
     f1 = GGUFFile(write(tmp_path, gguf_bytes(BASE_KV + [KV("general.alignment", UINT32, 1)], ts, Layout(alignment=1)),
                         "a1.gguf"))
     assert f1.alignment == 1

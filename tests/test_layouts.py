@@ -152,7 +152,7 @@ def test_c_quant_traits_match_table(isa):
         assert info(t.type_id, 0) == t.block_size, t.name
         assert info(t.type_id, 1) == (ACT_QTYPES[t.vec_dot_type].type_id if t.vec_dot_type else 0), t.name
         assert info(t.type_id, 2) == (16 * t.type_size if t.block_size > 1 else 0), t.name
-    assert info(9, 0) == 0 and info(10, 0) == 0     # Q8_1, Q2_K: not weight types here
+    assert info(9, 0) == 0 and info(15, 0) == 0     # Q8_1, Q8_K: not weight types here
 
 
 @pytest.mark.skipif(_backend.lib is None, reason="native extension not built")

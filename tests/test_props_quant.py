@@ -62,7 +62,7 @@ MIN_TERM = ("Q4_1", "Q5_1", "Q4_K", "Q5_K")
 
 def _x(d, lead, n_in, act, errs, types=(), isa="numba"):
     sp = ("nan", "inf", "-inf", "sub", "zero") if act == "f32" else ("sub", "zero")
-    if isa != "numba" and any(t in MIN_TERM for t in types):
+    if isa != "numba" and any(t in MIN_TERM + ("Q2_K",) for t in types):  # Q2_K: its mins per 16 elements
         sp = tuple(k for k in sp if "inf" not in k)
     xv = d(values(lead + (n_in,), mag=(1.0, 10.0), specials=sp))
     x, xbuf, _ = place(xv, d(layouts(xv.ndim)))  # any strides are accepted (copied when needed)

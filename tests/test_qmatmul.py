@@ -77,8 +77,9 @@ def test_noncontiguous_x_and_out(isa, qtype, rng):
 
 @pytest.mark.parametrize("act", ["f32", "q8"])
 def test_threads_bit_identical(isa, act, rng):
-    for qtype, rows in [("Q4_K", 1), ("Q4_1", 5), ("Q8_0", 33)]:
-        n_in = 512 if qtype.endswith("K") else 160
+    for qtype, rows in [("Q4_K", 1), ("Q4_1", 5), ("Q8_0", 33), ("IQ4_NL", 3), ("IQ4_XS", 1), ("Q2_K", 6),
+                        ("Q3_K", 9)]:
+        n_in = 512 if _block(qtype) == 256 else 160
         w = _weight(qtype, 70, n_in, rng)
         x = rng.standard_normal((rows, n_in)).astype(np.float32)
         ys = [cpufuse.matmul(x, w, act=act, isa=isa, n_threads=n) for n in (1, 2, 3, 5)]
@@ -239,7 +240,9 @@ def test_errors(rng):
         QTensor(w.raw.reshape(-1)[:-1], "Q4_0", (8, 64))
     with pytest.raises(ValueError):
         QTensor(w.raw, "Q4_0", (8, 48))
-    with pytest.raises(NotImplementedError, match="Q3_K"):
+    with pytest.raises(NotImplementedError, match="IQ3_S"):
+        QTensor(w.raw, "IQ3_S", (8, 64))
+    with pytest.raises(ValueError, match="n_in=64 is not a multiple of the Q3_K block size 256"):
         QTensor(w.raw, "Q3_K", (8, 64))
 
 

@@ -40,7 +40,8 @@ def q4k_bytes(rng, n_out=2, n_in=512):
 
 def test_table_matches_gguf():
     vdt = {"F32": None, "F16": None, "BF16": None, "Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0",
-           "Q4_1": "Q8_1", "Q5_1": "Q8_1", "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K"}
+           "Q4_1": "Q8_1", "Q5_1": "Q8_1", "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K",
+           "Q2_K": "Q8_K", "Q3_K": "Q8_K", "IQ4_NL": "Q8_0", "IQ4_XS": "Q8_K"}
     assert set(ALL) == set(vdt)
     for name in ALL:
         t = qtypes.QTYPES[name]
@@ -60,8 +61,8 @@ def test_resolve_every_supported_by_each_form():
         assert resolve_qtype(name.lower()) is t is resolve_qtype(t.type_id) is resolve_qtype(G[name]) is resolve_qtype(t)
 
 
-@pytest.mark.parametrize("spec,name", [("Q2_K", "Q2_K"), ("q3_k", "Q3_K"), ("IQ4_XS", "IQ4_XS"), ("TQ1_0", "TQ1_0"),
-                                       ("MXFP4", "MXFP4"), ("Q8_1", "Q8_1"), ("q8_k", "Q8_K"), (10, "Q2_K"),
+@pytest.mark.parametrize("spec,name", [("IQ3_S", "IQ3_S"), ("iq2_xs", "IQ2_XS"), ("TQ1_0", "TQ1_0"),
+                                       ("MXFP4", "MXFP4"), ("Q8_1", "Q8_1"), ("q8_k", "Q8_K"), (19, "IQ1_S"),
                                        (G.IQ2_XXS, "IQ2_XXS"), (G.Q8_K, "Q8_K")])
 def test_resolve_unsupported_names_the_type(spec, name):
     with pytest.raises(NotImplementedError, match=name):
@@ -233,7 +234,7 @@ def test_qtensor_non_contiguous(rng):
         QTensor(np.asfortranarray(big), "Q4_0", (8, 64))
 
 
-@pytest.mark.parametrize("name", ["Q2_K", "Q3_K", "IQ4_XS", "q8_k"])
+@pytest.mark.parametrize("name", ["IQ3_S", "TQ2_0", "IQ1_M", "q8_k"])
 def test_qtensor_unsupported_type(name):
     with pytest.raises(NotImplementedError, match=name.upper()):
         QTensor(np.zeros(1024, np.uint8), name, (1, 256))

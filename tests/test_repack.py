@@ -9,11 +9,11 @@ from cpufuse import _backend
 from cpufuse.reference import quant as qref
 from cpufuse.quant.types import QTYPES, QTensor
 
-QUANT = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+QUANT = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
 
 
 def _k(qt):
-    return 512 if qt.endswith("K") else 96
+    return 512 if QTYPES[qt].block_size == 256 else 96
 
 
 def _bits(a):
@@ -236,6 +236,24 @@ def _p16_bit_map(qt):
             q5k_planes(256, rec)
     elif qt == "Q6_K":
         half(208, 0), q6k(32)
+    elif qt == "IQ4_NL":
+        half(0, 0), chunks(2, 4, 32)
+    elif qt == "IQ4_XS":                     # ls_j: low 4 bits in scales_l (byte 4 + j//2), high 2 in scales_h
+        half(0, 0), chunks(8, 32, 128)
+        for n in range(16):
+            for j in range(8):
+                put(32 + 16 * (j & 3) + n, 4 * (j >> 2), n, 4 + j // 2, 4 * (j % 2), 4)
+                put(96 + 16 * (j & 1) + n, 2 * (j >> 1), n, 2 + j // 4, 2 * (j % 4), 2)
+    elif qt == "Q2_K":
+        half(80, 0), half(82, 32), chunks(16, 16, 320)
+        for n in range(16):
+            for j in range(16):
+                put(64 + 16 * j + n, 0, n, j, 0, 8)
+    elif qt == "Q3_K":
+        half(108, 0), chunks(32, 16, 224), chunks(0, 8, 1248)
+        for n in range(16):
+            for k in range(12):
+                put(32 + 16 * k + n, 0, n, 96 + k, 0, 8)
     assert (src >= 0).all() and np.array_equal(np.sort(src), np.arange(src.size)), f"{qt}: not a bijection"
     return src, flip
 

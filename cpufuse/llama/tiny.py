@@ -5,9 +5,10 @@ package, part of cpufuse[llama]). The text they generate is noise.
     path = write_tiny_gguf("tiny.gguf", qtype="Q4_0")
 
 qtype sets every 2-D weight except the token embedding (F16 unless embd_qtype is given):
-F32, F16, Q8_0, Q4_0 (legacy types: n_in a multiple of 32) or Q4_K, Q6_K (n_in a multiple of 256:
-use `kquant_dims()`). gguf-py cannot quantize K-quants, so their blocks are random bytes with the
-f16 super-block scales set to give the wanted weight spread (any byte pattern is a valid block).
+F32, F16, Q8_0, Q4_0, IQ4_NL (n_in a multiple of 32) or Q4_K, Q6_K, Q2_K, Q3_K, IQ4_XS (n_in a
+multiple of 256: use `kquant_dims()`). gguf-py cannot quantize K-quants, so Q4_K/Q6_K blocks are
+random bytes with the f16 super-block scales set to give the wanted weight spread (any byte pattern
+is a valid block); Q2_K, Q3_K and the IQ4 types come from cpufuse.reference.quant's quantizers.
 """
 import numpy as np
 
@@ -71,6 +72,12 @@ def _kquant_random(rng, qtype, n_out, n_in, std):
 
 
 def _add_weight(w, rng, name, n_out, n_in, qtype, std):
+    if qtype in ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"):   # cpufuse's own test quantizers
+        from ..reference.quant import quantize_weight
+        a = (rng.standard_normal((n_out, n_in)) * std).astype(np.float32)
+        w.add_tensor(name, np.ascontiguousarray(quantize_weight(a, qtype).raw),
+                     raw_dtype=gguf.GGMLQuantizationType[qtype])
+        return
     if qtype in ("Q4_K", "Q6_K"):
         w.add_tensor(name, _kquant_random(rng, qtype, n_out, n_in, std),
                      raw_dtype=gguf.GGMLQuantizationType[qtype])

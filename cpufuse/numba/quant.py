@@ -13,7 +13,9 @@ then dotted with each activation row of the task (`_rowdot`), in float64:
      Q4_0/Q5_0/Q8_0:  y = sum_b d_w*d_a*I_b
      Q4_1/Q5_1:       y = sum_b (d_w*d_a*I_b + m_w*s_a)
      Q4_K/Q5_K:       y = sum_b d_a*(d_w*sum_j sc_j*I_j - dmin_w*sum_j m_j*(bs_2j + bs_2j+1))
-     Q6_K:            y = sum_b d_a*d_w*sum_j sc_j*I_j  (signed codes, 16 sub-blocks)
+     Q6_K, Q3_K:      y = sum_b d_a*d_w*sum_j sc_j*I_j  (signed codes, 16 sub-blocks)
+     Q2_K:            y = sum_b d_a*(d_w*sum_j sc_j*I_j - dmin_w*sum_j m_j*bs_j)  (16 sub-blocks)
+     IQ4_NL:          as Q4_0, codes = the table values; IQ4_XS: as Q4_K without the mins
    in f64 (d_w*d_a and m_w*s_a are exact there, a product with an integer sum rounds at most
    once), accumulated in f64 in block order.
 The f64 sum is rounded to f32 once per output, so both modes sit within about one f32 rounding
@@ -52,7 +54,10 @@ _PJIT = dict(_JIT, parallel=True)
 _CO = 16  # output columns per task
 _CR = 64  # activation rows per task
 
-_VEC_DOT = {2: 8, 6: 8, 8: 8, 3: 9, 7: 9, 12: 15, 13: 15, 14: 15}  # weight type -> Q8_0/Q8_1/Q8_K
+_VEC_DOT = {2: 8, 6: 8, 8: 8, 20: 8, 3: 9, 7: 9, 12: 15, 13: 15, 14: 15, 10: 15, 11: 15, 23: 15}  # -> Q8_0/Q8_1/Q8_K
+
+# IQ4_NL / IQ4_XS code -> value (ggml's kvalues_iq4nl)
+_KV = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
 
 # binary16 exponent field e -> 2^(e-25) (e = 0: 2^-24, the subnormal quantum)
 _P2 = np.array([2.0 ** -24] + [2.0 ** (e - 25) for e in range(1, 32)], np.float64)
@@ -410,6 +415,66 @@ def _unpack(t, tof32, wb, K, wq, sd, sm, ssc, smn, wf, hb):
                     dl = sd[b] * F32(ssc[16 * b + j])
                     ml = sm[b] * F32(smn[8 * b + j])
                     _cvt16(wq, e + 32 * j, 2, dl, -ml, wf)
+    elif t == 20:  # IQ4_NL: the codes index _KV
+        for b in range(K // 32):
+            o = 18 * b
+            e = 32 * b
+            sd[b] = _h2f(_rd16(wb, o))
+            for i in range(16):
+                v = wb[o + 2 + i]
+                wq[e + i] = _KV[v & 15]
+                wq[e + 16 + i] = _KV[v >> 4]
+            if tof32:
+                _cvt16(wq, e, 2, sd[b], F32(-0.0), wf)
+    elif t == 23:  # IQ4_XS: f32(d*(ls-32)) * value
+        for b in range(K // 256):
+            o = 136 * b
+            e = 256 * b
+            sd[b] = _h2f(_rd16(wb, o))
+            sm[b] = F32(0.0)
+            sh = _rd16(wb, o + 2)
+            for j in range(8):
+                ls = ((np.int64(wb[o + 4 + j // 2]) >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4)
+                ssc[16 * b + j] = ls - 32
+                smn[8 * b + j] = 0
+                for i in range(16):
+                    v = wb[o + 8 + 16 * j + i]
+                    wq[e + 32 * j + i] = _KV[v & 15]
+                    wq[e + 32 * j + 16 + i] = _KV[v >> 4]
+                if tof32:
+                    _cvt16(wq, e + 32 * j, 2, sd[b] * F32(ssc[16 * b + j]), F32(-0.0), wf)
+    elif t == 10 or t == 11:  # Q2_K, Q3_K: element 128h + 32g + l at bits 2g of qs[32h + l]
+        q3 = t == 11
+        bsz = 110 if q3 else 84
+        qo = 32 if q3 else 16
+        for b in range(K // 256):
+            o = bsz * b
+            e = 256 * b
+            if q3:
+                sd[b] = _h2f(_rd16(wb, o + 108))
+                for j in range(16):
+                    lo = (np.int64(wb[o + 96 + j]) & 15) if j < 8 else (np.int64(wb[o + 88 + j]) >> 4)
+                    hi = (np.int64(wb[o + 104 + (j & 3)]) >> (2 * (j >> 2))) & 3
+                    ssc[16 * b + j] = (lo | (hi << 4)) - 32
+            else:
+                sd[b] = _h2f(_rd16(wb, o + 80))
+                sm[b] = _h2f(_rd16(wb, o + 82))
+                for j in range(16):
+                    v = np.int64(wb[o + j])
+                    ssc[16 * b + j] = v & 15
+                    smn[16 * b + j] = v >> 4
+            for h in range(2):
+                for g in range(4):
+                    for l in range(32):
+                        c = (np.int64(wb[o + qo + 32 * h + l]) >> (2 * g)) & 3
+                        if q3 and ((np.int64(wb[o + l]) >> (4 * h + g)) & 1) == 0:
+                            c -= 4
+                        wq[e + 128 * h + 32 * g + l] = c
+            if tof32:
+                for j in range(16):
+                    dl = sd[b] * F32(ssc[16 * b + j])
+                    ml = sm[b] * F32(smn[16 * b + j]) if not q3 else F32(0.0)
+                    _cvt16(wq, e + 16 * j, 1, dl, -ml, wf)
     elif t == 14:  # Q6_K
         for b in range(K // 256):
             o = 210 * b
@@ -459,10 +524,18 @@ def _rowdot(path, t, K, x, xo, wf, wq, sd, sm, ssc, smn, r, aq32, ad32, sa32, aq
     for b in range(nb_):
         e = 256 * b
         S = 0
-        if t == 14:
+        if t == 14 or t == 11:
             for j in range(16):
                 S += ssc[16 * b + j] * _idot(wq, e + 16 * j, aqk, ao + e + 16 * j, 1)
             acc += (np.float64(adk[bo + b]) * np.float64(sd[b])) * np.float64(S)
+        elif t == 10:
+            N = 0
+            g = 16 * (bo + b)
+            for j in range(16):
+                S += ssc[16 * b + j] * _idot(wq, e + 16 * j, aqk, ao + e + 16 * j, 1)
+                N += smn[16 * b + j] * bsk[g + j]
+            acc += np.float64(adk[bo + b]) * (np.float64(sd[b]) * np.float64(S)
+                                              - np.float64(sm[b]) * np.float64(N))
         else:
             for j in range(8):
                 S += ssc[16 * b + j] * _idot(wq, e + 32 * j, aqk, ao + e + 32 * j, 2)
@@ -479,7 +552,7 @@ def _rowdot(path, t, K, x, xo, wf, wq, sd, sm, ssc, smn, r, aq32, ad32, sa32, aq
 def _path(t, act_q8):
     if not act_q8 or t == 0 or t == 1 or t == 30:
         return 0
-    return 2 if t >= 12 and t <= 14 else 1
+    return 2 if (t >= 10 and t <= 14) or t == 23 else 1
 
 
 @nb.njit(**_JIT)
@@ -496,14 +569,14 @@ def _work(lo, hi, nrc, c0, c1, rows, K, x, xs, w0, w1, w2, t0, t1, t2, act_q8, e
     sd = np.empty(nsub, np.float32)
     sm = np.empty(nsub, np.float32)
     ssc = np.empty(2 * nsub, np.int64)
-    smn = np.empty(nsub, np.int64)
+    smn = np.empty(2 * nsub, np.int64)
     if epi == 1 or epi == 3:
         wq2 = np.empty(K, np.int8)
         wf2 = np.empty(K, np.float32)
         sd2 = np.empty(nsub, np.float32)
         sm2 = np.empty(nsub, np.float32)
         ssc2 = np.empty(2 * nsub, np.int64)
-        smn2 = np.empty(nsub, np.int64)
+        smn2 = np.empty(2 * nsub, np.int64)
     else:
         wq2, wf2, sd2, sm2, ssc2, smn2 = wq, wf, sd, sm, ssc, smn
     pb = _path(t1, act_q8)

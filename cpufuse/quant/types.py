@@ -28,6 +28,10 @@ _TABLE = (
     QType("Q4_K", 12, 256, 144, "Q8_K"),
     QType("Q5_K", 13, 256, 176, "Q8_K"),
     QType("Q6_K", 14, 256, 210, "Q8_K"),
+    QType("Q2_K", 10, 256, 84, "Q8_K"),
+    QType("Q3_K", 11, 256, 110, "Q8_K"),
+    QType("IQ4_NL", 20, 32, 18, "Q8_0"),
+    QType("IQ4_XS", 23, 256, 136, "Q8_K"),
 )
 # the activation block types of the vec_dots (what act="q8" quantizes x to; not weight types here)
 ACT_QTYPES = {t.name: t for t in (QType("Q8_0", 8, 32, 34, None), QType("Q8_1", 9, 32, 36, None),
@@ -40,8 +44,8 @@ SUPPORTED = tuple(t.name for t in _TABLE)
 
 # ggml types (past and present) that cpufuse does not support, by id
 _UNSUPPORTED = {
-    4: "Q4_2", 5: "Q4_3", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS",
-    18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8",
+    4: "Q4_2", 5: "Q4_3", 9: "Q8_1", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS",
+    18: "IQ3_XXS", 19: "IQ1_S", 21: "IQ3_S", 22: "IQ2_S", 24: "I8",
     25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 31: "Q4_0_4_4", 32: "Q4_0_4_8",
     33: "Q4_0_8_8", 34: "TQ1_0", 35: "TQ2_0", 36: "IQ4_NL_4_4", 37: "IQ4_NL_4_8", 38: "IQ4_NL_8_8",
     39: "MXFP4", 40: "NVFP4", 41: "Q1_0", 42: "Q2_0",
@@ -155,6 +159,9 @@ def _nibbles(qs):
     return np.concatenate([qs & np.uint8(15), qs >> np.uint8(4)], axis=-1)
 
 
+# IQ4_NL / IQ4_XS: a 4-bit code is an index into this table (ggml's kvalues_iq4nl)
+KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+
 _BIT32 = np.arange(32, dtype=np.uint32)
 _BIT8 = np.arange(8, dtype=np.uint8)
 
@@ -181,6 +188,10 @@ def unpack_blocks(raw, qtype, n_in):
       Q4_1, Q5_1:       q uint8 (..., 32) in 0..15 / 0..31, d, m float32
       Q4_K, Q5_K:       q uint8 (..., 8, 32), sc, m uint8 (..., 8) in 0..63, d, dmin float32
       Q6_K:             q int8 (..., 16, 16) in -32..31, sc int8 (..., 16), d float32
+      Q2_K:             q uint8 (..., 16, 16) in 0..3, sc, m uint8 (..., 16) in 0..15, d, dmin float32
+      Q3_K:             q int8 (..., 16, 16) in -4..3, sc int8 (..., 16) in -32..31, d float32
+      IQ4_NL:           q int8 (..., 32) the table values (KVALUES_IQ4NL), d float32
+      IQ4_XS:           q int8 (..., 8, 32) table values, sc int8 (..., 8) in -32..31, d float32
     Float types have no blocks: ValueError.
     """
     t = resolve_qtype(qtype)
@@ -223,6 +234,34 @@ def unpack_blocks(raw, qtype, n_in):
         high = (qh >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & np.uint8(3)
         q = ((low | (high << np.uint8(4))).astype(np.int16) - 32).astype(np.int8)
         return {"q": q.reshape(lead + (16, 16)), "sc": b[..., 192:208].view(np.int8).copy(), "d": _h2f(b, 208)}
+    lead = b.shape[:2]
+    if n in ("Q2_K", "Q3_K"):  # element 128h + 32g + l: bits 2g of qs[32h + l]; 16-element sub-blocks
+        qo = 16 if n == "Q2_K" else 32
+        qs = b[..., qo:qo + 64].reshape(lead + (2, 1, 32))
+        q = (qs >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & np.uint8(3)    # [h, g, l]
+        q = q.reshape(lead + (16, 16))
+        if n == "Q2_K":
+            s = b[..., 0:16]
+            return {"q": q, "sc": s & np.uint8(15), "m": s >> np.uint8(4), "d": _h2f(b, 80), "dmin": _h2f(b, 82)}
+        hm = b[..., 0:32]                                   # bit j of hmask[l]: element 32j + l
+        hb = ((hm[..., None, :] >> _BIT8[:, None]) & np.uint8(1)).reshape(lead + (16, 16))
+        q = (q.astype(np.int16) - 4 * (1 - hb.astype(np.int16))).astype(np.int8)
+        s = b[..., 96:108]
+        lo = np.concatenate([s[..., 0:8] & np.uint8(15), s[..., 0:8] >> np.uint8(4)], axis=-1)
+        hi = (s[..., None, 8:12] >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & np.uint8(3)   # [k, i]: j = 4k + i
+        sc = (lo | (hi.reshape(lead + (16,)) << np.uint8(4))).astype(np.int16) - 32
+        return {"q": q, "sc": sc.astype(np.int8), "d": _h2f(b, 108)}
+    if n == "IQ4_NL":
+        return {"q": KVALUES_IQ4NL[_nibbles(b[..., 2:18])], "d": _h2f(b, 0)}
+    if n == "IQ4_XS":
+        qs = b[..., 8:136].reshape(lead + (8, 16))
+        q = KVALUES_IQ4NL[_nibbles(qs)]
+        sh = b[..., 2].astype(np.uint16) | (b[..., 3].astype(np.uint16) << np.uint16(8))
+        hi = ((sh[..., None] >> (2 * np.arange(8, dtype=np.uint16))) & np.uint16(3)).astype(np.uint8)
+        sl = b[..., 4:8]
+        lo = np.stack([sl & np.uint8(15), sl >> np.uint8(4)], axis=-1).reshape(lead + (8,))
+        sc = (lo | (hi << np.uint8(4))).astype(np.int16) - 32
+        return {"q": q, "sc": sc.astype(np.int8), "d": _h2f(b, 0)}
     raise AssertionError(n)  # pragma: no cover
 
 
@@ -252,7 +291,7 @@ def dequantize(raw, qtype, n_in):
 
 def _dequant_fields(n, f):
     d = f["d"]
-    if n in ("Q4_0", "Q5_0", "Q8_0"):
+    if n in ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL"):
         x = f["q"].astype(np.float32) * d[..., None]
     elif n in ("Q4_1", "Q5_1"):
         x = d[..., None] * f["q"].astype(np.float32) + f["m"][..., None]
@@ -260,7 +299,11 @@ def _dequant_fields(n, f):
         a = d[..., None] * f["sc"].astype(np.float32)
         b = f["dmin"][..., None] * f["m"].astype(np.float32)
         x = a[..., None] * f["q"].astype(np.float32) - b[..., None]
-    else:  # Q6_K
+    elif n == "Q2_K":  # f32(f32(d*sc)*q - f32(dmin*m)), 16-element sub-blocks
+        a = d[..., None] * f["sc"].astype(np.float32)
+        b = f["dmin"][..., None] * f["m"].astype(np.float32)
+        x = a[..., None] * f["q"].astype(np.float32) - b[..., None]
+    else:  # Q6_K, Q3_K, IQ4_XS: f32(d*sc) * q
         a = d[..., None] * f["sc"].astype(np.float32)
         x = a[..., None] * f["q"].astype(np.float32)
     return x

@@ -11,7 +11,7 @@ is the executable spec of the C and Numba kernels.
 """
 import numpy as np
 
-from ..quant.types import ACT_QTYPES, QTensor, resolve_qtype, unpack_blocks
+from ..quant.types import ACT_QTYPES, KVALUES_IQ4NL, QTensor, resolve_qtype, unpack_blocks
 
 __all__ = ["ACT_TYPES", "quantize_act", "decode_act", "ref_matmul_f32", "ref_matmul_q8",
            "quantize_weight", "make_weight", "random_blocks"]
@@ -147,7 +147,10 @@ def ref_matmul_q8(x, qt):
       Q4_0/Q5_0/Q8_0: d_w*d_a*I (I = sum of signed weight codes times activation codes)
       Q4_1/Q5_1:      d_w*d_a*I (unsigned codes) + m_w*s_a (the stored Q8_1 s)
       Q4_K/Q5_K:      d_a*(d_w*sum_j sc_j*I_j - dmin_w*sum_j m_j*(bsums[2j]+bsums[2j+1]))
-      Q6_K:           d_a*d_w*sum_j sc_j*I_j (signed codes)
+      Q6_K, Q3_K:     d_a*d_w*sum_j sc_j*I_j (signed codes, 16-element sub-blocks)
+      Q2_K:           d_a*(d_w*sum_j sc_j*I_j - dmin_w*sum_j m_j*bsums[j]) (16-element sub-blocks)
+      IQ4_NL:         d_w*d_a*I (I over the table values of the codes)
+      IQ4_XS:         d_a*d_w*sum_j sc_j*I_j (table values, 8 sub-blocks, sc_j in -32..31)
     summed over blocks. F32/F16/BF16 weights: ref_matmul_f32. Returns float64 (rows, n_out), or
     (n_out,) for 1-D x."""
     if not isinstance(qt, QTensor):
@@ -178,21 +181,24 @@ def _ref_q8_rows(x2, qt):
     w = unpack_blocks(qt.raw, n, K)                  # leading axes (n_out, nb)
     nb = K // qt.block_size
     y = np.empty((rows, qt.n_out))
-    if n in ("Q4_K", "Q5_K", "Q6_K"):
-        sub = 8 if n != "Q6_K" else 16                # sub-blocks per super-block
+    if qt.block_size == 256:
+        sub = 16 if n in ("Q6_K", "Q2_K", "Q3_K") else 8   # sub-blocks per super-block
         L = 256 // sub
         A = codes.reshape(rows, nb * sub, L).transpose(1, 0, 2).astype(np.float64)   # (nb*sub, rows, L)
         da = d_a.astype(np.float64).T[:, :, None]                                     # (nb, rows, 1)
-        if n != "Q6_K":
+        mins = n in ("Q4_K", "Q5_K", "Q2_K")
+        if mins:
             bp = bsums.astype(np.float64)
-            bp = (bp[..., 0::2] + bp[..., 1::2]).transpose(1, 0, 2)                     # (nb, rows, 8)
+            if sub == 8:
+                bp = bp[..., 0::2] + bp[..., 1::2]
+            bp = bp.transpose(1, 0, 2)                                                  # (nb, rows, sub)
         for c in _chunks(qt.n_out, nb * sub * rows):
             Wq = w["q"][c].reshape(-1, nb * sub, L).transpose(1, 2, 0).astype(np.float64)  # (nb*sub, L, o)
             I = np.matmul(A, Wq).reshape(nb, sub, rows, -1)
             sc = w["sc"][c].astype(np.float64).transpose(1, 2, 0)[:, :, None, :]        # (nb, sub, 1, o)
             S = (I * sc).sum(axis=1)                                                    # (nb, rows, o)
             dw = w["d"][c].astype(np.float64).T[:, None, :]                             # (nb, 1, o)
-            if n == "Q6_K":
+            if not mins:
                 y[:, c] = (da * dw * S).sum(axis=0)
             else:
                 M = np.matmul(bp, w["m"][c].astype(np.float64).transpose(1, 2, 0))     # (nb, rows, o)
@@ -320,10 +326,116 @@ def _quantize_q6_k(x):
     return np.concatenate([ql, qh, sc.view(np.uint8), d.astype("<f2").view(np.uint8).reshape(N, 2)], axis=1)
 
 
+def _pick_max(x):
+    """per row of x (N, L): the element of largest |x| (first on ties), float32"""
+    return np.take_along_axis(x, np.argmax(np.abs(x), axis=-1)[:, None], axis=-1)[:, 0]
+
+
+def _f16(v):
+    return np.asarray(v, np.float32).astype(np.float16).astype(np.float32)
+
+
+def _nearest_kv(v):
+    """index of the nearest KVALUES_IQ4NL entry to every element of v (float32)"""
+    kv = KVALUES_IQ4NL.astype(np.float32)
+    return np.argmin(np.abs(v[..., None] - kv), axis=-1).astype(np.uint8)
+
+
+def _quantize_iq4_nl(x):
+    """x float32 (N, 32) -> IQ4_NL blocks (N, 18): d = f16(max / -127), nearest table value"""
+    N = len(x)
+    d = _f16(_pick_max(x) / np.float32(-127.0))
+    with np.errstate(divide="ignore"):
+        idd = np.where(d != 0, np.float32(1.0) / d, np.float32(0.0)).astype(np.float32)
+    q = _nearest_kv(x * idd[:, None])
+    return np.concatenate([_f16_bytes(d), q[:, :16] | (q[:, 16:] << np.uint8(4))], axis=1).reshape(N, 18)
+
+
+def _quantize_iq4_xs(x):
+    """x float32 (N, 256) -> IQ4_XS blocks (N, 136): per 32 elements a signed scale max/-127,
+    the 6-bit scales ls-32 = round(s/d) with d = f16(s_max/-32), nearest table values"""
+    N = len(x)
+    xs = x.reshape(N * 8, 32)
+    s = (_pick_max(xs) / np.float32(-127.0)).reshape(N, 8).astype(np.float32)
+    d = _f16(_pick_max(s) / np.float32(-32.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ls = np.where(d[:, None] != 0, np.rint(s / d[:, None]), 0)
+    ls = (np.clip(ls, -32, 31) + 32).astype(np.uint8)                                # (N, 8)
+    dl = (d[:, None] * (ls.astype(np.float32) - np.float32(32.0))).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        idl = np.where(dl != 0, np.float32(1.0) / dl, np.float32(0.0)).astype(np.float32)
+    q = _nearest_kv(x.reshape(N, 8, 32) * idl[..., None])                              # (N, 8, 32)
+    sh = np.zeros(N, np.uint16)
+    for j in range(8):
+        sh |= ((ls[:, j] >> 4).astype(np.uint16) & np.uint16(3)) << np.uint16(2 * j)
+    sl = (ls[:, 0::2] & np.uint8(15)) | ((ls[:, 1::2] & np.uint8(15)) << np.uint8(4))
+    qs = (q[..., :16] | (q[..., 16:] << np.uint8(4))).reshape(N, 128)
+    return np.concatenate([_f16_bytes(d), sh.astype("<u2").view(np.uint8).reshape(N, 2), sl, qs], axis=1)
+
+
+def _pack_2bit_qs(u):
+    """codes (N, 256) in 0..3 -> the 64 bytes of Q2_K/Q3_K: element 128h + 32g + l at bits 2g of
+    byte 32h + l"""
+    u = u.reshape(len(u), 2, 4, 32)
+    return (u[:, :, 0] | (u[:, :, 1] << 2) | (u[:, :, 2] << 4) | (u[:, :, 3] << 6)).astype(np.uint8).reshape(len(u), 64)
+
+
+def _quantize_q2_k(x):
+    """x float32 (N, 256) -> Q2_K blocks (N, 84): per 16 elements scale (max-min)/3 and min
+    -min(x, 0), both as 4-bit multiples of d = f16(max scale/15), dmin = f16(max min/15)"""
+    N = len(x)
+    xs = x.reshape(N, 16, 16)
+    mn = np.minimum(xs.min(axis=-1), 0).astype(np.float32)
+    sc = ((xs.max(axis=-1) - mn) / np.float32(3.0)).astype(np.float32)
+    d = _f16(sc.max(axis=-1) / np.float32(15.0))
+    dmin = _f16((-mn).max(axis=-1) / np.float32(15.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lsc = np.where(d[:, None] != 0, np.rint(sc / d[:, None]), 0)
+        lm = np.where(dmin[:, None] != 0, np.rint(-mn / dmin[:, None]), 0)
+    lsc = np.clip(lsc, 0, 15).astype(np.uint8)
+    lm = np.clip(lm, 0, 15).astype(np.uint8)
+    dl = (d[:, None] * lsc.astype(np.float32)).astype(np.float32)
+    ml = (dmin[:, None] * lm.astype(np.float32)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(dl[..., None] != 0, np.rint((xs + ml[..., None]) / dl[..., None]), 0)
+    q = np.clip(q, 0, 3).astype(np.uint8).reshape(N, 256)
+    return np.concatenate([lsc | (lm << np.uint8(4)), _pack_2bit_qs(q), _f16_bytes(d), _f16_bytes(dmin)], axis=1)
+
+
+def _quantize_q3_k(x):
+    """x float32 (N, 256) -> Q3_K blocks (N, 110): per 16 elements a signed scale max/-4, the
+    6-bit scales sc-32 = round(s/d) with d = f16(s_max/-32), codes round(x/(d*sc)) in -4..3"""
+    N = len(x)
+    xs = x.reshape(N * 16, 16)
+    s = (_pick_max(xs) / np.float32(-4.0)).reshape(N, 16).astype(np.float32)
+    d = _f16(_pick_max(s) / np.float32(-32.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ls = np.where(d[:, None] != 0, np.rint(s / d[:, None]), 0)
+    ls = np.clip(ls, -32, 31).astype(np.int16)                                          # sc - 32
+    dl = (d[:, None] * ls.astype(np.float32)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(dl[..., None] != 0, np.rint(x.reshape(N, 16, 16) / dl[..., None]), 0)
+    u = (np.clip(q, -4, 3) + 4).astype(np.uint8).reshape(N, 256)                       # q + 4
+    hb = (u >> 2).reshape(N, 8, 32)                                                     # element 32b + l
+    hmask = np.zeros((N, 32), np.uint8)
+    for b in range(8):
+        hmask |= hb[:, b] << np.uint8(b)
+    v = (ls + 32).astype(np.uint8)                                                      # 0..63
+    sc = np.zeros((N, 12), np.uint8)
+    sc[:, 0:8] = (v[:, 0:8] & np.uint8(15)) | ((v[:, 8:16] & np.uint8(15)) << np.uint8(4))
+    for k in range(4):
+        sc[:, 8:12] |= ((v[:, 4 * k:4 * k + 4] >> np.uint8(4)) & np.uint8(3)) << np.uint8(2 * k)
+    return np.concatenate([hmask, _pack_2bit_qs(u & np.uint8(3)), sc, _f16_bytes(d)], axis=1)
+
+
+_OWN_QUANTIZERS = {"Q2_K": (256, _quantize_q2_k), "Q3_K": (256, _quantize_q3_k),
+                   "IQ4_NL": (32, _quantize_iq4_nl), "IQ4_XS": (256, _quantize_iq4_xs)}
+
+
 def quantize_weight(w, qtype):
     """Quantize float weights w (n_out, n_in) to a new QTensor. Float and legacy types use
-    gguf.quants.quantize (ggml's reference quantizers); Q4_K/Q5_K/Q6_K use this module's own
-    numpy quantizers (valid and accurate, not byte-identical to llama-quantize)."""
+    gguf.quants.quantize (ggml's reference quantizers); Q4_K/Q5_K/Q6_K, Q2_K/Q3_K and
+    IQ4_NL/IQ4_XS use this module's own numpy quantizers (valid and accurate, not byte-identical to llama-quantize)."""
     t = resolve_qtype(qtype)
     w = np.asarray(w, dtype=np.float32)
     if w.ndim != 2:
@@ -331,7 +443,10 @@ def quantize_weight(w, qtype):
     n_out, n_in = w.shape
     if n_in % t.block_size:
         raise ValueError(f"w: n_in={n_in} is not a multiple of the {t.name} block size {t.block_size}")
-    if t.name in ("Q4_K", "Q5_K", "Q6_K"):
+    if t.name in _OWN_QUANTIZERS:
+        B, fn = _OWN_QUANTIZERS[t.name]
+        raw = fn(w.reshape(-1, B))
+    elif t.name in ("Q4_K", "Q5_K", "Q6_K"):
         xb = w.reshape(-1, 256)
         raw = _quantize_q6_k(xb) if t.name == "Q6_K" else _quantize_q45_k(xb, t.name == "Q5_K")
     else:
@@ -380,7 +495,25 @@ def random_blocks(qtype, n_out, n_in, rng):
     if nbk > 1:
         d[1] = dmin[1] = 0.0
     n = t.name
-    if n == "Q6_K":
+    if n == "Q2_K":
+        b[:, 80:82], b[:, 82:84] = _f16_bytes(d), _f16_bytes(dmin)
+        b[0, 0:80] = 0xFF                                                 # sc = m = 15, q = 3
+    elif n == "Q3_K":
+        b[:, 108:110] = _f16_bytes(d)
+        b[0, 0:32] = 0x00                                                 # q = -4 (no high bit)
+        b[0, 32:96] = 0x00
+        b[0, 96:108] = np.array([0] * 8 + [0x55] * 4, np.uint8)           # sc: -32 (0..7) / -16 (8..15)
+        if nbk > 2:
+            b[2, 0:96] = 0xFF                                             # q = 3
+            b[2, 96:108] = 0xFF                                           # sc = 31
+    elif n in ("IQ4_NL", "IQ4_XS"):
+        b[:, 0:2] = _f16_bytes(d)
+        if n == "IQ4_NL":
+            b[0, 2:18] = np.tile(np.array([0x0F, 0xF0], np.uint8), 8)    # -127 and 113
+        else:
+            b[0, 2:8] = 0x00                                              # all scales -32
+            b[0, 8:] = np.tile(np.array([0x0F, 0xF0], np.uint8), 64)
+    elif n == "Q6_K":
         b[:, 208:210] = _f16_bytes(d)
         b[0, 0:192] = np.tile(np.array([0xFF, 0x00], np.uint8), 96)      # q = 31 / -32 alternating
         b[0, 192:208] = np.tile(np.array([0x80, 0x7F], np.uint8), 8)     # scales -128 / 127

@@ -48,6 +48,24 @@ static inline __m256i p16_2bits(__m256i v, int sh) {
   return sh <= 4 ? _mm256_slli_epi16(m, 4 - sh) : _mm256_srli_epi16(m, sh - 4);
 }
 static inline p16c pc_2bits(p16c v, int sh) { p16c r = {p16_2bits(v.lo, sh), p16_2bits(v.hi, sh)}; return r; }
+/* byte i = t[v[i]] (v's bytes 0..15): VPSHUFB with the 16-byte table in both lanes */
+static inline p16c pc_lut16(p16c v, const uint8_t *t) {
+  const __m256i tb = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t));
+  p16c r = {_mm256_shuffle_epi8(tb, v.lo), _mm256_shuffle_epi8(tb, v.hi)};
+  return r;
+}
+/* byte i = (v[i] >> sh) & 3 */
+static inline p16c pc_2b(p16c v, int sh) {
+  const __m256i m = _mm256_set1_epi8(3);
+  p16c r = {_mm256_and_si256(_mm256_srli_epi16(v.lo, sh), m), _mm256_and_si256(_mm256_srli_epi16(v.hi, sh), m)};
+  return r;
+}
+/* byte i = ((v[i] >> b) & 1) << pos: a 16-bit shift by b - pos (bits crossing bytes are masked off) */
+static inline __m256i p16_bitsel(__m256i v, int b, int pos) {
+  const __m256i x = b >= pos ? _mm256_srli_epi16(v, b - pos) : _mm256_slli_epi16(v, pos - b);
+  return _mm256_and_si256(x, _mm256_set1_epi8((char)(1 << pos)));
+}
+static inline p16c pc_bitsel(p16c v, int b, int pos) { p16c r = {p16_bitsel(v.lo, b, pos), p16_bitsel(v.hi, b, pos)}; return r; }
 
 static inline p16i pi_zero(void) { p16i r = {_mm256_setzero_si256(), _mm256_setzero_si256()}; return r; }
 static inline p16i pi_set1(int32_t v) { p16i r = {_mm256_set1_epi32(v), _mm256_set1_epi32(v)}; return r; }

@@ -31,6 +31,17 @@ static inline p16c pc_2bits(p16c v, int sh) {
   const __m512i m = _mm512_and_si512(v, _mm512_set1_epi8((char)(3 << sh)));
   return sh <= 4 ? _mm512_slli_epi16(m, 4 - sh) : _mm512_srli_epi16(m, sh - 4);
 }
+/* byte i = t[v[i]] (v's bytes 0..15): VPSHUFB with the table in every 128-bit lane */
+static inline p16c pc_lut16(p16c v, const uint8_t *t) {
+  return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t)), v);
+}
+/* byte i = (v[i] >> sh) & 3 */
+static inline p16c pc_2b(p16c v, int sh) { return _mm512_and_si512(_mm512_srli_epi16(v, sh), _mm512_set1_epi8(3)); }
+/* byte i = ((v[i] >> b) & 1) << pos: a 16-bit shift by b - pos (bits crossing bytes are masked off) */
+static inline p16c pc_bitsel(p16c v, int b, int pos) {
+  const __m512i x = b >= pos ? _mm512_srli_epi16(v, b - pos) : _mm512_slli_epi16(v, pos - b);
+  return _mm512_and_si512(x, _mm512_set1_epi8((char)(1 << pos)));
+}
 
 static inline p16i pi_zero(void) { return _mm512_setzero_si512(); }
 static inline p16i pi_set1(int32_t v) { return _mm512_set1_epi32(v); }

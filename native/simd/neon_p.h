@@ -82,6 +82,28 @@ static inline p16c pc_2bits(p16c v, int sh) {
   }
   return v;
 }
+/* byte i = t[v[i]] (v's bytes 0..15): TBL */
+static inline p16c pc_lut16(p16c v, const uint8_t *t) {
+  const uint8x16_t tb = vld1q_u8(t);
+  for (int q = 0; q < 4; q++) v.val[q] = vqtbl1q_u8(tb, v.val[q]);
+  return v;
+}
+/* byte i = (v[i] >> sh) & 3, sh in 0, 2, 4, 6 */
+static inline p16c pc_2b(p16c v, int sh) {
+  const uint8x16_t m = vdupq_n_u8(3);
+  for (int q = 0; q < 4; q++) {
+    const uint8x16_t x = v.val[q];
+    v.val[q] = vandq_u8(sh == 0 ? x : sh == 2 ? vshrq_n_u8(x, 2) : sh == 4 ? vshrq_n_u8(x, 4) : vshrq_n_u8(x, 6), m);
+  }
+  return v;
+}
+/* byte i = ((v[i] >> b) & 1) << pos: USHL by pos - b (negative: a right shift), then AND */
+static inline p16c pc_bitsel(p16c v, int b, int pos) {
+  const int8x16_t sh = vdupq_n_s8((int8_t)(pos - b));
+  const uint8x16_t m = vdupq_n_u8((uint8_t)(1 << pos));
+  for (int q = 0; q < 4; q++) v.val[q] = vandq_u8(vshlq_u8(v.val[q], sh), m);
+  return v;
+}
 
 static inline p16i pi_set1(int32_t x) {
   p16i r;
@@ -249,8 +271,9 @@ static inline void pi_dot_rows(int MR, p16i *i, const int32_t *o, const p16c *w,
       av[0] = vreinterpretq_s8_s64(vzip1q_s64(x, y));
       av[1] = vreinterpretq_s8_s64(vzip2q_s64(x, y));
     }
-    const int32x4_t init = o ? vreinterpretq_s32_s64(vld1q_dup_s64((const int64_t *)(const void *)(o + 2 * p)))
-                             : vdupq_n_s32(0); /* [o0, o1, o0, o1] */
+    /* [o0, o1, o0, o1], read as int32 (an int64 load of an int32 array the caller just wrote may be
+     * reordered before those stores: strict aliasing) */
+    const int32x4_t init = o ? vcombine_s32(vld1_s32(o + 2 * p), vld1_s32(o + 2 * p)) : vdupq_n_s32(0);
     int32x4_t acc[8];
     for (int j = 0; j < 8; j++) acc[j] = init;
     for (int g = 0; g < nc / 2; g++)

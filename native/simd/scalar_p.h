@@ -25,6 +25,15 @@ static inline p16c pc_bit16(const uint8_t *p) {
   return r;
 }
 static inline p16c pc_2bits(p16c v, int sh) { for (int i = 0; i < 64; i++) v.b[i] = (uint8_t)(((v.b[i] >> sh) & 3) << 4); return v; }
+/* byte i = t[v[i]] (v's bytes are 0..15: IQ4's table) */
+static inline p16c pc_lut16(p16c v, const uint8_t *t) { for (int i = 0; i < 64; i++) v.b[i] = t[v.b[i] & 15]; return v; }
+/* byte i = (v[i] >> sh) & 3, sh in 0, 2, 4, 6 (2-bit codes) */
+static inline p16c pc_2b(p16c v, int sh) { for (int i = 0; i < 64; i++) v.b[i] = (uint8_t)((v.b[i] >> sh) & 3); return v; }
+/* byte i = ((v[i] >> b) & 1) << pos (b, pos in 0..7: one bit of each byte moved to bit pos) */
+static inline p16c pc_bitsel(p16c v, int b, int pos) {
+  for (int i = 0; i < 64; i++) v.b[i] = (uint8_t)(((v.b[i] >> b) & 1) << pos);
+  return v;
+}
 
 static inline p16i pi_zero(void) { p16i r; memset(&r, 0, sizeof r); return r; }
 static inline p16i pi_set1(int32_t x) { p16i r; for (int n = 0; n < 16; n++) r.v[n] = x; return r; }

@@ -45,8 +45,8 @@
 
 static int64_t blk_elems(int64_t t) {
   switch (t) {
-    case 2: case 3: case 6: case 7: case 8: return 32;
-    case 12: case 13: case 14: return 256;
+    case 2: case 3: case 6: case 7: case 8: case 20: return 32;
+    case 10: case 11: case 12: case 13: case 14: case 23: return 256;
     default: return 0;
   }
 }
@@ -60,6 +60,10 @@ static int64_t blk_bytes(int64_t t) {
     case 12: return 144;
     case 13: return 176;
     case 14: return 210;
+    case 10: return 84;
+    case 11: return 110;
+    case 20: return 18;
+    case 23: return 136;
     default: return 0;
   }
 }
@@ -320,6 +324,40 @@ INL void f_q6k_scales(int dir, uint8_t *const *r, uint8_t *q) {
     }
 }
 
+/* The scale fields of Q2_K, Q3_K and IQ4_XS below move bytes one at a time (plain loops, not the
+ * word transposes above): simple, and a permutation like the others. */
+
+/* nb bytes at row offset off <-> q[16j + n] = byte j of row n (a 16 x nb byte transpose) */
+INL void f_bytes16(int dir, uint8_t *const *r, int off, int nb, uint8_t *q) {
+  for (int j = 0; j < nb; j++)
+    UNROLL for (int n = 0; n < 16; n++) {
+      if (dir) r[n][off + j] = q[16 * j + n];
+      else q[16 * j + n] = r[n][off + j];
+    }
+}
+/* IQ4_XS scales (row offset 2: scales_h u16, bits 2j..2j+1 = high 2 bits of ls_j; offset 4:
+ * scales_l[4], nibble j%2 of byte j/2 = low 4 bits of ls_j) <-> 64 bytes L (byte 16k + n, k < 4:
+ * ls_k & 15 | (ls_k+4 & 15) << 4) then 32 bytes H (byte 16i + n, i < 2: bits 2k..2k+1 = ls_2k+i >> 4) */
+INL void f_xs_scales(int dir, uint8_t *const *r, uint8_t *q) {
+  UNROLL for (int n = 0; n < 16; n++) {
+    int ls[8];
+    if (dir) {
+      for (int j = 0; j < 8; j++)
+        ls[j] = ((q[16 * (j & 3) + n] >> (4 * (j >> 2))) & 15) | (((q[64 + 16 * (j & 1) + n] >> (2 * (j >> 1))) & 3) << 4);
+      uint32_t sh = 0;
+      for (int j = 0; j < 8; j++) sh |= (uint32_t)(ls[j] >> 4) << (2 * j);
+      r[n][2] = (uint8_t)sh;
+      r[n][3] = (uint8_t)(sh >> 8);
+      for (int k = 0; k < 4; k++) r[n][4 + k] = (uint8_t)((ls[2 * k] & 15) | (ls[2 * k + 1] & 15) << 4);
+    } else {
+      const uint32_t sh = r[n][2] | (uint32_t)r[n][3] << 8;
+      for (int j = 0; j < 8; j++) ls[j] = ((r[n][4 + j / 2] >> (4 * (j & 1))) & 15) | (int)(((sh >> (2 * j)) & 3) << 4);
+      for (int k = 0; k < 4; k++) q[16 * k + n] = (uint8_t)((ls[k] & 15) | (ls[k + 4] & 15) << 4);
+      for (int i = 0; i < 2; i++)
+        q[64 + 16 * i + n] = (uint8_t)((ls[i] >> 4) | (ls[2 + i] >> 4) << 2 | (ls[4 + i] >> 4) << 4 | (ls[6 + i] >> 4) << 6);
+    }
+  }
+}
 /* ------------------------------------------------------------------------------------------------
  * panels. Block k of row n is at row[n] + k * step[n] (step 0 for a padding row: packing reads a
  * neutral block, unpacking writes a sink), panel block k at p + k * pstep. */
@@ -356,7 +394,7 @@ INL void xfer_panel(int64_t t, int dir, const panel *P, uint8_t *p) {
   for (int64_t k0 = 0; k0 < nb; k0 += span) {
     const int64_t k1 = k0 + span < nb ? k0 + span : nb;
     switch (t) {
-      case 2: /* Q4_0 (d, qs[16]): d | 4 code chunks */
+      case 2: case 20: /* Q4_0, IQ4_NL (d, qs[16]): d | 4 code chunks */
         PAIRS(f_half(dir, a, b, m, 0, q); f_chunks(dir, a, b, m, 2, 4, 4, 0, 0, q + 32));
         break;
       case 3: /* Q4_1 (d, m, qs[16]): d | m | 4 code chunks */
@@ -389,6 +427,22 @@ INL void xfer_panel(int64_t t, int dir, const panel *P, uint8_t *p) {
       case 14: /* Q6_K (ql[128], qh[64], scales[16], d): d | 8 sub-block records: codes, scales */
         PAIRS(f_half(dir, a, b, m, 208, q); f_q6k_codes(dir, a, b, m, q + 32));
         ROWS(f_q6k_scales(dir, r, q + 32));
+        break;
+      case 10: /* Q2_K (scales[16], qs[64], d, dmin): d | dmin | scales (16 x 16 transpose) | 16 code chunks */
+        PAIRS(f_half(dir, a, b, m, 80, q); f_half(dir, a, b, m, 82, q + 32);
+              f_chunks(dir, a, b, m, 16, 16, 16, 0, 0, q + 320));
+        ROWS(f_bytes16(dir, r, 0, 16, q + 64));
+        break;
+      case 11: /* Q3_K (hmask[32], qs[64], scales[12], d): d | scales (16 x 12 transpose) | 16 code
+                * chunks of the low 2 bits | 8 chunks of hmask */
+        PAIRS(f_half(dir, a, b, m, 108, q); f_chunks(dir, a, b, m, 32, 16, 16, 0, 0, q + 224);
+              f_chunks(dir, a, b, m, 0, 8, 8, 0, 0, q + 1248));
+        ROWS(f_bytes16(dir, r, 96, 12, q + 32));
+        break;
+      case 23: /* IQ4_XS (d, scales_h, scales_l[4], qs[128]): d | scales (L, H) | 32 code chunks:
+                * sub-block j's 4 at 256j (low nibbles elements 0-15, high 16-31) */
+        PAIRS(f_half(dir, a, b, m, 0, q); f_chunks(dir, a, b, m, 8, 32, 32, 0, 0, q + 128));
+        ROWS(f_xs_scales(dir, r, q + 32));
         break;
     }
   }

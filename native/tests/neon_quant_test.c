@@ -2,7 +2,7 @@
  * native/simd/neon_q.h, q8 mode through the panel tiles of qpanel.inc on native/simd/neon_p.h), for
  * aarch64 (native or qemu-user). Links isa_neon.c, isa_scalar.c and native/src/repack.c.
  * For every supported weight type (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
- * Q6_K) with random valid blocks it checks:
+ * Q6_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS) with random valid blocks it checks:
  *  - f32 mode against a double reference written here (dequantization per docs/semantics.md §8, times x):
  *    NMSE <= 1e-10;
  *  - q8 mode against a double reference of the integer block arithmetic on the quantized
@@ -75,7 +75,9 @@ static const tinfo TYPES[] = {
     {0, "F32", 1, 4, 0},       {1, "F16", 1, 2, 0},       {30, "BF16", 1, 2, 0},
     {2, "Q4_0", 32, 18, 8},    {3, "Q4_1", 32, 20, 9},    {6, "Q5_0", 32, 22, 8},
     {7, "Q5_1", 32, 24, 9},    {8, "Q8_0", 32, 34, 8},    {12, "Q4_K", 256, 144, 15},
-    {13, "Q5_K", 256, 176, 15}, {14, "Q6_K", 256, 210, 15}};
+    {13, "Q5_K", 256, 176, 15}, {14, "Q6_K", 256, 210, 15}, {10, "Q2_K", 256, 84, 15},
+    {11, "Q3_K", 256, 110, 15}, {20, "IQ4_NL", 32, 18, 8},   {23, "IQ4_XS", 256, 136, 15}};
+static const int KV_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 #define NTYPES ((int)(sizeof TYPES / sizeof TYPES[0]))
 static int64_t row_bytes(const tinfo *t, int64_t K) { return K / t->blk * t->bytes; }
 
@@ -108,6 +110,9 @@ static uint8_t *gen_weights(const tinfo *t, int64_t N, int64_t K, int subn) {
         break;
       case 12: case 13: wr16(p, rscale(subn)); wr16(p + 2, rscale(subn)); break;
       case 14: wr16(p + 208, rscale(subn)); break;
+      case 10: wr16(p + 80, rscale(subn)); wr16(p + 82, rscale(subn)); break;
+      case 11: wr16(p + 108, rscale(subn)); break;
+      case 20: case 23: wr16(p, rscale(subn)); break;
     }
   }
   return w;
@@ -160,6 +165,27 @@ static void decode_row(const tinfo *t, const uint8_t *row, int64_t K, int *q, do
           const int lo = g < 2 ? lb & 15 : lb >> 4, hi = (b[128 + 32 * h + l] >> (2 * g)) & 3;
           qq = lo + 16 * hi - 32;
           s = (float)(h2d(rd16(b + 208)) * (int8_t)b[192 + e / 16]);
+          break;
+        }
+        case 10: case 11: { /* element 128h + 32g + l: bits 2g of qs[32h + l]; 16-element scales */
+          const int h = e / 128, g = (e % 128) / 32, l = e % 32, j = e / 16;
+          qq = (b[(t->id == 10 ? 16 : 32) + 32 * h + l] >> (2 * g)) & 3;
+          if (t->id == 10) {
+            s = (float)(h2d(rd16(b + 80)) * (b[j] & 15));
+            m = -(double)(float)(h2d(rd16(b + 82)) * (b[j] >> 4));
+          } else {
+            if (!((b[l] >> (e / 32)) & 1)) qq -= 4;
+            const int lo = j < 8 ? b[96 + j] & 15 : b[96 + j - 8] >> 4, hi = (b[104 + j % 4] >> (2 * (j / 4))) & 3;
+            s = (float)(h2d(rd16(b + 108)) * ((lo | hi << 4) - 32));
+          }
+          break;
+        }
+        case 20: qq = KV_IQ4NL[e < 16 ? b[2 + e] & 15 : b[2 + e - 16] >> 4]; s = h2d(rd16(b)); break;
+        case 23: {
+          const int j = e / 32, l = e % 32, sh = rd16(b + 2);
+          const int ls = ((b[4 + j / 2] >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4);
+          qq = KV_IQ4NL[l < 16 ? b[8 + 16 * j + l] & 15 : b[8 + 16 * j + l - 16] >> 4];
+          s = (float)(h2d(rd16(b)) * (ls - 32));
           break;
         }
       }
