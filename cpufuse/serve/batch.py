@@ -52,7 +52,7 @@ class _Seq:
         self.done = done            # prompt tokens evaluated (their K/V in the slot)
         self.last = None            # the last sampled token, to evaluate next (decode)
         self.n_gen = 0
-        self.sampler = make_sampler(h.request.sampling)
+        self.sampler = make_sampler(h.request.sampling, h.request.constraint)
         self.sampler.accept_prompt(self.prompt)
         self.cached = done
 
@@ -85,6 +85,7 @@ class BatchEngine(Engine):
         self.cap = (self.step_tokens + parallel, parallel, parallel)
         self.slots = [_Slot(i) for i in range(parallel)]
         self.seqs: List[_Seq] = []
+        self._pool = None                  # the mask worker thread (made on the first constrained step)
 
     @classmethod
     def load(cls, path: str, n_ctx: int = 2048, n_threads: Optional[int] = None, kv_dtype: str = "f16",
@@ -95,6 +96,11 @@ class BatchEngine(Engine):
         return cls(m, model_name=model_name, chunk=chunk, step_tokens=step_tokens)
 
     # ------------------------------------------------------------------ engine thread
+    def stop(self, drain: float = 0.0) -> None:
+        super().stop(drain)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+
     def _cancel_running(self) -> None:
         for s in list(self.seqs):
             s.h._cancel.set()
@@ -182,14 +188,28 @@ class BatchEngine(Engine):
                 owners.append(s)
         if not len(b):
             return
-        logits = b.run(m.decoder, self.cap, n_threads=m.n_threads)
+        # the grammar masks of this step's samples only depend on tokens already consumed: fill
+        # them in a worker thread while the decoder runs (llguidance and cffi release the GIL)
+        guided = [s.sampler for s in owners if getattr(s.sampler, "matcher", None) is not None]
+        job = self._mask_pool().submit(_fill_masks, guided) if guided else None
+        try:
+            logits = b.run(m.decoder, self.cap, n_threads=m.n_threads)
+        finally:
+            if job is not None:
+                job.result()
         self._count(steps=1)
         self._set(batch_size=len(b.seqs))
         events = []
         for i, s in enumerate(owners):
             row = logits[i].copy()
             r = s.h.request
-            tok = s.sampler.sample(row)
+            try:
+                tok = s.sampler.sample(row)
+            except Exception as e:  # noqa: BLE001 -- this request fails (its grammar), the others go on
+                self._release(s)
+                events.append((s.h, self._finish(s.h, "error", s.n_gen, s.cached, deliver_now=False,
+                                                  error=f"{type(e).__name__}: {e}")))
+                continue
             if tok in r.stop_ids:
                 self._release(s)
                 events.append((s.h, self._finish(s.h, "stop", s.n_gen, s.cached, deliver_now=False)))
@@ -206,4 +226,22 @@ class BatchEngine(Engine):
             if s.n_gen >= r.max_tokens:
                 self._release(s)
                 events.append((s.h, self._finish(s.h, "length", s.n_gen, s.cached, deliver_now=False)))
+            elif getattr(s.sampler, "done", False):   # the grammar is complete: only a stop id can follow
+                self._release(s)
+                events.append((s.h, self._finish(s.h, "stop", s.n_gen, s.cached, deliver_now=False)))
         deliver(events)
+
+    def _mask_pool(self):
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"cpufuse-masks-{self.model_name}")
+        return self._pool
+
+
+def _fill_masks(samplers):
+    """the next masks of GuidedSamplers (worker thread); a failure is left for sample() to report"""
+    for g in samplers:
+        try:
+            g.compute_mask()
+        except Exception:  # noqa: BLE001 -- sample() recomputes and raises for that request alone
+            g._mask = None
