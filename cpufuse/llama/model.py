@@ -730,7 +730,7 @@ class Model:
     def generate(self, prompt, max_tokens=128, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
                  repeat_penalty=1.0, seed=None, stream=False, penalty_last_n=64, stop_at_eog=True,
                  reuse_cache=True, sampler=None, response_format=None, grammar=None, tools=None,
-                 tool_choice=None):
+                 tool_choice=None, parallel_tool_calls=None):
         """Generate up to max_tokens after `prompt` (text; token ids; or chat messages rendered with
         the GGUF chat template and tokenized with special=True). Sampling is llama.cpp's common
         chain (penalties, top-k, top-p, min-p, temperature, dist; see cpufuse.llama.sampling);
@@ -740,7 +740,7 @@ class Model:
         stream=True: returns an iterator of text pieces; its .result is set when it is exhausted.
         reuse_cache: keep the KV cells of the longest common prefix with the previous sequence.
         Arguments are checked here, before anything runs (ValueError naming the argument).
-        response_format / grammar (GBNF) / tools + tool_choice constrain the output (see
+        response_format / grammar (GBNF) / tools + tool_choice (+ parallel_tool_calls) constrain the output (see
         cpufuse.llama.constrain and cpufuse.llama.tools); with tools, chat messages are rendered
         with them and the result's .tool_calls holds the calls parsed from the text.
 
@@ -754,12 +754,10 @@ class Model:
             sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                               repeat_penalty=repeat_penalty, penalty_last_n=penalty_last_n, seed=seed)
         spec = None
-        if response_format is not None or grammar is not None or tools is not None:
+        if any(a is not None for a in (response_format, grammar, tools, tool_choice, parallel_tool_calls)):
             from .tools import guide_generate
             prompt, sampler, spec = guide_generate(self, prompt, sampler, response_format, grammar, tools,
-                                                   tool_choice)
-        elif tool_choice is not None:
-            raise ValueError("tool_choice needs tools")
+                                                   tool_choice, parallel_tool_calls)
         ids = self._prompt_ids(prompt)
         if not ids:
             raise ValueError("empty prompt")

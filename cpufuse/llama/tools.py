@@ -378,7 +378,8 @@ class ToolStream:
         return None if self.sent else content, calls
 
 
-def guide_generate(model, prompt, sampler, response_format=None, grammar=None, tools=None, tool_choice=None):
+def guide_generate(model, prompt, sampler, response_format=None, grammar=None, tools=None, tool_choice=None,
+                   parallel_tool_calls=None):
     """Model.generate's constraint arguments -> (prompt, sampler, ToolSpec or None): chat messages
     rendered with the tools, the sampler wrapped in a GuidedSampler."""
     from .constrain import GuidedSampler
@@ -391,14 +392,14 @@ def guide_generate(model, prompt, sampler, response_format=None, grammar=None, t
             if tc not in (None, "none"):
                 raise ValueError("tools with tool_choice other than 'none' cannot be combined with "
                                  "response_format or grammar")
-        spec = ToolSpec(tools, tool_choice, template=tok.chat_template, tokenizer=tok)
+        spec = ToolSpec(tools, tool_choice, parallel_tool_calls, template=tok.chat_template, tokenizer=tok)
         if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
             from .chat import chat_prompt
             msgs, extra = spec.messages(list(prompt))
             text = chat_prompt(tok, msgs, add_generation_prompt=True, **extra)
             prompt = model.tokenize(text, add_bos=False, special=True)
-    elif tool_choice is not None:
-        raise ValueError("tool_choice needs tools")
+    elif tool_choice is not None or parallel_tool_calls is not None:
+        raise ValueError("tool_choice and parallel_tool_calls need tools")
     c = Constraint.from_options(tok, response_format=response_format, grammar=grammar)
     if spec is not None and spec.choice != "none":
         c = spec.constraint()
