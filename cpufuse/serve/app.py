@@ -4,9 +4,12 @@
     uvicorn.run(app, host=..., port=...)
 
 Endpoints: GET /health (also /v1/health), GET /v1/models (also /models), POST /v1/chat/completions,
-POST /v1/completions, GET /metrics (Prometheus text). The app never calls the model: it renders the
-chat template, tokenizes, checks the request against the context, submits token ids to the engine
-and turns its token events into text (stop strings, logprobs: cpufuse.serve.text).
+POST /v1/completions, GET /metrics (Prometheus text), POST /tokenize and /detokenize (llama-server's
+shapes). Constraints (response_format, grammar, json_schema, regex, lark) and tools are compiled
+per request (cpufuse.llama.constrain, cpufuse.llama.tools) and enforced by the engine. The app
+never calls the model: it renders the chat template, tokenizes, checks the request against the
+context, submits token ids to the engine and turns its token events into text (stop strings,
+logprobs: cpufuse.serve.text) and tool calls.
 
 Decisions (docs/serve.md has the full list):
 - the `model` field is not checked (one model is served, as llama.cpp does); responses name the
