@@ -409,3 +409,37 @@ def test_serial_engine_constraint_and_bias(gguf):
         assert [e.token for e in h if isinstance(e, TokenEvent)] == [b] * 6
     finally:
         eng.stop()
+
+
+def test_batch_engine_fills_masks_in_its_worker_thread(gguf, monkeypatch):
+    """every mask of a constrained sequence is filled by the mask worker during the decoder step,
+    never late in sample()"""
+    import threading
+
+    from cpufuse.serve.batch import BatchEngine
+    from cpufuse.serve.engine import EngineRequest, SamplingParams
+    where = []
+    orig = GuidedSampler.compute_mask
+
+    def spy(self):
+        where.append(threading.current_thread().name)
+        return orig(self)
+    monkeypatch.setattr(GuidedSampler, "compute_mask", spy)
+    m = Model.load(gguf, n_ctx=128, n_seq=2, n_threads=1)
+    tok = m.tokenizer
+    eng = BatchEngine(m, chunk=8)
+    eng.start()
+    try:
+        c = Constraint.from_options(tok, regex="[a-z]{6}")
+        hs = [eng.submit(EngineRequest(tok.tokenize(p, add_bos=False), 20, SamplingParams(temperature=0),
+                                       stop_ids=tok.eog_ids, constraint=c)) for p in ("one", "two two")]
+        outs = [list(h) for h in hs]
+    finally:
+        eng.stop()
+    n_tok = 0
+    for o in outs:
+        assert o[-1].finish_reason == "stop"
+        text = tok.detokenize([e.token for e in o[:-1]])
+        assert len(text) == 6 and text.isalpha(), text
+        n_tok += len(o) - 1
+    assert len(where) == n_tok and all(w.startswith("cpufuse-masks") for w in where), where
