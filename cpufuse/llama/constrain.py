@@ -253,6 +253,8 @@ class GuidedSampler:
             self._words = np.zeros((1, (self._n + 31) // 32), np.int32)
 
     def __getattr__(self, name):           # temperature, greedy, rng, ...: the wrapped sampler's
+        if name == "sampler":
+            raise AttributeError(name)
         return getattr(self.sampler, name)
 
     def accept_prompt(self, ids):
