@@ -443,3 +443,12 @@ def test_batch_engine_fills_masks_in_its_worker_thread(gguf, monkeypatch):
         assert len(text) == 6 and text.isalpha(), text
         n_tok += len(o) - 1
     assert len(where) == n_tok and all(w.startswith("cpufuse-masks") for w in where), where
+
+
+def test_without_llguidance_only_constraints_need_it(tok, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "llguidance", None)        # import llguidance -> ImportError
+    assert grammar_from_options(response_format={"type": "text"}) is None
+    assert parse_logit_bias({"1": 2}, tok.n_vocab)[0].tolist() == [1]
+    with pytest.raises(ImportError, match="pip install"):
+        Constraint.from_options(tok, response_format={"type": "json_object"})

@@ -116,8 +116,8 @@ def grammar_from_options(response_format: Optional[dict] = None, grammar: Option
     {"name", "schema", "strict"}}; json_object may carry a "schema" (llama-server / Anyscale).
     grammar: llama.cpp GBNF (a Lark grammar is also accepted). json_schema: llama.cpp's field.
     regex / lark: a regular expression / a Lark grammar for the whole output. At most one of them
-    may constrain: ValueError otherwise, naming the fields."""
-    llg = _llg()
+    may constrain: ValueError otherwise, naming the fields. llguidance is imported only when a
+    constraint is given."""
     given = [(k, v) for k, v in (("grammar", grammar), ("json_schema", json_schema), ("regex", regex),
                                   ("lark", lark)) if v is not None]
     rf_grammar = None
@@ -153,6 +153,7 @@ def grammar_from_options(response_format: Optional[dict] = None, grammar: Option
     k, v = given[0]
     if k == "response_format":
         return v, k
+    llg = _llg()
     if not isinstance(v, (str, dict)) or (k != "json_schema" and not isinstance(v, str)):
         raise ValueError(f"{k} must be a {'JSON schema object' if k == 'json_schema' else 'string'}, "
                          f"got {type(v).__name__}")
