@@ -14,8 +14,11 @@ to absolute positions (multiples of `chunk`), and the prompt cache reuses whole 
 
 Prompt cache: a slot keeps the KV of the tokens it last evaluated after its request ends. A new
 request takes the free slot whose cached tokens share the longest prefix with its prompt (the
-least recently used one when none does) and skips the shared whole chunks (`cached_tokens`). The
-memory budget is the slots: parallel * n_ctx cells, allocated once.
+least recently used one when none does) and skips the shared whole chunks (`cached_tokens`). A
+running sequence that holds a longer shared prefix lends it: its cells are copied into the new
+slot. A request whose prefix a running sequence is still evaluating waits until it is evaluated,
+then copies it: the n choices of one request (n > 1) evaluate their prompt once. The memory
+budget is the slots: parallel * n_ctx cells, allocated once.
 
 Cancellation (`Handle.cancel`, a client that disconnects, a stop string) is seen at the start of
 the next step: the sequence is dropped and its slot freed within one step.
@@ -107,33 +110,66 @@ class BatchEngine(Engine):
         with self._lock:
             self._wake.notify_all()
 
+    def _shared(self, tokens, prompt):
+        """the whole chunks of `prompt` (leaving >= 1 token to evaluate) that `tokens` starts with"""
+        n = 0
+        lim = min(len(tokens), len(prompt) - 1)
+        while n < lim and tokens[n] == prompt[n]:
+            n += 1
+        return n // self.chunk * self.chunk       # whole chunks only (batch invariance)
+
+    def _waits(self, h) -> bool:
+        """h shares whole prompt chunks with a running sequence that has not evaluated them yet:
+        it waits for them and copies their KV (n choices of one prompt, a shared system prompt)"""
+        prompt = h.request.prompt_ids
+        return any(not s.decoding and self._shared(s.prompt, prompt) > s.done for s in self.seqs)
+
     def _admit(self):
-        """queued requests into free slots (the longest cached prefix first choice)"""
+        """queued requests into free slots. A request takes the free slot whose cached tokens
+        share the longest prefix with its prompt; a running sequence's slot that shares more lends
+        its KV (the cells are copied: a whole chunk's KV does not depend on its batch, so the copy
+        equals evaluating it). A request whose prefix a running sequence is still evaluating waits
+        for it (later requests may go first)."""
         while True:
             free = [s for s in self.slots if not s.busy]
             with self._lock:
                 if not free or not self._queue:
                     return
-                h = self._queue.popleft()
+                h = next((q for q in self._queue if q.cancelled or not self._waits(q)), None)
+                if h is None:
+                    return
+                self._queue.remove(h)
             if h.cancelled:
                 self._finish(h, "cancelled", 0)
                 continue
             prompt = h.request.prompt_ids
             best, best_n = None, -1
             for s in free:
-                n = 0
-                lim = min(len(s.tokens), len(prompt) - 1)
-                while n < lim and s.tokens[n] == prompt[n]:
-                    n += 1
-                n = n // self.chunk * self.chunk       # whole chunks only (batch invariance)
+                n = self._shared(s.tokens, prompt)
                 if n > best_n or (n == best_n and s.last_used < best.last_used):
                     best, best_n = s, n
+            src, src_n = None, best_n
+            for q in self.seqs:                    # running sequences: their evaluated tokens
+                n = self._shared(q.slot.tokens, prompt)
+                if n > src_n:
+                    src, src_n = q.slot, n
             best.busy = True
+            if src is not None:
+                self._copy_kv(src, best, src_n)
+                best.tokens = list(src.tokens[:src_n])
+                best_n = src_n
             best.tokens = best.tokens[:best_n]
             seq = _Seq(h, best, best_n)
             h.cached_tokens = best_n
             self.seqs.append(seq)
             self._count(prompt_tokens=len(prompt), cached_prompt_tokens=best_n)
+
+    def _copy_kv(self, src, dst, n):
+        """the K/V of positions [0, n) of slot src into slot dst"""
+        m, c = self.model, self.model.n_ctx
+        a, b = src.index * c, dst.index * c
+        m.k_cache[:, b:b + n] = m.k_cache[:, a:a + n]
+        m.v_cache[:, b:b + n] = m.v_cache[:, a:a + n]
 
     def _release(self, seq):
         s = seq.slot
