@@ -207,6 +207,13 @@ def test_forced_tool_choice(client, choice):
     cid, name, args = calls[0]
     assert cid.startswith("call_")
     jsonschema.validate(json.loads(args), PARAMS[name])
+    # the client's stream helper assembles the same calls from the deltas
+    with client.chat.completions.stream(model="x", messages=MSGS, tools=TOOLS, tool_choice=choice, seed=4,
+                                        max_tokens=600, **NO_PAR) as st:
+        final = st.get_final_completion()
+    (fc,) = final.choices[0].message.tool_calls
+    assert final.choices[0].finish_reason == "tool_calls"
+    assert (fc.function.name, fc.function.arguments) == (name, args)
 
 
 def test_parallel_tool_calls_are_each_valid(client):
