@@ -248,7 +248,8 @@ class GuidedSampler:
         self.constraint = constraint
         self.matcher = constraint.matcher() if constraint is not None else None
         self.bias = logit_bias or ()
-        self._mask = None                  # the precomputed mask (bool, tokenizer's vocab) or None
+        self._mask = None                  # the precomputed additive mask (see compute_mask)
+        self._ready = False                # compute_mask() ran since the last sample()
         if constraint is not None:
             self._n = int(constraint.lltok.vocab_size)
             self._words = np.zeros((1, (self._n + 31) // 32), np.int32)
@@ -270,10 +271,13 @@ class GuidedSampler:
         return self.matcher is not None and self.matcher.is_stopped()
 
     def compute_mask(self):
-        """fill the next token's mask (callable from a worker thread)"""
+        """fill the next token's mask (callable from a worker thread): an additive float32 row,
+        0 where the grammar allows the token, -inf elsewhere (None: it allows nothing)"""
         from llguidance.numpy import fill_next_token_bitmask
         fill_next_token_bitmask(self.matcher, self._words, 0)
-        self._mask = np.unpackbits(self._words.view(np.uint8), count=self._n, bitorder="little").view(bool)
+        bits = np.unpackbits(self._words.view(np.uint8), count=self._n, bitorder="little").view(bool)
+        self._mask = np.where(bits, np.float32(0), np.float32(-np.inf)) if bits.any() else None
+        self._ready = True
 
     def sample(self, logits):
         x = np.asarray(logits, dtype=np.float32).reshape(-1)
@@ -284,16 +288,18 @@ class GuidedSampler:
         if self.matcher is not None:
             if self.matcher.is_error():
                 raise RuntimeError(f"grammar matcher error: {self.matcher.get_error()}")
-            if self._mask is None:
+            if not self._ready:
                 self.compute_mask()
-            mask, self._mask = self._mask, None
-            if not mask.any():
+            add, self._mask, self._ready = self._mask, None, False
+            if add is None:
                 raise RuntimeError("the grammar allows no token here"
                                    + (f": {self.matcher.get_error()}" if self.matcher.is_error() else ""))
-            n = min(mask.shape[0], x.shape[0])
-            allowed = np.zeros(x.shape[0], bool)
-            allowed[:n] = mask[:n]
-            x = np.where(allowed, x, np.float32(-np.inf))
+            if add.shape[0] != x.shape[0]:          # the model's rows are longer (or shorter) than the vocab
+                full = np.full(x.shape[0], -np.inf, np.float32)
+                k = min(add.shape[0], x.shape[0])
+                full[:k] = add[:k]
+                add = full
+            x = x + add                             # x + 0 is x; x + -inf is -inf
         tok = self.sampler.sample(x)
         if self.matcher is not None and not self.matcher.consume_token(tok):
             raise RuntimeError(f"grammar matcher rejected token {tok}: {self.matcher.get_error()}")

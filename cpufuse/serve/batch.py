@@ -280,4 +280,4 @@ def _fill_masks(samplers):
         try:
             g.compute_mask()
         except Exception:  # noqa: BLE001 -- sample() recomputes and raises for that request alone
-            g._mask = None
+            g._mask, g._ready = None, False
