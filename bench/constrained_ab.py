@@ -1,6 +1,7 @@
 """Constrained against unconstrained decoding in BatchEngine, in one process, alternating.
 
     python -m bench.constrained_ab [--model PATH] [--threads 1] [--sequences 8] [--max-tokens 128] [--rounds 6]
+                                   [--serial-masks]
 
 --sequences requests of --max-tokens greedy tokens each (no end-of-generation stop) are submitted at
 once, either plain or every one under bench.serve_bench's JSON schema (a list of >= 256 strings: its
@@ -23,6 +24,8 @@ def main(argv=None):
     ap.add_argument("--sequences", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--serial-masks", action="store_true",
+                    help="fill the masks on the engine thread before each step (BatchEngine(mask_thread=False))")
     args = ap.parse_args(argv)
     from bench.serve_bench import BENCH_SCHEMA
     from cpufuse.llama import Model
@@ -36,7 +39,7 @@ def main(argv=None):
     m = Model.load(path, n_ctx=64 + args.max_tokens * 2, n_seq=args.sequences, n_threads=args.threads)
     tok = m.tokenizer
     c = Constraint.from_options(tok, json_schema=BENCH_SCHEMA)
-    eng = BatchEngine(m, chunk=128)
+    eng = BatchEngine(m, chunk=128, mask_thread=not args.serial_masks)
     eng.start()
 
     def run(constrained):
@@ -62,7 +65,7 @@ def main(argv=None):
         print(f"{name:>12}: wall {med[k][0] * 1e6:8.0f} us/token, CPU {med[k][1] * 1e6:8.0f} us/token")
     print(f"throughput constrained / plain: wall {med[False][0] / med[True][0]:.3f}, "
           f"CPU {med[False][1] / med[True][1]:.3f}  ({args.sequences} sequences, {args.threads} threads, "
-          f"{args.rounds} rounds)")
+          f"{args.rounds} rounds, masks {'serial' if args.serial_masks else 'in the worker thread'})")
 
 
 if __name__ == "__main__":

@@ -378,6 +378,14 @@ def test_batch_engine_constrained_tokens_do_not_depend_on_the_batch(gguf):
         together = [collect(h) for h in hs]
     finally:
         eng.stop()
+    eng = BatchEngine(m, chunk=8, mask_thread=False)     # masks filled serially: the same tokens
+    eng.start()
+    try:
+        hs = [eng.submit(copy(r)) for r in reqs]
+        serial = [collect(h) for h in hs]
+    finally:
+        eng.stop()
+    assert [t for t, _ in serial] == [t for t, _ in together]
     ref_m = Model.load(gguf, n_ctx=256, n_batch=8, n_threads=1)
     for i, r in enumerate(reqs):
         assert alone[i][0] == together[i][0], i

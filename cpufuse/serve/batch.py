@@ -71,10 +71,12 @@ class _Seq:
 class BatchEngine(Engine):
     """Continuous batching over `parallel` sequences of a `cpufuse.llama.Model` loaded with
     n_seq = parallel (see the module docstring). chunk: prompt chunk (tokens); step_tokens: the
-    most prompt tokens evaluated per step besides the decoding sequences (>= chunk)."""
+    most prompt tokens evaluated per step besides the decoding sequences (>= chunk); mask_thread:
+    fill the grammar masks of constrained sequences in a worker thread during the decoder step
+    (False: before it, on the engine thread; the tokens are the same)."""
 
     def __init__(self, model, model_name: Optional[str] = None, chunk: int = DEFAULT_CHUNK,
-                 step_tokens: Optional[int] = DEFAULT_STEP_TOKENS):
+                 step_tokens: Optional[int] = DEFAULT_STEP_TOKENS, mask_thread: bool = True):
         name = model_name or os.path.splitext(os.path.basename(getattr(model, "path", "model")))[0]
         tok = model.tokenizer
         parallel = int(model.n_seq)
@@ -89,6 +91,7 @@ class BatchEngine(Engine):
         self.slots = [_Slot(i) for i in range(parallel)]
         self.seqs: List[_Seq] = []
         self._pool = None                  # the mask worker thread (made on the first constrained step)
+        self.mask_thread = bool(mask_thread)   # False: the grammar masks are filled before the step, serially
 
     @classmethod
     def load(cls, path: str, n_ctx: int = 2048, n_threads: Optional[int] = None, kv_dtype: str = "f16",
@@ -227,6 +230,9 @@ class BatchEngine(Engine):
         # the grammar masks of this step's samples only depend on tokens already consumed: fill
         # them in a worker thread while the decoder runs (llguidance and cffi release the GIL)
         guided = [s.sampler for s in owners if getattr(s.sampler, "matcher", None) is not None]
+        if guided and not self.mask_thread:
+            _fill_masks(guided)
+            guided = []
         job = self._mask_pool().submit(_fill_masks, guided) if guided else None
         try:
             logits = b.run(m.decoder, self.cap, n_threads=m.n_threads)
