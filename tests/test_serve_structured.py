@@ -275,6 +275,9 @@ def test_logit_bias_and_n(client, url):
     r = client.completions.create(model="x", prompt="hello", max_tokens=5, temperature=0,
                                   logit_bias={str(q): 100}, extra_body={"ignore_eos": True})
     assert r.choices[0].text == "QQQQQ"
+    r = httpx.post(url + "/v1/completions", json={"prompt": "hello", "max_tokens": 3, "temperature": 0,
+                                                   "ignore_eos": True, "logit_bias": [[q, 100]]})
+    assert r.json()["choices"][0]["text"] == "QQQ"                  # llama.cpp's [[id, bias]] form
     r = client.completions.create(model="x", prompt="hello", max_tokens=6, temperature=1.0, seed=3, n=3,
                                   extra_body={"ignore_eos": True})
     assert [c.index for c in r.choices] == [0, 1, 2]

@@ -180,8 +180,9 @@ def test_logit_bias(tok):
     x[66] = 50.0
     assert g.sample(x) == 65
     assert parse_logit_bias([[3, 1.5]], tok.n_vocab)[0].tolist() == [3]
+    assert parse_logit_bias([[3.0, 1.5]], tok.n_vocab)[0].tolist() == [3]      # as pydantic hands a list form over
     assert parse_logit_bias({}, tok.n_vocab) == ()
-    for bad, msg in [({"x": 1}, "token ids"), ({"99999": 1}, "outside"), ({"1": 101}, "[-100, 100]"),
+    for bad, msg in [({"x": 1}, "token ids"), ([[1.5, 1]], "token ids"), ({"99999": 1}, "outside"), ({"1": 101}, "[-100, 100]"),
                      ({"1": "a"}, "[-100, 100]"), (5, "object")]:
         with pytest.raises(ValueError, match="logit_bias") as e:
             parse_logit_bias(bad, tok.n_vocab)

@@ -218,11 +218,17 @@ def parse_logit_bias(bias, n_vocab: int, param: str = "logit_bias") -> tuple:
         if not (isinstance(it, (tuple, list)) and len(it) == 2):
             raise ValueError(f"{param}: expected token id -> bias pairs, got {it!r}")
         k, v = it
-        try:
-            t = int(k) if not isinstance(k, bool) else None
-        except (TypeError, ValueError):
+        if isinstance(k, bool):
             t = None
-        if t is None or str(k).strip() != str(t):
+        elif isinstance(k, int):
+            t = k
+        elif isinstance(k, float) and k.is_integer():
+            t = int(k)
+        elif isinstance(k, str) and k.strip().lstrip("-").isdigit():
+            t = int(k)
+        else:
+            t = None
+        if t is None:
             raise ValueError(f"{param}: keys must be token ids (integers), got {k!r}")
         if not 0 <= t < n_vocab:
             raise ValueError(f"{param}: token id {t} is outside the vocabulary [0, {n_vocab})")
