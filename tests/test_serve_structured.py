@@ -156,6 +156,8 @@ def test_completions_response_format_grammar_json_schema_regex(client):
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "zz"}}}, "tool_choice", "zz"),
     ({"tools": [{"type": "function", "function": {}}]}, "tools", "name"),
     ({"tool_choice": "auto"}, "tool_choice", "tools"),
+    ({"parallel_tool_calls": False}, "parallel_tool_calls", "tools"),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", ""),
     ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "tools", "combined"),
     ({"logit_bias": {"abc": 1}}, "logit_bias", "token ids"),
     ({"logit_bias": {"1": 500}}, "logit_bias", "[-100, 100]"),

@@ -155,6 +155,8 @@ class ChatRequest(_Sampling):
             raise APIError("top_logprobs requires logprobs = true", param="top_logprobs")
         if self.tool_choice is not None and not self.tools:
             raise APIError("tool_choice needs tools", param="tool_choice")
+        if self.parallel_tool_calls is not None and not self.tools:
+            raise APIError("parallel_tool_calls needs tools", param="parallel_tool_calls")
         if self.tools is not None and not self.tools:
             raise APIError("tools must not be empty", param="tools")
 
