@@ -331,3 +331,35 @@ def test_constrained_requests_are_batch_invariant(client):
     assert alone == together
     for sc, t in zip(scs, alone):
         jsonschema.validate(json.loads(t), sc)
+
+
+def test_generic_tool_format_in_process(tmp_path):
+    """a model without a chat template (ChatML, the generic format: the reply is JSON), the app run
+    in-process under Starlette's TestClient with the openai client on it"""
+    from starlette.testclient import TestClient
+
+    from cpufuse.llama import Model
+    from cpufuse.serve import create_app
+    from cpufuse.serve.batch import BatchEngine
+    gguf = write_tiny_gguf(tmp_path / "plain.gguf", tied=False, n_ctx_train=2048)
+    eng = BatchEngine(Model.load(gguf, n_ctx=2048, n_seq=2, n_threads=1), chunk=8)
+    with TestClient(create_app(eng)) as http:
+        c = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0)
+        r = c.chat.completions.create(model="x", messages=MSGS, tools=TOOLS, tool_choice="required", seed=1,
+                                      max_tokens=800, parallel_tool_calls=False)
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls", ch.message.content
+        (call,) = ch.message.tool_calls
+        jsonschema.validate(json.loads(call.function.arguments), PARAMS[call.function.name])
+        # auto: a JSON reply, either {"response": ...} (content) or a call
+        for seed in range(3):
+            r = c.chat.completions.create(model="x", messages=MSGS, tools=TOOLS, seed=seed, max_tokens=800,
+                                          parallel_tool_calls=False)
+            m = r.choices[0].message
+            if r.choices[0].finish_reason == "tool_calls":
+                jsonschema.validate(json.loads(m.tool_calls[0].function.arguments),
+                                    PARAMS[m.tool_calls[0].function.name])
+            else:
+                assert r.choices[0].finish_reason in ("stop", "length") and m.tool_calls is None
+                if r.choices[0].finish_reason == "stop":
+                    assert not m.content.lstrip().startswith("{"), m.content     # the response, unwrapped

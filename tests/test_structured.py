@@ -321,6 +321,9 @@ def test_tool_stream_holds_back_a_possible_opening(tok):
     st = ToolStream(spec)
     assert st.push("plain <tool_c") == "plain "
     assert st.finish() == ("<tool_c", None)
+    st = ToolStream(ToolSpec(TOOLS, "auto", tokenizer=tok, fmt="generic"))      # generic: all at the end
+    assert st.push('{"response": "hel') == "" and st.push('lo"}') == ""
+    assert st.finish() == ("hello", None)
 
 
 def test_history_with_tool_calls_for_a_template_without_them(tok):

@@ -372,8 +372,8 @@ class ToolStream:
 
     def finish(self) -> Tuple[Optional[str], Optional[List[dict]]]:
         content, calls = self.spec.parse(self.text)
-        if calls is None:
-            return (self.text[self.sent:] or None), None
+        if calls is None:                  # the unsent rest (generic: nothing was sent, the parsed answer)
+            return ((content if not self.sent else self.text[self.sent:]) or None), None
         # content before the call was sent already
         return None if self.sent else content, calls
 

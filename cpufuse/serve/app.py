@@ -470,6 +470,8 @@ class _Server:
                     if calls:
                         msg = {"role": "assistant", "content": content, "tool_calls": calls}
                         reason = "tool_calls"
+                    else:                    # generic format: the "response" of the JSON reply
+                        msg = {"role": "assistant", "content": content}
                 choices.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": reason})
             else:
                 lp = self.completion_logprobs(released[i]) if want_lp else None
