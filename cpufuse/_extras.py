@@ -6,7 +6,9 @@
 `require(extra)` is called where a group is first needed (the import of cpufuse.llama, of
 cpufuse.serve); it checks that the modules the code imports can be found, without importing them.
 `gguf` is in the llama group for writing GGUF files (tests, bench) and as a reference; loading a
-model does not need it (cpufuse reads GGUF itself), so it is not checked.
+model does not need it (cpufuse reads GGUF itself), so it is not checked. `llguidance` (llama group
+too) is needed only for constrained output and tools (cpufuse.llama.constrain): it is imported when
+a request asks for a constraint, and its absence is an ImportError naming the install command then.
 """
 import importlib.util
 

@@ -173,3 +173,28 @@ def test_many_threads_submit(gguf_path):
     finally:
         eng.stop()
     assert out == alone
+
+
+def test_same_prompt_requests_share_its_kv(gguf_path):
+    """n choices of one prompt (submitted together): the first evaluates it, the others wait for
+    its whole chunks and copy their KV; every token is what the request gives alone"""
+    rng = np.random.default_rng(5)
+    prompt = [int(t) for t in rng.integers(5, 250, 45)]            # 5 whole chunks of 8 + 5
+    reqs = [EngineRequest(list(prompt), 10, SamplingParams(temperature=0.9, seed=40 + i)) for i in range(4)]
+    other = EngineRequest([int(t) for t in rng.integers(5, 250, 20)], 6, SamplingParams(temperature=0.0))
+    eng = _engine(gguf_path, parallel=4)
+    try:
+        alone = [_collect(eng.submit(_copy(r))) for r in reqs + [other]]
+    finally:
+        eng.stop()
+    eng = _engine(gguf_path, parallel=4)          # a fresh engine: nothing cached in free slots
+    try:
+        hs = [eng.submit(_copy(r)) for r in reqs + [other]]
+        together = [_collect(h) for h in hs]
+        cached = [h.cached_tokens for h in hs]
+        st = eng.stats()
+    finally:
+        eng.stop()
+    assert [t for t, _ in together] == [t for t, _ in alone]
+    assert cached[0] == 0 and cached[1:4] == [40, 40, 40]          # the other choices copied 5 chunks
+    assert st.cached_prompt_tokens == 120

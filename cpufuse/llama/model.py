@@ -404,6 +404,7 @@ class GenerationResult:
     stop_reason: str                  # "eog" | "length" | "context" | "stop" (a stop string)
     stop_token: Optional[int] = None
     prompt_ids: List[int] = field(default_factory=list)
+    tool_calls: Optional[List[dict]] = None    # generate(tools=...): the calls parsed from the text
 
     @property
     def prompt_tps(self):
@@ -861,8 +862,8 @@ class Model:
 
     def generate(self, prompt, max_tokens=128, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
                  repeat_penalty=1.0, seed=None, stream=False, penalty_last_n=64, stop_at_eog=True,
-                 reuse_cache=True, sampler=None,
-                 stop=None):
+                 reuse_cache=True, sampler=None, stop=None, response_format=None, grammar=None, tools=None,
+                 tool_choice=None, parallel_tool_calls=None):
         """Generate up to max_tokens after `prompt` (text; token ids; or chat messages rendered with
         the GGUF chat template and tokenized with special=True). Sampling is llama.cpp's common
         chain (penalties, top-k, top-p, min-p, temperature, dist; see cpufuse.llama.sampling);
@@ -876,6 +877,9 @@ class Model:
         decided) and generation stops there with stop_reason "stop". The tokens that made it stay
         in .tokens (and count in decode_tokens), as llama-cpp-python counts them.
         Arguments are checked here, before anything runs (ValueError naming the argument).
+        response_format / grammar (GBNF) / tools + tool_choice (+ parallel_tool_calls) constrain the output (see
+        cpufuse.llama.constrain and cpufuse.llama.tools); with tools, chat messages are rendered
+        with them and the result's .tool_calls holds the calls parsed from the text.
 
         Threads: a call waits while another call on this Model runs. A stream computes each token
         under the model's lock and releases it before yielding the text; if another call changes
@@ -888,12 +892,20 @@ class Model:
         if sampler is None:
             sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                               repeat_penalty=repeat_penalty, penalty_last_n=penalty_last_n, seed=seed)
+        spec = None
+        if any(a is not None for a in (response_format, grammar, tools, tool_choice, parallel_tool_calls)):
+            from .tools import guide_generate
+            prompt, sampler, spec = guide_generate(self, prompt, sampler, response_format, grammar, tools,
+                                                   tool_choice, parallel_tool_calls)
         ids = self._prompt_ids(prompt)
         if not ids:
             raise ValueError("empty prompt")
         if len(ids) > self.n_ctx:
             raise ValueError(f"context overflow: the prompt has {len(ids)} tokens > n_ctx = {self.n_ctx}")
         gen = self._generate(ids, max_tokens, sampler, stop_at_eog, reuse_cache, stop)
+        if spec is not None:
+            from .tools import with_tool_calls
+            gen = with_tool_calls(gen, spec, self.tokenizer)
         if stream:
             return _Streamer(gen)
         with self._lock:            # the whole generation at once: no other call in between

@@ -4,9 +4,12 @@
     uvicorn.run(app, host=..., port=...)
 
 Endpoints: GET /health (also /v1/health), GET /v1/models (also /models), POST /v1/chat/completions,
-POST /v1/completions, GET /metrics (Prometheus text). The app never calls the model: it renders the
-chat template, tokenizes, checks the request against the context, submits token ids to the engine
-and turns its token events into text (stop strings, logprobs: cpufuse.serve.text).
+POST /v1/completions, GET /metrics (Prometheus text), POST /tokenize and /detokenize (llama-server's
+shapes). Constraints (response_format, grammar, json_schema, regex, lark) and tools are compiled
+per request (cpufuse.llama.constrain, cpufuse.llama.tools) and enforced by the engine. The app
+never calls the model: it renders the chat template, tokenizes, checks the request against the
+context, submits token ids to the engine and turns its token events into text (stop strings,
+logprobs: cpufuse.serve.text) and tool calls.
 
 Decisions (docs/serve.md has the full list):
 - the `model` field is not checked (one model is served, as llama.cpp does); responses name the
@@ -142,7 +145,46 @@ class _Server:
                            param=where[0], code="context_length_exceeded", extra=extra)
         return limit
 
-    def engine_request(self, req, ids, chat: bool) -> EngineRequest:
+    def constraints(self, req, chat: bool):
+        """(Constraint or None, ToolSpec or None, logit bias pairs) of a request; APIError(400)
+        for a schema, grammar, tool list or bias llguidance or the checks reject."""
+        from cpufuse.llama.constrain import Constraint, parse_logit_bias
+        tok = self.engine.tokenizer
+        try:
+            bias = parse_logit_bias(req.logit_bias, self.engine.n_vocab)
+        except ValueError as e:
+            raise APIError(str(e), param="logit_bias") from None
+        pairs = tuple(zip(bias[0].tolist(), bias[1].tolist())) if bias else ()
+        opts = req.constraint_options()
+        spec = None
+        if chat and req.tools:
+            from cpufuse.llama.tools import ToolSpec
+            try:
+                spec = ToolSpec(req.tools, req.tool_choice, req.parallel_tool_calls,
+                                template=self.engine.chat_template, tokenizer=tok)
+            except ValueError as e:
+                msg = str(e)
+                raise APIError(msg, param="tool_choice" if msg.startswith("tool_choice") else "tools") from None
+            if spec.choice != "none" and any(v is not None and not (k == "response_format" and
+                                                                    v.get("type", "text") == "text")
+                                             for k, v in opts.items()):
+                raise APIError("response_format, grammar, json_schema, regex and lark cannot be combined "
+                               "with tools unless tool_choice is \"none\"", param="tools")
+        try:
+            if spec is not None and spec.choice != "none":
+                c = spec.constraint()
+            else:
+                c = Constraint.from_options(tok, **opts)
+        except ValueError as e:
+            msg = str(e)
+            param = next((k for k in ("response_format", "grammar", "json_schema", "regex", "lark", "tools")
+                          if msg.startswith(k)), None)
+            if param is None:
+                param = next((k for k, v in opts.items() if v is not None), None)
+            raise APIError(msg, param=param) from None
+        return c, spec, pairs
+
+    def engine_request(self, req, ids, chat: bool, constraint=None, bias=(), index: int = 0) -> EngineRequest:
         if not ids:
             raise APIError("the prompt is empty", param="messages" if chat else "prompt")
         n_vocab = self.engine.n_vocab
@@ -151,7 +193,8 @@ class _Server:
             raise APIError(f"prompt token id {bad[0]} is outside the vocabulary [0, {n_vocab})", param="prompt")
         max_tokens = self.context_check(len(ids), req.limit(), chat)
         d = self.defaults
-        seed = d.seed if req.seed is None else int(req.seed) % (1 << 64)
+        base = req.seed if req.seed is not None else d.seed
+        seed = None if base is None else (int(base) + index) % (1 << 64)
         sp = SamplingParams(
             temperature=d.temperature if req.temperature is None else req.temperature,
             top_p=d.top_p if req.top_p is None else req.top_p,
@@ -160,10 +203,11 @@ class _Server:
             seed=seed,
             presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,
-            repeat_penalty=d.repeat_penalty if req.repeat_penalty is None else req.repeat_penalty)
+            repeat_penalty=d.repeat_penalty if req.repeat_penalty is None else req.repeat_penalty,
+            logit_bias=bias)
+        stop_ids = self.engine.eog_ids if (constraint is not None or not req.ignore_eos) else frozenset()
         return EngineRequest(prompt_ids=list(ids), max_tokens=max_tokens, sampling=sp,
-                             logprobs=req.n_logprobs(),
-                             stop_ids=frozenset() if req.ignore_eos else self.engine.eog_ids)
+                             logprobs=req.n_logprobs(), stop_ids=stop_ids, constraint=constraint)
 
     def submit(self, ereq: EngineRequest):
         try:
@@ -174,10 +218,10 @@ class _Server:
             raise APIError(str(e)) from None
 
     # ------------------------------------------------------------------ the token loop
-    async def run(self, handle, stops, st=None):
+    async def run(self, handle, stops, special: bool = False, st=None):
         """Yields ("text", text, released) pieces, then ("end", finish_reason, usage). `st` (a dict)
         gets the request's numbers for its log line."""
-        asm = TextAssembler(self.engine.tokenizer, stops)
+        asm = TextAssembler(self.engine.tokenizer, stops, special=special)
         n_tokens = 0
         st = {} if st is None else st
         try:
@@ -255,9 +299,14 @@ class _Server:
         req = await self.parse(request, ChatRequest)
         msgs = req.messages_for_template()
         tok = self.engine.tokenizer
+        constraint, spec, bias = await run_in_threadpool(self.constraints, req, True)
 
         def render():
-            text = chat_prompt(tok, msgs, add_generation_prompt=True, template=self.engine.chat_template)
+            extra = {}
+            m = msgs
+            if spec is not None:
+                m, extra = spec.messages(msgs)
+            text = chat_prompt(tok, m, add_generation_prompt=True, template=self.engine.chat_template, **extra)
             return tok.tokenize(text, add_bos=False, special=True)
         try:
             ids = await run_in_threadpool(render)
@@ -266,52 +315,128 @@ class _Server:
         except Exception as e:  # noqa: BLE001 -- a template that fails on these messages
             raise APIError(f"the chat template failed on these messages: {type(e).__name__}: {e}",
                            param="messages") from None
-        return await self.respond(request, req, self.engine_request(req, ids, chat=True), chat=True)
+        ereqs = [self.engine_request(req, ids, True, constraint, bias, i) for i in range(req.n or 1)]
+        return await self.respond(request, req, ereqs, chat=True, spec=spec)
 
     async def completions(self, request: Request):
         req = await self.parse(request, CompletionRequest)
         p = req.single_prompt()
+        constraint, _, bias = await run_in_threadpool(self.constraints, req, False)
         if isinstance(p, str):
             ids = await run_in_threadpool(self.engine.tokenizer.tokenize, p, None, True)
         else:
             ids = list(p)
-        return await self.respond(request, req, self.engine_request(req, ids, chat=False), chat=False)
+        ereqs = [self.engine_request(req, ids, False, constraint, bias, i) for i in range(req.n or 1)]
+        return await self.respond(request, req, ereqs, chat=False)
 
-    async def respond(self, request: Request, req, ereq: EngineRequest, chat: bool):
+    async def respond(self, request: Request, req, ereqs, chat: bool, spec=None):
         st = request.state.cf_log = {"t0": time.perf_counter()}
-        handle = self.submit(ereq)
+        handles = []
+        try:
+            for e in ereqs:
+                handles.append(self.submit(e))
+        except APIError:
+            for h in handles:
+                h.cancel()
+            raise
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": self.engine.model_name}
-        want_lp = ereq.logprobs is not None
+        want_lp = ereqs[0].logprobs is not None
+        tools = spec if (spec is not None and spec.choice != "none") else None
+
+        def cancel_all():
+            for h in handles:
+                h.cancel()
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _SSEResponse(self.sse(handle, req.stop, head, chat, want_lp, include_usage, st), handle.cancel)
-        return await self.collect(request, handle, req.stop, head, chat, want_lp, st)
+            return _SSEResponse(self.sse(handles, req.stop, head, chat, want_lp, include_usage, tools, st), cancel_all)
+        return await self.collect(request, handles, req.stop, head, chat, want_lp, tools, st)
 
-    async def sse(self, handle, stops, head, chat, want_lp, include_usage, st=None):
-        def event(choice=None, usage=None):
+    async def merged(self, handles, stops, special, st=None):
+        """(index, item) from every choice's run(), as they come; ("end", ...) last per choice"""
+        if len(handles) == 1:
+            async for item in self.run(handles[0], stops, special, st):
+                yield 0, item
+            return
+        q: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i, h):
+            try:
+                async for item in self.run(h, stops, special, st):
+                    q.put_nowait((i, item))
+            except BaseException as e:  # noqa: BLE001 -- handed to the consumer
+                q.put_nowait((i, ("error", e, None)))
+        tasks = [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(handles)]
+        try:
+            left = len(handles)
+            while left:
+                i, item = await q.get()
+                if item[0] == "error":
+                    raise item[1]
+                if item[0] == "end":
+                    left -= 1
+                yield i, item
+        finally:
+            for t in tasks:
+                t.cancel()
+            for h in handles:
+                h.cancel()
+
+    @staticmethod
+    def tool_deltas(calls) -> list:
+        """OpenAI's streamed tool_calls: per call a header (id, name, empty arguments), then the arguments"""
+        out = []
+        for k, c in enumerate(calls):
+            out.append([{"index": k, "id": c["id"], "type": "function",
+                         "function": {"name": c["function"]["name"], "arguments": ""}}])
+            out.append([{"index": k, "function": {"arguments": c["function"]["arguments"]}}])
+        return out
+
+    async def sse(self, handles, stops, head, chat, want_lp, include_usage, tools=None, st=None):
+        from cpufuse.llama.tools import ToolStream
+
+        def event(choice=None, usage=None, index=0):
             d = dict(head)
-            d["choices"] = [] if choice is None else [dict(index=0, **choice)]
+            d["choices"] = [] if choice is None else [dict(index=index, **choice)]
             if usage is not None:
                 d["usage"] = usage
             return f"data: {_json(d)}\n\n"
+        n = len(handles)
+        streams = [ToolStream(tools) for _ in range(n)] if tools is not None else None
         if chat:
-            yield event({"delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None})
+            for i in range(n):
+                yield event({"delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None},
+                            index=i)
+        total = None
         try:
-            async for kind, a, b in self.run(handle, stops, st):
+            async for i, (kind, a, b) in self.merged(handles, stops, tools is not None, st):
                 if kind == "text":
                     if chat:
+                        if streams is not None:
+                            a = streams[i].push(a)
                         lp = {"content": self.chat_logprobs(b), "refusal": None} if want_lp else None
-                        yield event({"delta": {"content": a}, "logprobs": lp, "finish_reason": None})
+                        if a or (lp and b):
+                            yield event({"delta": {"content": a}, "logprobs": lp, "finish_reason": None}, index=i)
                     else:
                         lp = self.completion_logprobs(b) if want_lp else None
-                        yield event({"text": a, "logprobs": lp, "finish_reason": None})
+                        yield event({"text": a, "logprobs": lp, "finish_reason": None}, index=i)
                 else:
+                    reason = a
+                    if streams is not None:
+                        rest, calls = streams[i].finish()
+                        if rest:
+                            yield event({"delta": {"content": rest}, "logprobs": None, "finish_reason": None}, index=i)
+                        if calls:
+                            for d in self.tool_deltas(calls):
+                                yield event({"delta": {"tool_calls": d}, "logprobs": None, "finish_reason": None},
+                                            index=i)
+                            reason = "tool_calls"
                     body = {"delta": {}} if chat else {"text": ""}
-                    yield event(dict(body, logprobs=None, finish_reason=a))
-                    if include_usage:
-                        yield event(None, b)
+                    yield event(dict(body, logprobs=None, finish_reason=reason), index=i)
+                    total = b if total is None else _add_usage(total, b)
+            if include_usage and total is not None:
+                yield event(None, total)
         except APIError as e:
             if st is not None:
                 st["error"] = e.message
@@ -322,17 +447,19 @@ class _Server:
             yield f"data: {_json(error_body(f'internal error: {type(e).__name__}: {e}', 'server_error'))}\n\n"
         yield "data: [DONE]\n\n"
 
-    async def collect(self, request, handle, stops, head, chat, want_lp, st=None):
-        parts, released, end = [], [], None
+    async def collect(self, request, handles, stops, head, chat, want_lp, tools=None, st=None):
+        n = len(handles)
+        parts = [[] for _ in range(n)]
+        released = [[] for _ in range(n)]
+        end = [None] * n
 
         async def consume():
-            nonlocal end
-            async for kind, a, b in self.run(handle, stops, st):
+            async for i, (kind, a, b) in self.merged(handles, stops, tools is not None, st):
                 if kind == "text":
-                    parts.append(a)
-                    released.extend(b)
+                    parts[i].append(a)
+                    released[i].extend(b)
                 else:
-                    end = (a, b)
+                    end[i] = (a, b)
 
         work = asyncio.ensure_future(consume())
         gone = asyncio.ensure_future(_until_disconnect(request.receive))
@@ -342,23 +469,81 @@ class _Server:
             gone.cancel()
             if not work.done():              # the client went away: cancel the request
                 work.cancel()
-                handle.cancel()
+                for h in handles:
+                    h.cancel()
         if not work.done() or work.cancelled():
             return Response(status_code=499)  # nobody reads it
         work.result()                        # re-raises an APIError
-        text = "".join(parts)
-        reason, usage = end
-        if chat:
-            lp = {"content": self.chat_logprobs(released), "refusal": None} if want_lp else None
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lp,
-                      "finish_reason": reason}
-            obj = "chat.completion"
-        else:
-            lp = self.completion_logprobs(released) if want_lp else None
-            choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": reason}
-            obj = "text_completion"
-        return JSONResponse(dict(head, object=obj, choices=[choice], usage=usage,
+        choices, usage = [], None
+        for i in range(n):
+            text = "".join(parts[i])
+            reason, u = end[i]
+            usage = u if usage is None else _add_usage(usage, u)
+            if chat:
+                lp = {"content": self.chat_logprobs(released[i]), "refusal": None} if want_lp else None
+                msg = {"role": "assistant", "content": text}
+                if tools is not None:
+                    content, calls = tools.parse(text)
+                    if calls:
+                        msg = {"role": "assistant", "content": content, "tool_calls": calls}
+                        reason = "tool_calls"
+                    else:                    # generic format: the "response" of the JSON reply
+                        msg = {"role": "assistant", "content": content}
+                choices.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": reason})
+            else:
+                lp = self.completion_logprobs(released[i]) if want_lp else None
+                choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": reason})
+        obj = "chat.completion" if chat else "text_completion"
+        return JSONResponse(dict(head, object=obj, choices=choices, usage=usage,
                                  system_fingerprint=_fingerprint()))
+
+    # ------------------------------------------------------------------ llama-server's token routes
+    async def tokenize(self, request: Request):
+        obj = await self.json_object(request)
+        content = obj.get("content")
+        if not isinstance(content, str):
+            raise APIError(f"content must be a string, got {type(content).__name__}", param="content")
+        flags = {}
+        for k, d in (("add_special", False), ("parse_special", True), ("with_pieces", False)):
+            v = obj.get(k, d)
+            if not isinstance(v, bool):
+                raise APIError(f"{k} must be a boolean, got {v!r}", param=k)
+            flags[k] = v
+        tok = self.engine.tokenizer
+        ids = await run_in_threadpool(tok.tokenize, content, None if flags["add_special"] else False,
+                                      flags["parse_special"])
+        if not flags["with_pieces"]:
+            return JSONResponse({"tokens": ids})
+        out = []
+        for t in ids:
+            b = tok.token_to_piece(int(t), special=True)
+            try:
+                piece = b.decode("utf-8")
+            except UnicodeDecodeError:
+                piece = list(b)
+            out.append({"id": t, "piece": piece})
+        return JSONResponse({"tokens": out})
+
+    async def detokenize(self, request: Request):
+        obj = await self.json_object(request)
+        ids = obj.get("tokens", [])
+        n_vocab = self.engine.n_vocab
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise APIError("tokens must be an array of token ids (integers)", param="tokens")
+        bad = [t for t in ids if not 0 <= t < n_vocab]
+        if bad:
+            raise APIError(f"token id {bad[0]} is outside the vocabulary [0, {n_vocab})", param="tokens")
+        text = await run_in_threadpool(self.engine.tokenizer.detokenize, ids, True)
+        return JSONResponse({"content": text})
+
+    async def json_object(self, request: Request) -> dict:
+        try:
+            obj = json.loads(await request.body())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise APIError(f"the request body is not valid JSON: {e}") from None
+        if not isinstance(obj, dict):
+            raise APIError(f"the request body must be a JSON object, got {type(obj).__name__}")
+        return obj
 
     async def metrics(self, request: Request):
         return PlainTextResponse(self.prometheus(), media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -391,6 +576,12 @@ class _Server:
         metric("parallel", "gauge", "the most sequences run at once", [({}, s.parallel)])
         metric("n_ctx", "gauge", "context size of one sequence", [({}, self.engine.n_ctx)])
         return "\n".join(lines) + "\n"
+
+
+def _add_usage(a: dict, b: dict) -> dict:
+    """the usage of n choices: the prompt once, the completions summed"""
+    c = a["completion_tokens"] + b["completion_tokens"]
+    return dict(a, completion_tokens=c, total_tokens=a["prompt_tokens"] + c)
 
 
 def _fingerprint() -> str:
@@ -481,6 +672,8 @@ def create_app(engine, drain: float = 0.0, sampling: Optional[SamplingParams] = 
         Route("/v1/chat/completions", endpoint(srv.chat), methods=["POST"]),
         Route("/v1/completions", endpoint(srv.completions), methods=["POST"]),
         Route("/metrics", endpoint(srv.metrics), methods=["GET"]),
+        Route("/tokenize", endpoint(srv.tokenize), methods=["POST"]),
+        Route("/detokenize", endpoint(srv.detokenize), methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: not_found, Exception: server_error})

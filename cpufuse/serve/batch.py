@@ -14,8 +14,11 @@ to absolute positions (multiples of `chunk`), and the prompt cache reuses whole 
 
 Prompt cache: a slot keeps the KV of the tokens it last evaluated after its request ends. A new
 request takes the free slot whose cached tokens share the longest prefix with its prompt (the
-least recently used one when none does) and skips the shared whole chunks (`cached_tokens`). The
-memory budget is the slots: parallel * n_ctx cells, allocated once.
+least recently used one when none does) and skips the shared whole chunks (`cached_tokens`). A
+running sequence that holds a longer shared prefix lends it: its cells are copied into the new
+slot. A request whose prefix a running sequence is still evaluating waits until it is evaluated,
+then copies it: the n choices of one request (n > 1) evaluate their prompt once. The memory
+budget is the slots: parallel * n_ctx cells, allocated once.
 
 Cancellation (`Handle.cancel`, a client that disconnects, a stop string) is seen at the start of
 the next step: the sequence is dropped and its slot freed within one step.
@@ -52,7 +55,7 @@ class _Seq:
         self.done = done            # prompt tokens evaluated (their K/V in the slot)
         self.last = None            # the last sampled token, to evaluate next (decode)
         self.n_gen = 0
-        self.sampler = make_sampler(h.request.sampling)
+        self.sampler = make_sampler(h.request.sampling, h.request.constraint)
         self.sampler.accept_prompt(self.prompt)
         self.cached = done
 
@@ -68,10 +71,12 @@ class _Seq:
 class BatchEngine(Engine):
     """Continuous batching over `parallel` sequences of a `cpufuse.llama.Model` loaded with
     n_seq = parallel (see the module docstring). chunk: prompt chunk (tokens); step_tokens: the
-    most prompt tokens evaluated per step besides the decoding sequences (>= chunk)."""
+    most prompt tokens evaluated per step besides the decoding sequences (>= chunk); mask_thread:
+    fill the grammar masks of constrained sequences in a worker thread during the decoder step
+    (False: before it, on the engine thread; the tokens are the same)."""
 
     def __init__(self, model, model_name: Optional[str] = None, chunk: int = DEFAULT_CHUNK,
-                 step_tokens: Optional[int] = DEFAULT_STEP_TOKENS):
+                 step_tokens: Optional[int] = DEFAULT_STEP_TOKENS, mask_thread: bool = True):
         name = model_name or os.path.splitext(os.path.basename(getattr(model, "path", "model")))[0]
         tok = model.tokenizer
         parallel = int(model.n_seq)
@@ -88,6 +93,8 @@ class BatchEngine(Engine):
         self.cap = (self.step_tokens + parallel, parallel, parallel)
         self.slots = [_Slot(i) for i in range(parallel)]
         self.seqs: List[_Seq] = []
+        self._pool = None                  # the mask worker thread (made on the first constrained step)
+        self.mask_thread = bool(mask_thread)   # False: the grammar masks are filled before the step, serially
 
     @classmethod
     def load(cls, path: str, n_ctx: int = 2048, n_threads: Optional[int] = None, kv_dtype: str = "f16",
@@ -98,40 +105,83 @@ class BatchEngine(Engine):
         return cls(m, model_name=model_name, chunk=chunk, step_tokens=step_tokens)
 
     # ------------------------------------------------------------------ engine thread
+    def stop(self, drain: float = 0.0) -> None:
+        super().stop(drain)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+
     def _cancel_running(self) -> None:
         for s in list(self.seqs):
             s.h._cancel.set()
         with self._lock:
             self._wake.notify_all()
 
+    def _shared(self, tokens, prompt):
+        """the whole chunks of `prompt` (leaving >= 1 token to evaluate) that `tokens` starts with"""
+        n = 0
+        lim = min(len(tokens), len(prompt) - 1)
+        while n < lim and tokens[n] == prompt[n]:
+            n += 1
+        return n // self.chunk * self.chunk       # whole chunks only (batch invariance)
+
+    def _waits(self, h) -> bool:
+        """h shares whole prompt chunks with a running sequence that has not evaluated them yet:
+        it waits for them and copies their KV (n choices of one prompt, a shared system prompt)"""
+        prompt = h.request.prompt_ids
+        return self._lends() and any(not s.decoding and self._shared(s.prompt, prompt) > s.done for s in self.seqs)
+
+    def _lends(self) -> bool:
+        """running sequences lend their KV only with one full-size cache per layer (not with the
+        sliding-window layers' rings, whose cells hold the last window positions only)"""
+        return not getattr(self.model, "swa_cells", 0)
+
     def _admit(self):
-        """queued requests into free slots (the longest cached prefix first choice)"""
+        """queued requests into free slots. A request takes the free slot whose cached tokens
+        share the longest prefix with its prompt; a running sequence's slot that shares more lends
+        its KV (the cells are copied: a whole chunk's KV does not depend on its batch, so the copy
+        equals evaluating it). A request whose prefix a running sequence is still evaluating waits
+        for it (later requests may go first)."""
         while True:
             free = [s for s in self.slots if not s.busy]
             with self._lock:
                 if not free or not self._queue:
                     return
-                h = self._queue.popleft()
+                h = next((q for q in self._queue if q.cancelled or not self._waits(q)), None)
+                if h is None:
+                    return
+                self._queue.remove(h)
             if h.cancelled:
                 self._finish(h, "cancelled", 0)
                 continue
             prompt = h.request.prompt_ids
             best, best_n = None, -1
             for s in free:
-                n = 0
-                lim = min(len(s.tokens), len(prompt) - 1)
-                while n < lim and s.tokens[n] == prompt[n]:
-                    n += 1
-                n = n // self.chunk * self.chunk       # whole chunks only (batch invariance)
+                n = self._shared(s.tokens, prompt)
                 n = self.model.kv_reusable(n, len(s.tokens))   # 0 where a sliding-window ring moved on
                 if n > best_n or (n == best_n and s.last_used < best.last_used):
                     best, best_n = s, n
+            src, src_n = None, best_n
+            for q in (self.seqs if self._lends() else ()):   # running sequences: their evaluated tokens
+                n = self._shared(q.slot.tokens, prompt)
+                if n > src_n:
+                    src, src_n = q.slot, n
             best.busy = True
+            if src is not None:
+                self._copy_kv(src, best, src_n)
+                best.tokens = list(src.tokens[:src_n])
+                best_n = src_n
             best.tokens = best.tokens[:best_n]
             seq = _Seq(h, best, best_n)
             h.cached_tokens = best_n
             self.seqs.append(seq)
             self._count(prompt_tokens=len(prompt), cached_prompt_tokens=best_n)
+
+    def _copy_kv(self, src, dst, n):
+        """the K/V of positions [0, n) of slot src into slot dst"""
+        m, c = self.model, self.model.n_ctx
+        a, b = src.index * c, dst.index * c
+        m.k_cache[:, b:b + n] = m.k_cache[:, a:a + n]
+        m.v_cache[:, b:b + n] = m.v_cache[:, a:a + n]
 
     def _release(self, seq):
         s = seq.slot
@@ -186,14 +236,31 @@ class BatchEngine(Engine):
                 owners.append(s)
         if not len(b):
             return
-        logits = b.run(m.decoder, self.cap, n_threads=m.n_threads)
+        # the grammar masks of this step's samples only depend on tokens already consumed: fill
+        # them in a worker thread while the decoder runs (llguidance and cffi release the GIL)
+        guided = [s.sampler for s in owners if getattr(s.sampler, "matcher", None) is not None]
+        if guided and not self.mask_thread:
+            _fill_masks(guided)
+            guided = []
+        job = self._mask_pool().submit(_fill_masks, guided) if guided else None
+        try:
+            logits = b.run(m.decoder, self.cap, n_threads=m.n_threads)
+        finally:
+            if job is not None:
+                job.result()
         self._count(steps=1)
         self._set(batch_size=len(b.seqs))
         events = []
         for i, s in enumerate(owners):
             row = logits[i].copy()
             r = s.h.request
-            tok = s.sampler.sample(row)
+            try:
+                tok = s.sampler.sample(row)
+            except Exception as e:  # noqa: BLE001 -- this request fails (its grammar), the others go on
+                self._release(s)
+                events.append((s.h, self._finish(s.h, "error", s.n_gen, s.cached, deliver_now=False,
+                                                  error=f"{type(e).__name__}: {e}")))
+                continue
             if tok in r.stop_ids:
                 self._release(s)
                 events.append((s.h, self._finish(s.h, "stop", s.n_gen, s.cached, deliver_now=False)))
@@ -210,4 +277,22 @@ class BatchEngine(Engine):
             if s.n_gen >= r.max_tokens:
                 self._release(s)
                 events.append((s.h, self._finish(s.h, "length", s.n_gen, s.cached, deliver_now=False)))
+            elif getattr(s.sampler, "done", False):   # the grammar is complete: only a stop id can follow
+                self._release(s)
+                events.append((s.h, self._finish(s.h, "stop", s.n_gen, s.cached, deliver_now=False)))
         deliver(events)
+
+    def _mask_pool(self):
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"cpufuse-masks-{self.model_name}")
+        return self._pool
+
+
+def _fill_masks(samplers):
+    """the next masks of GuidedSamplers (worker thread); a failure is left for sample() to report"""
+    for g in samplers:
+        try:
+            g.compute_mask()
+        except Exception:  # noqa: BLE001 -- sample() recomputes and raises for that request alone
+            g._mask, g._ready = None, False

@@ -30,7 +30,7 @@ Events
     prompt tokens whose KV came from a cache) is set before the first TokenEvent is delivered, so
     a consumer that stops early (a stop string) still knows it. A sampled stop id ends the
     sequence with "stop" and is not delivered (nor counted). finish_reason is
-      "stop"       a stop token id was sampled;
+      "stop"       a stop token id was sampled (or the request's grammar is complete);
       "length"     max_tokens tokens were generated;
       "cancelled"  `Handle.cancel()` or `stop()` ended it;
       "error"      the engine failed on this request (`error` holds the message).
@@ -60,7 +60,16 @@ Sampling and determinism
     depend only on the request: never on what runs beside it or before it. `SerialEngine` gives
     exactly `Model.generate(prompt_ids, reuse_cache=False, sampler=make_sampler(params))`'s tokens.
     logprobs are taken from the raw model logits (log-softmax before penalties, filters and
-    temperature; `token_logprobs`), as vLLM reports them by default.
+    temperature; `token_logprobs`), as vLLM reports them by default, also under a constraint.
+
+Constraints and logit bias
+    `EngineRequest.constraint` (a `cpufuse.llama.constrain.Constraint`) and
+    `SamplingParams.logit_bias` make the sampler a `GuidedSampler`: the bias is added to the
+    logits, then every token the grammar does not allow is set to -inf, before the sampler chain.
+    Each sequence has its own matcher, fed only its own tokens, so the mask is batch-invariant. A
+    constrained sequence finishes with "stop" as soon as its grammar is complete (only an
+    end-of-generation id could follow; it is not sampled), and the server always passes the
+    model's eog ids as stop ids with a constraint.
 
 `stats() -> EngineStats`
     A snapshot of counters and gauges for /metrics, cheap and safe from any thread (it never
@@ -104,6 +113,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repeat_penalty: float = 1.0              # llama.cpp's, over the last 64 tokens (prompt included)
+    logit_bias: Tuple[Tuple[int, float], ...] = ()   # (token id, bias) added to the logits
 
 
 @dataclasses.dataclass
@@ -114,6 +124,7 @@ class EngineRequest:
     logprobs: Optional[int] = None          # None: none; n >= 0: chosen token + n top alternatives
     stop_ids: frozenset = frozenset()        # sampled -> finish "stop" (usually the model's eog_ids)
     id: str = ""
+    constraint: Optional[object] = None      # a cpufuse.llama.constrain.Constraint (a matcher per sequence)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,14 +245,24 @@ def _put_pairs(pairs):
         h._q.put_nowait(ev)
 
 
-def make_sampler(params: SamplingParams):
+def make_sampler(params: SamplingParams, constraint=None):
     """The request's Sampler: OpenAI penalties over the generated tokens; llama.cpp's repeat
-    penalty (1.0: off) over the last 64 tokens, the prompt included (llama-cpp-python's window)."""
+    penalty (1.0: off) over the last 64 tokens, the prompt included (llama-cpp-python's window).
+    With a logit bias or a constraint, a GuidedSampler around it (bias added, then the grammar's
+    mask, with its own matcher)."""
     from cpufuse.llama.sampling import Sampler
-    return Sampler(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                   min_p=params.min_p, repeat_penalty=params.repeat_penalty, penalty_last_n=64,
-                   frequency_penalty=params.frequency_penalty,
-                   presence_penalty=params.presence_penalty, seed=params.seed, penalty_scope="generated")
+    s = Sampler(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                min_p=params.min_p, repeat_penalty=params.repeat_penalty, penalty_last_n=64,
+                frequency_penalty=params.frequency_penalty,
+                presence_penalty=params.presence_penalty, seed=params.seed, penalty_scope="generated")
+    if constraint is None and not params.logit_bias:
+        return s
+    from cpufuse.llama.constrain import GuidedSampler
+    bias = ()
+    if params.logit_bias:
+        bias = (np.asarray([t for t, _ in params.logit_bias], np.int64),
+                np.asarray([b for _, b in params.logit_bias], np.float32))
+    return GuidedSampler(s, constraint, bias)
 
 
 def token_logprobs(logits, token: int, n_top: int) -> Tuple[float, Tuple[Tuple[int, float], ...]]:
@@ -440,7 +461,7 @@ class SerialEngine(Engine):
             self._finish(h, "cancelled", 0)
             return
         ids = [int(t) for t in r.prompt_ids]
-        sampler = make_sampler(r.sampling)
+        sampler = make_sampler(r.sampling, r.constraint)
         sampler.accept_prompt(ids)
         m.reset()
         self._count(prompt_tokens=len(ids))
@@ -469,6 +490,9 @@ class SerialEngine(Engine):
             self._count(generated_tokens=1)
             if n_gen >= r.max_tokens:
                 h.put(ev, self._finish(h, "length", n_gen, deliver_now=False))
+                return
+            if getattr(sampler, "done", False):      # the grammar is complete: only a stop id can follow
+                h.put(ev, self._finish(h, "stop", n_gen, deliver_now=False))
                 return
             h.put(ev)
             logits = m.eval([tok])

@@ -47,6 +47,9 @@ def validation_message(e: ValidationError) -> tuple:
     return (f"{param}: {msg}{more}" if param else f"{msg}{more}"), param
 
 
+MAX_N = 16   # the most choices (n) one request may ask for
+
+
 class _Lenient(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -71,7 +74,14 @@ class _Sampling(_Lenient):
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
     ignore_eos: Optional[bool] = False
-    logit_bias: Optional[Dict[str, float]] = None
+    logit_bias: Optional[Union[Dict[str, float], List[List[float]]]] = None
+    # constraints (cpufuse.llama.constrain): OpenAI's response_format; llama.cpp's grammar (GBNF)
+    # and json_schema; regex and lark (cpufuse's own: a regular expression / a Lark grammar)
+    response_format: Optional[Dict[str, Any]] = None
+    grammar: Optional[str] = None
+    json_schema: Optional[Any] = None
+    regex: Optional[str] = None
+    lark: Optional[str] = None
 
     @field_validator("stop")
     @classmethod
@@ -86,10 +96,12 @@ class _Sampling(_Lenient):
         return v
 
     def check_common(self) -> None:
-        if self.n not in (None, 1):
-            raise APIError(f"only one choice per request is supported (n = 1), got n = {self.n}", param="n")
-        if self.logit_bias:
-            raise APIError("logit_bias is not supported", param="logit_bias")
+        if self.n is not None and self.n > MAX_N:
+            raise APIError(f"n must be <= {MAX_N}, got n = {self.n}", param="n")
+
+    def constraint_options(self) -> dict:
+        return dict(response_format=self.response_format, grammar=self.grammar, json_schema=self.json_schema,
+                    regex=self.regex, lark=self.lark)
 
 
 class ContentPart(_Lenient):
@@ -97,9 +109,23 @@ class ContentPart(_Lenient):
     text: Optional[str] = None
 
 
+class ToolCallFunction(_Lenient):
+    name: str
+    arguments: Optional[Union[str, Dict[str, Any]]] = None
+
+
+class ToolCall(_Lenient):
+    id: Optional[str] = None
+    type: Optional[Literal["function"]] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(_Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Optional[Union[str, List[ContentPart]]] = None
+    name: Optional[str] = None
+    tool_calls: Optional[List[ToolCall]] = None
+    tool_call_id: Optional[str] = None
 
     def text(self) -> str:
         if self.content is None:
@@ -120,20 +146,20 @@ class ChatRequest(_Sampling):
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=20)
-    response_format: Optional[Dict[str, Any]] = None
-    tools: Optional[List[Any]] = None
-    tool_choice: Optional[Any] = None
+    tools: Optional[List[Dict[str, Any]]] = None
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], Dict[str, Any]]] = None
+    parallel_tool_calls: Optional[bool] = None
 
     def check(self) -> None:
         self.check_common()
         if self.top_logprobs is not None and not self.logprobs:
             raise APIError("top_logprobs requires logprobs = true", param="top_logprobs")
-        rf = self.response_format
-        if rf and rf.get("type", "text") != "text":
-            raise APIError(f"response_format type {rf.get('type')!r} is not supported (only 'text')",
-                           param="response_format")
-        if self.tools and self.tool_choice != "none":
-            raise APIError("tools are not supported", param="tools")
+        if self.tool_choice is not None and not self.tools:
+            raise APIError("tool_choice needs tools", param="tool_choice")
+        if self.parallel_tool_calls is not None and not self.tools:
+            raise APIError("parallel_tool_calls needs tools", param="parallel_tool_calls")
+        if self.tools is not None and not self.tools:
+            raise APIError("tools must not be empty", param="tools")
 
     def limit(self) -> Optional[int]:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -145,7 +171,14 @@ class ChatRequest(_Sampling):
         out = []
         for m in self.messages:
             role = "system" if m.role == "developer" else m.role
-            out.append({"role": role, "content": m.text()})
+            d = {"role": role, "content": m.text()}
+            if m.tool_calls:
+                d["tool_calls"] = [c.model_dump(exclude_none=True) for c in m.tool_calls]
+            if m.tool_call_id is not None:
+                d["tool_call_id"] = m.tool_call_id
+            if m.name is not None:
+                d["name"] = m.name
+            out.append(d)
         return out
 
 

@@ -25,8 +25,8 @@ class TextAssembler:
     """One completion's text: push(TokenEvent) -> (text, released events, stopped);
     finish() -> (text, released events). Released events are (start offset, TokenEvent)."""
 
-    def __init__(self, tokenizer, stops: Sequence[str] = ()):
-        self._dec = StreamDecoder(tokenizer)
+    def __init__(self, tokenizer, stops: Sequence[str] = (), special: bool = False):
+        self._dec = StreamDecoder(tokenizer, special=special)   # special: control tokens' texts too
         self._stop = StopMatcher(stops)
         self.total = 0          # characters decoded
         self.sent = 0           # characters sent

@@ -1,0 +1,312 @@
+"""Constrained decoding with llguidance: JSON schema, json_object, regex, Lark and GBNF grammars.
+
+    from cpufuse.llama.constrain import Constraint, GuidedSampler
+    c = Constraint.from_options(tokenizer, response_format={"type": "json_object"})
+    sampler = GuidedSampler(Sampler(...), c)               # its own matcher: one per sequence
+    tok = sampler.sample(logits)                           # masked, sampled, consumed
+
+The llguidance tokenizer is built once per `Tokenizer` (cached on it) from the GGUF vocabulary as
+raw token bytes: a token's bytes are its piece (`token_to_piece(id, special=True)`); CONTROL and
+UNKNOWN tokens (and tokens with no piece) are special: their text prefixed with 0xFF, as
+llguidance expects. The end-of-generation ids are llguidance's EOS tokens: the mask allows them
+only where the grammar accepts, and once the grammar is complete they are the only tokens allowed.
+
+A grammar is compiled per request (`Constraint`, about 1 ms; a schema or grammar llguidance
+rejects raises ValueError with its message) and a matcher is made from it per sequence: a
+sequence's mask depends only on the grammar and that sequence's own tokens, so batching does not
+change it. The mask is applied to the logits (disallowed entries set to -inf) before the sampler
+chain; -inf entries have zero weight through penalties, top-k/top-p/min-p and temperature.
+
+JSON whitespace: JSON schema grammars allow llama.cpp's JSON whitespace (nothing, one space, or
+one or two newlines and up to 20 spaces or tabs) between tokens, so a model may indent but not
+emit unbounded whitespace. A schema may set its own with llguidance's "x-guidance" key
+(e.g. {"whitespace_flexible": false} for compact JSON).
+"""
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+__all__ = ["Constraint", "GuidedSampler", "llg_tokenizer", "grammar_from_options", "JSON_WHITESPACE",
+           "parse_logit_bias"]
+
+JSON_WHITESPACE = r"( |\n{1,2}[ \t]{0,20})?"
+_JSON_DEFAULTS = {"whitespace_pattern": JSON_WHITESPACE}
+_LOCK = threading.Lock()
+
+
+def _llg():
+    try:
+        import llguidance
+    except ImportError as e:  # pragma: no cover
+        raise ImportError("structured output needs the 'llguidance' package "
+                          "(pip install cpufuse[llama] or pip install llguidance)") from e
+    return llguidance
+
+
+class _VocabForLLG:
+    """the object llguidance.TokenizerWrapper reads: raw token bytes, EOS/BOS, special ids, encode"""
+
+    def __init__(self, tok):
+        self._tok = tok
+        toks, special = [], []
+        for i in range(tok.n_vocab):
+            piece = tok.token_to_piece(i, special=True)
+            if tok._hidden[i] or not piece:
+                toks.append(b"\xff" + tok.tokens[i].encode("utf-8"))
+                special.append(i)
+            else:
+                toks.append(piece)
+        self.tokens = toks
+        self.special_token_ids = special
+        eog = sorted(tok.eog_ids)
+        self.eos_token_id = tok.eos_id if tok.eos_id is not None else (eog[0] if eog else 0)
+        self.bos_token_id = tok.bos_id
+
+    def __call__(self, data: bytes):
+        """token ids of a text fragment: no BOS, no space prefix, special token texts not parsed"""
+        tok = self._tok
+        text = bytes(data).decode("utf-8", errors="replace")
+        if not text:
+            return []
+        if tok.is_spm:
+            out: list = []
+            tok._spm_tokenize(text.replace(" ", "\u2581").encode("utf-8"), out)
+            return out
+        return tok.tokenize(text, add_bos=False, special=False, add_eos=False)
+
+
+def llg_tokenizer(tok):
+    """The llguidance LLTokenizer of a cpufuse Tokenizer: built on first use, then cached on it."""
+    lt = getattr(tok, "_llg_tokenizer", None)
+    if lt is not None:
+        return lt
+    with _LOCK:
+        lt = getattr(tok, "_llg_tokenizer", None)
+        if lt is None:
+            llg = _llg()
+            eog = sorted(tok.eog_ids)
+            v = _VocabForLLG(tok)
+            lt = llg.LLTokenizer(llg.TokenizerWrapper(v), eos_token=eog or None)
+            tok._llg_tokenizer = lt
+    return lt
+
+
+def _schema_grammar(schema, param: str) -> str:
+    llg = _llg()
+    if isinstance(schema, bool):
+        schema = {} if schema else {"not": {}}
+    if not isinstance(schema, dict):
+        raise ValueError(f"{param}: a JSON schema must be a JSON object, got {type(schema).__name__}")
+    try:
+        return llg.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_DEFAULTS)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{param}: invalid JSON schema: {e}") from None
+
+
+def grammar_from_options(response_format: Optional[dict] = None, grammar: Optional[str] = None,
+                         json_schema: Any = None, regex: Optional[str] = None,
+                         lark: Optional[str] = None) -> Optional[tuple]:
+    """(llguidance grammar, param) for the request's constraint options, or None (no constraint).
+
+    response_format: OpenAI's {"type": "text" | "json_object" | "json_schema", "json_schema":
+    {"name", "schema", "strict"}}; json_object may carry a "schema" (llama-server / Anyscale).
+    grammar: llama.cpp GBNF (a Lark grammar is also accepted). json_schema: llama.cpp's field.
+    regex / lark: a regular expression / a Lark grammar for the whole output. At most one of them
+    may constrain: ValueError otherwise, naming the fields. llguidance is imported only when a
+    constraint is given."""
+    given = [(k, v) for k, v in (("grammar", grammar), ("json_schema", json_schema), ("regex", regex),
+                                  ("lark", lark)) if v is not None]
+    rf_grammar = None
+    if response_format is not None:
+        if not isinstance(response_format, dict):
+            raise ValueError(f"response_format must be an object, got {type(response_format).__name__}")
+        kind = response_format.get("type", "text")
+        if kind == "text":
+            pass
+        elif kind == "json_object":
+            schema = response_format.get("schema")
+            rf_grammar = _schema_grammar(schema if schema is not None else {"type": "object"},
+                                         "response_format.schema")
+        elif kind == "json_schema":
+            js = response_format.get("json_schema")
+            if not isinstance(js, dict):
+                raise ValueError("response_format.json_schema must be an object with a 'schema' "
+                                 f"(and 'name', 'strict'), got {type(js).__name__}")
+            schema = js.get("schema", js.get("schema_"))
+            if schema is None:
+                raise ValueError("response_format.json_schema.schema is missing")
+            rf_grammar = _schema_grammar(schema, "response_format.json_schema.schema")
+        else:
+            raise ValueError(f"response_format.type must be 'text', 'json_object' or 'json_schema', "
+                             f"got {kind!r}")
+    if rf_grammar is not None:
+        given.insert(0, ("response_format", rf_grammar))
+    if len(given) > 1:
+        names = ", ".join(f'"{k}"' for k, _ in given)
+        raise ValueError(f"only one constraint may be given: got {names}")
+    if not given:
+        return None
+    k, v = given[0]
+    if k == "response_format":
+        return v, k
+    llg = _llg()
+    if not isinstance(v, (str, dict)) or (k != "json_schema" and not isinstance(v, str)):
+        raise ValueError(f"{k} must be a {'JSON schema object' if k == 'json_schema' else 'string'}, "
+                         f"got {type(v).__name__}")
+    if k == "json_schema":
+        return _schema_grammar(v, k), k
+    if k == "regex":
+        return llg.LLMatcher.grammar_from_regex(v), k
+    if k == "lark":
+        return llg.LLMatcher.grammar_from_lark(v), k
+    # grammar: GBNF (llama.cpp) or Lark
+    try:
+        return llg.grammar_from("gbnf", v), k
+    except ValueError as e:
+        raise ValueError(f"grammar: {e}") from None
+
+
+class Constraint:
+    """A compiled grammar for one model's vocabulary; `matcher()` makes a fresh per-sequence matcher.
+    Construction checks the grammar (ValueError naming `param` with llguidance's message)."""
+
+    def __init__(self, tokenizer, grammar: str, param: str = "grammar", parse=None):
+        self.tokenizer = tokenizer
+        self.grammar = grammar
+        self.param = param
+        self.parse = parse              # an optional output parser (tools: cpufuse.llama.tools)
+        self.lltok = llg_tokenizer(tokenizer)
+        m = self._new()
+        if m.is_error():
+            raise ValueError(f"{param}: {m.get_error()}")
+        self._first = m
+
+    def _new(self):
+        return _llg().LLMatcher(self.lltok, self.grammar, log_level=0)
+
+    def matcher(self):
+        """a matcher at the start of the grammar (the first call reuses the checked one)"""
+        m, self._first = self._first, None
+        return m if m is not None else self._new()
+
+    @classmethod
+    def from_options(cls, tokenizer, **options) -> Optional["Constraint"]:
+        """`grammar_from_options(**options)` compiled for `tokenizer`, or None without a constraint."""
+        g = grammar_from_options(**options)
+        return None if g is None else cls(tokenizer, g[0], g[1])
+
+    def __repr__(self):
+        return f"Constraint(param={self.param!r}, grammar={self.grammar[:60]!r}...)"
+
+
+def parse_logit_bias(bias, n_vocab: int, param: str = "logit_bias") -> tuple:
+    """OpenAI's logit_bias ({"token id": bias in [-100, 100]}; also [[id, bias], ...] as llama.cpp)
+    -> ((ids int64 array, biases float32 array)) or () when empty. ValueError naming `param`."""
+    if bias is None:
+        return ()
+    items = bias.items() if isinstance(bias, dict) else bias
+    ids, vals = [], []
+    try:
+        items = list(items)
+    except TypeError:
+        raise ValueError(f"{param} must be an object of token id -> bias, got {type(bias).__name__}") from None
+    for it in items:
+        if not (isinstance(it, (tuple, list)) and len(it) == 2):
+            raise ValueError(f"{param}: expected token id -> bias pairs, got {it!r}")
+        k, v = it
+        if isinstance(k, bool):
+            t = None
+        elif isinstance(k, int):
+            t = k
+        elif isinstance(k, float) and k.is_integer():
+            t = int(k)
+        elif isinstance(k, str) and k.strip().lstrip("-").isdigit():
+            t = int(k)
+        else:
+            t = None
+        if t is None:
+            raise ValueError(f"{param}: keys must be token ids (integers), got {k!r}")
+        if not 0 <= t < n_vocab:
+            raise ValueError(f"{param}: token id {t} is outside the vocabulary [0, {n_vocab})")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= float(v) <= 100:
+            raise ValueError(f"{param}: the bias of token {t} must be a number in [-100, 100], got {v!r}")
+        ids.append(t)
+        vals.append(float(v))
+    if not ids:
+        return ()
+    return (np.asarray(ids, np.int64), np.asarray(vals, np.float32))
+
+
+class GuidedSampler:
+    """A `cpufuse.llama.sampling.Sampler` behind a logit bias and a grammar mask.
+
+    sample(logits): bias added, the disallowed entries set to -inf, the wrapped sampler's chain,
+    then the token is consumed by the matcher. compute_mask() may be called beforehand from
+    another thread (llguidance releases the GIL): sample() then uses that mask. The matcher's
+    state changes only in sample()."""
+
+    def __init__(self, sampler, constraint: Optional[Constraint] = None, logit_bias=()):
+        self.sampler = sampler
+        self.constraint = constraint
+        self.matcher = constraint.matcher() if constraint is not None else None
+        self.bias = logit_bias or ()
+        self._mask = None                  # the precomputed additive mask (see compute_mask)
+        self._ready = False                # compute_mask() ran since the last sample()
+        if constraint is not None:
+            self._n = int(constraint.lltok.vocab_size)
+            self._words = np.zeros((1, (self._n + 31) // 32), np.int32)
+
+    def __getattr__(self, name):           # temperature, greedy, rng, ...: the wrapped sampler's
+        if name == "sampler":
+            raise AttributeError(name)
+        return getattr(self.sampler, name)
+
+    def accept_prompt(self, ids):
+        self.sampler.accept_prompt(ids)
+
+    def accept(self, token):
+        self.sampler.accept(token)
+
+    @property
+    def done(self) -> bool:
+        """the grammar is complete: only an end-of-generation token can follow"""
+        return self.matcher is not None and self.matcher.is_stopped()
+
+    def compute_mask(self):
+        """fill the next token's mask (callable from a worker thread): an additive float32 row,
+        0 where the grammar allows the token, -inf elsewhere (None: it allows nothing)"""
+        from llguidance.numpy import fill_next_token_bitmask
+        fill_next_token_bitmask(self.matcher, self._words, 0)
+        bits = np.unpackbits(self._words.view(np.uint8), count=self._n, bitorder="little").view(bool)
+        self._mask = np.where(bits, np.float32(0), np.float32(-np.inf)) if bits.any() else None
+        self._ready = True
+
+    def sample(self, logits):
+        x = np.asarray(logits, dtype=np.float32).reshape(-1)
+        if self.bias:
+            ids, vals = self.bias
+            x = x.copy()
+            x[ids] += vals
+        if self.matcher is not None:
+            if self.matcher.is_error():
+                raise RuntimeError(f"grammar matcher error: {self.matcher.get_error()}")
+            if not self._ready:
+                self.compute_mask()
+            add, self._mask, self._ready = self._mask, None, False
+            if add is None:
+                raise RuntimeError("the grammar allows no token here"
+                                   + (f": {self.matcher.get_error()}" if self.matcher.is_error() else ""))
+            if add.shape[0] != x.shape[0]:          # the model's rows are longer (or shorter) than the vocab
+                full = np.full(x.shape[0], -np.inf, np.float32)
+                k = min(add.shape[0], x.shape[0])
+                full[:k] = add[:k]
+                add = full
+            x = x + add                             # x + 0 is x; x + -inf is -inf
+        tok = self.sampler.sample(x)
+        if self.matcher is not None and not self.matcher.consume_token(tok):
+            raise RuntimeError(f"grammar matcher rejected token {tok}: {self.matcher.get_error()}")
+        return tok
