@@ -47,6 +47,9 @@ def url(tmp_path_factory):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "cpufuse", "serve", gguf, "--port", str(port), "--n-ctx",
                              str(N_CTX), "--threads", "1", "--parallel", "8", "--chunk", "8",
+                             # OpenAI's defaults for the fields a request leaves out (the CLI's are
+                             # llama.cpp's), as create_app() without `sampling` has them
+                             "--temp", "1.0", "--top-k", "0", "--top-p", "1.0", "--min-p", "0.0",
                              "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
@@ -132,7 +135,10 @@ def test_json_object_and_streaming(client):
 
 
 def test_completions_response_format_grammar_json_schema_regex(client):
-    sc = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 5}}, "required": ["n"]}
+    # no additional properties: a noise model under the server's default sampling would otherwise add
+    # keys and strings of any length, and max_tokens could cut the JSON
+    sc = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 5}}, "required": ["n"],
+          "additionalProperties": False}
     r = client.completions.create(model="x", prompt="hello", max_tokens=300, seed=0, extra_body={"response_format": _rf(sc)})
     jsonschema.validate(json.loads(r.choices[0].text), sc)
     r = client.completions.create(model="x", prompt="hello", max_tokens=300, seed=0, extra_body={"json_schema": sc})
