@@ -32,7 +32,7 @@ def read(*parts):
 
 def test_registry_matches_cdef():
     """every per-ISA prototype of native/cdef.h is a registry op, and every op's C symbol is declared"""
-    declared = set(re.findall(r"\b(cf_\w+)__@ISA@\(", read("native", "cdef.h")))
+    declared = set(re.findall(r"\bCF_FN\((cf_\w+)\)\(", read("native", "cdef.h")))
     registered = {sym for sym, _ in _registry.KERNELS.values() if sym}
     assert declared == registered, (f"in cdef.h only: {sorted(declared - registered)}; "
                                     f"in the registry only: {sorted(registered - declared)}")
