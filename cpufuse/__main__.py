@@ -60,8 +60,7 @@ def main(argv=None):
     print(f"  available        : {', '.join(i['available_isas'])} (auto: {i['auto_isa']})")
     ov = i["override"]
     print(f"  override         : {ov['source'] + ' = ' + ov['isa'] if ov['source'] else 'none (CPUFUSE_ISA unset)'}")
-    for op, isa in i["ops"].items():
-        print(f"  {op:<17}: {isa}")
+    print(f"  ISA in force     : {i['isa']} (every op: {', '.join(cpufuse.OPS)})")
     for isa, flags in i["build_flags"].items():
         print(f"  build[{isa}]: {flags}")
     return 0

@@ -1,10 +1,14 @@
-"""cffi build script for cpufuse._native.
+"""The build of cpufuse._native, a cffi extension; setup.py loads this file once per process and
+its build_ext calls it once per build (importing it runs no compiler).
 
 Each ISA's translation unit (native/src/isa_<isa>.c) is compiled with that ISA's flags only (the
-table in cpufuse/_isa.py) into an object file by setup.py's build_ext, and linked into one cffi
-extension; the extension's own source (cpuinfo.c and the glue) gets the baseline flags.
-An ISA the compiler cannot build is dropped with a message, and the cdef lists only what was
-built. `CPUFUSE_BUILD_ISAS=scalar,avx2` restricts the set (used by tests of the drop path).
+table in cpufuse/_isa.py) into an object file (compile_isa_objects), and linked into one cffi
+extension; the extension's own sources (cpuinfo.c, pool.c, repack.c and the glue, make_ffi) get
+the baseline flags. Both sides read their prototypes from native/cdef.h: cffi through
+declarations(), the C compiler by including it, so a definition that does not match its
+declaration fails the build. An ISA the compiler cannot build is dropped with a message
+(buildable_isas), and the cdef lists only what was built. `CPUFUSE_BUILD_ISAS=scalar,avx2`
+restricts the set (used by tests of the drop path).
 
 `CPUFUSE_SANITIZE=1` (used by `make test-asan`, which builds a copy of the tree) appends
 _isa.SANITIZE_CFLAGS (-fsanitize=address,undefined ...) to every native object and to the link; the
@@ -13,6 +17,7 @@ build info then shows them and the macros SANITIZE_ADDRESS / SANITIZE_UNDEFINED.
 import importlib.util
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sysconfig
@@ -37,6 +42,10 @@ isa_table = _load_isa_table()
 SANITIZE = os.environ.get("CPUFUSE_SANITIZE", "0") not in ("", "0")
 AMX_EMULATE = os.environ.get("CPUFUSE_AMX_EMULATE", "0") not in ("", "0")  # a developer build: see _isa.py
 SANITIZE_FLAGS = isa_table.SANITIZE_CFLAGS if SANITIZE else []  # for the glue and the link
+# The ISA objects are compiled with these too (not part of the flags their build info reports): a
+# function they export must be declared first, i.e. be in native/cdef.h, whose declarations each
+# translation unit includes before the definitions (a definition that differs is a compile error).
+CHECK_FLAGS = ["-Werror=missing-prototypes"]
 
 
 def compiler_cmd():
@@ -82,26 +91,21 @@ def buildable_isas():
     return out
 
 
-ISAS = buildable_isas() if have_compiler() else []
+def declarations(isas):
+    """native/cdef.h as cffi reads it: comments and preprocessor lines dropped, the declarations
+    outside `#ifdef CF_ISA` once, then those with CF_FN(name) once per ISA in isas, as name__<isa>."""
+    with open(os.path.join(HERE, "cdef.h")) as f:
+        text = re.sub(r"/\*.*?\*/", " ", f.read(), flags=re.S)
+    text = "\n".join(l for l in text.splitlines() if not l.lstrip().startswith("#"))
+    decls = [" ".join(d.split()) + ";" for d in text.split(";") if d.strip()]
+    common = [d for d in decls if "CF_FN(" not in d]
+    per_isa = [d for d in decls if "CF_FN(" in d]
+    return "\n".join(common + [re.sub(r"\bCF_FN\((\w+)\)", rf"\1__{isa}", d) for isa in isas for d in per_isa]) + "\n"
 
-with open(os.path.join(HERE, "cdef.h")) as f:
-    _proto = "\n".join(l for l in f.read().splitlines() if l and not l.startswith(("/*", " *")))
-_COMMON = ("uint32_t cf_cpu_features(void);\nconst char *cf_compiled_isas(void);\n"
-           "void cf_pool_profile(int on, uint64_t *out);\n"
-           "int64_t cf_p16_bytes(int64_t type, int64_t n_out, int64_t K);\n"
-           "int cf_repack_p16(int64_t type, int64_t n_out, int64_t K, const uint8_t *src, int64_t src_row_bytes, "
-           "uint8_t *dst, int64_t p0, int64_t p1);\n"
-           "int cf_unrepack_p16(int64_t type, int64_t n_out, int64_t K, const uint8_t *src, uint8_t *dst, "
-           "int64_t dst_row_bytes, int64_t p0, int64_t p1);\n")
-_decls = _COMMON + "\n".join(
-    _proto.replace("@ISA@", isa) for isa in ISAS)
 
-ffibuilder = FFI()
-ffibuilder.cdef(_decls)
-ffibuilder.set_source(
-    "cpufuse._native",
-    "#include <stdint.h>\n" + _decls + "\n"
-    f'const char *cf_compiled_isas(void) {{ return "{",".join(ISAS)}"; }}\n',
+MODULE = "cpufuse._native"
+# the extension's own C sources and arguments (baseline flags); setup.py's Extension takes the same
+EXTENSION_KW = dict(
     sources=[os.path.relpath(os.path.join(HERE, "src", f), ROOT) for f in ("cpuinfo.c", "pool.c", "repack.c")],
     extra_compile_args=["-O2", "-fno-math-errno", "-std=c11"] + SANITIZE_FLAGS,
     extra_link_args=SANITIZE_FLAGS,
@@ -109,19 +113,30 @@ ffibuilder.set_source(
 )
 
 
-def compile_isa_objects(compiler, build_temp):
-    """Compile native/src/isa_<isa>.c for every ISA in ISAS with its own flags, the ISAs in parallel
-    (one compiler process each, up to the CPU count); return the objects in ISAS order."""
+def make_ffi(isas):
+    """The cffi builder of the extension with the kernels of isas."""
+    decls = declarations(isas)
+    ffi = FFI()
+    ffi.cdef(decls)
+    ffi.set_source(MODULE, "#include <stdint.h>\n" + decls + "\n"
+                   f'const char *cf_compiled_isas(void) {{ return "{",".join(isas)}"; }}\n', **EXTENSION_KW)
+    return ffi
+
+
+def compile_isa_objects(compiler, build_temp, isas):
+    """Compile native/src/isa_<isa>.c for every ISA in isas with its own flags (plus CHECK_FLAGS),
+    the ISAs in parallel (one compiler process each, up to the CPU count); return the objects in
+    isas order."""
     def one(isa):
         flags = isa_table.cflags(isa, sanitize=SANITIZE, amx_emulate=AMX_EMULATE)
         src = os.path.relpath(os.path.join(HERE, "src", f"isa_{isa}.c"), ROOT)
         print(f"cpufuse build: {isa}: {' '.join(flags)}", flush=True)
         macros = [("CF_BUILD_FLAGS", '"' + " ".join(flags) + '"')] + [("CF_SANITIZE_UNDEFINED", None)] * SANITIZE
         return compiler.compile([src], output_dir=os.path.join(build_temp, "cpufuse_isa"), macros=macros,
-                                extra_postargs=flags)
-    with ThreadPoolExecutor(max_workers=max(1, min(len(ISAS), os.cpu_count() or 1))) as pool:
-        return [o for objs in pool.map(one, ISAS) for o in objs]
+                                extra_postargs=flags + CHECK_FLAGS)
+    with ThreadPoolExecutor(max_workers=max(1, min(len(isas), os.cpu_count() or 1))) as pool:
+        return [o for objs in pool.map(one, isas) for o in objs]
 
 
 if __name__ == "__main__":
-    print("buildable:", ISAS)
+    print("buildable:", buildable_isas() if have_compiler() else [])

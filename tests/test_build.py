@@ -121,6 +121,109 @@ def test_scalar_has_no_packed_float_arithmetic():
 
 
 # ------------------------------------------------------------------------------------------------
+# native/cdef.h is compiled against the definitions
+
+def _ffibuild():
+    """native/ffibuild.py as setup.py loads it (loading it runs no compiler)"""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_cpufuse_ffibuild_test", os.path.join(ROOT, "native", "ffibuild.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# (file of the copied tree, text in it, its replacement, what the compiler must say)
+CDEF_MUTATIONS = [
+    ("cdef.h", "void CF_FN(cf_exp_f32)(int64_t n,", "void CF_FN(cf_exp_f32)(int n,", "conflicting types for .cf_exp_f32__scalar"),
+    ("cdef.h", "const char *CF_FN(cf_build_info)(void);", "char *CF_FN(cf_build_info)(void);",
+     "conflicting types for .cf_build_info__scalar"),
+    ("cdef.h", "const double *fp, void *y, int nth);", "const double *fp, void *y);", "conflicting types for .cf_rope_f32__scalar"),
+    ("cdef.h", "void CF_FN(cf_silu_f32)(int64_t n, const float *a, float *y);\n", "",
+     "no previous prototype for .cf_silu_f32__scalar"),   # a definition nobody declared
+    ("kernels/graph.inc", "void CF_FN(cf_scale_f32)(int64_t n, const float *a, float s, float *y) {",
+     "void CF_FN(cf_scale_f32)(int64_t n, const float *a, double s, float *y) {", "conflicting types for .cf_scale_f32__scalar"),
+    ("cdef.h", "int64_t cf_p16_bytes(int64_t type,", "int cf_p16_bytes(int64_t type,", "conflicting types for .cf_p16_bytes"),
+    ("cdef.h", "uint32_t cf_cpu_features(void);", "int cf_cpu_features(void);", "conflicting types for .cf_cpu_features"),
+    ("cdef.h", "void cf_pool_profile(int on, uint64_t *out);", "void cf_pool_profile(int on, int64_t *out);",
+     "conflicting types for .cf_pool_profile"),
+]
+
+
+def _syntax_check(fb, native, src, isa="scalar"):
+    """compile native/<src> of a copied tree as the build does (no code generated)"""
+    flags = fb.isa_table.cflags(isa) + fb.CHECK_FLAGS if src.startswith("src/isa_") else ["-std=c11"]
+    r = subprocess.run(fb.compiler_cmd() + flags + ["-fsyntax-only", os.path.join(native, src)],
+                       capture_output=True, text=True, timeout=300)
+    return r.returncode, r.stderr
+
+
+def test_cdef_declarations_are_what_the_compiler_checks(tmp_path):
+    """every translation unit that defines a function of native/cdef.h includes it first, so a
+    declaration and a definition that differ (a parameter's type, the return type, a parameter
+    fewer), or an exported kernel nobody declared, fail the build; cffi reads the same file"""
+    fb = _ffibuild()
+    if not fb.have_compiler():
+        pytest.skip("no working C compiler")
+    native = str(tmp_path / "native")
+    shutil.copytree(os.path.join(ROOT, "native"), native)
+    srcs = ["src/isa_scalar.c", "src/cpuinfo.c", "src/pool.c", "src/repack.c"]
+    for src in srcs:
+        rc, err = _syntax_check(fb, native, src)
+        assert rc == 0, f"{src}: {err}"
+    cdef = open(os.path.join(native, "cdef.h")).read()
+    for path, old, new, expect in CDEF_MUTATIONS:
+        full = os.path.join(native, path)
+        text = open(full).read()
+        assert text.count(old) == 1, f"{path}: {old!r} not found once (update the test)"
+        with open(full, "w") as f:
+            f.write(text.replace(old, new))
+        try:
+            errs = {src: _syntax_check(fb, native, src) for src in srcs}
+        finally:
+            with open(full, "w") as f:
+                f.write(text)
+        assert any(rc != 0 and re.search(expect, err) for rc, err in errs.values()), (path, new, errs)
+    # cffi's side: the same declarations, once per ISA for the kernels
+    decls = fb.declarations(["scalar", "avx2"])
+    assert "int cf_rope_f32__avx2(const int64_t *d," in decls and "void cf_exp_f32__scalar(int64_t n," in decls
+    assert decls.count("cf_cpu_features") == 1 and "CF_FN" not in decls and "#" not in decls
+    n_kernels = len(re.findall(r"\bCF_FN\(", re.sub(r"/\*.*?\*/", "", cdef, flags=re.S)))
+    assert len(re.findall(r"__scalar\(", decls)) == len(re.findall(r"__avx2\(", decls)) == n_kernels
+
+
+@needs_native
+def test_every_declared_kernel_is_in_the_extension():
+    decls = _ffibuild().declarations(_backend.COMPILED)
+    for name in re.findall(r"\b(cf_\w+)\(", decls):
+        assert hasattr(_backend.lib, name), name
+
+
+@pytest.mark.slow
+def test_build_runs_ffibuild_once(tmp_path):
+    """pip's whole build of a copied tree (metadata, then the wheel with the scalar kernels): each
+    process loads native/ffibuild.py once, and the ISAs are probed and compiled once"""
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", "build", "dist", "*.so", "*.o", "__pycache__", "*.egg-info", "tests", "bench", ".venv*",
+        ".pytest_cache", ".benchmarks", "_native.c"))
+    log = tmp_path / "loads.log"
+    fb = src / "native" / "ffibuild.py"
+    text = fb.read_text()
+    fb.write_text(f"import os as _o\nopen({str(log)!r}, 'a').write(str(_o.getpid()) + chr(10))\n" + text)
+    env = clean_env(CPUFUSE_BUILD_ISAS="scalar", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w",
+                        str(tmp_path / "wheels"), str(src)], capture_output=True, text=True, env=env, timeout=600,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert len(list((tmp_path / "wheels").glob("cpufuse-*.whl"))) == 1
+    pids = log.read_text().split()
+    assert len(pids) == len(set(pids)) <= 2, pids   # the metadata step and the build, once each
+    out = r.stdout + r.stderr
+    assert out.count("cpufuse build: ISAs scalar") == 1, out[-3000:]
+    assert out.count("cpufuse build: scalar: ") == 1, out[-3000:]
+
+
+# ------------------------------------------------------------------------------------------------
 # pure-Python wheel
 
 # The dev venv has cpufuse installed editable; its meta-path finder would resolve

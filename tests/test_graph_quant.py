@@ -2,6 +2,8 @@
 the QKV (shared activation), gate/up + SwiGLU, RMS_NORM -> MUL prologue and ROPE -> CACHE_WRITE
 fusions equal the unfused plan (bit for bit, SwiGLU to NMSE 1e-12), illegal candidates stay unfused
 with a reason, C segments around the Python steps still run, cache writes always run."""
+import importlib
+
 import numpy as np
 import pytest
 
@@ -11,9 +13,6 @@ from cpufuse.reference import quant as qref
 from _util import assert_nmse
 
 NMSE = 1e-12
-HAS_ROPE = hasattr(cpufuse, "rope")
-need_rope = pytest.mark.skipif(not HAS_ROPE, reason="cpufuse.rope is not importable in this build "
-                                                     "(written in another branch)")
 
 
 @pytest.fixture(params=["best", "numba"])
@@ -381,15 +380,14 @@ def _check_rope(g, cache, rng, T=3, H=2, D=64):
 
 @pytest.mark.parametrize("cdt", [np.float16, np.float32])
 def test_rope_cache_wiring_with_stand_in(monkeypatch, rng, cdt):
-    """the plan's rope steps against a numpy stand-in with cpufuse.rope's signature (runs whether or
-    not the real kernel is built)"""
-    monkeypatch.setattr(cpufuse, "rope", _fake_rope, raising=False)
+    """the plan's Python rope steps call cpufuse.ops.rope.rope with its signature: wired to a numpy
+    stand-in, the fused and unfused plans agree"""
+    monkeypatch.setattr(importlib.import_module("cpufuse.ops.rope"), "rope", _fake_rope)  # what plans call
     monkeypatch.setattr(cpufuse.graph.records, "PY_STEPS", {"rope", "rope_cache"})  # not the C records
     cache = np.zeros((8, 2, 64), cdt)
     qf, cf = _check_rope(_rope_graph(cache, freq_base=500.0), cache, rng)
 
 
-@need_rope
 @pytest.mark.parametrize("cdt", [np.float16, np.float32])
 @pytest.mark.parametrize("mode,n_dims", [("norm", 64), ("neox", 32)])
 def test_rope_cache_fused(rng, cdt, mode, n_dims):
@@ -412,7 +410,7 @@ def test_rope_errors():
 
 
 def test_rope_with_other_consumer_not_fused(monkeypatch, rng):
-    monkeypatch.setattr(cpufuse, "rope", _fake_rope, raising=False)
+    monkeypatch.setattr(importlib.import_module("cpufuse.ops.rope"), "rope", _fake_rope)  # what plans call
     monkeypatch.setattr(cpufuse.graph.records, "PY_STEPS", {"rope", "rope_cache"})
     cache = np.zeros((8, 2, 64), np.float32)
     g = Graph()
@@ -583,7 +581,6 @@ def test_qmatmul_view_falls_back_to_python(rng):
     assert np.array_equal(out, 2 * cpufuse.matmul(np.ascontiguousarray((X * 0.5).transpose(1, 0, 2)), w))
 
 
-@need_rope
 @pytest.mark.parametrize("kw", [dict(), dict(mode="neox", n_dims=32), dict(ggml_compat=True, freq_base=500.0),
                                 dict(ext_factor=1.0, freq_scale=0.25, n_ctx_orig=64, attn_factor=0.9),
                                 dict(freq_factors=True, n_dims=48)])

@@ -32,7 +32,7 @@ def read(*parts):
 
 def test_registry_matches_cdef():
     """every per-ISA prototype of native/cdef.h is a registry op, and every op's C symbol is declared"""
-    declared = set(re.findall(r"\b(cf_\w+)__@ISA@\(", read("native", "cdef.h")))
+    declared = set(re.findall(r"\bCF_FN\((cf_\w+)\)\(", read("native", "cdef.h")))
     registered = {sym for sym, _ in _registry.KERNELS.values() if sym}
     assert declared == registered, (f"in cdef.h only: {sorted(declared - registered)}; "
                                     f"in the registry only: {sorted(registered - declared)}")
@@ -100,11 +100,19 @@ def test_descriptor_enums_declared_once():
 
 
 def test_executor_cases_are_named():
-    """graph.inc's switch has one `case OP_<NAME>:` per record and no bare numbers"""
+    """graph.inc's switch has one `case OP_<NAME>:` per record (a case by a bare number fails), and
+    each case reads exactly its record's arguments: a[i] and P(i) for every i < nargs and none past
+    (the arguments are still read by position, so a field added or dropped in _layouts.py without
+    the C fails here)"""
     g = read("native", "kernels", "graph.inc")
-    cases = re.findall(r"\bcase\s+(\w+)\s*:", g[g.index("plan_steps)(const int64_t *prog"):])
+    body = g[g.index("switch (op)"):g.index("default: return rec;")]   # cf_plan_run's switch
+    parts = re.split(r"\bcase\s+(\w+)\s*:", body)
+    cases = dict(zip(parts[1::2], parts[2::2]))
+    assert len(cases) == len(parts[1::2]), "a case label twice"
     assert sorted(cases) == sorted(f"OP_{r.name}" for r in _layouts.RECORDS)
-    assert [r.op for r in _layouts.RECORDS] == list(range(1, len(_layouts.RECORDS) + 1))
+    for r in _layouts.RECORDS:
+        read_args = {int(i) for i in re.findall(r"\b(?:a\[|P\()(\d+)[\])]", cases[f"OP_{r.name}"])}
+        assert read_args == set(range(r.nargs)), (r.name, sorted(read_args), r.fields)
 
 
 def test_pack_by_name():

@@ -582,7 +582,8 @@ def test_cache_bounds_message():
 
 def test_exported():
     assert "rope" in cpufuse.OPS and "rope" in cpufuse.__all__
-    assert cpufuse.info()["ops"]["rope"]
+    from cpufuse.ops import rope as rope_module
+    assert cpufuse.rope is rope_module.rope
 
 
 def test_rope_params_is_the_one_check_and_shares_ropes_defaults():

@@ -41,7 +41,7 @@ import threading
 import numpy as np
 
 from .. import _backend, _dispatch
-from ..ops import attention as _attn, norms as _norms, softmax as _softmax
+from ..ops import attention as _attn, norms as _norms, rope as _rope, softmax as _softmax
 from .builder import F16, GraphError, _view_root
 from .fusion import Lowering
 from .records import Program
@@ -279,8 +279,8 @@ class Plan(Lowering, Program):
                 _qm.matmul_multi(x, p["ws"], out=tuple(A(o) for o in st.outs), **kw)
         elif k == "rope":
             p = st.params
-            _rope_fn(st.nodes[0].name)(A(st.ins[0]), A(st.ins[1]), n_dims=p["n_dims"], mode=p["mode"],
-                                       out=A(st.outs[0]), isa=isa, n_threads=nth, **p["kw"])
+            _rope.rope(A(st.ins[0]), A(st.ins[1]), n_dims=p["n_dims"], mode=p["mode"],
+                       out=A(st.outs[0]), isa=isa, n_threads=nth, **p["kw"])
         elif k == "cache_write":
             src, cw = st.ins[0], st.outs[0]
             p0 = self._pos0(st.ins[1], src.shape[0], cw, arrays)
@@ -290,8 +290,8 @@ class Plan(Lowering, Program):
             p = st.params
             cw = st.outs[0]
             p0 = self._pos0(st.ins[2], st.ins[0].shape[0], cw, arrays)
-            r = _rope_fn(st.nodes[0].name)(A(st.ins[0]), A(st.ins[1]), n_dims=p["n_dims"], mode=p["mode"],
-                                           cache=(p["cache"], p0), isa=isa, n_threads=nth, **p["kw"])
+            r = _rope.rope(A(st.ins[0]), A(st.ins[1]), n_dims=p["n_dims"], mode=p["mode"],
+                           cache=(p["cache"], p0), isa=isa, n_threads=nth, **p["kw"])
         elif k == "kv_write":
             src, cells = A(st.ins[0]), A(st.ins[1])
             kv = st.outs[0]
@@ -348,15 +348,6 @@ class Plan(Lowering, Program):
             raise GraphError(f"run: cache_write {cw.name!r}: rows [{p0}, {p0 + n_tokens}) of input "
                              f"{node.name!r} do not fit the cache's n_ctx={n_ctx}")
         return p0
-
-
-def _rope_fn(name):
-    """cpufuse.rope, imported when a plan first runs a rope step (it lives in another module)."""
-    import cpufuse
-    fn = getattr(cpufuse, "rope", None)
-    if fn is None:
-        raise GraphError(f"run: rope {name!r}: cpufuse.rope is not available in this build")
-    return fn
 
 
 class DynamicPlan:

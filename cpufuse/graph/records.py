@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import _backend, _registry
 from .._layouts import R, RECORDS, RPF
-from ..ops import attention as _attn, checks as _checks, norms as _norms, softmax as _softmax
+from ..ops import attention as _attn, checks as _checks, norms as _norms, rope as _rope, softmax as _softmax
 from .builder import Node, _is_contig, _view_root
 
 F32 = np.dtype(np.float32)
@@ -209,16 +209,11 @@ class Program:
 
     def _rope_record(self, st):
         """OP_ROPE for a rope or rope_cache step: descriptor RP_* then the RPF_* doubles' bits"""
-        try:  # the module (the package's `rope` attribute is the function)
-            import importlib
-            _rp = importlib.import_module("cpufuse.ops.rope")
-        except ImportError:  # pragma: no cover - a build without cpufuse.rope
-            return None
         p = st.params
         x, pos = st.ins[0], st.ins[1]
         T, H, D = x.shape
         try:  # the Python step raises the precise error (or runs a rope with parameters this record lacks)
-            nd, m, fps, nco, compat, ff = _rp.rope_params(p["n_dims"], D, p["mode"], **p["kw"])
+            nd, m, fps, nco, compat, ff = _rope.rope_params(p["n_dims"], D, p["mode"], **p["kw"])
         except (TypeError, ValueError):
             return None
         xst = _view_root(x)[1]
@@ -235,7 +230,7 @@ class Program:
             if not self._contig(out):
                 return None
             f16, y, p0, n_ctx, row_b = False, self._slot(out), -1, 0, 0
-        d = _rp.rp_desc(T, H, D, nd, m, compat, f16, xst[0], xst[1], H * D, D, nco)
+        d = _rope.rp_desc(T, H, D, nd, m, compat, f16, xst[0], xst[1], H * D, D, nco)
         assert len(fps) == RPF.LEN
         d += np.array(fps, np.float64).view(np.int64).tolist()
         return R.ROPE.pack(desc=0, x=self._slot(x), pos=self._slot(pos), ff=ffs, y=y, pos0=p0, n_ctx=n_ctx,

@@ -399,9 +399,9 @@ def quantize_act(x, vtype, isa=None):
         raise ValueError(f"x: n_in={x.shape[1]} is not a multiple of the {vtype} block size {blk}")
     isa = _dispatch.resolve(isa)
     x = np.ascontiguousarray(x)
-    out = np.empty((x.shape[0], x.shape[1] // blk * nb), np.uint8)
     if isa == "numba":
         return _registry.kernel("quantize_act", isa)(x, vid)
+    out = np.empty((x.shape[0], x.shape[1] // blk * nb), np.uint8)
     _registry.kernel("quantize_act", isa)(vid, x.shape[0], x.shape[1], ffi.cast("const float *", x.ctypes.data),
                                            x.shape[1], ffi.from_buffer(out, require_writable=True))
     return out

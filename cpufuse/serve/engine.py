@@ -190,10 +190,6 @@ class Handle:
                 self._on_cancel(self)
 
     # ------------------------------------------------------------------ engine side
-    def _put_local(self, events):
-        for ev in events:
-            self._q.put_nowait(ev)
-
     def put(self, *events: Event) -> None:
         """Deliver events (engine thread). A FinishEvent must be the last one ever put."""
         deliver((self, ev) for ev in events)

@@ -50,8 +50,6 @@ static inline p16i pi_mul(p16i a, p16i b) { return _mm512_mullo_epi32(a, b); }
 /* 16 unsigned / signed bytes -> 16 int32 */
 static inline p16i pi_u8(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
 static inline p16i pi_i8(const uint8_t *p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)); }
-/* acc + lane-wise dot of 4 unsigned codes (w) with the 4 signed codes at a */
-static inline p16i pi_dp(p16i acc, p16c w, const uint8_t *a) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32((int)p16_rd32(a))); }
 /* acc + dot of 16 codes per lane: chunks w[0..3] against activation codes a[0..15]; codes <= 255
  * unsigned (bits is the widest code, for ISAs that sum in 16 bits; unused here) */
 static inline p16i pi_dot4(p16i acc, const p16c *w, const uint8_t *a, int bits) {
@@ -85,5 +83,4 @@ static inline void pf_store(float *y, p16f v, int n) {
   if (n >= 16) _mm512_storeu_ps(y, v);
   else _mm512_mask_storeu_ps(y, (__mmask16)((1u << n) - 1u), v);
 }
-static inline p16f pf_load(const float *p) { return _mm512_loadu_ps(p); }
 #endif

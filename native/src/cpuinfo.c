@@ -3,6 +3,7 @@
  * aarch64 Linux: getauxval(AT_HWCAP). Bits are CF_CPU_* below (mirrored in cpufuse/_isa.py). */
 #define _GNU_SOURCE /* syscall() */
 #include <stdint.h>
+#include "../cdef.h" /* the declaration cf_cpu_features is checked against */
 
 enum {
   CF_CPU_AVX2 = 1 << 0, CF_CPU_FMA = 1 << 1, CF_CPU_F16C = 1 << 2, CF_CPU_OS_AVX = 1 << 3,

@@ -14,6 +14,7 @@
  * running. Compiled with the baseline flags. */
 #define _GNU_SOURCE
 #include "../kernels/pool.h"
+#include "../cdef.h"
 
 #include <pthread.h>
 #include <sched.h>

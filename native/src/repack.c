@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "../kernels/repack.h"
+#include "../cdef.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "repack.c moves GGUF's little-endian fields as host words"

@@ -60,8 +60,6 @@ def build(tmp, var, plugin):
     with open(os.path.join(out, "qm_desc.h"), "w") as f:
         f.writelines(l for l in open(os.path.join(NATIVE, "kernels", "quant.inc"))
                      if re.match(r"^enum \{ (QM_|QW_)|^#define QM_LEN", l))
-    with open(os.path.join(out, "cf_protos.h"), "w") as f:
-        f.write("#include <stdint.h>\n" + open(os.path.join(NATIVE, "cdef.h")).read().replace("@ISA@", "neon"))
     objs = []
     for src in ("src/isa_neon.c", "src/pool.c", "src/repack.c", "tests/neon_icount.c"):
         o = os.path.join(out, os.path.basename(src) + ".o")

@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "qm_desc.h"   /* QM_* / QW_* enums of native/kernels/quant.inc (run_neon_qemu.sh) */
-#include "cf_protos.h" /* native/cdef.h with @ISA@ = neon and scalar (run_neon_qemu.sh) */
+#include "cf_protos.h" /* native/cdef.h for neon and scalar */
 #include "../kernels/repack.h" /* cf_p16_bytes, cf_repack_p16 (native/src/repack.c) */
 
 #if !defined(__aarch64__)
