@@ -135,7 +135,7 @@ def test_graph_plan(data):
     qt = d(st.sampled_from(SUPPORTED)) if d(st.integers(0, 2)) == 0 else None
     use_q = qt is not None
     if use_q:
-        C = 256 if QTYPES[qt].block_size == 256 else 32 * d(st.integers(1, 3))   # K-quants and IQ4_XS
+        C = 256 if QTYPES[qt].block_size == 256 else 32 * d(st.integers(1, 3))
     else:
         C = d(st.one_of(st.sampled_from((1, 7, 8, 9, 16, 17, 33, 65)), st.integers(1, 300)))
     eps = d(st.sampled_from((1e-6, 1e-5, 1.0)))
