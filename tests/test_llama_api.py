@@ -240,3 +240,29 @@ def test_a_llama_cpp_python_script_runs_with_only_the_import_changed(path, tmp_p
     lines = r.stdout.splitlines()
     assert lines[0].startswith("Q: Name the planets in the solar system? A: ")
     assert "Hello, world!" in lines and lines[-1] == "ok 512"
+
+
+def test_chat_tools_and_response_format(path):
+    """tools and response_format reach Model.generate through create_chat_completion; a call comes
+    back in OpenAI's shape (content None, tool_calls with a JSON arguments string, finish_reason
+    "tool_calls"), as llama-cpp-python returns it"""
+    import json
+    llm = Llama(model_path=path, n_ctx=2048, n_threads=1, verbose=False)   # the tools' JSON is in the prompt
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["x"], "additionalProperties": False}}}]
+    out = llm.create_chat_completion(messages=[{"role": "user", "content": "add"}], tools=tools,
+                                     tool_choice="required", parallel_tool_calls=False, max_tokens=800,
+                                     temperature=0)
+    ch = out["choices"][0]
+    assert ch["finish_reason"] == "tool_calls" and ch["message"]["content"] is None, ch
+    (call,) = ch["message"]["tool_calls"]
+    assert call["type"] == "function" and call["function"]["name"] == "add"
+    assert 0 <= json.loads(call["function"]["arguments"])["x"] <= 9
+    schema = {"type": "object", "properties": {"b": {"enum": ["x", "y"]}}, "required": ["b"],
+              "additionalProperties": False}
+    out = llm.create_chat_completion(messages=[{"role": "user", "content": "hi"}], max_tokens=200, temperature=0,
+                                     response_format={"type": "json_object", "schema": schema})
+    assert json.loads(out["choices"][0]["message"]["content"])["b"] in ("x", "y")
+    with pytest.raises(NotImplementedError, match="tools with stream=True"):
+        llm.create_chat_completion(messages=[{"role": "user", "content": "add"}], tools=tools, stream=True)

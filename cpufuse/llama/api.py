@@ -264,9 +264,11 @@ class Llama:
                                repeat_penalty: float = 1.0, tfs_z: float = 1.0, mirostat_mode: int = 0,
                                mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: Optional[str] = None,
                                logits_processor=None, grammar=None, logit_bias=None,
-                               logprobs: Optional[bool] = None, top_logprobs: Optional[int] = None):
+                               logprobs: Optional[bool] = None, top_logprobs: Optional[int] = None,
+                               parallel_tool_calls: Optional[bool] = None):
         """A chat completion: the messages rendered with the model's chat template; a dict shaped as
-        OpenAI's chat.completion, or with stream=True an iterator of chat.completion.chunk dicts."""
+        OpenAI's chat.completion, or with stream=True an iterator of chat.completion.chunk dicts.
+        parallel_tool_calls (OpenAI's field; not in llama-cpp-python): False allows one call."""
         for k, v in (("typical_p", typical_p), ("tfs_z", tfs_z), ("mirostat_mode", mirostat_mode),
                      ("logit_bias", logit_bias), ("logits_processor", logits_processor)):
             _refuse(k, v, _CALL_REFUSED[k])
@@ -274,12 +276,18 @@ class Llama:
                                          or not 0 <= top_logprobs <= 20):
             raise ValueError(f"top_logprobs must be None or an integer in [0, 20], got {top_logprobs!r}")
         extra = self._pass_through(functions=functions, function_call=function_call, tools=tools,
-                                   tool_choice=tool_choice, response_format=response_format, grammar=grammar)
+                                   tool_choice=tool_choice, response_format=response_format, grammar=grammar,
+                                   parallel_tool_calls=parallel_tool_calls)
         msgs = _messages(messages)
         ids = self._model._prompt_ids(msgs)
         n_lp = (top_logprobs or 0) if logprobs else None
+        with_tools = extra.get("tools") is not None
+        if with_tools and stream:
+            raise NotImplementedError("tools with stream=True are not supported by cpufuse's Llama (the server "
+                                      "streams tool calls)")
         run = self._run(ids, max_tokens, temperature, top_p, min_p, top_k, stop, frequency_penalty,
-                        presence_penalty, repeat_penalty, seed, n_lp, stream, extra)
+                        presence_penalty, repeat_penalty, seed, n_lp, stream, extra,
+                        prompt=msgs if with_tools else None)
         cid, created, name = f"chatcmpl-{uuid.uuid4()}", int(time.time()), model or self.model_path
         if stream:
             return self._chat_chunks(run, cid, created, name)
@@ -287,10 +295,14 @@ class Llama:
         lp = None
         if n_lp is not None:
             lp = {"content": [self._chat_lp(t, p, top) for t, p, top in self._kept(res, recs)], "refusal": None}
+        message = {"role": "assistant", "content": res.text}
+        finish = _finish(res)
+        if res.tool_calls:   # OpenAI's shape, as llama-cpp-python returns it: content None, the calls
+            message = {"role": "assistant", "content": res.text or None, "tool_calls": res.tool_calls}
+            finish = "tool_calls"
         return {"id": cid, "object": "chat.completion", "created": created, "model": name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": res.text},
-                             "logprobs": lp, "finish_reason": _finish(res)}],
-                "usage": _usage(len(ids), res)}
+                "choices": [{"index": 0, "message": message, "logprobs": lp, "finish_reason": finish}],
+                "usage": _usage(res.prompt_tokens or len(ids), res)}
 
     def _chat_chunks(self, it, cid, created, name) -> Iterator[dict]:
         def chunk(delta, finish=None):
@@ -338,8 +350,9 @@ class Llama:
         return None
 
     def _run(self, ids, max_tokens, temperature, top_p, min_p, top_k, stop, frequency_penalty,
-             presence_penalty, repeat_penalty, seed, n_logprobs, stream, extra):
-        """(GenerationResult, logprob records) or, with stream, the Model's text stream"""
+             presence_penalty, repeat_penalty, seed, n_logprobs, stream, extra, prompt=None):
+        """(GenerationResult, logprob records) or, with stream, the Model's text stream. prompt: what
+        Model.generate renders (chat messages, so that tools reach the template), else ids"""
         from .sampling import Sampler
         if stream and n_logprobs is not None:
             raise NotImplementedError("logprobs with stream=True are not supported by cpufuse's Llama")
@@ -355,8 +368,8 @@ class Llama:
         rec = None
         if n_logprobs is not None:
             sampler = rec = _RecordingSampler(sampler, n_logprobs)
-        out = self._model.generate(ids, max_tokens=int(max_tokens), stream=stream, stop=stop, sampler=sampler,
-                                   **extra)
+        out = self._model.generate(ids if prompt is None else prompt, max_tokens=int(max_tokens), stream=stream,
+                                   stop=stop, sampler=sampler, **extra)
         if stream:
             return out
         return out, (rec.records if rec is not None else None)
