@@ -50,11 +50,11 @@ def model(gguf):
     return Model.load(gguf, n_ctx=N_CTX, n_batch=CHUNK)
 
 
-@pytest.fixture(scope="module")
-def url(gguf):
+def serve_process(args):
+    """`python -m cpufuse serve` with args on a free port: yields its base URL once /health answers,
+    then stops it with SIGINT and checks it exited 0 without a traceback (a generator for fixtures)"""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "cpufuse", "serve", gguf, "--port", str(port), "--n-ctx",
-                             str(N_CTX), "--threads", "1", "--parallel", "2", "--chunk", str(CHUNK), "--log-level", "warning"],
+    proc = subprocess.Popen([sys.executable, "-m", "cpufuse", "serve", *args, "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
@@ -80,6 +80,12 @@ def url(gguf):
     log = proc.stdout.read()
     assert rc == 0, f"server exit: {rc}\n{log}"
     assert "Traceback" not in log, log
+
+
+@pytest.fixture(scope="module")
+def url(gguf):
+    yield from serve_process([gguf, "--n-ctx", str(N_CTX), "--threads", "1", "--parallel", "2", "--chunk",
+                              str(CHUNK), "--log-level", "warning"])
 
 
 @pytest.fixture(scope="module")

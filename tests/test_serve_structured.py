@@ -6,10 +6,7 @@ constraints. The tiny model emits noise: the constraint is what makes every repl
 import concurrent.futures
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 from typing import List, Literal
 
 import pytest
@@ -23,7 +20,7 @@ jsonschema = pytest.importorskip("jsonschema")
 pydantic = pytest.importorskip("pydantic")
 
 from _tiny_gguf import write_tiny_gguf  # noqa: E402
-from test_serve import free_port  # noqa: E402
+from test_serve import serve_process  # noqa: E402
 from test_structured import TOOLS, PARAMS, schemas  # noqa: E402
 
 N_CTX = 2048
@@ -44,37 +41,11 @@ NO_PAR = dict(parallel_tool_calls=False)
 def url(tmp_path_factory):
     gguf = write_tiny_gguf(tmp_path_factory.mktemp("serve_structured") / "tiny.gguf", tied=False,
                            n_ctx_train=N_CTX, chat_template=TEMPLATE)
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "cpufuse", "serve", gguf, "--port", str(port), "--n-ctx",
-                             str(N_CTX), "--threads", "1", "--parallel", "8", "--chunk", "8",
-                             # OpenAI's defaults for the fields a request leaves out (the CLI's are
-                             # llama.cpp's), as create_app() without `sampling` has them
-                             "--temp", "1.0", "--top-k", "0", "--top-p", "1.0", "--min-p", "0.0",
-                             "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"the server exited with {proc.returncode}:\n{proc.stdout.read()}")
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.time() > deadline:
-            proc.kill()
-            pytest.fail("the server did not become healthy in 120 s")
-        time.sleep(0.05)
-    yield base
-    proc.send_signal(signal.SIGINT)
-    try:
-        rc = proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        rc = "killed after 30 s"
-    log = proc.stdout.read()
-    assert rc == 0, f"server exit: {rc}\n{log}"
-    assert "Traceback" not in log, log
+    # OpenAI's defaults for the fields a request leaves out (the CLI's are llama.cpp's), as
+    # create_app() without `sampling` has them
+    yield from serve_process([gguf, "--n-ctx", str(N_CTX), "--threads", "1", "--parallel", "8", "--chunk", "8",
+                              "--temp", "1.0", "--top-k", "0", "--top-p", "1.0", "--min-p", "0.0",
+                              "--log-level", "warning"])
 
 
 @pytest.fixture(scope="module")

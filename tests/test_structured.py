@@ -351,7 +351,7 @@ def test_batch_engine_constrained_tokens_do_not_depend_on_the_batch(gguf):
     """8 constrained requests (greedy and seeded) alone, then all at once: the same tokens, the
     same as Model.generate with the same guided sampler, and each valid"""
     from cpufuse.serve.batch import BatchEngine
-    from cpufuse.serve.engine import EngineRequest, FinishEvent, SamplingParams, TokenEvent, make_sampler
+    from cpufuse.serve.engine import EngineRequest, FinishEvent, SamplingParams, make_sampler
     m = Model.load(gguf, n_ctx=256, n_seq=4, n_threads=1)
     tok = m.tokenizer
     scs = schemas(8, seed=7)
@@ -366,14 +366,7 @@ def test_batch_engine_constrained_tokens_do_not_depend_on_the_batch(gguf):
         return EngineRequest(list(r.prompt_ids), r.max_tokens, r.sampling, stop_ids=r.stop_ids,
                              constraint=r.constraint)
 
-    def collect(h):
-        toks, fin = [], None
-        for ev in h:
-            if isinstance(ev, TokenEvent):
-                toks.append(ev.token)
-            else:
-                fin = ev
-        return toks, fin
+    from test_serve_batch import _collect as collect
     eng = BatchEngine(m, chunk=8)
     eng.start()
     try:
