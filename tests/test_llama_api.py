@@ -186,6 +186,9 @@ def test_refused_and_unknown_options(path, llm):
           lora_base=None, vocab_only=False, use_mlock=False, last_n_tokens_size=64, verbose=False)
     with pytest.raises(NotImplementedError, match="rope_freq_base"):
         Llama(path, n_ctx=64, rope_freq_base=500000.0, verbose=False)
+    for kw in (dict(kv_overrides={"llama.context_length": 8}), dict(last_n_tokens_size=16)):   # would change results
+        with pytest.raises(NotImplementedError, match=next(iter(kw))):
+            Llama(path, n_ctx=64, verbose=False, **kw)
     for kw, name in ((dict(mirostat_mode=2), "mirostat_mode"), (dict(typical_p=0.5), "typical_p"),
                      (dict(logit_bias={1: 2.0}), "logit_bias"), (dict(suffix="x"), "suffix")):
         with pytest.raises(NotImplementedError, match=name):

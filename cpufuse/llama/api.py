@@ -43,8 +43,8 @@ PENALTY_LAST_N = 64                      # llama-cpp-python's last_n_tokens_size
 
 # constructor keywords of llama-cpp-python that do not change results on a CPU: accepted, unused
 _CTOR_NEUTRAL = {"n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "rpc_servers", "vocab_only",
-                 "use_mmap", "use_mlock", "kv_overrides", "n_ubatch", "n_threads_batch", "offload_kqv",
-                 "flash_attn", "op_offload", "swa_full", "numa", "last_n_tokens_size", "no_perf",
+                 "use_mmap", "use_mlock", "n_ubatch", "n_threads_batch", "offload_kqv",
+                 "flash_attn", "op_offload", "swa_full", "numa", "no_perf",
                  "spm_infill", "logits_all", "mul_mat_q", "cache", "draft_model_num_pred_tokens",
                  "n_parts", "f16_kv"}   # the last two: older releases' options, which LangChain still passes
 # ... and those that would change them: refused unless left at their default
@@ -52,7 +52,9 @@ _CTOR_REFUSED = {"lora_base": None, "lora_path": None, "lora_scale": 1.0, "rope_
                  "pooling_type": -1, "yarn_ext_factor": -1.0,
                  "yarn_attn_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0, "yarn_orig_ctx": 0,
                  "embedding": False, "chat_format": None, "chat_handler": None, "draft_model": None,
-                 "tokenizer": None, "type_k": None, "type_v": None}
+                 "tokenizer": None, "type_k": None, "type_v": None,
+                 "kv_overrides": None,                              # would change the model's metadata
+                 "last_n_tokens_size": PENALTY_LAST_N}             # the repeat penalty's window
 # per-call sampling options cpufuse does not implement: refused unless left at llama-cpp-python's default
 _CALL_REFUSED = {"typical_p": 1.0, "tfs_z": 1.0, "mirostat_mode": 0, "logit_bias": None,
                  "logits_processor": None, "stopping_criteria": None}
