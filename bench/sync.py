@@ -7,8 +7,8 @@ Counted by the thread pool itself (cf_pool_profile, native/src/pool.c) over `--s
 evals after a short prompt: W = wall time per token; R = the parallel regions' wall time on the
 calling thread; B = every thread's time inside the regions' tasks. Serial = W - R (one thread works:
 activation quantization of one row, small ops, Python); in-region idle + sync = R - B / n (the
-average thread waits for work or for the slowest thread); sync + idle = W - B / n - serial's share
-done by one thread... reported as the two parts. Each thread count in its own process.
+average thread waits for work or for the slowest thread). "Lost" = serial x (n - 1) / n + in-region
+idle + sync, as a share of W. Each thread count runs in its own process.
 """
 import argparse
 import json
