@@ -8,6 +8,7 @@ import numbers as _numbers
 import numpy as np
 
 from .. import _backend, _dispatch, _registry
+from . import binder as _binder
 from ..reference.ops import alibi_slopes as _alibi_slopes_f32
 
 ffi, lib = _backend.ffi, _backend.lib
@@ -16,8 +17,6 @@ F16 = np.dtype(np.float16)
 I64 = np.dtype(np.int64)
 _ndarray = np.ndarray
 _threads = _dispatch.threads
-_ctx_get = _dispatch._ctx.get
-_empty = np.empty
 
 # cffi types resolved once
 if ffi is not None:
@@ -37,53 +36,14 @@ _thr = _dispatch._threads  # [default thread count]
 _NB_SMALL = 1 << 15  # calls of at most this many elements take the serial Numba kernels (no parallel start-up)
 
 
-# ------------------------------------------------------------------------------------------------
-# call plans: each public op has one path. A call's signature is a tuple of what its checks look at
-# apart from the operands' addresses and memory layout (shapes, dtypes, parameter values and types,
-# the ISA in force, n_threads). The first call with a signature runs the op's checks, which raise the
-# precise error or make a plan: a function run(operands) that binds the operands (C-contiguous and
-# aligned, outputs writeable, no overlap: exact pointer-range tests) and calls the kernel. Later calls
-# with that signature only bind; one whose operands do not bind (strided, misaligned, read-only or
-# overlapping) returns None from run and goes through the checks again, which run it strided, copy,
-# or raise. So the checks are written once, and a decode loop's repeated call pays for a dict lookup.
-
-_PLAN_MAX = 256  # plans kept per op; the cache is cleared when full
-_ALL_PLANS = []
-
-
-def _new_plans():
-    """an op's plan cache: signature -> run"""
-    d = {}
-    _ALL_PLANS.append(d)
-    return d
-
-
-def clear_plans():
-    """forget every op's plans: a plan holds the kernel the registry gave when it was made, so code
-    that swaps registry entries (tests do) clears them"""
-    for d in _ALL_PLANS:
-        d.clear()
-
-
-def _remember(plans, key, run):
-    """store run as the plan of key and return it (key None: the call had no hashable signature; run
-    None: the op has no plan for such a call, which then always goes through the checks)"""
-    if key is not None and run is not None:
-        if len(plans) >= _PLAN_MAX:
-            plans.clear()
-        plans[key] = run
-    return run
+# Each public op declares its operands once to a Binder (binder.py), which keys, checks and caches
+# the op's calls; clear_plans forgets every op's entries.
+clear_plans = _binder.clear_plans
 
 
 def _rows_geom(rows, n):
     """the 4-D geometry of a C-contiguous (rows, n) array"""
     return (1, 1, rows, n), [0, 0, n, 1]
-
-
-# Overlap tests of the plans, on from_buffer pointers of C-contiguous operands: the float ranges
-# [a, a + na) and [b, b + nb) share a byte iff -nb < (b + 0) - a < na. cffi refuses (ValueError) to
-# subtract pointers that are not a whole number of floats apart; such a call goes through the checks.
-# An f16 mask is compared in bytes, on char pointers.
 
 
 def _nb_small(op, n, n_threads):
