@@ -74,7 +74,9 @@ def test_declaration_errors():
         binder.Binder("bad", (binder.In("x", np.float32),), (binder.Param("isa"),))
     b = binder.Binder("ok", (binder.In("x", np.float32), binder.Out("y", np.float32)))
     with pytest.raises(ValueError, match="one new shape"):
-        b.remember(None, lambda *a: None, new=((2,), (3,)))
+        b.remember(None, lambda *a: None, False, new=((2,), (3,)))
+    with pytest.raises(ValueError, match="start with _"):
+        binder.Binder("bad", (binder.In("_p_x", np.float32),))
     assert "def fast(x, y, isa, n_threads)" in b.source
 
 
@@ -293,3 +295,25 @@ def test_numba_entries_bind_by_the_same_rules():
     for bad in (misaligned((2, 64)), readonly(y), padded(y)):
         assert norms._RN.fast(x, w, None, bad, EPS, True, "numba", None) is None
     assert norms._RN.fast(x, w, None, x, EPS, True, "numba", None) is None  # aliasing x, with a weight
+
+
+# ------------------------------------------------------------------------------------------------
+# Numba is a registry entry that takes its C kernel's arguments
+
+@pytest.mark.skipif("numba" not in AVAILABLE, reason="numba is not installed")
+def test_numba_entries_take_the_c_arguments():
+    import re
+    from pathlib import Path
+    from cpufuse import _registry
+    cdef = (Path(__file__).resolve().parents[1] / "native" / "cdef.h").read_text()
+    protos = {m.group(1): m.group(2) for m in re.finditer(r"\bCF_FN\((cf_\w+)\)\(([^)]*)\)", cdef)}
+    checked = 0
+    for op, (sym, nbk) in _registry.KERNELS.items():
+        if sym is None or nbk is None:
+            continue
+        fn = _registry.kernel(op, "numba")
+        assert fn.__module__ == "cpufuse.numba.entries", op
+        assert len(inspect.signature(fn).parameters) == len(protos[sym].split(",")), op
+        checked += 1
+    assert checked >= 7
+    assert _registry.convention("numba").arrays and not _registry.convention("scalar").arrays

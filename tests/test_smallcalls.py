@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import cpufuse
-from cpufuse.ops import checks as ops
 from cpufuse.reference.quant import make_weight
 from _util import AVAILABLE, assert_bit_identical, raised
 
@@ -284,9 +283,9 @@ def test_unaligned_overlap_is_caught():
 @pytest.mark.parametrize("shape", [(1, 1, 1, 576), (2, 3, 5, 37)])
 def test_numba_serial_twins_bit_identical(shape):
     from cpufuse.numba import kernels as nk
+    from cpufuse.numba.entries import D1 as d1, D16 as d16, D32 as d32
     x = f32(*shape) * 3
     w = 1 + 0.1 * f32(1, 1, 1, shape[-1])
-    d32, d16, d1 = ops._nb_dummies()
     ys, yp = np.empty_like(x), np.empty_like(x)
     nk.softmax_serial(x, d32, d16, 0, d1, False, d1, False, 0.7, ys)
     nk.softmax(x, d32, d16, 0, d1, False, d1, False, 0.7, yp)

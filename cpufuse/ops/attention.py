@@ -4,12 +4,12 @@ import math
 
 import numpy as np
 
-from .. import _dispatch
+from .. import _dispatch, _registry
 from .._layouts import FA, FA_STRATEGY
 from .binder import Binder, In, Out, Param
 from .checks import (
-    F16, F32, _NULL, _T_F32, _aligned, _check_f32, _check_last_axis, _check_mask_sinks, _check_no_overlap,
-    _check_out, _desc, _fb, _geom4, _kernel, _ndarray, _ptr, _real, _slopes, _thr)
+    F16, F32, _aligned, _check_f32, _check_last_axis, _check_mask_sinks, _check_no_overlap, _check_out, _geom4,
+    _kernel, _ndarray, _real, _slopes, _thr)
 
 
 def fa_desc(qg, kg, vg, og, mg, mkind, kf16, vf16, strategy, chunk, q_tile):
@@ -39,21 +39,21 @@ def _cgeom(shape):
     return shape, [H * R * C, R * C, C, 1]
 
 
-def _plan(isa, fused, qs, ks, vs, kf16, vf16, strategy, chunk, q_tile):
-    """the entry of a checked call with C-contiguous q, k, v, no mask, sinks or ALiBi, native"""
-    if isa == "numba":
-        return None
-    fn = _kernel("flash_attn" if fused else "flash_attn_unfused", isa)
+def _plan(isa, fused, qs, ks, vs, kf16, vf16, strategy, chunk, q_tile, n_threads):
+    """the entry of a checked call with C-contiguous q, k, v, no mask, sinks or ALiBi"""
+    conv = _registry.convention(isa)
+    fn = _kernel("flash_attn" if fused else "flash_attn_unfused", isa, n_threads)
     S, Hq, N, DK = qs
     DV = vs[3]
     oshape = (S, N, Hq, DV)
-    dp = _desc(fa_desc(_cgeom(qs), _cgeom(ks), _cgeom(vs), (oshape, [N * Hq * DV, Hq * DV, DV, 1]), None, 0,
-                       kf16, vf16, strategy, chunk, q_tile))
+    dp = conv.desc(fa_desc(_cgeom(qs), _cgeom(ks), _cgeom(vs), (oshape, [N * Hq * DV, Hq * DV, DV, 1]), None, 0,
+                           kf16, vf16, strategy, chunk, q_tile))
+    null = conv.null
 
     def launch(q, k, v, mask, sinks, o, scale, softcap, nt):
-        if fn(dp, q, k, v, mask, _NULL, sinks, scale, softcap, o, nt or _thr[0]):
+        if fn(dp, q, k, v, mask, null, sinks, scale, softcap, o, nt or _thr[0]):
             raise MemoryError("flash_attn: could not allocate scratch memory")
-    return launch, False, (oshape,)
+    return launch, conv.arrays, (oshape,)
 
 
 def _check_kv(a, name):
@@ -144,7 +144,7 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
         _check_no_overlap(out, (("q", q), ("k", k), ("v", v), ("mask", mask), ("sinks", sinks)))
     if plain and mask is None and sinks is None and max_bias == 0.0 and not ggml_compat and S * Hq * N * T * DK * DV:
         r = _FA.plan(_plan(isa, fused, q.shape, k.shape, v.shape, k.dtype == F16, v.dtype == F16, strategy, chunk,
-                           q_tile), q, k, v, mask, sinks, out, scale_arg, softcap_arg, max_bias, strategy_arg, chunk_arg,
+                           q_tile, n_threads), q, k, v, mask, sinks, out, scale_arg, softcap_arg, max_bias, strategy_arg, chunk_arg,
                      q_tile_arg, fused, ggml_compat, isa_arg, n_threads)
         if r is not None:
             return r[0]
@@ -159,24 +159,15 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
         q = q.astype(F16).astype(F32)
     slopes = _slopes(Hq, max_bias) if (mask is not None and max_bias > 0.0) else None
 
-    if isa == "numba":
-        dummy = np.zeros(1, F32)
-        mf = m4.astype(F32) if m4 is not None else np.zeros((1, 1, 1, 1), F32)
-        _kernel("flash_attn", "numba", n_threads)(q, k.astype(F32) if k.dtype == F16 else k, v.astype(F32) if v.dtype == F16 else v,
-                         mf, mkind, slopes if slopes is not None else dummy, slopes is not None,
-                         sinks if sinks is not None else dummy, sinks is not None, scale, softcap, out)
-        return out
-
-    # the descriptor depends only on geometry and options: decode calls repeat it, so it is cached
-    dkey = (q.shape, q.strides, k.shape, k.strides, k.dtype.char, v.shape, v.strides, v.dtype.char, out.strides,
-            None if m4 is None else (m4.shape, m4.strides, mkind), strategy, chunk, q_tile)
-    dp = _FA.descriptor(dkey, lambda: _desc(fa_desc(
+    # the descriptor depends only on geometry and options: decode calls repeat it, so it is kept
+    conv = _registry.convention(isa)
+    P = conv.operand
+    dkey = (conv.arrays, q.shape, q.strides, k.shape, k.strides, k.dtype.char, v.shape, v.strides, v.dtype.char,
+            out.strides, None if m4 is None else (m4.shape, m4.strides, mkind), strategy, chunk, q_tile)
+    dp = _FA.descriptor(dkey, lambda: conv.desc(fa_desc(
         _geom4(q), _geom4(k), _geom4(v), _geom4(out), _geom4(m4) if m4 is not None else None, mkind, k.dtype == F16,
         v.dtype == F16, strategy, chunk, q_tile)))
-    fn = _kernel("flash_attn" if fused else "flash_attn_unfused", isa)
-    rc = fn(dp, _ptr(q), _ptr(k), _ptr(v), _ptr(m4) if m4 is not None else _NULL,
-            _fb(_T_F32, slopes) if slopes is not None else _NULL,
-            _fb(_T_F32, sinks) if sinks is not None else _NULL, scale, softcap, _ptr(out, writable=True), n_th)
-    if rc != 0:
+    if _kernel("flash_attn" if fused else "flash_attn_unfused", isa, n_threads)(
+            dp, P(q), P(k), P(v), P(m4), P(slopes), P(sinks), scale, softcap, P(out), n_th):
         raise MemoryError("flash_attn: could not allocate scratch memory")
     return out

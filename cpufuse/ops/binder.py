@@ -33,10 +33,10 @@ iff -nb < b - a < na (strict: arrays that only touch do not overlap). An operand
 makes the call return None, and the op then runs its checks, which run the call strided, copy, or
 raise the error the first call would have raised. A plan therefore never skips a check.
 
-launch(operands..., passed params..., n_threads) gets cffi pointers (a native entry) or the arrays
-themselves (arrays=True: a Numba entry of the registry); it returns a false value when the kernel ran,
-a true one to send the call through the checks (a kernel that tests overlaps itself says so with
-kernel_overlap=True, and reports one by its return code).
+launch(operands..., passed params..., n_threads) gets the operands as the ISA's registry entries take
+them (_registry.convention: cffi pointers for a native entry, the arrays themselves for a Numba one,
+arrays=True); it returns a false value when the kernel ran, a true one to send the call through the
+checks (rope's pos0 outside the cache, say).
 
 The binder writes each op's key, fast and bind functions as Python source once (`Binder.source`),
 from the declaration, so that a call pays no loop over declarations: fast(operands..., params...,
@@ -114,11 +114,12 @@ _UNIT = {"f": 4, "i": 4, "c": 1}
 class Binder:
     """an op's declaration, its cache of entries and the functions written from it (module doc)"""
 
-    def __init__(self, name, operands, params=(), kernel_overlap=False):
-        self.name, self.operands, self.params, self.kernel_overlap = name, tuple(operands), tuple(params), kernel_overlap
+    def __init__(self, name, operands, params=()):
+        self.name, self.operands, self.params = name, tuple(operands), tuple(params)
         names = [o.name for o in self.operands] + [p.name for p in self.params]
-        if len(set(names)) != len(names) or {"isa", "n_threads", "e"} & set(names):
-            raise ValueError(f"{name}: operand and parameter names must be distinct, got {names}")
+        if len(set(names)) != len(names) or {"isa", "n_threads"} & set(names) or any(n[0] == "_" for n in names):
+            raise ValueError(f"{name}: operand and parameter names must be distinct, not isa or n_threads and "
+                             f"not start with _ (the written code's own names), got {names}")
         self.outs = tuple(o for o in self.operands if o.role == "out")
         self.cache = {}
         _CACHES.append(self.cache)
@@ -136,7 +137,7 @@ class Binder:
         exec(compile(self.source, filename, "exec"), ns)
         self.key, self.fast, self.bind = ns["key"], ns["fast"], ns["bind"]
 
-    def remember(self, key, launch, arrays=False, new=None):
+    def remember(self, key, launch, arrays, new=None):
         """store and return the entry (launch, arrays, new shape of each output or None) of key;
         key None (no hashable signature) stores nothing"""
         entry = (launch, arrays) + tuple(new if new is not None else (None,) * len(self.outs))
@@ -187,10 +188,10 @@ class Binder:
         body = self._bind_body()
         return (f"def key({args}):\n    try:\n        return {key}\n"
                 f"    except (AttributeError, TypeError):\n        return None\n\n\n"
-                f"def fast({args}):\n    try:\n        e = _get({key})\n"
-                f"    except (AttributeError, TypeError):\n        return None\n    if e is None:\n        return None\n"
+                f"def fast({args}):\n    try:\n        _e = _get({key})\n"
+                f"    except (AttributeError, TypeError):\n        return None\n    if _e is None:\n        return None\n"
                 f"{body}\n\n"
-                f"def bind(e, {args}):\n{body}")
+                f"def bind(_e, {args}):\n{body}")
 
     def _bind_body(self):
         ops = self.operands
@@ -201,40 +202,37 @@ class Binder:
             i, n = ops.index(o), o.name
             ind = "        "
             if o.optional:
-                w(f"{ind}if {n} is None:\n{ind}    p_{n} = _NULL\n{ind}else:")
+                w(f"{ind}if {n} is None:\n{ind}    _p_{n} = _NULL\n{ind}else:")
                 ind += "    "
             if o.role == "weight":
-                w(f"{ind}w_{n} = {n}._c\n{ind}p_{n} = w_{n}[0]")
+                w(f"{ind}_w_{n} = {n}._c\n{ind}_p_{n} = _w_{n}[0]")
             else:
-                w(f"{ind}if not {n}.flags.aligned:\n{ind}    return None\n{ind}p_{n} = _fb(_T{i}, {n})")
-        if not self.kernel_overlap:  # 2. an input that may be written shares no byte with another input
-            for o in ins:
-                if o.role == "inout":
-                    tests = [self._overlap(o, a) for a in ins if a is not o]
-                    self._emit_tests(w, o, tests)
+                w(f"{ind}if not {n}.flags.aligned:\n{ind}    return None\n{ind}_p_{n} = _fb(_T{i}, {n})")
+        for o in ins:  # 2. an input that may be written shares no byte with another input
+            if o.role == "inout":
+                self._emit_tests(w, o, [self._overlap(o, a) for a in ins if a is not o])
         for o in self.outs:  # 3. the outputs: new, or given (writeable, sharing no byte where forbidden)
             i, j, n = ops.index(o), self.outs.index(o), o.name
-            w(f"        if {n} is None:\n            s = e[{2 + j}]\n            if s is None:\n"
-              f"                p_{n} = _NULL\n            else:\n"
-              f"                {n} = _empty(s, _D{i})\n                p_{n} = _fb(_T{i}, {n})\n"
+            w(f"        if {n} is None:\n            _s = _e[{2 + j}]\n            if _s is None:\n"
+              f"                _p_{n} = _NULL\n            else:\n"
+              f"                {n} = _empty(_s, _D{i})\n                _p_{n} = _fb(_T{i}, {n})\n"
               f"        else:\n            if not {n}.flags.behaved:\n                return None\n"
-              f"            p_{n} = _fb(_T{i}, {n})")
-            if not self.kernel_overlap:
-                before = ins + list(self.outs[:j])
-                # o's char pointer is taken once if a pair that is always tested compares bytes
-                shared = o.kind != "c" and any(self._in_bytes(o, a) and not a.optional for a in before)
-                if before:
-                    w(f"            o_{n} = p_{n} + 0\n            n_{n} = len(p_{n})")
-                    if shared:
-                        w(f"            c_{n} = _cast(_CP, p_{n})\n            b_{n} = {_UNIT[o.kind]} * n_{n}")
-                    self._emit_tests(w, o, [self._overlap(o, a, shared) for a in before], "            ")
+              f"            _p_{n} = _fb(_T{i}, {n})")
+            before = ins + list(self.outs[:j])
+            # o's char pointer is taken once if a pair that is always tested compares bytes
+            shared = o.kind != "c" and any(self._in_bytes(o, a) and not a.optional for a in before)
+            if before:
+                w(f"            _o_{n} = _p_{n} + 0\n            _n_{n} = len(_p_{n})")
+                if shared:
+                    w(f"            _c_{n} = _cast(_CP, _p_{n})\n            _b_{n} = {_UNIT[o.kind]} * _n_{n}")
+                self._emit_tests(w, o, [self._overlap(o, a, shared) for a in before], "            ")
         w("    except (ValueError, TypeError, BufferError):\n        return None  # not C-contiguous, read-only, "
           "or pointers cffi cannot compare")
         passed = [p.name for p in self.params if p.passed] + ["n_threads"]
         arrays = ", ".join([o.name for o in ops] + passed)
-        ptrs = ", ".join([f"p_{o.name}" for o in ops] + passed)
+        ptrs = ", ".join([f"_p_{o.name}" for o in ops] + passed)
         outs = "".join(f"{o.name}, " for o in self.outs)
-        w(f"    if (e[0]({arrays}) if e[1] else e[0]({ptrs})):\n        return None\n    return ({outs})\n")
+        w(f"    if (_e[0]({arrays}) if _e[1] else _e[0]({ptrs})):\n        return None\n    return ({outs})\n")
         return "\n".join(L)
 
     @staticmethod
@@ -251,22 +249,22 @@ class Binder:
         """the test that output (or inout) o shares a byte with operand a, on pointers (module doc)"""
         n, m = o.name, a.name
         is_out = o.role == "out"
-        lo = f"o_{n}" if is_out else f"(p_{n} + 0)"
-        ln = f"n_{n}" if is_out else f"len(p_{n})"
+        lo = f"_o_{n}" if is_out else f"(_p_{n} + 0)"
+        ln = f"_n_{n}" if is_out else f"len(_p_{n})"
         if a.role == "weight":
-            pa, la, ka = f"w_{m}[4]", f"w_{m}[5]", "f"
+            pa, la, ka = f"_w_{m}[4]", f"_w_{m}[5]", "f"
         else:
-            pa, la, ka = f"p_{m}", f"len(p_{m})", a.kind
+            pa, la, ka = f"_p_{m}", f"len(_p_{m})", a.kind
         ko = o.kind
         if ko != "c" and ka != "c":  # both 4-byte units: compare as floats
             if ko != "f":
-                lo = f"_cast(_FP, p_{n})"
+                lo = f"_cast(_FP, _p_{n})"
             if ka != "f":
                 pa = f"_cast(_FP, {pa})"
             test = f"-{ln} < {lo} - {pa} < {la}"
         else:  # in bytes
             if ko != "c":  # (an output's char pointer and byte length are taken once: c_, b_)
-                lo, ln = (f"c_{n}", f"b_{n}") if shared else (f"_cast(_CP, p_{n})", f"({_UNIT[ko]} * {ln})")
+                lo, ln = (f"_c_{n}", f"_b_{n}") if shared else (f"_cast(_CP, _p_{n})", f"({_UNIT[ko]} * {ln})")
             if ka != "c":
                 pa, la = f"_cast(_CP, {pa})", f"{_UNIT[ka]} * {la}"
             test = f"-{ln} < {lo} - {pa} < {la}"

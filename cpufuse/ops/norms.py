@@ -3,12 +3,12 @@ pattern): the declarations of their operands (binder.py), the checks, which make
 call."""
 import numpy as np
 
-from .. import _dispatch
+from .. import _dispatch, _registry
 from .._layouts import RN
 from .binder import Binder, In, Out, Param
 from .checks import (
-    F32, _NULL, _aligned, _check_eps, _check_f32, _check_no_overlap, _check_out, _check_tiled, _desc, _geom4,
-    _kernel, _nb_dummies, _nb_small, _ndarray, _pad4, _ptr, _rows_geom, _same_view, _thr)
+    F32, _aligned, _check_eps, _check_f32, _check_no_overlap, _check_out, _check_tiled, _geom4, _kernel, _ndarray,
+    _pad4, _rows_geom, _same_view, _thr)
 
 
 def rms_desc(xg, yg, hg, rg, wg, bg):
@@ -55,20 +55,11 @@ def _plan_rows(isa, sh, n_threads):
     """rms_norm's entry for C-contiguous 1-D/2-D x with a 1-D row weight, fused, no bias"""
     n = sh[-1]
     rows = sh[0] if len(sh) == 2 else 1
-    if isa == "numba":
-        sh4 = (1, 1, rows, n)
-        nb = _nb_small("rms_norm", rows * n, n_threads)
-        d = _nb_dummies()[0]
-
-        def launch(x, weight, bias, y, eps, nt):
-            nb(x.reshape(sh4), d, False, weight.reshape(1, 1, 1, n), True, d, False, eps, d, y.reshape(sh4))
-        return launch, True, (sh,)
-
-    fn = _kernel("rms_norm_rows", isa)
+    fn = _kernel("rms_norm_rows", isa, n_threads)
 
     def launch(x, weight, bias, y, eps, nt):
-        return fn(rows, n, x, weight, eps, y, nt or _thr[0])  # (it also tests the overlaps: 1 or 2)
-    return launch, False, (sh,)
+        return fn(rows, n, x, weight, eps, y, nt or _thr[0])  # (a native entry also tests the overlaps: 1 or 2)
+    return launch, _registry.convention(isa).arrays, (sh,)
 
 
 def add_rms_norm(x, residual, weight=None, *, eps, bias=None, out=None, isa=None, fused=True, n_threads=None):
@@ -87,19 +78,18 @@ def add_rms_norm(x, residual, weight=None, *, eps, bias=None, out=None, isa=None
     return _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused, n_threads)
 
 
-def _plan_add(isa, sh):
+def _plan_add(isa, sh, n_threads):
     """add_rms_norm's entry for C-contiguous 1-D/2-D x and residual of one shape with a 1-D row weight,
-    fused, no bias, native"""
-    if isa == "numba":
-        return None
-    fn = _kernel("rms_norm", isa)
+    fused, no bias"""
+    conv = _registry.convention(isa)
+    fn = _kernel("rms_norm", isa, n_threads)
     n = sh[-1]
     g = _rows_geom(sh[0] if len(sh) == 2 else 1, n)
-    dp = _desc(rms_desc(g, g, g, g, ((1, 1, 1, n), [0, 0, 0, 1]), None))
+    dp = conv.desc(rms_desc(g, g, g, g, ((1, 1, 1, n), [0, 0, 0, 1]), None))
 
     def launch(x, residual, weight, bias, h, y, eps, nt):
         fn(dp, x, residual, weight, bias, eps, h, y, nt or _thr[0])
-    return launch, False, (sh, sh)
+    return launch, conv.arrays, (sh, sh)
 
 
 def _rms_norm_general(x, residual, weight, eps, bias, out, isa_arg, fused, n_threads):
@@ -152,7 +142,7 @@ def _rms_norm_general(x, residual, weight, eps, bias, out, isa_arg, fused, n_thr
                 return r[0]
         else:
             h, y = out or (None, None)
-            r = _ADD.plan(_plan_add(isa, shape), x, residual, weight, bias, h, y, eps_arg, fused, type(out), isa_arg,
+            r = _ADD.plan(_plan_add(isa, shape, n_threads), x, residual, weight, bias, h, y, eps_arg, fused, type(out), isa_arg,
                           n_threads)
             if r is not None:
                 return r
@@ -165,16 +155,10 @@ def _rms_norm_general(x, residual, weight, eps, bias, out, isa_arg, fused, n_thr
     y4 = _pad4(y_out)
     h4 = _pad4(h_out) if h_out is not None else None
 
-    if isa == "numba":
-        dummy = _nb_dummies()[0]  # never written: h is written only with a residual
-        _nb_small("rms_norm", x.size, n_threads)(
-            x4, r4 if r4 is not None else dummy, r4 is not None, w4 if w4 is not None else dummy, w4 is not None,
-            b4 if b4 is not None else dummy, b4 is not None, eps, h4 if h4 is not None else dummy, y4)
-    else:
-        g = lambda a: _geom4(a) if a is not None else None  # noqa: E731
-        dp = _desc(rms_desc(_geom4(x4), _geom4(y4), g(h4), g(r4), g(w4), g(b4)))
-        fn = _kernel("rms_norm" if fused else "rms_norm_unfused", isa)
-        fn(dp, _ptr(x4), _ptr(r4) if r4 is not None else _NULL,
-           _ptr(w4) if w4 is not None else _NULL, _ptr(b4) if b4 is not None else _NULL, eps,
-           _ptr(h4, writable=True) if h4 is not None else _NULL, _ptr(y4, writable=True), n_th)
+    conv = _registry.convention(isa)
+    P = conv.operand
+    g = lambda a: _geom4(a) if a is not None else None  # noqa: E731
+    dp = conv.desc(rms_desc(_geom4(x4), _geom4(y4), g(h4), g(r4), g(w4), g(b4)))
+    _kernel("rms_norm" if fused else "rms_norm_unfused", isa, n_threads)(dp, P(x4), P(r4), P(w4), P(b4), eps, P(h4),
+                                                                         P(y4), n_th)
     return (h_out, y_out) if residual is not None else y_out

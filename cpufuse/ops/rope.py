@@ -11,12 +11,11 @@ import numbers as _numbers
 
 import numpy as np
 
-from .. import _backend, _dispatch, _registry
+from .. import _dispatch, _registry
 from .._layouts import RP
 from .binder import Binder, In, Out, Param
 from .checks import _aligned, _check_aligned_out
 
-ffi, lib = _backend.ffi, _backend.lib
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
 I32 = np.dtype(np.int32)
@@ -152,31 +151,31 @@ _ROPE = Binder("rope", (In("x", F32), In("pos", I32), In("freq_factors", F32, op
 _fast = _ROPE.fast
 
 
-def _plan(isa, shape, nd, m, compat, nco, fps, kc):
-    """the entry of a checked call with C-contiguous x and pos, no freq_factors, native; kc: the
-    cache's k_cache (its rows are written from pos0, which each call checks against it) or None"""
-    if isa == "numba" or ffi is None:
-        return None
-    fn = _registry.kernel("rope", isa)
+def _plan(isa, shape, nd, m, compat, nco, fps, kc, n_threads):
+    """the entry of a checked call with C-contiguous x and pos, no freq_factors; kc: the cache's
+    k_cache (its rows are written from pos0, which each call checks against it) or None"""
+    conv = _registry.convention(isa)
+    fn = _registry.kernel("rope", isa, n_threads)
     T, H, D = shape
     f16 = kc is not None and kc.dtype == F16
-    d = ffi.new("int64_t[]", rp_desc(T, H, D, nd, m, compat, f16, H * D, D, H * D, D, nco))
-    fp = ffi.new("double[]", fps)
+    d = conv.desc(rp_desc(T, H, D, nd, m, compat, f16, H * D, D, H * D, D, nco))
+    fp = conv.doubles(fps)
     if kc is None:
         def launch(x, pos, ff, y, k_cache, pos0, nt):
             if fn(d, x, pos, ff, fp, y, nt or _thr[0]):
                 raise MemoryError("rope: could not allocate scratch memory")
-        return launch, False, (shape, None)
+        return launch, conv.arrays, (shape, None)
 
     row = H * D * kc.itemsize  # bytes of one token's rows in k_cache
     last = kc.shape[0] - T
+    at = conv.at
 
     def launch(x, pos, ff, y, k_cache, pos0, nt):
         if type(pos0) is not int or not 0 <= pos0 <= last:
             return True  # the checks say what is wrong
-        if fn(d, x, pos, ff, fp, k_cache + pos0 * row, nt or _thr[0]):
+        if fn(d, x, pos, ff, fp, at(k_cache, pos0, T, row), nt or _thr[0]):
             raise MemoryError("rope: could not allocate scratch memory")
-    return launch, False, (None, None)
+    return launch, conv.arrays, (None, None)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -279,7 +278,7 @@ def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_
             if a is not None and np.may_share_memory(out, a):
                 raise ValueError(f"out must not overlap the input {nm!r}, got an array sharing memory with it")
     if freq_factors is None and T and H and x.flags.c_contiguous and pos.flags.c_contiguous:
-        r = _ROPE.plan(_plan(isa, x.shape, nd, m, compat, nco, fps, None if cache is None else kc), x, pos, freq_factors,
+        r = _ROPE.plan(_plan(isa, x.shape, nd, m, compat, nco, fps, None if cache is None else kc, n_threads), x, pos, freq_factors,
                        out, None if cache is None else kc, n_dims, mode, freq_base, freq_scale, ext_factor, attn_factor,
                        beta_fast, beta_slow, n_ctx_orig, ggml_compat, type(cache), None if cache is None else cache[1],
                        isa_arg, n_threads)
@@ -295,19 +294,11 @@ def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_
     x, ff = _aligned(x), _aligned(ff)
     f16 = y.dtype == F16
 
-    if isa == "numba":
-        _registry.kernel("rope", isa, n_threads)(x, posc, ff, nd, m, compat, tuple(fps),
-                                                 nco, y)
-        return ret
-
+    conv = _registry.convention(isa)
+    P = conv.operand
     it = y.itemsize
-    d = ffi.new("int64_t[]", rp_desc(T, H, D, nd, m, compat, f16, x.strides[0] // 4, x.strides[1] // 4,
-                                     y.strides[0] // it, y.strides[1] // it, nco))
-    fp = ffi.new("double[]", fps)
-    rc = _registry.kernel("rope", isa)(
-        d, ffi.cast("const float *", x.ctypes.data), ffi.cast("const int32_t *", posc.ctypes.data),
-        ffi.cast("const float *", ff.ctypes.data) if ff is not None else ffi.NULL, fp,
-        ffi.cast("void *", y.ctypes.data), n_th)
-    if rc:
+    d = conv.desc(rp_desc(T, H, D, nd, m, compat, f16, x.strides[0] // 4, x.strides[1] // 4, y.strides[0] // it,
+                          y.strides[1] // it, nco))
+    if _registry.kernel("rope", isa, n_threads)(d, P(x), P(posc), P(ff), conv.doubles(fps), P(y), n_th):
         raise MemoryError("rope: could not allocate scratch memory")
     return ret

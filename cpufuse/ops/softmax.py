@@ -4,12 +4,12 @@ import math
 
 import numpy as np
 
-from .. import _dispatch
+from .. import _dispatch, _registry
 from .._layouts import SM
 from .binder import Binder, In, Out, Param
 from .checks import (
-    F16, F32, _NULL, _T_F32, _aligned, _check_f32, _check_mask_sinks, _check_no_overlap, _check_out, _desc,
-    _fb, _geom4, _kernel, _nb_dummies, _nb_small, _pad4, _ptr, _real, _rows_geom, _slopes, _thr)
+    F16, F32, _aligned, _check_f32, _check_mask_sinks, _check_no_overlap, _check_out, _geom4, _kernel, _real,
+    _rows_geom, _slopes, _thr)
 
 
 def softmax_desc(xg, yg, mg, mkind):
@@ -50,27 +50,16 @@ def softmax(x, mask=None, *, scale=1.0, max_bias=0.0, sinks=None, out=None, isa=
 
 def _plan(isa, fused, sh, mk, n_threads):
     """the entry of a checked call with C-contiguous rows (1-D or 2-D x; mask None or x's shape, f32
-    (mk 1) or f16 (mk 2)), no sinks and no ALiBi: (launch, arrays, new shapes), or None"""
-    new = (sh,)
-    if isa == "numba":
-        if mk:
-            return None
-        sh4 = (1, 1, sh[0] if len(sh) == 2 else 1, sh[-1])
-        nb = _nb_small("softmax", sh4[2] * sh4[3], n_threads)
-        d32, d16, d1 = _nb_dummies()
-
-        def launch(x, mask, sinks, y, scale, nt):
-            nb(x.reshape(sh4), d32, d16, 0, d1, False, d1, False, scale, y.reshape(sh4))
-        return launch, True, new
-
-    fn = _kernel("softmax" if fused else "softmax_unfused", isa)
+    (mk 1) or f16 (mk 2)), no sinks and no ALiBi: (launch, arrays, new shapes)"""
+    conv = _registry.convention(isa)
+    fn = _kernel("softmax" if fused else "softmax_unfused", isa, n_threads)
     g = _rows_geom(sh[0] if len(sh) == 2 else 1, sh[-1])
-    dp = _desc(softmax_desc(g, g, g if mk else None, mk))
+    dp, null = conv.desc(softmax_desc(g, g, g if mk else None, mk)), conv.null
 
     def launch(x, mask, sinks, y, scale, nt):
-        if fn(dp, x, mask, _NULL, sinks, scale, y, nt or _thr[0]):
+        if fn(dp, x, mask, null, sinks, scale, y, nt or _thr[0]):
             raise MemoryError("softmax: could not allocate scratch memory")
-    return launch, False, new
+    return launch, conv.arrays, (sh,)
 
 
 def _softmax(x, mask, scale, max_bias, sinks, out, isa_arg, fused, n_threads):
@@ -83,7 +72,7 @@ def _softmax(x, mask, scale, max_bias, sinks, out, isa_arg, fused, n_threads):
     scale, max_bias = _real(scale, "scale"), _real(max_bias, "max_bias")
     if not math.isfinite(max_bias):
         raise ValueError(f"max_bias must be finite, got {max_bias}")
-    m4, mkind, sinks = _check_mask_sinks(mask, max_bias, sinks, S, H, R, C, True, "x")
+    _, mkind, sinks = _check_mask_sinks(mask, max_bias, sinks, S, H, R, C, True, "x")
     n_th = _dispatch.threads(n_threads)
     if out is not None:
         _check_out(out, x.shape)
@@ -91,7 +80,8 @@ def _softmax(x, mask, scale, max_bias, sinks, out, isa_arg, fused, n_threads):
     sh = x.shape
     if (plain and sinks is None and max_bias == 0.0 and 0 < len(sh) <= 2 and x.size
             and (mask is None or mask.shape == sh and len(sh) == 2)):
-        r = _SM.plan(_plan(isa, fused, sh, mkind, n_threads), x, mask, sinks, out, scale, max_bias, fused, isa_arg, n_threads)
+        r = _SM.plan(_plan(isa, fused, sh, mkind, n_threads), x, mask, sinks, out, scale, max_bias, fused, isa_arg,
+                     n_threads)
         if r is not None:
             return r[0]
     if out is None:
@@ -101,26 +91,14 @@ def _softmax(x, mask, scale, max_bias, sinks, out, isa_arg, fused, n_threads):
         xg = _geom4(x)
     if mask is not None and not mask.flags.aligned:
         mask = _aligned(mask)
-        m4 = _pad4(mask)
     if out.size == 0:
         return out
     slopes = _slopes(H, max_bias) if (mask is not None and max_bias > 0.0) else None
 
-    if isa == "numba":
-        x4, y4 = _pad4(x), _pad4(out)
-        d32, d16, d1 = _nb_dummies()
-        _nb_small("softmax", out.size, n_threads)(
-            x4, m4 if mkind == 1 else d32, m4.view(np.uint16) if mkind == 2 else d16, mkind,
-            slopes if slopes is not None else d1, slopes is not None,
-            sinks if sinks is not None else d1, sinks is not None, scale, y4)
-        return out
-
-    dp = _desc(softmax_desc(xg, _geom4(out), _geom4(mask) if mask is not None else None, mkind))
-    fn = _kernel("softmax" if fused else "softmax_unfused", isa)
-    rc = fn(dp, _ptr(x), _ptr(mask) if m4 is not None else _NULL,
-            _fb(_T_F32, slopes) if slopes is not None else _NULL,
-            _fb(_T_F32, sinks) if sinks is not None else _NULL,
-            scale, _ptr(out, writable=True), n_th)
-    if rc:
+    conv = _registry.convention(isa)
+    P = conv.operand
+    dp = conv.desc(softmax_desc(xg, _geom4(out), _geom4(mask) if mask is not None else None, mkind))
+    if _kernel("softmax" if fused else "softmax_unfused", isa, n_threads)(dp, P(x), P(mask), P(slopes), P(sinks), scale,
+                                                                          P(out), n_th):
         raise MemoryError("softmax: could not allocate scratch memory")
     return out

@@ -14,13 +14,14 @@ import itertools
 
 import numpy as np
 
-from .. import _backend, _dispatch, _registry
+from .. import _dispatch, _registry
 from .._layouts import QM
 from ..ops import checks as _ops
+from ..ops import binder as _binder
 from ..ops.binder import Binder, In, InOut, Out, Param, Weight
 from .types import ACT_QTYPES, QTensor
 
-ffi, lib = _backend.ffi, _backend.lib
+ffi = _binder.ffi  # (cffi's own where the extension is absent: _wptr's pointers serve the overlap tests)
 F32 = np.dtype(np.float32)
 ACT_MODES = ("q8", "f32")
 DEFAULT_ACT = "q8"
@@ -167,24 +168,22 @@ def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead, r
                     raise ValueError(f"out[{i}] must not overlap out[{j}], got arrays sharing memory")
     if rows == 0 or any(n == 0 for n in n_out):
         return ys
-    if plan is not None and plain and len(lead) <= 1 and isa != "numba":
+    if plan is not None and plain and len(lead) <= 1:
         form, bind = plan
         y = bind(_plan(form, ws, x.shape, act, epi, do_norm, isa, n_threads))
         if y is not None:
             return y[:len(n_out)]
-    if isa == "numba":
-        _registry.kernel("qmatmul", isa, nth)(x2, nw_arr, eps_f, bool(do_norm), tuple(w.gguf_bytes() for w in ws),
-                                              tuple(w.type_id for w in ws), act == "q8", epi, tuple(y2), r2)
-        return ys
-    d = qm_desc(rows, n_in, x2.strides[0] // 4 if rows > 1 else n_in, act == "q8", epi, do_norm, ws,
-                [(y2[i] if i < len(y2) else y2[0]).strides[0] // 4 if rows > 1 else w.shape[0]
-                 for i, w in enumerate(ws)], r2.strides[0] // 4 if r2 is not None and rows > 1 else 0)
-    wp = [_wptr(w)[0] for w in ws] + [ffi.NULL] * (3 - len(ws))
-    yp = [ffi.cast("float *", o.ctypes.data) for o in y2] + [ffi.NULL] * (3 - len(y2))
-    xp = ffi.cast("const float *", x2.ctypes.data)
-    np_ = ffi.cast("const float *", nw_arr.ctypes.data) if nw_arr is not None else ffi.NULL
-    rp = ffi.cast("const float *", r2.ctypes.data) if r2 is not None else ffi.NULL
-    rc = _registry.kernel("qmatmul", isa)(d, xp, np_, eps_f, wp[0], wp[1], wp[2], yp[0], yp[1], yp[2], rp, nth)
+    conv = _registry.convention(isa)
+    P, null = conv.operand, conv.null
+    d = conv.desc(qm_desc(rows, n_in, x2.strides[0] // 4 if rows > 1 else n_in, act == "q8", epi, do_norm, ws,
+                          [(y2[i] if i < len(y2) else y2[0]).strides[0] // 4 if rows > 1 else w.shape[0]
+                           for i, w in enumerate(ws)], r2.strides[0] // 4 if r2 is not None and rows > 1 else 0))
+    for w in ws:
+        _wptr(w)  # (a native entry reads a weight's bytes through the pointer kept there)
+    wp = [P(w) for w in ws] + [null] * (3 - len(ws))
+    yp = [P(o) for o in y2] + [null] * (3 - len(y2))
+    rc = _registry.kernel("qmatmul", isa, n_threads)(d, P(x2), P(nw_arr), eps_f, wp[0], wp[1], wp[2], yp[0], yp[1],
+                                                     yp[2], P(r2), nth)
     if rc:
         raise RuntimeError(f"cpufuse.matmul: the {isa} kernel failed: {_ERRORS.get(rc, rc)}")
     return ys
@@ -209,7 +208,6 @@ _GEOMS = {}  # a weight geometry -> its number (a key holds the number: an int h
 _GEOM_IDS = itertools.count()  # (next() is atomic: two threads never give two geometries one number)
 
 
-_NULL = ffi.NULL if ffi is not None else None
 _SERIAL_MACS = 1 << 16  # entries, default threads: products of at most this many multiply-adds run on one thread
 _thr = _dispatch._threads
 
@@ -227,9 +225,10 @@ _mm_fast, _multi_fast, _swiglu_fast = _MM.fast, _MULTI.fast, _SWIGLU.fast
 
 
 def _plan(form, ws, sh, act, epi, do_norm, isa, n_threads):
-    """the entry of a checked call with 1-D or 2-D x, native ISAs, for the binder `form` ("matmul",
+    """the entry of a checked call with 1-D or 2-D x, for the binder `form` ("matmul",
     "multi" or "swiglu"; epi 2 is matmul's residual): (launch, arrays, new shapes)"""
-    fn = _registry.kernel("qmatmul", isa)
+    conv = _registry.convention(isa)
+    fn, null = _registry.kernel("qmatmul", isa, n_threads), conv.null
     for w in ws:
         _wptr(w)  # (the key holds each weight's geometry from its _c)
     w0 = ws[0]
@@ -238,8 +237,8 @@ def _plan(form, ws, sh, act, epi, do_norm, isa, n_threads):
     rows = sh[0] if nd == 2 else 1
     n_out = tuple(w.n_out for w in ws) if not epi else (w0.n_out,)
     new = tuple((rows, n) if nd == 2 else (n,) for n in n_out)
-    d = ffi.new("int64_t[]", qm_desc(rows, K, K, act == "q8", epi, do_norm, ws,
-                                     [n_out[i if not epi else 0] for i in range(len(ws))], w0.n_out if epi == 2 else 0))
+    d = conv.desc(qm_desc(rows, K, K, act == "q8", epi, do_norm, ws, [n_out[i if not epi else 0] for i in range(len(ws))],
+                          w0.n_out if epi == 2 else 0))
     # default thread count: one thread for a product too small to pay for waking the pool (results are
     # the same for every thread count)
     nt = n_threads or (1 if rows * K * sum(w.n_out for w in ws) <= _SERIAL_MACS else None)
@@ -249,21 +248,21 @@ def _plan(form, ws, sh, act, epi, do_norm, isa, n_threads):
 
     if form == "matmul":
         def launch(x, w, nw, res, y, eps, _):
-            rc = fn(d, x, nw, eps if do_norm else 0.0, w, _NULL, _NULL, y, _NULL, _NULL, res, nt or _thr[0])
+            rc = fn(d, x, nw, eps if do_norm else 0.0, w, null, null, y, null, null, res, nt or _thr[0])
             if rc:
                 failed(rc)
     elif form == "multi":
         def launch(x, w0, w1, w2, nw, y0, y1, y2, eps, _):
-            rc = fn(d, x, nw, eps if do_norm else 0.0, w0, w1, w2, y0, y1, y2, _NULL, nt or _thr[0])
+            rc = fn(d, x, nw, eps if do_norm else 0.0, w0, w1, w2, y0, y1, y2, null, nt or _thr[0])
             if rc:
                 failed(rc)
         new += (None,) * (3 - len(new))
     else:
         def launch(x, wg, wu, nw, y, eps, _):
-            rc = fn(d, x, nw, eps if do_norm else 0.0, wg, wu, _NULL, y, _NULL, _NULL, _NULL, nt or _thr[0])
+            rc = fn(d, x, nw, eps if do_norm else 0.0, wg, wu, null, y, null, null, null, nt or _thr[0])
             if rc:
                 failed(rc)
-    return launch, False, new
+    return launch, conv.arrays, new
 
 
 def matmul(x, w, *, act=None, out=None, isa=None, n_threads=None, norm_weight=None, eps=None, residual=None):
@@ -353,10 +352,8 @@ def quantize_act(x, vtype, isa=None):
     if x.shape[1] % blk:
         raise ValueError(f"x: n_in={x.shape[1]} is not a multiple of the {vtype} block size {blk}")
     isa = _dispatch.resolve(isa)
+    P = _registry.convention(isa).operand
     x = np.ascontiguousarray(x)
-    if isa == "numba":
-        return _registry.kernel("quantize_act", isa)(x, vid)
     out = np.empty((x.shape[0], x.shape[1] // blk * nb), np.uint8)
-    _registry.kernel("quantize_act", isa)(vid, x.shape[0], x.shape[1], ffi.cast("const float *", x.ctypes.data),
-                                           x.shape[1], ffi.from_buffer(out, require_writable=True))
+    _registry.kernel("quantize_act", isa)(vid, x.shape[0], x.shape[1], P(x), x.shape[1], P(out))
     return out
