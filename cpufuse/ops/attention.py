@@ -143,8 +143,9 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
         _check_out(out, oshape)
         _check_no_overlap(out, (("q", q), ("k", k), ("v", v), ("mask", mask), ("sinks", sinks)))
     if plain and mask is None and sinks is None and max_bias == 0.0 and not ggml_compat and S * Hq * N * T * DK * DV:
-        r = _FA.plan(_plan(isa, fused, q.shape, k.shape, v.shape, k.dtype == F16, v.dtype == F16, strategy, chunk,
-                           q_tile, n_threads), q, k, v, mask, sinks, out, scale_arg, softcap_arg, max_bias, strategy_arg, chunk_arg,
+        made = _plan(isa, fused, q.shape, k.shape, v.shape, k.dtype == F16, v.dtype == F16, strategy, chunk, q_tile,
+                     n_threads)
+        r = _FA.plan(made, q, k, v, mask, sinks, out, scale_arg, softcap_arg, max_bias, strategy_arg, chunk_arg,
                      q_tile_arg, fused, ggml_compat, isa_arg, n_threads)
         if r is not None:
             return r[0]

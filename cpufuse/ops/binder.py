@@ -22,8 +22,9 @@ close every key; n_threads is always handed to the kernel.
 The key is what the checks look at apart from the operands' addresses and memory layout: each
 operand's shape and dtype (or None), whether each output is each of its alias inputs, each
 parameter, the ISA in force and n_threads. The op's checks run on the first call with a key; they
-raise the precise error, or make an entry with `remember`: (launch, arrays, new shapes), where
-launch closes over the kernel and its descriptor. Later calls with the key only bind:
+raise the precise error, or make an entry, (launch, arrays, new shapes), where launch closes over
+the kernel and its descriptor, and hand it to `plan`, which keeps it under the key and binds the
+call. Later calls with the key only bind:
 
   every operand C-contiguous (cffi's from_buffer refuses anything else) and aligned, every given
   output writeable, and no two operands overlapping where the declaration forbids it.
@@ -31,7 +32,7 @@ launch closes over the kernel and its descriptor. Later calls with the key only 
 Overlap is decided once, here: operands are half-open byte ranges [a, a + na), and two share memory
 iff -nb < b - a < na (strict: arrays that only touch do not overlap). An operand that does not bind
 makes the call return None, and the op then runs its checks, which run the call strided, copy, or
-raise the error the first call would have raised. A plan therefore never skips a check.
+raise the error the first call would have raised. An entry therefore never skips a check.
 
 launch(operands..., passed params..., n_threads) gets the operands as the ISA's registry entries take
 them (_registry.convention: cffi pointers for a native entry, the arrays themselves for a Numba one,
@@ -41,7 +42,8 @@ checks (rope's pos0 outside the cache, say).
 The binder writes each op's key, fast and bind functions as Python source once (`Binder.source`),
 from the declaration, so that a call pays no loop over declarations: fast(operands..., params...,
 isa, n_threads) is the key, the lookup and the binding in one frame, and returns the outputs as a
-tuple, or None.
+tuple, or None. The general path (strided operands, masks...) keeps its descriptors by geometry in
+the same cache (`descriptor`).
 """
 import linecache
 
@@ -189,7 +191,8 @@ class Binder:
         return (f"def key({args}):\n    try:\n        return {key}\n"
                 f"    except (AttributeError, TypeError):\n        return None\n\n\n"
                 f"def fast({args}):\n    try:\n        _e = _get({key})\n"
-                f"    except (AttributeError, TypeError):\n        return None\n    if _e is None:\n        return None\n"
+                f"    except (AttributeError, TypeError):\n        return None\n"
+                f"    if _e is None:\n        return None\n"
                 f"{body}\n\n"
                 f"def bind(_e, {args}):\n{body}")
 

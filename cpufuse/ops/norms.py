@@ -142,8 +142,8 @@ def _rms_norm_general(x, residual, weight, eps, bias, out, isa_arg, fused, n_thr
                 return r[0]
         else:
             h, y = out or (None, None)
-            r = _ADD.plan(_plan_add(isa, shape, n_threads), x, residual, weight, bias, h, y, eps_arg, fused, type(out), isa_arg,
-                          n_threads)
+            r = _ADD.plan(_plan_add(isa, shape, n_threads), x, residual, weight, bias, h, y, eps_arg, fused, type(out),
+                          isa_arg, n_threads)
             if r is not None:
                 return r
     if out is None:

@@ -278,10 +278,10 @@ def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_
             if a is not None and np.may_share_memory(out, a):
                 raise ValueError(f"out must not overlap the input {nm!r}, got an array sharing memory with it")
     if freq_factors is None and T and H and x.flags.c_contiguous and pos.flags.c_contiguous:
-        r = _ROPE.plan(_plan(isa, x.shape, nd, m, compat, nco, fps, None if cache is None else kc, n_threads), x, pos, freq_factors,
-                       out, None if cache is None else kc, n_dims, mode, freq_base, freq_scale, ext_factor, attn_factor,
-                       beta_fast, beta_slow, n_ctx_orig, ggml_compat, type(cache), None if cache is None else cache[1],
-                       isa_arg, n_threads)
+        kc, p0 = (None, None) if cache is None else (kc, cache[1])
+        r = _ROPE.plan(_plan(isa, x.shape, nd, m, compat, nco, fps, kc, n_threads), x, pos, freq_factors, out, kc,
+                       n_dims, mode, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow, n_ctx_orig,
+                       ggml_compat, type(cache), p0, isa_arg, n_threads)
         if r is not None:
             return r[0]
     if cache is None:

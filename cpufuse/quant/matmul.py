@@ -218,8 +218,8 @@ _MULTI = Binder("matmul_multi", (In("x", F32), Weight("w0"), Weight("w1", option
                                  In("norm_weight", F32, optional=True), Out("out0", F32), Out("out1", F32),
                                  Out("out2", F32)),
                 (Param("act"), Param("eps", passed=True), Param("out_type")))
-_SWIGLU = Binder("matmul_swiglu", (In("x", F32), Weight("w_gate"), Weight("w_up"), In("norm_weight", F32, optional=True),
-                                   Out("out", F32)),
+_SWIGLU = Binder("matmul_swiglu", (In("x", F32), Weight("w_gate"), Weight("w_up"),
+                                   In("norm_weight", F32, optional=True), Out("out", F32)),
                  (Param("act"), Param("eps", passed=True)))
 _mm_fast, _multi_fast, _swiglu_fast = _MM.fast, _MULTI.fast, _SWIGLU.fast
 
@@ -237,8 +237,8 @@ def _plan(form, ws, sh, act, epi, do_norm, isa, n_threads):
     rows = sh[0] if nd == 2 else 1
     n_out = tuple(w.n_out for w in ws) if not epi else (w0.n_out,)
     new = tuple((rows, n) if nd == 2 else (n,) for n in n_out)
-    d = conv.desc(qm_desc(rows, K, K, act == "q8", epi, do_norm, ws, [n_out[i if not epi else 0] for i in range(len(ws))],
-                          w0.n_out if epi == 2 else 0))
+    d = conv.desc(qm_desc(rows, K, K, act == "q8", epi, do_norm, ws,
+                          [n_out[i if not epi else 0] for i in range(len(ws))], w0.n_out if epi == 2 else 0))
     # default thread count: one thread for a product too small to pay for waking the pool (results are
     # the same for every thread count)
     nt = n_threads or (1 if rows * K * sum(w.n_out for w in ws) <= _SERIAL_MACS else None)
@@ -299,9 +299,11 @@ def matmul_multi(x, ws, *, act=None, out=None, isa=None, n_threads=None, norm_we
     r = _multi_fast(x, w0, w1, w2, norm_weight, o0, o1, o2, act, eps, type(out), isa, n_threads)
     if r is not None:
         return r[:n]
+
+    def bind(made):
+        return _MULTI.plan(made, x, w0, w1, w2, norm_weight, o0, o1, o2, act, eps, type(out), isa, n_threads)
     return tuple(_run(x, ws, tuple(f"ws[{i}]" for i in range(n)), act, out, isa, n_threads, norm_weight, eps, 0,
-                      _lead(x), None, ("multi", lambda made: _MULTI.plan(made, x, w0, w1, w2, norm_weight, o0, o1, o2, act,
-                                                                          eps, type(out), isa, n_threads))))
+                      _lead(x), None, ("multi", bind)))
 
 
 def matmul_swiglu(x, w_gate, w_up, *, act=None, out=None, isa=None, n_threads=None, norm_weight=None, eps=None):
