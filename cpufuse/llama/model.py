@@ -57,7 +57,7 @@ import threading
 
 import numpy as np
 
-from cpufuse import _dispatch
+from cpufuse import _backend, _dispatch, _registry
 from cpufuse.quant.types import dequantize
 
 from .decoder import Batch, Decoder
@@ -156,6 +156,11 @@ class Model:
         # rope_freqs, layers (cpufuse.llama.loader)
         for k in w.__slots__:
             setattr(self, k, getattr(w, k))
+        te = self.tok_embd        # embed(): the C row decoder for a quantized GGUF-layout table
+        native = (te.block_size > 1 and te.layout == "gguf" and te.raw.flags.c_contiguous
+                  and _backend.lib is not None)
+        self._dequant_rows = _registry.table("dequant_rows") if native else None
+        self._embd_ptr = _backend.ffi.from_buffer("uint8_t[]", te.raw) if native else None
 
         # tokenizer (built from the same file's metadata)
         self._tokenizer = None
@@ -291,14 +296,31 @@ class Model:
 
     def embed(self, ids, out=None):
         """The token-embedding rows of `ids` (GET_ROWS: only these rows are dequantized), as
-        float32 (len(ids), n_embd), written into `out` when given. The ids are not checked here:
-        the API edges (eval, logits, generate, token_ids, the server engines' submit) did."""
+        float32 (len(ids), n_embd), written into `out` when given. The ids' range is not checked
+        here (the API edges did: eval, logits, generate, token_ids, the engines' submit); the C
+        path refuses an id outside the table (IndexError) rather than read past it. Quantized
+        rows are decoded by the C kernel cf_dequant_rows_f32, float ones (and isa="numba") by
+        cpufuse.quant.types.dequantize: the same values bit for bit."""
         te = self.tok_embd
-        rows = dequantize(te.raw[np.asarray(ids, dtype=np.intp)], te.qtype, te.n_in)
-        if out is None:
-            return rows
-        out[...] = rows
-        return out
+        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        fn = self._dequant_rows.get(_dispatch.resolve(self.isa)) if self._dequant_rows else None
+        if fn is None:
+            rows = dequantize(te.raw[ids], te.qtype, te.n_in)
+            if out is None:
+                return rows
+            out[...] = rows
+            return out
+        n, K = ids.shape[0], te.n_in
+        direct = out is not None and out.dtype == F32 and out.shape == (n, K) and out.flags.c_contiguous
+        res = out if direct else np.empty((n, K), F32)
+        ffi = _backend.ffi
+        rc = fn(te.type_id, K, self._embd_ptr, te.n_out, te.row_bytes, ffi.from_buffer("int64_t[]", ids), n,
+                ffi.from_buffer("float[]", res, require_writable=True))
+        if rc:
+            raise IndexError(f"token id outside the embedding table [0, {te.n_out})")
+        if out is not None and res is not out:
+            out[...] = res
+        return out if out is not None else res
 
     def _forward(self, tokens, all_logits_out=None):
         """Run one micro-batch (len(tokens) <= n_batch) at positions n_past.. of slot 0 through the
