@@ -50,6 +50,7 @@ KERNELS = {
     "read_sum": ("cf_read_sum", None),                           # DRAM read bandwidth
     "build_info": ("cf_build_info", None),
     "qtype_info": ("cf_qtype_info", None),                       # quant.inc's type traits (tests/test_layouts.py)
+    "dequant_rows": ("cf_dequant_rows_f32", None),               # GET_ROWS of quantized rows (Model.embed)
 }
 
 NATIVE = tuple(i for i in _dispatch.AVAILABLE if i != "numba") if _backend.lib is not None else ()
