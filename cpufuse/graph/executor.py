@@ -42,7 +42,7 @@ import numpy as np
 
 from .. import _backend, _dispatch
 from ..ops import attention as _attn, norms as _norms, rope as _rope, softmax as _softmax
-from .builder import F16, GraphError, _view_root
+from .ir import F16, GraphError, _view_root
 from .fusion import Lowering
 from .records import Program
 

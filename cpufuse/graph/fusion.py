@@ -1,23 +1,7 @@
 """Fusion: the lowering of a graph's nodes to steps (kernel calls), each rule checking ggml's
 legality (consecutive nodes, single-consumer intermediates that are neither outputs nor views).
 The rules are listed in cpufuse/graph/executor.py's docstring and docs/semantics.md."""
-
-import numpy as np
-
-from .builder import _suffix_tiles, _softmax_mask_ok, GraphError
-
-F32 = np.dtype(np.float32)
-
-
-class Step:
-    """One kernel call of a plan: kind, the graph nodes it covers, what it reads and writes."""
-    __slots__ = ("kind", "nodes", "ins", "outs", "params", "note")
-
-    def __init__(self, kind, nodes, ins, outs, params=None, note=""):
-        self.kind, self.nodes, self.ins, self.outs = kind, nodes, ins, outs
-        self.params, self.note = params or {}, note
-
-
+from .ir import F32, GraphError, Step, _softmax_mask_ok, _suffix_tiles
 
 
 class Lowering:

@@ -10,11 +10,7 @@ import numpy as np
 from .. import _backend, _registry
 from .._layouts import R, RECORDS, RPF
 from ..ops import attention as _attn, checks as _checks, norms as _norms, rope as _rope, softmax as _softmax
-from .builder import Node, _is_contig, _view_root
-
-F32 = np.dtype(np.float32)
-F16 = np.dtype(np.float16)
-I32 = np.dtype(np.int32)
+from .ir import F16, F32, Node, _is_contig, _view_root
 
 # the records' opcodes and argument names are declared in cpufuse/_layouts.py (R.<NAME>.pack)
 _DESC_OPS = frozenset(r.op for r in RECORDS if r.has_desc)  # records whose args[0] is a descriptor
