@@ -12,6 +12,7 @@ import cpufuse
 from bench import blocks
 from cpufuse import Graph, GraphError, reference
 from cpufuse.graph import records as graph_mod
+from cpufuse.graph.ir import compute_nodes
 from _util import AVAILABLE_NATIVE, assert_bit_identical, assert_nmse, best_native
 
 NMSE = 1e-12          # docs/semantics.md §1 accuracy: softmax, rms_norm and fused variants, silu/swiglu here too
@@ -700,7 +701,7 @@ def _check_block(cfg, W, n_tok, n_past, isa, rng):
     pf, pu, (out,) = run_both(g, isa, **inp)
     assert [st.note for st in fused(pf)] == BLOCK_NOTES, pf.describe()
     assert [st.kind for st in fused(pf)] == ["rms_norm", "add_rms_norm", "swiglu"]
-    n_compute = len(pf._compute_order())
+    n_compute = len(compute_nodes(pf.graph))
     assert len(pu.steps) == n_compute and len(pf.steps) == n_compute - 4, pf.describe()
     assert pf.rejected == [], pf.describe()
     assert out.shape == (n_tok, cfg["d"])

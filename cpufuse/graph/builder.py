@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import _dispatch
 
-from .executor import Plan
+from .executor import compile_graph
 from .ir import F16, F32, I32, GraphError, Node, _contig_strides, _is_contig, _softmax_mask_ok, _suffix_tiles, _view_root
 
 
@@ -342,4 +342,4 @@ class Graph:
     def compile(self, fusion=None, isa=None):
         if fusion is None:
             fusion = os.environ.get("CPUFUSE_DISABLE_FUSION", "0") in ("", "0")
-        return Plan(self, bool(fusion), _dispatch.resolve(isa))
+        return compile_graph(self, bool(fusion), _dispatch.resolve(isa))

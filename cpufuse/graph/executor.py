@@ -42,77 +42,31 @@ import numpy as np
 
 from .. import _backend, _dispatch
 from ..ops import attention as _attn, norms as _norms, rope as _rope, softmax as _softmax
-from .ir import F16, GraphError, _view_root
-from .fusion import Lowering
-from .records import Program
+from .ir import F16, GraphError, _view_root, compute_nodes
+from .fusion import fuse
+from .records import lower
 
 
-class Plan(Lowering, Program):
-    def __init__(self, graph, fusion, isa):
-        if not graph.outputs and not any(n.op in ("cache_write", "kv_write") for n in graph.nodes):
-            raise GraphError("the graph has no outputs: mark them with g.output(node)")
-        self.graph, self.fusion, self.isa = graph, fusion, isa
-        self.native = isa != "numba" and _backend.lib is not None
-        self.rejected = []
+def compile_graph(graph, fusion, isa):
+    """Graph.compile's stages: fuse -> lower -> the executor."""
+    if not graph.outputs and not any(n.op in ("cache_write", "kv_write") for n in graph.nodes):
+        raise GraphError("the graph has no outputs: mark them with g.output(node)")
+    steps, rejected = fuse(graph, fusion)
+    return Plan(lower(graph, steps, isa), rejected, fusion)
+
+
+class Plan:
+    """The executor stage: runs a Program (records.lower) on named inputs (run, bind) and says what it
+    holds (describe). rejected: the fusion candidates fuse() rejected; fusion: whether it fused."""
+
+    def __init__(self, program, rejected=(), fusion=True):
+        self.program, self.rejected, self.fusion = program, list(rejected), fusion
+        p = program
+        self.graph, self.steps, self.isa, self.native = p.graph, p.steps, p.isa, p.native
+        self.buffers, self.segments, self.sgemm, self.sgemm_why = p.buffers, p.segments, p.sgemm, p.sgemm_why
         # a plan owns its intermediate and output buffers and its input-pointer table: runs of one
         # plan from several threads take turns (the soak test found them clobbering each other)
         self._lock = threading.Lock()
-        nodes = graph.nodes
-        self._uses = [0] * len(nodes)
-        self._consumers = [[] for _ in nodes]
-        for n in nodes:
-            for s in n.srcs:
-                if s is not None:
-                    self._uses[s.id] += 1
-                    self._consumers[s.id].append(n)
-        self._outset = {n.id for n in graph.outputs}
-        # buffers that outputs live in (an output may be a view of a computed node)
-        self._out_roots = {_view_root(n)[0].id for n in graph.outputs}
-        self.steps = self._lower()
-        self._allocate()
-        self._build_program()
-
-    # -- buffers ---------------------------------------------------------------------------------
-    def _allocate(self):
-        """One float32 arena buffer per computed node that owns storage; intermediates whose
-        lifetimes do not overlap share memory (greedy first fit); outputs get their own."""
-        last_use = {}
-        for i, st in enumerate(self.steps):
-            for a in st.ins:
-                if a is not None:
-                    last_use[_view_root(a)[0].id] = i
-        self.buffers = {}  # node id -> ndarray (flat, owning)
-        for n in self.graph.nodes:
-            if n.op in ("cache_write", "kv_write"):  # the user's cache array is the node's buffer
-                self.buffers[n.id] = n.params["cache"].reshape(-1)
-        free = []  # (size, array)
-        for i, st in enumerate(self.steps):
-            for o in st.outs:
-                if o is None or o.id in self.buffers:
-                    continue
-                size = math.prod(o.shape)
-                arr = None
-                if o.id not in self._out_roots:
-                    for j, (sz, a) in enumerate(free):
-                        if sz >= size:
-                            arr = a
-                            free.pop(j)
-                            break
-                if arr is None:
-                    arr = np.empty(max(size, 1), o.dtype)
-                self.buffers[o.id] = arr
-            for a in st.ins + st.outs:
-                if a is None:
-                    continue
-                root = _view_root(a)[0]
-                if last_use.get(root.id, -1) == i and root.id in self.buffers and root.id not in self._out_roots \
-                        and root.op not in ("input", "const", "cache_write", "kv_write"):
-                    free.append((self.buffers[root.id].size, self.buffers[root.id]))
-                    del last_use[root.id]
-            free.sort(key=lambda t: t[0])
-        for n in self.graph.nodes:
-            if n.op == "const":
-                self.buffers[n.id] = n.value.reshape(-1)
 
     def _array(self, node, inputs=None):
         """ndarray view of a node's data (inputs from the run's arguments)"""
@@ -140,7 +94,7 @@ class Plan(Lowering, Program):
 
     def describe(self):
         """Human-readable plan: every kernel call, the nodes it covers, and rejected fusions."""
-        lines = [f"plan: {len(self.steps)} kernel calls for {len(self._compute_order())} compute nodes, "
+        lines = [f"plan: {len(self.steps)} kernel calls for {len(compute_nodes(self.graph))} compute nodes, "
                  f"fusion {'on' if self.fusion else 'off'}, isa {self.isa}, matmul via "
                  + ("numpy BLAS from C" if self.sgemm else "numpy (Python)" + (f" ({self.sgemm_why})" if self.sgemm_why else ""))]
         for i, st in enumerate(self.steps):
@@ -165,7 +119,7 @@ class Plan(Lowering, Program):
         The outputs are the plan's own buffers, overwritten by its next run (copy=True returns
         copies); runs of one plan from several threads are serialized by a lock."""
         arrays = {}
-        for n in self._inputs:
+        for n in self.program.inputs:
             if n.name not in inputs:
                 raise GraphError(f"run: missing input {n.name!r} (a {n.dtype} array of shape {n.shape}); "
                                  f"got inputs {sorted(inputs)}")
@@ -181,9 +135,10 @@ class Plan(Lowering, Program):
         inp = []
         if self.native:
             cast = _backend.ffi.cast
-            inp = [(slot, cast("void *", arrays[name].ctypes.data + boff)) for slot, name, boff in self._input_slots]
+            inp = [(slot, cast("void *", arrays[name].ctypes.data + boff)) for slot, name, boff in self.program.input_slots]
         outs = tuple(self._array(n, arrays) for n in self.graph.outputs)
-        ptrs, segments = getattr(self, "_ptrs", None), self.segments
+        p = self.program
+        ptrs, segments, fpc, blas, ilp64 = p.ptrs, p.segments, p.fpc, p.blas, p.ilp64
 
         def bound(copy=False, n_threads=None):
             nth = _dispatch.threads(n_threads)
@@ -193,7 +148,7 @@ class Plan(Lowering, Program):
                 for kind, seg in segments:
                     if kind == "c":
                         fn, prog, nrec, steps = seg
-                        rc = fn(prog, nrec, ptrs, self._fpc, self._blas, self.ilp64, nth)
+                        rc = fn(prog, nrec, ptrs, fpc, blas, ilp64, nth)
                         if rc:
                             bad = steps[rc - 1]
                             if bad.kind in ("cache_write", "rope_cache"):  # the rows do not fit: say so
@@ -384,7 +339,7 @@ class DynamicPlan:
         ffi = _backend.ffi
         self._base = np.frombuffer(ffi.buffer(prog), np.int64).copy()
         self._slopes = {}
-        self._in_shape = {n.name: (np.array(n.shape), {}) for n in self.plan._inputs}
+        self._in_shape = {n.name: (np.array(n.shape), {}) for n in self.plan.program.inputs}
         self._out_shape = [(np.array(n.shape), {}) for n in self.plan.graph.outputs]
         for d, cap in self.dims.items():
             if d in self.fixed:
@@ -397,10 +352,10 @@ class DynamicPlan:
                 bad = np.flatnonzero(s1 != s2)[:5].tolist()
                 raise GraphError(f"DynamicPlan: the program is not affine in {d!r} (fields {bad} change "
                                  f"non-linearly with it): compile per size instead")
-            if self.plan._fp != p1._fp or self.plan._fp != p2._fp:
+            if self.plan.program.fp != p1.program.fp or self.plan.program.fp != p2.program.fp:
                 raise GraphError(f"DynamicPlan: float parameters change with {d!r}")
             self._slopes[d] = s1
-            for n1 in p1._inputs:
+            for n1 in p1.program.inputs:
                 base, sl = self._in_shape[n1.name]
                 sl[d] = base - np.array(n1.shape)
             for (base, sl), o1 in zip(self._out_shape, p1.graph.outputs):
@@ -447,10 +402,10 @@ class DynamicPlan:
         plan = self.plan
         cast = _backend.ffi.cast
         ptr_args = []
-        for slot, name, boff in plan._input_slots:
+        for slot, name, boff in plan.program.input_slots:
             a = inputs.get(name)
             want = self._shape(*self._in_shape[name], sz)
-            node = next(n for n in plan._inputs if n.name == name)
+            node = next(n for n in plan.program.inputs if n.name == name)
             if not isinstance(a, np.ndarray) or a.dtype != node.dtype or a.shape != want:
                 raise GraphError(f"run: input {name!r} must be a {node.dtype} array of shape {want} at sizes "
                                  f"{sz}, got {getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
@@ -472,11 +427,12 @@ class DynamicPlan:
             root, st, off = _view_root(node)
             flat = plan.buffers[root.id].reshape(-1)
             outs.append(np.lib.stride_tricks.as_strided(flat[off:], shape=shape, strides=[x * flat.itemsize for x in st]))
+        pp = plan.program
         with plan._lock:
             for slot, p in ptr_args:
-                plan._ptrs[slot] = p
+                pp.ptrs[slot] = p
             pc = _backend.ffi.from_buffer("int64_t[]", prog)
-            rc = self._fn(pc, self._nrec, plan._ptrs, plan._fpc, plan._blas, plan.ilp64, nth)
+            rc = self._fn(pc, self._nrec, pp.ptrs, pp.fpc, pp.blas, pp.ilp64, nth)
             if rc:
                 bad = self._steps[rc - 1]
                 raise GraphError(f"run: kernel call failed at {bad.kind} [{', '.join(n.name for n in bad.nodes)}] "

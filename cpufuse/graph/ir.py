@@ -52,6 +52,11 @@ class Step:
         self.params, self.note = params or {}, note
 
 
+def compute_nodes(graph):
+    """the nodes that compute (every node but inputs, constants and views), in execution order"""
+    return [n for n in graph.nodes if n.op not in ("input", "const", "reshape", "permute")]
+
+
 def _softmax_mask_ok(mshape, xshape, nm):
     m = (1,) * (4 - len(mshape)) + tuple(mshape)
     x = (1,) * (4 - len(xshape)) + tuple(xshape)
