@@ -41,9 +41,9 @@ import threading
 import numpy as np
 
 from .. import _backend, _dispatch
-from ..ops import attention as _attn, norms as _norms, rope as _rope, softmax as _softmax
-from .ir import F16, GraphError, _view_root, compute_nodes
 from .fusion import fuse
+from .ir import GraphError, _view_root, compute_nodes
+from .kinds import KIND
 from .records import lower
 
 
@@ -151,153 +151,30 @@ class Plan:
                         rc = fn(prog, nrec, ptrs, fpc, blas, ilp64, nth)
                         if rc:
                             bad = steps[rc - 1]
-                            if bad.kind in ("cache_write", "rope_cache"):  # the rows do not fit: say so
-                                self._pos0(bad.ins[1 if bad.kind == "cache_write" else 2], bad.ins[0].shape[0],
-                                           bad.outs[0], arrays)
-                            if bad.kind in ("kv_write", "attn_seqs", "gather_rows"):
-                                self._exec(bad, arrays, nth)  # raises the precise error
+                            if KIND[bad.kind].explains:   # a run-time index out of range: say which
+                                KIND[bad.kind].run(bad, _Run(self, arrays, nth))
                             raise GraphError(f"run: kernel call failed at {bad.kind} "
                                              f"[{', '.join(n.name for n in bad.nodes)}]")
                     else:
-                        self._exec(seg, arrays, nth)
+                        KIND[seg.kind].run(seg, _Run(self, arrays, nth))
                 return tuple(o.copy() for o in outs) if copy else outs
         return bound
 
-    def _exec(self, st, arrays, nth=None):
-        A = lambda n: None if n is None else self._array(n, arrays)  # noqa: E731
-        isa, k = self.isa, st.kind
-        if k in ("add", "mul"):
-            a, b = st.ins
-            out = A(st.outs[0])
-            big, small = (a, b) if a.shape == out.shape else (b, a)
-            x, w = A(big), A(small)
-            np.add(x, w, out=out) if k == "add" else np.multiply(x, w, out=out)
-        elif k == "scale":
-            np.multiply(A(st.ins[0]), np.float32(st.params["s"]), out=A(st.outs[0]))
-        elif k == "silu":
-            x = A(st.ins[0])
-            with np.errstate(over="ignore"):  # exp(-x) = inf for very negative x: silu -> -0, as in C
-                np.divide(x, 1.0 + np.exp(-x), out=A(st.outs[0]))
-        elif k in ("gelu", "geglu"):
-            g = A(st.ins[0])
-            with np.errstate(over="ignore", invalid="ignore"):   # graph.inc's gelu_v, op by op in f32 (-inf: NaN)
-                z = g * (np.float32(0.07135481627159025) * (g * g) + np.float32(1.5957691216057308))
-                y = g / (np.float32(1.0) + np.exp(-z))
-            if k == "geglu":
-                y = y * A(st.ins[1])
-            np.copyto(A(st.outs[0]), y)
-        elif k == "softcap":
-            c = np.float32(st.params["cap"])
-            np.multiply(np.tanh(A(st.ins[0]) * (np.float32(1.0) / c)), c, out=A(st.outs[0]))
-        elif k == "swiglu":
-            g, u = A(st.ins[0]), A(st.ins[1])
-            with np.errstate(over="ignore"):
-                np.multiply(g / (1.0 + np.exp(-g)), u, out=A(st.outs[0]))
-        elif k == "rms_norm":
-            x, _, w, b = (A(a) for a in st.ins)
-            _norms.rms_norm(x, w, eps=st.params["eps"], bias=b, out=A(st.outs[1]), isa=isa, n_threads=nth)
-        elif k == "add_rms_norm":
-            x, r, w, b = (A(a) for a in st.ins)
-            _norms.add_rms_norm(x, r, w, eps=st.params["eps"], bias=b, out=(A(st.outs[0]), A(st.outs[1])), isa=isa, n_threads=nth)
-        elif k == "softmax":
-            x, m, sk = (A(a) for a in st.ins)
-            _softmax.softmax(x, m, scale=st.params["scale"], max_bias=st.params["max_bias"], sinks=sk,
-                         out=A(st.outs[0]), isa=isa, n_threads=nth)
-        elif k == "flash_attn":
-            q, kk, v, m, sk = (A(a) for a in st.ins)
-            p = st.params
-            _attn.flash_attn(q, kk, v, m, scale=p["scale"], max_bias=p["max_bias"], softcap=p["softcap"],
-                            sinks=sk, out=A(st.outs[0]), isa=isa, n_threads=nth)
-        elif k == "matmul":
-            np.matmul(A(st.ins[0]), A(st.ins[1]), out=A(st.outs[0]))
-        elif k == "copy":
-            np.copyto(A(st.outs[0]), A(st.ins[0]))
-        elif k == "concat":
-            np.concatenate([A(st.ins[0]), A(st.ins[1])], axis=st.params["axis"], out=A(st.outs[0]))
-        elif k in ("qmatmul", "qmatmul_swiglu", "qmatmul_geglu"):
-            from ..quant import matmul as _qm
-            p = st.params
-            x = A(st.ins[0])
-            kw = {"act": p["act"], "isa": isa, "n_threads": nth}
-            if p["eps"] is not None:
-                kw["eps"] = p["eps"]
-                if st.ins[1] is not None:
-                    kw["norm_weight"] = np.ascontiguousarray(A(st.ins[1])).reshape(-1)
-            if k == "qmatmul_swiglu":
-                _qm.matmul_swiglu(x, p["ws"][0], p["ws"][1], out=A(st.outs[0]), **kw)
-            elif k == "qmatmul_geglu":
-                _qm.matmul_geglu(x, p["ws"][0], p["ws"][1], out=A(st.outs[0]), **kw)
-            elif len(p["ws"]) == 1:
-                res = A(st.ins[2]) if len(st.ins) > 2 else None   # QMATMUL -> ADD: the residual epilogue
-                _qm.matmul(x, p["ws"][0], out=A(st.outs[0]), residual=res, **kw)
-            else:
-                _qm.matmul_multi(x, p["ws"], out=tuple(A(o) for o in st.outs), **kw)
-        elif k == "rope":
-            p = st.params
-            _rope.rope(A(st.ins[0]), A(st.ins[1]), n_dims=p["n_dims"], mode=p["mode"],
-                       out=A(st.outs[0]), isa=isa, n_threads=nth, **p["kw"])
-        elif k == "cache_write":
-            src, cw = st.ins[0], st.outs[0]
-            p0 = self._pos0(st.ins[1], src.shape[0], cw, arrays)
-            cache = cw.params["cache"]
-            cache[p0:p0 + src.shape[0]] = A(src)  # f32 -> f16 rounds to nearest even
-        elif k == "rope_cache":
-            p = st.params
-            cw = st.outs[0]
-            p0 = self._pos0(st.ins[2], st.ins[0].shape[0], cw, arrays)
-            r = _rope.rope(A(st.ins[0]), A(st.ins[1]), n_dims=p["n_dims"], mode=p["mode"],
-                           cache=(p["cache"], p0), isa=isa, n_threads=nth, **p["kw"])
-        elif k == "kv_write":
-            src, cells = A(st.ins[0]), A(st.ins[1])
-            kv = st.outs[0]
-            cache = kv.params["cache"]
-            if cells.size and (cells.min() < 0 or cells.max() >= cache.shape[0]):
-                raise GraphError(f"run: kv_write {kv.name!r}: cells of input {st.ins[1].name!r} must be in "
-                                 f"[0, {cache.shape[0]}), got {cells[(cells < 0) | (cells >= cache.shape[0])][:5].tolist()}")
-            cache[cells] = src   # f32 -> f16 rounds to nearest even
-        elif k == "attn_seqs":
-            self._attn_seqs_py(st, A, nth)
-        elif k == "gather_rows":
-            x, idx = A(st.ins[0]), A(st.ins[1])
-            if idx.size and (idx.min() < 0 or idx.max() >= x.shape[0]):
-                raise GraphError(f"run: gather_rows {st.outs[0].name!r}: indices of input {st.ins[1].name!r} must be "
-                                 f"in [0, {x.shape[0]}), got {idx[(idx < 0) | (idx >= x.shape[0])][:5].tolist()}")
-            np.take(x, idx, axis=0, out=A(st.outs[0]))
-        else:  # pragma: no cover
-            raise GraphError(f"unknown step {k}")
 
-    def _attn_seqs_py(self, st, A, nth):
-        """attn_seqs from Python (the numba path; and the error of a failed C step)"""
-        q, seqs, out = A(st.ins[0]), A(st.ins[3]), A(st.outs[0])
-        kc, vc = st.ins[1].params["cache"], st.ins[2].params["cache"]
-        n = q.shape[0]
-        for g, (cell0, r0, nr, pos0) in enumerate(seqs.tolist()):
-            if nr == 0:
-                continue
-            win, ring = st.params["window"], st.params["ring"]
-            k0 = max(0, pos0 - win + 1) if win > 0 else 0   # graph.inc plan_attn_seqs: the first visible key
-            T = pos0 + nr - k0
-            if nr < 0 or r0 < 0 or r0 + nr > n or pos0 < 0 or cell0 < 0 or (
-                    cell0 + ring > kc.shape[0] or T > ring if ring else cell0 + pos0 + nr > kc.shape[0]):
-                raise GraphError(f"run: attn_seqs {st.outs[0].name!r}: group {g} (cell0, row0, n_rows, pos0) = "
-                                 f"{(cell0, r0, nr, pos0)} does not fit {n} query rows and {kc.shape[0]} cache cells"
-                                 + (f" (a ring of {ring} cells per sequence, window {win})" if ring else ""))
-            mask = None
-            if nr > 1:
-                mask = np.zeros((1, 1, nr, T), F16)
-                pk, pq = k0 + np.arange(T)[None, :], pos0 + np.arange(nr)[:, None]
-                bad = (pk > pq) | ((pq - pk >= win) if win > 0 else False)
-                mask[0, 0][bad] = -np.inf
-            rows = cell0 + (np.arange(k0, k0 + T) % ring if ring else np.arange(k0, k0 + T))
-            K = kc[rows].transpose(1, 0, 2)[None]
-            V = vc[rows].transpose(1, 0, 2)[None]
-            Q = q[r0:r0 + nr].transpose(1, 0, 2)[None]
-            o = _attn.flash_attn(Q, K, V, mask, scale=st.params["scale"], softcap=st.params["softcap"],
-                                isa=self.isa, n_threads=nth)
-            out[r0:r0 + nr] = o[0]
+class _Run:
+    """What a step's Python execution (kinds.py, run) sees: X.a(node) a node's array (the run's
+    inputs or the plan's buffers), X.isa, X.nth, X.pos0(...)"""
+    __slots__ = ("plan", "arrays", "isa", "nth")
 
-    def _pos0(self, node, n_tokens, cw, arrays):
-        p0 = int(self._array(node, arrays)[0])
+    def __init__(self, plan, arrays, nth):
+        self.plan, self.arrays, self.isa, self.nth = plan, arrays, plan.isa, nth
+
+    def a(self, node):
+        return None if node is None else self.plan._array(node, self.arrays)
+
+    def pos0(self, node, n_tokens, cw):
+        """the cache row offset read from input `node` for n_tokens rows of cache_write node cw"""
+        p0 = int(self.a(node)[0])
         n_ctx = cw.shape[0]
         if p0 < 0 or p0 + n_tokens > n_ctx:
             raise GraphError(f"run: cache_write {cw.name!r}: rows [{p0}, {p0 + n_tokens}) of input "
