@@ -23,6 +23,12 @@ __all__ = ["Layout", "Record", "Enum", "SM", "RN", "FA", "FA_STRATEGY", "MASK_KI
            "generate", "plan_records"]
 
 
+def _field(v):
+    """a field's value: an int (a bool or numpy integer converted); an int subclass is kept as it is
+    (cpufuse.graph.ir.Dim, a size-dependent value whose slope the plan records)"""
+    return v if isinstance(v, int) and not isinstance(v, bool) else int(v)
+
+
 class Layout:
     """Named slots of an int64 descriptor, in order: Layout("SM", doc, [("S H R C", "x shape"), ...]).
     SM.S is a slot's index, SM.LEN the length (tail=(sub, n): n sub-layouts follow the fields, from
@@ -51,7 +57,7 @@ class Layout:
             missing = [f for f in names if f not in values]
             extra = [f for f in values if f not in names]
             raise ValueError(f"{self.prefix}.pack: missing fields {missing}, unknown fields {extra}")
-        out = [int(values[f]) for f in names]
+        out = [_field(values[f]) for f in names]
         if self.tail:
             sub, n = self.tail
             if len(tail) > n:
@@ -179,7 +185,7 @@ class Record:
         if len(args) != self.nargs or set(args) != set(self.fields):
             raise ValueError(f"record {self.name}: missing {[f for f in self.fields if f not in args]}, "
                              f"unknown {[f for f in args if f not in self.index]}")
-        return [self.op, self.nargs] + [int(args[f]) for f in self.fields]
+        return [self.op, self.nargs] + [_field(args[f]) for f in self.fields]
 
     def c(self):
         body = ", ".join(f"R_{self.name}_{f.upper()}" for f in self.fields)

@@ -8,7 +8,7 @@ import numpy as np
 from .. import _dispatch
 
 from .executor import compile_graph
-from .ir import F16, F32, I32, GraphError, Node, _contig_strides, _is_contig, _softmax_mask_ok, _suffix_tiles, _view_root
+from .ir import F16, F32, I32, GraphError, Node, as_int, _contig_strides, _is_contig, _softmax_mask_ok, _suffix_tiles, _view_root
 
 
 class Graph:
@@ -146,7 +146,7 @@ class Graph:
         return self._add("matmul", [a, b], {}, (a.shape[0], b.shape[1]), F32, name)
 
     def reshape(self, a, shape, name=None):
-        shape = tuple(int(s) for s in shape)
+        shape = tuple(as_int(s) for s in shape)
         nm = self._name("reshape", name)
         if math.prod(shape) != math.prod(a.shape):
             raise GraphError(f"reshape {nm!r}: shape must hold the {math.prod(a.shape)} elements of {a.name!r} "

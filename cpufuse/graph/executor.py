@@ -35,14 +35,13 @@ writes is one C call; describe() ends with the segment split. graph.PY_STEPS for
 back to Python steps (to compare the two). Outputs are the plan's buffers: they are overwritten by the next run (copy=True to
 get fresh arrays).
 """
-import math
 import threading
 
 import numpy as np
 
 from .. import _backend, _dispatch
 from .fusion import fuse
-from .ir import GraphError, _view_root, compute_nodes
+from .ir import Dim, GraphError, _view_root, at, compute_nodes
 from .kinds import KIND
 from .records import lower
 
@@ -188,66 +187,38 @@ class DynamicPlan:
         dp = DynamicPlan(build, {"n": 512})      # build(n=...) -> Graph, e.g. n tokens
         (y,) = dp.run({"n": 37}, x=x37, ...)     # exactly 37 rows computed: no padding
 
-    The plan is compiled for the capacities. Every field of its C program that depends on a
-    dimension (row counts, element counts, a view's leading stride) is affine in it; the program is
-    built again at capacity-1 and capacity-2 of each dimension, and the fields that change, with
-    their change per unit, are patched into a copy of the program at each run. A graph whose program
-    is not affine in a dimension (its fusions or kernel choices change with the size, e.g. a
-    flash_attn whose strategy depends on the rows) is refused with a GraphError; attn_seqs chooses
-    its strategy per sequence at run time and is affine. The buffers are the capacity plan's, so the
-    results are those of a plan compiled for the exact size (tests/test_graph_dynamic.py).
-    Capacities below 3 cannot be checked: such a dimension runs one plan per size (compiled lazily)."""
+    The graph is built once with each dimension an ir.Dim (its capacity, which knows its slope):
+    every shape, stride and record field computed from it is affine in the sizes, and the lowering
+    records each size-dependent field of the program with its slope (Program.affine). A run
+    patches a copy of the program, field = value - slope * (capacity - size), and runs it on the
+    capacity plan's buffers. A kernel choice that depends on the size (a flash_attn strategy over
+    the rows) is refused with a GraphError (ir.same_over_sizes); attn_seqs chooses its strategy per
+    sequence at run time. The results are those of a plan compiled for the exact size
+    (tests/test_graph_dynamic.py). A plan that is not one C call (Python steps: no extension, numba,
+    a step C cannot run) runs one plan per size instead, compiled lazily."""
 
     def __init__(self, build, dims, fusion=None, isa=None):
         if not dims or any(int(c) < 1 for c in dims.values()):
             raise GraphError(f"DynamicPlan: dims must map names to capacities >= 1, got {dims!r}")
         self.build, self.dims = build, {k: int(v) for k, v in dims.items()}
         self.fusion, self.isa = fusion, isa
-        self._lock = threading.Lock()
         self._per_size = {}
-        self.plan = build(**self.dims).compile(fusion, isa)
-        self.fixed = [d for d, c in self.dims.items() if c < 3]
-        self.native = self.plan.native and [k for k, _ in self.plan.segments] == ["c"]
-        if not self.native:   # Python steps: one plan per size
-            self.fixed = list(self.dims)
+        self.plan = build(**{d: Dim.var(d, c) for d, c in self.dims.items()}).compile(fusion, isa)
+        p = self.plan.program
+        self.native = p.native and [k for k, _ in p.segments] == ["c"]
+        self.fixed = [] if self.native else list(self.dims)   # Python steps: one plan per size
+        if not self.native:
             return
-        fn, prog, nrec, steps = self.plan.segments[0][1]
-        self._fn, self._nrec, self._steps = fn, nrec, steps
-        ffi = _backend.ffi
-        self._base = np.frombuffer(ffi.buffer(prog), np.int64).copy()
-        self._slopes = {}
-        self._in_shape = {n.name: (np.array(n.shape), {}) for n in self.plan.program.inputs}
-        self._out_shape = [(np.array(n.shape), {}) for n in self.plan.graph.outputs]
-        for d, cap in self.dims.items():
-            if d in self.fixed:
-                continue
-            p1 = build(**{**self.dims, d: cap - 1}).compile(fusion, isa)
-            p2 = build(**{**self.dims, d: cap - 2}).compile(fusion, isa)
-            a1, a2 = (self._prog_of(p, d) for p in (p1, p2))
-            s1, s2 = self._base - a1, a1 - a2
-            if not np.array_equal(s1, s2):
-                bad = np.flatnonzero(s1 != s2)[:5].tolist()
-                raise GraphError(f"DynamicPlan: the program is not affine in {d!r} (fields {bad} change "
-                                 f"non-linearly with it): compile per size instead")
-            if self.plan.program.fp != p1.program.fp or self.plan.program.fp != p2.program.fp:
-                raise GraphError(f"DynamicPlan: float parameters change with {d!r}")
-            self._slopes[d] = s1
-            for n1 in p1.program.inputs:
-                base, sl = self._in_shape[n1.name]
-                sl[d] = base - np.array(n1.shape)
-            for (base, sl), o1 in zip(self._out_shape, p1.graph.outputs):
-                sl[d] = base - np.array(o1.shape)
-        self._patched = np.flatnonzero(sum((s != 0).astype(np.int64) for s in self._slopes.values())
-                                       if self._slopes else np.zeros(0, np.int64))
-
-    def _prog_of(self, p, d):
-        if not p.native or [k for k, _ in p.segments] != ["c"]:
-            raise GraphError(f"DynamicPlan: the plan at a smaller {d!r} is not one C call")
-        prog, nrec = p.segments[0][1][1], p.segments[0][1][2]
-        a = np.frombuffer(_backend.ffi.buffer(prog), np.int64).copy()
-        if a.size != self._base.size or nrec != self._nrec:
-            raise GraphError(f"DynamicPlan: the program's structure changes with {d!r} (fusions or steps differ)")
-        return a
+        self._fn, prog, self._nrec, self._steps = p.segments[0][1]
+        self._base = np.frombuffer(_backend.ffi.buffer(prog), np.int64).copy()
+        self._affine = [(d, ix, sl) for d, (ix, sl) in p.affine[0].items()]
+        self._in = {n.name: (n.dtype, n.shape) for n in p.inputs}
+        self._outs = []
+        for node in self.plan.graph.outputs:
+            root, st, off = _view_root(node)
+            if isinstance(off, Dim):
+                raise GraphError(f"DynamicPlan: output {node.name!r} starts at an offset that depends on the sizes")
+            self._outs.append((self.plan.buffers[root.id].reshape(-1)[off:], node.shape, st))
 
     def _sizes(self, sizes):
         out = {}
@@ -260,51 +231,43 @@ class DynamicPlan:
             raise GraphError(f"run: unknown sizes {sorted(set(sizes) - set(self.dims))}; dims are {sorted(self.dims)}")
         return out
 
-    def _shape(self, base, sl, sizes):
-        sh = base.copy()
-        for d, s in sl.items():
-            sh = sh - s * (self.dims[d] - sizes[d])
-        return tuple(int(v) for v in sh)
-
     def run(self, sizes, copy=False, n_threads=None, **inputs):
         """Run at `sizes` (one int per dynamic dimension, 1..capacity) on named inputs of the shapes
         the graph has at those sizes; returns the outputs (views of the plan's buffers, or copies)."""
         sz = self._sizes(sizes)
-        if self.fixed:   # one exact plan per size of the unchecked dimensions
+        if self.fixed:   # one exact plan per size
             key = tuple(sz[d] for d in self.dims)
             p = self._per_size.get(key)
             if p is None:
                 p = self._per_size[key] = self.build(**sz).compile(self.fusion, self.isa)
             return p.run(copy=copy, n_threads=n_threads, **inputs)
-        plan = self.plan
+        plan, dims = self.plan, self.dims
+        pp = plan.program
+        if set(inputs) - set(self._in):
+            raise GraphError(f"run: unknown inputs {sorted(set(inputs) - set(self._in))}")
         cast = _backend.ffi.cast
         ptr_args = []
-        for slot, name, boff in plan.program.input_slots:
+        for slot, name, boff in pp.input_slots:
             a = inputs.get(name)
-            want = self._shape(*self._in_shape[name], sz)
-            node = next(n for n in plan.program.inputs if n.name == name)
-            if not isinstance(a, np.ndarray) or a.dtype != node.dtype or a.shape != want:
-                raise GraphError(f"run: input {name!r} must be a {node.dtype} array of shape {want} at sizes "
+            dtype, shape = self._in[name]
+            want = tuple(at(v, sz, dims) for v in shape)
+            if not isinstance(a, np.ndarray) or a.dtype != dtype or a.shape != want:
+                raise GraphError(f"run: input {name!r} must be a {dtype} array of shape {want} at sizes "
                                  f"{sz}, got {getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
             if not (a.flags.c_contiguous and a.flags.aligned):
                 a = inputs[name] = np.require(a, requirements=("C", "A"))
             ptr_args.append((slot, cast("void *", a.ctypes.data + boff)))
-        if set(inputs) - set(self._in_shape):
-            raise GraphError(f"run: unknown inputs {sorted(set(inputs) - set(self._in_shape))}")
         prog = self._base.copy()
-        if self._patched.size:
-            delta = np.zeros_like(prog)
-            for d, s in self._slopes.items():
-                delta += s * (self.dims[d] - sz[d])
-            prog[self._patched] -= delta[self._patched]
+        for d, ix, sl in self._affine:
+            down = dims[d] - sz[d]
+            if down:
+                prog[ix] -= sl * down
         nth = _dispatch.threads(n_threads)
         outs = []
-        for (base, sl), node in zip(self._out_shape, plan.graph.outputs):
-            shape = self._shape(base, sl, sz)
-            root, st, off = _view_root(node)
-            flat = plan.buffers[root.id].reshape(-1)
-            outs.append(np.lib.stride_tricks.as_strided(flat[off:], shape=shape, strides=[x * flat.itemsize for x in st]))
-        pp = plan.program
+        for flat, shape, st in self._outs:
+            it = flat.itemsize
+            outs.append(np.lib.stride_tricks.as_strided(flat, shape=tuple(at(v, sz, dims) for v in shape),
+                                                        strides=[at(x, sz, dims) * it for x in st]))
         with plan._lock:
             for slot, p in ptr_args:
                 pp.ptrs[slot] = p

@@ -1,6 +1,11 @@
 """The graph's data, shared by every stage (builder, fusion, lowering, executor): Node, Step,
-GraphError, the dtypes and the view helpers. Imports nothing from the other graph modules."""
+GraphError, Dim (a size-dependent integer), the dtypes and the view helpers. Imports nothing from
+the other graph modules."""
+import itertools
+
 import numpy as np
+
+from .._layouts import _field as as_int   # an int: a Dim stays one, a bool or numpy integer becomes a plain int
 
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
@@ -11,13 +16,112 @@ class GraphError(ValueError):
     """A graph that cannot be built or compiled: the message names the node."""
 
 
+class Dim(int):
+    """An integer that depends on dynamic sizes, affinely: the int is its value at the capacities,
+    coef[d] its change per unit of dimension d, span[d] = capacity_d - 1. At sizes s it is
+    int(self) - sum(coef[d] * (capacity_d - s_d)) (at(self, sizes)). DynamicPlan builds its graph
+    with Dim sizes; shapes, strides and record fields computed from them by +, -, * and // by
+    constants stay Dims, so every size-dependent field of a program is known with its slope
+    (records.lower: Program.affine). Decisions (comparisons, branches) see the value at the
+    capacities: a lowering whose choice depends on the size checks it (same_over_sizes). A product
+    of two Dims, or a Dim in a float, is not affine: GraphError."""
+
+    def __new__(cls, value, coef, span):
+        coef = {d: c for d, c in coef.items() if c}
+        if not coef:
+            return int(value)
+        self = super().__new__(cls, value)
+        self.coef, self.span = coef, {d: span[d] for d in coef}
+        return self
+
+    @classmethod
+    def var(cls, name, cap):
+        """the dimension itself, at capacity cap (its sizes are 1..cap)"""
+        return cls(cap, {name: 1}, {name: cap - 1})
+
+    def _lin(self, other, sign):
+        if isinstance(other, Dim):
+            coef = dict(self.coef)
+            for d, c in other.coef.items():
+                coef[d] = coef.get(d, 0) + sign * c
+            return Dim(int(self) + sign * int(other), coef, {**self.span, **other.span})
+        if isinstance(other, (int, np.integer)):
+            return Dim(int(self) + sign * int(other), self.coef, self.span)
+        raise GraphError(f"a size that depends on {sorted(self.coef)} used with {type(other).__name__}")
+
+    def __add__(self, other):
+        return self._lin(other, 1)
+
+    __radd__ = __add__
+
+    def __sub__(self, other):
+        return self._lin(other, -1)
+
+    def __rsub__(self, other):
+        return -self._lin(other, -1)
+
+    def __neg__(self):
+        return Dim(-int(self), {d: -c for d, c in self.coef.items()}, self.span)
+
+    def __mul__(self, other):
+        if isinstance(other, Dim) or not isinstance(other, (int, np.integer)):
+            raise GraphError(f"a size that depends on {sorted(self.coef)} times {type(other).__name__}: not affine")
+        k = int(other)
+        return Dim(int(self) * k, {d: c * k for d, c in self.coef.items()}, self.span)
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, other):
+        if isinstance(other, (int, np.integer)) and not isinstance(other, Dim) and other > 0 \
+                and all(c % other == 0 for c in self.coef.values()):
+            return Dim(int(self) // int(other), {d: c // int(other) for d, c in self.coef.items()}, self.span)
+        raise GraphError(f"a size that depends on {sorted(self.coef)} divided by {other!r}: not affine")
+
+    def __truediv__(self, *other):
+        raise GraphError(f"a size that depends on {sorted(self.coef)} in a float: not affine")
+
+    __rtruediv__ = __rfloordiv__ = __mod__ = __rmod__ = __pow__ = __float__ = __truediv__
+
+    def __repr__(self):
+        return int.__repr__(self)
+
+    __str__ = __repr__
+
+    def __reduce__(self):
+        return (Dim, (int(self), self.coef, self.span))
+
+
+def at(v, sizes, caps):
+    """the value of v (an int or a Dim) at sizes (dim -> size) of the capacities caps"""
+    if not isinstance(v, Dim):
+        return v
+    return int(v) - sum(c * (caps[d] - sizes[d]) for d, c in v.coef.items())
+
+
+def same_over_sizes(fn, *args):
+    """fn(*args), checked to be the same at every corner of the sizes the Dim args span (fn is
+    monotone in each dimension for the callers: a strategy threshold), else GraphError"""
+    dims = {}
+    for a in args:
+        if isinstance(a, Dim):
+            dims.update(a.span)
+    want = fn(*(int(a) for a in args))
+    for corner in itertools.product(*[(0, sp) for sp in dims.values()]):
+        down = dict(zip(dims, corner))
+        got = fn(*(int(a) - sum(c * down[d] for d, c in a.coef.items()) if isinstance(a, Dim) else a for a in args))
+        if got != want:
+            raise GraphError(f"not affine in {sorted(dims)}: {getattr(fn, '__name__', 'a choice')} is {want!r} at the "
+                             f"capacity and {got!r} at a smaller size; compile per size instead")
+    return want
+
+
 class Node:
     __slots__ = ("id", "op", "srcs", "params", "shape", "dtype", "name", "view_of", "view_strides",
                  "view_offset", "value")
 
     def __init__(self, nid, op, srcs, params, shape, dtype, name):
         self.id, self.op, self.srcs, self.params = nid, op, list(srcs), dict(params)
-        self.shape, self.dtype, self.name = tuple(int(s) for s in shape), np.dtype(dtype), name
+        self.shape, self.dtype, self.name = tuple(as_int(s) for s in shape), np.dtype(dtype), name
         self.view_of = None      # the node whose buffer this view reads
         self.view_strides = None  # element strides into that buffer
         self.view_offset = 0

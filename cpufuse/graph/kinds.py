@@ -24,7 +24,7 @@ import numpy as np
 
 from .._layouts import CP, RPF, Record
 from ..ops import attention as _attn, checks as _checks, norms as _norms, rope as _rope, softmax as _softmax
-from .ir import F16, F32, GraphError, Node, _is_contig, _view_root
+from .ir import F16, GraphError, Node, _is_contig, _view_root, same_over_sizes
 
 ROWS = []   # in opcode order
 
@@ -181,7 +181,7 @@ def _lower_flash_attn(st, L):
         slopes = L.keep_array(_checks._slopes(q.shape[1], p["max_bias"]))
     N, T = q.shape[2], kk.shape[2]
     desc = _attn.fa_desc(_geom(q), _geom(kk), _geom(v), _geom(out), _geom(m) if m is not None else None,
-                         _mask_kind(m), kk.dtype == F16, v.dtype == F16, _attn.choose_strategy(N, T),
+                         _mask_kind(m), kk.dtype == F16, v.dtype == F16, same_over_sizes(_attn.choose_strategy, N, T),
                          _attn.DEFAULT_SPLIT_CHUNK, 64)
     return FLASH_ATTN.pack(desc=0, q=L.slot(q), k=L.slot(kk), v=L.slot(v), mask=L.slot(m), slopes=slopes,
                            sinks=L.slot(sk), f_scale=L.fparam(p["scale"]), f_softcap=L.fparam(p["softcap"]),

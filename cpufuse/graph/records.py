@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 from .. import _backend, _registry
-from .ir import _view_root
+from .ir import Dim, GraphError, _view_root
 from .kinds import KIND, RECORDS
 
 _BY_OP = {r.op: r for r in RECORDS}
@@ -61,7 +61,10 @@ class Program:
     program, nrec its records' length, steps the step of each record) or ("py", step); ptrs, fp,
     fpc, blas, ilp64: cf_plan_run's pointer table, float parameters (a list, and the C array), BLAS
     pointers; input_slots: (pointer slot, input name, byte offset) filled at bind; keep: the
-    objects the program points into; sgemm, sgemm_why: numpy's cblas_sgemm, or why not."""
+    objects the program points into; sgemm, sgemm_why: numpy's cblas_sgemm, or why not;
+    affine: per segment, {dim: (indices, slopes)} of its program's fields that depend on the
+    dynamic sizes (a graph built with ir.Dim sizes; the program holds their values at the
+    capacities, and a field is value - slope * (capacity - size)), or None for a Python step."""
 
     def __init__(self, **fields):
         self.__dict__.update(fields)
@@ -74,7 +77,7 @@ def lower(graph, steps, isa):
     inputs = [n for n in graph.nodes if n.op == "input"]
     prog = Program(graph=graph, steps=steps, isa=isa, native=native, buffers=buffers, inputs=inputs,
                    segments=[("py", st) for st in steps], ptrs=None, fp=[], fpc=None, blas=None, ilp64=0,
-                   input_slots=[], keep=[], sgemm=None, sgemm_why=None)
+                   input_slots=[], keep=[], sgemm=None, sgemm_why=None, affine=[None] * len(steps))
     if not native:
         return prog
     addr, ilp = _sgemm()
@@ -101,10 +104,29 @@ def lower(graph, steps, isa):
     prog.fpc = ffi.new("float[]", L.fp or [0.0])
     prog.blas = ffi.new("void *[2]", [ffi.cast("void *", a) for a in prog.sgemm]) if prog.sgemm else ffi.NULL
     fn = _registry.kernel("plan_run", isa)
-    prog.segments = [(kind, seg) if kind == "py" else ("c", (fn, ffi.new("int64_t[]", _assemble(seg)),
-                                                    sum(len(body) for _, body, _ in seg), [st for st, _, _ in seg]))
-                     for kind, seg in raw]
+    prog.segments, prog.affine = [], []
+    for kind, seg in raw:
+        if kind == "py":
+            prog.segments.append((kind, seg))
+            prog.affine.append(None)
+            continue
+        flat = _assemble(seg)
+        prog.segments.append(("c", (fn, ffi.new("int64_t[]", [int(v) for v in flat]),
+                                    sum(len(body) for _, body, _ in seg), [st for st, _, _ in seg])))
+        prog.affine.append(_slopes(flat))
     return prog
+
+
+def _slopes(flat):
+    """{dim: (indices, slopes)} of a program's size-dependent fields (the Dims among its values)"""
+    out = {}
+    for i, v in enumerate(flat):
+        if isinstance(v, Dim):
+            for d, c in v.coef.items():
+                out.setdefault(d, ([], []))
+                out[d][0].append(i)
+                out[d][1].append(c)
+    return {d: (np.array(ix, np.intp), np.array(sl, np.int64)) for d, (ix, sl) in out.items()}
 
 
 def _assemble(seg):
@@ -182,6 +204,8 @@ class _Lowerer:
         if node is None:
             return -1
         root, st, off = _view_root(node)
+        if isinstance(off, Dim):   # a pointer is not patched per size
+            raise GraphError(f"{node.name!r}: a view whose offset depends on the sizes {sorted(off.coef)}")
         key = (root.id, off)
         if key not in self.slots:
             self.slots[key] = len(self.slot_addr)
