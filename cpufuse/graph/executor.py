@@ -133,8 +133,8 @@ class Plan:
                              f"{sorted(arrays)}")
         inp = []
         if self.native:
-            cast = _backend.ffi.cast
-            inp = [(slot, cast("void *", arrays[name].ctypes.data + boff)) for slot, name, boff in self.program.input_slots]
+            from_buffer = _backend.ffi.from_buffer
+            inp = [(slot, from_buffer(arrays[name]) + boff) for slot, name, boff in self.program.input_slots]
         outs = tuple(self._array(n, arrays) for n in self.graph.outputs)
         p = self.program
         ptrs, segments, fpc, blas, ilp64 = p.ptrs, p.segments, p.fpc, p.blas, p.ilp64
@@ -203,6 +203,7 @@ class DynamicPlan:
         self.build, self.dims = build, {k: int(v) for k, v in dims.items()}
         self.fusion, self.isa = fusion, isa
         self._per_size = {}
+        self._cache = {}   # sizes -> _at_sizes(sizes)
         self.plan = build(**{d: Dim.var(d, c) for d, c in self.dims.items()}).compile(fusion, isa)
         p = self.plan.program
         self.native = p.native and [k for k, _ in p.segments] == ["c"]
@@ -212,13 +213,24 @@ class DynamicPlan:
         self._fn, prog, self._nrec, self._steps = p.segments[0][1]
         self._base = np.frombuffer(_backend.ffi.buffer(prog), np.int64).copy()
         self._affine = [(d, ix, sl) for d, (ix, sl) in p.affine[0].items()]
-        self._in = {n.name: (n.dtype, n.shape) for n in p.inputs}
+        self._prog = prog
+        self._in = {n.name: (n.dtype, n.shape, tuple(int(v) for v in n.shape)) for n in p.inputs}
         self._outs = []
         for node in self.plan.graph.outputs:
             root, st, off = _view_root(node)
             if isinstance(off, Dim):
                 raise GraphError(f"DynamicPlan: output {node.name!r} starts at an offset that depends on the sizes")
             self._outs.append((self.plan.buffers[root.id].reshape(-1)[off:], node.shape, st))
+        self._full = tuple(self._outputs(self.dims))   # the outputs at the capacities
+
+    def _outputs(self, sz):
+        """the outputs at sizes sz: views of the plan's buffers"""
+        dims, outs = self.dims, []
+        for flat, shape, st in self._outs:
+            it = flat.itemsize
+            outs.append(np.lib.stride_tricks.as_strided(flat, shape=tuple(at(v, sz, dims) for v in shape),
+                                                        strides=[at(x, sz, dims) * it for x in st]))
+        return outs
 
     def _sizes(self, sizes):
         out = {}
@@ -231,50 +243,62 @@ class DynamicPlan:
             raise GraphError(f"run: unknown sizes {sorted(set(sizes) - set(self.dims))}; dims are {sorted(self.dims)}")
         return out
 
+    def _at_sizes(self, sz):
+        """(input checks, program, outputs) at sizes sz: per pointer slot (slot, name, byte offset,
+        dtype, shape), the program patched to these sizes, the output views"""
+        dims, pp = self.dims, self.plan.program
+        if sz == dims:   # at the capacities: the program as it is
+            prog, outs = self._prog, self._full
+        else:
+            patched = self._base.copy()
+            for d, ix, sl in self._affine:
+                patched[ix] -= sl * (dims[d] - sz[d])
+            prog, outs = _backend.ffi.new("int64_t[]", patched.tolist()), tuple(self._outputs(sz))
+        slots = [(slot, name, boff, self._in[name][0], tuple(at(v, sz, dims) for v in self._in[name][1]))
+                 for slot, name, boff in pp.input_slots]
+        return slots, prog, outs
+
     def run(self, sizes, copy=False, n_threads=None, **inputs):
         """Run at `sizes` (one int per dynamic dimension, 1..capacity) on named inputs of the shapes
         the graph has at those sizes; returns the outputs (views of the plan's buffers, or copies)."""
-        sz = self._sizes(sizes)
-        if self.fixed:   # one exact plan per size
+        key = tuple(sizes.get(d) for d in self.dims) if type(sizes) is dict and len(sizes) == len(self.dims) else ()
+        entry = self._cache.get(key) if all(type(v) is int for v in key) else None   # sizes seen (and checked) before
+        if entry is None:
+            sz = self._sizes(sizes)
             key = tuple(sz[d] for d in self.dims)
-            p = self._per_size.get(key)
-            if p is None:
-                p = self._per_size[key] = self.build(**sz).compile(self.fusion, self.isa)
-            return p.run(copy=copy, n_threads=n_threads, **inputs)
-        plan, dims = self.plan, self.dims
+            if self.fixed:   # one exact plan per size
+                p = self._per_size.get(key)
+                if p is None:
+                    p = self._per_size[key] = self.build(**sz).compile(self.fusion, self.isa)
+                return p.run(copy=copy, n_threads=n_threads, **inputs)
+            if len(self._cache) >= 256:
+                self._cache.clear()
+            entry = self._cache[key] = self._at_sizes(sz)
+        slots, prog, outs = entry
+        plan = self.plan
         pp = plan.program
-        if set(inputs) - set(self._in):
+        if not inputs.keys() <= self._in.keys():
             raise GraphError(f"run: unknown inputs {sorted(set(inputs) - set(self._in))}")
-        cast = _backend.ffi.cast
+        from_buffer = _backend.ffi.from_buffer
         ptr_args = []
-        for slot, name, boff in pp.input_slots:
+        for slot, name, boff, dtype, want in slots:
             a = inputs.get(name)
-            dtype, shape = self._in[name]
-            want = tuple(at(v, sz, dims) for v in shape)
             if not isinstance(a, np.ndarray) or a.dtype != dtype or a.shape != want:
                 raise GraphError(f"run: input {name!r} must be a {dtype} array of shape {want} at sizes "
-                                 f"{sz}, got {getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
+                                 f"{dict(zip(self.dims, key))}, got {getattr(a, 'dtype', type(a).__name__)} "
+                                 f"{getattr(a, 'shape', '')}")
             if not (a.flags.c_contiguous and a.flags.aligned):
                 a = inputs[name] = np.require(a, requirements=("C", "A"))
-            ptr_args.append((slot, cast("void *", a.ctypes.data + boff)))
-        prog = self._base.copy()
-        for d, ix, sl in self._affine:
-            down = dims[d] - sz[d]
-            if down:
-                prog[ix] -= sl * down
+            ptr_args.append((slot, from_buffer(a) + boff))
         nth = _dispatch.threads(n_threads)
-        outs = []
-        for flat, shape, st in self._outs:
-            it = flat.itemsize
-            outs.append(np.lib.stride_tricks.as_strided(flat, shape=tuple(at(v, sz, dims) for v in shape),
-                                                        strides=[at(x, sz, dims) * it for x in st]))
         with plan._lock:
             for slot, p in ptr_args:
                 pp.ptrs[slot] = p
-            pc = _backend.ffi.from_buffer("int64_t[]", prog)
-            rc = self._fn(pc, self._nrec, pp.ptrs, pp.fpc, pp.blas, pp.ilp64, nth)
+            rc = self._fn(prog, self._nrec, pp.ptrs, pp.fpc, pp.blas, pp.ilp64, nth)
             if rc:
                 bad = self._steps[rc - 1]
+                if prog is self._prog and KIND[bad.kind].explains:   # the precise error (the nodes' shapes are these sizes')
+                    KIND[bad.kind].run(bad, _Run(plan, inputs, nth))
                 raise GraphError(f"run: kernel call failed at {bad.kind} [{', '.join(n.name for n in bad.nodes)}] "
                                  "(an index input out of range: kv_write cells, attn_seqs groups or gather_rows idx)")
-            return tuple(o.copy() for o in outs) if copy else tuple(outs)
+            return tuple(o.copy() for o in outs) if copy else outs
