@@ -38,7 +38,7 @@ def worker(path, nth, steps):
     wall = time.perf_counter_ns() - t0
     lib.cf_pool_profile(0, out)
     busy, region, nreg = (int(out[i]) for i in range(3))
-    from cpufuse._layouts import RECORDS
+    from cpufuse.graph.kinds import RECORDS
     ops = {r.name: out[3 + r.op] / steps / 1e3 for r in RECORDS if r.op < 64 and out[3 + r.op]}
     W = wall / steps / 1e3
     R = region / steps / 1e3
