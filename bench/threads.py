@@ -41,6 +41,12 @@ _pin_core = [ALL_CORES[0] if ALL_CORES else None]
 _mode = [None]
 
 
+def best_isa():
+    """cpufuse's first native ISA here (the probes' and the model's), or None"""
+    import cpufuse
+    return next((i for i in cpufuse.available_isas() if i != "numba"), None)
+
+
 def set_pin_core(core):
     if ALL_CORES is None:
         return

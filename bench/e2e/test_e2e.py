@@ -1,10 +1,10 @@
-"""The benchmark's synthetic real-shape GGUFs (bench/bigmodels.py): valid random blocks with the
+"""The benchmark's synthetic real-shape GGUFs (bench/e2e/bigmodels.py): valid random blocks with the
 intended scale, the llama.cpp quantizer's type rules, the vocabulary. (The files themselves are
 0.7-8 GB; the bench writes them, these tests only the pieces, on small matrices.)"""
 import numpy as np
 import pytest
 
-from bench import bigmodels as bm
+from bench.e2e import bigmodels as bm
 from cpufuse.quant.types import dequantize
 
 
@@ -72,9 +72,9 @@ def test_bad_arguments():
 
 
 def test_e2e_big_report_handles_partial_results(tmp_path):
-    """bench/e2e_big.py's summary and markdown from a run cut short: derived rates where both
+    """bench/e2e/big.py's summary and markdown from a run cut short: derived rates where both
     numbers exist, '–' where an engine or the probes are missing"""
-    from bench import e2e_big
+    from bench.e2e import big as e2e_big
     f = {"shape": "1b", "type": "q4_0", "path": "/x/llama-1b-shapes-Q4_0.gguf", "bytes": 1 << 30,
          "work": bm.work("1b", "q4_0")}
     name = "llama-1b-shapes-Q4_0.gguf"

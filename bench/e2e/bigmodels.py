@@ -1,6 +1,6 @@
 """Synthetic GGUFs with real Llama shapes, for the end-to-end benchmark on 1B-8B models.
 
-    python -m bench.bigmodels [--models 1b,8b] [--types q4_0,q4_k,q6_k,q8_0,q4_k_m] [--dir D]
+    python -m bench.e2e.bigmodels [--models 1b,8b] [--types q4_0,q4_k,q6_k,q8_0,q4_k_m] [--dir D]
                               [--force] [--check]
 
 The weights are random but valid quantized blocks, so the text is noise, but the work per token is
@@ -426,7 +426,7 @@ def parse_list(s, allowed, what):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench.bigmodels", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.e2e.bigmodels", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="1b", help="comma list of " + ",".join(SHAPES) + " (default 1b)")
     ap.add_argument("--types", default="all", help="comma list of " + ",".join(TYPES) + ", or all (default)")
     ap.add_argument("--dir", help=f"cache folder (default $CPUFUSE_BENCH_MODELS or {DEFAULT_DIR})")

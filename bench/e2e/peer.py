@@ -1,4 +1,4 @@
-"""The llama.cpp side of bench/e2e.py, run by the peer interpreter (llama-cpp-python's venv).
+"""The llama.cpp side of bench/e2e/model.py, run by the peer interpreter (llama-cpp-python's venv).
 
 It never imports cpufuse (the two engines never share a process). One job per process, given as a
 JSON file; the answer is one JSON line on stdout (big arrays go to .npy files named in the job):
