@@ -79,10 +79,9 @@ class Weight:
         self.qtype, self.n_out, self.n_in = qtype, n_out, n_in
         self.raw = make_raw(qtype, n_out, n_in, rng)
         self.wf = dequantize(self.raw, qtype, n_in)
-        QT = getattr(cpufuse, "QTensor", None)
-        self.qt = QT(self.raw, qtype, (n_out, n_in)) if QT is not None else None
+        self.qt = cpufuse.QTensor(self.raw, qtype, (n_out, n_in))
         # the repacked weights (cpufuse's P16 panels) where this cpufuse has them
-        self.qp = self.qt.repack() if self.qt is not None and hasattr(self.qt, "repack") else self.qt
+        self.qp = self.qt.repack()
         self.nbytes = self.raw.nbytes
 
 
@@ -226,7 +225,6 @@ KIND_TITLE = {"swiglu": "gate/up + SwiGLU: `matmul_swiglu` vs two matmuls + swig
               "qkv": "QKV on one activation: `matmul_multi(x, (wq, wk, wv))` vs three matmuls",
               "rope": "RoPE + f16 KV-cache write: `rope(k, pos, n_dims=128, cache=(kc, pos0))` vs rope then a cast copy "
                       "into the cache, vs numpy's copy bandwidth"}
-HOOK_FN = {"swiglu": "matmul_swiglu", "norm_matmul": "matmul", "residual": "matmul", "qkv": "matmul_multi", "rope": "rope"}
 
 
 def _default_act():
@@ -302,8 +300,6 @@ class QuantSection(Section):
         x, w = inp["x"], inp["w"][0]
         y = np.empty((case.rows, case.n_out), np.float32)
         if col.startswith("cpufuse"):
-            if not hasattr(cpufuse, "matmul") or w.qt is None:
-                raise Unavailable("cpufuse.matmul / cpufuse.QTensor not available in this cpufuse")
             kw = {"out": y, "n_threads": nth}
             if col != "cpufuse":
                 kw["act"] = col.split()[1]
@@ -356,10 +352,6 @@ class QuantSection(Section):
         if case.kind == "rope":
             return self._build_rope(case, col, inp, nth)
         x, ws = inp["x"], inp["w"]
-        if col != "numpy unfused":
-            fname = HOOK_FN[case.kind]
-            if not hasattr(cpufuse, fname) or not hasattr(cpufuse, "matmul") or any(w.qt is None for w in ws):
-                raise Unavailable(f"cpufuse.{fname} not available in this cpufuse")
         rows = case.rows
         if case.kind == "swiglu":
             wg, wu = ws
@@ -379,7 +371,7 @@ class QuantSection(Section):
 
                 def get():
                     return np.array(fn(), copy=True)
-                return _typeerror_as_unavailable(fn, get)
+                return fn, get
             else:
                 wgt, wut = wg.wf.T, wu.wf.T
 
@@ -448,14 +440,14 @@ class QuantSection(Section):
             def get():
                 fn()
                 return np.concatenate(ys, axis=-1)
-            return _typeerror_as_unavailable(fn, get)
+            return fn, get
         else:
             raise Unavailable(NA)
 
         def get():
             fn()
             return y.copy()
-        return _typeerror_as_unavailable(fn, get)
+        return fn, get
 
     def _build_rope(self, case, col, inp, nth):
         k, pos, pos0, kc = inp["k"], inp["pos"], inp["pos0"], inp["kc"]
@@ -465,8 +457,6 @@ class QuantSection(Section):
             scratch = np.empty_like(k)
             fn = functools.partial(np.copyto, scratch, k)
             return fn, lambda: (fn(), scratch)[1]
-        if not hasattr(cpufuse, "rope"):
-            raise Unavailable("cpufuse.rope not available in this cpufuse")
         if col == "fused":
             fn = functools.partial(cpufuse.rope, k, pos, n_dims=ROPE_DIM, cache=(kc, pos0), n_threads=nth)
         else:
@@ -479,7 +469,7 @@ class QuantSection(Section):
         def get():
             fn()
             return dst.astype(np.float32)
-        return _typeerror_as_unavailable(fn, get)
+        return fn, get
 
     def work(self, case, inp):
         """bytes and flops of the row; also the cross checks on the outputs the checks just made
@@ -518,16 +508,6 @@ class QuantSection(Section):
         r["gbps"] = work["bytes"] / r["median_ns"]
         if work.get("flops"):
             r["gflops"] = work["flops"] / r["median_ns"]
-
-
-def _typeerror_as_unavailable(fn, get):
-    """a hook whose guessed signature does not match the function that landed is skipped, not an error"""
-    def g():
-        try:
-            return get()
-        except TypeError as e:
-            raise Unavailable(f"the hook's call does not match this cpufuse: TypeError: {e}") from None
-    return fn, g
 
 
 @functools.lru_cache(maxsize=8)

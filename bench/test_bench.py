@@ -190,67 +190,6 @@ def test_harness_quant_read_probe():
     quant.release()
 
 
-class _StubQTensor:
-    """stands in for cpufuse.QTensor while cpufuse has none (harness test only)"""
-
-    def __init__(self, raw, qtype, shape):
-        from bench import quant
-        self.raw, self.qtype, self.shape = raw, qtype, shape
-        self.nbytes = raw.nbytes
-        self._wf = quant.dequantize(raw, qtype, shape[1])
-
-
-def _stub_matmul(x, w, *, act=None, out=None, n_threads=None, norm_weight=None, eps=None, isa=None):
-    if norm_weight is not None:
-        x = x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * norm_weight
-    y = x @ w._wf.T
-    if out is None:
-        return y
-    out[...] = y
-    return out
-
-
-def test_harness_quant_section_with_stub(monkeypatch):
-    """the section end to end on two small rows (prepare, timing, derived, markdown), with cpufuse.matmul
-    stubbed by numpy so the harness is tested whatever state cpufuse's quantized matmul is in"""
-    import cpufuse
-    from bench import quant
-    monkeypatch.setattr(cpufuse, "QTensor", _StubQTensor, raising=False)
-    monkeypatch.setattr(cpufuse, "matmul", _stub_matmul, raising=False)
-    rows = [cases.qcase("t Q8_0 64→32 ×1", "matmul", "SmolLM2-135M", "Q8_0", 64, 32, 1),
-            cases.qcase("t Q4_0 64→32 ×4", "matmul", "SmolLM2-135M", "Q4_0", 64, 32, 4),
-            cases.qcase("t norm Q8_0 64→32 ×2", "norm_matmul", "SmolLM2-135M", "Q8_0", 64, 32, 2)]
-    sec = quant.QuantSection(False, threads.n_all > 1)
-    sec.q8ref_max = 0   # the stub has no q8 mode
-    logs = []
-    entries = []
-    for case in rows:
-        for c, work, res in run.run_cases(sec, [case], 0.002, 2, logs.append):
-            entries.append({"case": c, "work": work, "results": res})
-    assert not logs, logs
-    r0 = entries[0]["results"]
-    for k in ("cpufuse", "cpufuse f32", "cpufuse q8", "numpy", "DRAM read"):
-        assert r0[k]["status"] == "ok", (k, r0[k])
-    assert r0["ggml repack"]["status"] == "skipped"          # no repacked Q8_0 on x86 (or no ggml)
-    assert entries[1]["results"]["DRAM read"]["status"] == "skipped"   # decode rows only
-    assert entries[2]["results"]["fused"]["status"] == "ok"  # the norm fusion hook, via the stub
-    assert entries[2]["results"]["cpufuse"]["reason"] == quant.NA
-    env = {"copy_bw": {"dram": {"gbps": 10.0}}}
-    for e in entries:
-        e["derived"] = sec.derived(e["case"], e["results"], dict(env, work=e["work"]))
-        e["case"] = e["case"].asdict()
-    d0 = entries[0]["derived"]
-    assert d0["numpy_over_cpufuse"] > 0 and d0["cpufuse_gbps"] > 0 and d0["pct_read"] > 0
-    if entries[0]["results"]["ggml"]["status"] == "ok":
-        assert d0["ggml_path"]["ggml"] == "vec_dot" and d0["ggml_over_cpufuse"] > 0
-    assert "fusion_gain" in entries[2]["derived"]
-    md = "\n".join(report.section_md(sec, {"cases": entries, "variants": [run.asdict(v) for v in sec.vlist]}))
-    assert "## quantized matmul" in md and "t Q8_0 64→32 ×1" in md and "RMSNorm" in md
-    quant.release()
-    quant.PROBES.clear()
-    quant.EXTRA.clear()
-
-
 # ------------------------------------------------------------------------------------------------
 # the probes, the exp floor column, progress and the chart
 

@@ -1,11 +1,6 @@
 """Timing primitives for the benchmark: interleaved rounds, copy bandwidth, timer overhead.
 
-Timing is done on the calling thread with time.perf_counter_ns (the variants may use threads). A *sample* is the mean time of one
-sub-batch of k back-to-back calls (k chosen so a sub-batch lasts >= ~20 µs, which makes the
-timer's own cost negligible); k = 1 for the per-call latency rows. Variants are interleaved in
-rounds (each round runs every variant's batch once, in a rotated order) so that slow drifts and
-noise bursts on a shared machine hit all variants alike; the reported figure is the median over all
-samples of all rounds.
+Details: bench/README.md, "bench.timing".
 """
 import functools
 import itertools
@@ -269,14 +264,6 @@ def load_avg():
         return os.getloadavg()
     except OSError:
         return (float("nan"),) * 3
-
-
-def rss_kb():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return -1
 
 
 def cpu_name():

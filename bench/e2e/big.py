@@ -4,33 +4,7 @@
                             [--rounds 3] [--llama-bench PATH | --peer-python PATH] [--dir D]
                             [--json P] [--md P] [--png P]
 
-Models: bench/e2e/bigmodels.py writes them (Llama-3.2-1B and Llama-3.1-8B shapes, random valid blocks;
-its docstring gives every tensor's type) into its cache folder, once.
-
-Measured per file and thread count, in alternating rounds (each engine in its own process per
-round, the order rotated every round, as bench/e2e/model.py does for SmolLM2):
-  pp512  one eval of 512 tokens from an empty cache (after an untimed warm-up eval of --pp-warm tokens);
-  tg128  128 single-token evals after a 1-token prompt, the next token given (after 16 untimed).
-Engines:
-  cpufuse    cpufuse.llama.Model.load(path, n_ctx=1024, n_threads=k), its defaults (bench/e2e/model.py's
-             worker, wall time around Model.eval).
-  llama.cpp  llama-cpp-python in its own venv (bench/e2e/peer.py: n_batch = n_ubatch = 512, f16
-             K/V, mmap, repack on), flash attention off and on; or, with --llama-bench PATH,
-             llama.cpp's own llama-bench (`-p 512 -n 128 -t k -fa 0|1 -r R -o json`: one warm-up
-             run, then R runs; random token ids; its own timer). The table gives the better of FA
-             off and on per cell, and says which.
-1 thread: every process under `taskset -c 0`; k > 1 threads: unpinned.
-Probes, in the same rounds (a process per round and thread count, pinned like the engines):
-  DRAM read  a sum over 1 GiB of float32 on k threads (cpufuse's cf_read_sum: its thread pool,
-             vector loads; bench/threads.py read_bw_stats), median of 7 passes;
-  int8 peak  cf_int8_peak on k threads (independent chains of vpdpbusd zmm / maddubs / sdot),
-             best of many ~2 ms runs.
-Derived: decode GB/s = weight bytes streamed per token (every layer matrix + the output matrix,
-bigmodels.work) x tg tok/s, and its % of the same run's DRAM read bandwidth at k threads; prompt
-int8 GMAC/s = matmul multiply-adds per token (sum of n_in x n_out; the attention's QK^T and PV, ~1%
-at pp512, are left out) x pp tok/s, and its % of the int8 peak at k threads.
-Output: --md (default bench/results/e2e-big.md), --json (e2e-big.json, not in git), --png
-(e2e-big.png: tok/s against threads, matplotlib).
+Details: bench/README.md, "bench.e2e.big".
 """
 import argparse
 import json
@@ -44,7 +18,7 @@ import time
 from .. import threads as threads_mod
 from ..timing import RESULTS, cpu_name, fmt, load_avg, median, peer_status, run_job
 from . import bigmodels
-from .model import DEFAULT_PEER, HERE, N_CTX, bench_tokens
+from .model import DEFAULT_PEER, HERE, N_CTX, bench_tokens, per_round, run_rounds
 
 PP, TG = 512, 128
 ENGINES = ("cpufuse", "llamacpp-fa-off", "llamacpp-fa-on")
@@ -194,45 +168,33 @@ def run(args):
     for f in files:
         name = os.path.basename(f["path"])
         toks = bench_tokens(f["path"], PP + TG + 8)
-        R = raw[name] = {j: {str(t): [] for t in threads} for j in jobs}
-        for rnd in range(args.rounds):
-            for t in threads:
-                k = rnd % len(jobs)
-                for e in jobs[k:] + jobs[:k]:
-                    pin = t == 1
-                    t0 = time.perf_counter()
-                    if e == "probe":
-                        res, err = run_job({"threads": t, "read_bytes": args.read_mib << 20}, sys.executable,
-                                           ["-m", "bench.e2e.big", "--probe-worker"], pin, t)
-                    elif e == "cpufuse":
-                        job = {"job": "speed", "engine": "cpufuse", "model": f["path"], "tokens": toks, "threads": t,
-                               "pp": [PP], "tg": TG, "reps": reps, "n_ctx": N_CTX, "pp_warm": args.pp_warm}
-                        res, err = run_job(job, sys.executable, ["-m", "bench.e2e", "--worker"], pin, t,
-                                           timeout=args.timeout)
-                    else:
-                        res, err = PEERS[peer_kind].run(prog, f["path"], t, e.endswith("fa-on"), toks, args, pin)
-                    dt = time.perf_counter() - t0
-                    if err:
-                        errors.setdefault(f"{name} {e} t={t}", err)
-                        print(f"  {name} round {rnd + 1} t={t} {e}: FAILED {err[-300:]}", flush=True)
-                        continue
-                    res["load_avg"] = load_avg()
-                    res["seconds"] = dt
-                    R[e][str(t)].append(res)
-                    if e == "probe":
-                        pk = res.get("int8") or {}
-                        print(f"  {name} round {rnd + 1} t={t} probes: DRAM read {res['read']['gbps']:.1f} GB/s, int8 "
-                              f"{pk.get('best', float('nan')):.0f} GMAC/s ({dt:.0f} s)", flush=True)
-                    else:
-                        if "version" in res:
-                            peer_info = {"version": res["version"], "system_info": res.get("system_info", ""),
-                                         "raw": res.get("raw")}
-                        fin = res.get("logits_finite")
-                        print(f"  {name} round {rnd + 1} t={t} {LABEL[e]:17s} " +
-                              "  ".join(f"{kk} {median(v):8.2f}" for kk, v in res["wall"].items()) +
-                              ("" if fin is None else f"  logits finite {fin}") + f" ({dt:.0f} s)", flush=True)
-                busy.append(threads_mod.busy_cores(0.3))
-                report(False)
+
+        def one(e, t):
+            if e == "probe":
+                return run_job({"threads": t, "read_bytes": args.read_mib << 20}, sys.executable,
+                               ["-m", "bench.e2e.big", "--probe-worker"], t == 1, t)
+            if e == "cpufuse":
+                job = {"job": "speed", "engine": "cpufuse", "model": f["path"], "tokens": toks, "threads": t,
+                       "pp": [PP], "tg": TG, "reps": reps, "n_ctx": N_CTX, "pp_warm": args.pp_warm}
+                return run_job(job, sys.executable, ["-m", "bench.e2e", "--worker"], t == 1, t, timeout=args.timeout)
+            res, err = PEERS[peer_kind].run(prog, f["path"], t, e.endswith("fa-on"), toks, args, t == 1)
+            if res and "version" in res:
+                peer_info.update(version=res["version"], system_info=res.get("system_info", ""), raw=res.get("raw"))
+            return res, err
+
+        def line(e, res):
+            if e == "probe":
+                return (f"probes: DRAM read {res['read']['gbps']:.1f} GB/s, int8 "
+                        f"{(res.get('int8') or {}).get('best', float('nan')):.0f} GMAC/s")
+            fin = res.get("logits_finite")
+            return (f"{LABEL[e]:17s} " + "  ".join(f"{k} {fmt(median(v), 2):>8}" for k, v in res["wall"].items())
+                    + ("" if fin is None else f"  logits finite {fin}"))
+
+        def after():
+            busy.append(threads_mod.busy_cores(0.3))
+            report(False)
+        raw[name] = {j: {str(t): [] for t in threads} for j in jobs}
+        run_rounds(raw[name], errors, name, jobs, threads, args.rounds, one, line, after)
     out = report(True)
     print(f"bench.e2e.big: wrote {args.json}, {args.md} ({out['seconds'] / 60:.1f} min; load average "
           f"{la0[0]:.2f} -> {out['load_avg_end'][0]:.2f})")
@@ -261,11 +223,8 @@ def summarize(files, raw, threads, engines):
                 de = d.setdefault(e, {})
                 de["logits_finite"] = all(r.get("logits_finite", True) for r in rs)
                 for key in (f"pp{PP}", f"tg{TG}"):
-                    per_round = [median(r["wall"].get(key, [])) for r in rs]
-                    per_round = [x for x in per_round if x is not None]
-                    if per_round:
-                        de[key] = {"median": median(per_round), "rounds": per_round,
-                                   "min": min(per_round), "max": max(per_round)}
+                    if per_round(rs, key):
+                        de[key] = per_round(rs, key)
             for key in (f"pp{PP}", f"tg{TG}"):
                 cands = [(d[e][key]["median"], e) for e in ("llamacpp-fa-off", "llamacpp-fa-on")
                          if key in d.get(e, {})]

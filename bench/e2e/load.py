@@ -4,25 +4,7 @@
                                [--rounds 2] [--endpoint chat|completions] [--json PATH]
                                [--extra-body JSON]
 
-For each concurrency level N, N clients start together; each sends `--rounds` streaming requests
-one after the other (greedy, temperature 0, max_tokens 128, `ignore_eos` so that servers that
-honour it produce full-length answers; a distinct prompt per client and round, so no request
-reuses another's prompt cache). It reports, per level:
-
-- aggregate output tok/s: the output tokens of every request / the wall time from the start of
-  the level to its last request's end;
-- TTFT p50/p95: request sent -> first chunk with content;
-- ITL p50/p95: the gaps between consecutive content chunks, pooled over the level's requests;
-- per-request decode tok/s (median): (tokens - 1) / (end - first content chunk).
-
-Output tokens are `usage.completion_tokens` when the server sends usage
-(`stream_options.include_usage`); else max_tokens when the request ended with finish_reason
-"length" (it produced exactly that many); else the number of content chunks (a server that
-coalesces tokens into fewer chunks then counts low, and its ITL reads high: see the `counted`
-column). `--extra-body` adds fields to every request: llama-cpp-python ignores `ignore_eos`, so
-bench/e2e/serve.py sends it `{"logit_bias": {"<eog id>": -1000}}` instead.
-It drives cpufuse's server (`python -m cpufuse serve`) and `python -m llama_cpp.server` alike:
-the model name comes from GET /v1/models. It needs httpx only.
+Details: bench/README.md, "bench.e2e.load".
 """
 from __future__ import annotations
 

