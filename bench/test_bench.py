@@ -365,7 +365,11 @@ SMOKE_ROWS = ("rms_norm×w 1×576", "decode T=512 f16", "SmolLM2 block n_tok=1",
 
 
 def _bench(*args, timeout=900):
-    p = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    """python -m ARGS on every core of this process's original affinity (the harness tests above pin
+    this process to one core, and a child inherits that)"""
+    every = (lambda: os.sched_setaffinity(0, threads.ALL_CORES)) if threads.ALL_CORES else None
+    p = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                       preexec_fn=every)
     assert p.returncode == 0, p.stderr[-3000:]
     return p
 
