@@ -213,6 +213,7 @@ class GraphSection(Section):
     inputs = staticmethod(make_inputs)
     reference = staticmethod(reference)
     work = staticmethod(work)
+    release = staticmethod(release)   # the block weights (Llama-7B's: ~810 MB), after the section
 
     def build(self, case, v, inp):
         return build(case, v, inp, threads.resolve(v.nth))
@@ -244,7 +245,9 @@ class DispatchSection(Section):
              "calls into preallocated buffers (`np.multiply/np.add(..., out=)` for scale/add; `cpufuse.rms_norm(x, w, "
              "out=)` for rms_norm·w, which the fused plan runs as 50 kernels).")
     derived_cols = [("ns / node, plan fused", "ns_node_plan fused", "g"), ("plan unfused", "ns_node_plan unfused", "g"),
-                    ("Python per-op", "ns_node_Python per-op", "g"), ("Python / plan fused", "python_over_plan", "x")]
+                    ("Python per-op", "ns_node_Python per-op", "g"), ("ns / kernel call, plan fused", "ns_call_plan fused", "g"),
+                    ("plan unfused", "ns_call_plan unfused", "g"), ("Python per-op", "ns_call_Python per-op", "g"),
+                    ("Python / plan fused", "python_over_plan", "x")]
 
     def __init__(self, peers, all_core):
         b = cpufuse.available_isas()[0]
@@ -260,6 +263,9 @@ class DispatchSection(Section):
     def derived(self, case, res, env):
         t = times(res)
         d = {f"ns_node_{k}": v / case.n_nodes for k, v in t.items()}
+        calls = {"plan fused": dispatch_kernel_calls(case, True), "plan unfused": dispatch_kernel_calls(case, False),
+                 "Python per-op": case.n_nodes if case.chain == "scale_add" else case.n_nodes // 2}
+        d.update({f"ns_call_{k}": v / calls[k] for k, v in t.items() if k in calls})
         if "plan fused" in t and "Python per-op" in t:
             d["python_over_plan"] = t["Python per-op"] / t["plan fused"]
         return d

@@ -395,6 +395,7 @@ def main(argv=None):
             for c in copiers.values():
                 c.sample()
             progress.done()
+        getattr(sec, "release", lambda: None)()
         report["sections"][key] = {"title": sec.title, "variants": [asdict(v) for v in sec.vlist], "cases": entries}
     if b and "attention" in sections:  # best of the start and end probes
         add_peak(peak, b, all_core)
