@@ -1,6 +1,6 @@
 """cpufuse.Graph / Plan (docs/semantics.md §5, §3): every fusion rule equals the unfused plan bit for bit and the
 float64 oracle; illegal candidates stay unfused with a reason; CPUFUSE_DISABLE_FUSION; the llama
-decoder block (blocks.py) fused vs unfused vs float64; buffer reuse and aliasing; GraphError
+decoder block (cpufuse/reference/block.py) fused vs unfused vs float64; buffer reuse and aliasing; GraphError
 messages; matmul through numpy's BLAS from C (sgemm, sgemv for M == 1) and through numpy."""
 import inspect
 import math
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import cpufuse
-from bench import blocks
+from cpufuse.reference import block as blocks
 from cpufuse import Graph, GraphError, reference
 from cpufuse.graph import records as graph_mod
 from cpufuse.graph.ir import compute_nodes

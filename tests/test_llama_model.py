@@ -420,8 +420,8 @@ VARIANTS = [dict(qtype="Q4_0"), dict(qtype="Q8_0", tied=False, fused_qkv=True), 
 
 
 def _opbyop_run(m, chunks, steps, all_logits=False):
-    """the reference: prompt chunks, then one-token steps, through tests/_opbyop.py"""
-    from _opbyop import forward
+    """the reference: prompt chunks, then one-token steps, through cpufuse/reference/opbyop.py"""
+    from cpufuse.reference.opbyop import forward
     kc, vc = np.zeros_like(m.k_cache), np.zeros_like(m.v_cache)
     pos, out = 0, []
     for c in chunks:

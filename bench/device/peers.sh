@@ -8,7 +8,7 @@
 #        against llama-bench.
 #   ik   llama.cpp's and ik_llama.cpp's llama-bench (-rtr 1) on the 1B files at 1, 2, 4, 8, 16 threads,
 #        pp128, pp512 and tg128 (flash attention on; one run after llama-bench's warm-up), into
-#        peers-<threads>.json, and cpufuse (bench.e2e_big --engines cpufuse) at the same thread counts.
+#        peers-<threads>.json, and cpufuse (bench.e2e.big --engines cpufuse) at the same thread counts.
 set -uo pipefail
 PHASE="${1:-q4k}"
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." && ROOT="$PWD"
@@ -35,7 +35,7 @@ build_ik > /tmp/ik.log 2>&1 &
 [ "$PHASE" = q4k ] && { build_base > /tmp/base.log 2>&1 & }
 OUT=/tmp/xs bash bench/device/xeon.sh setup > /tmp/xs.log 2>&1 || { tail -20 /tmp/xs.log; exit 1; }
 wait; cat /tmp/ik.log /tmp/base.log 2>/dev/null; tail -3 /tmp/ik-build.log
-python3 -m bench.bigmodels --models 1b --types q4_k > /dev/null 2>&1
+python3 -m bench.e2e.bigmodels --models 1b --types q4_k > /dev/null 2>&1
 case "$PHASE" in
   q4k)
     python3 -m pytest -q -x -p no:cacheprovider tests/test_qmatmul.py tests/test_qmatmul_residual.py tests/test_repack.py \
@@ -49,7 +49,7 @@ case "$PHASE" in
         done
       done
     done | tee "$R/mm-ab.jsonl"
-    timeout 300 python3 -m bench.e2e_big --llama-bench "$LB" --models 1b --types q4_k --threads 1,16 --rounds 1 \
+    timeout 300 python3 -m bench.e2e.big --llama-bench "$LB" --models 1b --types q4_k --threads 1,16 --rounds 1 \
       --md "$R/e2e-big-1b-q4k.md" --json /tmp/e.json --png /tmp/e.png 2>&1 | grep -E "cpufuse|llama.cpp" | tail -8
     ;;
   ik)
@@ -65,7 +65,7 @@ case "$PHASE" in
       done
     done
     T=$(echo ${IK_THREADS:-1 2 4 8 16} | tr ' ' -); TC=$(echo $T | tr - ,)
-    timeout 300 python3 -m bench.e2e_big --engines cpufuse --models 1b --types q4_0,q4_k --threads "$TC" --rounds 1 \
+    timeout 300 python3 -m bench.e2e.big --engines cpufuse --models 1b --types q4_0,q4_k --threads "$TC" --rounds 1 \
       --md "$R/e2e-cf-$T.md" --json "$R/e2e-cf-$T.json" --png /tmp/e.png 2>&1 | grep -E "cpufuse" | tail -12
     python3 -c "import glob, json, os; print(json.dumps({os.path.basename(f)[:-5]: json.load(open(f)) for f in sorted(glob.glob('/tmp/pe/*.json')) if os.path.getsize(f)}))" > "$R/peers-$T.json"
     ;;
