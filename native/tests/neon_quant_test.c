@@ -641,7 +641,7 @@ int main(int argc, char **argv) {
 #if defined(__ARM_FEATURE_MATMUL_INT8)
   printf("neon quant [%s]: this build has i8mm (panel tiles: smmla on row pairs, usdot/sdot for one row)\n", label);
 #elif defined(__ARM_FEATURE_DOTPROD)
-  printf("neon quant [%s]: this build has the dot-product extension (panel tiles and neon_q.h: sdot)\n", label);
+  printf("neon quant [%s]: this build has the dot-product extension (panel tiles: sdot)\n", label);
 #else
   printf("neon quant [%s]: this build has neither dotprod nor i8mm (int8 dots: smull)\n", label);
 #endif
