@@ -197,9 +197,9 @@ class Record:
 # the generator
 
 HEADERS = {
-    # file: (what it holds, tables). QM / QW are not generated: native/kernels/quant.inc declares its
-    # own QM_* / QW_* enums, and tests/test_layouts.py checks them against QM and QW here.
-    "layouts.h": ("kernel descriptors and plan records", (SM, RN, FA, FA_STRATEGY, MASK_KIND, RP, RPF, CP)),
+    # file: (what it holds, tables). (native/kernels/qtypes.h, the quant block table, is generated
+    # by cpufuse/quant/types.py.)
+    "layouts.h": ("kernel descriptors and plan records", (SM, RN, FA, FA_STRATEGY, MASK_KIND, RP, RPF, CP, QW, QM)),
 }
 
 

@@ -2,11 +2,12 @@
 fails when the other side drifts from it.
 
 - the kernel registry (cpufuse/_registry.py) against native/cdef.h, the extension's prototypes;
-- the descriptors, plan opcodes and records (cpufuse/_layouts.py) against native/kernels/layouts.h,
-  which is generated from them (a stale header fails here), and quant.inc's own QM_* / QW_* enums;
+- the descriptors (QM / QW included), plan opcodes and records (cpufuse/_layouts.py) against
+  native/kernels/layouts.h, which is generated from them (a stale header fails here);
 - the plan records (cpufuse/graph/kinds.py): graph.inc reads them by their generated names only;
-- the quant block table (cpufuse/quant/types.py) against the C traits (quant.inc through
-  cf_qtype_info, repack.c through cf_p16_bytes) and the Numba unpackers and quantizer.
+- the quant block table (cpufuse/quant/types.py) against native/kernels/qtypes.h, generated from it,
+  the built C traits (quant.inc through cf_qtype_info, repack.c through cf_p16_bytes) and the Numba
+  unpackers and quantizer; no C or Python source writes a type id as a number.
 """
 import os
 import re
@@ -17,7 +18,8 @@ import pytest
 import cpufuse
 from cpufuse import _backend, _dispatch, _layouts, _registry
 from cpufuse.graph.kinds import ADD, GATHER_ROWS, RECORDS
-from cpufuse.quant.types import ACT_QTYPES, QTYPES, dequantize
+from cpufuse.quant import types as qtypes
+from cpufuse.quant.types import ACT_QTYPES, CODE_OFFSET, QTYPES, dequantize
 from cpufuse.reference import quant as qref
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,25 +82,25 @@ def _enum_names(text, first):
     return [n.split("=")[0].strip() for n in body.split(",") if n.strip()]
 
 
-def test_quant_inc_descriptor_matches_layouts():
-    """quant.inc declares its own QM_* / QW_* enums: they must be QM / QW of cpufuse/_layouts.py"""
-    q = read("native", "kernels", "quant.inc")
-    assert _enum_names(q, "QM_ROWS") == [f"QM_{f}" for f in _layouts.QM.fields]
-    assert _enum_names(q, "QW_T") == [f"QW_{f}" for f in _layouts.QW.fields] + ["QW_LEN"]
-    assert re.search(r"#define QM_LEN \(QM_W0 \+ 3 \* QW_LEN\)", q) and _layouts.QM.tail[1] == 3
+def c_sources():
+    """(name, text) of every C source of native/ but the generated headers"""
+    for root, _, files in os.walk(NATIVE):
+        for f in sorted(files):
+            if f.endswith((".h", ".inc", ".c")) and f not in ("layouts.h", qtypes.HEADER):
+                yield os.path.relpath(os.path.join(root, f), NATIVE), open(os.path.join(root, f)).read()
 
 
 def test_descriptor_enums_declared_once():
-    """no C file but the generated header declares a descriptor, opcode or record enum"""
-    firsts = [f"{t.prefix}_{t.fields[0]}" for t in (_layouts.SM, _layouts.RN, _layouts.FA, _layouts.RP, _layouts.RPF)]
+    """no C file but the generated headers declares a descriptor (QM / QW too), opcode, record or
+    quant type enum"""
+    tables = (_layouts.SM, _layouts.RN, _layouts.FA, _layouts.RP, _layouts.RPF, _layouts.QM, _layouts.QW)
+    firsts = [f"{t.prefix}_{t.fields[0]}" for t in tables]
     firsts += [f"R_{r.name}_{r.fields[0].upper()}" for r in RECORDS] + ["OP_ADD"]
-    for root, _, files in os.walk(NATIVE):
-        for f in files:
-            if f == "layouts.h" or not f.endswith((".h", ".inc", ".c")):
-                continue
-            text = open(os.path.join(root, f)).read()
-            for first in firsts:
-                assert not re.search(r"enum\s*\{\s*" + first + r"\b", text), f"{f} declares {first}"
+    firsts += ["GT_" + next(iter(QTYPES)), "QA_F32", "QK_" + next(iter(QTYPES)), "QB_" + next(iter(QTYPES))]
+    for f, text in c_sources():
+        for first in firsts:
+            assert not re.search(r"enum\s*\{\s*" + first + r"\b", text), f"{f} declares {first}"
+        assert not re.search(r"#define\s+(QM|QW)_LEN\b", text), f"{f} defines a QM / QW length"
 
 
 def _plan_functions(text):
@@ -223,6 +225,71 @@ def test_executor_refuses_a_record_of_another_layout():
 QUANT = [t for t in QTYPES.values() if t.block_size > 1]
 
 
+def test_qtypes_header_is_generated_and_current():
+    """native/kernels/qtypes.h is exactly what cpufuse/quant/types.py generates (else: run
+    `python cpufuse/quant/types.py` and commit the header), and it holds every type of the table"""
+    text = read("native", "kernels", qtypes.HEADER)
+    assert text == qtypes.generate(), f"native/kernels/{qtypes.HEADER} is stale: run `python cpufuse/quant/types.py`"
+    for t in QTYPES.values():
+        assert re.search(rf"\bGT_{t.name} = {t.type_id}\b", text) and f"QB_{t.name} = {t.type_size}," in text, t.name
+    assert all(f"QA_{n} = {t.type_id}" in text for n, t in ACT_QTYPES.items())
+    assert re.search(r"#define CF_QUANT_TYPES\(X\) " + r"\s*(?:\\\n\s*)?".join(f"X\\({t.name}\\)" for t in QUANT), text)
+
+
+# Names that hold a ggml type id: C (a switch subject or a comparison operand) and Python (the
+# Numba kernels' type arguments). A type id written as a number next to one of them is a second
+# declaration of the table.
+_C_TYPE = r"(?:\b(?:t|type|vtype|vt|tid)|->(?:id|vt|kind)|\[QW_T\])"
+_PY_TYPE = r"\b(?:t|t[0-9]|ta|tid|type_id|vtype_id|vid)"
+
+
+def bare_type_ids(text, python=False):
+    """the places in a C (or Python) source where a type id is written as a number: a numeric case
+    label in a switch over a type, or a type compared with (or looked up `in`) numbers"""
+    found = []
+    tv = _PY_TYPE if python else _C_TYPE
+    cmp = rf"{tv}\s*[!=]=\s*-?\d+\b(?!\.)|(?<![.\w])\d+\s*[!=]=\s*{tv}\b"
+    if python:  # (not a loop: for t in [0] + ...)
+        cmp += rf"|(?<!for ){tv}\s+(?:not\s+)?in\s+[(\[{{]\s*\d"
+    found += [m.group(0) for m in re.finditer(cmp, text)]
+    if not python:
+        for m in re.finditer(rf"\bswitch\s*\(\s*{tv}\s*\)\s*\{{", text):
+            depth, i = 1, m.end()
+            while depth and i < len(text):
+                depth += {"{": 1, "}": -1}.get(text[i], 0)
+                i += 1
+            found += [c.group(0) for c in re.finditer(r"\bcase\s+\d+\s*:", text[m.end():i])]
+    return found
+
+
+def test_bare_type_id_scanner_can_fail():
+    """the scanner below finds every form it looks for, and passes the named forms"""
+    bad_c = ("switch (t) {\n  case GT_Q4_0: return 1;\n  case 8: { return 2; }\n}\n"
+             "if (type == 12) x(); if (14 != t) y(); d[QM_W0 + QW_T] = t; if (w[QW_T] == 2) z();\n"
+             "return t->id == 30;")
+    assert bare_type_ids(bad_c) == ["type == 12", "14 != t", "[QW_T] == 2", "->id == 30", "case 8:"]
+    good_c = ("switch (t) { case GT_Q8_0: case GT_IQ4_NL: return 32; }\nswitch (what) { case 0: return 1; }\n"
+              "if (t == GT_Q6_K && n == 8) f(); int tt = 2; if (tile == 3) g();")
+    assert bare_type_ids(good_c) == []
+    bad_py = "if t == 20:\n    pass\nelif t1 != 3 or ta in (10, 11):\n    pass\nx = vtype_id == 15\n"
+    assert bare_type_ids(bad_py, python=True) == ["t == 20", "t1 != 3", "ta in (1", "vtype_id == 15"]
+    good_py = "if t == GT_Q4_0 or n == 2 or ts == 3 or t != 0.0:\n    pass\nfor t in [0] + q:\n    pass\n"
+    assert bare_type_ids(good_py, python=True) == []
+
+
+def test_no_bare_type_ids():
+    """every C source (the kernels, repack.c, the NEON tests) and every module of the package names
+    the ggml types (GT_* / QA_* of qtypes.h, the table in Python): no type id is written as a number"""
+    found = {f: b for f, text in c_sources() if (b := bare_type_ids(text))}
+    for root, _, files in os.walk(os.path.join(ROOT, "cpufuse")):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(root, f)
+                if b := bare_type_ids(open(path).read(), python=True):
+                    found[os.path.relpath(path, ROOT)] = b
+    assert not found, f"type ids written as numbers (use the names of cpufuse/quant/types.py): {found}"
+
+
 @pytest.mark.skipif(_backend.lib is None, reason="native extension not built")
 @pytest.mark.parametrize("isa", _registry.NATIVE)
 def test_c_quant_traits_match_table(isa):
@@ -231,7 +298,9 @@ def test_c_quant_traits_match_table(isa):
         assert info(t.type_id, 0) == t.block_size, t.name
         assert info(t.type_id, 1) == (ACT_QTYPES[t.vec_dot_type].type_id if t.vec_dot_type else 0), t.name
         assert info(t.type_id, 2) == (16 * t.type_size if t.block_size > 1 else 0), t.name
-    assert info(9, 0) == 0 and info(15, 0) == 0     # Q8_1, Q8_K: not weight types here
+        assert info(t.type_id, 3) == t.type_size and info(t.type_id, 4) == CODE_OFFSET.get(t.name, 0), t.name
+    for n in ("Q8_1", "Q8_K"):   # not weight types here
+        assert info(ACT_QTYPES[n].type_id, 0) == 0, n
 
 
 @pytest.mark.skipif(_backend.lib is None, reason="native extension not built")

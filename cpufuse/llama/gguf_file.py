@@ -44,7 +44,7 @@ import struct
 
 import numpy as np
 
-from cpufuse.quant.types import QTYPES
+from cpufuse.quant.types import ACT_QTYPES, QTYPES
 
 __all__ = ["GGUFFile", "GGUFTensor", "GGUF_MAGIC", "DEFAULT_ALIGNMENT", "MAX_ALIGNMENT", "MAX_DIMS",
            "VALUE_TYPES", "GGML_TYPES"]
@@ -75,17 +75,17 @@ _U64 = struct.Struct("<Q")
 _HEADER = struct.Struct("<4sIQQ")      # magic, version, n_tensors, n_kv
 
 # ggml tensor types: id -> (name, elements per block, bytes per block). cpufuse's own table
-# (cpufuse.quant.types) for the types it computes, plus the sizes of the others that GGUF files carry
-# (ggml's type traits), so that such a tensor can still be sized and bounds-checked.
+# (cpufuse.quant.types: the weight types it computes and the activation types), plus the sizes of
+# the others that GGUF files carry (ggml's type traits), so that such a tensor can still be sized
+# and bounds-checked.
 GGML_TYPES = {t.type_id: (t.name, t.block_size, t.type_size) for t in QTYPES.values()}
 _SUPPORTED_IDS = frozenset(GGML_TYPES)
+GGML_TYPES.update({t.type_id: (t.name, t.block_size, t.type_size) for t in ACT_QTYPES.values()})   # Q8_1, Q8_K
 GGML_TYPES.update({
-    9: ("Q8_1", 32, 36), 10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 15: ("Q8_K", 256, 292),
     16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50),
-    20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110), 22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136),
-    24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8),
-    29: ("IQ1_M", 256, 56), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
-    40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18),
+    21: ("IQ3_S", 256, 110), 22: ("IQ2_S", 256, 82), 24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4),
+    27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66),
+    39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18),
 })
 # ids ggml once used (removed file types) or that this reader cannot size
 _UNSIZED = {4: "Q4_2 (removed from ggml)", 5: "Q4_3 (removed from ggml)", 31: "Q4_0_4_4 (removed)",

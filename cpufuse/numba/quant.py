@@ -48,16 +48,35 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numpy.lib.stride_tricks import as_strided
 
+from ..quant.types import ACT_QTYPES, CODE_OFFSET, KVALUES_IQ4NL, QTYPES
+
 _JIT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 _PJIT = dict(_JIT, parallel=True)
 
 _CO = 16  # output columns per task
 _CR = 64  # activation rows per task
 
-_VEC_DOT = {2: 8, 6: 8, 8: 8, 20: 8, 3: 9, 7: 9, 12: 15, 13: 15, 14: 15, 10: 15, 11: 15, 23: 15}  # -> Q8_0/Q8_1/Q8_K
+# The type table (cpufuse.quant.types) as module constants, which numba freezes into the compiled
+# code: ggml ids of the weight types (GT_*) and activation types (QA_*), bytes per block (QB_*), the
+# code offsets (OFF_*) and elements per block by type id (_BLK).
+_ID = {n: t.type_id for n, t in QTYPES.items()}
+_QB = {n: t.type_size for n, t in list(QTYPES.items()) + list(ACT_QTYPES.items())}
+GT_F32, GT_F16, GT_BF16 = _ID["F32"], _ID["F16"], _ID["BF16"]
+GT_Q4_0, GT_Q4_1, GT_Q5_0, GT_Q5_1, GT_Q8_0 = _ID["Q4_0"], _ID["Q4_1"], _ID["Q5_0"], _ID["Q5_1"], _ID["Q8_0"]
+GT_Q2_K, GT_Q3_K, GT_Q4_K, GT_Q5_K, GT_Q6_K = _ID["Q2_K"], _ID["Q3_K"], _ID["Q4_K"], _ID["Q5_K"], _ID["Q6_K"]
+GT_IQ4_NL, GT_IQ4_XS = _ID["IQ4_NL"], _ID["IQ4_XS"]
+QA_Q8_0, QA_Q8_1, QA_Q8_K = (ACT_QTYPES[n].type_id for n in ("Q8_0", "Q8_1", "Q8_K"))
+QB_Q4_0, QB_Q4_1, QB_Q5_0, QB_Q5_1, QB_Q8_0 = _QB["Q4_0"], _QB["Q4_1"], _QB["Q5_0"], _QB["Q5_1"], _QB["Q8_0"]
+QB_Q2_K, QB_Q3_K, QB_Q4_K, QB_Q5_K, QB_Q6_K = _QB["Q2_K"], _QB["Q3_K"], _QB["Q4_K"], _QB["Q5_K"], _QB["Q6_K"]
+QB_IQ4_NL, QB_IQ4_XS, QB_Q8_1, QB_Q8_K = _QB["IQ4_NL"], _QB["IQ4_XS"], _QB["Q8_1"], _QB["Q8_K"]
+OFF_Q4_0, OFF_Q5_0, OFF_Q6_K = CODE_OFFSET["Q4_0"], CODE_OFFSET["Q5_0"], CODE_OFFSET["Q6_K"]
+_BLK = np.zeros(max(_ID.values()) + 1, np.int64)
+for _t in QTYPES.values():
+    _BLK[_t.type_id] = _t.block_size
+_VEC_DOT = {t.type_id: ACT_QTYPES[t.vec_dot_type].type_id for t in QTYPES.values() if t.vec_dot_type}
 
 # IQ4_NL / IQ4_XS code -> value (ggml's kvalues_iq4nl)
-_KV = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+_KV = KVALUES_IQ4NL
 
 # binary16 exponent field e -> 2^(e-25) (e = 0: 2^-24, the subnormal quantum)
 _P2 = np.array([2.0 ** -24] + [2.0 ** (e - 25) for e in range(1, 32)], np.float64)
@@ -343,26 +362,26 @@ def _unpack(t, tof32, wb, K, wq, sd, sm, ssc, smn, wf, hb):
     sub-block scales ssc (8 or 16 per super-block, at 16*b) and mins smn (8 per super-block);
     with tof32 also the f32 values wf, bit-identical to gguf.quants.dequantize (same grouping).
     Float types: wf only. hb: a 16-byte scratch."""
-    if t == 0:
+    if t == GT_F32:
         wv = wb.view(np.float32)
         for k in range(K):
             wf[k] = wv[k]
         return
-    if t == 1:
+    if t == GT_F16:
         for k in range(K):
             wf[k] = _h2f(_rd16(wb, 2 * k))
         return
-    if t == 30:
+    if t == GT_BF16:
         wu = wf.view(np.uint32)
         for k in range(K):
             wu[k] = _rd16(wb, 2 * k) << 16
         return
-    if t == 2 or t == 3 or t == 6 or t == 7:  # Q4_0, Q4_1, Q5_0, Q5_1
-        hasmin = t == 3 or t == 7
-        five = t == 6 or t == 7
-        bsz = 18 + (2 if hasmin else 0) + (4 if five else 0)
+    if t == GT_Q4_0 or t == GT_Q4_1 or t == GT_Q5_0 or t == GT_Q5_1:
+        hasmin = t == GT_Q4_1 or t == GT_Q5_1
+        five = t == GT_Q5_0 or t == GT_Q5_1
+        bsz = (QB_Q5_1 if hasmin else QB_Q5_0) if five else (QB_Q4_1 if hasmin else QB_Q4_0)
         qo = (4 if hasmin else 2) + (4 if five else 0)
-        off = 0 if hasmin else (16 if five else 8)
+        off = 0 if hasmin else (OFF_Q5_0 if five else OFF_Q4_0)
         for b in range(K // 32):
             o = bsz * b
             e = 32 * b
@@ -380,17 +399,17 @@ def _unpack(t, tof32, wb, K, wq, sd, sm, ssc, smn, wf, hb):
         if tof32:
             for b in range(K // 32):
                 _cvt16(wq, 32 * b, 2, sd[b], sm[b] if hasmin else F32(-0.0), wf)
-    elif t == 8:  # Q8_0
+    elif t == GT_Q8_0:
         for b in range(K // 32):
-            o = 34 * b
+            o = QB_Q8_0 * b
             sd[b] = _h2f(_rd16(wb, o))
             _copy16(wb, o + 2, wq, 32 * b, 2)
         if tof32:
             for b in range(K // 32):
                 _cvt16(wq, 32 * b, 2, sd[b], F32(-0.0), wf)
-    elif t == 12 or t == 13:  # Q4_K, Q5_K
-        five = t == 13
-        bsz = 176 if five else 144
+    elif t == GT_Q4_K or t == GT_Q5_K:
+        five = t == GT_Q5_K
+        bsz = QB_Q5_K if five else QB_Q4_K
         for b in range(K // 256):
             o = bsz * b
             e = 256 * b
@@ -415,9 +434,9 @@ def _unpack(t, tof32, wb, K, wq, sd, sm, ssc, smn, wf, hb):
                     dl = sd[b] * F32(ssc[16 * b + j])
                     ml = sm[b] * F32(smn[8 * b + j])
                     _cvt16(wq, e + 32 * j, 2, dl, -ml, wf)
-    elif t == 20:  # IQ4_NL: the codes index _KV
+    elif t == GT_IQ4_NL:  # the codes index _KV
         for b in range(K // 32):
-            o = 18 * b
+            o = QB_IQ4_NL * b
             e = 32 * b
             sd[b] = _h2f(_rd16(wb, o))
             for i in range(16):
@@ -426,9 +445,9 @@ def _unpack(t, tof32, wb, K, wq, sd, sm, ssc, smn, wf, hb):
                 wq[e + 16 + i] = _KV[v >> 4]
             if tof32:
                 _cvt16(wq, e, 2, sd[b], F32(-0.0), wf)
-    elif t == 23:  # IQ4_XS: f32(d*(ls-32)) * value
+    elif t == GT_IQ4_XS:  # f32(d*(ls-32)) * value
         for b in range(K // 256):
-            o = 136 * b
+            o = QB_IQ4_XS * b
             e = 256 * b
             sd[b] = _h2f(_rd16(wb, o))
             sm[b] = F32(0.0)
@@ -443,9 +462,9 @@ def _unpack(t, tof32, wb, K, wq, sd, sm, ssc, smn, wf, hb):
                     wq[e + 32 * j + 16 + i] = _KV[v >> 4]
                 if tof32:
                     _cvt16(wq, e + 32 * j, 2, sd[b] * F32(ssc[16 * b + j]), F32(-0.0), wf)
-    elif t == 10 or t == 11:  # Q2_K, Q3_K: element 128h + 32g + l at bits 2g of qs[32h + l]
-        q3 = t == 11
-        bsz = 110 if q3 else 84
+    elif t == GT_Q2_K or t == GT_Q3_K:  # element 128h + 32g + l at bits 2g of qs[32h + l]
+        q3 = t == GT_Q3_K
+        bsz = QB_Q3_K if q3 else QB_Q2_K
         qo = 32 if q3 else 16
         for b in range(K // 256):
             o = bsz * b
@@ -475,9 +494,9 @@ def _unpack(t, tof32, wb, K, wq, sd, sm, ssc, smn, wf, hb):
                     dl = sd[b] * F32(ssc[16 * b + j])
                     ml = sm[b] * F32(smn[16 * b + j]) if not q3 else F32(0.0)
                     _cvt16(wq, e + 16 * j, 1, dl, -ml, wf)
-    elif t == 14:  # Q6_K
+    elif t == GT_Q6_K:
         for b in range(K // 256):
-            o = 210 * b
+            o = QB_Q6_K * b
             e = 256 * b
             sd[b] = _h2f(_rd16(wb, o + 208))
             for j in range(16):
@@ -486,8 +505,9 @@ def _unpack(t, tof32, wb, K, wq, sd, sm, ssc, smn, wf, hb):
             for h in range(2):  # groups g: low bits ql[64h + 32(g%2) + l], high (qh[32h+l] >> 2g) & 3
                 for l in range(0, 32, 16):
                     g = e + 128 * h + l
-                    _nib16(wb, o + 64 * h + l, wb, o + 128 + 32 * h + l, wq, g, g + 64, 0, 4, 3, 32)
-                    _nib16(wb, o + 64 * h + 32 + l, wb, o + 128 + 32 * h + l, wq, g + 32, g + 96, 2, 6, 3, 32)
+                    _nib16(wb, o + 64 * h + l, wb, o + 128 + 32 * h + l, wq, g, g + 64, 0, 4, 3, OFF_Q6_K)
+                    _nib16(wb, o + 64 * h + 32 + l, wb, o + 128 + 32 * h + l, wq, g + 32, g + 96, 2, 6, 3,
+                           OFF_Q6_K)
             if tof32:
                 for j in range(16):
                     _cvt16(wq, e + 16 * j, 1, sd[b] * F32(ssc[16 * b + j]), F32(-0.0), wf)
@@ -512,7 +532,7 @@ def _rowdot(path, t, K, x, xo, wf, wq, sd, sm, ssc, smn, r, aq32, ad32, sa32, aq
     if path == 1:
         nb_ = K // 32
         bo = r * nb_
-        hasmin = t == 3 or t == 7
+        hasmin = t == GT_Q4_1 or t == GT_Q5_1
         for b in range(nb_):
             s = _idot(wq, 32 * b, aq32, ao + 32 * b, 2)
             acc += (np.float64(sd[b]) * np.float64(ad32[bo + b])) * np.float64(s)
@@ -524,11 +544,11 @@ def _rowdot(path, t, K, x, xo, wf, wq, sd, sm, ssc, smn, r, aq32, ad32, sa32, aq
     for b in range(nb_):
         e = 256 * b
         S = 0
-        if t == 14 or t == 11:
+        if t == GT_Q6_K or t == GT_Q3_K:
             for j in range(16):
                 S += ssc[16 * b + j] * _idot(wq, e + 16 * j, aqk, ao + e + 16 * j, 1)
             acc += (np.float64(adk[bo + b]) * np.float64(sd[b])) * np.float64(S)
-        elif t == 10:
+        elif t == GT_Q2_K:
             N = 0
             g = 16 * (bo + b)
             for j in range(16):
@@ -550,9 +570,9 @@ def _rowdot(path, t, K, x, xo, wf, wq, sd, sm, ssc, smn, r, aq32, ad32, sa32, aq
 
 @nb.njit(**_JIT)
 def _path(t, act_q8):
-    if not act_q8 or t == 0 or t == 1 or t == 30:
+    if not act_q8 or _BLK[t] == 1:
         return 0
-    return 2 if (t >= 10 and t <= 14) or t == 23 else 1
+    return 2 if _BLK[t] == 256 else 1
 
 
 @nb.njit(**_JIT)
@@ -708,8 +728,8 @@ def qmatmul(x, norm_w, eps, do_norm, ws, type_ids, act_q8, epi, ys, res=None):
     if act_q8:
         for t in tl[:n]:
             v = _VEC_DOT.get(t)
-            need32 |= v in (8, 9)
-            needk |= v == 15
+            need32 |= v in (QA_Q8_0, QA_Q8_1)
+            needk |= v == QA_Q8_K
     i8, f32, i64 = np.int8, np.float32, np.int64
     n32 = rows * (K // 32) if need32 else 0
     nk = rows * (K // 256) if needk else 0
@@ -731,15 +751,15 @@ def qmatmul(x, norm_w, eps, do_norm, ws, type_ids, act_q8, epi, ys, res=None):
 
 
 def quantize_act(x, vtype_id):
-    """Activation rows -> ggml block bytes (rows, K/B * block_bytes) uint8: vtype_id 8 = Q8_0
-    (f16 d, 32 int8), 9 = Q8_1 (f16 d, f16 s, 32 int8), 15 = Q8_K (f32 d, 256 int8, 16 int16
-    bsums), quantized as in docs/quant-design.md."""
+    """Activation rows -> ggml block bytes (rows, K/B * block_bytes) uint8: vtype_id QA_Q8_0 (f16 d,
+    32 int8), QA_Q8_1 (f16 d, f16 s, 32 int8), QA_Q8_K (f32 d, 256 int8, 16 int16 bsums), quantized
+    as in docs/quant-design.md."""
     x = np.asarray(x, dtype=np.float32)
     if x.ndim == 1:
         x = x[None]
     rows, K = x.shape
     xf, xs = _flat_in(x)
-    B = 256 if vtype_id == 15 else 32
+    B = 256 if vtype_id == QA_Q8_K else 32
     nbk = K // B
     q = np.empty(rows * K, np.int8)
     d = np.empty(rows * nbk, np.float32)
@@ -752,17 +772,17 @@ def quantize_act(x, vtype_id):
     else:
         _prologue(xf, xs, rows, K, _DUMMY_F, False, 0.0, False, xf, False, e8, e32, e32, True, q, d, bs)
     qb = q.view(np.uint8).reshape(rows, nbk, B)
-    if vtype_id == 8:
-        out = np.empty((rows, nbk, 34), np.uint8)
+    if vtype_id == QA_Q8_0:
+        out = np.empty((rows, nbk, QB_Q8_0), np.uint8)
         out[..., 0:2] = d.astype("<f2").view(np.uint8).reshape(rows, nbk, 2)
         out[..., 2:] = qb
-    elif vtype_id == 9:
-        out = np.empty((rows, nbk, 36), np.uint8)
+    elif vtype_id == QA_Q8_1:
+        out = np.empty((rows, nbk, QB_Q8_1), np.uint8)
         out[..., 0:2] = d.astype("<f2").view(np.uint8).reshape(rows, nbk, 2)
         out[..., 2:4] = s.astype("<f2").view(np.uint8).reshape(rows, nbk, 2)
         out[..., 4:] = qb
-    elif vtype_id == 15:
-        out = np.empty((rows, nbk, 292), np.uint8)
+    elif vtype_id == QA_Q8_K:
+        out = np.empty((rows, nbk, QB_Q8_K), np.uint8)
         out[..., 0:4] = d.astype("<f4").view(np.uint8).reshape(rows, nbk, 4)
         out[..., 4:260] = qb
         out[..., 260:] = bs.astype("<i2").view(np.uint8).reshape(rows, nbk, 32)

@@ -10,7 +10,8 @@ from collections import namedtuple
 
 import numpy as np
 
-__all__ = ["QType", "QTYPES", "ACT_QTYPES", "SUPPORTED", "resolve_qtype", "QTensor", "unpack_blocks", "dequantize"]
+__all__ = ["QType", "QTYPES", "ACT_QTYPES", "CODE_OFFSET", "SUPPORTED", "resolve_qtype", "QTensor", "unpack_blocks",
+           "dequantize"]
 
 QType = namedtuple("QType", "name type_id block_size type_size vec_dot_type")
 QType.__doc__ = """One supported ggml type: name, ggml/GGUF id, elements per block, bytes per block,
@@ -36,8 +37,9 @@ _TABLE = (
 # the activation block types of the vec_dots (what act="q8" quantizes x to; not weight types here)
 ACT_QTYPES = {t.name: t for t in (QType("Q8_0", 8, 32, 34, None), QType("Q8_1", 9, 32, 36, None),
                                   QType("Q8_K", 15, 256, 292, None))}
-# The one table of block facts: cpufuse's C traits (quant.inc, native/src/repack.c) and the Numba
-# unpackers are checked against _TABLE and ACT_QTYPES by tests/test_layouts.py.
+# The one table of block facts: the C kernels read it from native/kernels/qtypes.h, generated from
+# _TABLE, ACT_QTYPES and CODE_OFFSET below (`python cpufuse/quant/types.py`; tests/test_layouts.py
+# fails when the header is stale), and cpufuse.numba.quant from this module.
 QTYPES = {t.name: t for t in _TABLE}          # by name
 _BY_ID = {t.type_id: t for t in _TABLE}
 SUPPORTED = tuple(t.name for t in _TABLE)
@@ -51,6 +53,10 @@ _UNSUPPORTED = {
     39: "MXFP4", 40: "NVFP4", 41: "Q1_0", 42: "Q2_0",
 }
 _UNSUPPORTED_NAMES = {n: i for i, n in _UNSUPPORTED.items()}
+
+# The code offset of the types whose block stores unsigned codes c for the signed values c - offset
+# (0, i.e. absent, for the others: signed codes, codes with a min, table lookups, Q3_K's hmask).
+CODE_OFFSET = {"Q4_0": 8, "Q5_0": 16, "Q6_K": 32}
 
 
 def _unsupported(name, type_id):
@@ -206,11 +212,9 @@ def unpack_blocks(raw, qtype, n_in):
     n = t.name
     if n in ("Q4_0", "Q5_0"):
         q = _nibbles(b[..., -16:])
-        off = 8
         if n == "Q5_0":
             q = q | (_high_bits32(b, 2) << np.uint8(4))
-            off = 16
-        return {"q": (q.astype(np.int16) - off).astype(np.int8), "d": _h2f(b, 0)}
+        return {"q": (q.astype(np.int16) - CODE_OFFSET[n]).astype(np.int8), "d": _h2f(b, 0)}
     if n in ("Q4_1", "Q5_1"):
         q = _nibbles(b[..., -16:])
         if n == "Q5_1":
@@ -232,7 +236,7 @@ def unpack_blocks(raw, qtype, n_in):
         low = np.stack([ql & np.uint8(15), ql >> np.uint8(4)], axis=-3).reshape(lead + (2, 4, 32))  # [half, g, l]
         qh = b[..., 128:192].reshape(lead + (2, 1, 32))
         high = (qh >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & np.uint8(3)
-        q = ((low | (high << np.uint8(4))).astype(np.int16) - 32).astype(np.int8)
+        q = ((low | (high << np.uint8(4))).astype(np.int16) - CODE_OFFSET[n]).astype(np.int8)
         return {"q": q.reshape(lead + (16, 16)), "sc": b[..., 192:208].view(np.int8).copy(), "d": _h2f(b, 208)}
     lead = b.shape[:2]
     if n in ("Q2_K", "Q3_K"):  # element 128h + 32g + l: bits 2g of qs[32h + l]; 16-element sub-blocks
@@ -419,3 +423,92 @@ def _aligned_empty(nbytes, align):
     base = np.empty(nbytes + align, np.uint8)
     off = (-base.ctypes.data) % align
     return base[off:off + nbytes]
+
+
+# ------------------------------------------------------------------------------------------------
+# the C table: native/kernels/qtypes.h is GENERATED from _TABLE, ACT_QTYPES and CODE_OFFSET and
+# checked in (tests/test_layouts.py fails when it is stale). After editing them:
+#
+#     python cpufuse/quant/types.py          # rewrites native/kernels/qtypes.h
+
+HEADER = "qtypes.h"
+
+
+def _wrap(head, items, sep, tail, cont=""):
+    """head items... tail as lines of at most 110 characters, continued lines indented under the first item"""
+    lines, cur = [], head
+    for i, it in enumerate(items):
+        piece = it + (sep.rstrip() if i + 1 < len(items) else tail)
+        if cur.strip() and len(cur) + len(piece) + len(cont) > 110 and cur != head:
+            lines.append(cur.rstrip() + cont)
+            cur = " " * len(head)
+        cur += piece + (" " if i + 1 < len(items) else "")
+    return lines + [cur]
+
+
+def _c_switch(fn, ret, doc, value, default):
+    """a C function of a type id: one case line per distinct value of value(t) over the table"""
+    by = {}
+    for t in _TABLE:
+        v = value(t)
+        if v != default:
+            by.setdefault(v, []).append(t.name)
+    out = [f"/* {doc} */", f"CF_QT_FN {ret} {fn}(int64_t t) {{", "  switch (t) {"]
+    for v, names in by.items():
+        out.append("    " + " ".join(f"case GT_{n}:" for n in names) + f" return {v};")
+    out += [f"    default: return {default};", "  }", "}"]
+    return out
+
+
+def generate():
+    """the text of native/kernels/qtypes.h"""
+    quant = [t for t in _TABLE if t.block_size > 1]
+    blocks = list(_TABLE) + [t for n, t in ACT_QTYPES.items() if n not in QTYPES]
+
+    def enum(prefix, rows):
+        return _wrap("enum { ", [f"{prefix}{n} = {v}" for n, v in rows], ", ", " };")
+
+    out = ["/* GENERATED by `python cpufuse/quant/types.py` from its type table (_TABLE, ACT_QTYPES,",
+           " * CODE_OFFSET): the facts of the ggml block types that the C kernels and native/src/repack.c read.",
+           " * Do not edit: change the table there and run the generator (tests/test_layouts.py checks",
+           " * that this file is up to date). */",
+           "#ifndef CF_QTYPES_H", "#define CF_QTYPES_H", "#include <stdint.h>", "",
+           "/* the weight types by ggml / GGUF type id */",
+           *enum("GT_", [(t.name, t.type_id) for t in _TABLE]),
+           "/* the activation types of the vec_dots (what q8 mode quantizes x to), by ggml id; QA_F32: f32 */",
+           *enum("QA_", [("F32", 0)] + [(n, t.type_id) for n, t in ACT_QTYPES.items()]),
+           "/* elements (QK_) and bytes (QB_) per block, of every type above */",
+           *enum("QK_", [(t.name, t.block_size) for t in blocks]),
+           *enum("QB_", [(t.name, t.type_size) for t in blocks]),
+           "/* X(T) for every quantized weight type T, in the table's order */",
+           *_wrap("#define CF_QUANT_TYPES(X) ", [f"X({t.name})" for t in quant], " ", "", " \\"),
+           "/* IQ4_NL / IQ4_XS: a 4-bit code indexes this table (KVALUES_IQ4NL), and its unsigned form v + 128 */",
+           *_wrap("#define CF_KV_IQ4NL {", [str(int(v)) for v in KVALUES_IQ4NL], ", ", "}", " \\"),
+           *_wrap("#define CF_KV_IQ4NL_U8 {", [str(int(v) + 128) for v in KVALUES_IQ4NL], ", ", "}", " \\"), "",
+           "#if defined(__GNUC__)",
+           "#define CF_QT_FN static inline __attribute__((always_inline))",
+           "#else",
+           "#define CF_QT_FN static inline",
+           "#endif"]
+    out += _c_switch("cf_qtype_block", "int", "elements per block: 1 for the float types, 0 for a type not "
+                     "in the table", lambda t: t.block_size, 0)
+    out += _c_switch("cf_qtype_bytes", "int64_t", "bytes per block (0: not in the table)", lambda t: t.type_size, 0)
+    out += _c_switch("cf_qtype_act", "int", "the activation type of a weight type's vec_dot (QA_F32 for the "
+                     "float types)", lambda t: f"QA_{t.vec_dot_type}" if t.vec_dot_type else "QA_F32", "QA_F32")
+    out += _c_switch("cf_qtype_code_offset", "int", "CODE_OFFSET: a block stores the signed value v as the "
+                     "code v + offset",
+                     lambda t: CODE_OFFSET.get(t.name, 0), 0)
+    out += ["", "#endif"]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    import os
+    import sys
+    _path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                         "native", "kernels", HEADER)
+    _text = generate()
+    if not os.path.exists(_path) or open(_path).read() != _text:
+        with open(_path, "w") as f:
+            f.write(_text)
+        print(f"wrote {_path}", file=sys.stderr)

@@ -70,6 +70,28 @@ enum {
   CP_LEN
 };
 
+/* one weight of a quantized matmul, at QM_W0 + i * QW_LEN */
+enum {
+  QW_T, /* ggml type id (cpufuse.quant.types) */
+  QW_N, /* n_out */
+  QW_WS, /* GGUF row stride (bytes) */
+  QW_YS, /* y row stride (floats) */
+  QW_LAY, /* layout: 0 GGUF rows, 1 P16 panels (native/src/repack.c) */
+  QW_LEN
+};
+
+/* quantized matmul (cpufuse.quant.matmul -> cf_qmatmul_f32, native/kernels/quant.inc) */
+enum {
+  QM_ROWS, QM_K, QM_XS, /* activation rows, n_in, x row stride (floats) */
+  QM_ACT, /* 0 f32 activations, 1 q8 */
+  QM_NW, /* number of weights (1..3) */
+  QM_EPI, /* 0 one output per weight, 1 silu(y0) * y1 (matmul_swiglu), 2 y0 = res + y0 (matmul residual=), 3 gelu(y0) * y1 (matmul_geglu) */
+  QM_NORM, /* 1: RMS_NORM (x norm_w) prologue */
+  QM_RS, /* EPI 2: the residual's row stride (floats) */
+  QM_W0, /* the first weight's QW_* block (3 blocks) */
+};
+#define QM_LEN (QM_W0 + 3 * QW_LEN)
+
 /* plan executor opcodes (cf_plan_run, native/kernels/graph.inc) */
 enum { OP_ADD = 1, OP_MUL = 2, OP_SCALE = 3, OP_SILU = 4, OP_SWIGLU = 5, OP_RMS_NORM = 6, OP_SOFTMAX = 7, OP_FLASH_ATTN = 8, OP_COPY = 9, OP_GEMM = 10, OP_QMM = 11, OP_ROPE = 12, OP_CACHE_WRITE = 13, OP_KV_WRITE = 14, OP_ATTN_SEQS = 15, OP_GATHER_ROWS = 16, OP_GELU = 17, OP_GEGLU = 18, OP_SOFTCAP = 19, OP_END };
 #define CF_PLAN_NARGS { 0, R_ADD_NARGS, R_MUL_NARGS, R_SCALE_NARGS, R_SILU_NARGS, R_SWIGLU_NARGS, R_RMS_NORM_NARGS, R_SOFTMAX_NARGS, R_FLASH_ATTN_NARGS, R_COPY_NARGS, R_GEMM_NARGS, R_QMM_NARGS, R_ROPE_NARGS, R_CACHE_WRITE_NARGS, R_KV_WRITE_NARGS, R_ATTN_SEQS_NARGS, R_GATHER_ROWS_NARGS, R_GELU_NARGS, R_GEGLU_NARGS, R_SOFTCAP_NARGS }

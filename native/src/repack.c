@@ -25,6 +25,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../kernels/qtypes.h"
 #include "../kernels/repack.h"
 #include "../cdef.h"
 
@@ -44,30 +45,10 @@
 #define UNROLL
 #endif
 
-static int64_t blk_elems(int64_t t) {
-  switch (t) {
-    case 2: case 3: case 6: case 7: case 8: case 20: return 32;
-    case 10: case 11: case 12: case 13: case 14: case 23: return 256;
-    default: return 0;
-  }
-}
-static int64_t blk_bytes(int64_t t) {
-  switch (t) {
-    case 2: return 18;
-    case 3: return 20;
-    case 6: return 22;
-    case 7: return 24;
-    case 8: return 34;
-    case 12: return 144;
-    case 13: return 176;
-    case 14: return 210;
-    case 10: return 84;
-    case 11: return 110;
-    case 20: return 18;
-    case 23: return 136;
-    default: return 0;
-  }
-}
+/* elements and bytes per GGUF block of a quantized type t, 0 for any other (qtypes.h: the type table
+ * of cpufuse/quant/types.py) */
+static int64_t blk_elems(int64_t t) { return cf_qtype_block(t) > 1 ? cf_qtype_block(t) : 0; }
+static int64_t blk_bytes(int64_t t) { return cf_qtype_block(t) > 1 ? cf_qtype_bytes(t) : 0; }
 
 int64_t cf_p16_bytes(int64_t type, int64_t n_out, int64_t K) {
   const int64_t be = blk_elems(type), bb = blk_bytes(type);
@@ -395,53 +376,54 @@ INL void xfer_panel(int64_t t, int dir, const panel *P, uint8_t *p) {
   for (int64_t k0 = 0; k0 < nb; k0 += span) {
     const int64_t k1 = k0 + span < nb ? k0 + span : nb;
     switch (t) {
-      case 2: case 20: /* Q4_0, IQ4_NL (d, qs[16]): d | 4 code chunks */
+      case GT_Q4_0: case GT_IQ4_NL: /* (d, qs[16]): d | 4 code chunks */
         PAIRS(f_half(dir, a, b, m, 0, q); f_chunks(dir, a, b, m, 2, 4, 4, 0, 0, q + 32));
         break;
-      case 3: /* Q4_1 (d, m, qs[16]): d | m | 4 code chunks */
+      case GT_Q4_1: /* (d, m, qs[16]): d | m | 4 code chunks */
         PAIRS(f_half(dir, a, b, m, 0, q); f_half(dir, a, b, m, 2, q + 32);
               f_chunks(dir, a, b, m, 4, 4, 4, 0, 0, q + 64));
         break;
-      case 6: /* Q5_0 (d, qh, qs[16]): d | bit planes | 4 code chunks */
+      case GT_Q5_0: /* (d, qh, qs[16]): d | bit planes | 4 code chunks */
         PAIRS(f_half(dir, a, b, m, 0, q); f_chunks(dir, a, b, m, 6, 4, 4, 0, 0, q + 96));
         ROWS(f_qh32(dir, r, 2, q + 32));
         break;
-      case 7: /* Q5_1 (d, m, qh, qs[16]): d | m | bit planes | 4 code chunks */
+      case GT_Q5_1: /* (d, m, qh, qs[16]): d | m | bit planes | 4 code chunks */
         PAIRS(f_half(dir, a, b, m, 0, q); f_half(dir, a, b, m, 2, q + 32);
               f_chunks(dir, a, b, m, 8, 4, 4, 0, 0, q + 128));
         ROWS(f_qh32(dir, r, 4, q + 64));
         break;
-      case 8: /* Q8_0 (d, qs[32]): d | 8 chunks of codes + 128 (unsigned) */
+      case GT_Q8_0: /* (d, qs[32]): d | 8 chunks of codes + 128 (unsigned) */
         PAIRS(f_half(dir, a, b, m, 0, q);
               f_chunks(dir, a, b, m, 2, 8, 8, 0, 0x8080808080808080ull, q + 32));
         break;
-      case 12: case 13: { /* Q4_K/Q5_K (d, dmin, scales[12], Q5_K: qh[32], qs[128]): d | dmin |
-                           * scales+mins, then per pair of sub-blocks g (2g in the low nibbles, 2g+1
-                           * in the high ones) a record: 8 code chunks (+ Q5_K's 5th-bit planes) */
-        const int q5 = t == 13, rec = q5 ? 640 : 512;
+      case GT_Q4_K: case GT_Q5_K: { /* (d, dmin, scales[12], Q5_K: qh[32], qs[128]): d | dmin |
+                                     * scales+mins, then per pair of sub-blocks g (2g in the low
+                                     * nibbles, 2g+1 in the high ones) a record: 8 code chunks (+
+                                     * Q5_K's 5th-bit planes) */
+        const int q5 = t == GT_Q5_K, rec = q5 ? 640 : 512;
         PAIRS(f_half(dir, a, b, m, 0, q); f_half(dir, a, b, m, 2, q + 32);
               f_chunks(dir, a, b, m, q5 ? 48 : 16, 32, 8, rec, 0, q + 256));
         ROWS(f_scm(dir, r, q + 64));
         if (q5) ROWS(f_q5k_planes(dir, r, rec, q + 256));
         break;
       }
-      case 14: /* Q6_K (ql[128], qh[64], scales[16], d): d | 8 sub-block records: codes, scales */
+      case GT_Q6_K: /* (ql[128], qh[64], scales[16], d): d | 8 sub-block records: codes, scales */
         PAIRS(f_half(dir, a, b, m, 208, q); f_q6k_codes(dir, a, b, m, q + 32));
         ROWS(f_q6k_scales(dir, r, q + 32));
         break;
-      case 10: /* Q2_K (scales[16], qs[64], d, dmin): d | dmin | scales (16 x 16 transpose) | 16 code chunks */
+      case GT_Q2_K: /* (scales[16], qs[64], d, dmin): d | dmin | scales (16 x 16 transpose) | 16 code chunks */
         PAIRS(f_half(dir, a, b, m, 80, q); f_half(dir, a, b, m, 82, q + 32);
               f_chunks(dir, a, b, m, 16, 16, 16, 0, 0, q + 320));
         ROWS(f_bytes16(dir, r, 0, 16, q + 64));
         break;
-      case 11: /* Q3_K (hmask[32], qs[64], scales[12], d): d | scales (16 x 12 transpose) | 16 code
-                * chunks of the low 2 bits | 8 chunks of hmask */
+      case GT_Q3_K: /* (hmask[32], qs[64], scales[12], d): d | scales (16 x 12 transpose) | 16 code
+                     * chunks of the low 2 bits | 8 chunks of hmask */
         PAIRS(f_half(dir, a, b, m, 108, q); f_chunks(dir, a, b, m, 32, 16, 16, 0, 0, q + 224);
               f_chunks(dir, a, b, m, 0, 8, 8, 0, 0, q + 1248));
         ROWS(f_bytes16(dir, r, 96, 12, q + 32));
         break;
-      case 23: /* IQ4_XS (d, scales_h, scales_l[4], qs[128]): d | scales (L, H) | 32 code chunks:
-                * sub-block j's 4 at 256j (low nibbles elements 0-15, high 16-31) */
+      case GT_IQ4_XS: /* (d, scales_h, scales_l[4], qs[128]): d | scales (L, H) | 32 code chunks:
+                       * sub-block j's 4 at 256j (low nibbles elements 0-15, high 16-31) */
         PAIRS(f_half(dir, a, b, m, 0, q); f_chunks(dir, a, b, m, 8, 32, 32, 0, 0, q + 128));
         ROWS(f_xs_scales(dir, r, q + 32));
         break;
@@ -461,7 +443,7 @@ NOINL void unpack_panel(int64_t t, const panel *P, const uint8_t *p) {
 /* Padding rows: packing reads them from a block whose panel bytes are all zero (Q8_0's codes are
  * stored + 128), unpacking writes them into a sink. */
 #define X8 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80
-static const uint8_t pad_zero[256], pad_q8_0[34] = {0, 0, X8, X8, X8, X8};
+static const uint8_t pad_zero[256], pad_q8_0[QB_Q8_0] = {0, 0, X8, X8, X8, X8};
 #undef X8
 
 int cf_repack_p16(int64_t type, int64_t n_out, int64_t K, const uint8_t *src, int64_t src_row_bytes,
@@ -469,7 +451,7 @@ int cf_repack_p16(int64_t type, int64_t n_out, int64_t K, const uint8_t *src, in
   const int64_t be = blk_elems(type), bb = blk_bytes(type);
   if (!be || K % be) return 1;
   const int64_t nb = K / be, pbytes = 16 * bb * nb;
-  const uint8_t *pad = type == 8 ? pad_q8_0 : pad_zero;
+  const uint8_t *pad = type == GT_Q8_0 ? pad_q8_0 : pad_zero;
   for (int64_t p = p0; p < p1; p++) {
     panel P = {.nb = nb, .pstep = 16 * bb};
     for (int n = 0; n < 16; n++) {

@@ -1,11 +1,13 @@
 /* Driver of native/tests/neon_icount.py (aarch64): one q8-mode cf_qmatmul_f32__neon call, weight
- * type argv[1] (ggml id), argv[2] activation rows, K = argv[3], N = argv[4] outputs; random codes,
- * f16 scales of 2^-7. Prints a checksum so the call cannot be optimized away. */
+ * type argv[1] (a name: Q4_0, ...), argv[2] activation rows, K = argv[3], N = argv[4] outputs; random
+ * codes, f16 scales of 2^-7. Prints the type's block size and a checksum (so the call cannot be
+ * optimized away). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "qm_desc.h"
+#include "../kernels/layouts.h" /* QM_* / QW_* */
+#include "../kernels/qtypes.h"  /* GT_*, cf_qtype_block, cf_qtype_bytes */
 #include "cf_protos.h"
 
 static uint64_t g_s = 0x9e3779b97f4a7c15ull;
@@ -15,18 +17,17 @@ static uint32_t rnd(void) {
 }
 int main(int argc, char **argv) {
   if (argc != 5) return 2;
-  const int t = atoi(argv[1]);
+  int t = -1;
+#define X(T) if (!strcmp(argv[1], #T)) t = GT_##T;
+  CF_QUANT_TYPES(X)
+#undef X
   const int64_t rows = atoll(argv[2]), K = atoll(argv[3]), N = atoll(argv[4]);
-  int blk = 32, bb, d_at = 0, m_at = -1; /* block elements, bytes, f16 d / m offsets */
+  const int blk = cf_qtype_block(t), bb = (int)cf_qtype_bytes(t);
+  int d_at = 0, m_at = -1; /* f16 d / m offsets in a block */
   switch (t) {
-    case 2: bb = 18; break;
-    case 3: bb = 20; m_at = 2; break;
-    case 6: bb = 22; break;
-    case 7: bb = 24; m_at = 2; break;
-    case 8: bb = 34; break;
-    case 12: bb = 144, blk = 256, m_at = 2; break;
-    case 13: bb = 176, blk = 256, m_at = 2; break;
-    case 14: bb = 210, blk = 256, d_at = 208; break;
+    case GT_Q4_0: case GT_Q5_0: case GT_Q8_0: break;
+    case GT_Q4_1: case GT_Q5_1: case GT_Q4_K: case GT_Q5_K: m_at = 2; break;
+    case GT_Q6_K: d_at = 208; break;
     default: return 2;
   }
   const int64_t rb = K / blk * bb;
@@ -47,7 +48,7 @@ int main(int argc, char **argv) {
   const int rc = cf_qmatmul_f32__neon(d, x, NULL, 0.0f, w, NULL, NULL, y, NULL, NULL, NULL, 1);
   double cs = 0.0;
   for (int64_t i = 0; i < rows * N; i++) cs += y[i];
-  printf("rc %d checksum %.9g\n", rc, cs);
+  printf("rc %d blk %d checksum %.9g\n", rc, blk, cs);
   free(w), free(x), free(y);
   return rc;
 }

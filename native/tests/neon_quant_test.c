@@ -14,8 +14,8 @@
  *    alone and inside batches of 3, 8 and 17 rows, at 1 or 3 threads (batch invariance);
  *  - cf_quantize_act__neon against cf_quantize_act__scalar byte for byte;
  *  - no write past an output row (guard elements), results independent of the thread count.
- * The descriptor layout (QM_* / QW_* enums of native/kernels/quant.inc) comes from qm_desc.h,
- * which run_neon_qemu.sh extracts from that file. Build and run: native/tests/run_neon_qemu.sh
+ * The descriptor layout (QM_* / QW_*) and the type ids come from the generated headers layouts.h
+ * and qtypes.h. Build and run: native/tests/run_neon_qemu.sh
  * (it builds this program three times: plain armv8-a (SMULL dots), with the dot-product extension
  * (SDOT) and with i8mm (SMMLA/USDOT), and checks that the three print the same q8 digest, i.e.
  * bit-identical q8 results). argv[1] names the build in the summary.
@@ -26,7 +26,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "qm_desc.h"   /* QM_* / QW_* enums of native/kernels/quant.inc (run_neon_qemu.sh) */
+#include "../kernels/layouts.h" /* QM_* / QW_* (generated from cpufuse/_layouts.py) */
+#include "../kernels/qtypes.h"  /* GT_*, QA_*, QK_*, QB_* (generated from cpufuse/quant/types.py) */
 #include "cf_protos.h" /* native/cdef.h for neon and scalar */
 #include "../kernels/repack.h" /* cf_p16_bytes, cf_repack_p16 (native/src/repack.c) */
 
@@ -71,13 +72,14 @@ static double w_f32ref, w_q8ref, w_q8ns, w_epi;
 /* ---------------------------------------------------------------------------------------------
  * weight types (ggml ids) */
 typedef struct { int id; const char *name; int blk, bytes, vt; } tinfo;
+#define T(N, vt) {GT_##N, #N, QK_##N, QB_##N, QA_##vt}
 static const tinfo TYPES[] = {
-    {0, "F32", 1, 4, 0},       {1, "F16", 1, 2, 0},       {30, "BF16", 1, 2, 0},
-    {2, "Q4_0", 32, 18, 8},    {3, "Q4_1", 32, 20, 9},    {6, "Q5_0", 32, 22, 8},
-    {7, "Q5_1", 32, 24, 9},    {8, "Q8_0", 32, 34, 8},    {12, "Q4_K", 256, 144, 15},
-    {13, "Q5_K", 256, 176, 15}, {14, "Q6_K", 256, 210, 15}, {10, "Q2_K", 256, 84, 15},
-    {11, "Q3_K", 256, 110, 15}, {20, "IQ4_NL", 32, 18, 8},   {23, "IQ4_XS", 256, 136, 15}};
-static const int KV_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    T(F32, F32), T(F16, F32), T(BF16, F32), T(Q4_0, Q8_0),
+    T(Q4_1, Q8_1), T(Q5_0, Q8_0), T(Q5_1, Q8_1), T(Q8_0, Q8_0),
+    T(Q4_K, Q8_K), T(Q5_K, Q8_K), T(Q6_K, Q8_K), T(Q2_K, Q8_K),
+    T(Q3_K, Q8_K), T(IQ4_NL, Q8_0), T(IQ4_XS, Q8_K)};
+#undef T
+static const int KV_IQ4NL[16] = CF_KV_IQ4NL;
 #define NTYPES ((int)(sizeof TYPES / sizeof TYPES[0]))
 static int64_t row_bytes(const tinfo *t, int64_t K) { return K / t->blk * t->bytes; }
 
@@ -94,8 +96,8 @@ static uint8_t *gen_weights(const tinfo *t, int64_t N, int64_t K, int subn) {
   if (t->blk == 1) {
     for (int64_t i = 0; i < N * K; i++) {
       const float v = uni(-1.0f, 1.0f);
-      if (t->id == 0) memcpy(w + 4 * i, &v, 4);
-      else if (t->id == 1) wr16(w + 2 * i, f2h(v));
+      if (t->id == GT_F32) memcpy(w + 4 * i, &v, 4);
+      else if (t->id == GT_F16) wr16(w + 2 * i, f2h(v));
       else { uint32_t u; memcpy(&u, &v, 4); wr16(w + 2 * i, (uint16_t)(u >> 16)); }
     }
     return w;
@@ -103,16 +105,16 @@ static uint8_t *gen_weights(const tinfo *t, int64_t N, int64_t K, int subn) {
   for (int64_t b = 0; b < N * K / t->blk; b++) {
     uint8_t *p = w + b * t->bytes;
     switch (t->id) {
-      case 2: case 6: case 8: wr16(p, rscale(subn)); break;
-      case 3: case 7: /* d, m (m of either sign) */
+      case GT_Q4_0: case GT_Q5_0: case GT_Q8_0: wr16(p, rscale(subn)); break;
+      case GT_Q4_1: case GT_Q5_1: /* d, m (m of either sign) */
         wr16(p, rscale(subn));
         wr16(p + 2, (uint16_t)(rscale(subn) | (urand() < 0.5 ? 0x8000u : 0)));
         break;
-      case 12: case 13: wr16(p, rscale(subn)); wr16(p + 2, rscale(subn)); break;
-      case 14: wr16(p + 208, rscale(subn)); break;
-      case 10: wr16(p + 80, rscale(subn)); wr16(p + 82, rscale(subn)); break;
-      case 11: wr16(p + 108, rscale(subn)); break;
-      case 20: case 23: wr16(p, rscale(subn)); break;
+      case GT_Q4_K: case GT_Q5_K: wr16(p, rscale(subn)); wr16(p + 2, rscale(subn)); break;
+      case GT_Q6_K: wr16(p + 208, rscale(subn)); break;
+      case GT_Q2_K: wr16(p + 80, rscale(subn)); wr16(p + 82, rscale(subn)); break;
+      case GT_Q3_K: wr16(p + 108, rscale(subn)); break;
+      case GT_IQ4_NL: case GT_IQ4_XS: wr16(p, rscale(subn)); break;
     }
   }
   return w;
@@ -128,38 +130,38 @@ static void decode_row(const tinfo *t, const uint8_t *row, int64_t K, int *q, do
       int qq = 1;
       double s = 0.0, m = 0.0;
       switch (t->id) {
-        case 0: { float v; memcpy(&v, b, 4); s = v; break; }
-        case 1: s = h2d(rd16(b)); break;
-        case 30: { uint32_t u = (uint32_t)rd16(b) << 16; float v; memcpy(&v, &u, 4); s = v; break; }
-        case 2: qq = (e < 16 ? b[2 + e] & 15 : b[2 + e - 16] >> 4) - 8; s = h2d(rd16(b)); break;
-        case 3: qq = e < 16 ? b[4 + e] & 15 : b[4 + e - 16] >> 4; s = h2d(rd16(b)); m = h2d(rd16(b + 2)); break;
-        case 6: case 7: {
-          const int o = t->id == 6 ? 2 : 4;
+        case GT_F32: { float v; memcpy(&v, b, 4); s = v; break; }
+        case GT_F16: s = h2d(rd16(b)); break;
+        case GT_BF16: { uint32_t u = (uint32_t)rd16(b) << 16; float v; memcpy(&v, &u, 4); s = v; break; }
+        case GT_Q4_0: qq = (e < 16 ? b[2 + e] & 15 : b[2 + e - 16] >> 4) - 8; s = h2d(rd16(b)); break;
+        case GT_Q4_1: qq = e < 16 ? b[4 + e] & 15 : b[4 + e - 16] >> 4; s = h2d(rd16(b)); m = h2d(rd16(b + 2)); break;
+        case GT_Q5_0: case GT_Q5_1: {
+          const int o = t->id == GT_Q5_0 ? 2 : 4;
           uint32_t qh;
           memcpy(&qh, b + o, 4);
           const uint8_t *qs = b + o + 4;
           qq = (e < 16 ? qs[e] & 15 : qs[e - 16] >> 4) | (int)(((qh >> e) & 1) << 4);
-          if (t->id == 6) qq -= 16;
+          if (t->id == GT_Q5_0) qq -= 16;
           else m = h2d(rd16(b + 2));
           s = h2d(rd16(b));
           break;
         }
-        case 8: qq = (int8_t)b[2 + e]; s = h2d(rd16(b)); break;
-        case 12: case 13: {
+        case GT_Q8_0: qq = (int8_t)b[2 + e]; s = h2d(rd16(b)); break;
+        case GT_Q4_K: case GT_Q5_K: {
           const int j = e / 32, l = e % 32;
           const uint8_t *k = b + 4;
           int scv, mv;
           if (j < 4) { scv = k[j] & 63; mv = k[j + 4] & 63; }
           else { scv = (k[j + 4] & 15) | ((k[j - 4] >> 6) << 4); mv = (k[j + 4] >> 4) | ((k[j] >> 6) << 4); }
-          const uint8_t *qs = b + (t->id == 12 ? 16 : 48);
+          const uint8_t *qs = b + (t->id == GT_Q4_K ? 16 : 48);
           const uint8_t by = qs[32 * (j / 2) + l];
           qq = j % 2 ? by >> 4 : by & 15;
-          if (t->id == 13) qq |= ((b[16 + l] >> j) & 1) << 4;
+          if (t->id == GT_Q5_K) qq |= ((b[16 + l] >> j) & 1) << 4;
           s = (float)(h2d(rd16(b)) * scv);
           m = -(double)(float)(h2d(rd16(b + 2)) * mv);
           break;
         }
-        case 14: {
+        case GT_Q6_K: {
           const int h = e / 128, r = e % 128, g = r / 32, l = r % 32;
           const uint8_t lb = b[64 * h + 32 * (g % 2) + l];
           const int lo = g < 2 ? lb & 15 : lb >> 4, hi = (b[128 + 32 * h + l] >> (2 * g)) & 3;
@@ -167,10 +169,10 @@ static void decode_row(const tinfo *t, const uint8_t *row, int64_t K, int *q, do
           s = (float)(h2d(rd16(b + 208)) * (int8_t)b[192 + e / 16]);
           break;
         }
-        case 10: case 11: { /* element 128h + 32g + l: bits 2g of qs[32h + l]; 16-element scales */
+        case GT_Q2_K: case GT_Q3_K: { /* element 128h + 32g + l: bits 2g of qs[32h + l]; 16-element scales */
           const int h = e / 128, g = (e % 128) / 32, l = e % 32, j = e / 16;
-          qq = (b[(t->id == 10 ? 16 : 32) + 32 * h + l] >> (2 * g)) & 3;
-          if (t->id == 10) {
+          qq = (b[(t->id == GT_Q2_K ? 16 : 32) + 32 * h + l] >> (2 * g)) & 3;
+          if (t->id == GT_Q2_K) {
             s = (float)(h2d(rd16(b + 80)) * (b[j] & 15));
             m = -(double)(float)(h2d(rd16(b + 82)) * (b[j] >> 4));
           } else {
@@ -180,8 +182,8 @@ static void decode_row(const tinfo *t, const uint8_t *row, int64_t K, int *q, do
           }
           break;
         }
-        case 20: qq = KV_IQ4NL[e < 16 ? b[2 + e] & 15 : b[2 + e - 16] >> 4]; s = h2d(rd16(b)); break;
-        case 23: {
+        case GT_IQ4_NL: qq = KV_IQ4NL[e < 16 ? b[2 + e] & 15 : b[2 + e - 16] >> 4]; s = h2d(rd16(b)); break;
+        case GT_IQ4_XS: {
           const int j = e / 32, l = e % 32, sh = rd16(b + 2);
           const int ls = ((b[4 + j / 2] >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4);
           qq = KV_IQ4NL[l < 16 ? b[8 + 16 * j + l] & 15 : b[8 + 16 * j + l - 16] >> 4];
@@ -203,25 +205,25 @@ static qacts parse_act(int vt, int64_t rows, int64_t K, const uint8_t *buf) {
   qacts a = {xmalloc(sizeof(double) * (size_t)(rows * K)), xmalloc(sizeof(double) * (size_t)(rows * K / 32 + 1))};
   const uint8_t *p = buf;
   for (int64_t r = 0; r < rows; r++) {
-    if (vt == 15) {
-      for (int64_t b = 0; b < K / 256; b++, p += 292) {
+    if (vt == QA_Q8_K) {
+      for (int64_t b = 0; b < K / 256; b++, p += QB_Q8_K) {
         float d;
         memcpy(&d, p, 4);
         for (int i = 0; i < 256; i++) a.xq[r * K + 256 * b + i] = (double)d * (int8_t)p[4 + i];
       }
     } else {
-      const int off = vt == 9 ? 4 : 2;
+      const int off = vt == QA_Q8_1 ? 4 : 2;
       for (int64_t b = 0; b < K / 32; b++, p += off + 32) {
         const double d = h2d(rd16(p));
         for (int i = 0; i < 32; i++) a.xq[r * K + 32 * b + i] = d * (int8_t)p[off + i];
-        a.sa[r * (K / 32) + b] = vt == 9 ? h2d(rd16(p + 2)) : 0.0;
+        a.sa[r * (K / 32) + b] = vt == QA_Q8_1 ? h2d(rd16(p + 2)) : 0.0;
       }
     }
   }
   return a;
 }
 static int64_t act_bytes(int vt, int64_t rows, int64_t K) {
-  return rows * (vt == 15 ? K / 256 * 292 : K / 32 * (vt == 9 ? 36 : 34));
+  return rows * (vt == QA_Q8_K ? K / QK_Q8_K * QB_Q8_K : K / 32 * (vt == QA_Q8_1 ? QB_Q8_1 : QB_Q8_0));
 }
 
 /* double reference y[r*N + o] of one weight. act 0: sum_e f32-dequant(W)[o,e] * xr[e] (xr: the
@@ -232,7 +234,7 @@ static void reference(const tinfo *t, const uint8_t *w, int64_t N, int64_t K, in
                       const double *xr, const float *xq, int64_t xs, int act, double *y, double *l2) {
   int *q = xmalloc(sizeof(int) * (size_t)K);
   double *sc = xmalloc(sizeof(double) * (size_t)K), *mn = xmalloc(sizeof(double) * (size_t)K);
-  const int q8 = act == 1 && t->vt != 0;
+  const int q8 = act == 1 && t->vt != QA_F32;
   qacts a = {NULL, NULL};
   if (q8) {
     uint8_t *buf = xmalloc((size_t)act_bytes(t->vt, rows, K));
@@ -254,8 +256,8 @@ static void reference(const tinfo *t, const uint8_t *w, int64_t N, int64_t K, in
           }
         } else {
           const double *xa = a.xq + r * K;
-          for (int64_t e = e0; e < e1; e++) bs += (sc[e] * q[e] + (t->vt == 15 ? mn[e] : 0.0)) * xa[e];
-          if (t->vt == 9) bs += mn[e0] * a.sa[r * (K / 32) + e0 / 32];
+          for (int64_t e = e0; e < e1; e++) bs += (sc[e] * q[e] + (t->vt == QA_Q8_K ? mn[e] : 0.0)) * xa[e];
+          if (t->vt == QA_Q8_1) bs += mn[e0] * a.sa[r * (K / 32) + e0 / 32];
         }
         s += bs;
         ss += bs * bs;
@@ -458,7 +460,7 @@ static void test_norm(const tinfo *t, int64_t K, int64_t N, int64_t rows, int wi
     rc = cf_qmatmul_f32__scalar(du, xn_c, NULL, 0.0f, w, NULL, NULL, uc, NULL, NULL, NULL, 1);
     CHECK(rc == 0 && memcmp(yc, uc, sizeof(float) * (size_t)(rows * ys)) == 0,
           "scalar: fused norm != rms_norm_rows + matmul");
-    if (!act || t->vt == 0) {
+    if (!act || t->vt == QA_F32) {
       reference(t, w, N, K, rows, xd, NULL, 0, 0, ref, NULL);
       const double en = upd(&w_epi, nmse(yn, ys, ref, rows, N)), ec = upd(&w_epi, nmse(yc, ys, ref, rows, N));
       CHECK(en <= 1e-10, "neon vs double reference: NMSE %.3g", en);
@@ -639,7 +641,7 @@ int main(int argc, char **argv) {
 #if defined(__ARM_FEATURE_MATMUL_INT8)
   printf("neon quant [%s]: this build has i8mm (panel tiles: smmla on row pairs, usdot/sdot for one row)\n", label);
 #elif defined(__ARM_FEATURE_DOTPROD)
-  printf("neon quant [%s]: this build has the dot-product extension (panel tiles and neon_q.h: sdot)\n", label);
+  printf("neon quant [%s]: this build has the dot-product extension (panel tiles: sdot)\n", label);
 #else
   printf("neon quant [%s]: this build has neither dotprod nor i8mm (int8 dots: smull)\n", label);
 #endif

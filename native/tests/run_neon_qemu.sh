@@ -58,7 +58,7 @@ compile_bg "$TMP/isa_neon.o" "$NATIVE/src/isa_neon.c"
 compile_bg "$TMP/isa_scalar.o" "$NATIVE/src/isa_scalar.c" "${SCALAR_EXTRA[@]}"
 compile_bg "$TMP/isa_neon_dot.o" "$NATIVE/src/isa_neon.c" "${DOT[@]}"
 compile_bg "$TMP/isa_neon_mm.o" "$NATIVE/src/isa_neon.c" "${MM[@]}"
-compile "$TMP/neon_test.o" "$HERE/neon_test.c" -I"$TMP"
+compile "$TMP/neon_test.o" "$HERE/neon_test.c"
 
 OBJS=("$TMP/neon_test.o" "$TMP/isa_neon.o" "$TMP/isa_scalar.o")
 # the thread pool the kernels call (native/src/pool.c) and the P16 repacking of quantized weights
@@ -93,13 +93,8 @@ esac
 # The quantized matmul (native/simd/neon_q.h, neon_p.h): native/tests/neon_quant_test.c, built and
 # run three times, against isa_neon.c as built above (plain armv8-a: SMULL int8 dots) and against
 # isa_neon.c objects with the dot-product extension (SDOT) and with i8mm (SMMLA on row pairs in the
-# multi-row panel tile, USDOT for Q8_0). Its descriptor layout (the QM_*/QW_* enums) is taken from
-# native/kernels/quant.inc. The last line is the total of all runs.
-grep -E '^enum \{ (QM_|QW_)|^#define QM_LEN' "$NATIVE/kernels/quant.inc" >"$TMP/qm_desc.h"
-if [ "$(grep -c . "$TMP/qm_desc.h")" -ne 3 ]; then
-  echo "neon: could not find the QM_*/QW_* descriptor enums in $NATIVE/kernels/quant.inc"
-  exit 1
-fi
+# multi-row panel tile, USDOT for Q8_0). Its descriptor layout (QM_*/QW_*) and type ids come from
+# the generated headers native/kernels/layouts.h and qtypes.h. The last line is the total of all runs.
 pass=0
 fail=0
 tally() { # adds the counts of the summary line ending the output file $1
@@ -118,7 +113,7 @@ for v in plain dotprod i8mm; do
   neon_obj="$TMP/isa_neon.o"
   if [ "$v" = dotprod ]; then extra=("${DOT[@]}"); neon_obj="$TMP/isa_neon_dot.o"; fi
   if [ "$v" = i8mm ]; then extra=("${MM[@]}"); neon_obj="$TMP/isa_neon_mm.o"; fi
-  compile "$TMP/nq_$v.o" "$HERE/neon_quant_test.c" -I"$TMP" ${extra[@]+"${extra[@]}"}
+  compile "$TMP/nq_$v.o" "$HERE/neon_quant_test.c" ${extra[@]+"${extra[@]}"}
   if ! "$CC" "${LINK[@]}" ${extra[@]+"${extra[@]}"} "$TMP/nq_$v.o" "$neon_obj" "${OBJS[@]:2}" \
        -o "$TMP/nq_$v" -lm -pthread; then
     echo "neon: link of neon_quant_test ($v) failed"
