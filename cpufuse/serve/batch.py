@@ -237,8 +237,9 @@ class BatchEngine(Engine):
         if not len(b):
             return
         # the grammar masks of this step's samples only depend on tokens already consumed: fill
-        # them in a worker thread while the decoder runs (llguidance and cffi release the GIL)
-        guided = [s.sampler for s in owners if getattr(s.sampler, "matcher", None) is not None]
+        # them in a worker thread while the decoder runs (llguidance and cffi release the GIL);
+        # greedy samplers need none unless their top token is not allowed (GuidedSampler)
+        guided = [s.sampler for s in owners if getattr(s.sampler, "mask_ahead", False)]
         if guided and not self.mask_thread:
             _fill_masks(guided)
             guided = []
