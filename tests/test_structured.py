@@ -118,6 +118,24 @@ def test_rejected_grammars_raise_valueerror_with_the_message(tok, opts, param, t
         assert str(e.value).startswith(param)
 
 
+def test_grammars_are_compiled_once_and_matchers_are_independent_copies(tok, monkeypatch):
+    import cpufuse.llama.constrain as C
+    monkeypatch.setattr(C, "_COMPILED_MAX", 2)
+    a = Constraint.from_options(tok, regex="[ab]{3}")
+    b = Constraint.from_options(tok, regex="[ab]{3}")
+    assert a._start is b._start                          # the second request reuses the compiled grammar
+    m1, m2 = a.matcher(), b.matcher()
+    t = tok.tokenize("a", add_bos=False)[0]
+    assert m1.consume_token(t) and m1.consume_token(t) and not m1.is_accepting()
+    assert m2.validate_tokens([t, t, t]) == 3 and a.matcher().validate_tokens([t, t, t]) == 3
+    with pytest.raises(ValueError):
+        Constraint.from_options(tok, regex="[a-")
+    assert "[a-" not in str(list(tok._llg_compiled))      # a rejected grammar is not kept
+    Constraint.from_options(tok, regex="x")
+    Constraint.from_options(tok, regex="y")
+    assert len(tok._llg_compiled) == 2 and Constraint.from_options(tok, regex="[ab]{3}")._start is not a._start
+
+
 def test_text_and_no_options_mean_no_constraint(tok):
     assert grammar_from_options() is None
     assert Constraint.from_options(tok, response_format={"type": "text"}) is None

@@ -170,6 +170,28 @@ def grammar_from_options(response_format: Optional[dict] = None, grammar: Option
         raise ValueError(f"grammar: {e}") from None
 
 
+_COMPILED_MAX = 32      # compiled grammars kept per tokenizer (most recently used)
+
+
+def _compiled(tok, grammar: str):
+    """a matcher at the start of `grammar` for `tok`, never advanced: per-sequence matchers are
+    its deep copies (about 1 us, against about 0.4 ms to compile). Kept per tokenizer for the
+    _COMPILED_MAX grammars used last, so a repeated schema is compiled once."""
+    with _LOCK:
+        cache = tok.__dict__.setdefault("_llg_compiled", {})
+        m = cache.pop(grammar, None)
+        if m is not None:
+            cache[grammar] = m              # most recently used last
+            return m
+    m = _llg().LLMatcher(llg_tokenizer(tok), grammar, log_level=0)
+    if not m.is_error():
+        with _LOCK:
+            cache[grammar] = m
+            while len(cache) > _COMPILED_MAX:
+                del cache[next(iter(cache))]
+    return m
+
+
 class Constraint:
     """A compiled grammar for one model's vocabulary; `matcher()` makes a fresh per-sequence matcher.
     Construction checks the grammar (ValueError naming `param` with llguidance's message)."""
@@ -180,18 +202,14 @@ class Constraint:
         self.param = param
         self.parse = parse              # an optional output parser (tools: cpufuse.llama.tools)
         self.lltok = llg_tokenizer(tokenizer)
-        m = self._new()
+        m = _compiled(tokenizer, grammar)
         if m.is_error():
             raise ValueError(f"{param}: {m.get_error()}")
-        self._first = m
-
-    def _new(self):
-        return _llg().LLMatcher(self.lltok, self.grammar, log_level=0)
+        self._start = m                 # shared, never advanced
 
     def matcher(self):
-        """a matcher at the start of the grammar (the first call reuses the checked one)"""
-        m, self._first = self._first, None
-        return m if m is not None else self._new()
+        """a matcher at the start of the grammar (a copy of the compiled one)"""
+        return self._start.deep_copy()
 
     @classmethod
     def from_options(cls, tokenizer, **options) -> Optional["Constraint"]:
