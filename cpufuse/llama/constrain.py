@@ -290,6 +290,8 @@ class GuidedSampler:
         self._mask = None                  # the precomputed additive mask row (see compute_mask)
         self._ready = False                # compute_mask() ran since the last sample()
         self._row = None                   # the logits row handed to the sampler (bias / mask applied)
+        from .sampling import Sampler
+        self._own = isinstance(sampler, Sampler)   # greedy can skip the mask (see _sample_greedy)
         if constraint is not None:
             self._n = int(constraint.lltok.vocab_size)
             self._words = np.zeros((1, (self._n + 31) // 32), np.int32)
@@ -312,8 +314,7 @@ class GuidedSampler:
         return self.matcher is not None and self.matcher.is_stopped()
 
     def _greedy(self) -> bool:
-        from .sampling import Sampler
-        return isinstance(self.sampler, Sampler) and self.sampler.greedy
+        return self._own and self.sampler.temperature <= 0.0      # Sampler.greedy
 
     @property
     def mask_ahead(self) -> bool:
