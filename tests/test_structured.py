@@ -221,14 +221,16 @@ def test_greedy_masks_only_when_the_top_token_is_refused(tok, opts, kw, monkeypa
     monkeypatch.setattr(GuidedSampler, "compute_mask", spy)
     bias = (np.arange(40, 60, dtype=np.int64), np.full(20, 2.0, np.float32))
     for seed in range(3):
-        fast = GuidedSampler(Sampler(temperature=0, penalty_scope="generated", **kw), c, bias)
-        ref = GuidedSampler(Sampler(temperature=0, penalty_scope="generated", **kw), c, bias)
-        assert not fast.mask_ahead
+        fast, ref, ahead = (GuidedSampler(Sampler(temperature=0, penalty_scope="generated", **kw), c, bias)
+                            for _ in range(3))
+        assert fast.mask_ahead                          # the first token: ask for the mask ahead
         rng = np.random.default_rng(seed)
         n = hits = 0
         for i in range(80):
             x = rng.standard_normal(tok.n_vocab).astype(np.float32) * 4
-            ref.compute_mask()
+            ref.compute_mask()                          # the mask before every token
+            if ahead.mask_ahead:                        # the mask before the tokens it asks for
+                ahead.compute_mask()
             allowed = np.flatnonzero(ref._mask == 0)
             if i % 2:                                   # every other top token is allowed
                 x[rng.choice(allowed)] = 100.0
@@ -236,11 +238,12 @@ def test_greedy_masks_only_when_the_top_token_is_refused(tok, opts, kw, monkeypa
             t = fast.sample(x)
             hits += len(filled) == before
             assert len(filled) == before or not i % 2, i    # an allowed top token: no mask
-            assert ref.sample(x) == t
+            assert fast.mask_ahead == (len(filled) > before), i   # ahead after a refusal
+            assert ref.sample(x) == t and ahead.sample(x) == t
             n += 1
             if t in tok.eog_ids or fast.done:
                 break
-        assert ref.done == fast.done
+        assert ref.done == fast.done == ahead.done
         assert 0 < hits < n or n < 2, (n, hits)
 
 
@@ -526,7 +529,8 @@ def test_batch_engine_fills_masks_in_its_worker_thread(gguf, monkeypatch):
     assert n_sampled == n_tok and all(w.startswith("cpufuse-masks") for w in where[:n_sampled]), where
     text = tok.detokenize([e.token for e in greedy[:-1]])
     assert len(text) == 6 and text.isalpha() and greedy[-1].finish_reason == "stop", text
-    assert not any(w.startswith("cpufuse-masks") for w in where[n_sampled:]), where   # greedy: on demand
+    # greedy: the first mask ahead in the worker, then only where the top token was refused
+    assert 1 <= len(where) - n_sampled <= len(greedy) - 1 and where[n_sampled].startswith("cpufuse-masks"), where
 
 
 def test_without_llguidance_only_constraints_need_it(tok, monkeypatch):

@@ -11,11 +11,13 @@ UNKNOWN tokens (and tokens with no piece) are special: their text prefixed with 
 llguidance expects. The end-of-generation ids are llguidance's EOS tokens: the mask allows them
 only where the grammar accepts, and once the grammar is complete they are the only tokens allowed.
 
-A grammar is compiled per request (`Constraint`, about 1 ms; a schema or grammar llguidance
-rejects raises ValueError with its message) and a matcher is made from it per sequence: a
+A grammar is compiled when a `Constraint` is made (about 0.5 ms; a schema or grammar llguidance
+rejects raises ValueError with its message; the tokenizer keeps the last 32 compiled, so a
+repeated schema costs nothing) and each sequence's matcher is a copy of the compiled one: a
 sequence's mask depends only on the grammar and that sequence's own tokens, so batching does not
 change it. The mask is applied to the logits (disallowed entries set to -inf) before the sampler
-chain; -inf entries have zero weight through penalties, top-k/top-p/min-p and temperature.
+chain; -inf entries have zero weight through penalties, top-k/top-p/min-p and temperature. Greedy
+decoding skips the mask where the top token is allowed (the same token: see GuidedSampler).
 
 JSON whitespace: JSON schema grammars allow llama.cpp's JSON whitespace (nothing, one space, or
 one or two newlines and up to 20 spaces or tabs) between tokens, so a model may indent but not
@@ -275,9 +277,12 @@ class GuidedSampler:
 
     Greedy (a `Sampler` at temperature 0) needs no mask unless the top logit's token is not
     allowed: sample() takes the first maximal logit after the penalties and asks the matcher
-    whether it may come next; only if not is the mask filled (here, on the caller's thread) and
-    the argmax taken over the allowed tokens. Either way the token is the first maximal logit
-    among the allowed ones, as with the mask applied first. Sampling at a temperature applies
+    whether it may come next (or looks it up in a mask filled ahead); only if not is the mask
+    filled (here, on the caller's thread unless it was ahead) and the argmax taken over the
+    allowed tokens. Either way the token is the first maximal logit among the allowed ones, as
+    with the mask applied first. Refusals come in runs (where the grammar forces structure, or
+    all along when the model ignores the format), so a greedy sampler asks for its mask ahead
+    (`mask_ahead`) for its first token and after a refused top token. Sampling at a temperature applies
     the mask to the whole row (the filters and the draw need every allowed logit), so its
     random stream is as without the shortcut. The rows are buffers of this sampler's own,
     reused from token to token."""
@@ -292,6 +297,7 @@ class GuidedSampler:
         self._row = None                   # the logits row handed to the sampler (bias / mask applied)
         from .sampling import Sampler
         self._own = isinstance(sampler, Sampler)   # greedy can skip the mask (see _sample_greedy)
+        self._refused = True               # greedy: the last top token was refused (or none yet)
         if constraint is not None:
             self._n = int(constraint.lltok.vocab_size)
             self._words = np.zeros((1, (self._n + 31) // 32), np.int32)
@@ -318,8 +324,9 @@ class GuidedSampler:
 
     @property
     def mask_ahead(self) -> bool:
-        """sample() needs the full mask (a grammar, not greedy): worth filling ahead of it"""
-        return self.matcher is not None and not self._greedy()
+        """the next sample() is likely to need the full mask, so it is worth filling ahead: a
+        grammar, and sampling at a temperature, or greedy after a refused top token (or at the start)"""
+        return self.matcher is not None and (self._refused or not self._greedy())
 
     def compute_mask(self):
         """fill the next token's mask (callable from a worker thread): an additive float32 row,
@@ -366,7 +373,7 @@ class GuidedSampler:
             return self.sampler.sample(x)
         if self.matcher.is_error():
             raise RuntimeError(f"grammar matcher error: {self.matcher.get_error()}")
-        if not self._ready and self._greedy():
+        if self._greedy():
             tok = self._sample_greedy(x)
         else:
             tok = self.sampler.sample(np.add(x, self._take_mask(x.shape[0]),   # x + 0 is x; x + -inf is -inf
@@ -382,7 +389,14 @@ class GuidedSampler:
         s = self.sampler
         lg = s._penalized(x)
         tok = int(np.argmax(lg))                # first index among equal maxima
-        if not (tok < self._n and self.matcher.validate_tokens([tok]) == 1):
+        if self._ready:                         # filled ahead: look the top token up
+            ok = self._mask is not None and tok < self._n and self._mask[tok] == 0
+        else:
+            ok = tok < self._n and self.matcher.validate_tokens([tok]) == 1
+        self._refused = not ok
+        if ok:
+            self._mask, self._ready = None, False
+        else:
             tok = int(np.argmax(np.add(lg, self._take_mask(lg.shape[0]), out=self._buffer(lg.shape[0]))))
         s.record(tok)
         return tok

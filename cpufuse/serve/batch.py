@@ -238,7 +238,8 @@ class BatchEngine(Engine):
             return
         # the grammar masks of this step's samples only depend on tokens already consumed: fill
         # them in a worker thread while the decoder runs (llguidance and cffi release the GIL);
-        # greedy samplers need none unless their top token is not allowed (GuidedSampler)
+        # those that sample() is likely to need (GuidedSampler.mask_ahead: greedy ones check the
+        # top token first and want the mask only after a refusal)
         guided = [s.sampler for s in owners if getattr(s.sampler, "mask_ahead", False)]
         if guided and not self.mask_thread:
             _fill_masks(guided)
