@@ -247,6 +247,25 @@ def test_greedy_masks_only_when_the_top_token_is_refused(tok, opts, kw, monkeypa
         assert 0 < hits < n or n < 2, (n, hits)
 
 
+def test_other_samplers_get_their_own_rows(tok):
+    """a sampler that is not a cpufuse Sampler always gets the full mask and a fresh row (it may keep it)"""
+    class Keep:
+        def __init__(self):
+            self.rows = []
+
+        def sample(self, x):
+            self.rows.append(x)
+            return int(np.argmax(x))
+    c = Constraint.from_options(tok, regex="[ab]{3}")
+    k = Keep()
+    g = GuidedSampler(k, c)
+    assert g.mask_ahead
+    rng = np.random.default_rng(0)
+    toks = [g.sample(rng.standard_normal(tok.n_vocab).astype(np.float32)) for _ in range(3)]
+    assert set(tok.detokenize(toks)) <= set("ab") and g.done
+    assert len({id(r) for r in k.rows}) == 3 and all(np.isinf(r).sum() > tok.n_vocab // 2 for r in k.rows)
+
+
 def test_logit_bias(tok):
     ids, vals = parse_logit_bias({"65": 100, "66": -100.0}, tok.n_vocab)
     assert ids.tolist() == [65, 66] and vals.tolist() == [100.0, -100.0]

@@ -284,8 +284,8 @@ class GuidedSampler:
     all along when the model ignores the format), so a greedy sampler asks for its mask ahead
     (`mask_ahead`) for its first token and after a refused top token. Sampling at a temperature applies
     the mask to the whole row (the filters and the draw need every allowed logit), so its
-    random stream is as without the shortcut. The rows are buffers of this sampler's own,
-    reused from token to token."""
+    random stream is as without the shortcut. For a `Sampler` the rows are buffers of this
+    sampler's own, reused from token to token."""
 
     def __init__(self, sampler, constraint: Optional[Constraint] = None, logit_bias=()):
         self.sampler = sampler
@@ -357,6 +357,10 @@ class GuidedSampler:
         return add
 
     def _buffer(self, n: int):
+        """the row handed to the sampler: reused for a cpufuse Sampler (which keeps no logits),
+        a new one for any other sampler"""
+        if not self._own:
+            return np.empty(n, np.float32)
         if self._row is None or self._row.shape[0] != n:
             self._row = np.empty(n, np.float32)
         return self._row
