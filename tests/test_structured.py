@@ -118,6 +118,24 @@ def test_rejected_grammars_raise_valueerror_with_the_message(tok, opts, param, t
         assert str(e.value).startswith(param)
 
 
+def test_grammars_are_compiled_once_and_matchers_are_independent_copies(tok, monkeypatch):
+    import cpufuse.llama.constrain as C
+    monkeypatch.setattr(C, "_COMPILED_MAX", 2)
+    a = Constraint.from_options(tok, regex="[ab]{3}")
+    b = Constraint.from_options(tok, regex="[ab]{3}")
+    assert a._start is b._start                          # the second request reuses the compiled grammar
+    m1, m2 = a.matcher(), b.matcher()
+    t = tok.tokenize("a", add_bos=False)[0]
+    assert m1.consume_token(t) and m1.consume_token(t) and not m1.is_accepting()
+    assert m2.validate_tokens([t, t, t]) == 3 and a.matcher().validate_tokens([t, t, t]) == 3
+    with pytest.raises(ValueError):
+        Constraint.from_options(tok, regex="[a-")
+    assert "[a-" not in str(list(tok._llg_compiled))      # a rejected grammar is not kept
+    Constraint.from_options(tok, regex="x")
+    Constraint.from_options(tok, regex="y")
+    assert len(tok._llg_compiled) == 2 and Constraint.from_options(tok, regex="[ab]{3}")._start is not a._start
+
+
 def test_text_and_no_options_mean_no_constraint(tok):
     assert grammar_from_options() is None
     assert Constraint.from_options(tok, response_format={"type": "text"}) is None
@@ -170,6 +188,82 @@ def test_eos_only_where_the_grammar_accepts(tok):
     x[eog] = 100.0                             # EOS is the argmax: not allowed before "a"
     assert g.sample(x) == tok.tokenize("a", add_bos=False)[0]
     assert g.sample(x) in tok.eog_ids           # after "a" the grammar accepts: EOS wins
+
+
+def test_mask_row_is_the_bitmask(tok):
+    """compute_mask's additive row: 0 exactly at the bits llguidance sets, -inf elsewhere"""
+    c = Constraint.from_options(tok, response_format={"type": "json_object"})
+    g = GuidedSampler(Sampler(temperature=0.5, seed=0), c)
+    rng = np.random.default_rng(0)
+    for _ in range(6):
+        g.compute_mask()
+        bits = np.unpackbits(g._words.view(np.uint8), count=tok.n_vocab, bitorder="little").astype(bool)
+        assert 0 < bits.sum() < tok.n_vocab
+        assert np.array_equal(g._mask, np.where(bits, np.float32(0), np.float32(-np.inf)))
+        assert (g._mask.view(np.uint32)[bits] == 0).all()          # +0.0, not -0.0
+        g.sample(rng.standard_normal(tok.n_vocab).astype(np.float32))
+
+
+@pytest.mark.parametrize("opts", [dict(response_format={"type": "json_object"}), dict(regex=r"ab?"),
+                                  dict(regex=r"[0-9]{3}"), dict(json_schema=schemas(3, seed=5)[2])])
+@pytest.mark.parametrize("kw", [dict(), dict(repeat_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.25)])
+def test_greedy_masks_only_when_the_top_token_is_refused(tok, opts, kw, monkeypatch):
+    """greedy under a grammar: the same tokens as with the mask filled before every token (the
+    full-mask path), the mask filled only where the unconstrained top token is not allowed; with a
+    logit bias and penalties too"""
+    c = Constraint.from_options(tok, **opts)
+    filled = []
+    orig = GuidedSampler.compute_mask
+
+    def spy(self):
+        filled.append(self)
+        return orig(self)
+    monkeypatch.setattr(GuidedSampler, "compute_mask", spy)
+    bias = (np.arange(40, 60, dtype=np.int64), np.full(20, 2.0, np.float32))
+    for seed in range(3):
+        fast, ref, ahead = (GuidedSampler(Sampler(temperature=0, penalty_scope="generated", **kw), c, bias)
+                            for _ in range(3))
+        assert fast.mask_ahead                          # the first token: ask for the mask ahead
+        rng = np.random.default_rng(seed)
+        n = hits = 0
+        for i in range(80):
+            x = rng.standard_normal(tok.n_vocab).astype(np.float32) * 4
+            ref.compute_mask()                          # the mask before every token
+            if ahead.mask_ahead:                        # the mask before the tokens it asks for
+                ahead.compute_mask()
+            allowed = np.flatnonzero(ref._mask == 0)
+            if i % 2:                                   # every other top token is allowed
+                x[rng.choice(allowed)] = 100.0
+            before = len(filled)
+            t = fast.sample(x)
+            hits += len(filled) == before
+            assert len(filled) == before or not i % 2, i    # an allowed top token: no mask
+            assert fast.mask_ahead == (len(filled) > before), i   # ahead after a refusal
+            assert ref.sample(x) == t and ahead.sample(x) == t
+            n += 1
+            if t in tok.eog_ids or fast.done:
+                break
+        assert ref.done == fast.done == ahead.done
+        assert 0 < hits < n or n < 2, (n, hits)
+
+
+def test_other_samplers_get_their_own_rows(tok):
+    """a sampler that is not a cpufuse Sampler always gets the full mask and a fresh row (it may keep it)"""
+    class Keep:
+        def __init__(self):
+            self.rows = []
+
+        def sample(self, x):
+            self.rows.append(x)
+            return int(np.argmax(x))
+    c = Constraint.from_options(tok, regex="[ab]{3}")
+    k = Keep()
+    g = GuidedSampler(k, c)
+    assert g.mask_ahead
+    rng = np.random.default_rng(0)
+    toks = [g.sample(rng.standard_normal(tok.n_vocab).astype(np.float32)) for _ in range(3)]
+    assert set(tok.detokenize(toks)) <= set("ab") and g.done
+    assert len({id(r) for r in k.rows}) == 3 and all(np.isinf(r).sum() > tok.n_vocab // 2 for r in k.rows)
 
 
 def test_logit_bias(tok):
@@ -417,8 +511,8 @@ def test_serial_engine_constraint_and_bias(gguf):
 
 
 def test_batch_engine_fills_masks_in_its_worker_thread(gguf, monkeypatch):
-    """every mask of a constrained sequence is filled by the mask worker during the decoder step,
-    never late in sample()"""
+    """every mask of a sampled (temperature > 0) constrained sequence is filled by the mask worker
+    during the decoder step, never late in sample(); greedy sequences need none there"""
     import threading
 
     from cpufuse.serve.batch import BatchEngine
@@ -436,9 +530,13 @@ def test_batch_engine_fills_masks_in_its_worker_thread(gguf, monkeypatch):
     eng.start()
     try:
         c = Constraint.from_options(tok, regex="[a-z]{6}")
-        hs = [eng.submit(EngineRequest(tok.tokenize(p, add_bos=False), 20, SamplingParams(temperature=0),
-                                       stop_ids=tok.eog_ids, constraint=c)) for p in ("one", "two two")]
+        hs = [eng.submit(EngineRequest(tok.tokenize(p, add_bos=False), 20, SamplingParams(temperature=0.7, seed=i),
+                                       stop_ids=tok.eog_ids, constraint=c)) for i, p in enumerate(("one", "two two"))]
         outs = [list(h) for h in hs]
+        n_sampled = len(where)
+        h = eng.submit(EngineRequest(tok.tokenize("three", add_bos=False), 20, SamplingParams(temperature=0),
+                                     stop_ids=tok.eog_ids, constraint=c))
+        greedy = list(h)
     finally:
         eng.stop()
     n_tok = 0
@@ -447,7 +545,11 @@ def test_batch_engine_fills_masks_in_its_worker_thread(gguf, monkeypatch):
         text = tok.detokenize([e.token for e in o[:-1]])
         assert len(text) == 6 and text.isalpha(), text
         n_tok += len(o) - 1
-    assert len(where) == n_tok and all(w.startswith("cpufuse-masks") for w in where), where
+    assert n_sampled == n_tok and all(w.startswith("cpufuse-masks") for w in where[:n_sampled]), where
+    text = tok.detokenize([e.token for e in greedy[:-1]])
+    assert len(text) == 6 and text.isalpha() and greedy[-1].finish_reason == "stop", text
+    # greedy: the first mask ahead in the worker, then only where the top token was refused
+    assert 1 <= len(where) - n_sampled <= len(greedy) - 1 and where[n_sampled].startswith("cpufuse-masks"), where
 
 
 def test_without_llguidance_only_constraints_need_it(tok, monkeypatch):

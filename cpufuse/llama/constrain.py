@@ -11,11 +11,13 @@ UNKNOWN tokens (and tokens with no piece) are special: their text prefixed with 
 llguidance expects. The end-of-generation ids are llguidance's EOS tokens: the mask allows them
 only where the grammar accepts, and once the grammar is complete they are the only tokens allowed.
 
-A grammar is compiled per request (`Constraint`, about 1 ms; a schema or grammar llguidance
-rejects raises ValueError with its message) and a matcher is made from it per sequence: a
+A grammar is compiled when a `Constraint` is made (about 0.5 ms; a schema or grammar llguidance
+rejects raises ValueError with its message; the tokenizer keeps the last 32 compiled, so a
+repeated schema costs nothing) and each sequence's matcher is a copy of the compiled one: a
 sequence's mask depends only on the grammar and that sequence's own tokens, so batching does not
 change it. The mask is applied to the logits (disallowed entries set to -inf) before the sampler
-chain; -inf entries have zero weight through penalties, top-k/top-p/min-p and temperature.
+chain; -inf entries have zero weight through penalties, top-k/top-p/min-p and temperature. Greedy
+decoding skips the mask where the top token is allowed (the same token: see GuidedSampler).
 
 JSON whitespace: JSON schema grammars allow llama.cpp's JSON whitespace (nothing, one space, or
 one or two newlines and up to 20 spaces or tabs) between tokens, so a model may indent but not
@@ -170,6 +172,28 @@ def grammar_from_options(response_format: Optional[dict] = None, grammar: Option
         raise ValueError(f"grammar: {e}") from None
 
 
+_COMPILED_MAX = 32      # compiled grammars kept per tokenizer (most recently used)
+
+
+def _compiled(tok, grammar: str):
+    """a matcher at the start of `grammar` for `tok`, never advanced: per-sequence matchers are
+    its deep copies (about 1 us, against about 0.4 ms to compile). Kept per tokenizer for the
+    _COMPILED_MAX grammars used last, so a repeated schema is compiled once."""
+    with _LOCK:
+        cache = tok.__dict__.setdefault("_llg_compiled", {})
+        m = cache.pop(grammar, None)
+        if m is not None:
+            cache[grammar] = m              # most recently used last
+            return m
+    m = _llg().LLMatcher(llg_tokenizer(tok), grammar, log_level=0)
+    if not m.is_error():
+        with _LOCK:
+            cache[grammar] = m
+            while len(cache) > _COMPILED_MAX:
+                del cache[next(iter(cache))]
+    return m
+
+
 class Constraint:
     """A compiled grammar for one model's vocabulary; `matcher()` makes a fresh per-sequence matcher.
     Construction checks the grammar (ValueError naming `param` with llguidance's message)."""
@@ -180,18 +204,14 @@ class Constraint:
         self.param = param
         self.parse = parse              # an optional output parser (tools: cpufuse.llama.tools)
         self.lltok = llg_tokenizer(tokenizer)
-        m = self._new()
+        m = _compiled(tokenizer, grammar)
         if m.is_error():
             raise ValueError(f"{param}: {m.get_error()}")
-        self._first = m
-
-    def _new(self):
-        return _llg().LLMatcher(self.lltok, self.grammar, log_level=0)
+        self._start = m                 # shared, never advanced
 
     def matcher(self):
-        """a matcher at the start of the grammar (the first call reuses the checked one)"""
-        m, self._first = self._first, None
-        return m if m is not None else self._new()
+        """a matcher at the start of the grammar (a copy of the compiled one)"""
+        return self._start.deep_copy()
 
     @classmethod
     def from_options(cls, tokenizer, **options) -> Optional["Constraint"]:
@@ -241,24 +261,47 @@ def parse_logit_bias(bias, n_vocab: int, param: str = "logit_bias") -> tuple:
     return (np.asarray(ids, np.int64), np.asarray(vals, np.float32))
 
 
+# the additive mask rows of the 256 bytes of a packed bitmask (bit j of byte b: token 8*b + j):
+# 0 where the bit is set (allowed), -inf elsewhere; a mask row is one np.take over the mask's bytes
+_BYTE_ROWS = np.where(np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little") != 0,
+                      np.float32(0), np.float32(-np.inf)).astype(np.float32)
+
+
 class GuidedSampler:
     """A `cpufuse.llama.sampling.Sampler` behind a logit bias and a grammar mask.
 
     sample(logits): bias added, the disallowed entries set to -inf, the wrapped sampler's chain,
     then the token is consumed by the matcher. compute_mask() may be called beforehand from
-    another thread (llguidance releases the GIL): sample() then uses that mask. The matcher's
-    state changes only in sample()."""
+    another thread (llguidance releases the GIL): sample() then uses that mask; `mask_ahead`
+    says whether sample() will need one. The matcher's state changes only in sample().
+
+    Greedy (a `Sampler` at temperature 0) needs no mask unless the top logit's token is not
+    allowed: sample() takes the first maximal logit after the penalties and asks the matcher
+    whether it may come next (or looks it up in a mask filled ahead); only if not is the mask
+    filled (here, on the caller's thread unless it was ahead) and the argmax taken over the
+    allowed tokens. Either way the token is the first maximal logit among the allowed ones, as
+    with the mask applied first. Refusals come in runs (where the grammar forces structure, or
+    all along when the model ignores the format), so a greedy sampler asks for its mask ahead
+    (`mask_ahead`) for its first token and after a refused top token. Sampling at a temperature applies
+    the mask to the whole row (the filters and the draw need every allowed logit), so its
+    random stream is as without the shortcut. For a `Sampler` the rows are buffers of this
+    sampler's own, reused from token to token."""
 
     def __init__(self, sampler, constraint: Optional[Constraint] = None, logit_bias=()):
         self.sampler = sampler
         self.constraint = constraint
         self.matcher = constraint.matcher() if constraint is not None else None
         self.bias = logit_bias or ()
-        self._mask = None                  # the precomputed additive mask (see compute_mask)
+        self._mask = None                  # the precomputed additive mask row (see compute_mask)
         self._ready = False                # compute_mask() ran since the last sample()
+        self._row = None                   # the logits row handed to the sampler (bias / mask applied)
+        from .sampling import Sampler
+        self._own = isinstance(sampler, Sampler)   # greedy can skip the mask (see _sample_greedy)
+        self._refused = True               # greedy: the last top token was refused (or none yet)
         if constraint is not None:
             self._n = int(constraint.lltok.vocab_size)
             self._words = np.zeros((1, (self._n + 31) // 32), np.int32)
+            self._add = np.empty(self._words.shape[1] * 32, np.float32)
 
     def __getattr__(self, name):           # temperature, greedy, rng, ...: the wrapped sampler's
         if name == "sampler":
@@ -276,37 +319,88 @@ class GuidedSampler:
         """the grammar is complete: only an end-of-generation token can follow"""
         return self.matcher is not None and self.matcher.is_stopped()
 
+    def _greedy(self) -> bool:
+        return self._own and self.sampler.temperature <= 0.0      # Sampler.greedy
+
+    @property
+    def mask_ahead(self) -> bool:
+        """the next sample() is likely to need the full mask, so it is worth filling ahead: a
+        grammar, and sampling at a temperature, or greedy after a refused top token (or at the start)"""
+        return self.matcher is not None and (self._refused or not self._greedy())
+
     def compute_mask(self):
         """fill the next token's mask (callable from a worker thread): an additive float32 row,
         0 where the grammar allows the token, -inf elsewhere (None: it allows nothing)"""
         from llguidance.numpy import fill_next_token_bitmask
         fill_next_token_bitmask(self.matcher, self._words, 0)
-        bits = np.unpackbits(self._words.view(np.uint8), count=self._n, bitorder="little").view(bool)
-        self._mask = np.where(bits, np.float32(0), np.float32(-np.inf)) if bits.any() else None
+        if self._words.any():
+            np.take(_BYTE_ROWS, self._words.view(np.uint8).reshape(-1), axis=0,
+                    out=self._add.reshape(-1, 8), mode="clip")
+            self._mask = self._add[:self._n]
+        else:
+            self._mask = None
         self._ready = True
+
+    def _take_mask(self, n: int):
+        """the mask (filled now unless ready) for a row of n logits; RuntimeError if nothing is allowed"""
+        if not self._ready:
+            self.compute_mask()
+        add, self._mask, self._ready = self._mask, None, False
+        if add is None:
+            raise RuntimeError("the grammar allows no token here"
+                               + (f": {self.matcher.get_error()}" if self.matcher.is_error() else ""))
+        if add.shape[0] != n:                   # the model's rows are longer (or shorter) than the vocab
+            full = np.full(n, -np.inf, np.float32)
+            k = min(add.shape[0], n)
+            full[:k] = add[:k]
+            add = full
+        return add
+
+    def _buffer(self, n: int):
+        """the row handed to the sampler: reused for a cpufuse Sampler (which keeps no logits),
+        a new one for any other sampler"""
+        if not self._own:
+            return np.empty(n, np.float32)
+        if self._row is None or self._row.shape[0] != n:
+            self._row = np.empty(n, np.float32)
+        return self._row
 
     def sample(self, logits):
         x = np.asarray(logits, dtype=np.float32).reshape(-1)
         if self.bias:
             ids, vals = self.bias
-            x = x.copy()
+            buf = self._buffer(x.shape[0])
+            np.copyto(buf, x)
+            x = buf
             x[ids] += vals
-        if self.matcher is not None:
-            if self.matcher.is_error():
-                raise RuntimeError(f"grammar matcher error: {self.matcher.get_error()}")
-            if not self._ready:
-                self.compute_mask()
-            add, self._mask, self._ready = self._mask, None, False
-            if add is None:
-                raise RuntimeError("the grammar allows no token here"
-                                   + (f": {self.matcher.get_error()}" if self.matcher.is_error() else ""))
-            if add.shape[0] != x.shape[0]:          # the model's rows are longer (or shorter) than the vocab
-                full = np.full(x.shape[0], -np.inf, np.float32)
-                k = min(add.shape[0], x.shape[0])
-                full[:k] = add[:k]
-                add = full
-            x = x + add                             # x + 0 is x; x + -inf is -inf
-        tok = self.sampler.sample(x)
-        if self.matcher is not None and not self.matcher.consume_token(tok):
+        if self.matcher is None:
+            return self.sampler.sample(x)
+        if self.matcher.is_error():
+            raise RuntimeError(f"grammar matcher error: {self.matcher.get_error()}")
+        if self._greedy():
+            tok = self._sample_greedy(x)
+        else:
+            tok = self.sampler.sample(np.add(x, self._take_mask(x.shape[0]),   # x + 0 is x; x + -inf is -inf
+                                             out=self._buffer(x.shape[0])))
+        if not self.matcher.consume_token(tok):
             raise RuntimeError(f"grammar matcher rejected token {tok}: {self.matcher.get_error()}")
+        return tok
+
+    def _sample_greedy(self, x):
+        """the wrapped greedy Sampler's token under the mask, the mask filled only if the top
+        token is not allowed (the penalties leave -inf at -inf, so penalizing then masking is
+        masking then penalizing)"""
+        s = self.sampler
+        lg = s._penalized(x)
+        tok = int(np.argmax(lg))                # first index among equal maxima
+        if self._ready:                         # filled ahead: look the top token up
+            ok = self._mask is not None and tok < self._n and self._mask[tok] == 0
+        else:
+            ok = tok < self._n and self.matcher.validate_tokens([tok]) == 1
+        self._refused = not ok
+        if ok:
+            self._mask, self._ready = None, False
+        else:
+            tok = int(np.argmax(np.add(lg, self._take_mask(lg.shape[0]), out=self._buffer(lg.shape[0]))))
+        s.record(tok)
         return tok

@@ -175,9 +175,13 @@ class Sampler:
             u = self.rng.random() * cum[-1]
             i = int(np.searchsorted(cum, u, side="left"))
             tok = int(idx[min(i, idx.shape[0] - 1)])
-        self.accept(tok)
-        self.generated[tok] += 1
+        self.record(tok)
         return tok
+
+    def record(self, token):
+        """a sampled token's bookkeeping (sample() does it): the penalty history and the counts"""
+        self.accept(token)
+        self.generated[token] += 1
 
     def __repr__(self):
         return (f"Sampler(temperature={self.temperature}, top_k={self.top_k}, top_p={self.top_p}, "

@@ -242,8 +242,10 @@ class BatchEngine(Engine):
         if not len(b):
             return
         # the grammar masks of this step's samples only depend on tokens already consumed: fill
-        # them in a worker thread while the decoder runs (llguidance and cffi release the GIL)
-        guided = [s.sampler for s in owners if getattr(s.sampler, "matcher", None) is not None]
+        # them in a worker thread while the decoder runs (llguidance and cffi release the GIL);
+        # those that sample() is likely to need (GuidedSampler.mask_ahead: greedy ones check the
+        # top token first and want the mask only after a refusal)
+        guided = [s.sampler for s in owners if getattr(s.sampler, "mask_ahead", False)]
         if guided and not self.mask_thread:
             _fill_masks(guided)
             guided = []
