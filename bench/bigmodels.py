@@ -1,7 +1,7 @@
-"""Synthetic GGUFs with real Llama shapes, for the end-to-end benchmark on 1B-8B models.
+"""Synthetic GGUFs with real model shapes (Llama 3, Gemma 3, Phi-4-mini), for the end-to-end benchmark.
 
-    python -m bench.bigmodels [--models 1b,8b] [--types q4_0,q4_k,q6_k,q8_0,q4_k_m] [--dir D]
-                              [--force] [--check]
+    python -m bench.bigmodels [--models 1b,8b,gemma3-1b,phi4-mini] [--types q4_0,q4_k,q6_k,q8_0,q4_k_m]
+                              [--dir D] [--force] [--check]
 
 The weights are random but valid quantized blocks, so the text is noise, but the work per token is
 the real model's: the same tensors, shapes, types and bytes. Written with the `gguf` writer, a
