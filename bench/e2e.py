@@ -26,7 +26,7 @@ and to a note. Engines:
                    n_batch = n_ubatch = 512, f16 K/V, logits_all=False, n_threads =
                    n_threads_batch = k, mmap; flash attention off (llama-cpp-python's default)
                    and on (libllama's and llama-cli's AUTO resolves to on on CPU), both reported.
-Peak memory: ru_maxrss of each engine's process (its RSS right after the imports is given too).
+Peak memory: VmHWM of each engine's process (its RSS right after the imports is given too).
 
 Fidelity (--fidelity): teacher-forced top-1 agreement of cpufuse's logits with llama.cpp's
 (logits_all=True) over a fixed English text (>= 200 positions), with llama.cpp's top-1 margin at
@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
 import statistics
 import subprocess
@@ -99,10 +98,10 @@ def model_path(arg=None):
     return find_smollm2()
 
 
-def rss_kb():
+def rss_kb(field="VmRSS:"):   # VmHWM: the peak (ru_maxrss would count the RSS a fork inherited)
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field):
                 return int(line.split()[1])
     return -1
 
@@ -324,7 +323,7 @@ def worker_speed(job):
             w.append(nstep / tsum)
     wall[f"tg{ng}"] = w
     return {"wall": wall, "logits_finite": finite, "rss_after_import_kb": rss0, "rss_after_load_kb": rss_load,
-            "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+            "maxrss_kb": rss_kb("VmHWM:")}
 
 
 # ================================================================================================
@@ -732,7 +731,7 @@ def write_md(md_path, speed_json, fid_json):
         if notes:
             L += ["llama.cpp's internal timings (`llama_perf_context`, tokens/s), for comparison with the "
                   "wall-clock columns:", ""] + notes + [""]
-        L += ["## Peak resident memory (MiB, ru_maxrss of the engine's own process)", "",
+        L += ["## Peak resident memory (MiB, VmHWM of the engine's own process)", "",
               "| engine | threads | RSS after imports | RSS after load | peak RSS |", "|---|---|---|---|---|"]
         for e in eng:
             for t in S["threads"]:

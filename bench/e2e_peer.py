@@ -17,15 +17,14 @@ mmap on, weight repack on (libllama default; SmolLM2 Q4_1 has nothing to repack)
 """
 import json
 import os
-import resource
 import sys
 import time
 
 
-def _rss_kb():
+def _rss_kb(field="VmRSS:"):   # VmHWM: the peak (ru_maxrss would count the RSS a fork inherited)
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field):
                 return int(line.split()[1])
     return -1
 
@@ -99,7 +98,7 @@ def job_speed(job):
     res["logits_finite"] = finite
     res["rss_after_import_kb"] = rss0
     res["rss_after_load_kb"] = rss_load
-    res["maxrss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    res["maxrss_kb"] = _rss_kb("VmHWM:")
     res["version"] = llama_cpp.__version__
     try:
         res["system_info"] = llama_cpp.llama_print_system_info().decode(errors="replace")
