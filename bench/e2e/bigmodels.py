@@ -1,6 +1,6 @@
-"""Synthetic GGUFs with real Llama shapes, for the end-to-end benchmark on 1B-8B models.
+"""Synthetic GGUFs with real model shapes (Llama 3, Gemma 3, Phi-4-mini), for the end-to-end benchmark.
 
-    python -m bench.e2e.bigmodels [--models 1b,8b] [--types q4_0,q4_k,q6_k,q8_0,q4_k_m] [--dir D]
+    python -m bench.e2e.bigmodels [--models 1b,8b,gemma3-1b,phi4-mini] [--types q4_0,q4_k,q6_k,q8_0,q4_k_m] [--dir D]
                               [--force] [--check]
 
 Details: bench/README.md, "bench.e2e.bigmodels".
@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from cpufuse.llama.tiny import add_model_keys, model_dims, tensor_plan
 from cpufuse.quant.types import QTYPES
 
 GEN_VERSION = 1
@@ -25,12 +26,22 @@ SHAPES = {
                tied=True, n_ctx_train=131072, freq_base=500000.0, eps=1e-5, rope_factor=32.0),
     "8b": dict(name="Llama-3.1-8B", n_embd=4096, n_layer=32, n_ff=14336, n_head=32, n_head_kv=8, n_vocab=128256,
                tied=False, n_ctx_train=131072, freq_base=500000.0, eps=1e-5, rope_factor=8.0),
+    # other architectures (arch: cpufuse/llama/tiny.py's keys and tensors for it; arch_keys: the real
+    # model's values of the "<arch>." keys beyond the common ones)
+    "gemma3-1b": dict(name="Gemma-3-1B", arch="gemma3", n_embd=1152, n_layer=26, n_ff=6912, n_head=4, n_head_kv=1,
+                      head_dim=256, n_vocab=262144, tied=True, n_ctx_train=32768, freq_base=1000000.0, eps=1e-6,
+                      arch_keys={"attention.sliding_window": 512}),
+    "phi4-mini": dict(name="Phi-4-mini", arch="phi3", n_embd=3072, n_layer=32, n_ff=8192, n_head=24, n_head_kv=8,
+                      n_rot=96, n_vocab=200064, tied=True, n_ctx_train=131072, freq_base=10000.0, eps=1e-5,
+                      arch_keys={"rope.scaling.original_context_length": 4096,
+                                 "rope.scaling.attn_factor": math.sqrt(1 + math.log(32) / math.log(4096)),
+                                 "attention.sliding_window": 262144}),
 }
 TYPES = ("q4_0", "q4_k", "q6_k", "q8_0", "q4_k_m")
 
 # block size (weights), bytes per block and GGUF type number of the block types used here (from
 # cpufuse/quant/types.py, the one table), and the llama_ftype numbers
-_BLOCK_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q6_K")
+_BLOCK_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q6_K", "Q5_0")
 QK = {t: QTYPES[t].block_size for t in _BLOCK_TYPES}
 BLOCK_BYTES = {t: QTYPES[t].type_size for t in _BLOCK_TYPES}
 GGML_TYPE = {t: QTYPES[t].type_id for t in _BLOCK_TYPES}
@@ -42,7 +53,7 @@ def models_dir(path=None):
 
 
 def file_name(shape, qtype, pure=False):
-    return f"llama-{shape}-shapes-{qtype.upper()}{'-pure' if pure else ''}.gguf"
+    return f"{'' if 'arch' in SHAPES[shape] else 'llama-'}{shape}-shapes-{qtype.upper()}{'-pure' if pure else ''}.gguf"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -65,6 +76,8 @@ def tensor_type(shape, qtype, role, pure=False):
 def tensors(shape, qtype, pure=False):
     """[(name, kind, n_out, n_in, type)] in file order; kind 'w' (a 2-D weight) or 'f32' (n_out = 1)"""
     s = SHAPES[shape]
+    if "arch" in s:
+        return arch_tensors(shape, qtype, pure)
     E, FF, H, Hkv = s["n_embd"], s["n_ff"], s["n_head"], s["n_head_kv"]
     D = E // H
     out = [("rope_freqs.weight", "f32", 1, D // 2, "F32"),
@@ -104,7 +117,7 @@ def work(shape, qtype, pure=False):
         wb += nbytes(kind, n_out, n_in, t)
         macs += n_out * n_in
         types[t] = types.get(t, 0) + nbytes(kind, n_out, n_in, t)
-    D = s["n_embd"] // s["n_head"]
+    D = s.get("head_dim") or s["n_embd"] // s["n_head"]
     attn512 = s["n_layer"] * s["n_head"] * D * 2 * (512 + 1) / 2
     return {"weight_bytes_per_token": wb, "matmul_macs_per_token": macs, "attn_macs_per_token_pp512": attn512,
             "bytes_by_type": types}
@@ -144,6 +157,7 @@ CODE_RMS = {
     "Q8_0": _rms(np.arange(-128, 128)),
     "Q4_K": _rms(_Q4K_SC) * _rms(np.arange(16) - 7.5),
     "Q6_K": _rms(_Q6K_SC) * _rms(np.arange(64) - 32),
+    "Q5_0": _rms(np.arange(32) - 16),
 }
 
 
@@ -158,7 +172,7 @@ def random_blocks(t, n_out, n_in, rng):
     buf = words.view(np.uint8)[:nb * bs].reshape(nb, bs)
     d0 = 1.0 / (math.sqrt(n_in) * CODE_RMS[t])
     pick = rng.bit_generator.random_raw(nb // 8 + 1).view(np.uint8)[:nb]   # a random byte per block picks its scale
-    if t in ("Q4_0", "Q8_0"):
+    if t in ("Q4_0", "Q8_0", "Q5_0"):
         _f16_col(buf, 0)[:] = _d_table(d0, True)[pick]
     elif t == "Q4_K":
         tab = _d_table(d0, False)
@@ -191,11 +205,47 @@ def rope_freqs(shape):
     return f.astype(np.float32)
 
 
+def longrope_factors(n, long):
+    """LongRoPE factors of n frequency pairs shaped like Phi-4-mini's: short all 1; long a geometric
+    ramp from 1 to 32 over the first two thirds of the pairs, then 32"""
+    if not long:
+        return np.ones(n, np.float32)
+    k = (2 * n) // 3
+    return np.minimum(32.0 ** (np.arange(n) / (k - 1)), 32.0).astype(np.float32)
+
+
+# K-quant types llama.cpp's quantizer replaces when a row is not a multiple of 256 (llama-quant.cpp)
+KQUANT_FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}
+
+
+def dims(shape):
+    """cpufuse/llama/tiny.py's model_dims of a shape (head_dim and n_rot filled in)"""
+    s = SHAPES[shape]
+    keys = ("n_embd", "n_layer", "n_ff", "n_head", "n_head_kv", "head_dim", "n_rot")
+    return model_dims(s.get("arch", "llama"), {k: s[k] for k in keys if k in s})
+
+
+def arch_tensors(shape, qtype, pure=False):
+    """tensors() of an arch shape: tiny.py's tensor_plan for the arch at the real dims, each 2-D
+    weight of tensor_type (its role: the name's last part), K-quants on rows that are not a
+    multiple of 256 replaced as llama.cpp does (KQUANT_FALLBACK)"""
+    s = SHAPES[shape]
+    out = []
+    for name, kind, n_out, n_in in tensor_plan(s["arch"], dims(shape), s["n_vocab"], s["tied"]):
+        if kind != "w":
+            out.append((name, "f32", 1, n_in, "F32"))
+            continue
+        t = tensor_type(shape, qtype, name.split(".")[-2], pure)
+        out.append((name, "w", n_out, n_in, KQUANT_FALLBACK.get(t, t) if n_in % 256 else t))
+    return out
+
+
 # ------------------------------------------------------------------------------------------------
 # vocabulary
 
-def vocab():
-    """(tokens, token_types, merges) of the byte-level BPE vocabulary (module docstring)"""
+def vocab(n_vocab=128256):
+    """(tokens, token_types, merges) of the byte-level BPE vocabulary (module docstring), fillers up
+    to n_vocab - 256, then the 256 special tokens"""
     from gguf import TokenType
 
     from cpufuse.llama.tokenizer import bytes_to_unicode
@@ -209,7 +259,7 @@ def vocab():
             tokens.append(a + chr(c))
     seen = set(tokens)
     i = 0
-    while len(tokens) < 128000:
+    while len(tokens) < n_vocab - 256:
         t = f"\u0120w{i:05x}"
         i += 1
         if t not in seen:
@@ -259,34 +309,25 @@ def write(path, shape, qtype, pure=False, seed=0, log=print):
     import gguf
     p = params(shape, qtype, pure, seed)
     s = SHAPES[shape]
-    E, H = s["n_embd"], s["n_head"]
     plan = tensors(shape, qtype, pure)
     total = file_bytes(shape, qtype, pure)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".part"
     t0 = time.perf_counter()
-    w = gguf.GGUFWriter(tmp, "llama")
-    w.add_name(f"{s['name']} shapes, random {qtype.upper()} weights (cpufuse bench)")
+    w = gguf.GGUFWriter(tmp, s.get("arch", "llama"))
+    add_model_keys(w, s.get("arch", "llama"), dims(shape), f"{s['name']} shapes, random {qtype.upper()} weights "
+                   "(cpufuse bench)", s["n_ctx_train"], s["freq_base"], s["eps"], s.get("arch_keys"))
     w.add_file_type(FTYPE[qtype])
     w.add_quantization_version(2)
-    w.add_context_length(s["n_ctx_train"])
-    w.add_embedding_length(E)
-    w.add_block_count(s["n_layer"])
-    w.add_feed_forward_length(s["n_ff"])
-    w.add_head_count(H)
-    w.add_head_count_kv(s["n_head_kv"])
-    w.add_rope_freq_base(s["freq_base"])
-    w.add_layer_norm_rms_eps(s["eps"])
-    w.add_rope_dimension_count(E // H)
     w.add_vocab_size(s["n_vocab"])
-    tokens, types, merges = vocab()
+    tokens, types, merges = vocab(s["n_vocab"])
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("llama-bpe")
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
-    w.add_bos_token_id(128000)
-    w.add_eos_token_id(128009)
+    w.add_bos_token_id(s["n_vocab"] - 256)   # <|begin_of_text|>, <|eot_id|>
+    w.add_eos_token_id(s["n_vocab"] - 256 + 9)
     w.add_add_bos_token(True)
     for name, kind, n_out, n_in, t in plan:
         if kind == "f32":
@@ -303,6 +344,8 @@ def write(path, shape, qtype, pure=False, seed=0, log=print):
     def make(item):
         name, kind, n_out, n_in, t = item
         if kind == "f32":
+            if name.startswith("rope_factors_"):
+                return longrope_factors(n_in, name == "rope_factors_long.weight")
             return rope_freqs(shape) if name == "rope_freqs.weight" else np.ones(n_in, np.float32)
         return random_blocks(t, n_out, n_in, rng)
 

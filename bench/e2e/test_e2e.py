@@ -70,7 +70,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="type"):
         bm.params("1b", "q5_0")
     with pytest.raises(ValueError, match="type"):
-        bm.random_blocks("Q5_0", 1, 32, np.random.default_rng(0))
+        bm.random_blocks("Q5_1", 1, 32, np.random.default_rng(0))
     assert bm.parse_list("all", list(bm.TYPES), "types") == list(bm.TYPES)
     with pytest.raises(SystemExit, match="--types"):
         bm.parse_list("q4_0,bogus", list(bm.TYPES), "types")

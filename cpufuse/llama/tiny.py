@@ -96,6 +96,107 @@ ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "gemma2", "phi3", "smollm3", "gran
 GEMMA_SPECIALS = ["<start_of_turn>", "<end_of_turn>"]
 
 
+def model_dims(arch, dims=None):
+    """DEFAULT_DIMS (6 layers for gemma3) with `dims` applied, and "head_dim" and "n_rot" filled in
+    (head_dim n_embd / n_head, n_rot the head dim, half of it for phi3)"""
+    d = dict(DEFAULT_DIMS)
+    if arch == "gemma3":
+        d["n_layer"] = 6
+    d.update(dims or {})
+    d["head_dim"] = d.get("head_dim") or d["n_embd"] // d["n_head"]
+    d["n_rot"] = d.get("n_rot") or (d["head_dim"] // 2 if arch == "phi3" else d["head_dim"])
+    return d
+
+
+def arch_key_values(arch, d, arch_keys=None):
+    """{suffix: value} of the "<arch>.<suffix>" keys beyond the common ones: key/value_length when the
+    head dim is not n_embd / n_head, then the arch's (tiny) defaults, then arch_keys (None drops one)"""
+    akeys = {}
+    if d["head_dim"] != d["n_embd"] // d["n_head"]:
+        akeys["attention.key_length"] = d["head_dim"]
+        akeys["attention.value_length"] = d["head_dim"]
+    if arch in ("gemma2", "gemma3"):
+        akeys["attention.sliding_window"] = 4
+    if arch == "gemma2":
+        akeys["attn_logit_softcapping"] = 50.0
+        akeys["final_logit_softcapping"] = 30.0
+    if arch == "phi3":
+        akeys["rope.scaling.original_context_length"] = 64
+        akeys["rope.scaling.attn_factor"] = 1.19
+    if arch == "granite":
+        akeys.update({"embedding_scale": 12.0, "residual_scale": 0.22, "attention.scale": 0.0078125,
+                      "logit_scale": 8.0})
+    akeys.update(arch_keys or {})
+    return {k: v for k, v in akeys.items() if v is not None}
+
+
+def add_model_keys(w, arch, d, name, n_ctx_train, freq_base, eps, arch_keys=None):
+    """Write the model's keys (not the tokenizer's) to the GGUFWriter w: arch_key_values, typed
+    (bool, uint32, float32 or an array), then general.name and the common hyperparameters of `d`
+    (model_dims)"""
+    for k, v in arch_key_values(arch, d, arch_keys).items():
+        key = f"{arch}.{k}"
+        if isinstance(v, (list, tuple)):
+            w.add_array(key, list(v))
+        elif isinstance(v, bool):
+            w.add_bool(key, v)
+        elif isinstance(v, int):
+            w.add_uint32(key, v)
+        else:
+            w.add_float32(key, float(v))
+    w.add_name(name)
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(d["n_embd"])
+    w.add_block_count(d["n_layer"])
+    w.add_feed_forward_length(d["n_ff"])
+    w.add_head_count(d["n_head"])
+    w.add_head_count_kv(d["n_head_kv"])
+    w.add_rope_freq_base(freq_base)
+    w.add_layer_norm_rms_eps(eps)
+    w.add_rope_dimension_count(d["n_rot"])
+
+
+def tensor_plan(arch, d, n_vocab, tied=True, biases=None, fused_qkv=False):
+    """The model's tensors in file order, [(name, kind, n_out, n_in)]: kind "w" a 2-D weight (n_out
+    rows of n_in), "norm" a norm weight, "bias" a bias, "rope_long"/"rope_short" phi3's LongRoPE
+    factors (the last four 1-D: n_in values, n_out = 1). d: model_dims(arch, ...); biases None:
+    qwen2's Q/K/V biases; phi3 has fused attn_qkv (Q, K, V rows at offsets 0, H*D, (H+Hkv)*D) and
+    one ffn_up (the gate's n_ff rows, then up's)."""
+    E, L, H, Hkv, FF, D = (d[k] for k in ("n_embd", "n_layer", "n_head", "n_head_kv", "n_ff", "head_dim"))
+    fused_qkv = fused_qkv or arch == "phi3"
+    biases = arch == "qwen2" if biases is None else biases
+    out = []
+    if arch == "phi3":
+        out += [("rope_factors_long.weight", "rope_long", 1, d["n_rot"] // 2),
+                ("rope_factors_short.weight", "rope_short", 1, d["n_rot"] // 2)]
+    out += [("token_embd.weight", "w", n_vocab, E), ("output_norm.weight", "norm", 1, E)]
+    if not tied:
+        out.append(("output.weight", "w", n_vocab, E))
+    for i in range(L):
+        b = f"blk.{i}."
+        out.append((b + "attn_norm.weight", "norm", 1, E))
+        if fused_qkv:
+            out.append((b + "attn_qkv.weight", "w", (H + 2 * Hkv) * D, E))
+        else:
+            out += [(b + "attn_q.weight", "w", H * D, E), (b + "attn_k.weight", "w", Hkv * D, E),
+                    (b + "attn_v.weight", "w", Hkv * D, E)]
+        if biases:
+            out += [(b + "attn_q.bias", "bias", 1, H * D), (b + "attn_k.bias", "bias", 1, Hkv * D),
+                    (b + "attn_v.bias", "bias", 1, Hkv * D)]
+        if arch in ("qwen3", "gemma3"):
+            out += [(b + "attn_q_norm.weight", "norm", 1, D), (b + "attn_k_norm.weight", "norm", 1, D)]
+        out.append((b + "attn_output.weight", "w", E, H * D))
+        if arch in ("gemma2", "gemma3"):
+            out += [(b + "post_attention_norm.weight", "norm", 1, E), (b + "post_ffw_norm.weight", "norm", 1, E)]
+        out.append((b + "ffn_norm.weight", "norm", 1, E))
+        if arch == "phi3":
+            out.append((b + "ffn_up.weight", "w", 2 * FF, E))
+        else:
+            out += [(b + "ffn_gate.weight", "w", FF, E), (b + "ffn_up.weight", "w", FF, E)]
+        out.append((b + "ffn_down.weight", "w", E, FF))
+    return out
+
+
 def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qtype="F16",
                     n_ctx_train=512, freq_base=10000.0, eps=1e-5, chat_template=None, biases=None,
                     dims=None, extra=None, fused_qkv=False, arch_keys=None):
@@ -111,65 +212,15 @@ def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qty
     phi3 (fused attn_qkv and ffn_up, LongRoPE factors, partial rotary n_rot = head_dim / 2),
     smollm3, granite (embedding/residual/attention/logit scales). arch_keys: {key suffix: value}
     written as "<arch>.<suffix>" (overriding these defaults; None drops the key)."""
-    d = dict(DEFAULT_DIMS)
-    if arch == "gemma3":
-        d["n_layer"] = 6
-    if dims:
-        d.update(dims)
-    E, L, H, Hkv, FF = d["n_embd"], d["n_layer"], d["n_head"], d["n_head_kv"], d["n_ff"]
-    D = d.get("head_dim") or E // H
-    n_rot = d.get("n_rot") or (D // 2 if arch == "phi3" else D)
+    d = model_dims(arch, dims)
     gemma = arch in ("gemma2", "gemma3")
-    if arch == "phi3":
-        fused_qkv = True
     rng = np.random.default_rng(seed)
     tokens, types, merges = tiny_vocab()
     if gemma:
         tokens, types = tokens + GEMMA_SPECIALS, types + [3] * len(GEMMA_SPECIALS)
-    V = len(tokens)
     path = str(path)
     w = gguf.GGUFWriter(path, arch)
-    akeys = {}
-    if D != E // H:
-        akeys["attention.key_length"] = D
-        akeys["attention.value_length"] = D
-    if gemma:
-        akeys["attention.sliding_window"] = 4
-    if arch == "gemma2":
-        akeys["attn_logit_softcapping"] = 50.0
-        akeys["final_logit_softcapping"] = 30.0
-    if arch == "phi3":
-        akeys["rope.scaling.original_context_length"] = 64
-        akeys["rope.scaling.attn_factor"] = 1.19
-    if arch == "granite":
-        akeys.update({"embedding_scale": 12.0, "residual_scale": 0.22, "attention.scale": 0.0078125,
-                      "logit_scale": 8.0})
-    akeys.update(arch_keys or {})
-    for k, v in akeys.items():
-        if v is None:
-            continue
-        key = f"{arch}.{k}"
-        if isinstance(v, bool) or isinstance(v, (list, tuple)) and v and isinstance(v[0], bool):
-            if isinstance(v, bool):
-                w.add_bool(key, v)
-            else:
-                w.add_array(key, list(v))
-        elif isinstance(v, (list, tuple)):
-            w.add_array(key, list(v))
-        elif isinstance(v, int):
-            w.add_uint32(key, v)
-        else:
-            w.add_float32(key, float(v))
-    w.add_name("tiny-test")
-    w.add_context_length(n_ctx_train)
-    w.add_embedding_length(E)
-    w.add_block_count(L)
-    w.add_feed_forward_length(FF)
-    w.add_head_count(H)
-    w.add_head_count_kv(Hkv)
-    w.add_rope_freq_base(freq_base)
-    w.add_layer_norm_rms_eps(eps)
-    w.add_rope_dimension_count(n_rot)
+    add_model_keys(w, arch, d, "tiny-test", n_ctx_train, freq_base, eps, arch_keys)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)
@@ -182,43 +233,16 @@ def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qty
         w.add_chat_template(chat_template)
     if extra is not None:
         extra(w)
-    if biases is None:
-        biases = arch == "qwen2"
-
-    if arch == "phi3":
-        for nm, lo in (("long", 1.0), ("short", 0.5)):   # LongRoPE factors (>= 1 in real files)
-            w.add_tensor(f"rope_factors_{nm}.weight", (lo + rng.random(n_rot // 2) * 3).astype(np.float32))
-    _add_weight(w, rng, "token_embd.weight", V, E, embd_qtype, 1.0)
-    w.add_tensor("output_norm.weight", (1.0 + 0.1 * rng.standard_normal(E)).astype(np.float32))
-    if not tied:
-        _add_weight(w, rng, "output.weight", V, E, qtype, 1.0 / np.sqrt(E))
-    for i in range(L):
-        b = f"blk.{i}."
-        w.add_tensor(b + "attn_norm.weight", (1.0 + 0.1 * rng.standard_normal(E)).astype(np.float32))
-        if fused_qkv:   # one attn_qkv tensor: Q, K, V rows at offsets 0, H*D, (H+Hkv)*D
-            _add_weight(w, rng, b + "attn_qkv.weight", (H + 2 * Hkv) * D, E, qtype, 1.0 / np.sqrt(E))
-        else:
-            _add_weight(w, rng, b + "attn_q.weight", H * D, E, qtype, 1.0 / np.sqrt(E))
-            _add_weight(w, rng, b + "attn_k.weight", Hkv * D, E, qtype, 1.0 / np.sqrt(E))
-            _add_weight(w, rng, b + "attn_v.weight", Hkv * D, E, qtype, 1.0 / np.sqrt(E))
-        if biases:
-            w.add_tensor(b + "attn_q.bias", (0.1 * rng.standard_normal(H * D)).astype(np.float32))
-            w.add_tensor(b + "attn_k.bias", (0.1 * rng.standard_normal(Hkv * D)).astype(np.float32))
-            w.add_tensor(b + "attn_v.bias", (0.1 * rng.standard_normal(Hkv * D)).astype(np.float32))
-        if arch in ("qwen3", "gemma3"):
-            w.add_tensor(b + "attn_q_norm.weight", (1.0 + 0.1 * rng.standard_normal(D)).astype(np.float32))
-            w.add_tensor(b + "attn_k_norm.weight", (1.0 + 0.1 * rng.standard_normal(D)).astype(np.float32))
-        _add_weight(w, rng, b + "attn_output.weight", E, H * D, qtype, 1.0 / np.sqrt(H * D))
-        if gemma:
-            w.add_tensor(b + "post_attention_norm.weight", (1.0 + 0.1 * rng.standard_normal(E)).astype(np.float32))
-            w.add_tensor(b + "post_ffw_norm.weight", (1.0 + 0.1 * rng.standard_normal(E)).astype(np.float32))
-        w.add_tensor(b + "ffn_norm.weight", (1.0 + 0.1 * rng.standard_normal(E)).astype(np.float32))
-        if arch == "phi3":   # one ffn_up: the gate's n_ff rows, then up's
-            _add_weight(w, rng, b + "ffn_up.weight", 2 * FF, E, qtype, 1.0 / np.sqrt(E))
-        else:
-            _add_weight(w, rng, b + "ffn_gate.weight", FF, E, qtype, 1.0 / np.sqrt(E))
-            _add_weight(w, rng, b + "ffn_up.weight", FF, E, qtype, 1.0 / np.sqrt(E))
-        _add_weight(w, rng, b + "ffn_down.weight", E, FF, qtype, 1.0 / np.sqrt(FF))
+    for name, kind, n_out, n_in in tensor_plan(arch, d, len(tokens), tied, biases, fused_qkv):
+        if kind == "w":
+            emb = name == "token_embd.weight"
+            _add_weight(w, rng, name, n_out, n_in, embd_qtype if emb else qtype, 1.0 if emb else 1.0 / np.sqrt(n_in))
+        elif kind == "norm":
+            w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n_in)).astype(np.float32))
+        elif kind == "bias":
+            w.add_tensor(name, (0.1 * rng.standard_normal(n_in)).astype(np.float32))
+        else:   # LongRoPE factors (>= 1 in real files)
+            w.add_tensor(name, ((1.0 if kind == "rope_long" else 0.5) + rng.random(n_in) * 3).astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
