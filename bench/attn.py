@@ -1,4 +1,4 @@
-"""Attention cases for the benchmark: cpufuse.flash_attn against what users write, and peers.
+"""The attention section: cpufuse.flash_attn against what users write, and peers (the rows: bench/cases.py).
 
 Decode: one query token (N = 1) of 32 query heads over T cached positions of 8 KV heads (GQA 4),
 head size 128, no mask, K/V f16 or f32. Prefill: N = T = 512 tokens, causal f16 mask, f16 K/V.
@@ -11,43 +11,17 @@ fraction of (T+1)/(2T) ~ 0.5 of 4*N*T*D*Hq), compared with the same run's FMA pe
 """
 import functools
 import zlib
-from dataclasses import dataclass
 
 import numpy as np
 
 import cpufuse
 from cpufuse import reference as ref
 
+from . import threads
+from .cases import Section, Unavailable, Variant
+from .ops import SIMD_ISAS, all_core_name, best_simd, build_peer, common_derived, times
+
 HQ, HKV, D = 32, 8, 128
-
-
-@dataclass(frozen=True)
-class AttnCase:
-    name: str
-    N: int
-    T: int
-    kv: str = "f16"         # f16 | f32
-    causal: bool = False
-    quick: bool = True
-    rounds: int = None      # override of the interleaved round count (slow cases)
-    group: str = None
-    op: str = "flash_attn"  # for the peers' builders
-    mode: str = "kernel"
-
-    @property
-    def kind(self):
-        return "decode" if self.N == 1 else "prefill"
-
-
-CASES = [
-    AttnCase("decode T=512 f16", 1, 512),
-    AttnCase("decode T=512 f32", 1, 512, kv="f32"),
-    AttnCase("decode T=4096 f16", 1, 4096),
-    AttnCase("decode T=4096 f32", 1, 4096, kv="f32", quick=False),
-    AttnCase("decode T=16384 f16", 1, 16384, quick=False, rounds=9),
-    AttnCase("decode T=16384 f32", 1, 16384, kv="f32", quick=False, rounds=9),
-    AttnCase("prefill 512 causal f16", 512, 512, causal=True, rounds=5),
-]
 
 
 def make_inputs(case):
@@ -101,30 +75,113 @@ def np_attention(q, k, v, mask, scale):
 
 
 def build(case, v, inp, nth):
-    """(fn, get) for one variant; raises LookupError(reason) when it does not apply."""
+    """(fn, get) for one variant"""
     q, k, vv, m, sc = inp["q"], inp["k"], inp["v"], inp["mask"], inp["scale"]
     if v.kind == "user":
         fn = functools.partial(np_attention, q, k, vv, m, sc)
         return fn, fn
-    if v.kind == "cpufuse":
-        if v.isa not in cpufuse.available_isas():
-            raise LookupError(f"ISA {v.isa} not available here")
-        out = np.empty((1, case.N, HQ, D), np.float32)
-        kw = dict(scale=sc, out=out, isa=v.isa, n_threads=nth)
-        if not v.fused:
-            kw["fused"] = False
-        if v.strategy:
-            kw["strategy"] = v.strategy
-        fn = functools.partial(cpufuse.flash_attn, q, k, vv, m, **kw)
-        return fn, fn
-    raise LookupError(f"unknown variant kind {v.kind}")
+    if v.isa not in cpufuse.available_isas():
+        raise Unavailable(f"ISA {v.isa} not available here")
+    kw = dict(scale=sc, out=np.empty((1, case.N, HQ, D), np.float32), isa=v.isa, n_threads=nth)
+    if not v.fused:
+        kw["fused"] = False
+    if v.strategy:
+        kw["strategy"] = v.strategy
+    fn = functools.partial(cpufuse.flash_attn, q, k, vv, m, **kw)
+    return fn, fn
 
 
-def peer_tol(case, v):
-    """ggml's CPU path accumulates softmax.V in f16 when V is f16 (its VKQ16 accumulator on the
-    non-tiled path, which decode takes): its NMSE grows with T (~1e-5 at T = 512, ~1e-4 at 4096),
-    so it is checked at 1e-3 there; the check is meant to catch layout mistakes (NMSE ~1)."""
-    if v.name == "ggml" and case.kv == "f16" and case.N < 64:
-        return 1e-3, ("ggml accumulates P.V in an f16 accumulator for f16 V on its non-tiled (decode) path, "
-                      "so its error grows with T: checked at ≤ 1e-3 instead of 1e-6")
-    return v.tol, None
+class AttnSection(Section):
+    key, title, unit = "attention", "flash attention", "µs"
+    STRATS = ("rows", "split", "tiled")
+    PROBE = "FMA peak probe"
+    intro = (f"q f32 (1, {HQ}, N, {D}), K/V (1, {HKV}, T, {D}) f16 or f32 (GQA {HQ // HKV}), scale 1/√{D}. Decode: "
+             "N = 1, no mask; prefill: N = T = 512, causal f16 mask. numpy = `q @ kᵀ` per KV-head group, softmax, "
+             "`@ v`; torch = `F.scaled_dot_product_attention`; ggml = `ggml_flash_attn_ext`. `<isa> rows / split / "
+             "tiled` force cpufuse's strategy (the plain ISA column is the auto choice). Decode: GB/s = bytes of "
+             "K + V / time; prefill: GFLOP/s with flops = 4·D·Hq·(visible query–key pairs), % of the FMA peak of "
+             "the run (start and end) and of the same probe timed in the case's own rounds (% adjacent peak).")
+    derived_cols = [("K+V MB", "mb", "g"), ("best 1-thread", "best_cpufuse", "s"), ("GB/s", "best_cpufuse_gbps", "g"),
+                    ("% DRAM copy", "pct_dram_copy", "pct"), ("GFLOP/s", "best_cpufuse_gflops", "g"),
+                    ("% FMA peak", "pct_fma_peak", "pct"), ("% adjacent peak", "pct_probe_peak", "pct"),
+                    ("auto →", "strategy_auto", "s"), ("fastest strategy", "fastest_strategy", "s"),
+                    ("auto / fastest", "auto_over_fastest_strategy", "x"), ("fusion gain", "fusion_gain", "x"),
+                    ("vector gain", "vector_gain", "x"), ("user gain", "user_gain", "x"),
+                    ("torch / best", "torch_over_cpufuse", "x"), ("ggml / best", "ggml_over_cpufuse", "x"),
+                    ("all-core GFLOP/s", "all_core_gflops", "g"), ("% all-core peak", "pct_fma_peak_all", "pct"),
+                    ("speedup", "all_core_speedup", "x")]
+
+    def __init__(self, peers, all_core):
+        avail, b = cpufuse.available_isas(), best_simd()
+        vs = [Variant("numpy", "user", tol=1e-6)]
+        vs += [Variant(i, "cpufuse", i, max_call_s=2.0) for i in ("numba", "scalar") if i in avail]
+        if b:
+            vs.append(Variant(f"{b} unfused", "cpufuse", b, fused=False))
+        vs += [Variant(i, "cpufuse", i) for i in SIMD_ISAS if i in avail]
+        if b:
+            vs += [Variant(f"{b} {s}", "cpufuse", b, strategy=s) for s in self.STRATS]
+        if peers:
+            vs += [Variant(p, "peer", tol=1e-6) for p in ("torch", "ggml")]
+        if all_core and b:
+            vs.append(Variant(all_core_name(b), "cpufuse", b, nth=threads.ALL))
+        if b:  # the FMA peak timed in the prefill case's own rounds: % of peak under the same conditions
+            vs.append(Variant(self.PROBE, "baseline", b))
+        self.vlist = vs
+        self.probe_flops = {}
+
+    inputs = staticmethod(make_inputs)
+    reference = staticmethod(reference)
+    work = staticmethod(work)
+
+    def build(self, case, v, inp):
+        if v.kind == "peer":
+            return build_peer(case, v, inp)
+        if v.kind == "baseline":
+            if case.kind != "prefill":
+                raise Unavailable("timed only beside the prefill cases (their % of FMA peak)")
+            fn, flops = threads.fma_probe(v.isa, seconds=0.002)
+            if fn is None:
+                raise Unavailable(f"no cf_fma_peak for {v.isa}")
+            self.probe_flops[case.name] = flops
+            return fn, fn
+        return build(case, v, inp, threads.resolve(v.nth))
+
+    def tol(self, case, v):
+        """ggml's CPU path accumulates softmax.V in f16 when V is f16 (its VKQ16 accumulator on the
+        non-tiled path, which decode takes): its NMSE grows with T (~1e-5 at T = 512, ~1e-4 at 4096),
+        so it is checked at 1e-3 there; the check is meant to catch layout mistakes (NMSE ~1)."""
+        if v.name == "ggml" and case.kv == "f16" and case.N < 64:
+            return 1e-3, ("ggml accumulates P.V in an f16 accumulator for f16 V on its non-tiled (decode) path, "
+                          "so its error grows with T: checked at ≤ 1e-3 instead of 1e-6")
+        return v.tol, None
+
+    def annotate(self, case, r, work):
+        if r["kind"] == "baseline":  # the FMA peak probe
+            r["median_us"] = r["median_ns"] / 1e3
+            r["gflops"] = self.probe_flops[case.name] / r["median_ns"]
+            return
+        super().annotate(case, r, work)
+
+    def derived(self, case, res, env):
+        copy_bw, peak = env["copy_bw"], env["fma_peak"]
+        d, best = common_derived(res, ("torch", "ggml"), key="gflops")
+        d.update(mb=env["work"]["bytes"] / 1e6, strategy_auto=cpufuse.ops.attention.choose_strategy(case.N, case.T))
+        if best is not None:
+            dec = case.kind == "decode"
+            if dec:
+                d["best_cpufuse_gbps"] = best["gbps"]
+                d["pct_dram_copy"] = 100 * best["gbps"] / copy_bw["dram"]["gbps"]
+            if peak.get("gflops_1"):
+                d["pct_fma_peak"] = 100 * best["gflops"] / peak["gflops_1"]
+            pr = res.get(self.PROBE, {})
+            if pr.get("status") == "ok" and pr.get("gflops"):  # same rounds, same statistic (medians)
+                d["pct_probe_peak"] = 100 * best["gflops"] / pr["gflops"]
+            if d.get("all_core_gflops") and peak.get("gflops_all"):
+                d["pct_fma_peak_all"] = 100 * d["all_core_gflops"] / peak["gflops_all"]
+        b, t = best_simd(), times(res)
+        strat = {s: t[f"{b} {s}"] for s in self.STRATS if f"{b} {s}" in t}
+        if strat:
+            d["fastest_strategy"] = min(strat, key=strat.get)
+            if b in t:
+                d["auto_over_fastest_strategy"] = t[b] / strat[d["fastest_strategy"]]
+        return d

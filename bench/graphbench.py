@@ -1,5 +1,6 @@
-"""Graph cases for the benchmark: the llama decoder block (bench/blocks.py) as a compiled plan,
-fused and unfused, against the same block in numpy; and the per-node dispatch cost of a plan.
+"""The graph and dispatch sections: the llama decoder block (cpufuse/reference/block.py) as a
+compiled plan, fused and unfused, against the same block in numpy; and the per-node dispatch cost
+of a plan (the rows: bench/cases.py).
 
 Block cases: SmolLM2-135M and Llama-7B-like sizes, one token over a 256-token cache (decode) and a
 128-token batch (prefill chunk). The matmul baselines are the block's seven matmuls alone, same
@@ -10,38 +11,19 @@ Dispatch cases: a plan of many tiny nodes, time per node, against the same chain
 """
 import functools
 import zlib
-from dataclasses import dataclass
 
 import numpy as np
 
 import cpufuse
-from . import blocks
 from cpufuse import reference as ref
+from cpufuse.reference import block as blocks
+
+from . import threads
+from .cases import Section, Unavailable, Variant
+from .ops import all_core, all_core_name, times
 
 CONFIGS = {"SmolLM2-135M": blocks.SMOLLM2_135M, "Llama-7B": blocks.LLAMA_7B}
 
-
-@dataclass(frozen=True)
-class BlockCase:
-    name: str
-    model: str
-    n_tok: int
-    n_past: int
-    big: bool = False       # Llama-7B: ~810 MB of f32 weights, skipped by --quick and --no-big
-    quick: bool = True
-    rounds: int = None
-    group: str = None
-    mode: str = "kernel"
-    op: str = "block"
-
-
-CASES = [
-    BlockCase("SmolLM2 block n_tok=1 n_past=256", "SmolLM2-135M", 1, 256),
-    BlockCase("SmolLM2 block n_tok=128 n_past=0", "SmolLM2-135M", 128, 0, quick=False),
-    BlockCase("SmolLM2 block n_tok=128 n_past=128", "SmolLM2-135M", 128, 128),
-    BlockCase("Llama-7B block n_tok=1 n_past=256", "Llama-7B", 1, 256, big=True, quick=False, rounds=9),
-    BlockCase("Llama-7B block n_tok=128 n_past=128", "Llama-7B", 128, 128, big=True, quick=False, rounds=4),
-]
 
 _weights = {}
 
@@ -123,30 +105,11 @@ def build(case, v, d, nth):
             for a, b, o in pairs:
                 mm(a, b, out=o)
         return fn, fn
-    raise LookupError(f"no {v.name} column for the block")
+    raise Unavailable(f"no {v.name} column for the block")
 
 
 # ------------------------------------------------------------------------------------------------
 # Dispatch overhead: a plan of many tiny nodes vs the same chain called from Python
-
-@dataclass(frozen=True)
-class DispatchCase:
-    name: str
-    chain: str              # "scale_add" | "rms_norm"
-    n_nodes: int
-    width: int
-    quick: bool = True
-    rounds: int = None
-    group: str = None
-    mode: str = "kernel"
-    op: str = "dispatch"
-
-
-DISPATCH_CASES = [
-    DispatchCase("200 nodes scale/add on 8 floats", "scale_add", 200, 8),
-    DispatchCase("100 nodes rms_norm, mul(w) on 1×64 (50 fused kernels)", "rms_norm", 100, 64),
-]
-
 
 def dispatch_inputs(case):
     rng = np.random.default_rng(zlib.crc32(case.name.encode()))
@@ -220,3 +183,89 @@ def dispatch_build(case, v, d, nth):
                 rms(a, w, eps=1e-6, out=o, n_threads=1)
             return o
     return fn, fn
+
+
+class GraphSection(Section):
+    key, title, unit = "graph", "llama decoder block (graph)", "ms"
+    settle_s = 0.2  # after an all-core column, let OpenBLAS's spinning workers sleep (threads.settle_s)
+    intro = ("`cpufuse/reference/block.py` pre-norm block (rms_norm·w, q/k/v matmuls, KV-cache concat, flash_attn "
+             "with a causal f16 mask, o matmul, residual, rms_norm·w, SwiGLU FFN, residual), f32 weights and cache. "
+             "plan = `build_graph(...).compile()` (fusion=False for unfused); numpy = `block.numpy_block` (f32). "
+             "matmuls = the block's 7 matmuls alone: as a cpufuse plan and as `np.matmul(..., out=)`. non-matmul "
+             "share = (block − matmuls) / block with the same thread count.")
+    derived_cols = [("weights MB", "mb", "g"), ("matmul GFLOP", "matmul_gflop", "g"),
+                    ("matmul GFLOP/s (plan, 1 thr)", "matmul_plan_gflops", "g"),
+                    ("non-matmul numpy", "share_numpy", "pct"), ("non-matmul plan unfused", "share_plan unfused", "pct"),
+                    ("non-matmul plan fused", "share_plan fused", "pct"), ("fusion gain", "fusion_gain", "x"),
+                    ("user gain", "user_gain", "x"), ("all-core speedup", "all_core_speedup", "x")]
+
+    def __init__(self, peers, all_core):
+        b = cpufuse.available_isas()[0]
+        vs = [Variant("numpy", "user", tol=1e-6), Variant("plan unfused", "cpufuse", b, fused=False),
+              Variant("plan fused", "cpufuse", b)]
+        if all_core:
+            vs.append(Variant(all_core_name("plan fused"), "cpufuse", b, nth=threads.ALL))
+        vs += [Variant("matmuls plan", "baseline", b), Variant("matmuls numpy", "baseline")]
+        if all_core:
+            vs.append(Variant(all_core_name("matmuls plan"), "baseline", b, nth=threads.ALL))
+        self.vlist = vs
+
+    inputs = staticmethod(make_inputs)
+    reference = staticmethod(reference)
+    work = staticmethod(work)
+    release = staticmethod(release)   # the block weights (Llama-7B's: ~810 MB), after the section
+
+    def build(self, case, v, inp):
+        return build(case, v, inp, threads.resolve(v.nth))
+
+    def derived(self, case, res, env):
+        t = times(res)
+        d = {"mb": env["work"]["bytes"] / 1e6, "matmul_gflop": matmul_flops(case) / 1e9}
+        base1, basen = t.get("matmuls plan"), t.get("matmuls numpy")
+        basea = next((v for k, v in t.items() if k.startswith("matmuls plan ×")), None)
+        for k, v in t.items():
+            mm = basen if k == "numpy" else (basea if res[k]["n_threads"] > 1 else base1)
+            if res[k]["kind"] != "baseline" and mm:
+                d[f"share_{k}"] = 100 * (v - mm) / v
+        if base1:
+            d["matmul_plan_gflops"] = matmul_flops(case) / base1
+        if "plan unfused" in t and "plan fused" in t:
+            d["fusion_gain"] = t["plan unfused"] / t["plan fused"]
+        if "numpy" in t and "plan fused" in t:
+            d["user_gain"] = t["numpy"] / t["plan fused"]
+        k, ra = all_core(res)
+        if k and "plan fused" in t:
+            d["all_core_speedup"] = t["plan fused"] / ra["median_ns"]
+        return d
+
+
+class DispatchSection(Section):
+    key, title = "dispatch", "per-node dispatch overhead"
+    intro = ("A chain of tiny nodes compiled into one plan (one C call runs every kernel) vs the same chain as Python "
+             "calls into preallocated buffers (`np.multiply/np.add(..., out=)` for scale/add; `cpufuse.rms_norm(x, w, "
+             "out=)` for rms_norm·w, which the fused plan runs as 50 kernels).")
+    derived_cols = [("ns / node, plan fused", "ns_node_plan fused", "g"), ("plan unfused", "ns_node_plan unfused", "g"),
+                    ("Python per-op", "ns_node_Python per-op", "g"), ("ns / kernel call, plan fused", "ns_call_plan fused", "g"),
+                    ("plan unfused", "ns_call_plan unfused", "g"), ("Python per-op", "ns_call_Python per-op", "g"),
+                    ("Python / plan fused", "python_over_plan", "x")]
+
+    def __init__(self, peers, all_core):
+        b = cpufuse.available_isas()[0]
+        self.vlist = [Variant("plan fused", "cpufuse", b), Variant("plan unfused", "cpufuse", b, fused=False),
+                      Variant("Python per-op", "user", tol=1e-10)]
+
+    inputs = staticmethod(dispatch_inputs)
+    reference = staticmethod(dispatch_reference)
+
+    def build(self, case, v, inp):
+        return dispatch_build(case, v, inp, threads.resolve(v.nth))
+
+    def derived(self, case, res, env):
+        t = times(res)
+        d = {f"ns_node_{k}": v / case.n_nodes for k, v in t.items()}
+        calls = {"plan fused": dispatch_kernel_calls(case, True), "plan unfused": dispatch_kernel_calls(case, False),
+                 "Python per-op": case.n_nodes if case.chain == "scale_add" else case.n_nodes // 2}
+        d.update({f"ns_call_{k}": v / calls[k] for k, v in t.items() if k in calls})
+        if "plan fused" in t and "Python per-op" in t:
+            d["python_over_plan"] = t["Python per-op"] / t["plan fused"]
+        return d

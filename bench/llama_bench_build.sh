@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build llama.cpp's own `llama-bench` from the source vendored in llama-cpp-python 0.3.36 (the
-# same llama.cpp as the llama-cpp-python peer of `make bench-e2e`), for bench/e2e_big.py
+# same llama.cpp as the llama-cpp-python peer of `make bench-e2e`), for bench/e2e/big.py
 # --llama-bench PATH. Nothing goes inside the repository.
 #
 #   bash bench/llama_bench_build.sh                       # fetch the sdist, build

@@ -1,17 +1,6 @@
 """Optional peers for the benchmark table: PyTorch (CPU), onnxruntime and ggml (via ctypes).
 
-One builder per peer: ``build(case, inp) -> ((fn, get), None)`` or ``(None, reason)``.
-``fn`` is a zero-argument callable doing one op call (this is what is timed); ``get()`` runs it
-once more and returns the output (or (h, y) for add_rms_norm) as numpy arrays for the check.
-A peer that cannot be imported or loaded gives a reason and is skipped, never an error.
-
-``case`` has .op ("softmax" | "rms_norm" | "add_rms_norm"), .scale, .eps and .mode ("kernel",
-"alloc", "out"); ``inp`` is a dict with x, mask (or None), w, r (add_rms_norm).
-Attention cases (bench/attn.py) have .op == "flash_attn" and ``inp`` with q (S, Hq, N, D) f32,
-k, v (S, Hkv, T, D) f16/f32, mask (1, 1, N, T) f16 or None, causal (bool), scale; the output is
-compared in cpufuse's (S, N, Hq, D) layout.
-All peers run on one thread, except ggml_mul_mat_build (the quantized-matmul section, bench/quant.py),
-which takes a thread count and runs through the ggml-backend API, plain or CPU_REPACK weights.
+Details: bench/README.md, "bench.peers".
 """
 import ctypes
 import functools

@@ -2,19 +2,7 @@
 
     python -m bench.peers_setup [--pip] [--force]
 
-Default: build only ggml's CPU backend (libggml-base + libggml-cpu, shared, -DGGML_NATIVE=ON,
-Release) from the llama.cpp sources vendored in the llama-cpp-python sdist (fetched with
-`pip download`, version pinned below), into bench/.ggml/{lib,include}. That takes about 2-4
-minutes on 2 cores. Set CPUFUSE_GGML_SRC to a ggml source tree (a directory with ggml's
-CMakeLists.txt, e.g. llama.cpp/ggml) to skip the download.
-
---pip: instead `pip install llama-cpp-python` with CMAKE_ARGS="-DGGML_NATIVE=ON ...". This also
-builds llama.cpp itself, which takes > 20 minutes on a 2-core machine (the ggml libraries are
-done after ~3 minutes; the rest is libllama and tools). bench/peers.py finds the libraries in
-site-packages/llama_cpp/lib as well.
-
-Always exits 0: when the peer cannot be set up it prints why, and the ggml column of the
-benchmark is then skipped with that reason.
+Details: bench/README.md, "bench.peers_setup".
 """
 import argparse
 import glob

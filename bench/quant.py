@@ -1,61 +1,22 @@
-"""The "quantized matmul" section of bench.run: cpufuse.matmul on GGUF weights vs ggml's MUL_MAT and numpy.
-
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m bench.run --section quant [--quick] [--no-big]
-
-Rows (QCase): SmolLM2-135M projections (K -> N: 576->576, 576->192, 576->1536, 1536->576) in Q4_1 and
-Q8_0, Llama-7B projections (4096->4096, 4096->11008, 11008->4096) in Q4_0, Q4_K, Q6_K, Q8_0, IQ4_NL,
-IQ4_XS, Q2_K and Q3_K, each at 1 row (decode) and 128 rows (prefill). Weights: Q4_0/Q4_1/Q8_0 =
-gguf.quants.quantize of N(0,1)*0.02 floats; K-quants and IQ4 = random code bytes with f16 d / dmin
-uniform in [1e-4, 1e-3] (valid blocks, no quantizer run). x = N(0,1) f32. One weight is generated per (type, shape) and
-reused by its decode and prefill rows (bench/quant.py keeps one at a time).
-
-Columns (1 thread pinned to one core, and xN on every core, as the rest of bench.run):
-  cpufuse        cpufuse.matmul(x, w.repack(), out=y, n_threads=n) (its default act): the P16 repacked
-                 weights cpufuse.llama.Model.load runs
-  cpufuse f32    act="f32";   cpufuse q8: act="q8"; both on the weights in GGUF layout (each call
-                 repacks a chunk at a time into a scratch: same results, the non-repacked path)
-  ggml           ggml_mul_mat(W, X) with W in the CPU device's plain buffer: vec_dot, or llamafile
-                 sgemm (tinyBLAS) at >= 2 rows for Q4_0/Q5_0/Q8_0 (llama.cpp's --no-repack path)
-  ggml repack    W in the CPU_REPACK extra buffer type (ggml repacks it in ggml_backend_tensor_set):
-                 what llama.cpp runs by default where ggml has a repacked layout (Q4_0 / Q4_K with
-                 n_out % 8 == 0 on AVX2); n/a elsewhere
-  numpy          np.matmul(x, Wf.T, out=y) on the pre-dequantized f32 weights (OpenBLAS sgemm/sgemv)
-  DRAM read      baseline, decode rows only: np.max over a 256 MiB float32 array (xN: N slices read by
-                 N Python threads at once), timed in the same interleaved rounds
-ggml runs through the ggml-backend API (bench/peers.py ggml_mul_mat_build): ggml_backend_graph_compute
-on a CPU backend with the same thread count and a persistent ggml thread pool.
-
-Checks: every column against float64 x @ dequant(W).T: cpufuse f32 NMSE <= 1e-10; q8 columns and
-ggml <= 1e-3 (the activation quantization's error, ~3e-5 here); numpy <= 1e-6. Where it is cheap
-(rows x N x K <= Q8REF_MAX), the cpufuse q8 columns must also match cpufuse.reference.quant.ref_matmul_q8 (the
-float64 of ggml's integer block arithmetic) to NMSE <= 1e-10, and the NMSE of both ggml columns
-against that reference is recorded (it shows ggml computes the same arithmetic).
-
-Fused-op rows (hooks: they run once cpufuse has the function, else their columns are n/a):
-  gate/up+SwiGLU          cpufuse.matmul_swiglu(x, wg, wu) vs two cpufuse.matmul + a compiled
-                          silu*mul plan (cpufuse's graph swiglu) vs numpy
-  RMSNorm->quant->matmul  cpufuse.matmul(x, w, norm_weight=g, eps=1e-5) vs cpufuse.rms_norm then
-                          cpufuse.matmul vs numpy
-  QKV shared activation   cpufuse.matmul_multi(x, (wq, wk, wv)) vs three cpufuse.matmul vs numpy
-  RoPE + f16 cache write  cpufuse.rope(k, pos, n_dims=128, cache=(kc, pos0)) at Llama-7B K size
-                          (32 heads x 128), 1 and 512 tokens, vs cpufuse.rope then a cast copy into
-                          the cache, vs copy bandwidth (np.copyto of k into an f32 scratch; the rope
-                          moves 4 + 2 bytes per element, the copy 4 + 4)
+"""The "quantized matmul" section of bench.run: cpufuse.matmul on GGUF weights vs ggml's MUL_MAT and numpy,
+and the fused-op rows (SwiGLU, RMSNorm -> matmul, residual, QKV, RoPE + f16 cache write); the rows:
+bench/cases.py; the columns, weights and checks: bench/README.md ("quant section").
 """
 import concurrent.futures
 import functools
 import statistics
 import sys
 import zlib
-from dataclasses import dataclass
 
 import numpy as np
 
 import cpufuse
+from cpufuse import reference as ref
 
 from . import threads
-
-R = None  # the bench.run module (set by register(): bench.run may run as __main__)
+from .cases import ROPE_DIM, ROPE_HEADS, Section
+from .cases import Unavailable, Variant
+from .ops import all_core_name
 
 EPS_NORM = 1e-5
 Q8REF_MAX = 2e8          # rows * N * K up to which the q8 block reference is computed (~2 s at 4.5e7)
@@ -63,75 +24,8 @@ Q8REF_MAX_QUICK = 1e7    # the same with --quick (SmolLM2 rows only)
 READ_BYTES = 256 << 20   # the DRAM read probe's array
 NA = "not a column of this row kind"
 
-SMOL_SHAPES = [(576, 576, "q/o"), (576, 192, "k/v"), (576, 1536, "gate/up"), (1536, 576, "down")]
-LLAMA_SHAPES = [(4096, 4096, "q/k/v/o"), (4096, 11008, "gate/up"), (11008, 4096, "down")]
-SMOL_TYPES = ("Q4_1", "Q8_0")
-LLAMA_TYPES = ("Q4_0", "Q4_K", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K")
 LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
-ROPE_HEADS, ROPE_DIM, ROPE_CTX = 32, 128, 1024
-
-
-@dataclass(frozen=True)
-class QCase:
-    name: str
-    kind: str               # matmul | swiglu | norm_matmul | residual | qkv | rope
-    model: str              # SmolLM2-135M | Llama-7B
-    qtype: str              # weight type ("F16" for the rope rows' cache)
-    n_in: int               # K (rope: heads * head_dim)
-    n_out: int              # N (qkv: q's; rope: 0)
-    rows: int               # tokens
-    proj: str = ""
-    n_kv: int = 0           # qkv: the k and v projections' N
-    quick: bool = True      # part of --quick
-    big: bool = False       # skipped by --no-big
-    rounds: int = None      # at most this many interleaved rounds (bench.run honours it)
-    group: str = None
-    mode: str = "kernel"
-
-
-def _mm_cases():
-    out = []
-    for qt in SMOL_TYPES:
-        for k, n, proj in SMOL_SHAPES:
-            for rows in (1, 128):
-                out.append(QCase(f"SmolLM2 {proj} {k}→{n} {qt} ×{rows}", "matmul", "SmolLM2-135M", qt, k, n, rows, proj))
-    for qt in LLAMA_TYPES:
-        for k, n, proj in LLAMA_SHAPES:
-            out.append(QCase(f"Llama-7B {proj} {k}→{n} {qt} ×1", "matmul", "Llama-7B", qt, k, n, 1, proj))
-            out.append(QCase(f"Llama-7B {proj} {k}→{n} {qt} ×128", "matmul", "Llama-7B", qt, k, n, 128, proj,
-                             quick=False, big=True, rounds=3))
-    return out
-
-
-def _fused_cases():
-    out = []
-    for rows in (1, 128):
-        out.append(QCase(f"SmolLM2 gate/up+SwiGLU 576→1536 Q8_0 ×{rows}", "swiglu", "SmolLM2-135M", "Q8_0", 576, 1536, rows))
-    for rows in (1, 128):
-        out.append(QCase(f"Llama-7B gate/up+SwiGLU 4096→11008 Q4_K ×{rows}", "swiglu", "Llama-7B", "Q4_K", 4096, 11008,
-                         rows, quick=False, big=rows > 1, rounds=3 if rows > 1 else None))
-    for rows in (1, 128):
-        out.append(QCase(f"SmolLM2 RMSNorm→quant→matmul 576→576 Q8_0 ×{rows}", "norm_matmul", "SmolLM2-135M", "Q8_0",
-                         576, 576, rows))
-    for rows in (1, 128):
-        out.append(QCase(f"Llama-7B RMSNorm→quant→matmul 4096→4096 Q4_K ×{rows}", "norm_matmul", "Llama-7B", "Q4_K",
-                         4096, 4096, rows, quick=False, big=rows > 1, rounds=3 if rows > 1 else None))
-    for rows in (1, 128):
-        out.append(QCase(f"SmolLM2 matmul+residual 576→1536 Q4_1 ×{rows}", "residual", "SmolLM2-135M", "Q4_1",
-                         576, 1536, rows))
-    for rows in (1, 128):
-        out.append(QCase(f"SmolLM2 QKV 576→576+192+192 Q8_0 ×{rows}", "qkv", "SmolLM2-135M", "Q8_0", 576, 576, rows,
-                         n_kv=192))
-    for rows in (1, 128):
-        out.append(QCase(f"Llama-7B QKV 3×4096→4096 Q4_K ×{rows}", "qkv", "Llama-7B", "Q4_K", 4096, 4096, rows, n_kv=4096,
-                         quick=False, big=rows > 1, rounds=3 if rows > 1 else None))
-    for t in (1, 512):
-        out.append(QCase(f"Llama-7B RoPE+f16 cache write {ROPE_HEADS}×{ROPE_DIM} ×{t}", "rope", "Llama-7B", "F16",
-                         ROPE_HEADS * ROPE_DIM, 0, t))
-    return out
-
-
-CASES = _mm_cases() + _fused_cases()
+ROPE_CTX = 1024
 
 
 # ------------------------------------------------------------------------------------------------
@@ -185,10 +79,9 @@ class Weight:
         self.qtype, self.n_out, self.n_in = qtype, n_out, n_in
         self.raw = make_raw(qtype, n_out, n_in, rng)
         self.wf = dequantize(self.raw, qtype, n_in)
-        QT = getattr(cpufuse, "QTensor", None)
-        self.qt = QT(self.raw, qtype, (n_out, n_in)) if QT is not None else None
+        self.qt = cpufuse.QTensor(self.raw, qtype, (n_out, n_in))
         # the repacked weights (cpufuse's P16 panels) where this cpufuse has them
-        self.qp = self.qt.repack() if self.qt is not None and hasattr(self.qt, "repack") else self.qt
+        self.qp = self.qt.repack()
         self.nbytes = self.raw.nbytes
 
 
@@ -269,27 +162,9 @@ def _rms64(x, g, eps):
     return x64 / np.sqrt(np.mean(x64 * x64, -1, keepdims=True) + eps) * g.astype(np.float64)
 
 
-def rope_ref64(k, pos, n_dims, base=10000.0):
-    """ggml rope_ext, normal (LLaMA) mode, freq_scale 1, no YaRN: pairs (2i, 2i+1) rotated by
-    pos * base^(-2i/n_dims); float64. k (T, H, D)."""
-    k64 = k.astype(np.float64)
-    out = k64.copy()
-    i = np.arange(n_dims // 2)
-    theta = pos.astype(np.float64)[:, None] * base ** (-2.0 * i / n_dims)[None, :]   # (T, n_dims/2)
-    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
-    x0, x1 = k64[..., 0:n_dims:2], k64[..., 1:n_dims:2]
-    out[..., 0:n_dims:2] = x0 * c - x1 * s
-    out[..., 1:n_dims:2] = x0 * s + x1 * c
-    return out
-
-
 def reference(case, inp):
     if case.kind == "rope":
-        try:
-            r = cpufuse.reference.rope(inp["k"], inp["pos"], n_dims=ROPE_DIM)
-            return np.asarray(r, np.float64)
-        except (AttributeError, TypeError):
-            return rope_ref64(inp["k"], inp["pos"], ROPE_DIM)
+        return ref.rope(inp["k"], inp["pos"], ROPE_DIM)
     x, ws = inp["x"], inp["w"]
     if case.kind == "matmul":
         return ref_matmul64(x, ws[0].wf)
@@ -350,7 +225,6 @@ KIND_TITLE = {"swiglu": "gate/up + SwiGLU: `matmul_swiglu` vs two matmuls + swig
               "qkv": "QKV on one activation: `matmul_multi(x, (wq, wk, wv))` vs three matmuls",
               "rope": "RoPE + f16 KV-cache write: `rope(k, pos, n_dims=128, cache=(kc, pos0))` vs rope then a cast copy "
                       "into the cache, vs numpy's copy bandwidth"}
-HOOK_FN = {"swiglu": "matmul_swiglu", "norm_matmul": "matmul", "residual": "matmul", "qkv": "matmul_multi", "rope": "rope"}
 
 
 def _default_act():
@@ -358,12 +232,12 @@ def _default_act():
     return getattr(qm, "DEFAULT_ACT", None)
 
 
-class QuantSection:
+class QuantSection(Section):
     key, title = "quant", "quantized matmul"
     settle_s = 0.1  # after the all-core columns: OpenBLAS's idle workers spin ~0.1 s (threads.settle_s)
 
     def __init__(self, peers, all_core):
-        V = R.Variant
+        V = Variant
         self.col = {}
         vs = []
         specs = [("cpufuse", "cpufuse", 1e-3), ("cpufuse f32", "cpufuse", 1e-10), ("cpufuse q8", "cpufuse", 1e-3),
@@ -373,7 +247,7 @@ class QuantSection:
                  ("copy", "baseline", None)]
         for nth in ((1, threads.ALL) if all_core else (1,)):
             for name, kind, tol in specs:
-                nm = name if nth == 1 else R.all_core_name(name)
+                nm = name if nth == 1 else all_core_name(name)
                 self.col[nm] = name
                 slow = 3.0 if kind in ("cpufuse", "user") else None
                 vs.append(V(nm, kind, None, tol=tol if tol is not None else 0.0, nth=nth, max_call_s=slow))
@@ -386,13 +260,10 @@ class QuantSection:
     # ---- protocol
     def cases(self, a):
         self.q8ref_max = Q8REF_MAX_QUICK if a.quick else Q8REF_MAX
-        return [c for c in CASES if (not a.quick or c.quick) and not (c.big and a.no_big)]
+        return super().cases(a)
 
-    def inputs(self, case):
-        return inputs(case)
-
-    def reference(self, case, inp):
-        return reference(case, inp)
+    inputs = staticmethod(inputs)
+    reference = staticmethod(reference)
 
     def tol(self, case, v):
         col = self.col[v.name]
@@ -405,11 +276,11 @@ class QuantSection:
     def build(self, case, v, inp):
         col = self.col[v.name]
         if col not in KIND_COLS[case.kind]:
-            raise R.Unavailable(NA)
+            raise Unavailable(NA, quiet=True)
         nth = threads.resolve(v.nth)
         if col == "DRAM read":
             if case.rows != 1:
-                raise R.Unavailable("timed beside the decode rows only")
+                raise Unavailable("timed beside the decode rows only", quiet=True)
             fn = read_probe(nth)
             return fn, fn
         if case.kind == "matmul":
@@ -429,8 +300,6 @@ class QuantSection:
         x, w = inp["x"], inp["w"][0]
         y = np.empty((case.rows, case.n_out), np.float32)
         if col.startswith("cpufuse"):
-            if not hasattr(cpufuse, "matmul") or w.qt is None:
-                raise R.Unavailable("cpufuse.matmul / cpufuse.QTensor not available in this cpufuse")
             kw = {"out": y, "n_threads": nth}
             if col != "cpufuse":
                 kw["act"] = col.split()[1]
@@ -448,7 +317,7 @@ class QuantSection:
             from . import peers
             res, why = peers.ggml_mul_mat_build(w.raw, w.qtype, w.n_out, w.n_in, x, nth, repack=col == "ggml repack")
             if res is None:
-                raise R.Unavailable(why)
+                raise Unavailable(why)
             fn, get, info = res
             self.info.setdefault(case.name, {})[vname] = info
             return fn, get
@@ -456,7 +325,7 @@ class QuantSection:
             wt = w.wf.T
             fn = functools.partial(np.matmul, x, wt, out=y)
             return fn, lambda: (fn(), y.copy())[1]
-        raise R.Unavailable(NA)
+        raise Unavailable(NA)
 
     def _q8_reference(self, case, inp):
         if case.name not in self.q8ref:
@@ -483,10 +352,6 @@ class QuantSection:
         if case.kind == "rope":
             return self._build_rope(case, col, inp, nth)
         x, ws = inp["x"], inp["w"]
-        if col != "numpy unfused":
-            fname = HOOK_FN[case.kind]
-            if not hasattr(cpufuse, fname) or not hasattr(cpufuse, "matmul") or any(w.qt is None for w in ws):
-                raise R.Unavailable(f"cpufuse.{fname} not available in this cpufuse")
         rows = case.rows
         if case.kind == "swiglu":
             wg, wu = ws
@@ -506,7 +371,7 @@ class QuantSection:
 
                 def get():
                     return np.array(fn(), copy=True)
-                return _typeerror_as_unavailable(fn, get)
+                return fn, get
             else:
                 wgt, wut = wg.wf.T, wu.wf.T
 
@@ -575,14 +440,14 @@ class QuantSection:
             def get():
                 fn()
                 return np.concatenate(ys, axis=-1)
-            return _typeerror_as_unavailable(fn, get)
+            return fn, get
         else:
-            raise R.Unavailable(NA)
+            raise Unavailable(NA)
 
         def get():
             fn()
             return y.copy()
-        return _typeerror_as_unavailable(fn, get)
+        return fn, get
 
     def _build_rope(self, case, col, inp, nth):
         k, pos, pos0, kc = inp["k"], inp["pos"], inp["pos0"], inp["kc"]
@@ -592,8 +457,6 @@ class QuantSection:
             scratch = np.empty_like(k)
             fn = functools.partial(np.copyto, scratch, k)
             return fn, lambda: (fn(), scratch)[1]
-        if not hasattr(cpufuse, "rope"):
-            raise R.Unavailable("cpufuse.rope not available in this cpufuse")
         if col == "fused":
             fn = functools.partial(cpufuse.rope, k, pos, n_dims=ROPE_DIM, cache=(kc, pos0), n_threads=nth)
         else:
@@ -606,7 +469,7 @@ class QuantSection:
         def get():
             fn()
             return dst.astype(np.float32)
-        return _typeerror_as_unavailable(fn, get)
+        return fn, get
 
     def work(self, case, inp):
         """bytes and flops of the row; also the cross checks on the outputs the checks just made
@@ -645,16 +508,6 @@ class QuantSection:
         r["gbps"] = work["bytes"] / r["median_ns"]
         if work.get("flops"):
             r["gflops"] = work["flops"] / r["median_ns"]
-
-
-def _typeerror_as_unavailable(fn, get):
-    """a hook whose guessed signature does not match the function that landed is skipped, not an error"""
-    def g():
-        try:
-            return get()
-        except TypeError as e:
-            raise R.Unavailable(f"the hook's call does not match this cpufuse: TypeError: {e}") from None
-    return fn, g
 
 
 @functools.lru_cache(maxsize=8)
@@ -697,6 +550,7 @@ def _cols(res, nth_all):
 
 
 def derived(case, res, env):
+    """the same-run ratios of a row (runs after the section: drops its weights and arrays first)"""
     release()   # the section is done (derived runs after every section): drop its weights and arrays
     ex = EXTRA.get(case.name, {})
     d = {"kind": case.kind, "threads_bit_identical": ex.get("threads_bit_identical"),
@@ -758,144 +612,42 @@ def derived(case, res, env):
     return d
 
 
-def _fx(v):
-    return "–" if v is None else f"{v:.2f}×"
+def _path(d):
+    gp = d.get("ggml_path") or {}
+    return " / ".join(gp.get(k, "n/a") for k in ("ggml", "ggml repack")) if gp else None
 
 
-def _fg(v):
-    return "–" if v is None else f"{v:.1f}"
+def _q8(d):
+    nq = d.get("nmse_vs_q8ref") or {}
+    return " / ".join("–" if nq.get(k) is None else f"{nq[k]:.1e}" for k in ("cpufuse q8", "ggml", "ggml repack")) \
+        if nq else None
 
 
-def _fp(v):
-    return "–" if v is None else f"{v:.0f}%"
+def _same(d):
+    same = d.get("threads_bit_identical") or {}
+    return ", ".join(f"{k} {'yes' if v else '**NO**'}" for k, v in same.items()) or None
 
 
-def _fe(v):
-    return "–" if v is None else f"{v:.1e}"
-
-
-def markdown(report, sec):
-    entries = sec["cases"]
-    allc = any(v["nth"] != 1 for v in sec["variants"])
-    N = threads.n_all
-    names = [v["name"] for v in sec["variants"]]
-
-    def cols_for(kind):
-        base = KIND_COLS[kind]
-        return [n for n in names if n.split(" ×")[0] in base]
-
-    mm = [c for c in entries if c["case"]["kind"] == "matmul"]
-    lines = ["", "## quantized matmul", "",
-             "y = x · dequant(W)ᵀ, W a GGUF weight (n_out × K), x f32 (rows × K); y preallocated. cpufuse = "
-             f"`cpufuse.matmul(x, w, out=y, n_threads=…)` (default act = {_default_act() or '?'}; f32 / q8 forced); "
-             "ggml = `ggml_mul_mat(W, X)` through the ggml-backend API, W in the CPU buffer (vec_dot, or llamafile "
-             "sgemm at ≥ 2 rows for Q4_0/Q8_0), ggml repack = W in the CPU_REPACK extra buffer (what llama.cpp runs by "
-             "default when ggml has a repacked layout: Q4_0 / Q4_K on AVX2), same thread count, persistent thread pool; "
-             "numpy = `np.matmul(x, Wf.T, out=y)` on pre-dequantized f32 weights. Legacy weights: gguf quantize of "
-             "N(0, 0.02²); K-quants: random valid blocks. DRAM read = np.max over 256 MiB (×N: N threads on N slices), "
-             "timed in the decode rows' own rounds. % DRAM read > 100% means the weights (or part of them) came from "
-             "the caches: SmolLM2's are 0.07–0.9 MB, Llama-7B's 9–37 MB, against this CPU's L2 + L3. "
-             "NMSE vs q8 ref = against `cpufuse.reference.quant.ref_matmul_q8` (float64 of ggml's integer block arithmetic on the "
-             "same quantized activations; computed where rows·N·K is small enough): ~1e-14 means the same arithmetic, "
-             "while both differ from the f32 result by the activation quantization (~3e-5).", ""]
-    if mm:
-        lines += ["Median time per call, µs (**bold** = fastest):", ""]
-        lines += R._time_table(mm, [n for n in cols_for("matmul") if not n.startswith("DRAM read")])
-        hdr = ("| case | W MB | ggml path (plain / repack) | ggml / cpufuse | ggml plain / cpufuse | numpy / cpufuse "
-               "| cpufuse GB/s or GFLOP/s | % DRAM read | ggml % DRAM read |")
-        sep = "|---|---:|---|---:|---:|---:|---:|---:|---:|"
-        if allc:
-            hdr += (f" ggml / cpufuse ×{N} | numpy / cpufuse ×{N} | GB/s or GFLOP/s ×{N} | % DRAM read ×{N} "
-                    f"| ggml % DRAM read ×{N} |")
-            sep += "---:|" * 5
-        hdr += " NMSE vs q8 ref: cpufuse q8 / ggml / ggml repack | thread counts bit-identical |"
-        sep += "---|---|"
-        lines += ["", "Same-run ratios (> 1: cpufuse faster; ggml = the path llama.cpp runs by default, i.e. repack where "
-                  "ggml repacks this weight, else plain). Decode rows: GB/s = weight bytes streamed / time, % of the "
-                  "run's DRAM read probe (median over the decode rows); prefill rows: GFLOP/s = 2·rows·K·N / time:", "",
-                  hdr, sep]
-        for c in mm:
-            d, ca = c["derived"], c["case"]
-            dec = ca["rows"] == 1
-            gp = d.get("ggml_path", {})
-            path = " / ".join(gp.get(k, "n/a") for k in ("ggml", "ggml repack"))
-            perf = _fg(d.get("cpufuse_gbps")) if dec else _fg(d.get("cpufuse_gflops"))
-            row = (f"| {ca['name']} | {c['work']['weight_bytes'] / 1e6:.2f} | {path} | {_fx(d.get('ggml_over_cpufuse'))} | "
-                   f"{_fx(d.get('ggml_plain_over_cpufuse'))} | {_fx(d.get('numpy_over_cpufuse'))} | {perf} | "
-                   f"{_fp(d.get('pct_read')) if dec else ''} | {_fp(d.get('ggml_pct_read')) if dec else ''} |")
-            if allc:
-                perf_a = _fg(d.get("cpufuse_gbps_all")) if dec else _fg(d.get("cpufuse_gflops_all"))
-                row += (f" {_fx(d.get('ggml_over_cpufuse_all'))} | {_fx(d.get('numpy_over_cpufuse_all'))} | {perf_a} | "
-                        f"{_fp(d.get('pct_read_all')) if dec else ''} | {_fp(d.get('ggml_pct_read_all')) if dec else ''} |")
-            nq = d.get("nmse_vs_q8ref") or {}
-            row += (" " + " / ".join(_fe(nq.get(k)) for k in ("cpufuse q8", "ggml", "ggml repack")) + " | "
-                    + (", ".join(f"{k} {'yes' if v else '**NO**'}" for k, v in (d.get("threads_bit_identical") or {}).items()
-                                 if k in ("cpufuse", "cpufuse q8", "cpufuse f32", "ggml", "ggml repack")) or "–") + " |")
-            lines.append(row)
-        probes = {n: statistics.median(v) for n, v in PROBES.items() if v}
-        if probes:
-            lines += ["", "DRAM read probe (median over the decode rows): " + ", ".join(
-                f"{v:.1f} GB/s on {n} thread{'s' if n > 1 else ''}" for n, v in sorted(probes.items()))
-                + f"; DRAM copy (np.copyto, read + write) {report['copy_bw']['dram']['gbps']:.1f} GB/s."]
-    for kind in ("swiglu", "norm_matmul", "residual", "qkv", "rope"):
-        rows = [c for c in entries if c["case"]["kind"] == kind]
-        if not rows:
-            continue
-        lines += ["", f"### {KIND_TITLE[kind]}", "", "Median time per call, µs:", ""]
-        lines += R._time_table(rows, cols_for(kind))
-        if kind == "rope":
-            hdr = "| case | MB moved | fused GB/s | copy GB/s | % copy GB/s | fused / copy | fusion gain |"
-            sep = "|---|---:|---:|---:|---:|---:|---:|"
-        else:
-            hdr, sep = "| case | W MB | fusion gain | user gain |", "|---|---:|---:|---:|"
-        if allc:
-            hdr += (f" fusion gain ×{N} | user gain ×{N} |" if kind != "rope" else
-                    f" fused GB/s ×{N} | % copy GB/s ×{N} | fused / copy ×{N} |")
-            sep += "---:|---:|" if kind != "rope" else "---:|---:|---:|"
-        lines += ["", hdr, sep]
-        for c in rows:
-            d = c["derived"]
-            if kind == "rope":
-                row = (f"| {c['case']['name']} | {c['work']['bytes'] / 1e6:.2f} | {_fg(d.get('gbps'))} | "
-                       f"{_fg(d.get('copy_gbps'))} | {_fp(d.get('pct_copy_gbps'))} | {_fx(d.get('fused_over_copy'))} | "
-                       f"{_fx(d.get('fusion_gain'))} |")
-                if allc:
-                    row += (f" {_fg(d.get('gbps_all'))} | {_fp(d.get('pct_copy_gbps_all'))} | "
-                            f"{_fx(d.get('fused_over_copy_all'))} |")
-            else:
-                row = (f"| {c['case']['name']} | {c['work']['weight_bytes'] / 1e6:.2f} | {_fx(d.get('fusion_gain'))} | "
-                       f"{_fx(d.get('user_gain'))} |")
-                if allc:
-                    row += f" {_fx(d.get('fusion_gain_all'))} | {_fx(d.get('user_gain_all'))} |"
-            lines.append(row)
-        lines += ["", "fusion gain = unfused / fused (cpufuse calls) · user gain = numpy unfused / fused"
-                  + (" · MB moved = k read (f32) + cache written (f16); copy = `np.copyto` of k into an f32 scratch, "
-                     "GB/s counted as read + write: % copy GB/s = the fused rope's GB/s against plain copy bandwidth"
-                     if kind == "rope" else "")]
-    # notes: failures, errors and real skips (not the "not a column of this row kind" ones)
-    notes = []
-    for c in entries:
-        for k, r in c["results"].items():
-            if r.get("status") in ("failed", "error"):
-                notes.append(f"- **{r['status'].upper()}** {c['case']['name']} / {k}: {r['reason']}")
-    skipped = {}
-    for c in entries:
-        for k, r in c["results"].items():
-            if r.get("status") == "skipped" and r["reason"] not in (NA, "timed beside the decode rows only"):
-                skipped.setdefault((k.split(" ×")[0], r["reason"]), []).append(c["case"]["name"])
-    for (k, why), names_ in skipped.items():
-        names_ = list(dict.fromkeys(names_))  # the 1-thread and xN columns give the same reason
-        where = ", ".join(names_) if len(names_) <= 3 else f"{len(names_)} rows"
-        notes.append(f"- skipped {k} ({where}): {why}")
-    return lines + (["", "Notes:", ""] + notes if notes else [])
-
-
-# ------------------------------------------------------------------------------------------------
-
-def register(run_module):
-    """Add the section to bench.run (called at its import, with the module itself: it may be __main__)."""
-    global R
-    R = run_module
-    run_module.SECTIONS["quant"] = QuantSection
-    run_module.DERIVED["quant"] = derived
-    run_module.MARKDOWN["quant"] = markdown
+QuantSection.intro = (
+    "y = x · dequant(W)ᵀ, W a GGUF weight (n_out × K), x f32 (rows × K), y preallocated; cpufuse = `cpufuse.matmul` "
+    "(its default act; f32 / q8 forced); ggml = `ggml_mul_mat` (CPU buffer: vec_dot or llamafile sgemm; repack: the "
+    "CPU_REPACK buffer llama.cpp runs by default), same thread count; numpy = `np.matmul` on pre-dequantized f32 "
+    "weights. Decode rows: GB/s = weight bytes / time, % of the DRAM read probe (np.max over 256 MiB, timed in the "
+    "decode rows' own rounds); prefill rows: GFLOP/s = 2·rows·K·N / time. NMSE vs q8 ref = against "
+    "`cpufuse.reference.quant.ref_matmul_q8` (float64 of ggml's integer block arithmetic).")
+QuantSection.derived_cols = [
+    ("ggml path (plain / repack)", _path, "s"), ("ggml / cpufuse", "ggml_over_cpufuse", "x"),
+    ("ggml plain / cpufuse", "ggml_plain_over_cpufuse", "x"), ("numpy / cpufuse", "numpy_over_cpufuse", "x"),
+    ("cpufuse GB/s", "cpufuse_gbps", "g"), ("cpufuse GFLOP/s", "cpufuse_gflops", "g"), ("% DRAM read", "pct_read", "pct"),
+    ("ggml % DRAM read", "ggml_pct_read", "pct"), ("ggml / cpufuse ×N", "ggml_over_cpufuse_all", "x"),
+    ("numpy / cpufuse ×N", "numpy_over_cpufuse_all", "x"), ("GB/s ×N", "cpufuse_gbps_all", "g"),
+    ("GFLOP/s ×N", "cpufuse_gflops_all", "g"), ("% DRAM read ×N", "pct_read_all", "pct"),
+    ("NMSE vs q8 ref: cpufuse q8 / ggml / ggml repack", _q8, "s"), ("thread counts bit-identical", _same, "s"),
+    ("fused GB/s", "gbps", "g"), ("copy GB/s", "copy_gbps", "g"), ("% copy GB/s", "pct_copy_gbps", "pct"),
+    ("fused / copy", "fused_over_copy", "x"), ("fusion gain", "fusion_gain", "x"), ("user gain", "user_gain", "x"),
+    ("fusion gain ×N", "fusion_gain_all", "x"), ("user gain ×N", "user_gain_all", "x")]
+QuantSection.derived = staticmethod(derived)
+QuantSection.tables = lambda self, entries: [
+    (KIND_TITLE.get(k), rows, None if k != "matmul" else self.intro)
+    for k in ("matmul", "swiglu", "norm_matmul", "residual", "qkv", "rope")
+    for rows in [[e for e in entries if e["case"]["kind"] == k]] if rows]

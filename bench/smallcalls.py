@@ -1,19 +1,9 @@
-"""Small calls: the time per call from Python of every public op on tiny inputs, beside
-`np.add(x, y, out=z)` on the same arrays, timed interleaved in the same run (issue 14 items 2, 4).
-
-    python -m bench.smallcalls [--quick]        # this table alone
-    python -m bench.run --section calls         # the same, as a section of the benchmark
-
-Tiny inputs: one 64-wide float32 row (softmax, rms_norm, add_rms_norm, rope: one token, one head of
-64), quantized matmul on 64x64 Q8_0 / Q4_0 weights with one activation row, flash_attn with one
-query row over one f16 KV row, head dim 64. Every call passes a preallocated out= (the decode
-loop's form) and the default ISA and thread count. The bound is the issue's: <= 2x np.add, 3x for
-flash_attn. The numba rows compare isa="numba" with isa="scalar" on one 576-wide row; their bound
-is the difference, <= 3 us.
+"""The small-calls section of bench.run (`--section calls`): the time per call from Python of every
+public op on tiny inputs, beside `np.add(x, y, out=z)` on the same arrays, timed interleaved in the
+same run (issue 14 items 2, 4); the numba rows compare isa="numba" with isa="scalar" on one
+576-wide row. The rows and their bounds: bench/cases.py.
 """
 import functools
-import sys
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,37 +11,7 @@ import cpufuse
 from cpufuse import reference as ref
 from cpufuse.reference.quant import make_weight, ref_matmul_q8
 
-EPS = 1e-6
-R = None  # bench.run, set by register()
-
-
-@dataclass(frozen=True)
-class Call:
-    name: str
-    op: str
-    bound: float            # ratio bound (op rows) or microseconds above scalar (numba rows)
-    kind: str = "op"        # op: cpufuse vs np.add; numba: isa="numba" vs isa="scalar"
-    qtype: str = None
-    n: int = 64
-    mode: str = "kernel"    # timed in back-to-back batches (bench.timing)
-    group: str = None
-    quick: bool = True
-
-
-CASES = [
-    Call("softmax 1×64", "softmax", 2.0),
-    Call("rms_norm×w 1×64", "rms_norm", 2.0),
-    Call("add_rms_norm 1×64", "add_rms_norm", 2.0),
-    Call("matmul Q8_0 1×64 → 64", "matmul", 2.0, qtype="Q8_0"),
-    Call("matmul Q4_0 1×64 → 64", "matmul", 2.0, qtype="Q4_0"),
-    Call("matmul_multi Q8_0 1×64 → 3×64", "matmul_multi", 2.0, qtype="Q8_0"),
-    Call("matmul_swiglu Q4_0 1×64 → 64", "matmul_swiglu", 2.0, qtype="Q4_0"),
-    Call("rope 1 token × 1 head × 64, out=", "rope", 2.0),
-    Call("rope 1×1×64 → f16 cache", "rope_cache", 2.0),
-    Call("flash_attn 1 query × 1 KV (f16), D=64", "flash_attn", 3.0),
-    Call("numba − scalar: rms_norm×w 1×576", "rms_norm", 3.0, kind="numba", n=576),
-    Call("numba − scalar: softmax 1×576", "softmax", 3.0, kind="numba", n=576),
-]
+from .cases import EPS, Section, Unavailable, Variant
 
 
 def make_inputs(case):
@@ -139,7 +99,7 @@ def build(case, variant, inp):
     if case.kind == "numba":
         isa = "numba" if variant == "call" else "scalar"
         if isa not in cpufuse.available_isas():
-            raise LookupError(f"ISA {isa} not available here")
+            raise Unavailable(f"ISA {isa} not available here")
         return call(case, inp, isa)
     if variant == "call":
         return call(case, inp)
@@ -147,144 +107,33 @@ def build(case, variant, inp):
     return fn, fn
 
 
-def derived(case, res):
-    t = {k: r["median_ns"] for k, r in res.items() if r.get("status") == "ok" and "median_ns" in r}
-    if "call" not in t or "baseline" not in t:
-        return {}
-    if case.kind == "numba":
-        d = (t["call"] - t["baseline"]) / 1e3
-        return {"excess_us": d, "within_bound": d <= case.bound}
-    x = t["call"] / t["baseline"]
-    return {"ratio": x, "within_bound": x <= case.bound}
-
-
-def table(entries):
-    """markdown lines for [(case dict, results, derived)]"""
-    def us(r):
-        return f"{r['median_ns'] / 1e3:.2f}" if r.get("status") == "ok" and "median_ns" in r else {
-            "skipped": "n/a", "failed": "FAIL", "error": "ERR"}.get(r.get("status"), "–")
-    ops = [e for e in entries if e[0]["kind"] == "op"]
-    nbs = [e for e in entries if e[0]["kind"] == "numba"]
-    lines = []
-    if ops:
-        lines += ["| op (tiny input, out=) | cpufuse µs | np.add µs | ratio | bound | |", "|---|---:|---:|---:|---:|---|"]
-        for c, res, d in ops:
-            ok = "" if "within_bound" not in d else ("ok" if d["within_bound"] else "**over**")
-            lines.append(f"| {c['name']} | {us(res.get('call', {}))} | {us(res.get('baseline', {}))} | "
-                         + (f"{d['ratio']:.2f}×" if "ratio" in d else "–") + f" | ≤ {c['bound']:g}× | {ok} |")
-    if nbs:
-        lines += ["", "| numba path overhead | numba µs | scalar C µs | numba − scalar µs | bound | |",
-                  "|---|---:|---:|---:|---:|---|"]
-        for c, res, d in nbs:
-            ok = "" if "within_bound" not in d else ("ok" if d["within_bound"] else "**over**")
-            lines.append(f"| {c['name'].split(': ', 1)[-1]} | {us(res.get('call', {}))} | {us(res.get('baseline', {}))} | "
-                         + (f"{d['excess_us']:.2f}" if "excess_us" in d else "–") + f" | ≤ {c['bound']:g} µs | {ok} |")
-    return lines
-
-
-INTRO = ("Time per call from Python (median of back-to-back batches, interleaved rounds) of each op on tiny "
-         "inputs with a preallocated out=, beside `np.add(x, y, out=z)` on the same arrays in the same run; "
-         "then the numba path's per-call cost above the scalar C path on one 576-wide row. The last column says "
-         "whether the call stays within the overhead budget set for it (bound): **over** means slower than that "
-         "budget, not a wrong result (every result is checked first).")
-
-
-# ------------------------------------------------------------------------------------------------
-# as a section of bench.run
-
-class CallsSection:
+class CallsSection(Section):
     key, title = "calls", "small calls"
+    intro = ("Time per call from Python of each op on tiny inputs with a preallocated out= (call), beside "
+             "`np.add(x, y, out=z)` on the same arrays in the same run (baseline); on the numba rows, call = "
+             "isa=\"numba\" and baseline = isa=\"scalar\" on one 576-wide row. within bound: whether the call stays "
+             "within the overhead budget set for it (ratio to np.add, or µs above scalar): **over** means slower "
+             "than that budget, not a wrong result (every result is checked first).")
+    derived_cols = [("call / np.add", "ratio", "x"), ("numba − scalar µs", "excess_us", "us"), ("bound", "bound", "s"),
+                    ("within bound", "within", "s")]
 
     def __init__(self, peers, all_core):
-        self.vlist = [R.Variant("call", "cpufuse", cpufuse.available_isas()[0], tol=1e-10),
-                      R.Variant("baseline", "baseline")]
+        self.vlist = [Variant("call", "cpufuse", cpufuse.available_isas()[0], tol=1e-10), Variant("baseline", "baseline")]
 
-    def cases(self, a):
-        return [c for c in CASES if not a.quick or c.quick]
-
-    def inputs(self, case):
-        return make_inputs(case)
-
-    def reference(self, case, inp):
-        return reference(case, inp)
+    inputs = staticmethod(make_inputs)
+    reference = staticmethod(reference)
 
     def build(self, case, v, inp):
-        try:
-            return build(case, v.name, inp)
-        except LookupError as e:
-            raise R.Unavailable(str(e)) from None
+        return build(case, v.name, inp)
 
     def tol(self, case, v):
         return (1e-10 if case.op in ("softmax", "rms_norm", "add_rms_norm", "flash_attn") else 1e-6), None
 
-    def work(self, case, inp):
-        return {}
-
-    def annotate(self, case, r, work):
-        r["median_us"] = r["median_ns"] / 1e3
-
-
-def _derived(case, res, env):
-    return derived(case, res)
-
-
-def _markdown(report, sec):
-    entries = [(e["case"], e["results"], e["derived"]) for e in sec["cases"]]
-    return ["", "## small calls", "", INTRO, ""] + table(entries) + R._notes(sec["cases"])
-
-
-def register(run_module):
-    """Add the "calls" section to bench.run (called at its import with the module itself)."""
-    global R
-    R = run_module
-    for table, entry in ((R.SECTIONS, CallsSection), (R.DERIVED, _derived), (R.MARKDOWN, _markdown)):
-        table["calls"] = entry
-
-
-# ------------------------------------------------------------------------------------------------
-# standalone
-
-def measure(cases=CASES, target_s=0.3, rounds=15, only=None):
-    """[(case dict, results, derived)], each case's two variants timed interleaved (bench.timing)"""
-    from dataclasses import asdict
-
-    from . import timing
-    out = []
-    for case in cases:
-        if only and not any(s in case.name for s in only):
-            continue
-        inp = make_inputs(case)
-        fns, res = {}, {}
-        for v in ("call", "baseline"):
-            try:
-                fn, get = build(case, v, inp)
-                if v == "call":
-                    got, want = np.asarray(get(), np.float64), reference(case, inp)
-                    err = ref.nmse(want, got)
-                    if not err <= 1e-6:
-                        res[v] = {"status": "failed", "reason": f"NMSE {err:.3g}"}
-                        continue
-                fns[v] = fn
-            except LookupError as e:
-                res[v] = {"status": "skipped", "reason": str(e)}
-        for k, r in timing.measure(fns, target_s=target_s, rounds=rounds).items():
-            res[k] = dict(r, status="ok")
-        out.append((asdict(case), res, derived(case, res)))
-    return out
-
-
-def main(argv=None):
-    import argparse
-    ap = argparse.ArgumentParser(prog="python -m bench.smallcalls", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", action="append", metavar="SUBSTR")
-    ap.add_argument("--rounds", type=int, default=15)
-    a = ap.parse_args(argv)
-    print("\n".join(["## small calls", "", INTRO, ""] + table(
-        measure(target_s=0.05 if a.quick else 0.3, rounds=5 if a.quick else a.rounds, only=a.only))))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    def derived(self, case, res, env):
+        t = {k: r["median_ns"] for k, r in res.items() if r.get("status") == "ok" and "median_ns" in r}
+        if "call" not in t or "baseline" not in t:
+            return {}
+        numba = case.kind == "numba"
+        x = (t["call"] - t["baseline"]) / 1e3 if numba else t["call"] / t["baseline"]
+        return {"excess_us" if numba else "ratio": x, "bound": f"≤ {case.bound:g}{' µs' if numba else '×'}",
+                "within": "ok" if x <= case.bound else "**over**"}

@@ -1,78 +1,20 @@
-"""The benchmark cases as a pytest-benchmark suite (not part of `pytest tests`).
-
-    taskset -c 0 python -m pytest bench/test_bench.py --benchmark-only [-k rms_norm] [--benchmark-columns=median]
-
-Parametrized over the ops cases of bench/run.py x the variants available on this machine, and
-the attention cases (decode T <= 4096, prefill) x the attention variants; each test checks its
-variant's output against the float64 reference before timing it (1 thread). Set
-CPUFUSE_BENCH_PEERS=1 to add the torch / onnxruntime / ggml columns (skipped when unavailable).
-The test_harness_* tests check the harness itself (no timing).
-"""
+"""The benchmark harness's own tests (not part of `pytest tests`; run `python -m pytest bench`): the
+case table, the probes, the reporter and chart, the ggml peer where it is built, and a smoke run of
+every kernel-table entry point at the smallest settings (CPUFUSE_BENCH_SMOKE=0 skips those)."""
+import json
+import math
 import os
-import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from bench import attn, graphbench, run, threads, timing
+from bench import attn, cases, graphbench, ops, report, run, threads, timing
 from cpufuse import reference as ref
 
-PEERS = os.environ.get("CPUFUSE_BENCH_PEERS", "") not in ("", "0")
-VARIANTS = run.variants(peers=PEERS)
-# the FMA peak probe is a baseline timed beside the prefill case by bench.run, not an attention kernel
-ATTN_VARIANTS = [v for v in run.AttnSection(PEERS, False).vlist if v.kind != "baseline"]
-ATTN_CASES = [c for c in attn.CASES if c.T <= 4096]
-
-
-def _id(s):
-    return re.sub(r"[^0-9A-Za-z]+", "_", s.replace("×", "x")).strip("_")
-
-
-@pytest.fixture(scope="module")
-def case_data():
-    cache = {}
-
-    def get(case, inputs=run.make_inputs, reference=run.reference):
-        if case.name not in cache:
-            inp = inputs(case)
-            cache.clear()  # keep one case's arrays alive at a time
-            cache[case.name] = (inp, reference(case, inp))
-        return cache[case.name]
-    return get
-
-
-@pytest.mark.parametrize("variant", VARIANTS, ids=[_id(v.name) for v in VARIANTS])
-@pytest.mark.parametrize("case", run.CASES, ids=[_id(c.name) for c in run.CASES])
-def test_bench(benchmark, case, variant, case_data):
-    inp, want = case_data(case)
-    try:
-        fn, get = run.builder(variant)(case, inp)
-    except run.Unavailable as e:
-        pytest.skip(str(e))
-    ok, err = run.check(case, variant, get(), want)
-    assert ok, f"{variant.name} on {case.name}: NMSE {err:.3g} > {variant.tol:g}"
-    benchmark.group = case.name
-    benchmark.extra_info.update(bytes=run.min_bytes(case, inp), nmse=err)
-    benchmark(fn)
-
-
-@pytest.mark.parametrize("variant", ATTN_VARIANTS, ids=[_id(v.name) for v in ATTN_VARIANTS])
-@pytest.mark.parametrize("case", ATTN_CASES, ids=[_id(c.name) for c in ATTN_CASES])
-def test_bench_attention(benchmark, case, variant, case_data):
-    if variant.max_call_s and (case.T > 512 or case.N > 1):
-        pytest.skip("numba / scalar attention: only the T=512 decode case here")
-    inp, want = case_data(case, attn.make_inputs, attn.reference)
-    sec = run.AttnSection(PEERS, False)
-    try:
-        fn, get = sec.build(case, variant, inp)
-    except run.Unavailable as e:
-        pytest.skip(str(e))
-    tol, _ = sec.tol(case, variant)
-    ok, err = run.check(case, variant, get(), want, tol)
-    assert ok, f"{variant.name} on {case.name}: NMSE {err:.3g} > {tol:g}"
-    benchmark.group = case.name
-    benchmark.extra_info.update(kv_bytes=attn.work(case, inp)["bytes"], nmse=err)
-    benchmark(fn)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMOKE = os.environ.get("CPUFUSE_BENCH_SMOKE", "1") != "0"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -90,13 +32,20 @@ def test_harness_numpy_attention_matches_reference():
 
 
 def test_harness_flop_count():
-    c = attn.AttnCase("x", 4, 4, causal=True)
-    assert attn.visible_pairs(c) == 10
-    assert attn.visible_pairs(attn.AttnCase("y", 1, 9)) == 9
+    assert attn.visible_pairs(cases.att("x", 4, 4, causal=True)) == 10
+    assert attn.visible_pairs(cases.att("y", 1, 9)) == 9
+
+
+def test_harness_case_table():
+    names = [c.name for c in cases.CASES]
+    assert len(names) == len(set(names)) and set(c.section for c in cases.CASES) == set(run.SECTIONS)
+    for key, sec in run.SECTIONS.items():
+        assert sec.key == key and sec.cases is not None
+    assert {c.name for c in cases.CASES if c.scaling} >= {"softmax 32×4096 +mask f32", "prefill 512 causal f16"}
 
 
 def test_harness_dispatch_cases_check():
-    for case in graphbench.DISPATCH_CASES:
+    for case in (c for c in cases.CASES if c.section == "dispatch"):
         d = graphbench.dispatch_inputs(case)
         want = graphbench.dispatch_reference(case, d)
         for v in run.DispatchSection(False, False).vlist:
@@ -115,8 +64,7 @@ def test_harness_threads_modes():
 
 
 def test_harness_scaling_thread_counts():
-    from bench import scaling
-    counts, skipped = scaling.thread_counts()
+    counts, skipped = run.thread_counts()
     assert counts[0] == 1 and counts[-1] == threads.n_all
     assert all(n > threads.n_all for n in skipped)
 
@@ -129,11 +77,11 @@ def test_harness_fma_probe_and_adjacent_peak():
         pytest.skip(f"no cf_fma_peak for {isa} (native extension not loaded)")
     assert flops > 0 and fn() == flops  # the same work every call
     # % adjacent peak = the kernel's GFLOP/s over the probe's, both from the case's own medians
-    case = next(c for c in attn.CASES if c.kind == "prefill")
+    case = next(c for c in cases.CASES if c.section == "attention" and c.kind == "prefill")
     res = {"FMA peak probe": {"kind": "baseline", "status": "ok", "median_ns": 1e6, "gflops": 100.0},
            "k": {"kind": "cpufuse", "status": "ok", "median_ns": 2e6, "gbps": 1.0, "gflops": 40.0, "n_threads": 1}}
     env = {"copy_bw": {"dram": {"gbps": 10.0}}, "fma_peak": {"gflops_1": 80.0}}
-    d = run.derived_attn(case, res, env)
+    d = attn.AttnSection(False, False).derived(case, res, dict(env, work={"bytes": 1}))
     assert d["pct_probe_peak"] == pytest.approx(40.0) and d["pct_fma_peak"] == pytest.approx(50.0)
 
 
@@ -141,20 +89,15 @@ def test_harness_fma_probe_and_adjacent_peak():
 # the quantized-matmul section (bench/quant.py) and its ggml peer (bench/peers.py ggml_mul_mat_build)
 
 def test_harness_quant_cases():
-    from bench import quant
-    names = [c.name for c in quant.CASES]
-    assert len(names) == len(set(names))
-    mm = [c for c in quant.CASES if c.kind == "matmul"]
+    mm = [c for c in cases.CASES if c.section == "quant" and c.kind == "matmul"]
     assert {(c.qtype, c.n_in, c.n_out) for c in mm if c.model == "SmolLM2-135M"} == {
-        (t, k, n) for t in ("Q4_1", "Q8_0") for k, n, _ in quant.SMOL_SHAPES}
+        (t, k, n) for t in ("Q4_1", "Q8_0") for k, n, _ in cases.SMOL_SHAPES}
     assert {(c.qtype, c.n_in, c.n_out) for c in mm if c.model == "Llama-7B"} == {
-        (t, k, n) for t in quant.LLAMA_TYPES for k, n, _ in quant.LLAMA_SHAPES}
+        (t, k, n) for t in cases.LLAMA_TYPES for k, n, _ in cases.LLAMA_SHAPES}
     assert all({c.rows for c in mm if (c.qtype, c.n_in, c.n_out) == (x.qtype, x.n_in, x.n_out)} == {1, 128} for x in mm)
     # --quick and --no-big leave out the Llama-7B prefill rows only
     assert all(c.quick for c in mm if c.model != "Llama-7B" or c.rows == 1)
     assert not any(c.quick or not c.big for c in mm if c.model == "Llama-7B" and c.rows == 128)
-    # the section is registered in bench.run
-    assert run.SECTIONS["quant"] is quant.QuantSection and "quant" in run.DERIVED and "quant" in run.MARKDOWN
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"])
@@ -247,68 +190,6 @@ def test_harness_quant_read_probe():
     quant.release()
 
 
-class _StubQTensor:
-    """stands in for cpufuse.QTensor while cpufuse has none (harness test only)"""
-
-    def __init__(self, raw, qtype, shape):
-        from bench import quant
-        self.raw, self.qtype, self.shape = raw, qtype, shape
-        self.nbytes = raw.nbytes
-        self._wf = quant.dequantize(raw, qtype, shape[1])
-
-
-def _stub_matmul(x, w, *, act=None, out=None, n_threads=None, norm_weight=None, eps=None, isa=None):
-    if norm_weight is not None:
-        x = x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * norm_weight
-    y = x @ w._wf.T
-    if out is None:
-        return y
-    out[...] = y
-    return out
-
-
-def test_harness_quant_section_with_stub(monkeypatch):
-    """the section end to end on two small rows (prepare, timing, derived, markdown), with cpufuse.matmul
-    stubbed by numpy so the harness is tested whatever state cpufuse's quantized matmul is in"""
-    import cpufuse
-    from bench import quant
-    monkeypatch.setattr(cpufuse, "QTensor", _StubQTensor, raising=False)
-    monkeypatch.setattr(cpufuse, "matmul", _stub_matmul, raising=False)
-    cases = [quant.QCase("t Q8_0 64→32 ×1", "matmul", "SmolLM2-135M", "Q8_0", 64, 32, 1),
-             quant.QCase("t Q4_0 64→32 ×4", "matmul", "SmolLM2-135M", "Q4_0", 64, 32, 4),
-             quant.QCase("t norm Q8_0 64→32 ×2", "norm_matmul", "SmolLM2-135M", "Q8_0", 64, 32, 2)]
-    sec = quant.QuantSection(False, threads.n_all > 1)
-    sec.q8ref_max = 0   # the stub has no q8 mode
-    logs = []
-    entries = []
-    for case in cases:
-        for c, work, res in run.run_cases(sec, [case], sec.vlist, 0.002, 2, logs.append):
-            entries.append({"case": c, "work": work, "results": res})
-    assert not logs, logs
-    r0 = entries[0]["results"]
-    for k in ("cpufuse", "cpufuse f32", "cpufuse q8", "numpy", "DRAM read"):
-        assert r0[k]["status"] == "ok", (k, r0[k])
-    assert r0["ggml repack"]["status"] == "skipped"          # no repacked Q8_0 on x86 (or no ggml)
-    assert entries[1]["results"]["DRAM read"]["status"] == "skipped"   # decode rows only
-    assert entries[2]["results"]["fused"]["status"] == "ok"  # the norm fusion hook, via the stub
-    assert entries[2]["results"]["cpufuse"]["reason"] == quant.NA
-    env = {"copy_bw": {"dram": {"gbps": 10.0}}}
-    for e in entries:
-        e["derived"] = quant.derived(e["case"], e["results"], env)
-        e["case"] = run.asdict(e["case"])
-    d0 = entries[0]["derived"]
-    assert d0["numpy_over_cpufuse"] > 0 and d0["cpufuse_gbps"] > 0 and d0["pct_read"] > 0
-    if entries[0]["results"]["ggml"]["status"] == "ok":
-        assert d0["ggml_path"]["ggml"] == "vec_dot" and d0["ggml_over_cpufuse"] > 0
-    assert "fusion_gain" in entries[2]["derived"]
-    report = {"copy_bw": {"dram": {"gbps": 10.0}}}
-    md = "\n".join(quant.markdown(report, {"cases": entries, "variants": [run.asdict(v) for v in sec.vlist]}))
-    assert "## quantized matmul" in md and "t Q8_0 64→32 ×1" in md and "RMSNorm" in md
-    quant.release()
-    quant.PROBES.clear()
-    quant.EXTRA.clear()
-
-
 # ------------------------------------------------------------------------------------------------
 # the probes, the exp floor column, progress and the chart
 
@@ -361,39 +242,39 @@ def test_harness_fma_peak_stats():
 
 
 def test_harness_exp_floor_column():
-    case = run.Case("softmax 3×37", "softmax", (3, 37), scale=0.125)
-    inp = run.make_inputs(case)
-    isa = run._best_simd()
+    case = cases.ops("softmax 3×37", "softmax", (3, 37), scale=0.125)
+    inp = ops.make_inputs(case)
+    isa = ops.best_simd()
     if isa is None:
         pytest.skip("no SIMD ISA here: no exp floor column")
-    fn, get = run.build_exp_floor(case, inp, isa)
-    z = run.exp_floor_input(case, inp)
+    fn, get = ops.build_exp_floor(case, inp, isa)
+    z = ops.exp_floor_input(case, inp)
     assert z.shape == (3, 37) and z.max() == 0 and np.all(np.isfinite(z))
     assert ref.nmse(np.exp(z.astype(np.float64)), get()) < 1e-10
-    with pytest.raises(run.Unavailable) as e:
-        run.build_exp_floor(run.Case("r", "rms_norm", (1, 8)), inp, isa)
+    with pytest.raises(cases.Unavailable) as e:
+        ops.build_exp_floor(cases.ops("r", "rms_norm", (1, 8)), inp, isa)
     assert e.value.quiet
     ok = {"status": "ok", "n_threads": 1, "gbps": 1.0}
     res = {isa: dict(ok, kind="cpufuse", median_ns=3000.0), "scalar": dict(ok, kind="cpufuse", median_ns=9000.0),
-           run.EXP_FLOOR: dict(ok, kind="baseline", isa=isa, median_ns=2000.0)}
+           ops.EXP_FLOOR: dict(ok, kind="baseline", isa=isa, median_ns=2000.0)}
     env = {"copy_bw": {"dram": {"gbps": 10.0}, "l2": {"gbps": 50.0}}}
-    d = run.derived(case, res, env)
+    sec = ops.OpsSection(False, False)
+    env["work"] = {"bytes": 1}
+    d = sec.derived(case, res, env)
     assert d["softmax_over_exp_floor"] == pytest.approx(1.5) and d["exp_floor_us"] == pytest.approx(2.0)
-    assert "softmax_over_exp_floor" not in run.derived(run.Case("r", "rms_norm", (1, 8)), res, env)
-    sec = run.OpsSection(False, False)
-    assert sec.vlist[-1].name == run.EXP_FLOOR and sec.vlist[-1].isa == isa
-    entry = {"case": run.asdict(case), "work": {"bytes": 1}, "results": res, "derived": d}
-    md = "\n".join(run.markdown_ops({"machine": {"cpufuse": {}}},
-                                    {"cases": [entry], "variants": [run.asdict(v) for v in sec.vlist]}))
-    assert "softmax ÷ exp floor" in md and "| 1.50× |" in md and f"cf_exp_f32__{isa}" in md
+    assert "softmax_over_exp_floor" not in sec.derived(cases.ops("r", "rms_norm", (1, 8)), res, env)
+    assert sec.vlist[-1].name == ops.EXP_FLOOR and sec.vlist[-1].isa == isa
+    entry = {"case": case.asdict(), "work": {"bytes": 1}, "results": res, "derived": d}
+    md = "\n".join(report.section_md(sec, {"cases": [entry], "variants": [run.asdict(v) for v in sec.vlist]}))
+    assert "softmax ÷ exp floor" in md and "| 1.50× |" in md and "cf_exp_f32" in md
 
 
 def test_harness_progress():
     logs = []
     p = run.Progress([(2, ["a"], 0.1), (2, ["b", "c"], 0.1)], logs.append)
-    p.start("ops", [run.Case("a", "softmax", (1, 8))])
+    p.start("ops", [cases.ops("a", "softmax", (1, 8))])
     p.done()
-    p.start("ops", [run.Case("b", "softmax", (1, 8)), run.Case("c", "softmax", (1, 8))])
+    p.start("ops", [cases.ops("b", "softmax", (1, 8)), cases.ops("c", "softmax", (1, 8))])
     assert logs[0].startswith("[1/2] ops: a ·") and "left" in logs[0]
     assert logs[1].startswith("[2/2] ops: b, c ·")
 
@@ -446,3 +327,78 @@ def test_harness_plot_writes_png(tmp_path, monkeypatch):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
     assert "matplotlib is not available" in plot.write(_fake_report(), str(tmp_path / "x.png"))
+
+
+# ------------------------------------------------------------------------------------------------
+# the headline: per peer, the cases where cpufuse's fastest 1-thread variant is faster
+
+def _res(**t):
+    kinds = {"numpy": "user", "numpy unfused": "user", "avx2": "cpufuse", "scalar": "cpufuse", "ggml": "peer",
+             "ggml repack": "peer", "avx2 ×2": "cpufuse", "floor": "baseline"}
+    return {k: {"kind": kinds[k], "status": "ok", "median_ns": v, "n_threads": 2 if "×2" in k else 1}
+            for k, v in t.items()}
+
+
+def test_headline_counts_ratios_and_names_the_ends():
+    rep = {"sections": {"ops": {"cases": [
+        {"case": {"name": "a"}, "results": _res(numpy=400, avx2=100, scalar=300, floor=1)},       # 4x
+        {"case": {"name": "b"}, "results": _res(numpy=50, **{"numpy unfused": 80}, avx2=100,       # 0.5x
+                                                  **{"avx2 ×2": 10})},                             # all-core ignored
+    ]}, "quant": {"cases": [
+        {"case": {"name": "c"}, "results": _res(numpy=200, avx2=100, ggml=300, **{"ggml repack": 150})},   # 2x, 1.5x
+    ]}}}
+    lines = report.headline(rep)
+    text = "\n".join(lines)
+    assert lines[0] == "## Headline"
+    gm = math.exp((math.log(4) + math.log(0.5) + math.log(2)) / 3)
+    assert f"- **numpy**: cpufuse is faster in 2 of 3 cases, faster by {gm:.1f}× on geometric mean " \
+           "(from 0.50× on b to 4.0× on a)." in text
+    assert "- **ggml**: cpufuse is faster in 1 of 1 cases, faster by 1.5× on geometric mean (from 1.50× on c to 1.5× on c)." in text
+    assert "- onnxruntime, torch: not in this run" in text
+
+
+# ------------------------------------------------------------------------------------------------
+# smoke runs: every entry point of the kernel tables at the smallest settings writes its tables
+
+SMOKE_ROWS = ("rms_norm×w 1×576", "decode T=512 f16", "SmolLM2 block n_tok=1", "200 nodes", "SmolLM2 q/o 576→576 Q8_0 ×1",
+              "SmolLM2 QKV 576→576+192+192 Q8_0 ×1", "softmax 1×64")
+
+
+def _bench(*args, timeout=900):
+    """python -m ARGS on every core of this process's original affinity (the harness tests above pin
+    this process to one core, and a child inherits that)"""
+    every = (lambda: os.sched_setaffinity(0, threads.ALL_CORES)) if threads.ALL_CORES else None
+    p = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                       preexec_fn=every)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p
+
+
+@pytest.mark.skipif(not SMOKE, reason="CPUFUSE_BENCH_SMOKE=0")
+def test_smoke_every_section_and_the_chart(tmp_path):
+    only = [x for r in SMOKE_ROWS for x in ("--only", r)]
+    _bench("bench.run", "--quick", "--no-big", "--target", "0.002", "--rounds", "1", *only, "--json",
+           str(tmp_path / "r.json"), "--md", str(tmp_path / "r.md"))
+    md = (tmp_path / "r.md").read_text()
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert set(rep["sections"]) == set(run.SECTIONS)
+    for key, sec in run.SECTIONS.items():
+        assert f"## {sec.title}" in md and rep["sections"][key]["cases"], key
+    assert md.startswith("## Headline") and "Derived" in md and "| rms_norm×w 1×576 |" in md
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        pytest.skip("no matplotlib here: the chart is skipped by design")
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+    _bench("bench.plot", str(tmp_path / "r.json"), "-o", str(tmp_path / "again.png"))
+    assert (tmp_path / "again.png").stat().st_size > 1000
+
+
+@pytest.mark.skipif(not SMOKE, reason="CPUFUSE_BENCH_SMOKE=0")
+def test_smoke_scaling(tmp_path):
+    _bench("bench.run", "--scaling", "--quick", "--max-threads", "2", "--only", "softmax 1×32000", "--target", "0.002",
+           "--rounds", "1", "--json", str(tmp_path / "s.json"), "--md", str(tmp_path / "s.md"))
+    md = (tmp_path / "s.md").read_text()
+    assert "## thread scaling" in md and "| softmax 1×32000 (vocab) |" in md and "×1" in md
+    if threads.n_all > 1:
+        assert "speedup ×2" in md and "bit-identical" in md and "**NO**" not in md

@@ -1,22 +1,6 @@
 """Thread control for the benchmark: 1-thread vs all-core columns in one process.
 
-The 1-thread columns must run on one core and the all-core columns on every core the process may
-use. Instead of pinning the whole process with `taskset -c 0` (which leaves no cores for the
-all-core columns), the harness switches the *main thread's* CPU affinity before each batch of
-calls (outside the timed region):
-
-  * ``enter(1)``: main thread pinned to one core (the first of the affinity set, or --pin-core),
-    numpy's OpenBLAS limited to 1 thread;
-  * ``enter(ALL)``: main thread back on the whole affinity set, OpenBLAS on ``n_all`` threads.
-
-Thread pools created later inherit the creating thread's affinity, so nothing with more than one
-thread may be *started* while the main thread is pinned: cpufuse's pool starts its workers during
-its first n_threads > 1 call, which the harness only makes in ALL mode, and the parallel copy's
-threads are started here at construction. OpenBLAS starts its workers when numpy is imported (before
-any pinning). torch, onnxruntime and ggml are configured for one thread elsewhere.
-
-When the process itself is pinned to one core (taskset -c 0), ``n_all`` is 1 and the all-core
-columns are skipped.
+Details: bench/README.md, "bench.threads".
 """
 import concurrent.futures
 import ctypes
@@ -39,6 +23,12 @@ except (AttributeError, OSError):  # not Linux: no affinity control, 1-thread co
 n_all = len(ALL_CORES) if ALL_CORES else 1
 _pin_core = [ALL_CORES[0] if ALL_CORES else None]
 _mode = [None]
+
+
+def best_isa():
+    """cpufuse's first native ISA here (the probes' and the model's), or None"""
+    import cpufuse
+    return next((i for i in cpufuse.available_isas() if i != "numba"), None)
 
 
 def set_pin_core(core):
@@ -100,7 +90,7 @@ def set_blas_threads(n):
 def enter(nth):
     """Make the calling (main) thread ready to run a variant with `nth` threads: 1 (pinned to one
     core, OpenBLAS on 1 thread), ALL (every core, OpenBLAS on all of them), or a count n > 1
-    (every core allowed, OpenBLAS on n threads: bench.scaling)."""
+    (every core allowed, OpenBLAS on n threads: bench.run --scaling)."""
     n = resolve(nth)
     want = 1 if n == 1 else n
     if _mode[0] == want:

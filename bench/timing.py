@@ -1,16 +1,17 @@
 """Timing primitives for the benchmark: interleaved rounds, copy bandwidth, timer overhead.
 
-Timing is done on the calling thread with time.perf_counter_ns (the variants may use threads). A *sample* is the mean time of one
-sub-batch of k back-to-back calls (k chosen so a sub-batch lasts >= ~20 µs, which makes the
-timer's own cost negligible); k = 1 for the per-call latency rows. Variants are interleaved in
-rounds (each round runs every variant's batch once, in a rotated order) so that slow drifts and
-noise bursts on a shared machine hit all variants alike; the reported figure is the median over all
-samples of all rounds.
+Details: bench/README.md, "bench.timing".
 """
 import functools
 import itertools
+import json
 import math
+import os
+import platform
+import shutil
 import statistics
+import subprocess
+import tempfile
 import time
 
 import numpy as np
@@ -239,3 +240,74 @@ class CopyBandwidth:
 
     def release(self):
         self.src = self.dst = self.calls = self.empty = None
+
+
+# ------------------------------------------------------------------------------------------------
+# The process-level benches (bench/e2e/): medians over rounds, one engine per process, the machine
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "bench", "results")
+
+
+def median(xs):
+    """the median of the numbers that are not None or NaN (None when there are none)"""
+    xs = [x for x in xs if x is not None and x == x]
+    return statistics.median(xs) if xs else None
+
+
+def fmt(x, nd=1):
+    return "–" if x is None or x != x else f"{x:.{nd}f}"
+
+
+def load_avg():
+    try:
+        return os.getloadavg()
+    except OSError:
+        return (float("nan"),) * 3
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def peer_status(peer, module="llama_cpp"):
+    """None when the interpreter `peer` imports `module` (and numpy), else why not"""
+    if not peer or not os.path.exists(peer):
+        return f"peer interpreter {peer} not found (build it with `make bench-e2e`, ~20 min)"
+    p = subprocess.run([peer, "-c", f"import {module}, numpy; print({module}.__name__)"], capture_output=True, text=True)
+    if p.returncode:
+        return f"{module} not importable by {peer}: {p.stderr.strip()[-300:]}"
+    return None
+
+
+def run_job(job, python, script_args, pin, threads, timeout=900, extra_env=None):
+    """One job (a dict, passed as a JSON file) in a fresh process `python script_args JOB.json`,
+    pinned to core 0 when `pin`, BLAS on `threads`; the process prints `E2E_RESULT {json}`.
+    Returns (result dict or None, error string or None)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(job, f)
+        jf = f.name
+    cmd = ([shutil.which("taskset") or "taskset", "-c", "0"] if pin else []) + [python] + script_args + [jf]
+    env = dict(os.environ)
+    for v in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "CPUFUSE_DISABLE_FUSION"):
+        env.pop(v, None)
+    for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[v] = str(threads)
+    env.update(extra_env or {})
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return None, f"timeout after {timeout}s"
+    finally:
+        os.unlink(jf)
+    for line in p.stdout.splitlines():
+        if line.startswith("E2E_RESULT "):
+            return json.loads(line[len("E2E_RESULT "):]), None
+    return None, f"exit {p.returncode}: {(p.stderr or p.stdout).strip()[-600:]}"

@@ -10,15 +10,23 @@ when it is stale. After editing a table here:
 The C names are <PREFIX>_<FIELD> (SM_S, RP_NDIMS, ...), <PREFIX>_LEN the length; a plan record is
 [opcode, nargs, args...] with OP_<NAME> its opcode and R_<NAME>_<FIELD> the index of an argument
 in args. Python packs them by name (Layout.pack, Record.pack), so no list is written by position.
+The plan records are declared with their step kinds in cpufuse/graph/kinds.py.
 
-No imports from the rest of the package: this module is also run as a script by the build's
-maintainers (the generator) without cpufuse's extension.
+No imports from the rest of the package at import time: this module is also run as a script by the
+build's maintainers (the generator), which imports cpufuse.graph.kinds for the plan records (the
+package imports without its extension).
 """
 import os
 import sys
 
-__all__ = ["Layout", "Record", "Enum", "SM", "RN", "FA", "FA_STRATEGY", "MASK_KIND", "RP", "RPF", "QM", "QW",
-           "RECORDS", "R", "generate"]
+__all__ = ["Layout", "Record", "Enum", "SM", "RN", "FA", "FA_STRATEGY", "MASK_KIND", "RP", "RPF", "QM", "QW", "CP",
+           "generate", "plan_records"]
+
+
+def _field(v):
+    """a field's value: an int (a bool or numpy integer converted); an int subclass is kept as it is
+    (cpufuse.graph.ir.Dim, a size-dependent value whose slope the plan records)"""
+    return v if isinstance(v, int) and not isinstance(v, bool) else int(v)
 
 
 class Layout:
@@ -49,7 +57,7 @@ class Layout:
             missing = [f for f in names if f not in values]
             extra = [f for f in values if f not in names]
             raise ValueError(f"{self.prefix}.pack: missing fields {missing}, unknown fields {extra}")
-        out = [int(values[f]) for f in names]
+        out = [_field(values[f]) for f in names]
         if self.tail:
             sub, n = self.tail
             if len(tail) > n:
@@ -153,10 +161,17 @@ QM = Layout("QM", "quantized matmul (cpufuse.quant.matmul -> cf_qmatmul_f32, nat
 ], tail=(QW, 3))
 
 
+CP = Layout("CP", "the plan's strided 4-D copy (OP_COPY's descriptor, native/kernels/graph.inc)", [
+    ("N0 N1 N2 N3", "shape"),
+    ("S0 S1 S2 S3", "source strides (elements)"),
+    ("D0 D1 D2 D3", "destination strides (elements)"),
+])
+
+
 # ------------------------------------------------------------------------------------------------
-# plan records: [opcode, nargs, args...] (cpufuse/graph/records.py -> cf_plan_run, graph.inc).
-# Argument kinds, by name: a pointer-table index (x, y, ...; -1 = NULL), "desc" an offset into the
-# program of a descriptor, "f_*" an index into the float parameters, anything else an integer.
+# plan records: [opcode, nargs, args...]. The records are declared with their step kinds, one row
+# each, in cpufuse/graph/kinds.py (Kind, a Record); the generator below writes their opcodes, field
+# names and the executor's dispatch into layouts.h.
 
 class Record:
     def __init__(self, name, op, fields, doc):
@@ -164,56 +179,18 @@ class Record:
         self.fields = tuple(fields.split())
         self.index = {f: i for i, f in enumerate(self.fields)}
         self.nargs = len(self.fields)
-        self.has_desc = self.fields[0] == "desc"
 
     def pack(self, **args):
         """[opcode, nargs, args...], every argument given by name"""
         if len(args) != self.nargs or set(args) != set(self.fields):
             raise ValueError(f"record {self.name}: missing {[f for f in self.fields if f not in args]}, "
                              f"unknown {[f for f in args if f not in self.index]}")
-        return [self.op, self.nargs] + [int(args[f]) for f in self.fields]
+        return [self.op, self.nargs] + [_field(args[f]) for f in self.fields]
 
     def c(self):
         body = ", ".join(f"R_{self.name}_{f.upper()}" for f in self.fields)
         return [f"/* OP_{self.name} [{', '.join(self.fields)}]: {self.doc} */",
                 f"enum {{ {body}, R_{self.name}_NARGS }};"]
-
-
-_RECORDS = [
-    ("ADD", "n a b nb y", "y = a + b, b tiled by modulo of its length nb"),
-    ("MUL", "n a b nb y", "y = a * b, b tiled"),
-    ("SCALE", "n a f_s y", "y = a * s"),
-    ("SILU", "n a y", "y = silu(a)"),
-    ("SWIGLU", "n g u nb y", "y = silu(g) * u"),
-    ("RMS_NORM", "desc x r w b f_eps h y fused", "cf_rms_norm_f32 (RN_*)"),
-    ("SOFTMAX", "desc x mask slopes sinks f_scale y fused", "cf_softmax_f32 (SM_*)"),
-    ("FLASH_ATTN", "desc q k v mask slopes sinks f_scale f_softcap out fused", "cf_flash_attn_f32 (FA_*)"),
-    ("COPY", "desc src dst esize", "strided 4-D copy: desc = shape[4], src strides[4], dst strides[4]"),
-    ("GEMM", "m n k a lda b ldb c ldc", "C = A.B row-major through numpy's cblas_sgemm (sgemv when M == 1)"),
-    ("QMM", "desc x nw f_eps w0 w1 w2 y0 y1 y2 res", "cf_qmatmul_f32 (QM_*); weights are pointer-table entries; res: "
-            "the residual of QM_EPI 2 (-1: none)"),
-    ("ROPE", "desc x pos ff y pos0 n_ctx row_bytes",
-     "cf_rope_f32: desc = RP_LEN ints then RPF_LEN doubles (their bits); pos0 >= 0: rows go to "
-     "y + p0 * row_bytes, p0 = *(int32 *)ptrs[pos0] checked against n_ctx"),
-    ("CACHE_WRITE", "n src cache pos0 n_ctx t f16", "t rows (n elements) of f32 src into cache rows p0.."),
-    ("KV_WRITE", "n src cache cells n_cells row f16", "row i of src into cache cell cells[i] (distinct, < n_cells)"),
-    ("ATTN_SEQS", "q k v seqs ngroups out n h hkv d n_cells kf16 vf16 split_min_t tiled_min_n chunk f_scale f_softcap "
-     "swa ring", "attention of each sequence over its own KV cells (swa > 0: a sliding window of swa positions; "
-     "ring > 0: a sequence's cells are a ring of that many)"),
-    ("GATHER_ROWS", "m src idx dst row n_src", "dst[j] = src[idx[j]]"),
-    ("GELU", "n a y", "y = gelu(a), the tanh form"),
-    ("GEGLU", "n g u nb y", "y = gelu(g) * u"),
-    ("SOFTCAP", "n a f_inv f_c y", "y = c * tanh(a * inv), inv = 1/c"),
-]
-RECORDS = tuple(Record(name, i + 1, fields, doc) for i, (name, fields, doc) in enumerate(_RECORDS))
-
-
-class _Records:
-    def __init__(self, recs):
-        self.__dict__.update({r.name: r for r in recs})
-
-
-R = _Records(RECORDS)   # R.ADD.pack(n=..., ...), R.ROPE.op
 
 
 # ------------------------------------------------------------------------------------------------
@@ -222,11 +199,18 @@ R = _Records(RECORDS)   # R.ADD.pack(n=..., ...), R.ROPE.op
 HEADERS = {
     # file: (what it holds, tables). (native/kernels/qtypes.h, the quant block table, is generated
     # by cpufuse/quant/types.py.)
-    "layouts.h": ("kernel descriptors and plan records", (SM, RN, FA, FA_STRATEGY, MASK_KIND, RP, RPF, QW, QM)),
+    "layouts.h": ("kernel descriptors and plan records", (SM, RN, FA, FA_STRATEGY, MASK_KIND, RP, RPF, CP, QW, QM)),
 }
 
 
-def generate(name):
+def plan_records():
+    """the plan records, in opcode order: the rows of cpufuse/graph/kinds.py"""
+    import importlib
+    return importlib.import_module("cpufuse.graph.kinds").RECORDS
+
+
+def generate(name, records=None):
+    """the text of a generated header (records: the plan records, default plan_records())"""
     what, tables = HEADERS[name]
     guard = "CF_" + name.replace(".", "_").upper()
     out = [f"/* GENERATED by `python cpufuse/_layouts.py` from that file: {what}.",
@@ -236,12 +220,15 @@ def generate(name):
     for t in tables:
         out += t.c() + [""]
     if name == "layouts.h":
+        RECORDS = plan_records() if records is None else records
         out.append("/* plan executor opcodes (cf_plan_run, native/kernels/graph.inc) */")
         out.append("enum { " + ", ".join(f"OP_{r.name} = {r.op}" for r in RECORDS) + ", OP_END };")
         out.append("#define CF_PLAN_NARGS { 0, " + ", ".join(f"R_{r.name}_NARGS" for r in RECORDS) + " }")
         out.append("/* each record's arguments: R_<OP>_<FIELD> indexes args = the record after [op, nargs] */")
         for r in RECORDS:
             out += r.c()
+        out.append("/* the executor's dispatch: X(NAME, name) per record, OP_<NAME> run by graph.inc's plan_<name> */")
+        out.append("#define CF_PLAN_OPS(X) " + " ".join(f"X({r.name}, {r.name.lower()})" for r in RECORDS))
         out.append("")
     out.append("#endif")
     return "\n".join(out) + "\n"
@@ -252,6 +239,7 @@ def _native_dir():
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # for cpufuse.graph.kinds
     for name in HEADERS:
         path = os.path.join(_native_dir(), name)
         text = generate(name)

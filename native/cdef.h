@@ -43,6 +43,7 @@ void CF_FN(cf_silu_f32)(int64_t n, const float *a, float *y);
 int64_t CF_FN(cf_plan_run)(const int64_t *prog, int64_t len, void *const *ptrs, const float *fp, void *const *blas, int ilp64, int nth);
 int CF_FN(cf_qmatmul_f32)(const int64_t *d, const float *x, const float *norm_w, float eps, const void *w0, const void *w1, const void *w2, float *y0, float *y1, float *y2, const float *res, int nth);
 int64_t CF_FN(cf_qtype_info)(int64_t t, int64_t what);
+int CF_FN(cf_dequant_rows_f32)(int64_t t, int64_t K, const uint8_t *w, int64_t n_rows, int64_t row_bytes, const int64_t *ids, int64_t n, float *out);
 int CF_FN(cf_quantize_act)(int64_t vtype, int64_t rows, int64_t k, const float *x, int64_t xs, void *out);
 int CF_FN(cf_rope_f32)(const int64_t *d, const float *x, const int32_t *pos, const float *freq_factors, const double *fp, void *y, int nth);
 #endif

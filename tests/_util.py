@@ -83,6 +83,15 @@ def assert_bit_identical(a, b, what=""):
                              f"; NaN positions {'agree' if same_nan else 'differ'}")
 
 
+def raised(fn):
+    """(type, message) of the TypeError / ValueError fn() raises, or None"""
+    try:
+        fn()
+    except (TypeError, ValueError) as e:
+        return type(e), str(e)
+    return None
+
+
 def guarded(shape, sentinel=np.float32(-7.25e11), pad=9):
     """An output view of `shape` inside a larger sentinel-filled buffer (pad elements on every side
     of every axis, so the view is not contiguous) -> (view, buffer, boolean mask of the view)."""

@@ -17,8 +17,7 @@ X = np.random.default_rng(3).standard_normal((3, 40)).astype(np.float32)
 W = np.ones(40, np.float32)
 
 
-SPIED = ("softmax", "softmax_serial", "softmax_unfused", "rms_norm", "rms_norm_serial", "rms_norm_unfused",
-         "rms_norm_rows")
+SPIED = ("softmax", "softmax_unfused", "rms_norm", "rms_norm_unfused", "rms_norm_rows")
 
 
 def record(monkeypatch, calls, ops=SPIED):
@@ -178,7 +177,7 @@ def test_info(monkeypatch):
 
     def ran():
         run_every_op()
-        ops = {op.replace("_serial", "").replace("_unfused", "").replace("_rows", "") for op, _ in calls}
+        ops = {op.replace("_unfused", "").replace("_rows", "") for op, _ in calls}
         isas = {isa for _, isa in calls}
         calls.clear()
         assert ops >= {"softmax", "rms_norm", "flash_attn", "qmatmul", "rope"}, ops

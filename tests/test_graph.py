@@ -1,6 +1,6 @@
 """cpufuse.Graph / Plan (docs/semantics.md §5, §3): every fusion rule equals the unfused plan bit for bit and the
 float64 oracle; illegal candidates stay unfused with a reason; CPUFUSE_DISABLE_FUSION; the llama
-decoder block (blocks.py) fused vs unfused vs float64; buffer reuse and aliasing; GraphError
+decoder block (cpufuse/reference/block.py) fused vs unfused vs float64; buffer reuse and aliasing; GraphError
 messages; matmul through numpy's BLAS from C (sgemm, sgemv for M == 1) and through numpy."""
 import inspect
 import math
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import cpufuse
-from bench import blocks
+from cpufuse.reference import block as blocks
 from cpufuse import Graph, GraphError, reference
 from cpufuse.graph import records as graph_mod
+from cpufuse.graph.ir import compute_nodes
 from _util import AVAILABLE_NATIVE, assert_bit_identical, assert_nmse, best_native
 
 NMSE = 1e-12          # docs/semantics.md §1 accuracy: softmax, rms_norm and fused variants, silu/swiglu here too
@@ -700,7 +701,7 @@ def _check_block(cfg, W, n_tok, n_past, isa, rng):
     pf, pu, (out,) = run_both(g, isa, **inp)
     assert [st.note for st in fused(pf)] == BLOCK_NOTES, pf.describe()
     assert [st.kind for st in fused(pf)] == ["rms_norm", "add_rms_norm", "swiglu"]
-    n_compute = len(pf._compute_order())
+    n_compute = len(compute_nodes(pf.graph))
     assert len(pu.steps) == n_compute and len(pf.steps) == n_compute - 4, pf.describe()
     assert pf.rejected == [], pf.describe()
     assert out.shape == (n_tok, cfg["d"])
@@ -1133,3 +1134,36 @@ def test_graph_blas_env(monkeypatch, rng):
     assert p.sgemm is None and "(disabled)" in p.describe()
     (c,) = p.run(a=A)
     np.testing.assert_allclose(c, A @ B, rtol=1e-5, atol=1e-5)
+
+
+def test_graph_modules_import_no_circle():
+    """the graph compiler's modules import each other along the stages only (builder -> executor ->
+    fusion, records -> kinds -> ir), no module importing one that imports it, lazily or not"""
+    import ast
+    import os
+    import cpufuse.graph as pkg
+    root = os.path.dirname(pkg.__file__)
+    mods = [f[:-3] for f in os.listdir(root) if f.endswith(".py") and f != "__init__.py"]
+    deps = {}
+    for m in mods:
+        tree = ast.parse(open(os.path.join(root, m + ".py")).read())
+        deps[m] = {a.name if n.module is None else n.module.split(".")[0] for n in ast.walk(tree)
+                   if isinstance(n, ast.ImportFrom) and n.level == 1 for a in n.names} & set(mods)
+    assert deps["ir"] == set() and deps["builder"] == {"executor", "ir"}, deps
+    seen, done = set(), set()
+
+    def visit(m, path):
+        assert m not in seen or m in done, f"import circle: {' -> '.join(path + [m])}"
+        if m in done:
+            return
+        seen.add(m)
+        for d in sorted(deps[m]):
+            visit(d, path + [m])
+        done.add(m)
+    for m in sorted(mods):
+        visit(m, [])
+    # the check finds a circle where there is one
+    deps["ir"] = {"builder"}
+    seen, done = set(), set()
+    with pytest.raises(AssertionError, match="import circle"):
+        visit("builder", [])

@@ -135,13 +135,32 @@ def test_dynamic_plan_sizes_and_inputs_checked(rng):
 
 
 def test_dynamic_plan_refuses_a_size_dependent_program():
-    """flash_attn's strategy is baked into its descriptor and changes with the rows: not affine"""
-    def build(n):
-        g = Graph()
-        q = g.input("q", (1, 1, n, 16))
-        kv = g.input("kv", (1, 1, 600, 16))
-        g.output(g.flash_attn(q, kv, kv, scale=1.0))
-        return g
-    DynamicPlan(build, {"n": 4})           # rows strategy at 2, 3, 4 rows: fine
-    with pytest.raises(GraphError, match="not affine|structure"):
-        DynamicPlan(build, {"n": 9})       # 7, 8, 9 rows: rows -> tiled
+    """flash_attn's strategy is baked into its descriptor and changes with the rows: refused unless it
+    is the same at every size from 1 row to the capacity"""
+    def build_t(t):
+        def build(n):
+            g = Graph()
+            q = g.input("q", (1, 1, n, 16))
+            kv = g.input("kv", (1, 1, t, 16))
+            g.output(g.flash_attn(q, kv, kv, scale=1.0))
+            return g
+        return build
+    DynamicPlan(build_t(100), {"n": 7})            # rows strategy at 1..7 rows: fine
+    with pytest.raises(GraphError, match="not affine"):
+        DynamicPlan(build_t(100), {"n": 9})        # 8, 9 rows: rows -> tiled
+    with pytest.raises(GraphError, match="not affine"):
+        DynamicPlan(build_t(600), {"n": 4})        # one row over 600 keys: split-KV
+
+
+def test_dim_is_affine():
+    """ir.Dim: sizes computed from dynamic dimensions keep their slopes; what is not affine is refused"""
+    from cpufuse.graph.ir import Dim, at
+    n, m = Dim.var("n", 512), Dim.var("m", 8)
+    caps = {"n": 512, "m": 8}
+    e = (n * 64 + 3) - m * 2 + 2 * n // 2
+    assert int(e) == 512 * 64 + 3 - 16 + 512 and e.coef == {"n": 65, "m": -2}
+    assert at(e, {"n": 37, "m": 1}, caps) == 37 * 64 + 3 - 2 + 37
+    assert not isinstance(n - n, Dim) and n - n == 0 and repr(n) == "512"
+    for bad in (lambda: n * m, lambda: n / 2, lambda: float(n), lambda: (n + 1) // 2):
+        with pytest.raises(GraphError, match="not affine"):
+            bad()

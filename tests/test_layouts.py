@@ -4,7 +4,7 @@ fails when the other side drifts from it.
 - the kernel registry (cpufuse/_registry.py) against native/cdef.h, the extension's prototypes;
 - the descriptors (QM / QW included), plan opcodes and records (cpufuse/_layouts.py) against
   native/kernels/layouts.h, which is generated from them (a stale header fails here);
-- the executor's switch (graph.inc) names every opcode and no number;
+- the plan records (cpufuse/graph/kinds.py): graph.inc reads them by their generated names only;
 - the quant block table (cpufuse/quant/types.py) against native/kernels/qtypes.h, generated from it,
   the built C traits (quant.inc through cf_qtype_info, repack.c through cf_p16_bytes) and the Numba
   unpackers and quantizer; no C or Python source writes a type id as a number.
@@ -15,7 +15,9 @@ import re
 import numpy as np
 import pytest
 
+import cpufuse
 from cpufuse import _backend, _dispatch, _layouts, _registry
+from cpufuse.graph.kinds import ADD, GATHER_ROWS, RECORDS
 from cpufuse.quant import types as qtypes
 from cpufuse.quant.types import ACT_QTYPES, CODE_OFFSET, QTYPES, dequantize
 from cpufuse.reference import quant as qref
@@ -93,7 +95,7 @@ def test_descriptor_enums_declared_once():
     quant type enum"""
     tables = (_layouts.SM, _layouts.RN, _layouts.FA, _layouts.RP, _layouts.RPF, _layouts.QM, _layouts.QW)
     firsts = [f"{t.prefix}_{t.fields[0]}" for t in tables]
-    firsts += [f"R_{r.name}_{r.fields[0].upper()}" for r in _layouts.RECORDS] + ["OP_ADD"]
+    firsts += [f"R_{r.name}_{r.fields[0].upper()}" for r in RECORDS] + ["OP_ADD"]
     firsts += ["GT_" + next(iter(QTYPES)), "QA_F32", "QK_" + next(iter(QTYPES)), "QB_" + next(iter(QTYPES))]
     for f, text in c_sources():
         for first in firsts:
@@ -101,20 +103,89 @@ def test_descriptor_enums_declared_once():
         assert not re.search(r"#define\s+(QM|QW)_LEN\b", text), f"{f} defines a QM / QW length"
 
 
-def test_executor_cases_are_named():
-    """graph.inc's switch has one `case OP_<NAME>:` per record (a case by a bare number fails), and
-    each case reads exactly its record's arguments: a[i] and P(i) for every i < nargs and none past
-    (the arguments are still read by position, so a field added or dropped in _layouts.py without
-    the C fails here)"""
+def _plan_functions(text):
+    """{name: body} of graph.inc's record functions PLAN_FN(name) { ... }"""
+    out = {}
+    for m in re.finditer(r"^PLAN_FN\((\w+)\)\s*\{", text, re.M):
+        depth, i = 1, m.end()
+        while depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        out[m.group(1)] = text[m.end():i - 1]
+    return out
+
+
+def _positional_reads(body):
+    """the reads of a record's arguments or a descriptor by a bare number (a[6], d[0], PTR(2), ...)"""
+    return re.findall(r"\b(?:a|d)\[\s*\d+\s*\]|\b(?:PTR|FPAR|DESC)\(\s*\d+\s*\)", body)
+
+
+def test_executor_reads_records_by_name():
+    """each record (a row of cpufuse/graph/kinds.py) runs as graph.inc's plan_<name>, dispatched by
+    the generated CF_PLAN_OPS; the function reads each of its record's arguments through its
+    generated name R_<NAME>_<FIELD>, every field and no other record's, and nothing by position, so
+    the fields may be declared in any order (test_record_field_order_is_free)"""
     g = read("native", "kernels", "graph.inc")
-    body = g[g.index("switch (op)"):g.index("default: return rec;")]   # cf_plan_run's switch
-    parts = re.split(r"\bcase\s+(\w+)\s*:", body)
-    cases = dict(zip(parts[1::2], parts[2::2]))
-    assert len(cases) == len(parts[1::2]), "a case label twice"
-    assert sorted(cases) == sorted(f"OP_{r.name}" for r in _layouts.RECORDS)
-    for r in _layouts.RECORDS:
-        read_args = {int(i) for i in re.findall(r"\b(?:a\[|P\()(\d+)[\])]", cases[f"OP_{r.name}"])}
-        assert read_args == set(range(r.nargs)), (r.name, sorted(read_args), r.fields)
+    fns = _plan_functions(g)
+    assert sorted(fns) == sorted(r.name.lower() for r in RECORDS)
+    assert "CF_PLAN_OPS(CF_PLAN_CASE)" in g and not re.search(r"\bcase\s+OP_[A-Z]", g), "a hand-written case"
+    for r in RECORDS:
+        body = fns[r.name.lower()]
+        assert not _positional_reads(body), (r.name, _positional_reads(body))
+        named = set(re.findall(r"\bR_(\w+?)_(?:" + "|".join(f.upper() for f in r.fields) + r")\b", body))
+        assert named == {r.name}, (r.name, named)
+        used = {f for f in r.fields if re.search(rf"\bR_{r.name}_{f.upper()}\b", body)}
+        assert used == set(r.fields), (r.name, sorted(set(r.fields) - used))
+    # the scan finds what it looks for
+    assert _positional_reads("x = a[6] + d[ 0 ]; y = PTR(3);") == ["a[6]", "d[ 0 ]", "PTR(3)"]
+
+
+def test_record_field_order_is_free(monkeypatch):
+    """declare every record's fields in reverse: the header changes (new R_* values), graph.inc reads
+    the same names, and a plan lowered with the reversed declarations runs to the same results
+    through a Python model of the C reads (field lookup by name, as the generated enums do)"""
+    import cpufuse.graph.kinds as kinds
+    from cpufuse._layouts import Record
+    rev = [Record(r.name, r.op, " ".join(reversed(r.fields)), r.doc) for r in RECORDS]
+    text = _layouts.generate("layouts.h", rev)
+    assert text != _layouts.generate("layouts.h")
+    for r, q in zip(RECORDS, rev):
+        for f in r.fields:   # the C names are the same, their values follow the declaration
+            assert re.search(rf"\bR_{r.name}_{f.upper()}\b", text)
+            assert q.index[f] == r.nargs - 1 - r.index[f]
+    # lowering packs by name: with the reversed declaration every record holds the same values
+    g = cpufuse.Graph()
+    x = g.input("x", (3, 8))
+    h = g.mul(g.rms_norm(g.add(x, g.constant(np.ones((3, 8), np.float32))), 1e-5), g.constant(np.ones(8, np.float32)))
+    g.output(g.softmax(g.scale(h, 0.5)))
+    want = _records_of(g.compile(fusion=False))
+    for r in RECORDS:
+        monkeypatch.setattr(r, "fields", tuple(reversed(r.fields)))
+        monkeypatch.setattr(r, "index", {f: i for i, f in enumerate(r.fields)})
+    got = _records_of(g.compile(fusion=False))
+    assert got == want and len({k[0] for k in want}) == 5
+    assert kinds.ADD.fields[0] == "y"
+
+
+def _records_of(plan):
+    """{(op, field): value} of a plan's first C segment, the desc fields resolved to their descriptors"""
+    from cpufuse.graph.kinds import RECORDS as recs
+    if not plan.native:
+        pytest.skip("no C plan executor")
+    by_op = {r.op: r for r in recs}
+    (kind, (_, prog, nrec, _)), = [s for s in plan.segments if s[0] == "c"]
+    full = np.frombuffer(_backend.ffi.buffer(prog), np.int64)
+    flat = full[:nrec].tolist()
+    out, pc, k = {}, 0, 0
+    while pc < nrec:
+        r = by_op[flat[pc]]
+        args = flat[pc + 2:pc + 2 + flat[pc + 1]]
+        for f in r.fields:
+            v = args[r.index[f]]
+            out[(k, r.name, f)] = tuple(full[v:v + 8].tolist()) if f == "desc" else v
+        pc += 2 + flat[pc + 1]
+        k += 1
+    return out
 
 
 def test_pack_by_name():
@@ -126,10 +197,10 @@ def test_pack_by_name():
     qm, qw = _layouts.QM, _layouts.QW
     d = qm.pack(ROWS=1, K=32, XS=32, ACT=1, NW=1, EPI=0, NORM=0, RS=0, tail=[dict(T=8, N=4, WS=34, YS=4, LAY=0)])
     assert len(d) == qm.LEN == qm.W0 + 3 * qw.LEN and d[qm.W0 + qw.WS] == 34 and d[qm.W0 + qw.LEN:] == [0] * 10
-    rec = _layouts.R.GATHER_ROWS.pack(m=2, src=0, idx=1, dst=2, row=8, n_src=5)
-    assert rec == [_layouts.R.GATHER_ROWS.op, 6, 2, 0, 1, 2, 8, 5]
+    rec = GATHER_ROWS.pack(m=2, src=0, idx=1, dst=2, row=8, n_src=5)
+    assert rec == [GATHER_ROWS.op, 6, 2, 0, 1, 2, 8, 5]
     with pytest.raises(ValueError, match="record GATHER_ROWS"):
-        _layouts.R.GATHER_ROWS.pack(m=2)
+        GATHER_ROWS.pack(m=2)
 
 
 @pytest.mark.skipif(_backend.lib is None, reason="native extension not built")
@@ -142,8 +213,8 @@ def test_executor_refuses_a_record_of_another_layout():
     y = np.zeros(4, np.float32)
     ptrs = ffi.new("void *[]", [ffi.cast("void *", a.ctypes.data), ffi.cast("void *", y.ctypes.data)])
     fp = ffi.new("float[]", [0.0])
-    good = _layouts.R.ADD.pack(n=4, a=0, b=0, nb=4, y=1)
-    for prog, want in ((good, 0), (good + [_layouts.R.ADD.op, 4, 4, 0, 0, 4], 2), (good[:-1], 1), ([99, 0], 1)):
+    good = ADD.pack(n=4, a=0, b=0, nb=4, y=1)
+    for prog, want in ((good, 0), (good + [ADD.op, 4, 4, 0, 0, 4], 2), (good[:-1], 1), ([99, 0], 1)):
         assert fn(ffi.new("int64_t[]", prog), len(prog), ptrs, fp, ffi.NULL, 0, 1) == want, prog
     assert (y == 2).all()
 

@@ -290,6 +290,67 @@ def test_unknown_architecture_refused(tiny_dir):
         Model.load(p)
 
 
+BLOCK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
+
+
+def test_dequant_rows_kernel_is_the_reference_bit_for_bit():
+    """cf_dequant_rows_f32 (Model.embed's GET_ROWS) on random bytes of every block type (inf and NaN
+    scales included), on every native ISA: the rows cpufuse.quant.types.dequantize gives, bit for
+    bit (a NaN where it has a NaN); an id outside the table is refused, nothing read"""
+    from cpufuse import _backend, _registry
+    from cpufuse.quant.types import dequantize, resolve_qtype
+    table = _registry.table("dequant_rows")
+    if not table:
+        pytest.skip("no native extension")
+    ffi, rng = _backend.ffi, np.random.default_rng(5)
+    for isa, fn in table.items():
+        for name in BLOCK_TYPES:
+            t = resolve_qtype(name)
+            K = 512
+            rb = K // t.block_size * t.type_size
+            raw = rng.integers(0, 256, (40, rb), dtype=np.uint8)
+            ids = np.array([3, 0, 39, 17, 3], np.int64)
+            out = np.full((len(ids), K), -7.0, np.float32)
+
+            def call(ids):
+                return fn(t.type_id, K, ffi.from_buffer("uint8_t[]", raw), len(raw), rb,
+                          ffi.from_buffer("int64_t[]", ids), len(ids), ffi.from_buffer("float[]", out))
+            assert call(ids) == 0
+            with np.errstate(all="ignore"):
+                ref = dequantize(raw[ids], name, K)
+            nan = np.isnan(ref)
+            assert np.isfinite(ref).sum() > K, (isa, name)      # mostly real numbers
+            assert np.array_equal(np.isnan(out), nan), (isa, name)
+            assert np.array_equal(out.view(np.uint32)[~nan], ref.view(np.uint32)[~nan]), (isa, name)
+            out[:] = -7.0
+            assert call(np.array([1, 40], np.int64)) == -2 and call(np.array([-1], np.int64)) == -2
+            assert (out == -7.0).all()
+        assert fn(1, 64, ffi.NULL, 1, 128, ffi.NULL, 0, ffi.NULL) == -1   # F16: the numpy path's
+
+
+@pytest.mark.parametrize("embd", ["Q8_0", "Q4_K", "F16"])
+def test_embed_is_the_dequantized_rows(tmp_path, embd):
+    """Model.embed: the token_embd rows, dequantized (C for block types, numpy for float ones), into
+    out= or a new array; an id outside the table raises IndexError"""
+    from cpufuse.quant.types import dequantize
+    kw = {"dims": kquant_dims()} if embd == "Q4_K" else {}
+    m = Model.load(write_tiny_gguf(tmp_path / "e.gguf", qtype="Q8_0", embd_qtype=embd, **kw), n_ctx=32)
+    te = m.tok_embd
+    ids = [5, 0, m.n_vocab - 1, 5, 200]
+    ref = dequantize(te.raw[ids], te.qtype, te.n_in)
+    got = m.embed(ids)
+    assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), ref.view(np.uint32))
+    out = np.empty((len(ids), te.n_in), np.float32)
+    assert m.embed(np.array(ids), out) is out and np.array_equal(out, ref)
+    strided = np.empty((len(ids), 2 * te.n_in), np.float32)[:, ::2]     # out= that is not contiguous
+    assert m.embed(ids, strided) is strided and np.array_equal(strided, ref)
+    assert m.embed([]).shape == (0, te.n_in)
+    if embd != "F16":
+        for bad in ([m.n_vocab], [-1]):
+            with pytest.raises(IndexError):
+                m.embed(bad)
+
+
 def test_bad_tokens_and_args(tiny_dir):
     p = tiny(tiny_dir, "F16")
     with pytest.raises(ValueError, match="kv_dtype"):
@@ -359,8 +420,8 @@ VARIANTS = [dict(qtype="Q4_0"), dict(qtype="Q8_0", tied=False, fused_qkv=True), 
 
 
 def _opbyop_run(m, chunks, steps, all_logits=False):
-    """the reference: prompt chunks, then one-token steps, through tests/_opbyop.py"""
-    from _opbyop import forward
+    """the reference: prompt chunks, then one-token steps, through cpufuse/reference/opbyop.py"""
+    from cpufuse.reference.opbyop import forward
     kc, vc = np.zeros_like(m.k_cache), np.zeros_like(m.v_cache)
     pos, out = 0, []
     for c in chunks:

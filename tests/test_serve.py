@@ -362,18 +362,3 @@ def test_context_overflow_is_400_with_the_reason(client, model):
     assert "in the messages" in e.value.message
     with pytest.raises(openai.BadRequestError, match="leaves no room"):
         client.completions.create(model="x", prompt=[1] * N_CTX, max_tokens=None)
-
-
-def test_load_generator_against_the_server(url, tmp_path):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = tmp_path / "load.json"
-    r = subprocess.run([sys.executable, "-m", "bench.serve_load", "--url", url + "/v1", "--clients", "1,3",
-                        "--max-tokens", "5", "--rounds", "2", "--json", str(out)],
-                       cwd=root, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    res = json.loads(out.read_text())
-    assert res["model"] == NAME and [lv["clients"] for lv in res["levels"]] == [1, 3]
-    for lv in res["levels"]:
-        assert lv["requests"] == 2 * lv["clients"] and lv["output_tokens"] == 5 * lv["requests"]
-        assert lv["counted"] == ["usage"] and lv["tok_s"] > 0 and 0 < lv["ttft_p50"] <= lv["ttft_p95"]
-    assert "| 3 | 6 |" in r.stdout

@@ -1,4 +1,4 @@
-"""Call plans (cpufuse/ops/checks.py, "call plans") of the small calls (issue 14): a planned call is
+"""The binder's entries (cpufuse/ops/binder.py) of the small calls (issue 14): a planned call is
 bit-identical to the general one, raises the same errors, leaves inputs alone and keeps out= and
 in-place. The general path is forced with an argument of another type but the same value (max_bias=0,
 eps=np.float64(...), chunk=np.int64(256), n_ctx_orig=np.int64(0)) or a non-contiguous view, which a
@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 import cpufuse
-from cpufuse.ops import checks as ops
 from cpufuse.reference.quant import make_weight
-from _util import AVAILABLE, assert_bit_identical
+from _util import AVAILABLE, assert_bit_identical, raised
 
 ISAS = [i for i in AVAILABLE]  # every path here, numba included
 RNG = np.random.default_rng(1414)
@@ -26,14 +25,6 @@ def strided(a):
     big = np.zeros(a.shape[:-1] + (a.shape[-1] + 3,), a.dtype)
     big[..., :a.shape[-1]] = a
     return big[..., :a.shape[-1]]
-
-
-def raised(fn):
-    try:
-        fn()
-    except (TypeError, ValueError) as e:
-        return type(e), str(e)
-    return None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -292,9 +283,9 @@ def test_unaligned_overlap_is_caught():
 @pytest.mark.parametrize("shape", [(1, 1, 1, 576), (2, 3, 5, 37)])
 def test_numba_serial_twins_bit_identical(shape):
     from cpufuse.numba import kernels as nk
+    from cpufuse.numba.entries import D1 as d1, D16 as d16, D32 as d32
     x = f32(*shape) * 3
     w = 1 + 0.1 * f32(1, 1, 1, shape[-1])
-    d32, d16, d1 = ops._nb_dummies()
     ys, yp = np.empty_like(x), np.empty_like(x)
     nk.softmax_serial(x, d32, d16, 0, d1, False, d1, False, 0.7, ys)
     nk.softmax(x, d32, d16, 0, d1, False, d1, False, 0.7, yp)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import cpufuse
-from bench import blocks
+from cpufuse.reference import block as blocks
 from cpufuse import reference as ref
 from _util import assert_bit_identical, assert_nmse
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real-shape benchmark (bench/e2e_big.py) on the lent 16-core Xeon (AVX-512 VNNI, AMX; Python
+# The real-shape benchmark (bench/e2e/big.py) on the lent 16-core Xeon (AVX-512 VNNI, AMX; Python
 # 3.12 with numpy, numba, tokenizers, jinja2, matplotlib; no cffi / pycparser / gguf; no network;
 # root), in phases that each end well inside the device's 10-minute limit per command. First, HERE:
 #   bash bench/device/prepare.sh          # .whl/ (cffi, pycparser, gguf) and .dev/ (pruned llama.cpp)
@@ -16,14 +16,14 @@
 # so a phase cut short still returns what it measured):
 #   setup    wheels into /tmp/site; cpufuse's extension (setup.py build_ext --inplace) and llama-bench
 #            (bench/llama_bench_build.sh --src-tar .dev/...) built at the same time; the five 1B files
-#            written (bench/bigmodels.py, 4.4 GiB); cpufuse info, lscpu, tests/test_probe.py.  ~3-4 min
+#            written (bench/e2e/bigmodels.py, 4.4 GiB); cpufuse info, lscpu, tests/test_probe.py.  ~3-4 min
 #   1b       1B Q4_0 at 1 / 4 / 16 threads, 2 rounds, llama.cpp = llama-bench.               ~4-5 min
 #   1b-more  1B Q4_K, the Q4_K_M-like mix, Q8_0 and Q6_K at 1 / 16 threads, 1 round.         ~7-8 min
 #   8b       8B Q4_0 and the Q4_K_M-like mix written (9.1 GiB, ~30 s), run at 16 threads, 2 rounds.
 #                                                                                            ~6-7 min
 #   t16      1B Q4_0, Q8_0, the mix and 8B Q4_0 at 16 threads, 2 rounds, after sync.      ~6 min
 #   scale    1B Q4_0 at 2 and 8 threads, 2 rounds (the rest of the scaling curve).          ~3 min
-#   profile  bench/profile_big.py on 1B Q4_0 at 16 and at 1 thread (per-op decode and pp512).  ~1-2 min
+#   profile  bench/e2e/profile.py on 1B Q4_0 at 16 and at 1 thread (per-op decode and pp512).  ~1-2 min
 # Total ~22-26 min of device time plus the machine's start. The machine is given back ~30 s after a
 # call: issue the next phase at once. Every phase checks what the earlier ones left (the builds in
 # the work tree and ~/.cache/cpufuse-bench) and redoes a missing setup first (~3 min more).
@@ -73,16 +73,16 @@ setup() {
   have_cpufuse || { say "cpufuse did not build:"; tail -30 "$OUT/build-cpufuse.log"; return 1; }
   [ -x "$LB" ] || { say "llama-bench did not build:"; tail -30 "$OUT/build-llama-bench.log"; return 1; }
   say "builds ready"
-  "$PY" -m bench.bigmodels --models 1b --types all > "$OUT/bigmodels.log" 2>&1 || { tail -20 "$OUT/bigmodels.log"; return 1; }
+  "$PY" -m bench.e2e.bigmodels --models 1b --types all > "$OUT/bigmodels.log" 2>&1 || { tail -20 "$OUT/bigmodels.log"; return 1; }
   say "1B files ready"
 }
 
-e2e() {  # tag, then bench.e2e_big arguments
+e2e() {  # tag, then bench.e2e.big arguments
   local tag="$1"; shift
   local t; t="$(left)"
   [ "$t" -gt 60 ] || { say "no time left for $tag"; return 1; }
-  say "bench.e2e_big $* (stops after ${t}s)"
-  timeout "$t" "$PY" -m bench.e2e_big --llama-bench "$LB" --md "$OUT/e2e-big-$tag.md" \
+  say "bench.e2e.big $* (stops after ${t}s)"
+  timeout "$t" "$PY" -m bench.e2e.big --llama-bench "$LB" --md "$OUT/e2e-big-$tag.md" \
     --json "$OUT/e2e-big-$tag.json" --png "$OUT/e2e-big-$tag.png" "$@" 2>&1 | tee "$OUT/e2e-big-$tag.log"
   say "done (exit ${PIPESTATUS[0]})"
 }
@@ -104,7 +104,7 @@ case "$PHASE" in
     "$PY" -m cpufuse info > "$OUT/cpufuse-info.txt" 2>&1
     { lscpu; echo; grep -o 'amx[a-z_0-9]*' /proc/cpuinfo | sort -u; free -g; df -h "$CPUFUSE_BENCH_MODELS"; } > "$OUT/machine.txt" 2>&1
     "$PY" -m pytest -q -p no:cacheprovider tests/test_probe.py > "$OUT/test-probe.log" 2>&1; tail -1 "$OUT/test-probe.log"
-    "$PY" -m bench.bigmodels --models 1b --types q4_0 --check 2>&1 | tail -1
+    "$PY" -m bench.e2e.bigmodels --models 1b --types q4_0 --check 2>&1 | tail -1
     ;;
   1b)
     ready || exit 1
@@ -116,13 +116,13 @@ case "$PHASE" in
     ;;
   8b)
     ready || exit 1
-    "$PY" -m bench.bigmodels --models 8b --types q4_0,q4_k_m > "$OUT/bigmodels-8b.log" 2>&1 || { tail -20 "$OUT/bigmodels-8b.log"; exit 1; }
+    "$PY" -m bench.e2e.bigmodels --models 8b --types q4_0,q4_k_m > "$OUT/bigmodels-8b.log" 2>&1 || { tail -20 "$OUT/bigmodels-8b.log"; exit 1; }
     say "8B files ready"
     e2e 8b --models 8b --types q4_0,q4_k_m --threads 16 --rounds 2
     ;;
   t16)  # all cores again, after the files are flushed to disk (os.sync) and the machine is idle
     ready || exit 1
-    "$PY" -m bench.bigmodels --models 8b --types q4_0 > "$OUT/bigmodels-8b.log" 2>&1 || { tail -20 "$OUT/bigmodels-8b.log"; exit 1; }
+    "$PY" -m bench.e2e.bigmodels --models 8b --types q4_0 > "$OUT/bigmodels-8b.log" 2>&1 || { tail -20 "$OUT/bigmodels-8b.log"; exit 1; }
     sync; grep -E '^(Dirty|Writeback):' /proc/meminfo; uptime
     e2e t16-1b --models 1b --types q4_0,q8_0,q4_k_m --threads 16 --rounds 2
     e2e t16-8b --models 8b --types q4_0 --threads 16 --rounds 2
@@ -135,7 +135,7 @@ case "$PHASE" in
     ready || exit 1
     for t in 16 1; do
       [ "$(left)" -gt 90 ] || break
-      timeout "$(left)" "$PY" -m bench.profile_big --shape 1b --type q4_0 --threads "$t" --md "$OUT/profile-1b-q4_0-t$t.md"
+      timeout "$(left)" "$PY" -m bench.e2e.profile --shape 1b --type q4_0 --threads "$t" --md "$OUT/profile-1b-q4_0-t$t.md"
     done
     ;;
   *)

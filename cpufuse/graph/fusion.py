@@ -1,62 +1,67 @@
-"""Fusion: the lowering of a graph's nodes to steps (kernel calls), each rule checking ggml's
-legality (consecutive nodes, single-consumer intermediates that are neither outputs nor views).
+"""The fusion stage, fuse(graph) -> (steps, rejected): the graph's nodes as steps (kernel calls),
+each rule checking ggml's legality (consecutive nodes, single-consumer intermediates that are neither outputs nor views).
 The rules are listed in cpufuse/graph/executor.py's docstring and docs/semantics.md."""
-
-import numpy as np
-
-from .builder import _suffix_tiles, _softmax_mask_ok, GraphError
-
-F32 = np.dtype(np.float32)
+from .ir import F32, GraphError, Step, _softmax_mask_ok, _suffix_tiles, compute_nodes
 
 
-class Step:
-    """One kernel call of a plan: kind, the graph nodes it covers, what it reads and writes."""
-    __slots__ = ("kind", "nodes", "ins", "outs", "params", "note")
+def fuse(graph, enabled=True):
+    """The fusion stage: the graph's compute nodes as steps (kernel calls), in execution order, and
+    the fusion candidates that were rejected (one reason each). enabled=False: one step per node."""
+    f = _Fuser(graph)
+    done = set()
+    steps = []
+    for n in f.order:
+        if n.id in done:
+            continue
+        st = f.try_fuse(n) if enabled else None
+        if st is None:
+            st = _single(n)
+        for m in st.nodes:
+            done.add(m.id)
+        steps.append(st)
+    return steps, f.rejected
 
-    def __init__(self, kind, nodes, ins, outs, params=None, note=""):
-        self.kind, self.nodes, self.ins, self.outs = kind, nodes, ins, outs
-        self.params, self.note = params or {}, note
 
+class _Fuser:
+    """The facts the fusion rules read, computed once from the graph: every node's use count and
+    consumers, the outputs, the execution order; and the reasons of the rejected candidates."""
 
+    def __init__(self, graph):
+        nodes = graph.nodes
+        self._uses = [0] * len(nodes)
+        self._consumers = [[] for _ in nodes]
+        for n in nodes:
+            for s in n.srcs:
+                if s is not None:
+                    self._uses[s.id] += 1
+                    self._consumers[s.id].append(n)
+        self._outset = {n.id for n in graph.outputs}
+        self.order = compute_nodes(graph)
+        self.pos = {n.id: i for i, n in enumerate(self.order)}
+        self.rejected = []
 
+    def try_fuse(self, n):
+        return self._try_fuse(n, self.order, self.pos)
 
-class Lowering:
-    """Plan's fusion half: self.graph, self.fusion, self._uses, self._consumers, self._outset and
-    self.rejected are set by Plan.__init__; _lower() returns the steps."""
-
-    # -- fusion ----------------------------------------------------------------------------------
-    def _compute_order(self):
-        return [n for n in self.graph.nodes if n.op not in ("input", "const", "reshape", "permute")]
-
-    def _fusible_intermediate(self, node, nxt, order_pos, why_prefix):
-        """docs/semantics.md §5 checks for `node` feeding `nxt`; returns None or the reason it fails."""
+    # -- legality (docs/semantics.md §5) ------------------------------------------------------------
+    def _intermediate(self, node, label):
+        """single consumer, not an output, not a view: None or the reason it fails"""
         if self._uses[node.id] != 1:
-            return f"{why_prefix}: {node.name!r} has {self._uses[node.id]} consumers"
+            return f"{label}: {node.name!r} has {self._uses[node.id]} consumers"
         if node.id in self._outset:
-            return f"{why_prefix}: {node.name!r} is a graph output"
+            return f"{label}: {node.name!r} is a graph output"
         if node.is_view:
-            return f"{why_prefix}: {node.name!r} is a view"
-        if order_pos[nxt.id] != order_pos[node.id] + 1:
-            return f"{why_prefix}: {nxt.name!r} does not directly follow {node.name!r}"
-        if nxt.shape != node.shape:
-            return f"{why_prefix}: shape {nxt.shape} != {node.shape}"
+            return f"{label}: {node.name!r} is a view"
         return None
 
-    def _lower(self):
-        order = self._compute_order()
-        pos = {n.id: i for i, n in enumerate(order)}
-        done = set()
-        steps = []
-        for n in order:
-            if n.id in done:
-                continue
-            st = self._try_fuse(n, order, pos) if self.fusion else None
-            if st is None:
-                st = self._single(n)
-            for m in st.nodes:
-                done.add(m.id)
-            steps.append(st)
-        return steps
+    def _fusible_intermediate(self, node, nxt, order_pos, label):
+        """_intermediate, and `nxt` directly follows `node` with its shape: None or the reason"""
+        why = self._intermediate(node, label)
+        if why is None and order_pos[nxt.id] != order_pos[node.id] + 1:
+            why = f"{label}: {nxt.name!r} does not directly follow {node.name!r}"
+        if why is None and nxt.shape != node.shape:
+            why = f"{label}: shape {nxt.shape} != {node.shape}"
+        return why
 
     def _other(self, binop, node):
         a, b = binop.srcs
@@ -144,16 +149,6 @@ class Lowering:
         return None
 
     # -- quantized matmul groups -----------------------------------------------------------------
-    def _intermediate(self, node, label):
-        """single consumer, not an output, not a view: None or the reason it fails"""
-        if self._uses[node.id] != 1:
-            return f"{label}: {node.name!r} has {self._uses[node.id]} consumers"
-        if node.id in self._outset:
-            return f"{label}: {node.name!r} is a graph output"
-        if node.is_view:
-            return f"{label}: {node.name!r} is a view"
-        return None
-
     def _swiglu_group(self, n, order, pos, record=True):
         """n a QMATMUL: (gate, up, silu, mul) when n is the gate or up product of the SwiGLU pattern
         QMATMUL(x,Wg) -> SILU -> MUL(silu, QMATMUL(x,Wu)), else None (reason recorded if any)."""
@@ -376,16 +371,14 @@ class Lowering:
         return Step("softmax", chain + [sm], [src, mask, sm.srcs[2]], [sm],
                     {"scale": scale * sm.params["scale"], "max_bias": 0.0}, note=label)
 
-    def _single(self, n):
-        kind = {"add": "add", "mul": "mul", "scale": "scale", "silu": "silu", "gelu": "gelu", "softcap": "softcap",
-                "rms_norm": "rms_norm",
-                "softmax": "softmax", "flash_attn": "flash_attn", "matmul": "matmul", "copy": "copy",
-                "concat": "concat", "qmatmul": "qmatmul", "rope": "rope", "cache_write": "cache_write",
-                "kv_write": "kv_write", "attn_seqs": "attn_seqs", "gather_rows": "gather_rows"}[n.op]
-        if kind == "qmatmul":
-            return Step(kind, [n], [n.srcs[0], None], [n], {"ws": (n.params["w"],), "act": n.params["act"], "eps": None})
-        if kind == "rms_norm":
-            return Step(kind, [n], [n.srcs[0], None, None, None], [None, n], {"eps": n.params["eps"]})
-        if kind == "softmax":
-            return Step(kind, [n], [n.srcs[0], n.srcs[1], n.srcs[2]], [n], dict(n.params))
-        return Step(kind, [n], [s for s in n.srcs], [n], dict(n.params))
+
+def _single(n):
+    """the step of one node, unfused"""
+    kind = n.op   # every compute node's op is a step kind of its own
+    if kind == "qmatmul":
+        return Step(kind, [n], [n.srcs[0], None], [n], {"ws": (n.params["w"],), "act": n.params["act"], "eps": None})
+    if kind == "rms_norm":
+        return Step(kind, [n], [n.srcs[0], None, None, None], [None, n], {"eps": n.params["eps"]})
+    if kind == "softmax":
+        return Step(kind, [n], [n.srcs[0], n.srcs[1], n.srcs[2]], [n], dict(n.params))
+    return Step(kind, [n], [s for s in n.srcs], [n], dict(n.params))

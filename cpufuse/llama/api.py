@@ -195,7 +195,7 @@ class Llama:
     def detokenize(self, tokens: List[int], prev_tokens: Optional[List[int]] = None, special: bool = False) -> bytes:
         """the bytes of `tokens` (their pieces concatenated)"""
         tok = self._model.tokenizer
-        ids = self._model._token_list(tokens, "tokens")
+        ids = self._model.token_ids(tokens, "tokens")
         return b"".join(tok.token_to_piece(t, special=special) for t in ids)
 
     def create_embedding(self, *a, **k):
@@ -281,7 +281,7 @@ class Llama:
                                    tool_choice=tool_choice, response_format=response_format, grammar=grammar,
                                    parallel_tool_calls=parallel_tool_calls)
         msgs = _messages(messages)
-        ids = self._model._prompt_ids(msgs)
+        ids = self._model.prompt_ids(msgs)
         n_lp = (top_logprobs or 0) if logprobs else None
         with_tools = extra.get("tools") is not None
         if with_tools and stream:
@@ -333,12 +333,12 @@ class Llama:
 
     def _prompt(self, prompt):
         if isinstance(prompt, str):
-            return self._model._prompt_ids(prompt)
+            return self._model.prompt_ids(prompt)
         if isinstance(prompt, (bytes, bytearray)):
-            return self._model._prompt_ids(bytes(prompt))
+            return self._model.prompt_ids(bytes(prompt))
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, (int, np.integer)) and not isinstance(t, bool)
                                                      for t in prompt):
-            ids = self._model._token_list(list(prompt), "prompt")
+            ids = [int(t) for t in prompt]      # their range is checked once, by Model.generate
             if not ids:
                 raise ValueError("prompt: empty")
             return ids

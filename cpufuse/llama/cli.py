@@ -125,7 +125,7 @@ def auto_n_ctx(path, n_seq=1, kv="f16", mem=None):
     """The model's own context length (GGUF <arch>.context_length), capped so that n_seq KV caches
     take at most half of the memory left after the weights (a multiple of 256, at least 512)."""
     from .gguf_file import GGUFFile
-    from .model import HParams, _vocab_size
+    from .hparams import HParams, _vocab_size
     gf = GGUFFile(path)
     hp = HParams.from_gguf(gf, _vocab_size(gf))
     n = hp.n_ctx_train

@@ -38,7 +38,7 @@ class _Ctx:
         self.x, self.pos, self.cells, self.seqs = x, pos, cells, seqs
         self.ring = ring   # (cells, seqs) inputs of the sliding-window layers' rings, or None
         self.act = model.act
-        self.rope_kw = {k: v for k, v in model._rope_kw.items() if k not in ("n_dims", "mode", "isa", "n_threads")}
+        self.rope_kw = {k: v for k, v in model.rope_kw.items() if k not in ("n_dims", "mode", "isa", "n_threads")}
         if self.rope_kw.get("freq_factors") is None:
             self.rope_kw.pop("freq_factors", None)
 
@@ -274,7 +274,7 @@ class Batch:
         if n == 0 or n > cap[0] or m > cap[1] or g > cap[2]:
             raise ValueError(f"batch: {n} tokens, {m} logits rows, {g} sequences do not fit the capacity {cap}")
         x = np.empty((n, self.m.hparams.n_embd), F32)
-        self.m._embed(self.tokens, x)
+        self.m.embed(self.tokens, x)
         seqs = np.zeros((cap[2], 4), np.int32)
         seqs[:g] = self.seqs
         idx = self.idx or [n - 1]   # a plan computes >= 1 logits row: one nobody asked for

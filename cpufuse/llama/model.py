@@ -11,7 +11,14 @@ fused kernels (docs/semantics.md §10, docs/architectures.md).
 The GGUF is read by cpufuse's own reader (`cpufuse.llama.gguf_file`: every length, offset and
 size checked against the file before it is mapped), then memory-mapped, and every weight stays in
 its file bytes as a `cpufuse.QTensor`; nothing is dequantized except the token-embedding rows a
-batch needs. The hyperparameters and tensor shapes are checked against each other at load.
+batch needs (`Model.embed`). The hyperparameters and tensor shapes are checked against each other
+at load. The parts: `hparams.py` reads the hyperparameters, `loader.py` the weights, this module
+holds the Model (its KV cache, the forward pass, eval/logits and the API edge of generate), and
+`generate.py` the generation loop and its result.
+
+Token ids are range-checked once, where they enter: eval(), logits(), generate() and token_ids()
+(the Llama API goes through them; the server's engines check their requests in submit()).
+Everything below (the decoder's Batch, embed) trusts them.
 
 Threads: one Model serializes its calls. generate(), eval(), logits() and reset() calls
 from several threads take turns on an internal lock (a call waits while another
@@ -43,301 +50,30 @@ with a ValueError naming the architecture.
 """
 from __future__ import annotations
 
-import math
 import numbers
 import operator
 import os
 import threading
-import time
-from dataclasses import dataclass, field
-from typing import List, Optional
 
 import numpy as np
 
-from cpufuse import _dispatch
-from cpufuse.quant.types import QTensor, dequantize
+from cpufuse import _backend, _dispatch, _registry
+from cpufuse.quant.types import dequantize
 
 from .decoder import Batch, Decoder
+from .generate import GenerationResult, Streamer, decode
+from .hparams import MAX_N_CTX, SUPPORTED_ARCHS, HParams, read_hparams
+from .loader import load_weights, repack_weights
 
 __all__ = ["Model", "HParams", "GenerationResult", "SUPPORTED_ARCHS"]
 
 F32 = np.float32
 F16 = np.float16
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "gemma2", "phi3", "smollm3", "granite")
-_ROPE_MODE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "gemma3": "neox", "gemma2": "neox",
-              "phi3": "neox", "smollm3": "norm", "granite": "norm"}
-_GEMMA = ("gemma2", "gemma3")
-_SMOLLM3_NOPE_STEP = 4     # llama.cpp's n_no_rope_layer_step for smollm3 (no GGUF key)
 DEFAULT_N_CTX = 2048
 DEFAULT_N_BATCH = 512
 MAX_N_SEQ = 1024           # KV slots
 SWA_RINGS = True           # sliding-window layers keep rings of window + n_batch cells (False: full
                            # caches, the same results bit for bit; tests and benchmarks compare)
-
-
-# ------------------------------------------------------------------------------------------------
-# metadata: typed, range-checked reads of the GGUF keys (each error names the key, its value and
-# the rule it breaks)
-
-_MISSING = object()
-MAX_LAYERS = 4096          # sane bounds on the architecture numbers (far above any released model)
-MAX_DIM = 1 << 20
-MAX_N_CTX = 1 << 24        # 16M cells: a KV cache beyond this is a mistake, not a model
-MAX_EPS = 1.0
-
-
-def _value(gf, key, default=_MISSING):
-    if key in gf.kv:
-        return gf.kv[key]
-    if default is _MISSING:
-        raise ValueError(f"GGUF is missing the required key {key}")
-    return default
-
-
-def _int_key(gf, key, default=_MISSING, lo=1, hi=MAX_DIM, n_layer=None):
-    """an integer key in [lo, hi]; with n_layer, also a per-layer array of n_layer equal values"""
-    if key not in gf.kv:
-        return _value(gf, key, default)
-    v = gf.kv[key]
-    if n_layer is not None and isinstance(v, np.ndarray):
-        if v.dtype.kind not in "iu":
-            raise ValueError(f"{key}: expected an integer or a per-layer integer array, found {gf.value_type(key)}")
-        if v.shape != (n_layer,):
-            raise ValueError(f"{key}: a per-layer array needs one value per layer (block_count = {n_layer}), "
-                             f"found {v.size} values")
-        vals = set(v.tolist())
-        if len(vals) != 1:
-            raise ValueError(f"{key}: per-layer values {sorted(vals)} are not supported (only uniform layers)")
-        v = vals.pop()
-    elif not gf.is_int(key):
-        raise ValueError(f"{key} = {_short(v)}: expected an integer, found {gf.value_type(key)}")
-    if not lo <= v <= hi:
-        raise ValueError(f"{key} = {v}: must be in [{lo}, {hi}]")
-    return int(v)
-
-
-def _float_key(gf, key, default=_MISSING, hi=None, zero_ok=False):
-    """a finite number > 0 (and <= hi); zero_ok: 0 is allowed (llama.cpp's 'not set')"""
-    if key not in gf.kv:
-        return _value(gf, key, default)
-    v = gf.kv[key]
-    if not gf.is_number(key):
-        raise ValueError(f"{key} = {_short(v)}: expected a number, found {gf.value_type(key)}")
-    v = float(v)
-    shown = str(np.float32(v)) if gf.value_type(key) == "float32" else v   # as written: 1e-05, not 9.99...e-06
-    if not (math.isfinite(v) and (v > 0 or zero_ok and v == 0)):
-        raise ValueError(f"{key} = {shown}: must be finite and > 0{' (or 0: unset)' if zero_ok else ''}")
-    if hi is not None and v > hi:
-        raise ValueError(f"{key} = {shown}: must be <= {hi}")
-    return v
-
-
-def _str_key(gf, key, default=_MISSING):
-    if key not in gf.kv:
-        return _value(gf, key, default)
-    v = gf.kv[key]
-    if not isinstance(v, str):
-        raise ValueError(f"{key} = {_short(v)}: expected a string, found {gf.value_type(key)}")
-    return v
-
-
-def _short(v):
-    r = repr(v)
-    return r if len(r) <= 60 else r[:57] + "..."
-
-
-@dataclass
-class HParams:
-    """The hyperparameters read from the GGUF (docs/semantics.md §10) and decided at load."""
-    arch: str
-    n_layer: int
-    n_embd: int
-    n_ff: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_rot: int
-    n_vocab: int
-    n_ctx_train: int
-    eps: float
-    freq_base: float
-    freq_scale: float = 1.0
-    rope_mode: str = "norm"
-    rope_scaling: str = "none"
-    ext_factor: float = 0.0
-    attn_factor: float = 1.0
-    n_ctx_orig: int = 0
-    kq_scale: float = 0.0
-    # the per-architecture parts (docs/architectures.md); the defaults are llama's
-    qk_norm: bool = False             # per-head Q/K RMSNorm before RoPE (qwen3, gemma3)
-    post_norms: bool = False          # RMSNorm of each branch output before its residual add (gemma)
-    ffn_act: str = "silu"             # the gate activation: "silu" (SwiGLU) or "gelu" (GEGLU, tanh form)
-    emb_scale: float = 0.0            # x = embedding * emb_scale when > 0 (gemma: sqrt(n_embd); granite)
-    residual_scale: float = 0.0       # branch * residual_scale before the residual add when > 0 (granite)
-    logit_scale: float = 0.0          # logits / logit_scale when > 0 (granite)
-    attn_softcap: float = 0.0         # attention-logit softcap c*tanh(s/c) when > 0 (gemma2)
-    final_softcap: float = 0.0        # final-logit softcap when > 0 (gemma2; gemma3 when the key is set)
-    swa_window: int = 0               # sliding window of the SWA layers (0: none)
-    swa_layers: tuple = ()            # per layer: True = sliding-window layer
-    freq_base_swa: float = 10000.0    # RoPE base and scale of the SWA layers
-    freq_scale_swa: float = 1.0
-    nope_layers: tuple = ()           # per layer: True = no RoPE (smollm3)
-
-    def __post_init__(self):
-        self.swa_layers = tuple(self.swa_layers) or (False,) * self.n_layer
-        self.nope_layers = tuple(self.nope_layers) or (False,) * self.n_layer
-
-    @classmethod
-    def from_gguf(cls, gf, n_vocab):
-        """Read and check the hyperparameters of a GGUFFile (n_vocab: decided by the caller).
-        Each bad value raises ValueError naming the key, the value and the rule."""
-        arch = _arch(gf)
-        p = arch + "."
-        n_layer = _int_key(gf, p + "block_count", hi=MAX_LAYERS)
-        n_embd = _int_key(gf, p + "embedding_length")
-        n_ff = _int_key(gf, p + "feed_forward_length", n_layer=n_layer)
-        n_head = _int_key(gf, p + "attention.head_count", n_layer=n_layer)
-        n_head_kv = _int_key(gf, p + "attention.head_count_kv", n_head, n_layer=n_layer)
-        if n_head_kv > n_head or n_head % n_head_kv:
-            raise ValueError(f"{p}attention.head_count_kv = {n_head_kv}: must divide attention.head_count = {n_head}")
-        if p + "attention.key_length" in gf.kv:
-            d_k = _int_key(gf, p + "attention.key_length")
-        elif n_embd % n_head:
-            raise ValueError(f"{p}embedding_length = {n_embd}: must be a multiple of attention.head_count = "
-                             f"{n_head} (the head dim is n_embd / n_head when attention.key_length is absent)")
-        else:
-            d_k = n_embd // n_head
-        d_v = _int_key(gf, p + "attention.value_length", d_k)
-        if d_v != d_k:
-            raise ValueError(f"{p}attention.value_length = {d_v}: must equal the key length {d_k} "
-                             "(different K and V head dims are not supported)")
-        n_rot = _int_key(gf, p + "rope.dimension_count", d_k, lo=2)
-        if n_rot % 2 or n_rot > d_k:
-            raise ValueError(f"{p}rope.dimension_count = {n_rot}: must be even and <= the head dim {d_k}")
-        if arch == "llama" and n_rot != d_k:
-            raise ValueError(f"{p}rope.dimension_count = {n_rot}: must equal the head dim {d_k} for llama "
-                             "(llama.cpp rejects this too)")
-        eps = _float_key(gf, p + "attention.layer_norm_rms_epsilon", hi=MAX_EPS)
-        n_ctx_train = _int_key(gf, p + "context_length", hi=MAX_N_CTX)
-        freq_base = _float_key(gf, p + "rope.freq_base", 10000.0)
-        scaling = _str_key(gf, p + "rope.scaling.type", "linear")
-        if scaling not in ("none", "linear", "yarn"):
-            raise ValueError(f"{p}rope.scaling.type = {scaling!r}: supported are none, linear, yarn")
-        k_factor = p + "rope.scaling.factor" if p + "rope.scaling.factor" in gf.kv else p + "rope.scale_linear"
-        factor = _float_key(gf, k_factor, 0.0, zero_ok=True)   # 0 = unset, as in llama.cpp
-        freq_scale = 1.0 / factor if factor else 1.0
-        if scaling == "none":
-            freq_scale = 1.0
-        n_ctx_orig = _int_key(gf, p + "rope.scaling.original_context_length", n_ctx_train, hi=MAX_N_CTX)
-        ext_factor = 1.0 if scaling == "yarn" else 0.0
-        attn_factor = 1.0
-        if ext_factor != 0.0:           # docs/semantics.md §10: the two 0.1·ln(factor) terms cancel
-            fct = 1.0 / freq_scale
-            a = 0.1 * math.log(fct) + 1.0 if fct > 1.0 else 1.0
-            attn_factor = a * (1.0 / (1.0 + 0.1 * math.log(fct)))
-        attn_factor *= _float_key(gf, p + "rope.scaling.attn_factor", 1.0)
-        hp = cls(arch=arch, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
-                 head_dim=d_k, n_rot=n_rot, n_vocab=n_vocab, n_ctx_train=n_ctx_train, eps=eps,
-                 freq_base=freq_base, freq_scale=freq_scale, rope_mode=_ROPE_MODE[arch],
-                 rope_scaling=scaling, ext_factor=ext_factor, attn_factor=attn_factor,
-                 n_ctx_orig=n_ctx_orig, kq_scale=1.0 / math.sqrt(d_k),
-                 swa_layers=(False,) * n_layer, nope_layers=(False,) * n_layer)
-        _arch_hparams(gf, hp)
-        return hp
-
-
-def _arch_hparams(gf, hp):
-    """The architecture-specific keys and rules (as llama.cpp's load_hparams reads them)."""
-    arch, p, L = hp.arch, hp.arch + ".", hp.n_layer
-    hp.qk_norm = arch in ("qwen3", "gemma3")
-    if arch in _GEMMA:
-        hp.post_norms, hp.ffn_act = True, "gelu"
-        hp.emb_scale = float(np.sqrt(np.float32(hp.n_embd)))   # llama.cpp: sqrtf(n_embd), f32
-        # q scale: 1/sqrt(key_length), except the 27B sizes (gemma2 46 layers, gemma3 62) which use
-        # 1/sqrt(n_embd / n_head)
-        big = (arch == "gemma2" and L == 46) or (arch == "gemma3" and L == 62)
-        hp.kq_scale = 1.0 / math.sqrt(hp.n_embd // hp.n_head if big else hp.head_dim)
-        hp.final_softcap = _float_key(gf, p + "final_logit_softcapping", 30.0 if arch == "gemma2" else 0.0,
-                                      zero_ok=True)
-        if arch == "gemma2":
-            hp.attn_softcap = _float_key(gf, p + "attn_logit_softcapping", 50.0, zero_ok=True)
-            window = _int_key(gf, p + "attention.sliding_window", 4096, lo=0, hi=MAX_N_CTX)
-            pattern = 2
-            hp.freq_base_swa = _float_key(gf, p + "rope.freq_base_swa", hp.freq_base)
-            hp.freq_scale_swa = hp.freq_scale
-        else:
-            window = _int_key(gf, p + "attention.sliding_window", 0, lo=0, hi=MAX_N_CTX)
-            pattern = 6
-            hp.freq_base_swa = _float_key(gf, p + "rope.freq_base_swa", 10000.0)
-            hp.freq_scale_swa = 1.0
-        key = p + "attention.sliding_window_pattern"
-        if key in gf.kv:
-            v = gf.kv[key]
-            if isinstance(v, np.ndarray):
-                if v.shape != (L,) or v.dtype.kind not in "biu":
-                    raise ValueError(f"{key}: a per-layer array needs one bool per layer (block_count = {L}), "
-                                     f"found {gf.value_type(key)} of {v.size}")
-                swa = tuple(bool(b) for b in v.tolist())
-            else:
-                pattern = _int_key(gf, key, lo=0, hi=MAX_LAYERS)
-                swa = None
-        else:
-            swa = None
-        if swa is None:   # llama.cpp set_swa_pattern(n): layer il is SWA iff il % n < n - 1 (n = 0: all)
-            swa = tuple(pattern == 0 or il % pattern < pattern - 1 for il in range(L))
-        if window > 0:
-            hp.swa_window, hp.swa_layers = window, swa
-    elif arch == "granite":
-        hp.emb_scale = _float_key(gf, p + "embedding_scale", 0.0, zero_ok=True)
-        hp.residual_scale = _float_key(gf, p + "residual_scale", 0.0, zero_ok=True)
-        hp.logit_scale = _float_key(gf, p + "logit_scale", 0.0, zero_ok=True)
-        a = _float_key(gf, p + "attention.scale", 0.0, zero_ok=True)
-        if a:
-            hp.kq_scale = a
-    elif arch == "smollm3":
-        hp.nope_layers = tuple((il + 1) % _SMOLLM3_NOPE_STEP == 0 for il in range(L))
-
-
-def _arch(gf):
-    arch = _str_key(gf, "general.architecture")
-    if arch not in SUPPORTED_ARCHS:
-        raise ValueError(f"architecture {arch!r} is not supported by cpufuse.llama "
-                         f"(supported: {', '.join(SUPPORTED_ARCHS)})")
-    return arch
-
-
-def _vocab_size(gf):
-    """n_vocab: the length of tokenizer.ggml.tokens (an array of strings), else token_embd's rows"""
-    key = "tokenizer.ggml.tokens"
-    if key in gf.kv:
-        if gf.value_type(key) != "array[string]":
-            raise ValueError(f"{key}: expected an array of strings, found {gf.value_type(key)}")
-        n = len(gf.kv[key])
-        if n < 1:
-            raise ValueError(f"{key}: the vocabulary is empty")
-        return n
-    te = gf.tensors.get("token_embd.weight")
-    if te is None:
-        raise ValueError("GGUF has neither tokenizer.ggml.tokens nor the tensor token_embd.weight")
-    return te.n_elements // te.ne[0]
-
-
-def _check_special_ids(gf, n_vocab):
-    """every tokenizer.ggml.*_token_id key: an integer in [0, n_vocab)"""
-    from .tokenizer import special_token_id
-    for key, v in gf.kv.items():
-        if key.startswith("tokenizer.ggml.") and key.endswith("_token_id"):
-            if not gf.is_int(key):
-                raise ValueError(f"{key} = {_short(v)}: a special token id must be an integer, found "
-                                 f"{gf.value_type(key)}")
-            special_token_id(key, v, n_vocab)
-    for key in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
-        if key in gf.kv:
-            v = gf.kv[key]
-            if not (isinstance(v, np.ndarray) and v.dtype.kind in ("iu" if key.endswith("type") else "iuf")):
-                raise ValueError(f"{key}: expected a numeric array, found {gf.value_type(key)}")
-            if len(v) != n_vocab:
-                raise ValueError(f"{key}: {len(v)} entries, expected one per token ({n_vocab})")
 
 
 def _int_arg(v, name, lo, hi):
@@ -346,102 +82,6 @@ def _int_arg(v, name, lo, hi):
     if not lo <= v <= hi:
         raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
     return int(v)
-
-
-# the address alignment a weight's bytes need: f32 elements 4, f16/bf16 elements and the f16 block
-# scales of quantized types 2. A GGUF with general.alignment < 4 can place a tensor off it; such a
-# tensor is copied (once, at load) rather than handed to the kernels misaligned.
-_ADDR_ALIGN = {"F32": 4}
-
-
-def _aligned_bytes(t):
-    a = t.data
-    if a.ctypes.data % _ADDR_ALIGN.get(t.type_name, 2):
-        a = np.require(a.copy(), requirements="A")
-    return a
-
-
-def _weight(t, shape):
-    """The 2-D weight `t` (ne = [n_in, n_out]) as a QTensor over its bytes in the mapped file,
-    checked against the expected (n_out, n_in). The one place a weight becomes a QTensor (a
-    load-time layout change, such as repacking, belongs here)."""
-    n_out, n_in = shape
-    if t.ne != (n_in, n_out):
-        raise ValueError(f"tensor {t.name}: ne = {list(t.ne)}, expected [{n_in}, {n_out}] "
-                         f"(numpy shape ({n_out}, {n_in}) = (n_out, n_in))")
-    try:
-        return QTensor(_aligned_bytes(t), t.type_id, (n_out, n_in))
-    except NotImplementedError as e:
-        raise NotImplementedError(f"tensor {t.name}: {e}") from None
-
-
-def _vector(t, n):
-    """the 1-D tensor `t` of n elements as a new float32 array"""
-    if t.n_elements != n or t.ne[0] != n:
-        raise ValueError(f"tensor {t.name}: ne = {list(t.ne)}, expected [{n}]")
-    try:
-        a = dequantize(t.data, t.type_id, n)
-    except NotImplementedError as e:
-        raise NotImplementedError(f"tensor {t.name}: {e}") from None
-    return np.ascontiguousarray(a.reshape(n), dtype=F32)
-
-
-class _Layer:
-    __slots__ = ("attn_norm", "wq", "wk", "wv", "bq", "bk", "bv", "wo", "bo", "q_norm", "k_norm",
-                 "ffn_norm", "wg", "wu", "wd", "bd", "post_attn_norm", "post_ffn_norm")
-
-
-@dataclass
-class GenerationResult:
-    """What `Model.generate(..., stream=False)` returns."""
-    tokens: List[int]                 # generated ids (without the stopping EOG token)
-    text: str
-    prompt_tokens: int                # prompt length
-    prompt_eval_tokens: int           # prompt tokens actually evaluated (after cache reuse)
-    prompt_time: float                # seconds
-    decode_tokens: int                # single-token decode steps
-    decode_time: float
-    stop_reason: str                  # "eog" | "length" | "context" | "stop" (a stop string)
-    stop_token: Optional[int] = None
-    prompt_ids: List[int] = field(default_factory=list)
-    tool_calls: Optional[List[dict]] = None    # generate(tools=...): the calls parsed from the text
-
-    @property
-    def prompt_tps(self):
-        return self.prompt_eval_tokens / self.prompt_time if self.prompt_time > 0 else float("nan")
-
-    @property
-    def decode_tps(self):
-        return self.decode_tokens / self.decode_time if self.decode_time > 0 else float("nan")
-
-    def timings(self):
-        return {"prompt_tokens": self.prompt_eval_tokens, "prompt_s": self.prompt_time,
-                "prompt_tps": self.prompt_tps, "decode_tokens": self.decode_tokens,
-                "decode_s": self.decode_time, "decode_tps": self.decode_tps}
-
-    def __str__(self):
-        return self.text
-
-
-class _Streamer:
-    """Iterator of text pieces; `.result` holds the GenerationResult once exhausted."""
-
-    def __init__(self, gen):
-        self._gen = gen
-        self.result = None
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        try:
-            return next(self._gen)
-        except StopIteration as e:
-            self.result = e.value
-            raise StopIteration from None
-
-    def close(self):
-        self._gen.close()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -500,21 +140,27 @@ class Model:
         self.act, self.isa, self.kv_dtype = act, isa, kv_dtype
         self.rope_ggml_compat = bool(rope_ggml_compat)
         self.n_threads = n_threads
-        _arch(gf)
-        n_vocab = _vocab_size(gf)
-        _check_special_ids(gf, n_vocab)
-        hp = self.hparams = HParams.from_gguf(gf, n_vocab)
+        hp = self.hparams = read_hparams(gf)
         self.n_ctx = n_ctx = n_ctx or hp.n_ctx_train
         if n_ctx * n_seq > MAX_N_CTX:
             raise ValueError(f"n_ctx * n_seq must be <= {MAX_N_CTX} KV cells, got {n_ctx} * {n_seq}")
         self.n_seq = n_seq
         self.n_batch = min(n_batch, n_ctx)
-        self._load_weights(gf)
+        w = load_weights(gf, hp, n_ctx)
         self.repacked = bool(repack)
         if progress is not None and not callable(progress):
             raise TypeError(f"progress must be None or a callable(done, total), got {type(progress).__name__}")
         if repack:
-            self._repack(gf, progress)
+            repack_weights(w, gf, isa, progress)
+        # the weights: tok_embd, output_norm, output (tok_embd when tied), output_bias, n_logits,
+        # rope_freqs, layers (cpufuse.llama.loader)
+        for k in w.__slots__:
+            setattr(self, k, getattr(w, k))
+        te = self.tok_embd        # embed(): the C row decoder for a quantized GGUF-layout table
+        native = (te.block_size > 1 and te.layout == "gguf" and te.raw.flags.c_contiguous
+                  and _backend.lib is not None)
+        self._dequant_rows = _registry.table("dequant_rows") if native else None
+        self._embd_ptr = _backend.ffi.from_buffer("uint8_t[]", te.raw) if native else None
 
         # tokenizer (built from the same file's metadata)
         self._tokenizer = None
@@ -526,10 +172,12 @@ class Model:
             self._tokenizer_error = e                                  # tokenizer metadata runs on ids
         self._max_text = None if self._tokenizer is None else n_ctx * self._tokenizer.max_piece_bytes
 
-        self._rope_kw = dict(n_dims=hp.n_rot, mode=hp.rope_mode, freq_base=hp.freq_base,
-                             freq_scale=hp.freq_scale, ext_factor=hp.ext_factor, attn_factor=hp.attn_factor,
-                             n_ctx_orig=hp.n_ctx_orig, freq_factors=self.rope_freqs,
-                             ggml_compat=self.rope_ggml_compat, isa=isa, n_threads=self.n_threads)
+        # cpufuse.rope's keyword arguments for this model's layers (the decoder's SWA layers swap in
+        # their own base and scale)
+        self.rope_kw = dict(n_dims=hp.n_rot, mode=hp.rope_mode, freq_base=hp.freq_base,
+                            freq_scale=hp.freq_scale, ext_factor=hp.ext_factor, attn_factor=hp.attn_factor,
+                            n_ctx_orig=hp.n_ctx_orig, freq_factors=self.rope_freqs,
+                            ggml_compat=self.rope_ggml_compat, isa=isa, n_threads=self.n_threads)
         self.decoder = Decoder(self, fusion=fusion, isa=isa)
         # Keep no reference to the parsed metadata (the vocabulary's strings, tens of MB on a large
         # vocab): the weights are views of the file's memory map, which keeps it alive; the
@@ -540,124 +188,6 @@ class Model:
         self._alloc()
         self.reset()
         return self
-
-    def _load_weights(self, gf):
-        """Every tensor the forward pass reads, checked against the hyperparameters: 2-D weights as
-        QTensor views of the mapped file (`_weight`), 1-D vectors as float32 copies (`_vector`).
-        A tensor the architecture does not use is ignored."""
-        hp = self.hparams
-        tensors = gf.tensors
-
-        def qt(name, shape, required=True):
-            t = tensors.get(name)
-            if t is None:
-                if required:
-                    raise ValueError(f"GGUF is missing the tensor {name}")
-                return None
-            return _weight(t, shape)
-
-        def vec(name, n, required=True):
-            t = tensors.get(name)
-            if t is None:
-                if required:
-                    raise ValueError(f"GGUF is missing the tensor {name}")
-                return None
-            return _vector(t, n)
-
-        E, H, Hkv, D, FF, V = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.n_vocab
-        self.tok_embd = qt("token_embd.weight", (V, E))
-        self.output_norm = vec("output_norm.weight", E)
-        self.output = qt("output.weight", (V, E), required=False)
-        self.tied = self.output is None
-        if self.tied:
-            self.output = self.tok_embd
-        self.output_bias = vec("output.bias", V, required=False)
-        self.n_logits = self.output.n_out
-        self.rope_freqs = vec("rope_freqs.weight", hp.n_rot // 2, required=False)
-        if hp.arch == "phi3" and "rope_factors_long.weight" in tensors:
-            # LongRoPE: per-dimension frequency factors, the long ones when the context exceeds the
-            # original one (llama.cpp build_rope_factors: n_ctx_per_seq > n_ctx_orig_yarn)
-            which = "long" if self.n_ctx > hp.n_ctx_orig else "short"
-            self.rope_freqs = vec(f"rope_factors_{which}.weight", hp.n_rot // 2)
-
-        layers = []
-        for i in range(hp.n_layer):
-            b = f"blk.{i}."
-            L = _Layer()
-            L.attn_norm = vec(b + "attn_norm.weight", E)
-            if b + "attn_qkv.weight" in tensors:   # fused QKV: three row ranges of one tensor
-                w = qt(b + "attn_qkv.weight", ((H + 2 * Hkv) * D, E))
-                raw = w.raw
-                L.wq = QTensor(raw[:H * D], w.qtype, (H * D, E))
-                L.wk = QTensor(raw[H * D:(H + Hkv) * D], w.qtype, (Hkv * D, E))
-                L.wv = QTensor(raw[(H + Hkv) * D:], w.qtype, (Hkv * D, E))
-                bqkv = vec(b + "attn_qkv.bias", (H + 2 * Hkv) * D, required=False)
-                if bqkv is not None:
-                    L.bq, L.bk, L.bv = bqkv[:H * D], bqkv[H * D:(H + Hkv) * D], bqkv[(H + Hkv) * D:]
-                else:
-                    L.bq = L.bk = L.bv = None
-            else:
-                L.wq = qt(b + "attn_q.weight", (H * D, E))
-                L.wk = qt(b + "attn_k.weight", (Hkv * D, E))
-                L.wv = qt(b + "attn_v.weight", (Hkv * D, E))
-                L.bq = vec(b + "attn_q.bias", H * D, required=False)
-                L.bk = vec(b + "attn_k.bias", Hkv * D, required=False)
-                L.bv = vec(b + "attn_v.bias", Hkv * D, required=False)
-            L.wo = qt(b + "attn_output.weight", (E, H * D))
-            L.bo = vec(b + "attn_output.bias", E, required=False)
-            if hp.qk_norm:
-                L.q_norm = vec(b + "attn_q_norm.weight", D)
-                L.k_norm = vec(b + "attn_k_norm.weight", D)
-            else:
-                L.q_norm = L.k_norm = None
-            L.ffn_norm = vec(b + "ffn_norm.weight", E)
-            if hp.post_norms:   # gemma: the branch outputs' norms (weights with the +1 already in)
-                L.post_attn_norm = vec(b + "post_attention_norm.weight", E)
-                L.post_ffn_norm = vec(b + "post_ffw_norm.weight", E)
-            else:
-                L.post_attn_norm = L.post_ffn_norm = None
-            if b + "ffn_gate.weight" not in tensors and b + "ffn_up.weight" in tensors and \
-                    tensors[b + "ffn_up.weight"].ne == (E, 2 * FF):
-                # phi3: one ffn_up of 2*n_ff rows, the gate first (llama.cpp LLM_FFN_SWIGLU on the halves)
-                w = qt(b + "ffn_up.weight", (2 * FF, E))
-                L.wg = QTensor(w.raw[:FF], w.qtype, (FF, E))
-                L.wu = QTensor(w.raw[FF:], w.qtype, (FF, E))
-            else:
-                L.wg = qt(b + "ffn_gate.weight", (FF, E))
-                L.wu = qt(b + "ffn_up.weight", (FF, E))
-            L.wd = qt(b + "ffn_down.weight", (E, FF))
-            L.bd = vec(b + "ffn_down.bias", E, required=False)
-            for nm in ("ffn_gate.bias", "ffn_up.bias"):
-                if b + nm in tensors:
-                    raise ValueError(f"tensor {b + nm}: FFN gate/up biases are not supported")
-            layers.append(L)
-        self.layers = layers
-
-    def _repack(self, gf, progress=None):
-        """Repack every quantized matmul weight for the kernels (QTensor.repack) and drop the file
-        pages it came from (the token embedding stays mapped for its row lookups; a tied output
-        gets its own repacked copy)."""
-        isa = self.isa
-
-        def rp(w):
-            p = w.repack(isa=isa)
-            if p is not w:
-                gf.release(w.raw)
-            return p
-        n = len(self.layers) + 1
-        for i, L in enumerate(self.layers):
-            for k in ("wq", "wk", "wv", "wo", "wg", "wu", "wd"):
-                setattr(L, k, rp(getattr(L, k)))
-            if progress is not None:
-                progress(i + 1, n)
-        if self.tied:
-            self.output = self.tok_embd.repack(isa=isa)
-            if self.output is not self.tok_embd:
-                gf.release(self.tok_embd.raw)   # the rows a batch needs fault back in
-        else:
-            self.output = rp(self.output)
-        if progress is not None:
-            progress(n, n)
 
     def _alloc(self):
         """The KV cache: per layer (n_seq * n_ctx, n_kv_heads, head_dim) cells, except that
@@ -764,13 +294,33 @@ class Model:
             self._n_past = 0
             self._cached = []        # the token ids whose K/V are in the cache, in order
 
-    def _embed(self, tokens, out):
+    def embed(self, ids, out=None):
+        """The token-embedding rows of `ids` (GET_ROWS: only these rows are dequantized), as
+        float32 (len(ids), n_embd), written into `out` when given. The ids' range is not checked
+        here (the API edges did: eval, logits, generate, token_ids, the engines' submit); the C
+        path refuses an id outside the table (IndexError) rather than read past it. Quantized
+        rows are decoded by the C kernel cf_dequant_rows_f32, float ones (and isa="numba") by
+        cpufuse.quant.types.dequantize: the same values bit for bit."""
         te = self.tok_embd
-        ids = np.asarray(tokens, dtype=np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.hparams.n_vocab):
-            bad = ids[(ids < 0) | (ids >= self.hparams.n_vocab)][0]
-            raise ValueError(f"token id {int(bad)} out of range [0, {self.hparams.n_vocab})")
-        out[...] = dequantize(te.raw[ids], te.qtype, te.n_in)   # GET_ROWS: only these rows
+        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        fn = self._dequant_rows.get(_dispatch.resolve(self.isa)) if self._dequant_rows else None
+        if fn is None:
+            rows = dequantize(te.raw[ids], te.qtype, te.n_in)
+            if out is None:
+                return rows
+            out[...] = rows
+            return out
+        n, K = ids.shape[0], te.n_in
+        direct = out is not None and out.dtype == F32 and out.shape == (n, K) and out.flags.c_contiguous
+        res = out if direct else np.empty((n, K), F32)
+        ffi = _backend.ffi
+        rc = fn(te.type_id, K, self._embd_ptr, te.n_out, te.row_bytes, ffi.from_buffer("int64_t[]", ids), n,
+                ffi.from_buffer("float[]", res, require_writable=True))
+        if rc:
+            raise IndexError(f"token id outside the embedding table [0, {te.n_out})")
+        if out is not None and res is not out:
+            out[...] = res
+        return out if out is not None else res
 
     def _forward(self, tokens, all_logits_out=None):
         """Run one micro-batch (len(tokens) <= n_batch) at positions n_past.. of slot 0 through the
@@ -796,13 +346,16 @@ class Model:
         """Append `tokens` to the cache (in micro-batches of n_batch) and return the logits as a
         new float32 array: of the last token, (n_vocab,), or with logits_all (len(tokens),
         n_vocab)."""
-        tokens = self._token_list(tokens, "tokens")
+        tokens = self.token_ids(tokens, "tokens")
         with self._lock:
             self._epoch += 1
             out = self._eval(tokens, logits_all)
             return out if logits_all else out.copy()
 
-    def _token_list(self, tokens, what):
+    def token_ids(self, tokens, what="tokens"):
+        """`tokens` (a sequence of integers, or an integer array) as a list of ints, each checked to
+        be in [0, n_vocab): TypeError / ValueError naming `what`. The one range check of every id
+        entering the model (eval, logits, generate and the Llama API go through it)."""
         if isinstance(tokens, np.ndarray):
             tokens = tokens.tolist()
         try:
@@ -836,13 +389,15 @@ class Model:
 
     def logits(self, tokens):
         """(len(tokens), n_vocab) float32 logits of every position, from an empty cache."""
-        tokens = self._token_list(tokens, "tokens")
+        tokens = self.token_ids(tokens, "tokens")
         with self._lock:
             self.reset()
             return self._eval(tokens, logits_all=True)
 
     # ------------------------------------------------------------------------------ generation
-    def _prompt_ids(self, prompt):
+    def prompt_ids(self, prompt):
+        """The token ids of a generate() prompt: text (tokenized with special=True), token ids
+        (checked: token_ids), or chat messages (rendered with the GGUF chat template)."""
         if isinstance(prompt, str):
             return self.tokenize(prompt, add_bos=None, special=True)
         if isinstance(prompt, (bytes, bytearray)):
@@ -856,7 +411,7 @@ class Model:
                                    max_chars=self._max_text)
                 return self.tokenize(text, add_bos=False, special=True)
             if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt):
-                return self._token_list(prompt, "prompt")
+                return self.token_ids(prompt, "prompt")
         raise TypeError("prompt must be a str, a list of token ids, or a list of chat messages "
                         "({'role': ..., 'content': ...} dicts)")
 
@@ -897,17 +452,17 @@ class Model:
             from .tools import guide_generate
             prompt, sampler, spec = guide_generate(self, prompt, sampler, response_format, grammar, tools,
                                                    tool_choice, parallel_tool_calls)
-        ids = self._prompt_ids(prompt)
+        ids = self.prompt_ids(prompt)
         if not ids:
             raise ValueError("empty prompt")
         if len(ids) > self.n_ctx:
             raise ValueError(f"context overflow: the prompt has {len(ids)} tokens > n_ctx = {self.n_ctx}")
-        gen = self._generate(ids, max_tokens, sampler, stop_at_eog, reuse_cache, stop)
+        gen = decode(self, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stop)
         if spec is not None:
             from .tools import with_tool_calls
             gen = with_tool_calls(gen, spec, self.tokenizer)
         if stream:
-            return _Streamer(gen)
+            return Streamer(gen)
         with self._lock:            # the whole generation at once: no other call in between
             try:
                 while True:
@@ -915,75 +470,10 @@ class Model:
             except StopIteration as e:
                 return e.value
 
-    def _generate(self, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stops=()):
-        """The generation loop. Every step that touches the cache runs under the lock, bumps the
-        model's epoch and remembers it; a step that finds another epoch was interrupted."""
-        from .stops import StopMatcher
-        from .tokenizer import StreamDecoder
-        eog = self.eog_ids if stop_at_eog else frozenset()
-        sm = StopMatcher(stops)
-        dec = StreamDecoder(self.tokenizer) if self._tokenizer is not None else None
-        with self._lock:
-            self._epoch += 1
-            epoch = self._epoch
-            # prefix reuse (llama-cpp-python style): keep the cached cells that match, re-evaluate >= 1
-            keep = 0
-            if reuse_cache:
-                c = self._cached
-                m = min(len(c), len(ids) - 1)
-                while keep < m and c[keep] == ids[keep]:
-                    keep += 1
-                keep = self.kv_reusable(keep, len(c))
-            self._n_past = keep
-            del self._cached[keep:]
-            sampler.accept_prompt(ids)
-            t0 = time.perf_counter()
-            logits = self._eval(ids[keep:])
-            t_prompt = time.perf_counter() - t0
-            tok = sampler.sample(logits) if max_tokens else None
-        out, t_dec, n_dec = [], 0.0, 0
-        stop, stop_tok = "length", None
-        text_parts = []
-        for i in range(max_tokens):
-            if tok in eog:
-                stop, stop_tok = "eog", tok
-                break
-            out.append(tok)
-            if dec is not None:
-                s, hit = sm.push(dec.push(tok))
-                if s:
-                    text_parts.append(s)
-                    yield s                     # no lock is held here
-                if hit:
-                    stop = "stop"
-                    break
-            if i == max_tokens - 1:
-                break
-            with self._lock:
-                if self._epoch != epoch:
-                    raise RuntimeError("this stream was interrupted by another generate(), eval(), logits() or "
-                                       "reset() call on the same Model, which changed its KV cache; start a new "
-                                       "generate() (a Model holds one sequence)")
-                if self._n_past >= self.n_ctx:
-                    stop = "context"
-                    break
-                t0 = time.perf_counter()
-                logits = self._eval([tok])
-                t_dec += time.perf_counter() - t0
-                n_dec += 1
-                tok = sampler.sample(logits)
-                self._epoch += 1
-                epoch = self._epoch
-        if dec is not None and stop != "stop":
-            s, hit = sm.push(dec.flush())
-            if hit:
-                stop = "stop"
-            else:
-                s += sm.flush()
-            if s:
-                text_parts.append(s)
-                yield s
-        return GenerationResult(tokens=out, text="".join(text_parts), prompt_tokens=len(ids),
-                                prompt_eval_tokens=len(ids) - keep, prompt_time=t_prompt,
-                                decode_tokens=n_dec, decode_time=t_dec, stop_reason=stop, stop_token=stop_tok,
-                                prompt_ids=list(ids))
+    # the old private names, still read by bench/ (issue 28 item 6 moves it to the public ones)
+    _embed = embed
+    _prompt_ids = prompt_ids
+
+    @property
+    def _rope_kw(self):
+        return self.rope_kw

@@ -103,7 +103,7 @@ def _serial(f, name):
     return nb.njit(**_JIT)(g)
 
 
-# small calls take the serial twins (cpufuse.ops._NB_SMALL): no parallel region to start
+# small calls take the serial twins (cpufuse.numba.entries.NB_SMALL): no parallel region to start
 softmax = nb.njit(**_PJIT)(_softmax)
 softmax_serial = _serial(_softmax, "softmax_serial")
 rms_norm = nb.njit(**_PJIT)(_rms_norm)

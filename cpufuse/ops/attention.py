@@ -1,17 +1,15 @@
-"""flash_attn (ggml flash_attn_ext): the checks, which make a call plan (checks.py, "call plans"), the
-strategy and the call."""
+"""flash_attn (ggml flash_attn_ext): the declaration of its operands (binder.py), the checks, which make its
+entries, the strategy and the call."""
 import math
 
 import numpy as np
 
-from .. import _dispatch
+from .. import _dispatch, _registry
 from .._layouts import FA, FA_STRATEGY
+from .binder import Binder, In, Out, Param
 from .checks import (
-    F16, F32, _NULL, _T_F32, _aligned, _check_f32, _check_last_axis, _check_mask_sinks, _check_no_overlap,
-    _check_out, _ctx_get, _desc, _empty, _fb, _geom4, _kernel, _ndarray, _new_plans, _ptr, _real, _remember,
-    _slopes, _thr)
-
-_PLANS = _new_plans()  # call signature -> plan (checks.py, "call plans")
+    F16, F32, _aligned, _check_f32, _check_last_axis, _check_mask_sinks, _check_no_overlap, _check_out, _geom4,
+    _kernel, _ndarray, _real, _slopes, _thr)
 
 
 def fa_desc(qg, kg, vg, og, mg, mkind, kf16, vf16, strategy, chunk, q_tile):
@@ -31,7 +29,6 @@ def fa_desc(qg, kg, vg, og, mg, mkind, kf16, vf16, strategy, chunk, q_tile):
 # flash attention
 
 STRATEGIES = {k.lower(): v for k, v in FA_STRATEGY.values.items()}   # {"rows": 1, "tiled": 2, "split": 3}
-_FA_DESCS = {}  # flash_attn descriptors (cffi int64 arrays, read-only to the kernels) by geometry
 DEFAULT_SPLIT_CHUNK = 256  # KV columns per split-KV chunk: fixed, so results never depend on threads
 
 
@@ -43,41 +40,20 @@ def _cgeom(shape):
 
 
 def _plan(isa, fused, qs, ks, vs, kf16, vf16, strategy, chunk, q_tile, n_threads):
-    """the plan of a checked call with C-contiguous q, k, v, no mask, sinks or ALiBi, native:
-    run(q, k, v, scale, softcap, out) -> o, or None where the operands do not bind (out new, or
-    sharing no byte with q, k, v: exact pointer-range tests, conservative by one element for f16)"""
-    if isa == "numba":
-        return None
-    nt = n_threads
-    fn = _kernel("flash_attn" if fused else "flash_attn_unfused", isa)
+    """the entry of a checked call with C-contiguous q, k, v, no mask, sinks or ALiBi"""
+    conv = _registry.convention(isa)
+    fn = _kernel("flash_attn" if fused else "flash_attn_unfused", isa, n_threads)
     S, Hq, N, DK = qs
     DV = vs[3]
     oshape = (S, N, Hq, DV)
-    dp = _desc(fa_desc(_cgeom(qs), _cgeom(ks), _cgeom(vs), (oshape, [N * Hq * DV, Hq * DV, DV, 1]), None, 0,
-                       kf16, vf16, strategy, chunk, q_tile))
+    dp = conv.desc(fa_desc(_cgeom(qs), _cgeom(ks), _cgeom(vs), (oshape, [N * Hq * DV, Hq * DV, DV, 1]), None, 0,
+                           kf16, vf16, strategy, chunk, q_tile))
+    null = conv.null
 
-    def run(q, k, v, scale, softcap, out):
-        if not (q.flags.aligned and k.flags.aligned and v.flags.aligned):
-            return None
-        try:
-            qb, kb, vb = _fb(_T_F32, q), _fb(_T_F32, k), _fb(_T_F32, v)
-            if out is None:
-                o = _empty(oshape, F32)
-                ob = _fb(_T_F32, o)
-            else:
-                o = out
-                if not o.flags.behaved:  # aligned and writeable
-                    return None
-                ob = _fb(_T_F32, o)
-                L, o0 = len(ob), ob + 0
-                if -L < o0 - qb < len(qb) or -L < o0 - kb <= len(kb) or -L < o0 - vb <= len(vb):
-                    return None
-        except (ValueError, TypeError, BufferError):
-            return None  # not C-contiguous, read-only, or pointers cffi cannot compare
-        if fn(dp, qb, kb, vb, _NULL, _NULL, _NULL, scale, softcap, ob, nt or _thr[0]):
+    def launch(q, k, v, mask, sinks, o, scale, softcap, nt):
+        if fn(dp, q, k, v, mask, null, sinks, scale, softcap, o, nt or _thr[0]):
             raise MemoryError("flash_attn: could not allocate scratch memory")
-        return o
-    return run
+    return launch, conv.arrays, (oshape,)
 
 
 def _check_kv(a, name):
@@ -104,6 +80,13 @@ def choose_strategy(N, T):
     return "rows"
 
 
+_FA = Binder("flash_attn", (In("q", F32), In("k", F32, F16), In("v", F32, F16), In("mask", F32, F16, optional=True),
+                            In("sinks", F32, optional=True), Out("out", F32)),
+             (Param("scale", passed=True), Param("softcap", passed=True), Param("max_bias"), Param("strategy"),
+              Param("chunk"), Param("q_tile"), Param("fused"), Param("ggml_compat")))
+_fast = _FA.fast
+
+
 def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=None, out=None,
                isa=None, strategy=None, chunk=DEFAULT_SPLIT_CHUNK, q_tile=64, fused=True,
                ggml_compat=False, n_threads=None):
@@ -118,18 +101,11 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
     fused=False runs the unfused chain (score matrix, softmax, matmul). ggml_compat=True rounds Q
     to f16 when K is f16, as upstream's reference path does.
     """
-    try:
-        key = (q.shape, q.dtype, k.shape, k.dtype, v.shape, v.dtype, mask is None, sinks is None, type(scale), scale,
-               type(softcap), softcap, type(max_bias), max_bias, strategy, chunk, q_tile, fused, ggml_compat,
-               None if out is None else (out.shape, out.dtype), isa or _ctx_get() or _dispatch.DEFAULT,
-               type(n_threads), n_threads)
-        run = _PLANS.get(key)
-    except (AttributeError, TypeError):  # not arrays, or an unhashable parameter: the checks say which
-        key = run = None
-    if run is not None:
-        o = run(q, k, v, scale, softcap, out)
-        if o is not None:
-            return o
+    r = _fast(q, k, v, mask, sinks, out, scale, softcap, max_bias, strategy, chunk, q_tile, fused, ggml_compat, isa,
+              n_threads)
+    if r is not None:
+        return r[0]
+    isa_arg, scale_arg, softcap_arg, strategy_arg, chunk_arg, q_tile_arg = isa, scale, softcap, strategy, chunk, q_tile
     plain = type(scale) is float and type(softcap) is float  # a plan passes them to the kernel as given
     isa = _dispatch.resolve(isa)
     _check_f32(q, "q")
@@ -167,11 +143,12 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
         _check_out(out, oshape)
         _check_no_overlap(out, (("q", q), ("k", k), ("v", v), ("mask", mask), ("sinks", sinks)))
     if plain and mask is None and sinks is None and max_bias == 0.0 and not ggml_compat and S * Hq * N * T * DK * DV:
-        run = _remember(_PLANS, key, _plan(isa, fused, q.shape, k.shape, v.shape, k.dtype == F16,
-                                           v.dtype == F16, strategy, chunk, q_tile, n_threads))
-        o = run(q, k, v, scale, softcap, out) if run is not None else None
-        if o is not None:
-            return o
+        made = _plan(isa, fused, q.shape, k.shape, v.shape, k.dtype == F16, v.dtype == F16, strategy, chunk, q_tile,
+                     n_threads)
+        r = _FA.plan(made, q, k, v, mask, sinks, out, scale_arg, softcap_arg, max_bias, strategy_arg, chunk_arg,
+                     q_tile_arg, fused, ggml_compat, isa_arg, n_threads)
+        if r is not None:
+            return r[0]
     if out is None:
         out = np.empty(oshape, F32)
     if out.size == 0:
@@ -183,28 +160,15 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
         q = q.astype(F16).astype(F32)
     slopes = _slopes(Hq, max_bias) if (mask is not None and max_bias > 0.0) else None
 
-    if isa == "numba":
-        dummy = np.zeros(1, F32)
-        mf = m4.astype(F32) if m4 is not None else np.zeros((1, 1, 1, 1), F32)
-        _kernel("flash_attn", "numba", n_threads)(q, k.astype(F32) if k.dtype == F16 else k, v.astype(F32) if v.dtype == F16 else v,
-                         mf, mkind, slopes if slopes is not None else dummy, slopes is not None,
-                         sinks if sinks is not None else dummy, sinks is not None, scale, softcap, out)
-        return out
-
-    # the descriptor depends only on geometry and options: decode calls repeat it, so it is cached
-    dkey = (q.shape, q.strides, k.shape, k.strides, k.dtype.char, v.shape, v.strides, v.dtype.char, out.strides,
-            None if m4 is None else (m4.shape, m4.strides, mkind), strategy, chunk, q_tile)
-    dp = _FA_DESCS.get(dkey)
-    if dp is None:
-        dp = _desc(fa_desc(_geom4(q), _geom4(k), _geom4(v), _geom4(out), _geom4(m4) if m4 is not None else None,
-                           mkind, k.dtype == F16, v.dtype == F16, strategy, chunk, q_tile))
-        if len(_FA_DESCS) >= 256:
-            _FA_DESCS.clear()
-        _FA_DESCS[dkey] = dp
-    fn = _kernel("flash_attn" if fused else "flash_attn_unfused", isa)
-    rc = fn(dp, _ptr(q), _ptr(k), _ptr(v), _ptr(m4) if m4 is not None else _NULL,
-            _fb(_T_F32, slopes) if slopes is not None else _NULL,
-            _fb(_T_F32, sinks) if sinks is not None else _NULL, scale, softcap, _ptr(out, writable=True), n_th)
-    if rc != 0:
+    # the descriptor depends only on geometry and options: decode calls repeat it, so it is kept
+    conv = _registry.convention(isa)
+    P = conv.operand
+    dkey = (conv.arrays, q.shape, q.strides, k.shape, k.strides, k.dtype.char, v.shape, v.strides, v.dtype.char,
+            out.strides, None if m4 is None else (m4.shape, m4.strides, mkind), strategy, chunk, q_tile)
+    dp = _FA.descriptor(dkey, lambda: conv.desc(fa_desc(
+        _geom4(q), _geom4(k), _geom4(v), _geom4(out), _geom4(m4) if m4 is not None else None, mkind, k.dtype == F16,
+        v.dtype == F16, strategy, chunk, q_tile)))
+    if _kernel("flash_attn" if fused else "flash_attn_unfused", isa, n_threads)(
+            dp, P(q), P(k), P(v), P(m4), P(slopes), P(sinks), scale, softcap, P(out), n_th):
         raise MemoryError("flash_attn: could not allocate scratch memory")
     return out

@@ -1,5 +1,5 @@
 """Argument checks shared by the public ops (cpufuse.softmax, rms_norm, add_rms_norm, flash_attn,
-rope), and the plumbing they share: cffi types, operand geometry, descriptors, ALiBi slopes. Every
+rope), and the plumbing they share: operand geometry, ALiBi slopes, the registry's lookup. Every
 check raises TypeError (wrong type/dtype) or ValueError (shape, stride, parameter) naming the
 argument, what was expected and what was received."""
 import functools
@@ -7,95 +7,27 @@ import numbers as _numbers
 
 import numpy as np
 
-from .. import _backend, _dispatch, _registry
+from .. import _dispatch, _registry
+from . import binder as _binder
 from ..reference.ops import alibi_slopes as _alibi_slopes_f32
 
-ffi, lib = _backend.ffi, _backend.lib
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
-I64 = np.dtype(np.int64)
 _ndarray = np.ndarray
-_threads = _dispatch.threads
-_ctx_get = _dispatch._ctx.get
-_empty = np.empty
-
-# cffi types resolved once
-if ffi is not None:
-    _T_F32 = ffi.typeof("float[]")
-    _T_I64 = ffi.typeof("int64_t[]")
-    _T_CHAR = ffi.typeof("char[]")
-    _fb = ffi.from_buffer
-    _cast = ffi.cast
-    _new = ffi.new
-    _NULL = ffi.NULL
-else:  # a pure-Python install: only the Numba paths run
-    _T_F32 = _T_I64 = _T_CHAR = _fb = _cast = _new = _NULL = None
 
 # the registry's lookup (every module's kernel tables are the registry's dicts)
 _kernel = _registry.kernel
 _thr = _dispatch._threads  # [default thread count]
-_NB_SMALL = 1 << 15  # calls of at most this many elements take the serial Numba kernels (no parallel start-up)
 
 
-# ------------------------------------------------------------------------------------------------
-# call plans: each public op has one path. A call's signature is a tuple of what its checks look at
-# apart from the operands' addresses and memory layout (shapes, dtypes, parameter values and types,
-# the ISA in force, n_threads). The first call with a signature runs the op's checks, which raise the
-# precise error or make a plan: a function run(operands) that binds the operands (C-contiguous and
-# aligned, outputs writeable, no overlap: exact pointer-range tests) and calls the kernel. Later calls
-# with that signature only bind; one whose operands do not bind (strided, misaligned, read-only or
-# overlapping) returns None from run and goes through the checks again, which run it strided, copy,
-# or raise. So the checks are written once, and a decode loop's repeated call pays for a dict lookup.
-
-_PLAN_MAX = 256  # plans kept per op; the cache is cleared when full
-_ALL_PLANS = []
-
-
-def _new_plans():
-    """an op's plan cache: signature -> run"""
-    d = {}
-    _ALL_PLANS.append(d)
-    return d
-
-
-def clear_plans():
-    """forget every op's plans: a plan holds the kernel the registry gave when it was made, so code
-    that swaps registry entries (tests do) clears them"""
-    for d in _ALL_PLANS:
-        d.clear()
-
-
-def _remember(plans, key, run):
-    """store run as the plan of key and return it (key None: the call had no hashable signature; run
-    None: the op has no plan for such a call, which then always goes through the checks)"""
-    if key is not None and run is not None:
-        if len(plans) >= _PLAN_MAX:
-            plans.clear()
-        plans[key] = run
-    return run
+# Each public op declares its operands once to a Binder (binder.py), which keys, checks and caches
+# the op's calls; clear_plans forgets every op's entries.
+clear_plans = _binder.clear_plans
 
 
 def _rows_geom(rows, n):
     """the 4-D geometry of a C-contiguous (rows, n) array"""
     return (1, 1, rows, n), [0, 0, n, 1]
-
-
-# Overlap tests of the plans, on from_buffer pointers of C-contiguous operands: the float ranges
-# [a, a + na) and [b, b + nb) share a byte iff -nb < (b + 0) - a < na. cffi refuses (ValueError) to
-# subtract pointers that are not a whole number of floats apart; such a call goes through the checks.
-# An f16 mask is compared in bytes, on char pointers.
-
-
-def _nb_small(op, n, n_threads):
-    """the Numba kernel of op for a call of n elements: its serial twin when n is small (no parallel
-    start-up), with numba's thread count set for this call"""
-    return _kernel(op + "_serial" if n <= _NB_SMALL else op, "numba", n_threads)
-
-
-@functools.lru_cache(maxsize=1)
-def _nb_dummies():
-    """the 1-element stand-ins for absent optional operands of the Numba kernels (never written)"""
-    return np.zeros((1, 1, 1, 1), F32), np.zeros((1, 1, 1, 1), np.uint16), np.zeros(1, F32)
 
 
 @functools.lru_cache(maxsize=256)
@@ -160,20 +92,6 @@ def _geom4(a):
     return (1,) * pad + a.shape, [0] * pad + [s // it for s in a.strides]
 
 
-def _ptr(a, writable=False):
-    """cffi pointer to a's first element (any strides)."""
-    if a.flags.c_contiguous:
-        t = _T_F32 if a.dtype == F32 else _T_CHAR
-        return _fb(t, a, require_writable=writable) if writable else _fb(t, a)
-    return _cast("void *", a.ctypes.data)
-
-
-def _desc(vals):
-    return _new(_T_I64, vals)
-
-
-# Descriptor builders (layouts: native/kernels/common.h, flash_attn.inc). Each operand is given as
-# its geometry: (4-D shape, 4-D element strides), as _geom4 returns; the graph planner uses these too.
 def _check_out(out, shape, name="out"):
     if type(out) is not _ndarray and not isinstance(out, _ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray of float32, got {type(out).__name__}")

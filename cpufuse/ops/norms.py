@@ -1,15 +1,14 @@
 """rms_norm and add_rms_norm (ggml RMS_NORM [-> MUL [-> ADD]], and the pre-norm residual
-pattern): the checks, which make call plans (checks.py, "call plans"), and the call."""
+pattern): the declarations of their operands (binder.py), the checks, which make their entries, and the
+call."""
 import numpy as np
 
-from .. import _dispatch
+from .. import _dispatch, _registry
 from .._layouts import RN
+from .binder import Binder, In, Out, Param
 from .checks import (
-    F32, _NULL, _T_F32, _aligned, _check_eps, _check_f32, _check_no_overlap, _check_out, _check_tiled, _desc,
-    _ctx_get, _empty, _fb, _geom4, _kernel, _nb_dummies, _nb_small, _ndarray, _new_plans, _pad4, _ptr, _remember,
-    _rows_geom, _same_view, _thr)
-
-_PLANS = _new_plans()  # call signature -> plan (checks.py, "call plans"), both ops
+    F32, _aligned, _check_eps, _check_f32, _check_no_overlap, _check_out, _check_tiled, _geom4, _kernel, _ndarray,
+    _pad4, _rows_geom, _same_view, _thr)
 
 
 def rms_desc(xg, yg, hg, rg, wg, bg):
@@ -30,6 +29,15 @@ def rms_desc(xg, yg, hg, rg, wg, bg):
 # ------------------------------------------------------------------------------------------------
 # rms_norm
 
+_RN = Binder("rms_norm", (In("x", F32), In("weight", F32, optional=True), In("bias", F32, optional=True),
+                          Out("out", F32, alias=("x",))),
+             (Param("eps", passed=True), Param("fused")))
+_ADD = Binder("add_rms_norm", (In("x", F32), In("residual", F32), In("weight", F32, optional=True),
+                               In("bias", F32, optional=True), Out("h", F32, alias=("x", "residual")), Out("y", F32)),
+              (Param("eps", passed=True), Param("fused"), Param("out_type")))
+_rn_fast, _add_fast = _RN.fast, _ADD.fast
+
+
 def rms_norm(x, weight=None, *, eps, bias=None, out=None, isa=None, fused=True, n_threads=None):
     """ggml RMS_NORM (+MUL, +MUL+ADD) fused (docs/semantics.md §3): y = (x * s) * weight + bias per row, with
     s = 1/sqrt(mean(x^2) + eps). weight and bias tile x by modulo in every dim (ggml_can_repeat),
@@ -37,62 +45,21 @@ def rms_norm(x, weight=None, *, eps, bias=None, out=None, isa=None, fused=True, 
     RMS_NORM followed by MUL (and ADD). out may be x only without weight and bias.
     fused=False runs the unfused chain (norm = sum of squares + copy + scale, then MUL, then ADD).
     """
-    try:
-        key = (x.shape, x.dtype, None if weight is None else (weight.shape, weight.dtype), bias is None, type(eps),
-               eps, None if out is None else True if out is x else (out.shape, out.dtype),
-               isa or _ctx_get() or _dispatch.DEFAULT, type(n_threads), n_threads, fused)
-        run = _PLANS.get(key)
-    except (AttributeError, TypeError):  # not arrays, or an unhashable parameter: the checks say which
-        key = run = None
-    if run is not None:
-        y = run(x, weight, eps, out)
-        if y is not None:
-            return y
-    return _rms_norm_general(x, None, weight, eps, bias, out, _dispatch.resolve(isa), fused, n_threads, key)
+    r = _rn_fast(x, weight, bias, out, eps, fused, isa, n_threads)
+    if r is not None:
+        return r[0]
+    return _rms_norm_general(x, None, weight, eps, bias, out, isa, fused, n_threads)
 
 
 def _plan_rows(isa, sh, n_threads):
-    """rms_norm's plan for C-contiguous 1-D/2-D x with a 1-D row weight, fused, no bias:
-    run(x, weight, eps, out) -> y, or None where the operands do not bind"""
-    nt = n_threads
+    """rms_norm's entry for C-contiguous 1-D/2-D x with a 1-D row weight, fused, no bias"""
     n = sh[-1]
     rows = sh[0] if len(sh) == 2 else 1
-    if isa == "numba":
-        sh4 = (1, 1, rows, n)
-        nb = _nb_small("rms_norm", rows * n, nt)
-        d = _nb_dummies()[0]
+    fn = _kernel("rms_norm_rows", isa, n_threads)
 
-        def run(x, weight, eps, out):
-            y = _empty(sh, F32) if out is None else out
-            xf, wf, yf = x.flags, weight.flags, y.flags
-            if not (xf.c_contiguous and xf.aligned and wf.c_contiguous and wf.aligned and yf.c_contiguous
-                    and yf.behaved and (out is None or not np.may_share_memory(y, x)
-                                        and not np.may_share_memory(y, weight))):
-                return None
-            nb(x.reshape(sh4), d, False, weight.reshape(1, 1, 1, n), True, d, False, eps, d, y.reshape(sh4))
-            return y
-        return run
-
-    fn = _kernel("rms_norm_rows", isa)
-
-    def run(x, weight, eps, out):
-        if not (x.flags.aligned and weight.flags.aligned):
-            return None
-        try:
-            if out is None:
-                y = _empty(sh, F32)
-                yb = _fb(_T_F32, y)
-            elif out.flags.behaved:  # aligned and writeable
-                y = out
-                yb = _fb(_T_F32, y)
-            else:
-                return None
-            # the kernel tests the overlaps (return code 1 or 2)
-            rc = fn(rows, n, _fb(_T_F32, x), _fb(_T_F32, weight), eps, yb, nt or _thr[0])
-        except (ValueError, TypeError, BufferError):
-            return None  # not C-contiguous, or read-only
-        return y if rc == 0 else None
-    return run
+    def launch(x, weight, bias, y, eps, nt):
+        return fn(rows, n, x, weight, eps, y, nt or _thr[0])  # (a native entry also tests the overlaps: 1 or 2)
+    return launch, _registry.convention(isa).arrays, (sh,)
 
 
 def add_rms_norm(x, residual, weight=None, *, eps, bias=None, out=None, isa=None, fused=True, n_threads=None):
@@ -101,67 +68,36 @@ def add_rms_norm(x, residual, weight=None, *, eps, bias=None, out=None, isa=None
     Returns (h, y). residual, weight and bias tile x by modulo (ggml_can_repeat).
     out: optional (h_out, y_out); h_out may be x or residual itself (in-place residual update).
     """
-    try:
-        key = (x.shape, x.dtype, residual.shape, residual.dtype,
-               None if weight is None else (weight.shape, weight.dtype), bias is None, type(eps), eps, None if out is None else (
-                   type(out), len(out), out[0].shape, out[0].dtype, out[1].shape, out[1].dtype,
-                   out[0] is x, out[0] is residual),
-               isa or _ctx_get() or _dispatch.DEFAULT, type(n_threads), n_threads, fused, True)
-        run = _PLANS.get(key)
-    except (AttributeError, TypeError, IndexError, KeyError):  # the checks say what is wrong
-        key = run = None
-    if run is not None:
-        r = run(x, residual, weight, eps, out)
+    if out is None or type(out) is tuple and len(out) == 2:
+        h, y = out or (None, None)
+        r = _add_fast(x, residual, weight, bias, h, y, eps, fused, type(out), isa, n_threads)
         if r is not None:
             return r
     if not isinstance(residual, _ndarray):
         raise TypeError(f"residual must be a numpy.ndarray of float32, got {type(residual).__name__}")
-    return _rms_norm_general(x, residual, weight, eps, bias, out, _dispatch.resolve(isa), fused, n_threads, key)
+    return _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused, n_threads)
 
 
 def _plan_add(isa, sh, n_threads):
-    """add_rms_norm's plan for C-contiguous 1-D/2-D x and residual of one shape with a 1-D row weight,
-    fused, no bias, native: run(x, residual, weight, eps, out) -> (h, y), or None where the operands do
-    not bind. h_out may be x or residual exactly; otherwise no output shares a byte with anything."""
-    if isa == "numba":
-        return None
-    nt = n_threads
-    fn = _kernel("rms_norm", isa)
+    """add_rms_norm's entry for C-contiguous 1-D/2-D x and residual of one shape with a 1-D row weight,
+    fused, no bias"""
+    conv = _registry.convention(isa)
+    fn = _kernel("rms_norm", isa, n_threads)
     n = sh[-1]
     g = _rows_geom(sh[0] if len(sh) == 2 else 1, n)
-    dp = _desc(rms_desc(g, g, g, g, ((1, 1, 1, n), [0, 0, 0, 1]), None))
+    dp = conv.desc(rms_desc(g, g, g, g, ((1, 1, 1, n), [0, 0, 0, 1]), None))
 
-    def run(x, residual, weight, eps, out):
-        if not (x.flags.aligned and residual.flags.aligned and weight.flags.aligned):
-            return None
-        try:
-            xb, rb, wb = _fb(_T_F32, x), _fb(_T_F32, residual), _fb(_T_F32, weight)
-            if out is None:
-                h, y = _empty(sh, F32), _empty(sh, F32)
-                hb, yb = _fb(_T_F32, h), _fb(_T_F32, y)
-            else:
-                h, y = out
-                if not (h.flags.behaved and y.flags.behaved):  # aligned and writeable
-                    return None
-                hb, yb = _fb(_T_F32, h), _fb(_T_F32, y)
-                L = len(xb)
-                y0, h0 = yb + 0, hb + 0
-                if (-L < y0 - xb < L or -L < y0 - rb < L or -L < y0 - wb < n or -L < y0 - hb < L
-                        or -L < h0 - wb < n or h is not x and -L < h0 - xb < L
-                        or h is not residual and -L < h0 - rb < L):
-                    return None
-        except (ValueError, TypeError, BufferError):
-            return None  # not C-contiguous, read-only, or pointers cffi cannot compare
-        fn(dp, xb, rb, wb, _NULL, eps, hb, yb, nt or _thr[0])
-        return h, y
-    return run
+    def launch(x, residual, weight, bias, h, y, eps, nt):
+        fn(dp, x, residual, weight, bias, eps, h, y, nt or _thr[0])
+    return launch, conv.arrays, (sh, sh)
 
 
-def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused, n_threads=None, key=None):
-    """the checks of both ops, then the call (through a plan when the call has one)"""
+def _rms_norm_general(x, residual, weight, eps, bias, out, isa_arg, fused, n_threads):
+    """the checks of both ops, then the call (through the binder when the call has an entry)"""
+    isa = _dispatch.resolve(isa_arg)
     _check_f32(x, "x")
-    plain = type(eps) is float  # a plan passes eps to the kernel as given
-    eps = _check_eps(eps)
+    plain = type(eps) is float  # an entry passes eps to the kernel as given
+    eps_arg, eps = eps, _check_eps(eps)
     shape = x.shape
     x4 = _pad4(_aligned(x))
     w4 = _check_tiled(weight, "weight", shape) if weight is not None else None
@@ -201,13 +137,15 @@ def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused, n_threads
     if (plain and fused and bias is None and weight is not None and weight.shape == shape[-1:] and 0 < len(shape) <= 2
             and x.size and (residual is None or residual.shape == shape)):
         if residual is None:
-            run = _remember(_PLANS, key, _plan_rows(isa, shape, n_threads))
-            r = run(x, weight, eps, out)
+            r = _RN.plan(_plan_rows(isa, shape, n_threads), x, weight, bias, out, eps_arg, fused, isa_arg, n_threads)
+            if r is not None:
+                return r[0]
         else:
-            run = _remember(_PLANS, key, _plan_add(isa, shape, n_threads))
-            r = run(x, residual, weight, eps, out) if run is not None else None
-        if r is not None:
-            return r
+            h, y = out or (None, None)
+            r = _ADD.plan(_plan_add(isa, shape, n_threads), x, residual, weight, bias, h, y, eps_arg, fused, type(out),
+                          isa_arg, n_threads)
+            if r is not None:
+                return r
     if out is None:
         y_out = np.empty(shape, F32)
         if residual is not None:
@@ -217,16 +155,10 @@ def _rms_norm_general(x, residual, weight, eps, bias, out, isa, fused, n_threads
     y4 = _pad4(y_out)
     h4 = _pad4(h_out) if h_out is not None else None
 
-    if isa == "numba":
-        dummy = _nb_dummies()[0]  # never written: h is written only with a residual
-        _nb_small("rms_norm", x.size, n_threads)(
-            x4, r4 if r4 is not None else dummy, r4 is not None, w4 if w4 is not None else dummy, w4 is not None,
-            b4 if b4 is not None else dummy, b4 is not None, eps, h4 if h4 is not None else dummy, y4)
-    else:
-        g = lambda a: _geom4(a) if a is not None else None  # noqa: E731
-        dp = _desc(rms_desc(_geom4(x4), _geom4(y4), g(h4), g(r4), g(w4), g(b4)))
-        fn = _kernel("rms_norm" if fused else "rms_norm_unfused", isa)
-        fn(dp, _ptr(x4), _ptr(r4) if r4 is not None else _NULL,
-           _ptr(w4) if w4 is not None else _NULL, _ptr(b4) if b4 is not None else _NULL, eps,
-           _ptr(h4, writable=True) if h4 is not None else _NULL, _ptr(y4, writable=True), n_th)
+    conv = _registry.convention(isa)
+    P = conv.operand
+    g = lambda a: _geom4(a) if a is not None else None  # noqa: E731
+    dp = conv.desc(rms_desc(_geom4(x4), _geom4(y4), g(h4), g(r4), g(w4), g(b4)))
+    _kernel("rms_norm" if fused else "rms_norm_unfused", isa, n_threads)(dp, P(x4), P(r4), P(w4), P(b4), eps, P(h4),
+                                                                         P(y4), n_th)
     return (h_out, y_out) if residual is not None else y_out

@@ -11,11 +11,11 @@ import numbers as _numbers
 
 import numpy as np
 
-from .. import _backend, _dispatch, _registry
+from .. import _dispatch, _registry
 from .._layouts import RP
-from .checks import _aligned, _check_aligned_out, _new_plans, _remember
+from .binder import Binder, In, Out, Param
+from .checks import _aligned, _check_aligned_out
 
-ffi, lib = _backend.ffi, _backend.lib
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
 I32 = np.dtype(np.int32)
@@ -140,73 +140,42 @@ def _check_cache(cache, shape):
 
 
 # ------------------------------------------------------------------------------------------------
-# the call plan (checks.py, "call plans")
+# the declaration of its operands (binder.py) and its entries
 
-_fb = ffi.from_buffer if ffi is not None else None
-_cast = ffi.cast if ffi is not None else None
-_T_F32 = ffi.typeof("float[]") if ffi is not None else None
-_T_I32 = ffi.typeof("int32_t[]") if ffi is not None else None
-_T_CHAR = ffi.typeof("char[]") if ffi is not None else None
-_NULL = ffi.NULL if ffi is not None else None
-_ctx_get = _dispatch._ctx.get
 _thr = _dispatch._threads
-_PLANS = _new_plans()  # call signature -> plan
+_ROPE = Binder("rope", (In("x", F32), In("pos", I32), In("freq_factors", F32, optional=True),
+                        Out("out", F32, alias=("x",)), Out("k_cache", F16, F32)),
+               (Param("n_dims"), Param("mode"), Param("freq_base"), Param("freq_scale"), Param("ext_factor"),
+                Param("attn_factor"), Param("beta_fast"), Param("beta_slow"), Param("n_ctx_orig"), Param("ggml_compat"),
+                Param("cache_type"), Param("pos0", key=False, passed=True)))
+_fast = _ROPE.fast
 
 
-def _plan(isa, shape, nd, m, compat, nco, fps, cache_dtype, n_threads):
-    """the plan of a checked call with C-contiguous x and pos, no freq_factors, native: run(x, pos,
-    cache, out) -> (result,), or None where the operands do not bind. out: new, x itself, or
-    C-contiguous sharing no byte with x and pos; cache (cache_dtype not None): k_cache C-contiguous,
-    sharing no byte with x and pos, pos0 an int with the rows inside it (exact pointer-range tests)"""
-    if isa == "numba" or ffi is None:
-        return None
-    nt = n_threads
-    fn = _registry.kernel("rope", isa)
+def _plan(isa, shape, nd, m, compat, nco, fps, kc, n_threads):
+    """the entry of a checked call with C-contiguous x and pos, no freq_factors; kc: the cache's
+    k_cache (its rows are written from pos0, which each call checks against it) or None"""
+    conv = _registry.convention(isa)
+    fn = _registry.kernel("rope", isa, n_threads)
     T, H, D = shape
-    n = T * H * D
-    f16 = cache_dtype == F16
-    d = ffi.new("int64_t[]", rp_desc(T, H, D, nd, m, compat, f16, H * D, D, H * D, D, nco))
-    fp = ffi.new("double[]", fps)
-    row = H * D * (2 if f16 else 4)  # bytes of one token's rows in k_cache
+    f16 = kc is not None and kc.dtype == F16
+    d = conv.desc(rp_desc(T, H, D, nd, m, compat, f16, H * D, D, H * D, D, nco))
+    fp = conv.doubles(fps)
+    if kc is None:
+        def launch(x, pos, ff, y, k_cache, pos0, nt):
+            if fn(d, x, pos, ff, fp, y, nt or _thr[0]):
+                raise MemoryError("rope: could not allocate scratch memory")
+        return launch, conv.arrays, (shape, None)
 
-    def run(x, pos, cache, out):
-        xf = x.flags
-        if not (xf.aligned and pos.flags.aligned):
-            return None
-        try:
-            xb, pb = _fb(_T_F32, x), _fb(_T_I32, pos)
-            if cache is None:
-                ret = out
-                if out is None:
-                    ret = np.empty(shape, F32)
-                    yb = _fb(_T_F32, ret)
-                elif out is x:
-                    if not xf.writeable:
-                        return None
-                    yb = xb
-                else:
-                    if not out.flags.behaved:  # aligned and writeable
-                        return None
-                    yb = _fb(_T_F32, out)
-                    y0 = yb + 0
-                    if -n < y0 - xb < n or -n < y0 - _cast("float *", pb) < T:
-                        return None
-            else:
-                kc, p0 = cache
-                if type(p0) is not int or not 0 <= p0 <= kc.shape[0] - T or not kc.flags.behaved:
-                    return None
-                kb = _fb(_T_CHAR, kc)
-                L, k0 = len(kb), kb + 0
-                if -L < k0 - _cast("char *", xb) < 4 * n or -L < k0 - _cast("char *", pb) < 4 * T:
-                    return None
-                yb = k0 + p0 * row
-                ret = None
-        except (ValueError, TypeError, BufferError):
-            return None  # not C-contiguous, or pointers cffi cannot compare
-        if fn(d, xb, pb, _NULL, fp, yb, nt or _thr[0]):
+    row = H * D * kc.itemsize  # bytes of one token's rows in k_cache
+    last = kc.shape[0] - T
+    at = conv.at
+
+    def launch(x, pos, ff, y, k_cache, pos0, nt):
+        if type(pos0) is not int or not 0 <= pos0 <= last:
+            return True  # the checks say what is wrong
+        if fn(d, x, pos, ff, fp, at(k_cache, pos0, T, row), nt or _thr[0]):
             raise MemoryError("rope: could not allocate scratch memory")
-        return (ret,)
-    return run
+    return launch, conv.arrays, (None, None)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -248,21 +217,15 @@ def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_
 
     The result does not depend on n_threads (bit-identical for every thread count).
     """
-    try:
-        key = (x.shape, x.dtype, pos.shape, pos.dtype, n_dims, mode, freq_base, freq_scale, ext_factor, attn_factor,
-               beta_fast, beta_slow, n_ctx_orig, ggml_compat, freq_factors is None,
-               (type(n_dims), type(mode), type(freq_base), type(freq_scale), type(ext_factor), type(attn_factor),
-                type(beta_fast), type(beta_slow), type(n_ctx_orig), type(ggml_compat), type(n_threads)),
-               None if cache is None else (type(cache), len(cache), cache[0].shape, cache[0].dtype),
-               None if out is None else True if out is x else (out.shape, out.dtype),
-               isa or _ctx_get() or _dispatch.DEFAULT, n_threads)
-        run = _PLANS.get(key)
-    except (AttributeError, TypeError, IndexError, KeyError):  # the checks say what is wrong
-        key = run = None
-    if run is not None:
-        r = run(x, pos, cache, out)
+    kc = p0 = None
+    if cache is None or (type(cache) is tuple or type(cache) is list) and len(cache) == 2:
+        if cache is not None:
+            kc, p0 = cache
+        r = _fast(x, pos, freq_factors, out, kc, n_dims, mode, freq_base, freq_scale, ext_factor, attn_factor,
+                  beta_fast, beta_slow, n_ctx_orig, ggml_compat, type(cache), p0, isa, n_threads)
         if r is not None:
             return r[0]
+    isa_arg = isa
     isa = _dispatch.resolve(isa)
     if not isinstance(x, _ndarray):
         raise TypeError(f"x must be a numpy.ndarray of float32, got {type(x).__name__}")
@@ -315,9 +278,10 @@ def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_
             if a is not None and np.may_share_memory(out, a):
                 raise ValueError(f"out must not overlap the input {nm!r}, got an array sharing memory with it")
     if freq_factors is None and T and H and x.flags.c_contiguous and pos.flags.c_contiguous:
-        run = _remember(_PLANS, key, _plan(isa, x.shape, nd, m, compat, nco, fps, None if cache is None else kc.dtype,
-                                           n_threads))
-        r = run(x, pos, cache, out) if run is not None else None
+        kc, p0 = (None, None) if cache is None else (kc, cache[1])
+        r = _ROPE.plan(_plan(isa, x.shape, nd, m, compat, nco, fps, kc, n_threads), x, pos, freq_factors, out, kc,
+                       n_dims, mode, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow, n_ctx_orig,
+                       ggml_compat, type(cache), p0, isa_arg, n_threads)
         if r is not None:
             return r[0]
     if cache is None:
@@ -330,19 +294,11 @@ def rope(x, pos, *, n_dims, mode="norm", freq_base=10000.0, freq_scale=1.0, ext_
     x, ff = _aligned(x), _aligned(ff)
     f16 = y.dtype == F16
 
-    if isa == "numba":
-        _registry.kernel("rope", isa, n_threads)(x, posc, ff, nd, m, compat, tuple(fps),
-                                                 nco, y)
-        return ret
-
+    conv = _registry.convention(isa)
+    P = conv.operand
     it = y.itemsize
-    d = ffi.new("int64_t[]", rp_desc(T, H, D, nd, m, compat, f16, x.strides[0] // 4, x.strides[1] // 4,
-                                     y.strides[0] // it, y.strides[1] // it, nco))
-    fp = ffi.new("double[]", fps)
-    rc = _registry.kernel("rope", isa)(
-        d, ffi.cast("const float *", x.ctypes.data), ffi.cast("const int32_t *", posc.ctypes.data),
-        ffi.cast("const float *", ff.ctypes.data) if ff is not None else ffi.NULL, fp,
-        ffi.cast("void *", y.ctypes.data), n_th)
-    if rc:
+    d = conv.desc(rp_desc(T, H, D, nd, m, compat, f16, x.strides[0] // 4, x.strides[1] // 4, y.strides[0] // it,
+                          y.strides[1] // it, nco))
+    if _registry.kernel("rope", isa, n_threads)(d, P(x), P(posc), P(ff), conv.doubles(fps), P(y), n_th):
         raise MemoryError("rope: could not allocate scratch memory")
     return ret

@@ -10,14 +10,18 @@ Fusions: an RMS_NORM x w prologue (norm_weight=, eps=) that normalizes and quant
 one pass; several weights sharing one activation quantization (matmul_multi, e.g. Q, K, V); gate
 and up products with the SwiGLU in the epilogue (matmul_swiglu), the two products never stored.
 """
+import itertools
+
 import numpy as np
 
-from .. import _backend, _dispatch, _registry
+from .. import _dispatch, _registry
 from .._layouts import QM
 from ..ops import checks as _ops
+from ..ops import binder as _binder
+from ..ops.binder import Binder, In, InOut, Out, Param, Weight
 from .types import ACT_QTYPES, QTensor
 
-ffi, lib = _backend.ffi, _backend.lib
+ffi = _binder.ffi  # (cffi's own where the extension is absent: _wptr's pointers serve the overlap tests)
 F32 = np.dtype(np.float32)
 ACT_MODES = ("q8", "f32")
 DEFAULT_ACT = "q8"
@@ -123,8 +127,9 @@ def qm_desc(rows, K, xs, q8, epi, norm, ws, ys, rs=0):
                          for w, y in zip(ws, ys)])
 
 
-def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead, residual=None, key=None):
-    """the checks, then the call (through a plan when the call has one; key: its signature)"""
+def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead, residual=None, plan=None):
+    """the checks, then the call (through the op's binder when the call has an entry; plan: (the
+    binder's form for _plan, its Binder.plan with the call's arguments bound), or None)"""
     plain = eps is None or type(eps) is float  # a plan passes eps to the kernel as given
     n_in = ws[0].shape[1]
     for w, nm in zip(ws, names):
@@ -163,126 +168,101 @@ def _run(x, ws, names, act, outs, isa, n_threads, norm_weight, eps, epi, lead, r
                     raise ValueError(f"out[{i}] must not overlap out[{j}], got arrays sharing memory")
     if rows == 0 or any(n == 0 for n in n_out):
         return ys
-    if key is not None and plain and len(lead) <= 1 and isa != "numba":
-        run = _ops._remember(_plans(ws[0]), key, _plan(ws, x.shape, act, epi, do_norm, nw_arr is not None, isa,
-                                                        n_threads))
-        y = run(x, outs, norm_weight, eps, residual)
+    if plan is not None and plain and len(lead) <= 1:
+        form, bind = plan
+        y = bind(_plan(form, ws, x.shape, act, epi, do_norm, isa, n_threads))
         if y is not None:
-            return y
-    if isa == "numba":
-        _registry.kernel("qmatmul", isa, nth)(x2, nw_arr, eps_f, bool(do_norm), tuple(w.gguf_bytes() for w in ws),
-                                              tuple(w.type_id for w in ws), act == "q8", epi, tuple(y2), r2)
-        return ys
-    d = qm_desc(rows, n_in, x2.strides[0] // 4 if rows > 1 else n_in, act == "q8", epi, do_norm, ws,
-                [(y2[i] if i < len(y2) else y2[0]).strides[0] // 4 if rows > 1 else w.shape[0]
-                 for i, w in enumerate(ws)], r2.strides[0] // 4 if r2 is not None and rows > 1 else 0)
-    wp = [_wptr(w)[0] for w in ws] + [ffi.NULL] * (3 - len(ws))
-    yp = [ffi.cast("float *", o.ctypes.data) for o in y2] + [ffi.NULL] * (3 - len(y2))
-    xp = ffi.cast("const float *", x2.ctypes.data)
-    np_ = ffi.cast("const float *", nw_arr.ctypes.data) if nw_arr is not None else ffi.NULL
-    rp = ffi.cast("const float *", r2.ctypes.data) if r2 is not None else ffi.NULL
-    rc = _registry.kernel("qmatmul", isa)(d, xp, np_, eps_f, wp[0], wp[1], wp[2], yp[0], yp[1], yp[2], rp, nth)
+            return y[:len(n_out)]
+    conv = _registry.convention(isa)
+    P, null = conv.operand, conv.null
+    d = conv.desc(qm_desc(rows, n_in, x2.strides[0] // 4 if rows > 1 else n_in, act == "q8", epi, do_norm, ws,
+                          [(y2[i] if i < len(y2) else y2[0]).strides[0] // 4 if rows > 1 else w.shape[0]
+                           for i, w in enumerate(ws)], r2.strides[0] // 4 if r2 is not None and rows > 1 else 0))
+    for w in ws:
+        _wptr(w)  # (a native entry reads a weight's bytes through the pointer kept there)
+    wp = [P(w) for w in ws] + [null] * (3 - len(ws))
+    yp = [P(o) for o in y2] + [null] * (3 - len(y2))
+    rc = _registry.kernel("qmatmul", isa, n_threads)(d, P(x2), P(nw_arr), eps_f, wp[0], wp[1], wp[2], yp[0], yp[1],
+                                                     yp[2], P(r2), nth)
     if rc:
         raise RuntimeError(f"cpufuse.matmul: the {isa} kernel failed: {_ERRORS.get(rc, rc)}")
     return ys
 
 
 def _wptr(w):
+    """w's bytes as seen by the kernels, made once per weight: (cffi pointer, address, end address,
+    the number of its geometry (type, shape, row bytes, layout: what a binder's key holds of a weight),
+    float pointer, length in floats rounded up (the overlap tests: exact for float arrays, which are
+    4-byte aligned))"""
     c = w._c
     if c is None:
         b = ffi.from_buffer(w.raw)
         a = int(ffi.cast("intptr_t", b))
-        c = (b, a, a + w.nbytes, {})  # pointer, address span, call plans by signature (_plan)
+        g = (w.type_id, w.shape, w.row_bytes, w.layout)
+        c = (b, a, a + w.nbytes, _GEOMS.setdefault(g, next(_GEOM_IDS)), ffi.cast("float *", b), -(-w.nbytes // 4))
         object.__setattr__(w, "_c", c)
     return c
 
 
-_fb = ffi.from_buffer if ffi is not None else None
-_T_F32 = ffi.typeof("float[]") if ffi is not None else None
-_NULL = ffi.NULL if ffi is not None else None
-_ctx_get = _dispatch._ctx.get
-_SERIAL_MACS = 1 << 16  # plans, default threads: products of at most this many multiply-adds run on one thread
+_GEOMS = {}  # a weight geometry -> its number (a key holds the number: an int hashes at no cost)
+_GEOM_IDS = itertools.count()  # (next() is atomic: two threads never give two geometries one number)
+
+
+_SERIAL_MACS = 1 << 16  # entries, default threads: products of at most this many multiply-adds run on one thread
 _thr = _dispatch._threads
-_empty = np.empty
+
+_MM = Binder("matmul", (In("x", F32), Weight("w"), In("norm_weight", F32, optional=True),
+                        InOut("residual", F32, optional=True), Out("out", F32, alias=("residual",))),
+             (Param("act"), Param("eps", passed=True)))
+_MULTI = Binder("matmul_multi", (In("x", F32), Weight("w0"), Weight("w1", optional=True), Weight("w2", optional=True),
+                                 In("norm_weight", F32, optional=True), Out("out0", F32), Out("out1", F32),
+                                 Out("out2", F32)),
+                (Param("act"), Param("eps", passed=True), Param("out_type")))
+_SWIGLU = Binder("matmul_swiglu", (In("x", F32), Weight("w_gate"), Weight("w_up"),
+                                   In("norm_weight", F32, optional=True), Out("out", F32)),
+                 (Param("act"), Param("eps", passed=True)))
+_mm_fast, _multi_fast, _swiglu_fast = _MM.fast, _MULTI.fast, _SWIGLU.fast
 
 
-def _plan(ws, sh, act, epi, do_norm, has_nw, isa, n_threads):
-    """the plan of a checked call with 1-D or 2-D C-contiguous x and outputs, native ISAs (call plans:
-    cpufuse/ops/checks.py): run(x, outs, norm_weight, eps, res) -> list of outputs, or None where the
-    operands do not bind. Outputs: new, or C-contiguous sharing no byte with an input or each other;
-    the residual (epi 2) shares none with an input, and an output may be it exactly. Overlap tests are
-    exact pointer-range tests (the weights' bytes rounded up to whole floats: a false alarm only sends
-    the call through the checks, which find no overlap and run it the general way)."""
-    fn = _registry.kernel("qmatmul", isa)
+def _plan(form, ws, sh, act, epi, do_norm, isa, n_threads):
+    """the entry of a checked call with 1-D or 2-D x, for the binder `form` ("matmul",
+    "multi" or "swiglu"; epi 2 is matmul's residual): (launch, arrays, new shapes)"""
+    conv = _registry.convention(isa)
+    fn, null = _registry.kernel("qmatmul", isa, n_threads), conv.null
+    for w in ws:
+        _wptr(w)  # (the key holds each weight's geometry from its _c)
     w0 = ws[0]
     K = w0.n_in
     nd = len(sh)
     rows = sh[0] if nd == 2 else 1
     n_out = tuple(w.n_out for w in ws) if not epi else (w0.n_out,)
-    oshapes = [(rows, n) if nd == 2 else (n,) for n in n_out]
-    d = ffi.new("int64_t[]", qm_desc(rows, K, K, act == "q8", epi, do_norm, ws,
-                                     [n_out[i if not epi else 0] for i in range(len(ws))], w0.n_out if epi == 2 else 0))
-    wp = [_wptr(w)[0] for w in ws]
-    w0p, w1p, w2p = wp + [_NULL] * (3 - len(ws))
-    # each weight's bytes as a float pointer and a length in floats rounded up (for the overlap tests)
-    spans = [(ffi.cast("float *", p), w.nbytes // 4 + 1) for p, w in zip(wp, ws)]
-    ni = len(ws) + 1 + has_nw  # entries of `ins` that are inputs: x, the weights, norm_weight
+    new = tuple((rows, n) if nd == 2 else (n,) for n in n_out)
+    d = conv.desc(qm_desc(rows, K, K, act == "q8", epi, do_norm, ws,
+                          [n_out[i if not epi else 0] for i in range(len(ws))], w0.n_out if epi == 2 else 0))
     # default thread count: one thread for a product too small to pay for waking the pool (results are
     # the same for every thread count)
     nt = n_threads or (1 if rows * K * sum(w.n_out for w in ws) <= _SERIAL_MACS else None)
-    nw = len(n_out)
 
-    def run(x, outs, norm_weight, eps, res):
-        if not x.flags.aligned:
-            return None
-        try:
-            xb = _fb(_T_F32, x)
-            ins = [(xb, len(xb)), *spans]
-            nwp = _NULL
-            if has_nw:
-                if not norm_weight.flags.aligned:
-                    return None
-                nwp = _fb(_T_F32, norm_weight)
-                ins.append((nwp, len(nwp)))
-            if outs is None:
-                ys = [_empty(s, F32) for s in oshapes]
-                yb = [_fb(_T_F32, o) for o in ys]
-            else:
-                ys, yb = outs, []
-                for o in outs:
-                    if not o.flags.behaved:  # aligned and writeable
-                        return None
-                    b = _fb(_T_F32, o)
-                    lo, L = b + 0, len(b)
-                    for a, m in ins:
-                        if -L < lo - a < m:
-                            return None  # shares a byte with an input or an earlier output
-                    ins.append((b, L))
-                    yb.append(b)
-            rb = _NULL
-            if epi == 2:
-                if not res.flags.aligned:
-                    return None
-                rb = _fb(_T_F32, res)
-                lo, L = rb + 0, len(rb)
-                for a, m in ins[:ni]:
-                    if -L < lo - a < m:
-                        return None  # the residual shares memory with an input
-                if outs is not None and yb[0] != rb and -L < lo - yb[0] < len(yb[0]):
-                    return None  # out = residual exactly is in place; any other overlap is refused
-        except (ValueError, TypeError, BufferError):
-            return None  # not C-contiguous, or pointers cffi cannot compare
-        rc = fn(d, xb, nwp, eps if do_norm else 0.0, w0p, w1p, w2p, yb[0], yb[1] if nw > 1 else _NULL,
-                yb[2] if nw > 2 else _NULL, rb, nt or _thr[0])
-        if rc:
-            raise RuntimeError(f"cpufuse.matmul: the {isa} kernel failed: {_ERRORS.get(rc, rc)}")
-        return ys
-    return run
+    def failed(rc):
+        raise RuntimeError(f"cpufuse.matmul: the {isa} kernel failed: {_ERRORS.get(rc, rc)}")
 
-
-def _plans(w):
-    """the call plans cached on a weight (the first of a call's weights)"""
-    return (w._c or _wptr(w))[3]
+    if form == "matmul":
+        def launch(x, w, nw, res, y, eps, _):
+            rc = fn(d, x, nw, eps if do_norm else 0.0, w, null, null, y, null, null, res, nt or _thr[0])
+            if rc:
+                failed(rc)
+    elif form == "multi":
+        def launch(x, w0, w1, w2, nw, y0, y1, y2, eps, _):
+            rc = fn(d, x, nw, eps if do_norm else 0.0, w0, w1, w2, y0, y1, y2, null, nt or _thr[0])
+            if rc:
+                failed(rc)
+        new += (None,) * (3 - len(new))
+    else:
+        def launch(x, wg, wu, nw, y, eps, _):
+            rc = fn(d, x, nw, eps if do_norm else 0.0, wg, wu, null, y, null, null, null, nt or _thr[0])
+            if rc:
+                failed(rc)
+    return launch, conv.arrays, new
 
 
 def matmul(x, w, *, act=None, out=None, isa=None, n_threads=None, norm_weight=None, eps=None, residual=None):
@@ -295,23 +275,12 @@ def matmul(x, w, *, act=None, out=None, isa=None, n_threads=None, norm_weight=No
     (bit for bit what `residual + matmul(x, w)` gives; the product is never stored); out=residual
     updates it in place.
     out: optional float32 (..., n_out) output. Returns the result."""
-    outs = None if out is None else [out]
-    key = None
-    try:
-        key = (x.shape, x.dtype, act, None if norm_weight is None else (norm_weight.shape, norm_weight.dtype),
-               type(eps), eps, None if out is None else (out.shape, out.dtype, out is residual),
-               None if residual is None else (residual.shape, residual.dtype),
-               isa or _ctx_get() or _dispatch.DEFAULT, type(n_threads), n_threads, "matmul")
-        run = w._c[3].get(key)
-    except (AttributeError, TypeError):  # no hashable signature, or no plans on w yet
-        run = None
-    if run is not None:
-        y = run(x, outs, norm_weight, eps, residual)
-        if y is not None:
-            return y[0]
-    lead = _lead(x)
-    return _run(x, (w,), ("w",), act, outs, isa, n_threads, norm_weight, eps, 0 if residual is None else 2, lead,
-                residual, key)[0]
+    r = _mm_fast(x, w, norm_weight, residual, out, act, eps, isa, n_threads)
+    if r is not None:
+        return r[0]
+    return _run(x, (w,), ("w",), act, None if out is None else [out], isa, n_threads, norm_weight, eps,
+                0 if residual is None else 2, _lead(x), residual,
+                ("matmul", lambda made: _MM.plan(made, x, w, norm_weight, residual, out, act, eps, isa, n_threads)))[0]
 
 
 def matmul_multi(x, ws, *, act=None, out=None, isa=None, n_threads=None, norm_weight=None, eps=None):
@@ -324,46 +293,33 @@ def matmul_multi(x, ws, *, act=None, out=None, isa=None, n_threads=None, norm_we
         raise ValueError(f"out must be a sequence of {len(ws)} arrays (one per weight) or None, got "
                          + (f"{len(out)} arrays" if isinstance(out, (tuple, list)) else type(out).__name__))
     ws = tuple(ws)
-    key = None
-    try:
-        key = (x.shape, x.dtype, act, None if norm_weight is None else (norm_weight.shape, norm_weight.dtype),
-               type(eps), eps, None if out is None else tuple([(o.shape, o.dtype) for o in out]),
-               isa or _ctx_get() or _dispatch.DEFAULT, type(n_threads), n_threads, "multi") + ws[1:]
-        run = ws[0]._c[3].get(key)
-    except (AttributeError, TypeError):  # no hashable signature, or no plans on ws[0] yet
-        run = None
-    if run is not None:
-        y = run(x, out, norm_weight, eps, None)
-        if y is not None:
-            return tuple(y)
-    lead = _lead(x)
-    return tuple(_run(x, ws, tuple(f"ws[{i}]" for i in range(len(ws))), act, out, isa, n_threads,
-                      norm_weight, eps, 0, lead, None, key))
+    n = len(ws)
+    w0, w1, w2 = ws + (None,) * (3 - n)
+    o0, o1, o2 = (None,) * 3 if out is None else tuple(out) + (None,) * (3 - n)
+    r = _multi_fast(x, w0, w1, w2, norm_weight, o0, o1, o2, act, eps, type(out), isa, n_threads)
+    if r is not None:
+        return r[:n]
+
+    def bind(made):
+        return _MULTI.plan(made, x, w0, w1, w2, norm_weight, o0, o1, o2, act, eps, type(out), isa, n_threads)
+    return tuple(_run(x, ws, tuple(f"ws[{i}]" for i in range(n)), act, out, isa, n_threads, norm_weight, eps, 0,
+                      _lead(x), None, ("multi", bind)))
 
 
 def matmul_swiglu(x, w_gate, w_up, *, act=None, out=None, isa=None, n_threads=None, norm_weight=None, eps=None):
     """silu(x . Wg^T) * (x . Wu^T) in one kernel: both products of an output are computed together
     and combined in the epilogue; neither is stored. Wg and Wu must have the same shape."""
-    outs = None if out is None else [out]
-    key = None
-    try:
-        key = (x.shape, x.dtype, act, None if norm_weight is None else (norm_weight.shape, norm_weight.dtype),
-               type(eps), eps, None if out is None else (out.shape, out.dtype),
-               isa or _ctx_get() or _dispatch.DEFAULT, type(n_threads), n_threads, "swiglu", w_up)
-        run = w_gate._c[3].get(key)
-    except (AttributeError, TypeError):  # no hashable signature, or no plans on w_gate yet
-        run = None
-    if run is not None:
-        y = run(x, outs, norm_weight, eps, None)
-        if y is not None:
-            return y[0]
+    r = _swiglu_fast(x, w_gate, w_up, norm_weight, out, act, eps, isa, n_threads)
+    if r is not None:
+        return r[0]
     _check_w(w_gate, "w_gate")
     _check_w(w_up, "w_up")
     if w_gate.shape != w_up.shape:
         raise ValueError(f"w_gate and w_up must have the same shape, got {w_gate.shape} and {w_up.shape}")
-    lead = _lead(x)
-    return _run(x, (w_gate, w_up), ("w_gate", "w_up"), act, outs, isa, n_threads, norm_weight, eps, 1, lead,
-                None, key)[0]
+    return _run(x, (w_gate, w_up), ("w_gate", "w_up"), act, None if out is None else [out], isa, n_threads,
+                norm_weight, eps, 1, _lead(x), None,
+                ("swiglu", lambda made: _SWIGLU.plan(made, x, w_gate, w_up, norm_weight, out, act, eps, isa,
+                                                     n_threads)))[0]
 
 
 def matmul_geglu(x, w_gate, w_up, *, act=None, out=None, isa=None, n_threads=None, norm_weight=None, eps=None):
@@ -398,10 +354,8 @@ def quantize_act(x, vtype, isa=None):
     if x.shape[1] % blk:
         raise ValueError(f"x: n_in={x.shape[1]} is not a multiple of the {vtype} block size {blk}")
     isa = _dispatch.resolve(isa)
+    P = _registry.convention(isa).operand
     x = np.ascontiguousarray(x)
-    if isa == "numba":
-        return _registry.kernel("quantize_act", isa)(x, vid)
     out = np.empty((x.shape[0], x.shape[1] // blk * nb), np.uint8)
-    _registry.kernel("quantize_act", isa)(vid, x.shape[0], x.shape[1], ffi.cast("const float *", x.ctypes.data),
-                                           x.shape[1], ffi.from_buffer(out, require_writable=True))
+    _registry.kernel("quantize_act", isa)(vid, x.shape[0], x.shape[1], P(x), x.shape[1], P(out))
     return out

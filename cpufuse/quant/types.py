@@ -352,7 +352,7 @@ class QTensor:
         s(self, "nbytes", want)
         s(self, "vec_dot_type", t.vec_dot_type)
         s(self, "layout", "gguf")
-        s(self, "_c", None)  # (cffi pointer, address, end) of raw, made by cpufuse.quant.matmul on first use
+        s(self, "_c", None)  # raw as the kernels see it (pointers, span, geometry number): quant.matmul._wptr
 
     def __setattr__(self, name, value):
         raise AttributeError(f"QTensor is immutable (cannot set {name!r})")

@@ -125,3 +125,16 @@ def flash_attn(q, k, v, mask=None, scale=1.0, max_bias=0.0, softcap=0.0, sinks=N
                     den = e.sum() + (np.exp(float(sinks[h]) - M) if sinks is not None else 0.0)
                     out[s, n, h] = (e @ vh[idx]) / den if den else 0.0
     return out
+
+
+def rope(x, pos, n_dims, base=10000.0):
+    """ggml rope_ext in normal (LLaMA) mode, freq_scale 1, no YaRN, float64: the pairs (2i, 2i+1) of
+    the first n_dims of x (T, H, D) rotated by pos[t] * base^(-2i/n_dims)."""
+    x64 = np.asarray(x, np.float64)
+    out = x64.copy()
+    theta = np.asarray(pos, np.float64)[:, None] * base ** (-2.0 * np.arange(n_dims // 2) / n_dims)[None, :]
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    x0, x1 = x64[..., 0:n_dims:2], x64[..., 1:n_dims:2]
+    out[..., 0:n_dims:2] = x0 * c - x1 * s
+    out[..., 1:n_dims:2] = x0 * s + x1 * c
+    return out

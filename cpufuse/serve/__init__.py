@@ -11,8 +11,9 @@ from cpufuse._extras import require as _require
 
 _require("serve", "cpufuse.serve")
 
+from .batch import SerialEngine  # noqa: E402
 from .engine import (Engine, EngineRequest, EngineStats, EngineStopped, FinishEvent, Handle,  # noqa: E402
-                     SamplingParams, SerialEngine, TokenEvent)
+                     SamplingParams, TokenEvent)
 
 __all__ = ["Engine", "EngineRequest", "EngineStats", "EngineStopped", "FinishEvent", "Handle",
            "SamplingParams", "SerialEngine", "TokenEvent", "create_app"]

@@ -187,10 +187,6 @@ class _Server:
     def engine_request(self, req, ids, chat: bool, constraint=None, bias=(), index: int = 0) -> EngineRequest:
         if not ids:
             raise APIError("the prompt is empty", param="messages" if chat else "prompt")
-        n_vocab = self.engine.n_vocab
-        bad = [t for t in ids if not 0 <= t < n_vocab]
-        if bad:
-            raise APIError(f"prompt token id {bad[0]} is outside the vocabulary [0, {n_vocab})", param="prompt")
         max_tokens = self.context_check(len(ids), req.limit(), chat)
         d = self.defaults
         base = req.seed if req.seed is not None else d.seed
@@ -214,8 +210,8 @@ class _Server:
             return self.engine.submit(ereq, asyncio.get_running_loop())
         except EngineStopped as e:
             raise APIError(str(e), status=503, type="unavailable_error") from None
-        except ValueError as e:
-            raise APIError(str(e)) from None
+        except ValueError as e:        # engine.check_request: the prompt's token ids are checked there
+            raise APIError(str(e), param=getattr(e, "param", None)) from None
 
     # ------------------------------------------------------------------ the token loop
     async def run(self, handle, stops, special: bool = False, st=None):

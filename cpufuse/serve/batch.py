@@ -32,7 +32,7 @@ from typing import List, Optional
 
 from .engine import Engine, FinishEvent, Handle, TokenEvent, deliver, make_sampler, token_logprobs
 
-__all__ = ["BatchEngine"]
+__all__ = ["BatchEngine", "SerialEngine"]
 
 DEFAULT_CHUNK = 128   # prompt chunk (tokens), aligned to absolute positions
 DEFAULT_STEP_TOKENS = 128   # prompt tokens per step at most, besides the decoding sequences
@@ -73,13 +73,17 @@ class BatchEngine(Engine):
     n_seq = parallel (see the module docstring). chunk: prompt chunk (tokens); step_tokens: the
     most prompt tokens evaluated per step besides the decoding sequences (>= chunk); mask_thread:
     fill the grammar masks of constrained sequences in a worker thread during the decoder step
-    (False: before it, on the engine thread; the tokens are the same)."""
+    (False: before it, on the engine thread; the tokens are the same); slots: how many of the
+    model's KV slots to use (None: all n_seq), the most sequences run at once."""
 
     def __init__(self, model, model_name: Optional[str] = None, chunk: int = DEFAULT_CHUNK,
-                 step_tokens: Optional[int] = DEFAULT_STEP_TOKENS, mask_thread: bool = True):
+                 step_tokens: Optional[int] = DEFAULT_STEP_TOKENS, mask_thread: bool = True,
+                 slots: Optional[int] = None):
         name = model_name or os.path.splitext(os.path.basename(getattr(model, "path", "model")))[0]
         tok = model.tokenizer
-        parallel = int(model.n_seq)
+        parallel = int(model.n_seq if slots is None else slots)
+        if not 1 <= parallel <= model.n_seq:
+            raise ValueError(f"slots must be in [1, the model's n_seq = {model.n_seq}], got {slots!r}")
         super().__init__(name, tok, model.n_ctx, model.n_vocab, model.eog_ids, parallel,
                          getattr(tok, "chat_template", None))
         if int(chunk) < 1:
@@ -190,6 +194,7 @@ class BatchEngine(Engine):
         self._set(active=len(self.seqs))
 
     def _run(self) -> None:
+        self.model.reset()     # the Model's own API (slot 0) forgets its cache: the engine owns every slot
         while True:
             with self._lock:
                 while not self._queue and not self.seqs and not self._stopping:
@@ -296,3 +301,27 @@ def _fill_masks(samplers):
             g.compute_mask()
         except Exception:  # noqa: BLE001 -- sample() recomputes and raises for that request alone
             g._mask, g._ready = None, False
+
+
+class SerialEngine(BatchEngine):
+    """One request at a time: a BatchEngine on one KV slot, whose prompt chunks are the model's
+    n_batch micro-batches (those of Model.eval), with no prompt cache (every request starts from
+    an empty slot: cached_tokens 0). So its tokens are exactly
+    `Model.generate(prompt_ids, reuse_cache=False, sampler=make_sampler(params))`'s. `parallel`
+    is reported only."""
+
+    def __init__(self, model, model_name: Optional[str] = None, parallel: int = 1):
+        if int(parallel) < 1:
+            raise ValueError(f"parallel must be >= 1, got {parallel!r}")
+        super().__init__(model, model_name, chunk=model.n_batch, step_tokens=model.n_batch, slots=1)
+        self.parallel = int(parallel)
+
+    @classmethod
+    def load(cls, path: str, n_ctx: int = 2048, n_threads: Optional[int] = None, kv_dtype: str = "f16",
+             model_name: Optional[str] = None, parallel: int = 1, **load_kw) -> "SerialEngine":
+        from cpufuse.llama import Model
+        return cls(Model.load(path, n_ctx=n_ctx, n_threads=n_threads, kv_dtype=kv_dtype, **load_kw),
+                   model_name=model_name, parallel=parallel)
+
+    def _shared(self, tokens, prompt):
+        return 0               # no prompt cache: nothing is reused, lent or waited for

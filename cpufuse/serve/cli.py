@@ -18,8 +18,8 @@ import sys
 from cpufuse.llama import cli as llama_cli
 
 from .app import create_app
-from .batch import DEFAULT_CHUNK, DEFAULT_STEP_TOKENS, BatchEngine
-from .engine import SamplingParams, SerialEngine
+from .batch import DEFAULT_CHUNK, DEFAULT_STEP_TOKENS, BatchEngine, SerialEngine
+from .engine import SamplingParams
 
 # --engine NAME -> a factory(path, n_ctx, n_threads, kv_dtype, model_name, parallel) -> Engine
 ENGINES = {"batch": BatchEngine.load, "serial": SerialEngine.load}

@@ -1,5 +1,6 @@
-"""The engine interface between the HTTP layer (`cpufuse.serve.app`) and the model, and
-`SerialEngine`, the first engine (one request at a time).
+"""The engine interface between the HTTP layer (`cpufuse.serve.app`) and the model. The engines
+live in `cpufuse.serve.batch`: `BatchEngine` (continuous batching) and `SerialEngine` (one
+request at a time: a BatchEngine on one slot, so there is one sample loop).
 
 The contract every engine implements
 ====================================
@@ -18,9 +19,11 @@ Read-only attributes
 `submit(request, loop=None) -> Handle`
     Thread-safe and non-blocking: it queues the request and wakes the engine thread. `request` is
     an `EngineRequest`: prompt token ids, max_tokens, `SamplingParams`, logprobs (None, or the number
-    of top alternatives, 0 = the chosen token's only) and stop token ids. It raises `ValueError`
-    for a request no engine state can run (empty prompt, an id outside [0, n_vocab),
-    max_tokens < 1, len(prompt) + max_tokens > n_ctx) and `EngineStopped` once `stop()` has begun.
+    of top alternatives, 0 = the chosen token's only) and stop token ids. It raises `RequestError`
+    (a `ValueError` whose `param` names the field) for a request no engine state can run (empty
+    prompt, an id outside [0, n_vocab), max_tokens < 1, len(prompt) + max_tokens > n_ctx) and
+    `EngineStopped` once `stop()` has begun. This is the one check of the prompt's token ids on
+    the server's path (the HTTP layer relies on it; the model does not check again).
     A request that cannot run now waits in the queue: there is no capacity error.
 
 Events
@@ -96,7 +99,7 @@ from typing import Iterable, List, Optional, Tuple, Union
 import numpy as np
 
 __all__ = ["SamplingParams", "EngineRequest", "TokenEvent", "FinishEvent", "EngineStats", "Handle",
-           "Engine", "EngineStopped", "SerialEngine", "deliver", "make_sampler", "token_logprobs"]
+           "Engine", "EngineStopped", "RequestError", "SerialEngine", "deliver", "make_sampler", "token_logprobs"]
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
 
@@ -162,6 +165,15 @@ class EngineStats:
 
 class EngineStopped(RuntimeError):
     """submit() after stop() began"""
+
+
+class RequestError(ValueError):
+    """submit(): a request no engine state can run; `param` names the request field at fault (the
+    server's 400 reports it)"""
+
+    def __init__(self, message: str, param: Optional[str] = None):
+        super().__init__(message)
+        self.param = param
 
 
 class Handle:
@@ -339,20 +351,22 @@ class Engine:
 
     # ------------------------------------------------------------------ admission
     def check_request(self, request: EngineRequest) -> None:
-        """ValueError for a request this engine can never run (the module docstring lists why)."""
+        """RequestError (a ValueError) for a request this engine can never run (the module
+        docstring lists why). The one range check of the prompt's token ids on the server path:
+        the engine thread and the model trust them."""
         ids = request.prompt_ids
         if not ids:
-            raise ValueError("the prompt is empty")
+            raise RequestError("the prompt is empty", "prompt")
         bad = [t for t in ids if not (isinstance(t, (int, np.integer)) and 0 <= t < self.n_vocab)]
         if bad:
-            raise ValueError(f"prompt token id {bad[0]!r} is outside [0, {self.n_vocab})")
+            raise RequestError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {self.n_vocab})", "prompt")
         if int(request.max_tokens) < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {request.max_tokens}")
+            raise RequestError(f"max_tokens must be >= 1, got {request.max_tokens}", "max_tokens")
         if len(ids) + int(request.max_tokens) > self.n_ctx:
-            raise ValueError(f"the prompt ({len(ids)} tokens) plus max_tokens ({request.max_tokens}) "
-                             f"exceeds the context ({self.n_ctx} tokens)")
+            raise RequestError(f"the prompt ({len(ids)} tokens) plus max_tokens ({request.max_tokens}) "
+                               f"exceeds the context ({self.n_ctx} tokens)", "max_tokens")
         if request.logprobs is not None and not 0 <= int(request.logprobs) <= self.n_vocab:
-            raise ValueError(f"logprobs must be in [0, {self.n_vocab}], got {request.logprobs}")
+            raise RequestError(f"logprobs must be in [0, {self.n_vocab}], got {request.logprobs}", "logprobs")
 
     def submit(self, request: EngineRequest, loop: Optional[asyncio.AbstractEventLoop] = None) -> Handle:
         self.check_request(request)
@@ -402,96 +416,8 @@ class Engine:
                                parallel=self.parallel, **c)
 
 
-class SerialEngine(Engine):
-    """One engine thread, a FIFO queue, one request at a time on a `cpufuse.llama.Model`:
-    evaluate the prompt (in the model's n_batch micro-batches, checking for cancellation between
-    them), then sample and evaluate one token at a time. `parallel` is reported but one sequence
-    runs at a time. The KV cache is reset for every request (no prompt cache: cached_tokens 0)."""
-
-    def __init__(self, model, model_name: Optional[str] = None, parallel: int = 1):
-        import os
-        name = model_name or os.path.splitext(os.path.basename(getattr(model, "path", "model")))[0]
-        tok = model.tokenizer
-        super().__init__(name, tok, model.n_ctx, model.n_vocab, model.eog_ids, parallel,
-                         getattr(tok, "chat_template", None))
-        self.model = model
-        self.model_path = getattr(model, "path", name)
-        self._current: Optional[Handle] = None
-
-    @classmethod
-    def load(cls, path: str, n_ctx: int = 2048, n_threads: Optional[int] = None, kv_dtype: str = "f16",
-             model_name: Optional[str] = None, parallel: int = 1, **load_kw) -> "SerialEngine":
-        from cpufuse.llama import Model
-        return cls(Model.load(path, n_ctx=n_ctx, n_threads=n_threads, kv_dtype=kv_dtype, **load_kw),
-                   model_name=model_name, parallel=parallel)
-
-    def _cancel_running(self) -> None:
-        h = self._current
-        if h is not None:
-            h._cancel.set()
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                while not self._queue and not self._stopping:
-                    self._wake.wait()
-                if not self._queue:        # stopping, nothing left (stop() cancelled the queue)
-                    return
-                h = self._queue.popleft()
-                self._current = h
-                self._c["active"] = 1
-            try:
-                self._serve(h)
-            except Exception as e:  # noqa: BLE001 -- the request fails, the engine goes on
-                if not h.finished:
-                    self._finish(h, "error", 0, error=f"{type(e).__name__}: {e}")
-            finally:
-                with self._lock:
-                    self._current = None
-                    self._c["active"] = 0
-                    self._c["batch_size"] = 0
-
-    def _serve(self, h: Handle) -> None:
-        r, m = h.request, self.model
-        if h.cancelled:
-            self._finish(h, "cancelled", 0)
-            return
-        ids = [int(t) for t in r.prompt_ids]
-        sampler = make_sampler(r.sampling, r.constraint)
-        sampler.accept_prompt(ids)
-        m.reset()
-        self._count(prompt_tokens=len(ids))
-        B = max(1, int(getattr(m, "n_batch", len(ids))))
-        for s in range(0, len(ids), B):          # the micro-batches Model.eval would use
-            if h.cancelled:
-                self._finish(h, "cancelled", 0)
-                return
-            logits = m.eval(ids[s:s + B])
-        n_gen = 0
-        stop_ids, n_top = r.stop_ids, r.logprobs
-        while True:
-            if h.cancelled:
-                self._finish(h, "cancelled", n_gen)
-                return
-            tok = sampler.sample(logits)
-            if tok in stop_ids:
-                self._finish(h, "stop", n_gen)
-                return
-            if n_top is None:
-                ev = TokenEvent(tok)
-            else:
-                lp, top = token_logprobs(logits, tok, n_top)
-                ev = TokenEvent(tok, lp, top)
-            n_gen += 1
-            self._count(generated_tokens=1)
-            if n_gen >= r.max_tokens:
-                h.put(ev, self._finish(h, "length", n_gen, deliver_now=False))
-                return
-            if getattr(sampler, "done", False):      # the grammar is complete: only a stop id can follow
-                h.put(ev, self._finish(h, "stop", n_gen, deliver_now=False))
-                return
-            h.put(ev)
-            logits = m.eval([tok])
-            self._count(steps=1)
-            self._set(batch_size=1)
-
+def __getattr__(name):   # SerialEngine is a BatchEngine (cpufuse.serve.batch), which imports this module
+    if name == "SerialEngine":
+        from .batch import SerialEngine
+        return SerialEngine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

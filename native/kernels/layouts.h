@@ -62,6 +62,14 @@ enum {
   RPF_LEN
 };
 
+/* the plan's strided 4-D copy (OP_COPY's descriptor, native/kernels/graph.inc) */
+enum {
+  CP_N0, CP_N1, CP_N2, CP_N3, /* shape */
+  CP_S0, CP_S1, CP_S2, CP_S3, /* source strides (elements) */
+  CP_D0, CP_D1, CP_D2, CP_D3, /* destination strides (elements) */
+  CP_LEN
+};
+
 /* one weight of a quantized matmul, at QM_W0 + i * QW_LEN */
 enum {
   QW_T, /* ggml type id (cpufuse.quant.types) */
@@ -104,7 +112,7 @@ enum { R_RMS_NORM_DESC, R_RMS_NORM_X, R_RMS_NORM_R, R_RMS_NORM_W, R_RMS_NORM_B, 
 enum { R_SOFTMAX_DESC, R_SOFTMAX_X, R_SOFTMAX_MASK, R_SOFTMAX_SLOPES, R_SOFTMAX_SINKS, R_SOFTMAX_F_SCALE, R_SOFTMAX_Y, R_SOFTMAX_FUSED, R_SOFTMAX_NARGS };
 /* OP_FLASH_ATTN [desc, q, k, v, mask, slopes, sinks, f_scale, f_softcap, out, fused]: cf_flash_attn_f32 (FA_*) */
 enum { R_FLASH_ATTN_DESC, R_FLASH_ATTN_Q, R_FLASH_ATTN_K, R_FLASH_ATTN_V, R_FLASH_ATTN_MASK, R_FLASH_ATTN_SLOPES, R_FLASH_ATTN_SINKS, R_FLASH_ATTN_F_SCALE, R_FLASH_ATTN_F_SOFTCAP, R_FLASH_ATTN_OUT, R_FLASH_ATTN_FUSED, R_FLASH_ATTN_NARGS };
-/* OP_COPY [desc, src, dst, esize]: strided 4-D copy: desc = shape[4], src strides[4], dst strides[4] */
+/* OP_COPY [desc, src, dst, esize]: strided 4-D copy (CP_*) */
 enum { R_COPY_DESC, R_COPY_SRC, R_COPY_DST, R_COPY_ESIZE, R_COPY_NARGS };
 /* OP_GEMM [m, n, k, a, lda, b, ldb, c, ldc]: C = A.B row-major through numpy's cblas_sgemm (sgemv when M == 1) */
 enum { R_GEMM_M, R_GEMM_N, R_GEMM_K, R_GEMM_A, R_GEMM_LDA, R_GEMM_B, R_GEMM_LDB, R_GEMM_C, R_GEMM_LDC, R_GEMM_NARGS };
@@ -126,5 +134,7 @@ enum { R_GELU_N, R_GELU_A, R_GELU_Y, R_GELU_NARGS };
 enum { R_GEGLU_N, R_GEGLU_G, R_GEGLU_U, R_GEGLU_NB, R_GEGLU_Y, R_GEGLU_NARGS };
 /* OP_SOFTCAP [n, a, f_inv, f_c, y]: y = c * tanh(a * inv), inv = 1/c */
 enum { R_SOFTCAP_N, R_SOFTCAP_A, R_SOFTCAP_F_INV, R_SOFTCAP_F_C, R_SOFTCAP_Y, R_SOFTCAP_NARGS };
+/* the executor's dispatch: X(NAME, name) per record, OP_<NAME> run by graph.inc's plan_<name> */
+#define CF_PLAN_OPS(X) X(ADD, add) X(MUL, mul) X(SCALE, scale) X(SILU, silu) X(SWIGLU, swiglu) X(RMS_NORM, rms_norm) X(SOFTMAX, softmax) X(FLASH_ATTN, flash_attn) X(COPY, copy) X(GEMM, gemm) X(QMM, qmm) X(ROPE, rope) X(CACHE_WRITE, cache_write) X(KV_WRITE, kv_write) X(ATTN_SEQS, attn_seqs) X(GATHER_ROWS, gather_rows) X(GELU, gelu) X(GEGLU, geglu) X(SOFTCAP, softcap)
 
 #endif

