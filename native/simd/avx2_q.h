@@ -54,6 +54,7 @@ static inline vf8 vf8_load_h(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loa
 static inline vf8 vf8_load_bf(const uint16_t *p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
+static inline void vf8_store8(float *p, vf8 v) { _mm256_storeu_ps(p, v); }
 static inline vf8 vf8_mul(vf8 a, vf8 b) { return _mm256_mul_ps(a, b); }
 static inline vf8 vf8_add(vf8 a, vf8 b) { return _mm256_add_ps(a, b); }
 static inline vf8 vf8_fma(vf8 a, vf8 b, vf8 c) { return _mm256_fmadd_ps(a, b, c); }

@@ -80,6 +80,7 @@ static inline vq vq_sub8(vq a, int c) {
   return a;
 }
 
+static inline void vf8_store8(float *p, vf8 v) { vst1q_f32(p, v.val[0]); vst1q_f32(p + 4, v.val[1]); }
 static inline vf8 vf8_zero(void) {
   vf8 r;
   r.val[0] = r.val[1] = vdupq_n_f32(0.0f);

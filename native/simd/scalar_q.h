@@ -39,6 +39,7 @@ static inline vf8 vf8_load_bf(const uint16_t *p) {
   for (int i = 0; i < 8; i++) { uint16_t h; memcpy(&h, p + i, 2); uint32_t u = (uint32_t)h << 16; memcpy(&r.f[i], &u, 4); }
   return r;
 }
+static inline void vf8_store8(float *p, vf8 v) { for (int i = 0; i < 8; i++) p[i] = v.f[i]; }
 static inline vf8 vf8_mul(vf8 a, vf8 b) { for (int i = 0; i < 8; i++) a.f[i] *= b.f[i]; return a; }
 static inline vf8 vf8_add(vf8 a, vf8 b) { for (int i = 0; i < 8; i++) a.f[i] += b.f[i]; return a; }
 static inline vf8 vf8_fma(vf8 a, vf8 b, vf8 c) { for (int i = 0; i < 8; i++) c.f[i] = a.f[i] * b.f[i] + c.f[i]; return c; } /* two roundings */
