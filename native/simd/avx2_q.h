@@ -65,7 +65,6 @@ static inline float vf8_hsum(vf8 v) {
   return _mm_cvtss_f32(s);
 }
 /* codes 8i..8i+7 of q as f32 */
-static inline void vf8_store8(float *p, vf8 v) { _mm256_storeu_ps(p, v); }
 static inline void vq_to_f32(vq q, vf8 *o) {
   const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
   o[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));

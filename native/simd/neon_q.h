@@ -136,7 +136,6 @@ static inline float vf8_hsum(vf8 v) {
   return vpadds_f32(u);
 }
 /* codes 8i..8i+7 of q as f32 */
-static inline void vf8_store8(float *p, vf8 v) { vst1q_f32(p, v.val[0]); vst1q_f32(p + 4, v.val[1]); }
 static inline void vq_to_f32(vq q, vf8 *o) {
   for (int h = 0; h < 2; h++) {
     const int16x8_t w0 = vmovl_s8(vget_low_s8(q.val[h])), w1 = vmovl_high_s8(q.val[h]);

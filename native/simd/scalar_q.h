@@ -46,7 +46,6 @@ static inline vf8 vf8_fma(vf8 a, vf8 b, vf8 c) { for (int i = 0; i < 8; i++) c.f
 static inline float vf8_hsum(vf8 v) {
   return ((v.f[0] + v.f[4]) + (v.f[2] + v.f[6])) + ((v.f[1] + v.f[5]) + (v.f[3] + v.f[7]));
 }
-static inline void vf8_store8(float *p, vf8 v) { for (int i = 0; i < 8; i++) p[i] = v.f[i]; }
 static inline void vq_to_f32(vq q, vf8 *o) {
   for (int j = 0; j < 4; j++) for (int i = 0; i < 8; i++) o[j].f[i] = (float)q.b[8 * j + i];
 }
