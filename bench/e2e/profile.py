@@ -3,16 +3,7 @@
     python -m bench.e2e.profile MODEL.gguf [--threads 1,2,16] [--steps 32] [--prompt 512] [--md PATH]
     python -m bench.e2e.profile --shape 1b --type q4_0 --threads 1     # the synthetic file (bigmodels.py)
 
-Per thread count n: a prompt of --prompt tokens (one micro-batch) and --steps decode steps after
-it, through Model.eval twice: as it runs (the fused plans) and with fusion=False (the decoder with
-every graph node its own kernel: the per-op view). Counted by the thread pool and the plan
-executor themselves (cf_pool_profile, native/src/pool.c): W = wall time; R = the parallel regions'
-wall time on the calling thread; B = every thread's time inside tasks; each plan record kind's
-wall time. Serial = W - R (one thread works: activation quantization of one row, small ops,
-Python); in-region idle + sync = R - B / n; "lost" = serial x (n - 1) / n + idle + sync, as a
-share of W. Probes in the same process first (bench/threads.py): DRAM read bandwidth and the int8
-peak at n threads, against the decode's weight GB/s and the prompt's matmul GMAC/s. With 1 thread
-the process runs under `taskset -c 0`.
+What is counted (wall, serial, task and idle+sync time from cf_pool_profile): bench/README.md.
 """
 import argparse
 import json
