@@ -17,7 +17,7 @@ import sys
 import time
 
 from .. import threads as threads_mod
-from ..timing import RESULTS, cpu_name, fmt, load_avg, median, peer_status, run_job
+from ..timing import RESULTS, cpu_name, fmt, load_avg, median, parse_threads, peer_status, run_job
 from . import bigmodels
 from .model import DEFAULT_PEER, HERE, N_CTX, bench_tokens, per_round, run_rounds
 
@@ -133,22 +133,6 @@ PEERS = {
 
 # ================================================================================================
 # the run
-
-def parse_threads(s, ncpu):
-    ts = []
-    for x in s.split(","):
-        x = x.strip()
-        if x in ("all", "max"):
-            ts.append(ncpu)
-        elif x:
-            try:
-                ts.append(int(x))
-            except ValueError:
-                raise SystemExit(f"--threads {s!r}: expected a comma list of positive integers or 'all'") from None
-    if not ts or min(ts) < 1:
-        raise SystemExit(f"--threads {s!r}: expected a comma list of positive integers or 'all'")
-    return sorted(set(ts))
-
 
 def run(args):
     ncpu = len(os.sched_getaffinity(0))

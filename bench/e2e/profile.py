@@ -7,11 +7,14 @@ What is counted (wall, serial, task and idle+sync time from cf_pool_profile): be
 """
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
 
 import numpy as np
+
+from ..timing import parse_threads
 
 
 def _profiled(fn):
@@ -109,7 +112,7 @@ def main(argv=None):
         sys.exit("--prompt and --steps must be >= 1")
     path = a.model or bigmodels.ensure(a.shape, a.type, a.dir)
     P = []
-    for t in (int(x) for x in a.threads.split(",")):
+    for t in parse_threads(a.threads, len(os.sched_getaffinity(0))):
         job = {"model": path, "threads": t, "prompt": a.prompt, "steps": a.steps, "read_mib": a.read_mib}
         cmd = (["taskset", "-c", "0"] if t == 1 else []) + [sys.executable, "-m", "bench.e2e.profile", "--worker",
                                                             json.dumps(job)]

@@ -4,8 +4,6 @@ files themselves are 0.7-8 GB, these tests only the pieces), the real-shape repo
 of the entry points on SmolLM2 at the smallest settings (CPUFUSE_BENCH_SMOKE=0 skips them)."""
 import argparse
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -105,9 +103,6 @@ def test_e2e_big_report_handles_partial_results(tmp_path):
     assert "Partial results" in text and "**0.70×**" in text and "| 1b-Q4_0 | 2 | – |" in text
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
 def _smollm2():
     if os.environ.get("CPUFUSE_BENCH_SMOKE", "1") == "0":
         pytest.skip("CPUFUSE_BENCH_SMOKE=0")
@@ -116,12 +111,8 @@ def _smollm2():
 
 
 def _bench(*args):
-    from bench import threads   # every core of the original affinity: a pinned test process's child inherits it
-    every = (lambda: os.sched_setaffinity(0, threads.ALL_CORES)) if threads.ALL_CORES else None
-    p = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=900,
-                       preexec_fn=every)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return p.stdout
+    from bench import threads
+    return threads.run_module(*args)
 
 
 def test_smoke_model_bench(tmp_path):
