@@ -1,13 +1,5 @@
-"""The attention section: cpufuse.flash_attn against what users write, and peers (the rows: bench/cases.py).
-
-Decode: one query token (N = 1) of 32 query heads over T cached positions of 8 KV heads (GQA 4),
-head size 128, no mask, K/V f16 or f32. Prefill: N = T = 512 tokens, causal f16 mask, f16 K/V.
-Every variant is checked against cpufuse.reference.flash_attn (float64) before it is timed.
-
-Metrics: decode is K/V streaming: GB/s = bytes of K + V / time, compared with the same run's DRAM
-copy bandwidth. Prefill is compute: GFLOP/s with flops = 4 * D * Hq * (visible query-key pairs)
-(q.k and p.v, 2 flops per multiply-add each; causal N = T: T(T+1)/2 pairs per head, i.e. a causal
-fraction of (T+1)/(2T) ~ 0.5 of 4*N*T*D*Hq), compared with the same run's FMA peak.
+"""The attention section: cpufuse.flash_attn against what users write, and peers (the rows:
+bench/cases.py). Shapes, metrics and flop counts: bench/README.md, "Attention".
 """
 import functools
 import zlib

@@ -1,11 +1,5 @@
-"""The kernel tables' one case table, and the vocabulary every section shares (bench/README.md).
-
-A Case is one row: its section, its name, the run flags (quick: part of --quick; big: skipped by
---no-big; rounds: at most this many interleaved rounds; group: adjacent rows of one group are timed
-together; mode: kernel = back-to-back calls, alloc / out = per-call latency; scaling: a row of
-`bench.run --scaling`) and the section's parameters, read as attributes (case.shape, case.T, ...).
-A Variant is one column. A section (ops.py, attn.py, graphbench.py, quant.py, smallcalls.py) says
-how to make a row's inputs, its float64 reference, each column's call, and its derived numbers.
+"""The kernel tables' one case table (a Case is a row, a Variant a column) and the vocabulary every
+section shares; the fields and flags: bench/README.md.
 """
 from dataclasses import dataclass
 

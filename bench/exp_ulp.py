@@ -1,13 +1,7 @@
-"""Exhaustive accuracy of cpufuse's exp kernels: every float32 bit pattern through cf_exp_f32 (the
-library exp) and, for x <= 0, cf_exp_le0_f32 (the softmax's exp), per native ISA, against float64
-exp rounded to float32. Writes the table for the README (bench/results/exp_ulp.md).
+"""Exhaustive accuracy of cpufuse's exp kernels (cf_exp_f32, cf_exp_le0_f32) over every float32, per
+native ISA, against float64 exp rounded to float32 -> bench/results/exp_ulp.md (docs/notes.md).
 
     python -m bench.exp_ulp [--isa avx2] [--step 1] [--md bench/results/exp_ulp.md]
-
-ulp: |y - exp(x)| in units of the spacing of float32 at exp(x) (subnormal spacing below 2^-126).
-Reported over the finite, non-zero range of each function (exp: x in [-103.97, 88.72]; le0: the
-normal-result range x >= -87.33, below which it returns +0 by design), plus a count of wrong
-special results (NaN in -> NaN out, overflow -> +inf, exp(-inf) and underflow -> +0).
 """
 import argparse
 import time

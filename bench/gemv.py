@@ -1,11 +1,8 @@
 """One-row quantized matmul (decode GEMV) timing: bytes/cycle from cache and from DRAM, per type.
 
-    python -m bench.gemv [--types q4_0,q8_0,q4_k,q6_k] [--isa avx2] [--ghz 3.0] [--reps 200]
+    python -m bench.gemv [--types q4_0,q8_0,q4_k,q6_k] [--isa avx2] [--reps 200]
 
-In cache: one weight of `--cache-kib` KiB called back to back (it stays in L2/L3). From DRAM: a ring
-of weights totalling `--dram-mib` MiB (far beyond the LLC) called in turn, so each call streams its
-weight from memory. Each call goes straight to the kernel through cffi (no Python checks), pinned by
-the caller (taskset). Reports the median over `--rounds` rounds of the best-of time per call.
+Details: bench/README.md, "bench.gemv".
 """
 import argparse
 import statistics

@@ -1,13 +1,5 @@
-"""The graph and dispatch sections: the llama decoder block (cpufuse/reference/block.py) as a
-compiled plan, fused and unfused, against the same block in numpy; and the per-node dispatch cost
-of a plan (the rows: bench/cases.py).
-
-Block cases: SmolLM2-135M and Llama-7B-like sizes, one token over a 256-token cache (decode) and a
-128-token batch (prefill chunk). The matmul baselines are the block's seven matmuls alone, same
-shapes, run as a cpufuse plan (C calls into numpy's OpenBLAS, as the block plan does) and as numpy
-np.matmul(..., out=): non-matmul share = (block time - matmul time) / block time.
-
-Dispatch cases: a plan of many tiny nodes, time per node, against the same chain as Python calls.
+"""The graph and dispatch sections: the llama decoder block as a compiled plan, fused and unfused,
+against numpy, and the per-node dispatch cost of a plan (rows: bench/cases.py; bench/README.md).
 """
 import functools
 import zlib

@@ -1,13 +1,6 @@
 """The benchmark's chart: per case, the 1-thread time of every way of computing it, on a log axis.
 
     python -m bench.plot bench/results/latest.json -o bench/results/latest.png
-
-One panel per section of the JSON report (bench.run --json): a horizontal group of bars per case,
-one bar per 1-thread column that ran (numpy, numba, scalar, unfused SIMD, fused SIMD, the peers;
-the forced attention strategies, the all-core columns and the baselines are left out), median
-time per call on a log axis; the softmax rows' exp floor is a black tick across the group.
-bench.run calls write() at its end when --json / --md is given (--plot PATH). Needs matplotlib;
-without it the chart is skipped with the reason.
 """
 import argparse
 import json

@@ -532,11 +532,6 @@ PROBES = {}    # thread count -> DRAM read GB/s of every decode row's probe
 # ------------------------------------------------------------------------------------------------
 # Derived numbers and the markdown
 
-def _ok(res, k):
-    r = res.get(k)
-    return r if r and r.get("status") == "ok" and r.get("median_ns") else None
-
-
 def _cols(res, nth_all):
     """{base column: result} for the 1-thread (nth_all False) or all-core columns"""
     out = {}

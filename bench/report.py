@@ -7,10 +7,6 @@ HEADLINE_PEERS = ("numpy", "onnxruntime", "ggml", "torch")
 STATUS = {"skipped": "n/a", "failed": "FAIL", "error": "ERR"}
 
 
-def _num(v, nd=1):
-    return "–" if v is None else f"{v:.{nd}f}"
-
-
 def fmt_us(us):
     if us is None:
         return "–"

@@ -4,11 +4,7 @@
                         [--json PATH] [--md PATH] [--plot PATH] [--only SUBSTR]
     python -m bench.run --scaling [--max-threads N] [--tag TAG]      # the scaling rows at 1..16 threads
 
-The one case table is bench/cases.py; the sections (ops.py, attn.py, graphbench.py, quant.py,
-smallcalls.py) make each row's inputs, reference and calls; this file runs them (every column
-checked against float64 first, then timed in interleaved rounds, bench/timing.py) and
-bench/report.py writes the tables. Run it unpinned: the 1-thread columns pin their own thread to
-one core (bench/threads.py). Progress goes to stderr. See bench/README.md.
+Run it unpinned (the 1-thread columns pin themselves); progress goes to stderr. See bench/README.md.
 """
 import argparse
 import datetime

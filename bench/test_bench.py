@@ -4,8 +4,6 @@ every kernel-table entry point at the smallest settings (CPUFUSE_BENCH_SMOKE=0 s
 import json
 import math
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,7 +11,6 @@ import pytest
 from bench import attn, cases, graphbench, ops, report, run, threads, timing
 from cpufuse import reference as ref
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = os.environ.get("CPUFUSE_BENCH_SMOKE", "1") != "0"
 
 
@@ -364,14 +361,7 @@ SMOKE_ROWS = ("rms_norm×w 1×576", "decode T=512 f16", "SmolLM2 block n_tok=1",
               "SmolLM2 QKV 576→576+192+192 Q8_0 ×1", "softmax 1×64")
 
 
-def _bench(*args, timeout=900):
-    """python -m ARGS on every core of this process's original affinity (the harness tests above pin
-    this process to one core, and a child inherits that)"""
-    every = (lambda: os.sched_setaffinity(0, threads.ALL_CORES)) if threads.ALL_CORES else None
-    p = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                       preexec_fn=every)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return p
+_bench = threads.run_module   # the harness tests above pin this process to one core
 
 
 @pytest.mark.skipif(not SMOKE, reason="CPUFUSE_BENCH_SMOKE=0")

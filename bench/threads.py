@@ -9,6 +9,8 @@ import glob
 import math
 import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
 
@@ -108,6 +110,16 @@ def enter(nth):
 # OpenBLAS): OpenBLAS's idle workers keep spinning for ~0.1 s after a parallel call (its
 # THREAD_TIMEOUT, 2^28 cycles), which would steal the core of the next 1-thread variant.
 settle_s = [0.0]
+
+
+def run_module(*args, timeout=900):
+    """python -m ARGS from the repository root on every core of the original affinity (a pinned
+    test process's child inherits its pinning); asserts it exits 0, returns its stdout"""
+    every = (lambda: os.sched_setaffinity(0, ALL_CORES)) if ALL_CORES else None
+    p = subprocess.run([sys.executable, "-m", *args], cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       capture_output=True, text=True, timeout=timeout, preexec_fn=every)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p.stdout
 
 
 def _cpu_times():

@@ -249,6 +249,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
 
 
+def parse_threads(s, ncpu):
+    """--threads: a comma list of thread counts, "all" = ncpu; sorted, without repeats"""
+    ts = []
+    for x in s.split(","):
+        x = x.strip()
+        if x in ("all", "max"):
+            ts.append(ncpu)
+        elif x:
+            try:
+                ts.append(int(x))
+            except ValueError:
+                raise SystemExit(f"--threads {s!r}: expected a comma list of positive integers or 'all'") from None
+    if not ts or min(ts) < 1:
+        raise SystemExit(f"--threads {s!r}: expected a comma list of positive integers or 'all'")
+    return sorted(set(ts))
+
+
 def median(xs):
     """the median of the numbers that are not None or NaN (None when there are none)"""
     xs = [x for x in xs if x is not None and x == x]

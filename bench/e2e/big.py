@@ -2,6 +2,7 @@
 
     python -m bench.e2e.big [--models 1b[,8b,gemma3-1b,phi4-mini]] [--types q4_0,q4_k,q6_k,q8_0,q4_k_m] [--threads 1,2]
                             [--rounds 3] [--llama-bench PATH | --peer-python PATH] [--dir D]
+                            [--ik-llama-src CHECKOUT (or IK_LLAMA_SRC=CHECKOUT)]
                             [--json P] [--md P] [--png P]
 
 Details: bench/README.md, "bench.e2e.big".
@@ -16,13 +17,18 @@ import sys
 import time
 
 from .. import threads as threads_mod
-from ..timing import RESULTS, cpu_name, fmt, load_avg, median, peer_status, run_job
+from ..timing import RESULTS, cpu_name, fmt, load_avg, median, parse_threads, peer_status, run_job
 from . import bigmodels
 from .model import DEFAULT_PEER, HERE, N_CTX, bench_tokens, per_round, run_rounds
 
 PP, TG = 512, 128
-ENGINES = ("cpufuse", "llamacpp-fa-off", "llamacpp-fa-on")
-LABEL = {"cpufuse": "cpufuse", "llamacpp-fa-off": "llama.cpp FA off", "llamacpp-fa-on": "llama.cpp FA on"}
+ENGINES = ("cpufuse", "llamacpp-fa-off", "llamacpp-fa-on", "ik-fa-off", "ik-fa-on")
+LABEL = {"cpufuse": "cpufuse", "llamacpp-fa-off": "llama.cpp FA off", "llamacpp-fa-on": "llama.cpp FA on",
+         "ik-fa-off": "ik_llama.cpp FA off", "ik-fa-on": "ik_llama.cpp FA on"}
+# the peers' columns: (engine prefix, summary key, name in the report)
+PEER_COLS = (("llamacpp", "llamacpp-best", "llama.cpp"), ("ik", "ik-best", "ik_llama.cpp"))
+IK_CMAKE = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF"]
 
 
 # ================================================================================================
@@ -38,12 +44,13 @@ def worker_probe(job):
             "fma": threads_mod.fma_peak_stats(isa, n) if isa else None}
 
 
-def run_llama_bench(exe, path, threads, fa, reps, pin, timeout=1800):
-    """llama-bench for pp512 and tg128 at `threads`, flash attention on or off: {"wall": {"pp512":
-    [tok/s per run], "tg128": [...]}, "raw": its JSON records} or an error string"""
+def run_llama_bench(exe, path, threads, fa, reps, pin, timeout=1800, extra=()):
+    """llama-bench (llama.cpp's or ik_llama.cpp's) for pp512 and tg128 at `threads`, flash attention on
+    or off: ({"wall": {"pp512": [tok/s per run], "tg128": [...]}, "raw": its JSON records}, None) or
+    (None, an error string)"""
     cmd = (["taskset", "-c", "0"] if pin else []) + [
         exe, "-m", path, "-p", str(PP), "-n", str(TG), "-t", str(threads), "-fa", "1" if fa else "0",
-        "-r", str(reps), "-o", "json"]
+        "-r", str(reps), "-o", "json", *extra]
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -75,6 +82,31 @@ def _run_llama_bench(exe, path, threads, fa, toks, args, pin):
     return run_llama_bench(exe, path, threads, fa, args.reps_pp, pin, timeout=args.timeout)
 
 
+def _run_ik(exe, path, threads, fa, toks, args, pin):
+    return run_llama_bench(exe, path, threads, fa, args.reps_pp, pin, timeout=args.timeout, extra=["-rtr", "1"])
+
+
+def build_ik(src, models_dir, timeout=7200):
+    """ik_llama.cpp's llama-bench built from the checkout `src` into <models dir>/ik-llama-bench (outside
+    the repository; cmake builds incrementally): (path, None) or (None, why not)"""
+    src = os.path.abspath(os.path.expanduser(src))
+    if not os.path.isfile(os.path.join(src, "CMakeLists.txt")):
+        return None, f"IK_LLAMA_SRC={src} has no CMakeLists.txt"
+    bdir = os.path.join(bigmodels.models_dir(models_dir), "ik-llama-bench")
+    jobs = str(len(os.sched_getaffinity(0)))
+    for cmd in (["cmake", "-S", src, "-B", bdir, *IK_CMAKE],
+                ["cmake", "--build", bdir, "--target", "llama-bench", "-j", jobs]):
+        print("bench.e2e.big: " + " ".join(cmd), flush=True)
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return None, f"ik_llama.cpp build: {e}"
+        if p.returncode:
+            return None, f"ik_llama.cpp build: exit {p.returncode}: {(p.stderr or p.stdout).strip()[-600:]}"
+    exe = os.path.join(bdir, "bin", "llama-bench")
+    return (exe, None) if os.access(exe, os.X_OK) else (None, f"ik_llama.cpp build: no {exe}")
+
+
 def _executable(prog):
     return None if os.access(prog, os.X_OK) else f"{prog} is not an executable file"
 
@@ -94,27 +126,13 @@ PEERS = {
                              _run_llamacpp_python),
     "llama-bench": Peer("make llama-bench (bench/llama_bench_build.sh; --llama-bench PATH)", _executable,
                         _run_llama_bench),
+    "ik_llama.cpp": Peer("IK_LLAMA_SRC=<ik_llama.cpp checkout> (or --ik-llama-src) builds its llama-bench",
+                         _executable, _run_ik),
 }
 
 
 # ================================================================================================
 # the run
-
-def parse_threads(s, ncpu):
-    ts = []
-    for x in s.split(","):
-        x = x.strip()
-        if x in ("all", "max"):
-            ts.append(ncpu)
-        elif x:
-            try:
-                ts.append(int(x))
-            except ValueError:
-                raise SystemExit(f"--threads {s!r}: expected a comma list of positive integers or 'all'") from None
-    if not ts or min(ts) < 1:
-        raise SystemExit(f"--threads {s!r}: expected a comma list of positive integers or 'all'")
-    return sorted(set(ts))
-
 
 def run(args):
     ncpu = len(os.sched_getaffinity(0))
@@ -131,7 +149,8 @@ def run(args):
         else ("llama-cpp-python", args.peer_python)
     why_peer = PEERS[peer_kind].missing(prog)
     exe = prog if peer_kind != "llama-cpp-python" else None
-    engines = [e for e in ENGINES if not (why_peer and e.startswith("llamacpp"))]
+    ik, why_ik = build_ik(args.ik_llama_src, args.dir) if args.ik_llama_src else (None, "IK_LLAMA_SRC not given")
+    engines = [e for e in ENGINES if not (why_peer and e.startswith("llamacpp")) and not (why_ik and e.startswith("ik"))]
     if args.engines:
         engines = [e for e in engines if e in args.engines.split(",")]
     jobs = engines + ["probe"]
@@ -142,6 +161,8 @@ def run(args):
           f"{', '.join(engines)} (llama.cpp via {peer_kind}); load average {la0[0]:.2f}", flush=True)
     if why_peer:
         print(f"bench.e2e.big: llama.cpp columns skipped: {why_peer} ({PEERS[peer_kind].build})", flush=True)
+    if args.ik_llama_src and why_ik:
+        print(f"bench.e2e.big: ik_llama.cpp columns skipped: {why_ik}", flush=True)
     raw = {}
     errors = {}
     peer_info = {}
@@ -158,6 +179,7 @@ def run(args):
                "load_avg_start": la0, "load_avg_end": la1, "busy_cores": busy, "seconds": time.time() - t_start,
                "rounds": args.rounds, "threads": threads, "reps": reps, "pp_warm": args.pp_warm,
                "read_mib": args.read_mib, "n_ctx": N_CTX, "peer_kind": peer_kind, "llama_bench": exe,
+               "ik_llama_bench": ik, "ik_skipped": why_ik if args.ik_llama_src else None,
                "peer": peer_info, "peer_skipped": why_peer, "errors": errors, "files": done,
                "summary": summarize(done, raw, threads, engines), "raw": raw}
         with open(args.json, "w") as fh:
@@ -177,6 +199,11 @@ def run(args):
                 job = {"job": "speed", "engine": "cpufuse", "model": f["path"], "tokens": toks, "threads": t,
                        "pp": [PP], "tg": TG, "reps": reps, "n_ctx": N_CTX, "pp_warm": args.pp_warm}
                 return run_job(job, sys.executable, ["-m", "bench.e2e", "--worker"], t == 1, t, timeout=args.timeout)
+            if e.startswith("ik"):
+                res, err = PEERS["ik_llama.cpp"].run(ik, f["path"], t, e.endswith("fa-on"), toks, args, t == 1)
+                if res:
+                    peer_info["ik_version"] = res.get("version", "")
+                return res, err
             res, err = PEERS[peer_kind].run(prog, f["path"], t, e.endswith("fa-on"), toks, args, t == 1)
             if res and "version" in res:
                 peer_info.update(version=res["version"], system_info=res.get("system_info", ""), raw=res.get("raw"))
@@ -217,7 +244,7 @@ def summarize(files, raw, threads, engines):
                 d["fma_gflops"] = median([(p.get("fma") or {}).get("best") for p in pr])
                 d["probe_how"] = pr[0]["read"]["how"]
             for e in engines:
-                rs = R[e][str(t)]
+                rs = R.get(e, {}).get(str(t))
                 if not rs:
                     continue
                 de = d.setdefault(e, {})
@@ -225,14 +252,14 @@ def summarize(files, raw, threads, engines):
                 for key in (f"pp{PP}", f"tg{TG}"):
                     if per_round(rs, key):
                         de[key] = per_round(rs, key)
-            for key in (f"pp{PP}", f"tg{TG}"):
-                cands = [(d[e][key]["median"], e) for e in ("llamacpp-fa-off", "llamacpp-fa-on")
-                         if key in d.get(e, {})]
-                if cands:
-                    v, e = max(cands)
-                    d.setdefault("llamacpp-best", {})[key] = {"median": v, "which": e}
+            for pre, best, _ in PEER_COLS:
+                for key in (f"pp{PP}", f"tg{TG}"):
+                    cands = [(d[e][key]["median"], e) for e in (f"{pre}-fa-off", f"{pre}-fa-on") if key in d.get(e, {})]
+                    if cands:
+                        v, e = max(cands)
+                        d.setdefault(best, {})[key] = {"median": v, "which": e}
             w = f["work"]
-            for e in ("cpufuse", "llamacpp-best"):
+            for e in ("cpufuse", "llamacpp-best", "ik-best"):
                 de = d.get(e, {})
                 tg, pp = de.get(f"tg{TG}", {}).get("median"), de.get(f"pp{PP}", {}).get("median")
                 if tg:
@@ -271,6 +298,9 @@ def write_md(R, md_path, png_path=None):
               "the all-core cells (and the spread) show that contention, not only the engines.", ""]
     if R.get("peer_skipped"):
         L += [f"**llama.cpp columns skipped:** {R['peer_skipped']}", ""]
+    if R.get("ik_skipped"):
+        L += [f"**ik_llama.cpp columns skipped:** {R['ik_skipped']}", ""]
+    ik = any("ik-best" in d for n in S for d in S[n].values())
     L += ["Models (random weights with the real shapes, written by `bench/e2e/bigmodels.py`; weights = bytes a decode "
           "step streams: every layer matrix and the output matrix; MACs = int8 multiply-adds per token of the "
           "matmuls):", "", "| file | size | tensor types (bytes) | weights / token | MACs / token |", "|---|---|---|---|---|"]
@@ -290,10 +320,12 @@ def write_md(R, md_path, png_path=None):
     L += ["", f"DRAM read: a sum over {R.get('read_mib', 1024)} MiB of float32 ({how}), median of 7 passes; int8 peak: `cf_int8_peak` "
           "(native/kernels/probe.inc), best of ~2 ms runs on every thread at once; FMA peak: `cf_fma_peak`. "
           "1 thread pinned (`taskset -c 0`), more threads unpinned.", ""]
-    L += ["## Speed (tokens/s, median over rounds; llama.cpp = the better of flash attention off / on)", "",
-          "| file | threads | pp512 cpufuse | pp512 llama.cpp | **pp ratio** | tg128 cpufuse | tg128 llama.cpp | "
-          "**tg ratio** | decode GB/s cpufuse / llama.cpp | % DRAM read | prompt GMAC/s cpufuse / llama.cpp | % int8 peak |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    head = [t for k in ("pp", "tg") for t in [f"{k}{PP if k == 'pp' else TG} cpufuse", f"{k}{PP if k == 'pp' else TG} "
+            "llama.cpp", f"**{k} ratio**"] + ([f"{k}{PP if k == 'pp' else TG} ik_llama.cpp", f"**{k} ratio ik**"] if ik else [])]
+    head += ["decode GB/s cpufuse / llama.cpp", "% DRAM read", "prompt GMAC/s cpufuse / llama.cpp", "% int8 peak"]
+    L += ["## Speed (tokens/s, median over rounds; llama.cpp" + (", ik_llama.cpp" if ik else "") + " = the better of "
+          "flash attention off / on; ratio = cpufuse / peer)", "",
+          "| file | threads | " + " | ".join(head) + " |", "|---|---|" + "---|" * len(head)]
     spreads = []
     for f in R["files"]:
         name = os.path.basename(f["path"])
@@ -302,10 +334,13 @@ def write_md(R, md_path, png_path=None):
             c, b = d.get("cpufuse", {}), d.get("llamacpp-best", {})
             row = [name.replace("llama-", "").replace("-shapes", "").replace(".gguf", ""), str(t)]
             for key in (f"pp{PP}", f"tg{TG}"):
-                a, l_ = c.get(key, {}).get("median"), b.get(key, {}).get("median")
-                fa = b.get(key, {}).get("which", "")
-                row += [fmt(a, 2), fmt(l_, 2) + (" (FA on)" if fa.endswith("on") else " (FA off)" if fa else ""),
-                        f"**{a / l_:.2f}×**" if a and l_ else "–"]
+                a = c.get(key, {}).get("median")
+                row.append(fmt(a, 2))
+                for best in ("llamacpp-best", "ik-best") if ik else ("llamacpp-best",):
+                    l_ = d.get(best, {}).get(key, {}).get("median")
+                    fa = d.get(best, {}).get(key, {}).get("which", "")
+                    row += [fmt(l_, 2) + (" (FA on)" if fa.endswith("on") else " (FA off)" if fa else ""),
+                            f"**{a / l_:.2f}×**" if a and l_ else "–"]
             row += [f"{fmt(c.get('decode_gbps'))} / {fmt(b.get('decode_gbps'))}",
                     f"{fmt(c.get('decode_pct_read'), 0)} / {fmt(b.get('decode_pct_read'), 0)} %",
                     f"{fmt(c.get('prompt_gmacs'))} / {fmt(b.get('prompt_gmacs'))}",
@@ -330,7 +365,7 @@ def write_md(R, md_path, png_path=None):
             if parts:
                 fa_rows.append(f"- {name} × {t}: " + "; ".join(parts))
     if fa_rows:
-        L += ["llama.cpp with flash attention off and on (tok/s, pp512 / tg128):", ""] + fa_rows + [""]
+        L += ["The peers with flash attention off and on (tok/s, pp512 / tg128):", ""] + fa_rows + [""]
     bad = [f"{n} × {t} {e}" for n in S for t in S[n] for e in ENGINES
            if isinstance(S[n][t].get(e), dict) and S[n][t][e].get("logits_finite") is False]
     L += [("Logits: **non-finite values** in " + ", ".join(bad)) if bad else
@@ -349,6 +384,10 @@ def write_md(R, md_path, png_path=None):
            "- llama.cpp: llama-cpp-python in its own venv and process (bench/e2e/peer.py): `Llama(n_ctx=1024, "
            "n_batch=512, n_ubatch=512, n_threads=k, n_threads_batch=k, flash_attn=…)`, f16 K/V, mmap, repack on."),
           "- 1 thread: the engine's process under `taskset -c 0`; more threads: unpinned.", ""]
+    if ik:
+        L[-1:-1] = [f"- ik_llama.cpp {peer.get('ik_version', '')}: `{R.get('ik_llama_bench') or 'llama-bench'} -m FILE -p 512 "
+                    "-n 128 -t k -fa 0|1 -r R -o json -rtr 1` (run-time repack), built from IK_LLAMA_SRC with "
+                    "cmake " + " ".join(IK_CMAKE) + ", target llama-bench; its rounds alternate with the others."]
     if peer.get("system_info"):
         L += [f"llama.cpp system info: `{peer['system_info'].strip()}`", ""]
     if R.get("errors"):
@@ -380,7 +419,7 @@ def plot(R, path):
         for i, f in enumerate(R["files"]):
             name = os.path.basename(f["path"])
             lab = name.replace("llama-", "").replace("-shapes", "").replace(".gguf", "")
-            for e, ls, mk in (("cpufuse", "-", "o"), ("llamacpp-best", "--", "s")):
+            for e, ls, mk in (("cpufuse", "-", "o"), ("llamacpp-best", "--", "s"), ("ik-best", ":", "^")):
                 xs, ys = [], []
                 for t in threads:
                     v = S[name].get(str(t), {}).get(e, {}).get(key, {}).get("median")
@@ -389,7 +428,7 @@ def plot(R, path):
                         ys.append(v)
                 if xs:
                     ax.plot(xs, ys, ls, marker=mk, color=OTHER[i % len(OTHER)],
-                            label=f"{lab} {'cpufuse' if e == 'cpufuse' else 'llama.cpp'}")
+                            label=f"{lab} {dict((c[1], c[2]) for c in PEER_COLS).get(e, 'cpufuse')}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(threads)
@@ -402,7 +441,7 @@ def plot(R, path):
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
     axes[1].legend(fontsize=7, loc="best")
-    fig.suptitle(f"cpufuse (solid) vs llama.cpp (dashed) — {R['machine']['cpu']}", fontsize=9)
+    fig.suptitle(f"cpufuse (solid) vs llama.cpp (dashed), ik_llama.cpp (dotted) — {R['machine']['cpu']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -424,6 +463,9 @@ def main(argv=None):
     ap.add_argument("--engines", help="comma list, a subset of " + ",".join(ENGINES))
     ap.add_argument("--llama-bench", metavar="PATH", help="run llama.cpp as this llama-bench binary "
                     "(bench/llama_bench_build.sh builds it) instead of llama-cpp-python")
+    ap.add_argument("--ik-llama-src", metavar="DIR", default=os.environ.get("IK_LLAMA_SRC") or None,
+                    help="an ik_llama.cpp checkout: build its llama-bench (into <--dir>/ik-llama-bench) and add its "
+                    "columns (default $IK_LLAMA_SRC)")
     ap.add_argument("--peer-python", default=DEFAULT_PEER, help=f"interpreter with llama_cpp (default {DEFAULT_PEER})")
     ap.add_argument("--dir", help="the models' cache folder (bench/e2e/bigmodels.py; default $CPUFUSE_BENCH_MODELS "
                     f"or {bigmodels.DEFAULT_DIR})")

