@@ -20,9 +20,12 @@ TEMPLATE = ("{% for message in messages %}"
 
 
 def _blocks():
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        text = f.read()
-    return re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
+    """the python blocks of README.md, then of docs/kernels.md (the kernel API the README points to)"""
+    out = []
+    for name in ("README.md", os.path.join("docs", "kernels.md")):
+        with open(os.path.join(ROOT, name), encoding="utf-8") as f:
+            out += re.findall(r"^```python\n(.*?)^```", f.read(), re.S | re.M)
+    return out
 
 
 def test_readme_has_python_blocks():
