@@ -209,7 +209,7 @@ def test_gemma_tokens_eog_template(tmp_path):
     assert text == (tok.bos_text + "<start_of_turn>user\nBe brief.\n\nhi<end_of_turn>\n"
                     "<start_of_turn>model\nhello<end_of_turn>\n<start_of_turn>user\nbye<end_of_turn>\n"
                     "<start_of_turn>model\n")
-    ids = m._prompt_ids(msgs)
+    ids = m.prompt_ids(msgs)
     assert ids.count(tok.bos_id) == 1 and ids[0] == tok.bos_id
     with pytest.raises(Exception, match="alternate"):
         chat_prompt(tok, [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])

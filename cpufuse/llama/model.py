@@ -470,10 +470,3 @@ class Model:
             except StopIteration as e:
                 return e.value
 
-    # the old private names, still read by bench/ (issue 28 item 6 moves it to the public ones)
-    _embed = embed
-    _prompt_ids = prompt_ids
-
-    @property
-    def _rope_kw(self):
-        return self.rope_kw

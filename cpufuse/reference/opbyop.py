@@ -26,7 +26,7 @@ def forward(m, tokens, pos0, kc_all, vc_all, all_logits=False, bufs=None):
     eps, act, isa, nt = hp.eps, m.act, m.isa, m.n_threads
     b = {k: a[:n] for k, a in (bufs or buffers(m, n)).items()}
     x, q, k, v, o, g = b["x"], b["q"], b["k"], b["v"], b["o"], b["g"]
-    m._embed(tokens, x)
+    m.embed(tokens, x)
     q3, k3, v3 = q.reshape(n, H, D), k.reshape(n, Hkv, D), v.reshape(n, Hkv, D)
     attn = b["attn"].reshape(1, n, H, D)
     pos = np.arange(pos0, T, dtype=np.int32)
@@ -35,7 +35,7 @@ def forward(m, tokens, pos0, kc_all, vc_all, all_logits=False, bufs=None):
         mask = np.zeros((n, T), np.float16)
         mask[:, pos0:T] = np.triu(np.full((n, n), -np.inf, np.float16), 1)
         mask = mask[None, None]
-    rope_kw = m._rope_kw
+    rope_kw = m.rope_kw
     for li, L in enumerate(m.layers):
         matmul_multi(x, (L.wq, L.wk, L.wv), out=(q, k, v), norm_weight=L.attn_norm, eps=eps, act=act,
                      isa=isa, n_threads=nt)
