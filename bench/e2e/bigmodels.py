@@ -1,7 +1,7 @@
 """Synthetic GGUFs with real model shapes (Llama 3, Gemma 3, Phi-4-mini), for the end-to-end benchmark.
 
-    python -m bench.e2e.bigmodels [--models 1b,8b,gemma3-1b,phi4-mini] [--types q4_0,q4_k,q6_k,q8_0,q4_k_m] [--dir D]
-                              [--force] [--check]
+    python -m bench.e2e.bigmodels [--models 1b,8b,gemma3-1b,phi4-mini] [--types q4_0,...,q4_k_m] [--dir D] [--force]
+                                  [--check] [--pure]
 
 Details: bench/README.md, "bench.e2e.bigmodels".
 """
@@ -10,6 +10,7 @@ import concurrent.futures
 import json
 import math
 import os
+import shutil
 import sys
 import time
 
@@ -26,8 +27,7 @@ SHAPES = {
                tied=True, n_ctx_train=131072, freq_base=500000.0, eps=1e-5, rope_factor=32.0),
     "8b": dict(name="Llama-3.1-8B", n_embd=4096, n_layer=32, n_ff=14336, n_head=32, n_head_kv=8, n_vocab=128256,
                tied=False, n_ctx_train=131072, freq_base=500000.0, eps=1e-5, rope_factor=8.0),
-    # other architectures (arch: cpufuse/llama/tiny.py's keys and tensors for it; arch_keys: the real
-    # model's values of the "<arch>." keys beyond the common ones)
+    # arch: cpufuse/llama/tiny.py's keys and tensors for it; arch_keys: the real "<arch>." keys beyond those
     "gemma3-1b": dict(name="Gemma-3-1B", arch="gemma3", n_embd=1152, n_layer=26, n_ff=6912, n_head=4, n_head_kv=1,
                       head_dim=256, n_vocab=262144, tied=True, n_ctx_train=32768, freq_base=1000000.0, eps=1e-6,
                       arch_keys={"attention.sliding_window": 512}),
@@ -39,8 +39,7 @@ SHAPES = {
 }
 TYPES = ("q4_0", "q4_k", "q6_k", "q8_0", "q4_k_m")
 
-# block size (weights), bytes per block and GGUF type number of the block types used here (from
-# cpufuse/quant/types.py, the one table), and the llama_ftype numbers
+# block size, bytes per block and GGUF type number of the block types used here; the llama_ftype numbers
 _BLOCK_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q6_K", "Q5_0")
 QK = {t: QTYPES[t].block_size for t in _BLOCK_TYPES}
 BLOCK_BYTES = {t: QTYPES[t].type_size for t in _BLOCK_TYPES}
@@ -56,12 +55,8 @@ def file_name(shape, qtype, pure=False):
     return f"{'' if 'arch' in SHAPES[shape] else 'llama-'}{shape}-shapes-{qtype.upper()}{'-pure' if pure else ''}.gguf"
 
 
-# ------------------------------------------------------------------------------------------------
-# which type each tensor gets
-
 def tensor_type(shape, qtype, role, pure=False):
-    """the GGML type name of a 2-D weight: role is 'token_embd', 'output' or a layer matrix name
-    ('attn_q', ..., 'ffn_down'); see the module docstring for the rules"""
+    """the GGML type llama.cpp's quantizer gives a 2-D weight of `role` ('token_embd', 'output', 'attn_q', ...)"""
     base = "Q4_K" if qtype == "q4_k_m" else qtype.upper()
     if pure:
         return base
@@ -98,16 +93,12 @@ def tensors(shape, qtype, pure=False):
 
 
 def nbytes(kind, n_out, n_in, t):
-    if kind == "f32":
-        return 4 * n_out * n_in
-    return n_out * (n_in // QK[t]) * BLOCK_BYTES[t]
+    return 4 * n_out * n_in if kind == "f32" else n_out * (n_in // QK[t]) * BLOCK_BYTES[t]
 
 
 def work(shape, qtype, pure=False):
-    """What one token costs, from the shapes: decode weight bytes streamed (every layer matrix and
-    the output matrix; token_embd only as the output when tied: its one get_rows row is nothing),
-    int8 MACs of the matmuls (sum of n_in * n_out), and the attention MACs of a 512-token prompt
-    per token (QK^T and PV, causal: (T + 1) / 2 keys on average), stated apart."""
+    """What one token costs: decode weight bytes streamed (every layer matrix and the output matrix),
+    int8 MACs of the matmuls, and apart the attention MACs per token of a 512-token prompt"""
     s = SHAPES[shape]
     wb = macs = 0
     types = {}
@@ -127,9 +118,6 @@ def file_bytes(shape, qtype, pure=False):
     return sum(nbytes(k, o, i, t) for _, k, o, i, t in tensors(shape, qtype, pure))
 
 
-# ------------------------------------------------------------------------------------------------
-# random blocks
-
 def _f16_col(buf, off):
     """the f16 field at byte `off` of every block (row) of buf, as a writable strided view"""
     return np.ndarray(shape=(buf.shape[0],), dtype="<f2", buffer=buf, offset=off, strides=(buf.strides[0],))
@@ -143,27 +131,18 @@ def _d_table(d0, signed):
     return mag.astype(np.float16)
 
 
-def _rms(vals):
-    v = np.asarray(vals, np.float64)
-    return float(np.sqrt(np.mean(v * v)))
+def _rms(*ranges):
+    return math.prod(float(np.sqrt(np.mean(np.asarray(v, np.float64) ** 2))) for v in ranges)
 
 
 # RMS of the code part of one weight, per type (uniform random codes): Q4_0 (q - 8), Q8_0 q,
 # Q4_K sc*(q - 7.5) with sc uniform in 32..63, Q6_K sc*(q - 32) with |sc| uniform in 32..95
-_Q4K_SC = np.arange(32, 64)
-_Q6K_SC = np.arange(32, 96)
-CODE_RMS = {
-    "Q4_0": _rms(np.arange(16) - 8),
-    "Q8_0": _rms(np.arange(-128, 128)),
-    "Q4_K": _rms(_Q4K_SC) * _rms(np.arange(16) - 7.5),
-    "Q6_K": _rms(_Q6K_SC) * _rms(np.arange(64) - 32),
-    "Q5_0": _rms(np.arange(32) - 16),
-}
+CODE_RMS = {"Q4_0": _rms(np.arange(16) - 8), "Q8_0": _rms(np.arange(-128, 128)), "Q5_0": _rms(np.arange(32) - 16),
+            "Q4_K": _rms(np.arange(32, 64), np.arange(16) - 7.5), "Q6_K": _rms(np.arange(32, 96), np.arange(64) - 32)}
 
 
 def random_blocks(t, n_out, n_in, rng):
-    """(n_out * n_in / QK) blocks of type t as a uint8 array (n_out, row bytes): random codes, the
-    scales set for an element RMS of 1/sqrt(n_in) and mean ~0 (module docstring)"""
+    """(n_out, row bytes) uint8 blocks of type t: random codes, scales for an element RMS of 1/sqrt(n_in), mean ~0"""
     if t not in QK:
         raise ValueError(f"type {t!r}: expected one of {sorted(QK)}")
     nb = n_out * n_in // QK[t]
@@ -192,8 +171,7 @@ def random_blocks(t, n_out, n_in, rng):
 
 
 def rope_freqs(shape):
-    """llama3 RoPE frequency factors (rope_freqs.weight): low_freq_factor 1, high_freq_factor 4,
-    original context 8192, factor 8 (8B) or 32 (1B)"""
+    """llama3 RoPE frequency factors: low / high freq factor 1 / 4, original context 8192, factor 8 or 32"""
     s = SHAPES[shape]
     D = s["n_embd"] // s["n_head"]
     factor, lo_f, hi_f, old = s["rope_factor"], 1.0, 4.0, 8192
@@ -206,8 +184,7 @@ def rope_freqs(shape):
 
 
 def longrope_factors(n, long):
-    """LongRoPE factors of n frequency pairs shaped like Phi-4-mini's: short all 1; long a geometric
-    ramp from 1 to 32 over the first two thirds of the pairs, then 32"""
+    """Phi-4-mini-like LongRoPE factors: short all 1; long a ramp from 1 to 32 over two thirds of the pairs"""
     if not long:
         return np.ones(n, np.float32)
     k = (2 * n) // 3
@@ -226,9 +203,7 @@ def dims(shape):
 
 
 def arch_tensors(shape, qtype, pure=False):
-    """tensors() of an arch shape: tiny.py's tensor_plan for the arch at the real dims, each 2-D
-    weight of tensor_type (its role: the name's last part), K-quants on rows that are not a
-    multiple of 256 replaced as llama.cpp does (KQUANT_FALLBACK)"""
+    """tensors() of an arch shape: tiny.py's tensor_plan at the real dims, K-quants replaced on short rows"""
     s = SHAPES[shape]
     out = []
     for name, kind, n_out, n_in in tensor_plan(s["arch"], dims(shape), s["n_vocab"], s["tied"]):
@@ -240,12 +215,8 @@ def arch_tensors(shape, qtype, pure=False):
     return out
 
 
-# ------------------------------------------------------------------------------------------------
-# vocabulary
-
 def vocab(n_vocab=128256):
-    """(tokens, token_types, merges) of the byte-level BPE vocabulary (module docstring), fillers up
-    to n_vocab - 256, then the 256 special tokens"""
+    """(tokens, token_types, merges): 256 byte symbols, 702 merges, fillers, then the 256 Llama-3 specials"""
     from gguf import TokenType
 
     from cpufuse.llama.tokenizer import bytes_to_unicode
@@ -278,9 +249,6 @@ def vocab(n_vocab=128256):
     return tokens, types, merges
 
 
-# ------------------------------------------------------------------------------------------------
-# writing
-
 def params(shape, qtype, pure=False, seed=0):
     if shape not in SHAPES:
         raise ValueError(f"shape {shape!r}: expected one of {sorted(SHAPES)}")
@@ -290,14 +258,10 @@ def params(shape, qtype, pure=False, seed=0):
             **SHAPES[shape]}
 
 
-def _sidecar(path):
-    return path + ".json"
-
-
 def is_valid(path, shape, qtype, pure=False, seed=0):
     """True when `path` exists with the expected size and its sidecar names these parameters"""
     try:
-        with open(_sidecar(path)) as f:
+        with open(path + ".json") as f:
             meta = json.load(f)
         return meta.get("params") == params(shape, qtype, pure, seed) and os.path.getsize(path) == meta.get("size")
     except (OSError, ValueError):
@@ -317,18 +281,12 @@ def write(path, shape, qtype, pure=False, seed=0, log=print):
     w = gguf.GGUFWriter(tmp, s.get("arch", "llama"))
     add_model_keys(w, s.get("arch", "llama"), dims(shape), f"{s['name']} shapes, random {qtype.upper()} weights "
                    "(cpufuse bench)", s["n_ctx_train"], s["freq_base"], s["eps"], s.get("arch_keys"))
-    w.add_file_type(FTYPE[qtype])
-    w.add_quantization_version(2)
-    w.add_vocab_size(s["n_vocab"])
     tokens, types, merges = vocab(s["n_vocab"])
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("llama-bpe")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(s["n_vocab"] - 256)   # <|begin_of_text|>, <|eot_id|>
-    w.add_eos_token_id(s["n_vocab"] - 256 + 9)
-    w.add_add_bos_token(True)
+    for key, v in (("file_type", FTYPE[qtype]), ("quantization_version", 2), ("vocab_size", s["n_vocab"]),
+                   ("tokenizer_model", "gpt2"), ("tokenizer_pre", "llama-bpe"), ("token_list", tokens),
+                   ("token_types", types), ("token_merges", merges), ("bos_token_id", s["n_vocab"] - 256),
+                   ("eos_token_id", s["n_vocab"] - 256 + 9), ("add_bos_token", True)):   # <|begin_of_text|>, <|eot_id|>
+        getattr(w, "add_" + key)(v)
     for name, kind, n_out, n_in, t in plan:
         if kind == "f32":
             w.add_tensor_info(name, (n_in,), np.dtype(np.float32), 4 * n_in)
@@ -336,9 +294,8 @@ def write(path, shape, qtype, pure=False, seed=0, log=print):
             nb = nbytes(kind, n_out, n_in, t)
             w.add_tensor_info(name, (n_out, nb // n_out), np.dtype(np.uint8), nb,
                               raw_dtype=gguf.GGMLQuantizationType(GGML_TYPE[t]))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
+    for part in ("header", "kv_data", "ti_data"):
+        getattr(w, f"write_{part}_to_file")()
     rng = np.random.default_rng([seed, GEN_VERSION, list(SHAPES).index(shape), TYPES.index(qtype)])
 
     def make(item):
@@ -367,13 +324,8 @@ def write(path, shape, qtype, pure=False, seed=0, log=print):
                 last = now
     w.close()
     os.replace(tmp, path)
-    # Flush the GBs just written before anything is timed: the kernel's writeback of dirty pages
-    # otherwise runs during the first measurements (seen on the 16-core Xeon as decode steps 2-5x
-    # slower at 16 threads, with the load average up while nothing else ran).
-    t_sync = time.perf_counter()
-    os.sync()
-    log(f"  {os.path.basename(path)}: synced to disk in {time.perf_counter() - t_sync:.1f} s")
-    with open(_sidecar(path), "w") as f:
+    os.sync()   # before anything is timed (the kernel's writeback slowed the first measurements 2-5x)
+    with open(path + ".json", "w") as f:
         json.dump({"params": p, "size": os.path.getsize(path), "seconds": time.perf_counter() - t0,
                    "work": work(shape, qtype, pure)}, f, indent=1)
     return path
@@ -381,15 +333,11 @@ def write(path, shape, qtype, pure=False, seed=0, log=print):
 
 def _check_outside_git(path):
     """refuse a model path inside this repository unless git ignores it (no multi-GB file in git)"""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if os.path.commonpath([root, os.path.abspath(path)]) != root or not os.path.exists(os.path.join(root, ".git")):
         return
     import subprocess
-    try:
-        r = subprocess.run(["git", "-C", root, "check-ignore", "-q", os.path.abspath(path)], capture_output=True)
-    except OSError:
-        return
-    if r.returncode == 1:
+    if subprocess.run(["git", "-C", root, "check-ignore", "-q", os.path.abspath(path)]).returncode == 1:
         raise ValueError(f"models folder {os.path.dirname(path)}: inside the repository and not ignored by git; "
                          "choose a folder outside it (default ~/.cache/cpufuse-bench) or an ignored one")
 
@@ -403,8 +351,7 @@ def ensure(shape, qtype, directory=None, pure=False, seed=0, force=False, log=pr
     _check_outside_git(path)
     need = file_bytes(shape, qtype, pure)
     os.makedirs(d, exist_ok=True)
-    st = os.statvfs(d)
-    free = st.f_bavail * st.f_frsize + (os.path.getsize(path) if os.path.exists(path) else 0)
+    free = shutil.disk_usage(d).free + (os.path.getsize(path) if os.path.exists(path) else 0)
     if free < need + (1 << 30):
         raise OSError(f"{d}: {free / 2**30:.1f} GiB free, {need / 2**30:.1f} GiB needed for {file_name(shape, qtype, pure)} "
                       "(+1 GiB margin); free some space or choose another --dir / CPUFUSE_BENCH_MODELS")

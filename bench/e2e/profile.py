@@ -6,15 +6,15 @@
 What is counted (wall, serial, task and idle+sync time from cf_pool_profile): bench/README.md.
 """
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 
 import numpy as np
 
-from ..timing import parse_threads
+from . import parse_threads, run_job
+from . import bigmodels
+from .big import worker as probes
 
 
 def _profiled(fn):
@@ -34,13 +34,10 @@ def _profiled(fn):
 
 def worker(job):
     from cpufuse.llama import Model
-
-    from .. import threads
     nth, n_prompt, steps = job["threads"], job["prompt"], job["steps"]
-    isa = threads.best_isa()
-    res = {"threads": nth, "isa": isa,
-           "read_gbps": threads.read_bw_stats(nth, nbytes=job["read_mib"] << 20, isa=isa)["gbps"] if job["read_mib"] else None,
-           "int8_gmacs": (threads.int8_peak_stats(isa, nth) or {}).get("best")}
+    p = probes(job) if job["read_mib"] else {"read": {}}
+    res = {"threads": nth, "isa": p.get("isa"), "read_gbps": p["read"].get("gbps"),
+           "int8_gmacs": (p.get("int8") or {}).get("best")}
     for fusion in (True, False):
         m = Model.load(job["model"], n_ctx=n_prompt + steps + 40, n_threads=nth, n_batch=max(n_prompt, 16), fusion=fusion)
         toks = [int(t) for t in np.random.default_rng(0).integers(10, m.hparams.n_vocab - 10, size=n_prompt + steps + 17)]
@@ -67,32 +64,27 @@ def markdown(model, P, n_prompt, steps):
         t, d, p = r["threads"], r["fused"]["decode"], r["fused"]["prompt"]
         W, R, B = (d[k] / steps / 1e3 for k in ("wall", "region", "busy"))
         serial, idle = (W - R, R - B / t) if t > 1 else (0.0, 0.0)
-        lost = serial * (t - 1) / t + idle
-        gbs = r["weight_bytes"] / (W * 1e3)
-        gm = r["macs"] * n_prompt / p["wall"]
-        rd, pk = r["read_gbps"], r["int8_gmacs"]
+        gbs, gm, rd, pk = r["weight_bytes"] / (W * 1e3), r["macs"] * n_prompt / p["wall"], r["read_gbps"], r["int8_gmacs"]
         L.append(f"| {t} | {W:.0f} | {d['regions'] / steps:.0f} | {serial:.0f} | {idle:.0f} | {B / t:.0f} | "
-                 f"{100 * lost / W:.1f} | {gbs:.1f} ({f'{100 * gbs / rd:.0f} %' if rd else '–'}) | "
+                 f"{100 * (serial * (t - 1) / t + idle) / W:.1f} | {gbs:.1f} ({f'{100 * gbs / rd:.0f} %' if rd else '–'}) | "
                  f"{gm:.1f} ({f'{100 * gm / pk:.0f} %' if pk else '–'}) |")
     for r in P:
         f, u = r["fused"], r["unfused"]
-        kinds = sorted({k for x in (f, u) for k in x["decode"]["ops"]} | {k for x in (f, u) for k in x["prompt"]["ops"]},
+        kinds = sorted({k for x in (f, u) for w in ("decode", "prompt") for k in x[w]["ops"]},
                        key=lambda k: -u["decode"]["ops"].get(k, 0))
         L += ["", f"Wall time per plan record kind at {r['threads']} thread(s) (the C plan executor; the rest of "
               f"the total is Python and the embedding); probes: DRAM read {r['read_gbps'] or float('nan'):.1f} GB/s, "
               f"int8 peak {r['int8_gmacs'] or float('nan'):.0f} GMAC/s ({r['isa']}):", "",
               "| record | decode µs / token, fused | unfused | prompt ms, fused | unfused |", "|---|---:|---:|---:|---:|"]
         for k in kinds + ["TOTAL (wall)"]:
-            def get(x, what, scale):
-                v = x[what]["wall"] if k == "TOTAL (wall)" else x[what]["ops"].get(k)
-                return f"{v / scale:.1f}" if v else "–"
-            L.append(f"| {k} | {get(f, 'decode', steps * 1e3)} | {get(u, 'decode', steps * 1e3)} | "
-                     f"{get(f, 'prompt', 1e6)} | {get(u, 'prompt', 1e6)} |")
+            cell = [x[w]["wall"] if k == "TOTAL (wall)" else x[w]["ops"].get(k) for w in ("decode", "prompt")
+                    for x in (f, u)]
+            L.append(f"| {k} | " + " | ".join(f"{v / s:.1f}" if v else "–" for v, s in
+                                               zip(cell, (steps * 1e3, steps * 1e3, 1e6, 1e6))) + " |")
     return "\n".join(L) + "\n"
 
 
 def main(argv=None):
-    from . import bigmodels
     ap = argparse.ArgumentParser(prog="python -m bench.e2e.profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("model", nargs="?", help="a GGUF (default: the synthetic --shape / --type file)")
     ap.add_argument("--shape", default="1b", choices=list(bigmodels.SHAPES))
@@ -103,23 +95,16 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--read-mib", type=int, default=1024, help="the DRAM read probe's array (0: no probe)")
     ap.add_argument("--md", help="also write the tables here")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    if a.worker:
-        print("E2E_RESULT " + json.dumps(worker(json.loads(a.worker))))
-        return
     if min(a.prompt, a.steps) < 1:
         sys.exit("--prompt and --steps must be >= 1")
-    path = a.model or bigmodels.ensure(a.shape, a.type, a.dir)
-    P = []
+    path, P = a.model or bigmodels.ensure(a.shape, a.type, a.dir), []
     for t in parse_threads(a.threads, len(os.sched_getaffinity(0))):
-        job = {"model": path, "threads": t, "prompt": a.prompt, "steps": a.steps, "read_mib": a.read_mib}
-        cmd = (["taskset", "-c", "0"] if t == 1 else []) + [sys.executable, "-m", "bench.e2e.profile", "--worker",
-                                                            json.dumps(job)]
-        p = subprocess.run(cmd, check=True, capture_output=True, text=True)
-        P.append(json.loads(p.stdout.strip().splitlines()[-1][len("E2E_RESULT "):]))
+        res, err = run_job({"worker": "profile", "model": path, "threads": t, "prompt": a.prompt, "steps": a.steps,
+                            "read_mib": a.read_mib}, pin=t == 1, threads=t, timeout=3600)
+        P.append(res or sys.exit(f"profile at {t} thread(s): {err}"))
         print(f"profile: {t} thread(s) done", file=sys.stderr, flush=True)
-    md = markdown(path.rsplit("/", 1)[-1], P, a.prompt, a.steps)
+    md = markdown(os.path.basename(path), P, a.prompt, a.steps)
     print(md)
     if a.md:
         with open(a.md, "w") as f:

