@@ -7,6 +7,7 @@ Details: bench/README.md, "bench.e2e.bigmodels".
 """
 import argparse
 import concurrent.futures
+import itertools
 import json
 import math
 import os
@@ -75,21 +76,14 @@ def tensors(shape, qtype, pure=False):
         return arch_tensors(shape, qtype, pure)
     E, FF, H, Hkv = s["n_embd"], s["n_ff"], s["n_head"], s["n_head_kv"]
     D = E // H
-    out = [("rope_freqs.weight", "f32", 1, D // 2, "F32"),
-           ("token_embd.weight", "w", s["n_vocab"], E, tensor_type(shape, qtype, "token_embd", pure))]
-    for i in range(s["n_layer"]):
-        b = f"blk.{i}."
-        out.append((b + "attn_norm.weight", "f32", 1, E, "F32"))
-        for nm, n_out, n_in in (("attn_q", H * D, E), ("attn_k", Hkv * D, E), ("attn_v", Hkv * D, E),
-                                ("attn_output", E, H * D)):
-            out.append((b + nm + ".weight", "w", n_out, n_in, tensor_type(shape, qtype, nm, pure)))
-        out.append((b + "ffn_norm.weight", "f32", 1, E, "F32"))
-        for nm, n_out, n_in in (("ffn_gate", FF, E), ("ffn_up", FF, E), ("ffn_down", E, FF)):
-            out.append((b + nm + ".weight", "w", n_out, n_in, tensor_type(shape, qtype, nm, pure)))
-    out.append(("output_norm.weight", "f32", 1, E, "F32"))
-    if not s["tied"]:
-        out.append(("output.weight", "w", s["n_vocab"], E, tensor_type(shape, qtype, "output", pure)))
-    return out
+    layer = (("attn_norm", 1, E), ("attn_q", H * D, E), ("attn_k", Hkv * D, E), ("attn_v", Hkv * D, E),
+             ("attn_output", E, H * D), ("ffn_norm", 1, E), ("ffn_gate", FF, E), ("ffn_up", FF, E), ("ffn_down", E, FF))
+    plan = ([("rope_freqs", 1, D // 2), ("token_embd", s["n_vocab"], E)]
+            + [(f"blk.{i}.{nm}", n_out, n_in) for i in range(s["n_layer"]) for nm, n_out, n_in in layer]
+            + [("output_norm", 1, E)] + [("output", s["n_vocab"], E)] * (not s["tied"]))
+    return [(nm + ".weight", "f32", 1, n_in, "F32") if n_out == 1 else
+            (nm + ".weight", "w", n_out, n_in, tensor_type(shape, qtype, nm.split(".")[-1], pure))
+            for nm, n_out, n_in in plan]
 
 
 def nbytes(kind, n_out, n_in, t):
@@ -220,32 +214,16 @@ def vocab(n_vocab=128256):
     from gguf import TokenType
 
     from cpufuse.llama.tokenizer import bytes_to_unicode
-    b2u = bytes_to_unicode()
-    tokens = [b2u[b] for b in range(256)]
-    merges = []
-    first = ["\u0120"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]   # Ġ = a space
-    for a in first:
-        for c in range(ord("a"), ord("z") + 1):
-            merges.append(f"{a} {chr(c)}")
-            tokens.append(a + chr(c))
+    b2u, letters = bytes_to_unicode(), [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    merges = [f"{a} {c}" for a in ["\u0120"] + letters for c in letters]     # Ġ = a space
+    tokens = [b2u[b] for b in range(256)] + [m.replace(" ", "") for m in merges]
     seen = set(tokens)
-    i = 0
-    while len(tokens) < n_vocab - 256:
-        t = f"\u0120w{i:05x}"
-        i += 1
-        if t not in seen:
-            tokens.append(t)
-    types = [int(TokenType.NORMAL)] * len(tokens)
-    special = {0: "<|begin_of_text|>", 1: "<|end_of_text|>", 4: "<|finetune_right_pad_id|>",
-               6: "<|start_header_id|>", 7: "<|end_header_id|>", 8: "<|eom_id|>", 9: "<|eot_id|>",
-               10: "<|python_tag|>"}
-    r = 0
-    for k in range(256):
-        if k not in special:
-            special[k] = f"<|reserved_special_token_{r}|>"
-            r += 1
-    tokens += [special[k] for k in range(256)]
-    types += [int(TokenType.CONTROL)] * 256
+    fill = (t for t in (f"\u0120w{i:05x}" for i in itertools.count()) if t not in seen)
+    tokens += itertools.islice(fill, n_vocab - 256 - len(tokens))
+    types = [int(TokenType.NORMAL)] * len(tokens) + [int(TokenType.CONTROL)] * 256
+    names, reserved = {0: "begin_of_text", 1: "end_of_text", 4: "finetune_right_pad_id", 6: "start_header_id",
+                       7: "end_header_id", 8: "eom_id", 9: "eot_id", 10: "python_tag"}, itertools.count()
+    tokens += [f"<|{names[k]}|>" if k in names else f"<|reserved_special_token_{next(reserved)}|>" for k in range(256)]
     return tokens, types, merges
 
 
@@ -271,13 +249,10 @@ def is_valid(path, shape, qtype, pure=False, seed=0):
 def write(path, shape, qtype, pure=False, seed=0, log=print):
     """Write the GGUF for (shape, qtype) at `path` (and its sidecar); returns path"""
     import gguf
-    p = params(shape, qtype, pure, seed)
-    s = SHAPES[shape]
-    plan = tensors(shape, qtype, pure)
-    total = file_bytes(shape, qtype, pure)
+    p, s, plan, total = params(shape, qtype, pure, seed), SHAPES[shape], tensors(shape, qtype, pure), \
+        file_bytes(shape, qtype, pure)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".part"
-    t0 = time.perf_counter()
+    tmp, t0 = path + ".part", time.perf_counter()
     w = gguf.GGUFWriter(tmp, s.get("arch", "llama"))
     add_model_keys(w, s.get("arch", "llama"), dims(shape), f"{s['name']} shapes, random {qtype.upper()} weights "
                    "(cpufuse bench)", s["n_ctx_train"], s["freq_base"], s["eps"], s.get("arch_keys"))
@@ -288,10 +263,10 @@ def write(path, shape, qtype, pure=False, seed=0, log=print):
                    ("eos_token_id", s["n_vocab"] - 256 + 9), ("add_bos_token", True)):   # <|begin_of_text|>, <|eot_id|>
         getattr(w, "add_" + key)(v)
     for name, kind, n_out, n_in, t in plan:
+        nb = nbytes(kind, n_out, n_in, t)
         if kind == "f32":
-            w.add_tensor_info(name, (n_in,), np.dtype(np.float32), 4 * n_in)
+            w.add_tensor_info(name, (n_in,), np.dtype(np.float32), nb)
         else:
-            nb = nbytes(kind, n_out, n_in, t)
             w.add_tensor_info(name, (n_out, nb // n_out), np.dtype(np.uint8), nb,
                               raw_dtype=gguf.GGMLQuantizationType(GGML_TYPE[t]))
     for part in ("header", "kv_data", "ti_data"):
@@ -300,11 +275,11 @@ def write(path, shape, qtype, pure=False, seed=0, log=print):
 
     def make(item):
         name, kind, n_out, n_in, t = item
-        if kind == "f32":
-            if name.startswith("rope_factors_"):
-                return longrope_factors(n_in, name == "rope_factors_long.weight")
-            return rope_freqs(shape) if name == "rope_freqs.weight" else np.ones(n_in, np.float32)
-        return random_blocks(t, n_out, n_in, rng)
+        if kind != "f32":
+            return random_blocks(t, n_out, n_in, rng)
+        if name.startswith("rope_factors_"):
+            return longrope_factors(n_in, name == "rope_factors_long.weight")
+        return rope_freqs(shape) if name == "rope_freqs.weight" else np.ones(n_in, np.float32)
 
     # the next tensor is generated on a second thread while this one is written (both release the
     # GIL); one thread, in file order, so the random stream is the same as a serial loop's
@@ -312,12 +287,9 @@ def write(path, shape, qtype, pure=False, seed=0, log=print):
     with concurrent.futures.ThreadPoolExecutor(1) as ex:
         nxt = ex.submit(make, plan[0])
         for i in range(len(plan)):
-            a = nxt.result()
-            if i + 1 < len(plan):
-                nxt = ex.submit(make, plan[i + 1])
+            a, nxt = nxt.result(), ex.submit(make, plan[i + 1]) if i + 1 < len(plan) else None
             w.write_tensor_data(a)
-            done += a.nbytes
-            now = time.perf_counter()
+            done, now = done + a.nbytes, time.perf_counter()
             if now - last > 2.0 or done == total:
                 log(f"  {os.path.basename(path)}: {done / 2**30:5.2f} / {total / 2**30:.2f} GiB "
                     f"({done / 2**20 / (now - t0):.0f} MiB/s)")
@@ -363,8 +335,8 @@ def check(path, n_tokens=64, n_threads=None):
     """cpufuse on a prompt of n_tokens: the last logits' statistics (finite, mean, std, max)"""
     from cpufuse.llama import Model
     m = Model.load(path, n_ctx=max(256, n_tokens + 8), n_threads=n_threads)
-    ids = m.tokenize("The town library stands at the corner of Elm Street and the old market square. " * 8)
-    ids = (ids * (n_tokens // max(1, len(ids)) + 1))[:n_tokens]
+    ids = (m.tokenize("The town library stands at the corner of Elm Street and the old market square. " * 8)
+           * n_tokens)[:n_tokens]
     lg = np.array(m.logits(ids))
     return {"finite": bool(np.isfinite(lg).all()), "mean": float(lg.mean()), "std": float(lg.std()),
             "absmax": float(np.abs(lg).max()), "n_tokens": len(ids)}

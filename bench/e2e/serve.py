@@ -1,4 +1,5 @@
-"""Serving benchmark: cpufuse's OpenAI-compatible server against llama-cpp-python's, same run.
+"""Serving benchmark: cpufuse's OpenAI-compatible server against llama-cpp-python's, same run; and the load
+generator (N concurrent streaming clients) for any OpenAI-compatible server.
 
     python -m bench.e2e.serve [--models smollm2,1b] [--clients 1,4,8,16] [--max-tokens 128] [--requests 2]
                               [--rounds 1] [--parallel 16] [--n-ctx 512] [--threads N] [--chunk 128]
@@ -6,8 +7,10 @@
                               [--constrained-clients 8] [--out bench/results/serve]
     python -m bench.e2e.serve --constrained-ab --models smollm2 --clients 8 --threads 1 --rounds 6 [--serial-masks]
         (constrained / plain greedy decoding in one BatchEngine, alternating; no servers)
+    python -m bench.e2e.serve --url http://127.0.0.1:8080 [--clients 1,8] [--requests 2] [--max-tokens 128]
+                              [--endpoint chat|completions] [--extra-body JSON] [--json P]    # a running server
 
-Details: bench/README.md, "bench.e2e.serve".
+Details: bench/README.md, "bench.e2e.serve" and "The load".
 """
 import argparse
 import asyncio
@@ -15,6 +18,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -22,7 +26,6 @@ import urllib.error
 import urllib.request
 
 from . import NCPU, ROOT, fmt, machine, median, peer_status, plot_setup, ratio, run_job, table
-from . import load as serve_load
 
 ENGINES = ("cpufuse", "llama-cpp-python")
 # the constrained row: cpufuse at --constrained-clients clients, every request under this JSON schema
@@ -35,6 +38,98 @@ STEP_SIZES = (1, 8, 16)
 STEP_POS = 128
 METRICS = ("tok_s", "ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "req_decode_tok_s")
 
+
+# ================================================================================================
+# the load
+
+TOPICS = ["the sea", "a mountain village", "an old library", "a train journey", "a winter market",
+          "a lighthouse keeper", "a garden in spring", "a night in the desert"]
+
+
+def pct(xs, q):
+    """the q-quantile (0..1) by linear interpolation; NaN for no data"""
+    if not xs:
+        return float("nan")
+    s, k = sorted(xs), (len(xs) - 1) * q
+    lo = int(k)
+    return s[lo] + (s[min(lo + 1, len(s) - 1)] - s[lo]) * (k - lo)
+
+
+async def one_request(http, url, model, endpoint, text, max_tokens, extra=None):
+    """stream one request: dict(t0, chunks=[times of content chunks], end, tokens, counted)"""
+    body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": True, **(extra or {})}
+    chat = endpoint == "chat"
+    body.update({"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text})
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    t0, chunks, usage, finish = time.perf_counter(), [], None, None
+    async with http.stream("POST", url + path, json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{path}: HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+        async for line in r.aiter_lines():
+            data = line[5:].strip() if line.startswith("data:") else None
+            if data == "[DONE]":
+                break
+            obj = json.loads(data) if data else {}
+            if "error" in obj:
+                raise RuntimeError(f"{path}: stream error: {obj['error']}")
+            usage = obj.get("usage") or usage
+            for ch in obj.get("choices") or ():
+                finish = ch.get("finish_reason") or finish
+                if (ch.get("delta") or {}).get("content") if chat else ch.get("text"):
+                    chunks.append(time.perf_counter())
+    if usage and "completion_tokens" in usage:
+        tokens, counted = usage["completion_tokens"], "usage"
+    else:
+        tokens, counted = (max_tokens, "length") if finish == "length" else (len(chunks), "chunks")
+    return dict(t0=t0, chunks=chunks, end=time.perf_counter(), tokens=tokens, counted=counted)
+
+
+async def load_level(url, model, endpoint, n_clients, rounds, max_tokens, extra=None):
+    """n_clients clients at once, each sending `rounds` requests back to back: the level's figures"""
+    import httpx
+    limits = httpx.Limits(max_connections=n_clients + 2, max_keepalive_connections=n_clients + 2)
+    async with httpx.AsyncClient(timeout=None, limits=limits) as http:
+        async def client(i):
+            return [await one_request(http, url, model, endpoint, f"Request {i}.{r}: write a long, detailed story "
+                                      f"about {TOPICS[(i + r) % len(TOPICS)]}, with many characters.", max_tokens, extra)
+                    for r in range(rounds)]
+        t0 = time.perf_counter()
+        reqs = [r for rs in await asyncio.gather(*(client(i) for i in range(n_clients))) for r in rs]
+        wall = time.perf_counter() - t0
+    ttft = [r["chunks"][0] - r["t0"] for r in reqs if r["chunks"]]
+    itl = [b - a for r in reqs for a, b in zip(r["chunks"], r["chunks"][1:])]
+    dec = [(r["tokens"] - 1) / (r["end"] - r["chunks"][0]) for r in reqs
+           if r["chunks"] and r["tokens"] > 1 and r["end"] > r["chunks"][0]]
+    tokens = sum(r["tokens"] for r in reqs)
+    return dict(clients=n_clients, requests=len(reqs), output_tokens=tokens,
+                content_chunks=sum(len(r["chunks"]) for r in reqs), wall_s=wall,
+                tok_s=tokens / wall if wall > 0 else float("nan"),
+                ttft_p50=pct(ttft, 0.5), ttft_p95=pct(ttft, 0.95), itl_p50=pct(itl, 0.5), itl_p95=pct(itl, 0.95),
+                req_decode_tok_s=statistics.median(dec) if dec else float("nan"),
+                counted=sorted({r["counted"] for r in reqs}))
+
+
+async def drive(url, endpoint, clients, rounds, max_tokens, extra=None, model=None):
+    """a short warm-up request (compiles, faults the weights in), then each level: (model, [level rows])"""
+    import httpx
+    url = url.rstrip("/").removesuffix("/v1")
+    async with httpx.AsyncClient(timeout=None) as http:
+        r = await http.get(url + "/v1/models")
+        r.raise_for_status()
+        model = model or r.json()["data"][0]["id"]
+        await one_request(http, url, model, endpoint, "Hello.", 8, extra)
+    out = []
+    for n in clients:
+        out.append(res := await load_level(url, model, endpoint, n, rounds, max_tokens, extra))
+        print(f"  {n:>3} clients: {res['tok_s']:8.1f} tok/s, TTFT p50 {res['ttft_p50'] * 1e3:7.1f} ms "
+              f"p95 {res['ttft_p95'] * 1e3:7.1f} ms, ITL p50 {res['itl_p50'] * 1e3:6.1f} ms "
+              f"p95 {res['itl_p95'] * 1e3:6.1f} ms", file=sys.stderr, flush=True)
+    return model, out
+
+
+# ================================================================================================
+# the servers
 
 def model_path(name):
     """smollm2, 1b (the synthetic 1B Q4_0 file) or a GGUF path"""
@@ -147,7 +242,7 @@ def summarize(runs):
     return out
 
 
-def level(summary, engine, clients, key):
+def cell(summary, engine, clients, key):
     v = summary.get(engine, {}).get(clients, {}).get(key)
     return float("nan") if v is None else v
 
@@ -158,11 +253,11 @@ def checks(res, issue_model):
     if m is None:
         return []
     s, st = m["summary"], m.get("step") or {}
-    cf = lambda c, k: level(s, "cpufuse", c, k)   # noqa: E731
+    cf = lambda c, k: cell(s, "cpufuse", c, k)   # noqa: E731
     step = st["8"]["median_ms"] / st["1"]["median_ms"] if st else float("nan")
     rows = [("aggregate tok/s at 8 clients / at 1 client (cpufuse)", cf(8, "tok_s") / cf(1, "tok_s"), 3, ""),
             ("aggregate tok/s at 8 clients, cpufuse / llama-cpp-python",
-             cf(8, "tok_s") / level(s, "llama-cpp-python", 8, "tok_s"), 2,
+             cf(8, "tok_s") / cell(s, "llama-cpp-python", 8, "tok_s"), 2,
              f"peer skipped: {res['peer_skipped']}" if res["peer_skipped"] else ""),
             ("TTFT p95 at 8 clients / single-client TTFT (p50 at 1 client; cpufuse)",
              cf(8, "ttft_p95") / cf(1, "ttft_p50"), -3, ""),
@@ -198,9 +293,9 @@ def write_md(res, path):
               if run.get("error")]
         rows = []
         for c in a["clients"]:
-            cf, pe = (lambda k: level(s, "cpufuse", c, k)), (lambda k: level(s, "llama-cpp-python", c, k))
+            cf, pe = (lambda k: cell(s, "cpufuse", c, k)), (lambda k: cell(s, "llama-cpp-python", c, k))
             rows.append([c, fmt(cf("tok_s")), fmt(pe("tok_s")), ratio(cf("tok_s"), pe("tok_s")),
-                         ratio(cf("tok_s"), level(s, "cpufuse", 1, "tok_s"))]
+                         ratio(cf("tok_s"), cell(s, "cpufuse", 1, "tok_s"))]
                         + [f"{fmt(cf(k) * 1e3)} / {fmt(pe(k) * 1e3)}" for k in METRICS[1:5]])
         L += table(["clients", "cpufuse tok/s", "llama-cpp-python tok/s", "cpufuse / peer", "cpufuse × 1 client"]
                    + [f"{k.split('_')[0].upper()} {k.split('_')[1]} ms cpufuse / peer" for k in METRICS[1:5]], rows, "---:")
@@ -209,8 +304,8 @@ def write_md(res, path):
             c, ctok = crow[0]["clients"], median([r["tok_s"] for r in crow])
             L += ["", f"Constrained: {c} clients, every request under a JSON schema (`response_format` json_schema, "
                   f"a list of >= 256 strings, so every request runs to max_tokens), cpufuse: {fmt(ctok)} tok/s = "
-                  f"{fmt(ctok / level(s, 'cpufuse', c, 'tok_s'), 3)}× its unconstrained "
-                  f"{fmt(level(s, 'cpufuse', c, 'tok_s'))} tok/s at {c} clients (target: >= 0.95 on SmolLM2, >= 0.98 on "
+                  f"{fmt(ctok / cell(s, 'cpufuse', c, 'tok_s'), 3)}× its unconstrained "
+                  f"{fmt(cell(s, 'cpufuse', c, 'tok_s'))} tok/s at {c} clients (target: >= 0.95 on SmolLM2, >= 0.98 on "
                   f"the 1B shapes); TTFT p50 {fmt(median([r['ttft_p50'] for r in crow]) * 1e3)} ms, ITL p50 "
                   f"{fmt(median([r['itl_p50'] for r in crow]) * 1e3)} ms."]
         for e in ENGINES:
@@ -308,7 +403,9 @@ def constrained_ab(args):
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.e2e.serve", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="smollm2,1b", help="smollm2, 1b and/or GGUF paths, comma-separated")
-    serve_load.add_load_args(ap, "--requests")
+    ap.add_argument("--clients", default="1,4,8,16", help="concurrency levels, comma-separated (default 1,4,8,16)")
+    ap.add_argument("--max-tokens", type=int, default=128, help="tokens per request (default 128)")
+    ap.add_argument("--requests", type=int, default=2, help="requests per client, back to back (default 2)")
     ap.add_argument("--rounds", type=int, default=1, help="rounds of both engines per model (default 1)")
     ap.add_argument("--parallel", type=int, default=16, help="cpufuse --parallel (default 16)")
     ap.add_argument("--n-ctx", type=int, default=512, help="context per sequence, both servers (default 512)")
@@ -325,6 +422,10 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=os.path.join("bench", "results", "serve"),
                     help="writes OUT.json, OUT.md, OUT.png (default bench/results/serve)")
     ap.add_argument("--from-json", metavar="P", help="only write OUT.md and OUT.png again from a run's JSON")
+    ap.add_argument("--url", help="only drive this running server (with or without /v1) and print the table")
+    ap.add_argument("--endpoint", choices=("chat", "completions"), default="chat", help="with --url (default chat)")
+    ap.add_argument("--extra-body", type=json.loads, help="with --url: a JSON object of fields added to every request")
+    ap.add_argument("--json", help="with --url: also write the levels here")
     ap.add_argument("--constrained-ab", action="store_true", help="constrained / plain decoding in one process "
                     "(the first model, the first --clients sequences, --rounds rounds; no servers)")
     ap.add_argument("--serial-masks", action="store_true", help="with --constrained-ab: fill the masks on the "
@@ -333,7 +434,16 @@ def parse_args(argv=None):
     args.models = [x.strip() for x in args.models.split(",") if x.strip()]
     if args.from_json:
         return args
-    serve_load.check_load_args(ap, args, "requests")
+    try:
+        args.clients = [int(x) for x in args.clients.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--clients must be comma-separated integers, got {args.clients!r}")
+    if not args.clients or min(args.clients) < 1 or args.max_tokens < 1 or args.requests < 1:
+        ap.error(f"--clients, --max-tokens and --requests must be >= 1, got {args.clients}")
+    if args.extra_body is not None and not isinstance(args.extra_body, dict):
+        ap.error(f"--extra-body must be a JSON object, got {args.extra_body!r}")
+    if args.url:
+        return args
     if max(args.clients) > args.parallel:
         ap.error(f"--clients must be <= --parallel ({args.parallel}), got {args.clients}")
     for k in ("rounds", "parallel", "n_ctx", "threads", "chunk", "batch_tokens", "step_iters"):
@@ -359,7 +469,7 @@ def run_model(res, name, path, engines, mi, args):
                  batch_tokens=args.batch_tokens, rounds=args.step_rounds, iters=args.step_iters), timeout=1800)
         print("  " + (", ".join(f"{k} seq {v['median_ms']:.2f} ms" for k, v in mres["step"].items()) if mres["step"]
                       else f"failed: {mres['step_error']}"), flush=True)
-    drive = lambda url, extra, clients: asyncio.run(serve_load.run(  # noqa: E731
+    load = lambda url, extra, clients: asyncio.run(drive(  # noqa: E731
         url, endpoint, clients, args.requests, args.max_tokens, extra))[1]
     for r in range(args.rounds):
         for e in engines if (mi + r) % 2 == 0 else engines[::-1]:
@@ -375,11 +485,11 @@ def run_model(res, name, path, engines, mi, args):
                 continue
             try:
                 run["startup_s"] = srv.startup_s
-                run["levels"] = drive(srv.url, None if e == "cpufuse" else {"logit_bias": {str(i): -1000 for i in eog}},
+                run["levels"] = load(srv.url, None if e == "cpufuse" else {"logit_bias": {str(i): -1000 for i in eog}},
                                       args.clients)
                 if e == "cpufuse" and args.constrained_clients:
                     print(f"  constrained (json_schema) at {args.constrained_clients} clients", flush=True)
-                    run["constrained"] = drive(srv.url, CONSTRAINED_BODY, [args.constrained_clients])
+                    run["constrained"] = load(srv.url, CONSTRAINED_BODY, [args.constrained_clients])
             except Exception as ex:  # noqa: BLE001 -- a failed engine is reported, the run goes on
                 run["error"] = f"{type(ex).__name__}: {ex}"
                 print(f"  failed: {run['error']}; server log: {srv.tail()}", flush=True)
@@ -389,10 +499,28 @@ def run_model(res, name, path, engines, mi, args):
     mres["summary"] = summarize(mres["runs"])
 
 
+def load_table(args):
+    """--url: the levels against a running server, printed as a table"""
+    model, rows = asyncio.run(drive(args.url, args.endpoint, args.clients, args.requests, args.max_tokens,
+                                    args.extra_body))
+    base = next((r["tok_s"] for r in rows if r["clients"] == 1), None)
+    print(f"Server {args.url}, model `{model}`, endpoint {args.endpoint}, {args.max_tokens} greedy tokens a request, "
+          f"{args.requests} request(s) per client.\n")
+    print("\n".join(table(["clients", "requests", "output tok/s", "× 1 client", "TTFT p50 ms", "TTFT p95 ms",
+                           "ITL p50 ms", "ITL p95 ms", "per-request tok/s", "counted"],
+                          [[r["clients"], r["requests"], fmt(r["tok_s"]), ratio(r["tok_s"], base)]
+                           + [fmt(r[k] * 1e3) for k in METRICS[1:5]] + [fmt(r["req_decode_tok_s"]),
+                                                                          ", ".join(r["counted"])] for r in rows], "---:")))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(url=args.url, model=model, endpoint=args.endpoint, max_tokens=args.max_tokens,
+                           requests=args.requests, levels=rows), f, indent=1)
+
+
 def main(argv=None):
     args = parse_args(argv)
-    if args.constrained_ab:
-        return constrained_ab(args)
+    if args.constrained_ab or args.url:
+        return (constrained_ab if args.constrained_ab else load_table)(args)
     if args.from_json:
         with open(args.from_json) as f:
             res = json.load(f)
