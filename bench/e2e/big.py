@@ -14,25 +14,76 @@ import subprocess
 import time
 
 from .. import threads as threads_mod
-from . import (DEFAULT_PEER, RESULTS, fmt, header, machine, median, parse_threads, peer_status, per_round,
+from . import (DEFAULT_PEER, HERE, RESULTS, fmt, header, machine, median, parse_threads, peer_status, per_round,
                plot_setup, ratio, run_job, run_rounds, spread_line, table, wall_line)
 from . import bigmodels
-from .model import N_CTX, bench_tokens, speed_job
 
-PP, TG = 512, 128
+PP, TG, N_CTX = 512, 128, 1024
 KEYS = (f"pp{PP}", f"tg{TG}")
 ENGINES = ("cpufuse", "llamacpp-fa-off", "llamacpp-fa-on", "ik-fa-off", "ik-fa-on")
-LABEL = {"cpufuse": "cpufuse", "llamacpp-fa-off": "llama.cpp FA off", "llamacpp-fa-on": "llama.cpp FA on",
-         "ik-fa-off": "ik_llama.cpp FA off", "ik-fa-on": "ik_llama.cpp FA on"}
+LABEL = {"cpufuse": "cpufuse", "cpufuse-unfused": "cpufuse fusion=False", "llamacpp-fa-off": "llama.cpp FA off",
+         "llamacpp-fa-on": "llama.cpp FA on", "ik-fa-off": "ik_llama.cpp FA off", "ik-fa-on": "ik_llama.cpp FA on"}
 BEST = {"llamacpp-best": "llama.cpp", "ik-best": "ik_llama.cpp"}   # the peers' better FA setting per cell
+RSS = ("maxrss_kb", "rss_after_import_kb", "rss_after_load_kb")
 IK_CMAKE = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TESTS=OFF",
             "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF"]
 BUILD_HINT = {"llama-cpp-python": "make bench-e2e builds its venv (PEER_VENV; --peer-python PATH)",
               "llama-bench": "make llama-bench (bench/llama_bench_build.sh; --llama-bench PATH)"}
+# Ordinary English prose (written for this benchmark), the teacher-forced text and the source of
+# the benchmark's token ids.
+TEXT = (
+    "The town library stands at the corner of Elm Street and the old market square. It was built in "
+    "1894 with money raised by the families who ran the mills along the river, and for most of its "
+    "first century it was open only three afternoons a week. Today it opens every day except Sunday. "
+    "On a typical morning, a few retired teachers read the newspapers by the front windows, a group "
+    "of parents brings small children to the story hour, and students from the high school come in "
+    "after lunch to use the computers and the quiet rooms upstairs.\n\n"
+    "The head librarian, a patient woman named Margaret Hill, has worked there for twenty-two years. "
+    "She says the biggest change she has seen is not the arrival of the internet but the way people "
+    "use the building itself. \"People used to come here to borrow books and leave,\" she explained. "
+    "\"Now they come to stay. They meet friends, they apply for jobs, they learn to speak English, "
+    "and some of them just want a warm place to sit for an hour.\" Last winter the library started "
+    "lending board games, tools and even fishing rods, and the waiting list for the sewing machine "
+    "is now longer than the one for the most popular novel.\n\n"
+    "Money is always a concern. The city council pays for the staff and the heating, but new books, "
+    "repairs to the roof and the summer reading program depend on donations and on the annual book "
+    "sale, which fills the parking lot every September. Volunteers sort thousands of used books in "
+    "the basement for weeks before the sale, and the most valuable ones are set aside for a small "
+    "auction. Two years ago a first edition of a famous children's book, found in a box of cookbooks, "
+    "sold for enough money to replace every chair in the reading room.\n\n"
+    "When asked what she would like the library to become in the next ten years, Margaret smiled and "
+    "looked around the crowded room. \"Exactly what it is now,\" she said, \"only with a better roof.\""
+)
+
+
+
+def bench_tokens(path, n):
+    from cpufuse.llama import Model
+    ids = Model.load(path, n_ctx=1).tokenizer.tokenize(TEXT, add_bos=False)   # Model.tokenize bounds text by n_ctx
+    return (ids * (n // len(ids) + 1))[:n]
+
+
+def speed_job(engine, path, toks, t, pp, reps, peer, timeout=900, **extra):
+    """one engine's speed process at t threads (1: pinned): cpufuse here, llama.cpp in the peer's venv"""
+    job = {"job": "speed", "worker": "big", "engine": engine, "model": path, "tokens": toks, "threads": t,
+           "pp": list(pp), "tg": TG, "reps": reps, "n_ctx": N_CTX, "flash_attn": engine.endswith("fa-on"), **extra}
+    if engine.startswith("llamacpp"):
+        return run_job(job, peer, [os.path.join(HERE, "peer.py")], t == 1, t, timeout)
+    return run_job(job, pin=t == 1, threads=t, timeout=timeout)
 
 
 def worker(job):
-    """the probes at job["threads"] threads: DRAM read bandwidth, the int8 and FMA peaks"""
+    """a speed job's cpufuse engine, timed as bench/e2e/peer.py times llama.cpp; or the probes at
+    job["threads"] threads: DRAM read bandwidth, the int8 and FMA peaks"""
+    if job.get("job") == "speed":
+        from cpufuse.llama import Model
+
+        from .peer import speed
+        def load():
+            m = Model.load(job["model"], n_ctx=job["n_ctx"], n_threads=int(job["threads"]),
+                           fusion=job["engine"] == "cpufuse")
+            return m.reset, m.eval
+        return speed(job, load)
     n, isa = int(job["threads"]), threads_mod.best_isa()
     return {"isa": isa, "threads": n, "read": threads_mod.read_bw_stats(n, nbytes=job["read_mib"] << 20, isa=isa),
             "int8": isa and threads_mod.int8_peak_stats(isa, n), "fma": isa and threads_mod.fma_peak_stats(isa, n)}
@@ -81,58 +132,52 @@ def build_ik(src, models_dir, timeout=7200):
     return (exe, None) if os.access(exe, os.X_OK) else (None, f"ik_llama.cpp build: no {exe}")
 
 
-def run(args):
-    threads = parse_threads(args.threads)
-    files = []
-    for shape in bigmodels.parse_list(args.models, list(bigmodels.SHAPES), "models"):
-        for qt in bigmodels.parse_list(args.types, list(bigmodels.TYPES), "types"):
-            path = bigmodels.ensure(shape, qt, args.dir)
-            files.append({"shape": shape, "type": qt, "path": path, "bytes": os.path.getsize(path),
-                          "work": bigmodels.work(shape, qt)})
+def run(args, files, engines, keys, reps, write):
+    """Every file x thread count x engine (and the probes where the files have their `work`) in alternating
+    rounds (run_rounds), each in its own process; the JSON and write(out, final) after every thread count of
+    every round (a run stopped by a time limit leaves its results) and at the end. bench.e2e's runner too."""
+    threads, pp = parse_threads(args.threads), [int(k[2:]) for k in keys if k.startswith("pp")]
     exe = os.path.abspath(os.path.expanduser(args.llama_bench)) if args.llama_bench else None
     peer_kind = "llama-bench" if exe else "llama-cpp-python"
     why_peer = (None if os.access(exe, os.X_OK) else f"{exe} is not an executable file") if exe \
         else peer_status(args.peer_python)
     ik, why_ik = build_ik(args.ik_llama_src, args.dir) if args.ik_llama_src else (None, "IK_LLAMA_SRC not given")
-    engines = [e for e in ENGINES if not (why_peer and e.startswith("llamacpp")) and not (why_ik and e.startswith("ik"))
+    engines = [e for e in engines if not (why_peer and e.startswith("llamacpp")) and not (why_ik and e.startswith("ik"))
                and (not args.engines or e in args.engines.split(","))]
-    reps = {KEYS[0]: args.reps_pp, KEYS[1]: args.reps_tg}
+    jobs = engines + ["probe"] * bool(files[0].get("work"))
     t_start, la0 = time.time(), os.getloadavg()
-    print(f"bench.e2e.big: {len(files)} files x threads {threads} x {args.rounds} rounds, engines "
+    print(f"bench.e2e: {len(files)} file(s) x threads {threads} x {args.rounds} rounds, engines "
           f"{', '.join(engines)} (llama.cpp via {peer_kind}); load average {la0[0]:.2f}", flush=True)
     for who, why in (("llama.cpp", why_peer and f"{why_peer} ({BUILD_HINT[peer_kind]})"),
                      ("ik_llama.cpp", args.ik_llama_src and why_ik)):
         if why:
-            print(f"bench.e2e.big: {who} columns skipped: {why}", flush=True)
+            print(f"bench.e2e: {who} columns skipped: {why}", flush=True)
     raw, errors, peer_info = {}, {}, {}
     busy = [threads_mod.busy_cores()]   # cores other work keeps busy (bench/threads.py), between rounds
 
     def report(final):
-        """the JSON and markdown of what is measured so far (rewritten after every thread count of every
-        round, so a run stopped by a time limit leaves its results)"""
         done = [f for f in files if os.path.basename(f["path"]) in raw]
-        out = {"kind": "e2e-big", "complete": final, "machine": machine(), "load_avg_start": la0,
-               "load_avg_end": os.getloadavg(), "busy_cores": busy, "seconds": time.time() - t_start,
-               "rounds": args.rounds, "threads": threads, "reps": reps, "pp_warm": args.pp_warm,
-               "read_mib": args.read_mib, "n_ctx": N_CTX, "peer_kind": peer_kind, "llama_bench": exe,
-               "ik_llama_bench": ik, "ik_skipped": why_ik if args.ik_llama_src else None, "peer": peer_info,
-               "peer_skipped": why_peer, "errors": errors, "files": done,
-               "summary": summarize(done, raw, threads, engines), "raw": raw}
+        out = {"complete": final, "machine": machine(), "load_avg_start": la0, "load_avg_end": os.getloadavg(),
+               "busy_cores": busy, "seconds": time.time() - t_start, "rounds": args.rounds, "threads": threads,
+               "keys": keys, "reps": reps, "pp_warm": args.pp_warm, "read_mib": args.read_mib, "n_ctx": N_CTX,
+               "peer_kind": peer_kind, "llama_bench": exe, "ik_llama_bench": ik,
+               "ik_skipped": why_ik if args.ik_llama_src else None, "peer": peer_info, "peer_skipped": why_peer,
+               "errors": errors, "files": done, "summary": summarize(done, raw, threads, engines, keys), "raw": raw}
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)
-        write_md(out, args.md, args.png if final else None)
+        write(out, final)
         return out
 
     for f in files:
         name = os.path.basename(f["path"])
-        toks = bench_tokens(f["path"], PP + TG + 8)
+        toks = bench_tokens(f["path"], max(pp) + TG + 8)
 
         def one(e, t):
             if e == "probe":
                 return run_job({"worker": "big", "threads": t, "read_mib": args.read_mib}, pin=t == 1, threads=t)
-            if e == "cpufuse" or not exe and e.startswith("llamacpp"):
-                res, err = speed_job(e, f["path"], toks, t, [PP], reps, args.peer_python, args.timeout,
-                                     pp_warm=args.pp_warm)
+            if e.startswith("cpufuse") or not exe and e.startswith("llamacpp"):
+                res, err = speed_job(e, f["path"], toks, t, pp, reps, args.peer_python, args.timeout,
+                                     **({"pp_warm": args.pp_warm} if args.pp_warm else {}))
             else:
                 res, err = run_llama_bench(ik if e.startswith("ik") else exe, f["path"], t, e.endswith("on"),
                                            args.reps_pp, t == 1, args.timeout, ["-rtr", "1"] * e.startswith("ik"))
@@ -151,23 +196,24 @@ def run(args):
         def after():
             busy.append(threads_mod.busy_cores(0.3))
             report(False)
-        raw[name] = {j: {str(t): [] for t in threads} for j in engines + ["probe"]}
-        run_rounds(raw[name], errors, name, engines + ["probe"], threads, args.rounds, one, line, after)
+        raw[name] = {j: {str(t): [] for t in threads} for j in jobs}
+        run_rounds(raw[name], errors, name, jobs, threads, args.rounds, one, line, after)
     out = report(True)
-    print(f"bench.e2e.big: wrote {args.json}, {args.md} ({out['seconds'] / 60:.1f} min; load average "
+    print(f"bench.e2e: wrote {args.json}, {args.md} ({out['seconds'] / 60:.1f} min; load average "
           f"{la0[0]:.2f} -> {out['load_avg_end'][0]:.2f})")
     return out
 
 
-def summarize(files, raw, threads, engines):
-    """per file and thread count: each engine's per_round cells, the peers' better FA setting, the
-    probes' medians and the derived rates (decode GB/s, prompt GMAC/s and their % of the probes)"""
+def summarize(files, raw, threads, engines, keys=KEYS):
+    """per file and thread count: each engine's per_round cells (and llama.cpp's own timings, the memory),
+    the peers' better FA setting, the probes' medians and the derived rates (decode GB/s, prompt GMAC/s
+    and their % of the probes)"""
     S = {}
     for f in files:
-        name, w = os.path.basename(f["path"]), f["work"]
+        name, w = os.path.basename(f["path"]), f.get("work")
         for t in threads:
             d = S.setdefault(name, {}).setdefault(str(t), {})
-            pr = raw[name]["probe"][str(t)]
+            pr = raw[name].get("probe", {}).get(str(t))
             if pr:
                 d.update(read_gbps=median([p["read"]["gbps"] for p in pr]), probe_how=pr[0]["read"]["how"],
                          **{f"{k}_{u}": median([(p.get(k) or {}).get("best") for p in pr])
@@ -175,15 +221,19 @@ def summarize(files, raw, threads, engines):
             for e in engines:
                 rs = raw[name].get(e, {}).get(str(t))
                 if rs:
-                    d[e] = {k: per_round(rs, k) for k in KEYS if per_round(rs, k)}
-                    d[e]["logits_finite"] = all(r.get("logits_finite", True) for r in rs)
+                    d[e] = {k: per_round(rs, k) for k in keys if per_round(rs, k)}
+                    for k in d[e]:
+                        if rs[0].get("perf"):
+                            d[e][k]["internal_median"] = median([median(r["perf"][k]) for r in rs])
+                    d[e].update(logits_finite=all(r.get("logits_finite", True) for r in rs),
+                                **{k[:-3] + "_mib": median([r[k] / 1024 for r in rs if k in r]) for k in RSS})
             for best in BEST:
-                for key in KEYS:
+                for key in keys:
                     cands = [(d[e][key]["median"], e) for e in (best[:-4] + "fa-off", best[:-4] + "fa-on")
                              if key in d.get(e, {})]
                     if cands:
                         d.setdefault(best, {})[key] = dict(zip(("median", "which"), max(cands)))
-            for e in ("cpufuse", *BEST):
+            for e in ("cpufuse", *BEST) if w else ():
                 de = d.get(e, {})
                 tg, pp = (de.get(k, {}).get("median") for k in (f"tg{TG}", f"pp{PP}"))
                 if tg:
@@ -361,7 +411,12 @@ def main(argv=None):
     if args.rounds < 1:
         raise SystemExit("--rounds must be >= 1")
     os.makedirs(os.path.dirname(os.path.abspath(args.md)), exist_ok=True)
-    run(args)
+    files = [{"shape": shape, "type": qt, "path": (path := bigmodels.ensure(shape, qt, args.dir)),
+              "bytes": os.path.getsize(path), "work": bigmodels.work(shape, qt)}
+             for shape in bigmodels.parse_list(args.models, list(bigmodels.SHAPES), "models")
+             for qt in bigmodels.parse_list(args.types, list(bigmodels.TYPES), "types")]
+    run(args, files, ENGINES, KEYS, {KEYS[0]: args.reps_pp, KEYS[1]: args.reps_tg},
+        lambda out, final: write_md(out, args.md, args.png if final else None))
 
 
 if __name__ == "__main__":

