@@ -1,6 +1,6 @@
 """The model, peer and serving benches (bench/README.md): `python -m bench.e2e` (model.py), big.py and
-bigmodels.py (real shapes), serve.py and load.py (the servers under load), profile.py; peer.py runs in
-llama-cpp-python's venv. Below: what they share (one process per engine, medians over rounds, tables)."""
+bigmodels.py (real shapes), serve.py (the servers under load), profile.py; peer.py runs in llama-cpp-python's
+venv. Below: what they share (one process per engine, medians over rounds, tables)."""
 import importlib
 import json
 import os
@@ -144,6 +144,13 @@ def header(R, what):
             f"{m['cpufuse_isa']}. llama.cpp: {what}. Load average at start {la[0]:.2f}, at end {la[1]:.2f}. "
             f"{R['rounds']} alternating rounds (each engine in its own process per round, order rotated); run time "
             f"{R['seconds'] / 60:.1f} min.", ""]
+
+
+def footer(R):
+    """the report's last lines: llama.cpp's system info, the failures"""
+    info = (R.get("peer") or {}).get("system_info")
+    return ([f"llama.cpp system info: `{info.strip()}`", ""] if info else []) + (
+        ["Failures: " + "; ".join(f"{k}: {v[-200:]}" for k, v in R["errors"].items()), ""] if R.get("errors") else [])
 
 
 def plot_setup():

@@ -15,7 +15,7 @@ import time
 
 from .. import threads as threads_mod
 from . import (DEFAULT_PEER, HERE, RESULTS, fmt, header, machine, median, parse_threads, peer_status, per_round,
-               plot_setup, ratio, run_job, run_rounds, spread_line, table, wall_line)
+               plot_setup, ratio, run_job, run_rounds, spread_line, table, wall_line, footer)
 from . import bigmodels
 
 PP, TG, N_CTX = 512, 128, 1024
@@ -76,10 +76,10 @@ def worker(job):
     """a speed job's cpufuse engine, timed as bench/e2e/peer.py times llama.cpp; or the probes at
     job["threads"] threads: DRAM read bandwidth, the int8 and FMA peaks"""
     if job.get("job") == "speed":
-        from cpufuse.llama import Model
-
         from .peer import speed
+
         def load():
+            from cpufuse.llama import Model
             m = Model.load(job["model"], n_ctx=job["n_ctx"], n_threads=int(job["threads"]),
                            fusion=job["engine"] == "cpufuse")
             return m.reset, m.eval
@@ -108,8 +108,8 @@ def run_llama_bench(exe, path, threads, fa, reps, pin, timeout=1800, extra=()):
             [float(x) for x in r.get("samples_ts", [])] or [float(r["avg_ts"])] for r in recs}
     keep = ("build_commit", "build_number", "cpu_info", "backends", "n_threads", "flash_attn", "type_k", "type_v",
             "n_batch", "n_ubatch", "use_mmap", "model_type", "model_size")
-    return {"wall": wall, "raw": [{k: r.get(k) for k in keep} for r in recs],
-            "version": f"(build {recs[0].get('build_commit', '?')}, {recs[0].get('build_number', '?')})" if recs else ""}, None
+    v = f"(build {recs[0].get('build_commit', '?')}, {recs[0].get('build_number', '?')})" if recs else ""
+    return {"wall": wall, "raw": [{k: r.get(k) for k in keep} for r in recs], "version": v}, None
 
 
 def build_ik(src, models_dir, timeout=7200):
@@ -265,9 +265,7 @@ def write_md(R, md_path, png_path=None):
     for who, k in (("llama.cpp", "peer_skipped"), ("ik_llama.cpp", "ik_skipped")):
         if R.get(k):
             L += [f"**{who} columns skipped:** {R[k]}", ""]
-    L += ["Models (random weights with the real shapes, written by `bench/e2e/bigmodels.py`; weights = bytes a decode "
-          "step streams: every layer matrix and the output matrix; MACs = int8 multiply-adds per token of the "
-          "matmuls):", ""]
+    L += ["Models (random weights, real shapes, `bench/e2e/bigmodels.py`; weights and MACs per token: the matmuls'):", ""]
     L += table(["file", "size", "tensor types (bytes)", "weights / token", "MACs / token"],
                [[os.path.basename(f["path"]), f"{f['bytes'] / 2**30:.2f} GiB",
                  ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in sorted(f["work"]["bytes_by_type"].items())),
@@ -278,9 +276,8 @@ def write_md(R, md_path, png_path=None):
                [[t] + [fmt(median([S[n].get(str(t), {}).get(k) for n in S]), nd) for k, nd in
                        (("read_gbps", 1), ("int8_gmacs", 0), ("fma_gflops", 0))] for t in threads])
     how = next((S[n][str(threads[0])].get("probe_how") for n in S if str(threads[0]) in S[n]), "")
-    L += ["", f"DRAM read: a sum over {R.get('read_mib', 1024)} MiB of float32 ({how}), median of 7 passes; int8 peak: "
-          "`cf_int8_peak` (native/kernels/probe.inc), best of ~2 ms runs on every thread at once; FMA peak: "
-          "`cf_fma_peak`. 1 thread pinned (`taskset -c 0`), more threads unpinned.", ""]
+    L += ["", f"DRAM read: a sum over {R.get('read_mib', 1024)} MiB ({how}); int8 and FMA peaks: `cf_int8_peak`, "
+          "`cf_fma_peak` on every thread at once (bench/README.md, \"Probes\").", ""]
     bests = ["llamacpp-best"] + ["ik-best"] * ik
     head = [h for k in KEYS for h in [f"{k} cpufuse", f"{k} llama.cpp", f"**{k[:2]} ratio**"]
             + ([f"{k} ik_llama.cpp", f"**{k[:2]} ratio ik**"] if ik else [])]
@@ -305,38 +302,22 @@ def write_md(R, md_path, png_path=None):
     L += ["## Speed (tokens/s, median over rounds; llama.cpp" + (", ik_llama.cpp" if ik else "") + " = the better "
           "of flash attention off / on; ratio = cpufuse / peer)", ""] + table(["file", "threads"] + head, rows)
     L += [""] + spread_line(cells)
-    fa_rows = [f"- {os.path.basename(f['path'])} × {t}: " + "; ".join(
-        f"{LABEL[e]} pp {fmt(d[e].get(KEYS[0], {}).get('median'), 2)} / tg {fmt(d[e].get(KEYS[1], {}).get('median'), 2)}"
-        for e in ENGINES[1:] if e in d) for f in R["files"] for t in threads
-        for d in [S[os.path.basename(f["path"])].get(str(t), {})] if any(e in d for e in ENGINES[1:])]
-    if fa_rows:
-        L += ["The peers with flash attention off and on (tok/s, pp512 / tg128):", ""] + fa_rows + [""]
     bad = [f"{n} × {t} {e}" for n in S for t in S[n] for e in ENGINES
            if isinstance(S[n][t].get(e), dict) and S[n][t][e].get("logits_finite") is False]
     L += [("Logits: **non-finite values** in " + ", ".join(bad)) if bad else
           ("Logits: every logits row read by the engines (the last of each pp eval and tg step) was finite"
            + (" (llama-bench reads none)." if lb else "."))]
-    L += ["", "## Settings", "",
-          f"- pp512: one eval of 512 tokens from an empty cache, after an untimed warm-up eval of {R['pp_warm']} tokens "
-          f"(llama-bench: its warm-up run is a full pp512); {R['reps'][KEYS[0]]} timed eval(s) per process. tg128: 128 "
-          f"single-token evals after a 1-token prompt, the next token given, after 16 untimed steps; "
-          f"{R['reps'][KEYS[1]]} timed run(s) per process. Wall time around the eval calls (llama-bench: its own "
-          "timer around llama_decode).",
-          f"- cpufuse: `Model.load(path, n_ctx={R['n_ctx']}, n_threads=k)` (q8 activations, f16 K/V, n_batch 512).",
-          (f"- llama.cpp: `{R.get('llama_bench') or 'llama-bench'} -m FILE -p 512 -n 128 -t k -fa 0|1 -r R -o json` "
-           "(n_batch 2048, n_ubatch 512, f16 K/V, mmap, repack on; random token ids; built by "
-           "bench/llama_bench_build.sh from the llama.cpp vendored in llama-cpp-python 0.3.36)." if lb else
-           "- llama.cpp: llama-cpp-python in its own venv and process (bench/e2e/peer.py): `Llama(n_ctx=1024, "
-           "n_batch=512, n_ubatch=512, n_threads=k, n_threads_batch=k, flash_attn=…)`, f16 K/V, mmap, repack on.")]
+    L += ["", "## Settings (bench/README.md, \"bench.e2e.big\")", "",
+          f"- pp512 after an untimed warm-up eval of {R['pp_warm']} tokens (llama-bench: a full pp512), "
+          f"{R['reps'][KEYS[0]]} timed eval(s) per process; tg128 after 16 untimed steps, {R['reps'][KEYS[1]]} timed "
+          f"run(s) per process. cpufuse: `Model.load(path, n_ctx={R['n_ctx']}, n_threads=k)`.",
+          f"- llama.cpp: `{R.get('llama_bench')} -m FILE -p 512 -n 128 -t k -fa 0|1 -r R -o json`" if lb else
+          "- llama.cpp: llama-cpp-python (bench/e2e/peer.py), `Llama(n_ctx=1024, n_batch=512, n_threads=k, "
+          "n_threads_batch=k, flash_attn=…)`."]
     if ik:
-        L += [f"- ik_llama.cpp {peer.get('ik_version', '')}: `{R.get('ik_llama_bench') or 'llama-bench'} -m FILE -p 512 "
-              "-n 128 -t k -fa 0|1 -r R -o json -rtr 1` (run-time repack), built from IK_LLAMA_SRC with cmake "
-              + " ".join(IK_CMAKE) + ", target llama-bench; its rounds alternate with the others."]
-    L += ["- 1 thread: the engine's process under `taskset -c 0`; more threads: unpinned.", ""]
-    if peer.get("system_info"):
-        L += [f"llama.cpp system info: `{peer['system_info'].strip()}`", ""]
-    if R.get("errors"):
-        L += ["Failures: " + "; ".join(f"{k}: {v[-200:]}" for k, v in R["errors"].items()), ""]
+        L += [f"- ik_llama.cpp {peer.get('ik_version', '')}: `{R.get('ik_llama_bench')} ... -rtr 1`, built from "
+              "IK_LLAMA_SRC with cmake " + " ".join(IK_CMAKE) + "."]
+    L += ["- 1 thread: the engine's process under `taskset -c 0`; more threads: unpinned.", ""] + footer(R)
     if png_path:
         why = plot(R, png_path)
         L += [f"![tok/s against threads]({os.path.basename(png_path)})" if why is None else f"(chart skipped: {why})", ""]

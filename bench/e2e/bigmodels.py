@@ -325,7 +325,7 @@ def ensure(shape, qtype, directory=None, pure=False, seed=0, force=False, log=pr
     os.makedirs(d, exist_ok=True)
     free = shutil.disk_usage(d).free + (os.path.getsize(path) if os.path.exists(path) else 0)
     if free < need + (1 << 30):
-        raise OSError(f"{d}: {free / 2**30:.1f} GiB free, {need / 2**30:.1f} GiB needed for {file_name(shape, qtype, pure)} "
+        raise OSError(f"{d}: {free / 2**30:.1f} GiB free, {need / 2**30:.1f} GiB needed for {os.path.basename(path)} "
                       "(+1 GiB margin); free some space or choose another --dir / CPUFUSE_BENCH_MODELS")
     log(f"bigmodels: writing {path} ({need / 2**30:.2f} GiB)")
     return write(path, shape, qtype, pure, seed, log=log)

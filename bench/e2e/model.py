@@ -13,7 +13,7 @@ import tempfile
 
 import numpy as np
 
-from . import DEFAULT_PEER, HERE, RESULTS, fmt, peer_status, ratio, run_job, spread_line, table
+from . import DEFAULT_PEER, HERE, RESULTS, fmt, footer, header, peer_status, ratio, run_job, spread_line, table
 from .big import LABEL, N_CTX, TEXT, TG, run
 
 ENGINES = ("cpufuse", "cpufuse-unfused", "llamacpp-fa-off", "llamacpp-fa-on")
@@ -178,13 +178,11 @@ def write_md(args):
 
 
 def speed_md(R):
-    m, f, peer = R["machine"], R["files"][0], R.get("peer") or {}
+    f, peer = R["files"][0], R.get("peer") or {}
     S, threads = R["summary"][os.path.basename(f["path"])], R["threads"]
     eng = [e for e in ENGINES if any(e in S[str(t)] for t in threads)]
-    L = [f"Model: `{os.path.basename(f['path'])}` ({f['bytes'] / 2**20:.0f} MiB). Machine: {m['cpu']}, "
-         f"{m['ncpu_affinity']} CPUs, Python {m['python']}. llama-cpp-python {peer.get('version', '–')}. Load average "
-         f"at start {R['load_avg_start'][0]:.2f}, at end {R['load_avg_end'][0]:.2f}; {R['rounds']} alternating rounds "
-         f"(each engine in its own process per round, order rotated), run time {R['seconds'] / 60:.1f} min.", ""]
+    L = [f"Model: `{os.path.basename(f['path'])}` ({f['bytes'] / 2**20:.0f} MiB).", ""]
+    L += header(R, f"{R['peer_kind']} {peer.get('version', '')}")
     if R.get("peer_skipped"):
         L += [f"**llama.cpp columns skipped:** {R['peer_skipped']}", ""]
     L += ["## Speed (tokens/s, median over rounds; higher is better)", "",
@@ -213,24 +211,13 @@ def speed_md(R):
                [[LABEL[e], t] + [fmt(S[str(t)][e].get(k), 0) for k in ("rss_after_import_mib", "rss_after_load_mib",
                                                                         "maxrss_mib")]
                 for e in eng for t in threads if e in S[str(t)]])
-    L += ["", "Both cpufuse and llama.cpp memory-map the GGUF (the mapped pages that were touched count in RSS). The "
-          "cpufuse processes import numpy, gguf and the tokenizer stack; the llama.cpp process imports llama_cpp and "
-          "numpy.", "", "## Engines and settings", "",
-          "- **cpufuse**: `cpufuse.llama.Model.load(path, n_ctx=1024, n_threads=k)`: fused kernels (RMS_NORM folded "
-          "into the Q/K/V and gate/up matmul prologues, one activation quantization for Q/K/V, fused SwiGLU matmul, "
-          "RoPE + f16 cache store, flash attention), q8 activations, f16 K/V, n_batch 512.",
-          "- **cpufuse fusion=False**: `Model.load(..., fusion=False)`: the decoder graph's compiled plans, prompt "
-          "micro-batches and decode steps alike, run every graph node as its own kernel (no fusion rule of "
-          "cpufuse/graph/fusion.py applied).",
+    L += ["", "Both engines memory-map the GGUF (the touched pages count in RSS).", "", "## Engines and settings", "",
+          "- **cpufuse**: `Model.load(path, n_ctx=1024, n_threads=k)`: the fused plans, q8 activations, f16 K/V, n_batch "
+          "512; **cpufuse fusion=False**: `Model.load(..., fusion=False)`, every graph node its own kernel.",
           f"- **llama.cpp**: llama-cpp-python {peer.get('version', '')} in its own venv and process; `Llama(n_ctx=1024, "
-          "n_batch=512, n_ubatch=512, n_threads=k, n_threads_batch=k, logits_all=False, flash_attn=…)`, f16 K/V, "
-          "mmap, repack on (SmolLM2 Q4_1 is not repacked: plain q4_1·q8_1 dots). **FA off** is llama-cpp-python's "
-          "default; **FA on** is what libllama's / llama-cli's `auto` resolves to on a CPU build (bench/README.md).", ""]
-    if peer.get("system_info"):
-        L += [f"llama.cpp system info: `{peer['system_info'].strip()}`", ""]
-    if R.get("errors"):
-        L += ["Failures: " + "; ".join(f"{k}: {v[-200:]}" for k, v in R["errors"].items()), ""]
-    return L
+          "n_batch=512, n_ubatch=512, n_threads=k, n_threads_batch=k, flash_attn=…)`, f16 K/V, mmap, repack on. **FA "
+          "off** is llama-cpp-python's default, **FA on** what llama-cli's `auto` resolves to on a CPU build.", ""]
+    return L + footer(R)
 
 
 def fidelity_md(F):

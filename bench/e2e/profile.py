@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from . import parse_threads, run_job
+from . import fmt, parse_threads, run_job
 from . import bigmodels
 from .big import worker as probes
 
@@ -59,15 +59,15 @@ def markdown(model, P, n_prompt, steps):
          f"A prompt of {n_prompt} tokens, then {steps} decode steps; fused = Model.eval as it runs, unfused = "
          "`Model.load(fusion=False)`. Counted by cf_pool_profile (native/src/pool.c).", "",
          "| threads | token µs | regions / token | serial µs | in-region idle + sync µs | task µs / thread | "
-         "idle+sync % | decode GB/s (% DRAM read) | prompt GMAC/s (% int8 peak) |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+         "idle+sync % | decode GB/s (% DRAM read) | prompt GMAC/s (% int8 peak) |", "|" + "---:|" * 9]
     for r in P:
         t, d, p = r["threads"], r["fused"]["decode"], r["fused"]["prompt"]
         W, R, B = (d[k] / steps / 1e3 for k in ("wall", "region", "busy"))
         serial, idle = (W - R, R - B / t) if t > 1 else (0.0, 0.0)
         gbs, gm, rd, pk = r["weight_bytes"] / (W * 1e3), r["macs"] * n_prompt / p["wall"], r["read_gbps"], r["int8_gmacs"]
         L.append(f"| {t} | {W:.0f} | {d['regions'] / steps:.0f} | {serial:.0f} | {idle:.0f} | {B / t:.0f} | "
-                 f"{100 * (serial * (t - 1) / t + idle) / W:.1f} | {gbs:.1f} ({f'{100 * gbs / rd:.0f} %' if rd else '–'}) | "
-                 f"{gm:.1f} ({f'{100 * gm / pk:.0f} %' if pk else '–'}) |")
+                 f"{100 * (serial * (t - 1) / t + idle) / W:.1f} | {gbs:.1f} ({fmt(rd and 100 * gbs / rd, 0)} %) | "
+                 f"{gm:.1f} ({fmt(pk and 100 * gm / pk, 0)} %) |")
     for r in P:
         f, u = r["fused"], r["unfused"]
         kinds = sorted({k for x in (f, u) for w in ("decode", "prompt") for k in x[w]["ops"]},

@@ -270,16 +270,10 @@ def write_md(res, path):
          f"(ISA {m['cpufuse_isa']}), llama-cpp-python {res['peer_version'] or '–'}. Load average at start "
          f"{res['load_start']:.2f}, at end {res['load_end']:.2f}; run time {res['seconds'] / 60:.1f} min; {res['date']}.",
          "", f"Settings: {a['threads']} threads for both servers (unpinned); n_ctx {a['n_ctx']} per sequence; cpufuse "
-         f"`--parallel {a['parallel']} --chunk {a['chunk']} --batch-tokens {a['batch_tokens']}` (BatchEngine); "
-         "llama-cpp-python `--interrupt_requests False` (one request at a time). Load: bench/e2e/serve.py, concurrency "
-         f"levels {', '.join(map(str, a['clients']))}; each client sends {a['requests']} streaming request(s) of "
-         f"{a['max_tokens']} greedy tokens back to back (ignore_eos; the peer: a -1000 logit bias on the "
-         f"end-of-generation tokens), a distinct prompt each. {a['rounds']} round(s), engines in alternating order; "
-         "figures are medians over rounds.", "",
-         "Columns: aggregate output tok/s = every request's output tokens / the level's wall time; TTFT = request "
-         "sent to first content chunk; ITL = gap between consecutive content chunks (pooled over the level's "
-         "requests); tokens counted from `usage` (cpufuse) or as max_tokens on finish_reason `length` (the peer, "
-         "which sends no usage when streaming). Each server's first, short request is a warm-up, not counted.", ""]
+         f"`--parallel {a['parallel']} --chunk {a['chunk']} --batch-tokens {a['batch_tokens']}`; llama-cpp-python "
+         f"`--interrupt_requests False`. Levels {', '.join(map(str, a['clients']))} clients, each sending "
+         f"{a['requests']} streaming request(s) of {a['max_tokens']} greedy tokens back to back; {a['rounds']} round(s), "
+         "engines alternating; medians over rounds. The columns: bench/README.md, \"bench.e2e.serve\".", ""]
     if res["peer_skipped"]:
         L += [f"**llama-cpp-python skipped:** {res['peer_skipped']}", ""]
     for name, mres in res["models"].items():
@@ -407,7 +401,8 @@ def parse_args(argv=None):
             ("--n-ctx", 512, "context per sequence, both servers"), ("--threads", NCPU, "threads of both servers"),
             ("--chunk", 128, "cpufuse --chunk"), ("--batch-tokens", 128, "cpufuse --batch-tokens"),
             ("--constrained-clients", 8, "clients of the constrained (JSON schema) row, cpufuse only; 0 skips it"),
-            ("--step-rounds", 5, "decode-step rounds; 0 skips it"), ("--step-iters", 30, "decoder calls per size per round")):
+            ("--step-rounds", 5, "decode-step rounds; 0 skips it"),
+            ("--step-iters", 30, "decoder calls per size per round")):
         ap.add_argument(flag, type=int, default=default, help=f"{what} (default {default})")
     ap.add_argument("--clients", type=int_list, default="1,4,8,16", help="concurrency levels (default 1,4,8,16)")
     ap.add_argument("--peer-python", default=os.path.join(ROOT, ".venv-llama", "bin", "python"),

@@ -80,7 +80,8 @@ def test_big_report_handles_partial_results(tmp_path):
                   "probe": {"1": [{"read": {"gbps": 20.0, "how": "x"}, "int8": {"best": 200.0}, "fma": None}], "2": []}}}
     S = big.summarize([FILE], raw, [1, 2], list(big.ENGINES))
     d = S[NAME]["1"]
-    assert d["cpufuse"]["pp512"]["median"] == 42 and d["llamacpp-best"]["pp512"] == {"median": 60, "which": "llamacpp-fa-on"}
+    assert d["cpufuse"]["pp512"]["median"] == 42
+    assert d["llamacpp-best"]["pp512"] == {"median": 60, "which": "llamacpp-fa-on"}
     assert d["llamacpp-best"]["tg128"]["which"] == "llamacpp-fa-off"
     assert d["cpufuse"]["decode_gbps"] == pytest.approx(FILE["work"]["weight_bytes_per_token"] * 15.5 / 1e9)
     assert d["cpufuse"]["decode_pct_read"] == pytest.approx(100 * d["cpufuse"]["decode_gbps"] / 20.0)
