@@ -66,7 +66,7 @@ def peer_status(peer, module="llama_cpp"):
     if not peer or not os.path.exists(peer):
         return f"peer interpreter {peer} not found (build it with `make bench-e2e`, ~20 min)"
     p = subprocess.run([peer, "-c", f"import {module}, numpy"], capture_output=True, text=True)
-    return f"{module} not importable by {peer}: {p.stderr.strip()[-300:]}" if p.returncode else None
+    return f"{module} not importable by {peer}: {p.stderr.strip()[-300:]!r}" if p.returncode else None
 
 
 def run_job(job, python=sys.executable, script=("-m", "bench.e2e", "--worker"), pin=False, threads=1, timeout=900):

@@ -361,27 +361,32 @@ def plot(R, path):
     plt.close(fig)
 
 
+def run_args(ap, engines, timeout):
+    """the runner's options, shared with `python -m bench.e2e`"""
+    ap.add_argument("--threads", help="comma list, e.g. 1,2,4,8,16 or 1,all (default: 1 and every core in the affinity)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--engines", help="comma list, a subset of " + ",".join(engines))
+    ap.add_argument("--peer-python", default=DEFAULT_PEER, help=f"interpreter with llama_cpp (default {DEFAULT_PEER})")
+    ap.add_argument("--llama-bench", metavar="PATH", help="run llama.cpp as this llama-bench binary "
+                    "(bench/llama_bench_build.sh builds it) instead of llama-cpp-python")
+    ap.add_argument("--timeout", type=int, default=timeout, help=f"seconds per engine process (default {timeout})")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.e2e.big", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="1b", help="comma list of " + ",".join(bigmodels.SHAPES) + " (default 1b)")
     ap.add_argument("--types", default="all", help="comma list of " + ",".join(bigmodels.TYPES) + ", or all (default)")
-    ap.add_argument("--threads", help="comma list, e.g. 1,2,4,8,16 or 1,all (default: 1 and every core in the affinity)")
-    ap.add_argument("--rounds", type=int, default=3)
+    run_args(ap, ENGINES, 1800)
     ap.add_argument("--reps-pp", type=int, default=1, help="timed pp512 evals per process (default 1)")
     ap.add_argument("--reps-tg", type=int, default=1, help="timed tg128 runs per process (default 1)")
     ap.add_argument("--pp-warm", type=int, default=64, help="tokens of the untimed warm-up prompt, which pages in "
                     "every weight (default 64; llama-bench's warm-up is always a full pp512)")
     ap.add_argument("--read-mib", type=int, default=1024, help="the DRAM read probe's buffer (MiB, default 1024)")
-    ap.add_argument("--engines", help="comma list, a subset of " + ",".join(ENGINES))
-    ap.add_argument("--llama-bench", metavar="PATH", help="run llama.cpp as this llama-bench binary "
-                    "(bench/llama_bench_build.sh builds it) instead of llama-cpp-python")
     ap.add_argument("--ik-llama-src", metavar="DIR", default=os.environ.get("IK_LLAMA_SRC") or None,
                     help="an ik_llama.cpp checkout: build its llama-bench (into <--dir>/ik-llama-bench) and add its "
                     "columns (default $IK_LLAMA_SRC)")
-    ap.add_argument("--peer-python", default=DEFAULT_PEER, help=f"interpreter with llama_cpp (default {DEFAULT_PEER})")
     ap.add_argument("--dir", help="the models' cache folder (default $CPUFUSE_BENCH_MODELS or "
                     f"{bigmodels.DEFAULT_DIR})")
-    ap.add_argument("--timeout", type=int, default=1800, help="seconds per engine process")
     for ext in ("json", "md", "png"):
         ap.add_argument(f"--{ext}", default=os.path.join(RESULTS, f"e2e-big.{ext}"))
     ap.add_argument("--from-json", metavar="P", help="only write --md and --png again from a run's JSON")

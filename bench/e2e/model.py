@@ -13,8 +13,8 @@ import tempfile
 
 import numpy as np
 
-from . import DEFAULT_PEER, HERE, RESULTS, fmt, footer, header, peer_status, ratio, run_job, spread_line, table
-from .big import LABEL, N_CTX, TEXT, TG, run
+from . import HERE, RESULTS, fmt, footer, header, peer_status, ratio, run_job, spread_line, table
+from .big import LABEL, N_CTX, TEXT, TG, run, run_args
 
 ENGINES = ("cpufuse", "cpufuse-unfused", "llamacpp-fa-off", "llamacpp-fa-on")
 KEYS = ("pp128", "pp512", f"tg{TG}")
@@ -268,16 +268,12 @@ def main(argv=None):
     ap.add_argument("--reference", action="store_true", help="with --fidelity: also the float64 reference forward "
                     "with the tanh GELU and llama.cpp's f16 GELU table (gemma: what the table costs)")
     ap.add_argument("--model", help="GGUF or a model name, e.g. gemma3-270m (default: SmolLM2-135M-Instruct Q4_1)")
-    ap.add_argument("--peer-python", default=DEFAULT_PEER, help=f"interpreter with llama_cpp (default {DEFAULT_PEER})")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--threads", help="comma list (default: 1 and every core in the affinity)")
-    ap.add_argument("--engines", help="comma list, a subset of " + ",".join(ENGINES))
+    run_args(ap, ENGINES, 900)
     ap.add_argument("--reps-pp128", type=int, default=3)
     ap.add_argument("--reps-pp512", type=int, default=2)
     for name, default in (("json", "e2e.json"), ("fidelity-json", "e2e-fidelity.json"), ("md", "e2e.md")):
         ap.add_argument(f"--{name}", default=os.path.join(RESULTS, default))
-    ap.add_argument("--llama-bench", metavar="PATH", help="run llama.cpp as this llama-bench binary (pp512, tg128)")
-    ap.set_defaults(ik_llama_src=None, dir=None, pp_warm=None, read_mib=0, timeout=900)
+    ap.set_defaults(ik_llama_src=None, dir=None, pp_warm=None, read_mib=0)
     args = ap.parse_args(argv)
     args.reps_pp = args.reps_pp512
     (fidelity if args.fidelity else speed)(args)

@@ -152,7 +152,7 @@ def server_status(peer):
     p = subprocess.run([peer, "-m", "llama_cpp.server", "--help"], capture_output=True, text=True, timeout=120)
     if p.returncode:
         return (f"`{peer} -m llama_cpp.server` does not run (pip install 'llama-cpp-python[server]' there): "
-                f"{p.stderr.strip()[-300:]}"), None
+                f"{(p.stderr.strip().splitlines() or [''])[-1][-300:]}"), None
     v = subprocess.run([peer, "-c", "import llama_cpp; print(llama_cpp.__version__)"], capture_output=True, text=True)
     return None, v.stdout.strip()
 
@@ -300,8 +300,8 @@ def write_md(res, path):
                   f"{fmt(median([r['itl_p50'] for r in crow]) * 1e3)} ms."]
         chunks = {e: [sum(r.get(k, 0) for run in mres["runs"] if run["engine"] == e for r in run.get("levels") or ())
                       for k in ("output_tokens", "content_chunks")] for e in ENGINES}
-        L += ["", *(f"{e}: {c} content chunks for {t} tokens (text held back until it decodes), so its ITL reads high "
-                    "by about that ratio." for e, (t, c) in chunks.items() if t and c < 0.95 * t)]
+        L += [f"\n{e}: {c} content chunks for {t} tokens (text held back until it decodes), so its ITL reads high by "
+              "about that ratio." for e, (t, c) in chunks.items() if t and c < 0.95 * t]
         st = mres.get("step")
         if st:
             L += ["", f"Decode step (one decoder call, the next token of k sequences at position {STEP_POS}, on the "
