@@ -14,8 +14,8 @@ import subprocess
 import time
 
 from .. import threads as threads_mod
-from . import (DEFAULT_PEER, HERE, RESULTS, fmt, header, machine, median, parse_threads, peer_status, per_round,
-               plot_setup, ratio, run_job, run_rounds, spread_line, table, wall_line, footer)
+from . import (DEFAULT_PEER, HERE, RESULTS, fmt, footer, header, machine, median, parse_threads, peer_status,
+               per_round, plot_setup, ratio, run_job, run_rounds, spread_line, table, wall_line)
 from . import bigmodels
 
 PP, TG, N_CTX = 512, 128, 1024

@@ -59,14 +59,9 @@ def file_name(shape, qtype, pure=False):
 def tensor_type(shape, qtype, role, pure=False):
     """the GGML type llama.cpp's quantizer gives a 2-D weight of `role` ('token_embd', 'output', 'attn_q', ...)"""
     base = "Q4_K" if qtype == "q4_k_m" else qtype.upper()
-    if pure:
-        return base
-    tied = SHAPES[shape]["tied"]
-    if role == "output" or (role == "token_embd" and tied):
+    if not pure and (role == "output" or role == "token_embd" and SHAPES[shape]["tied"]):
         return "Q8_0" if base == "Q8_0" else "Q6_K"
-    if qtype == "q4_k_m" and role == "ffn_down":
-        return "Q6_K"
-    return base
+    return "Q6_K" if not pure and qtype == "q4_k_m" and role == "ffn_down" else base
 
 
 def tensors(shape, qtype, pure=False):
@@ -91,20 +86,12 @@ def nbytes(kind, n_out, n_in, t):
 
 
 def work(shape, qtype, pure=False):
-    """What one token costs: decode weight bytes streamed (every layer matrix and the output matrix),
-    int8 MACs of the matmuls, and apart the attention MACs per token of a 512-token prompt"""
-    s = SHAPES[shape]
-    wb = macs = 0
-    types = {}
-    for name, kind, n_out, n_in, t in tensors(shape, qtype, pure):
-        if kind != "w" or (name == "token_embd.weight" and not s["tied"]):
-            continue
-        wb += nbytes(kind, n_out, n_in, t)
-        macs += n_out * n_in
-        types[t] = types.get(t, 0) + nbytes(kind, n_out, n_in, t)
-    D = s.get("head_dim") or s["n_embd"] // s["n_head"]
-    attn512 = s["n_layer"] * s["n_head"] * D * 2 * (512 + 1) / 2
-    return {"weight_bytes_per_token": wb, "matmul_macs_per_token": macs, "attn_macs_per_token_pp512": attn512,
+    """What one token costs: decode weight bytes streamed (every layer matrix and the output matrix; an
+    untied token_embd is one row a token) and the int8 MACs of the matmuls"""
+    ws = [(n_out * n_in, t, nbytes(kind, n_out, n_in, t)) for name, kind, n_out, n_in, t in tensors(shape, qtype, pure)
+          if kind == "w" and (name != "token_embd.weight" or SHAPES[shape]["tied"])]
+    types = {t: sum(b for _, u, b in ws if u == t) for t in dict.fromkeys(t for _, t, _ in ws)}
+    return {"weight_bytes_per_token": sum(b for *_, b in ws), "matmul_macs_per_token": sum(m for m, *_ in ws),
             "bytes_by_type": types}
 
 
