@@ -59,58 +59,59 @@ def agreement(a, b, n):
 
 
 def fidelity(args):
-    from cpufuse.llama import Model
-    from cpufuse.llama.chat import chat_prompt
-    path = model_path(args.model)
-    out = {"kind": "fidelity", "model": path, "load_avg_start": os.getloadavg(),
-           "skipped": peer_status(args.peer_python)}
-    nthr = len(os.sched_getaffinity(0))
-
-    def peer(job):
-        res, err = run_job(job, args.peer_python, [os.path.join(HERE, "peer.py")], False, nthr)
-        return res or sys.exit(f"peer {job['job']} failed: {err}")
-    if not out["skipped"]:
-        m = Model.load(path, n_ctx=N_CTX, n_threads=nthr)
-        chat_texts = [chat_prompt(m.tokenizer, p, add_generation_prompt=True) for p in CHAT_PROMPTS]
-        ours = [m.tokenize(t, add_bos=False, special=True) for t in [TEXT] + chat_texts]
-        res = peer({"job": "tokenize", "model": path, "texts": [TEXT] + chat_texts})
-        out["tokenizer_identical"] = [a == b for a, b in zip(ours, res["tokens"])]
-        ids = m.tokenize(TEXT, add_bos=None)
-        out["n_positions"], n = len(ids), len(ids)
-        print(f"fidelity: {n} positions, tokenization identical: {out['tokenizer_identical']}", flush=True)
-        lc, refs, tf = m.logits(ids), {}, {}
-        with tempfile.TemporaryDirectory() as td:
-            for fa in (False, True):
-                npy = os.path.join(td, f"ref{int(fa)}.npy")
-                peer({"job": "logits", "model": path, "tokens": ids, "out": npy, "threads": nthr, "flash_attn": fa,
-                      "n_ctx": N_CTX})
-                lr = refs[fa] = np.load(npy)
-                dis, d = agreement(lc, lr, n)
-                d["disagreements"] = [{"pos": int(i), "llamacpp_margin": _margin(lr[i])} for i in dis]
-                d.update(all_disagreements_margin_lt_1=all(x["llamacpp_margin"] < 1.0 for x in d["disagreements"]),
-                         rms_diff_over_rms_logits=float(np.sqrt(((lc - lr) ** 2).mean() / (lr ** 2).mean())),
-                         max_abs_logit_diff_pos0=float(np.abs(lc[0] - lr[0]).max()))
-                tf["fa_on" if fa else "fa_off"] = d
-                print(f"  teacher-forced FA {'on' if fa else 'off'}: top-1 agree {d['agree']}/{n}, "
-                      f"max |dlogit| {d['max_abs_logit_diff']:.4f}", flush=True)
-        dis, d = agreement(refs[False], refs[True], n)     # the noise floor: llama.cpp FA off vs on
-        d["max_disagreement_margin"] = float(max([_margin(refs[False][i]) for i in dis], default=0.0))
-        out.update(llamacpp_fa_off_vs_on=d, teacher_forced=tf)
-        if args.reference:
-            out["reference"] = reference_agreement(path, ids, lc, refs[False])
-        out["greedy"] = greedy(m, ours[1:], peer({"job": "greedy", "model": path, "prompts": ours[1:], "n": 64,
-                                                  "threads": nthr, "n_ctx": N_CTX}))
-        ms = [x["llamacpp_margin"] for d in tf.values() for x in d["disagreements"]]
-        ms += [x for g in out["greedy"] for x in g["lockstep_flip_margins"] + [g.get("llamacpp_margin_at_divergence") or 0]]
-        out["margin_rule"] = all(x < MARGIN for x in ms)
-        print(f"  margin rule (every disagreement at a llama.cpp top-1 margin < {MARGIN}): {out['margin_rule']}")
-    else:
+    out = {"model": model_path(args.model), "load_avg_start": os.getloadavg(), "skipped": peer_status(args.peer_python)}
+    if out["skipped"]:
         print(f"bench.e2e --fidelity: skipped: {out['skipped']}")
+    else:
+        compare(out, args)
     out["load_avg_end"] = os.getloadavg()
     with open(args.fidelity_json, "w") as f:
         json.dump(out, f, indent=1)
     write_md(args)
     print(f"bench.e2e --fidelity: wrote {args.fidelity_json} and {args.md}")
+
+
+def compare(out, args):
+    """tokenization, teacher-forced logits (llama.cpp FA off and on), greedy generations and the margin rule"""
+    from cpufuse.llama import Model
+    from cpufuse.llama.chat import chat_prompt
+    path, nthr = out["model"], len(os.sched_getaffinity(0))
+
+    def peer(job):
+        res, err = run_job({"model": path, "threads": nthr, "n_ctx": N_CTX, **job}, args.peer_python,
+                           [os.path.join(HERE, "peer.py")], False, nthr)
+        return res or sys.exit(f"peer {job['job']} failed: {err}")
+    m = Model.load(path, n_ctx=N_CTX, n_threads=nthr)
+    chat_texts = [chat_prompt(m.tokenizer, p, add_generation_prompt=True) for p in CHAT_PROMPTS]
+    ours = [m.tokenize(t, add_bos=False, special=True) for t in [TEXT] + chat_texts]
+    out["tokenizer_identical"] = [a == b for a, b in zip(ours, peer({"job": "tokenize", "texts": [TEXT] + chat_texts})
+                                                         ["tokens"])]
+    ids = m.tokenize(TEXT, add_bos=None)
+    out["n_positions"], n = len(ids), len(ids)
+    print(f"fidelity: {n} positions, tokenization identical: {out['tokenizer_identical']}", flush=True)
+    lc, refs, tf = m.logits(ids), {}, {}
+    with tempfile.TemporaryDirectory() as td:
+        for fa in (False, True):
+            peer({"job": "logits", "tokens": ids, "out": os.path.join(td, "ref.npy"), "flash_attn": fa})
+            lr = refs[fa] = np.load(os.path.join(td, "ref.npy"))
+            dis, d = agreement(lc, lr, n)
+            d["disagreements"] = [{"pos": int(i), "llamacpp_margin": _margin(lr[i])} for i in dis]
+            d.update(all_disagreements_margin_lt_1=all(x["llamacpp_margin"] < 1.0 for x in d["disagreements"]),
+                     rms_diff_over_rms_logits=float(np.sqrt(((lc - lr) ** 2).mean() / (lr ** 2).mean())),
+                     max_abs_logit_diff_pos0=float(np.abs(lc[0] - lr[0]).max()))
+            tf["fa_on" if fa else "fa_off"] = d
+            print(f"  teacher-forced FA {'on' if fa else 'off'}: top-1 agree {d['agree']}/{n}, "
+                  f"max |dlogit| {d['max_abs_logit_diff']:.4f}", flush=True)
+    dis, d = agreement(refs[False], refs[True], n)     # the noise floor: llama.cpp FA off vs on
+    d["max_disagreement_margin"] = float(max([_margin(refs[False][i]) for i in dis], default=0.0))
+    out.update(llamacpp_fa_off_vs_on=d, teacher_forced=tf)
+    if args.reference:
+        out["reference"] = reference_agreement(path, ids, lc, refs[False])
+    out["greedy"] = greedy(m, ours[1:], peer({"job": "greedy", "prompts": ours[1:], "n": 64}))
+    ms = [x["llamacpp_margin"] for d in tf.values() for x in d["disagreements"]]
+    ms += [x for g in out["greedy"] for x in g["lockstep_flip_margins"] + [g.get("llamacpp_margin_at_divergence", 0)]]
+    out["margin_rule"] = all(x < MARGIN for x in ms)
+    print(f"  margin rule (every disagreement at a llama.cpp top-1 margin < {MARGIN}): {out['margin_rule']}")
 
 
 def greedy(m, prompts, ref):

@@ -146,6 +146,9 @@ def test_smoke_model_bench(tmp_path):
     md = (tmp_path / "e.md").read_text()
     assert "| test | threads | cpufuse | cpufuse fusion=False |" in md
     assert "| tg 128 | 1 |" in md and "llama.cpp columns skipped" in md
+    _smoke("bench.e2e", "--fidelity", "--peer-python", "/nonexistent", "--json", str(tmp_path / "e.json"), "--md",
+           str(tmp_path / "e.md"), "--fidelity-json", str(tmp_path / "f.json"))
+    assert "| tg 128 | 1 |" in (tmp_path / "e.md").read_text() and "Skipped: peer" in (tmp_path / "e.md").read_text()
 
 
 def test_smoke_profile(tmp_path):
