@@ -13,10 +13,8 @@ import statistics
 import subprocess
 import time
 
-from .. import threads as threads_mod
 from . import (DEFAULT_PEER, HERE, RESULTS, fmt, footer, header, machine, median, parse_threads, peer_status,
                per_round, plot_setup, ratio, run_job, run_rounds, spread_line, table, wall_line)
-from . import bigmodels
 
 PP, TG, N_CTX = 512, 128, 1024
 KEYS = (f"pp{PP}", f"tg{TG}")
@@ -84,6 +82,7 @@ def worker(job):
                            fusion=job["engine"] == "cpufuse")
             return m.reset, m.eval
         return speed(job, load)
+    from .. import threads as threads_mod
     n, isa = int(job["threads"]), threads_mod.best_isa()
     return {"isa": isa, "threads": n, "read": threads_mod.read_bw_stats(n, nbytes=job["read_mib"] << 20, isa=isa),
             "int8": isa and threads_mod.int8_peak_stats(isa, n), "fma": isa and threads_mod.fma_peak_stats(isa, n)}
@@ -115,6 +114,7 @@ def run_llama_bench(exe, path, threads, fa, reps, pin, timeout=1800, extra=()):
 def build_ik(src, models_dir, timeout=7200):
     """ik_llama.cpp's llama-bench built from the checkout `src` into <models dir>/ik-llama-bench (outside
     the repository; cmake builds incrementally): (path, None) or (None, why not)"""
+    from . import bigmodels
     src = os.path.abspath(os.path.expanduser(src))
     if not os.path.isfile(os.path.join(src, "CMakeLists.txt")):
         return None, f"IK_LLAMA_SRC={src} has no CMakeLists.txt"
@@ -136,6 +136,7 @@ def run(args, files, engines, keys, reps, write):
     """Every file x thread count x engine (and the probes where the files have their `work`) in alternating
     rounds (run_rounds), each in its own process; the JSON and write(out, final) after every thread count of
     every round (a run stopped by a time limit leaves its results) and at the end. bench.e2e's runner too."""
+    from .. import threads as threads_mod
     threads, pp = parse_threads(args.threads), [int(k[2:]) for k in keys if k.startswith("pp")]
     exe = os.path.abspath(os.path.expanduser(args.llama_bench)) if args.llama_bench else None
     peer_kind = "llama-bench" if exe else "llama-cpp-python"
@@ -373,6 +374,7 @@ def run_args(ap, engines, timeout):
 
 
 def main(argv=None):
+    from . import bigmodels
     ap = argparse.ArgumentParser(prog="python -m bench.e2e.big", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="1b", help="comma list of " + ",".join(bigmodels.SHAPES) + " (default 1b)")
     ap.add_argument("--types", default="all", help="comma list of " + ",".join(bigmodels.TYPES) + ", or all (default)")
