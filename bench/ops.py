@@ -13,7 +13,7 @@ from .cases import Section, Unavailable, Variant
 
 SIMD_ISAS = ("avx512", "avx2", "neon")
 EXP_FLOOR = "exp floor"
-PEERS = ("torch", "onnxruntime", "ggml")
+PEERS = ("torch", "ggml")
 
 
 def best_simd():

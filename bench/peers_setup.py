@@ -130,7 +130,7 @@ def main(argv=None):
     except Exception as e:  # never fail the calling make target
         print(f"ggml peer unavailable: {type(e).__name__}: {e}", flush=True)
         return 0
-    peers._ggml = None
+    peers._load_ggml.cache_clear()
     g, why = peers._load_ggml()
     print(f"ggml peer ready: {g.dir}" if g is not None else f"ggml peer unavailable: {why}")
     return 0

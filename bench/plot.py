@@ -13,7 +13,7 @@ COLOURS = {
     "numba": "#8e6bbf", "scalar": "#c98b3a",
     "unfused": "#8fbfe6", "plan unfused": "#8fbfe6",
     "avx2": "#3b7dd8", "neon": "#2a9d8f", "avx512": "#173f7a", "plan fused": "#173f7a",
-    "torch": "#d8473b", "onnxruntime": "#f29e38", "ggml": "#3fa34d", "ggml repack": "#8acb88",
+    "torch": "#d8473b", "ggml": "#3fa34d", "ggml repack": "#8acb88",
     # the quant section's columns
     "cpufuse": "#173f7a", "fused": "#173f7a", "cpufuse f32": "#2a9d8f", "cpufuse q8": "#ad1457",
     "numpy unfused": "#616161",

@@ -3,7 +3,7 @@ probe header, then per section its time tables and its derived table) and the ch
 A section says what it adds through its `intro`, `unit`, `tables(entries)` and `derived_cols`."""
 import numpy as np
 
-HEADLINE_PEERS = ("numpy", "onnxruntime", "ggml", "torch")
+HEADLINE_PEERS = ("numpy", "ggml", "torch")
 STATUS = {"skipped": "n/a", "failed": "FAIL", "error": "ERR"}
 
 

@@ -276,7 +276,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short timings, fewer cases (smoke run, ~1 min)")
-    ap.add_argument("--peers", action="store_true", help="add PyTorch, onnxruntime and ggml columns")
+    ap.add_argument("--peers", action="store_true", help="add the PyTorch and ggml columns")
     ap.add_argument("--json", metavar="PATH", help="write the full results as JSON")
     ap.add_argument("--md", metavar="PATH", help="write the markdown tables")
     ap.add_argument("--plot", metavar="PATH", help="write the chart (PNG, matplotlib) here; default with --json "
