@@ -186,29 +186,13 @@ def reference(case, inp):
 _read = {}
 
 
-def _read_array():
-    if "a" not in _read:
-        _read["a"] = np.full(READ_BYTES // 4, 1.0, np.float32)
-    return _read["a"]
-
-
 def read_probe(n_threads):
-    """a zero-argument call reading READ_BYTES once (numpy releases the GIL in the reduction)"""
-    a = _read_array()
-    if n_threads <= 1:
-        return functools.partial(np.max, a)
-    key = ("pool", n_threads)
-    if key not in _read:  # started while the caller is in all-core mode: the workers get every core
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=n_threads)
-        n = a.size
-        b = [n * i // n_threads // 16 * 16 for i in range(n_threads)] + [n]
-        parts = [a[lo:hi] for lo, hi in zip(b[:-1], b[1:])]
-        list(pool.map(np.max, parts))  # start every worker now
-
-        def fn():
-            return max(pool.map(np.max, parts))
-        _read[key] = fn
-    return _read[key]
+    """a zero-arg call reading READ_BYTES once (np.max; n threads: slices from a pool started in the
+    caller's all-core mode)"""
+    if n_threads not in _read:
+        a = _read.setdefault("a", np.full(READ_BYTES // 4, 1.0, np.float32))
+        _read[n_threads] = threads.read_fn(a, n_threads)[0]
+    return _read[n_threads]
 
 
 # ------------------------------------------------------------------------------------------------
