@@ -106,7 +106,8 @@ bench-scaling: build
 # Peers in the same table: PyTorch (CPU build) and ggml are optional extras.
 bench-peers: build
 	$(VPY) -m pip install -q torch==2.13.0 || echo "bench-peers: torch unavailable"
-	$(VPY) -m bench.peers_setup || echo "bench-peers: ggml unavailable"
+	test -e bench/.ggml/lib/libggml-cpu.so || bash bench/llama_bench_build.sh --ggml bench/.ggml \
+		|| echo "bench-peers: ggml unavailable"
 	$(PLOTDEP)
 	$(BENCHENV) $(VPY) -m bench.run --peers --threads both --json bench/results/peers.json --md bench/results/peers.md --plot bench/results/peers.png
 

@@ -3,6 +3,7 @@
 # of `make bench-e2e`), for bench/e2e/big.py --llama-bench PATH; nothing goes inside the repository.
 #   bash bench/llama_bench_build.sh [--src DIR | --src-tar PRUNED.tar.gz] [--out DIR] [-j N]
 #   bash bench/llama_bench_build.sh --prune OUT.tar.gz [--prune-only]   # also write the pruned source
+#   bash bench/llama_bench_build.sh --ggml bench/.ggml    # ggml's CPU backend, shared (bench-peers)
 # The sdist's address and sha256 come from PyPI's simple index. Release, static, GGML_NATIVE on,
 # server/tests/examples off; target llama-bench only (~12 min on 2 cores). The pruned copy keeps
 # what building llama-bench reads (ggml without the non-CPU backends; 2.9 MB packed). Output:
@@ -11,7 +12,7 @@ set -euo pipefail
 
 VERSION=0.3.36
 OUT="${LLAMA_BENCH_DIR:-${CPUFUSE_BENCH_MODELS:-$HOME/.cache/cpufuse-bench}/llama-bench}"
-SRC="" SRC_TAR="" PRUNE="" PRUNE_ONLY=0
+SRC="" SRC_TAR="" PRUNE="" PRUNE_ONLY=0 GGML=""
 JOBS="$(nproc 2>/dev/null || echo 2)"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -20,6 +21,7 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift 2 ;;
     --prune) PRUNE="$2"; shift 2 ;;
     --prune-only) PRUNE_ONLY=1; shift ;;
+    --ggml) GGML="$2"; shift 2 ;;
     -j) JOBS="$2"; shift 2 ;;
     -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "llama_bench_build.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -94,6 +96,18 @@ if [ -n "$PRUNE" ]; then
   [ "$PRUNE_ONLY" = 1 ] && exit 0
 fi
 
+if [ -n "$GGML" ]; then   # the kernel tables' ggml column: the paths llama.cpp runs (llamafile, repack)
+  B="$OUT/build-ggml"
+  cmake -S "$SRC" -B "$B" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=ON -DGGML_BACKEND_DL=OFF \
+    -DGGML_LLAMAFILE=ON -DGGML_CPU_REPACK=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_SERVER=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF > "$OUT/ggml-configure.log" 2>&1 \
+    || { tail -40 "$OUT/ggml-configure.log"; exit 1; }
+  cmake --build "$B" --target ggml-base ggml-cpu -j "$JOBS" > "$OUT/ggml-build.log" 2>&1 \
+    || { tail -40 "$OUT/ggml-build.log"; exit 1; }
+  mkdir -p "$GGML/lib" && find "$B" -name 'libggml-*.so*' -exec cp -a {} "$GGML/lib/" \;
+  echo "$GGML/lib"
+  exit 0
+fi
 B="$OUT/build"
 cmake -S "$SRC" -B "$B" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
   -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \

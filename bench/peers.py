@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-GGML_LOCAL = os.path.join(HERE, ".ggml")  # where peers_setup.py puts a ggml-only build
+GGML_LOCAL = os.path.join(HERE, ".ggml")  # where `llama_bench_build.sh --ggml bench/.ggml` puts ggml
 
 
 @functools.lru_cache(maxsize=None)
@@ -156,7 +156,7 @@ def _load_ggml():
     dirs = ggml_lib_dirs()
     d = next((d for d in dirs if _find_so(d, "libggml-base") and _find_so(d, "libggml-cpu")), None)
     if d is None:
-        return None, f"ggml shared libraries not found (looked in: {', '.join(dirs)}); run `python -m bench.peers_setup`"
+        return None, f"ggml shared libraries not found (looked in: {', '.join(dirs)}); run `bash bench/llama_bench_build.sh --ggml bench/.ggml`"
     try:
         libs = [ctypes.CDLL(_find_so(d, s), mode=ctypes.RTLD_GLOBAL) for s in ("libggml-base", "libggml-cpu")]
     except OSError as e:
