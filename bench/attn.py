@@ -11,7 +11,7 @@ from cpufuse import reference as ref
 
 from . import threads
 from .cases import Section, Unavailable, Variant
-from .ops import all_core_name, best_simd, build_peer, common_derived, times, variants
+from .ops import best_simd, build_peer, common_derived, times, variants
 
 HQ, HKV, D = 32, 8, 128
 

@@ -40,7 +40,8 @@ def torch_build(case, inp):
     if case.op == "softmax":
         m = torch.from_numpy(inp["mask"]) if inp["mask"] is not None else None
         s = case.scale
-        fn = lambda: torch.softmax(x * s if m is None else x * s + m, -1)  # noqa: E731 (f32 + f16 -> f32)
+        fn = (functools.partial(torch.softmax, x, -1) if m is None and s == 1.0 else
+              lambda: torch.softmax(x * s if m is None else x * s + m, -1))   # f32 + f16 -> f32
         return (fn, lambda: fn().numpy()), None
     n, w = inp["x"].shape[-1], torch.from_numpy(inp["w"])
     if case.op == "rms_norm":
@@ -55,26 +56,15 @@ def torch_build(case, inp):
 
 
 def _torch_sdpa(torch, inp):
-    """SDPA on (S, H, N|T, D) with enable_gqa (K/V heads repeated where torch < 2.5 lacks it); f16
-    K/V upcast inside the timed call, as a user holding an f16 cache writes k.float()"""
-    F = torch.nn.functional
+    """SDPA on (S, H, N|T, D) with enable_gqa (torch >= 2.5); f16 K/V upcast inside the timed call, as a
+    user holding an f16 cache writes k.float()"""
     q, k, v = (torch.from_numpy(inp[n]) for n in "qkv")
     up, causal, scale = inp["k"].dtype == np.float16, bool(inp["causal"]), float(inp["scale"])
     if inp["mask"] is not None and not causal:
         return None, "the torch column handles causal or no mask only"
-    rep = q.shape[1] // k.shape[1]
-    try:
-        F.scaled_dot_product_attention(q[:, :, :1], k[:, :, :1].float(), v[:, :, :1].float(), enable_gqa=True)
-        gqa = True
-    except TypeError:
-        gqa = False
-
-    def fn():
-        kk, vv = (k.float(), v.float()) if up else (k, v)
-        if gqa:
-            return F.scaled_dot_product_attention(q, kk, vv, is_causal=causal, scale=scale, enable_gqa=True)
-        kk, vv = kk.repeat_interleave(rep, dim=1), vv.repeat_interleave(rep, dim=1)
-        return F.scaled_dot_product_attention(q, kk, vv, is_causal=causal, scale=scale)
+    sdpa = functools.partial(torch.nn.functional.scaled_dot_product_attention, is_causal=causal, scale=scale,
+                             enable_gqa=True)
+    fn = (lambda: sdpa(q, k.float(), v.float())) if up else functools.partial(sdpa, q, k, v)
     return (fn, lambda: fn().permute(0, 2, 1, 3).numpy()), None
 
 
@@ -156,7 +146,8 @@ def _load_ggml():
     dirs = ggml_lib_dirs()
     d = next((d for d in dirs if _find_so(d, "libggml-base") and _find_so(d, "libggml-cpu")), None)
     if d is None:
-        return None, f"ggml shared libraries not found (looked in: {', '.join(dirs)}); run `bash bench/llama_bench_build.sh --ggml bench/.ggml`"
+        return None, (f"ggml shared libraries not found (looked in: {', '.join(dirs)}); "
+                      "run `bash bench/llama_bench_build.sh --ggml bench/.ggml`")
     try:
         libs = [ctypes.CDLL(_find_so(d, s), mode=ctypes.RTLD_GLOBAL) for s in ("libggml-base", "libggml-cpu")]
     except OSError as e:

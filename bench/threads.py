@@ -14,14 +14,15 @@ import time
 import numpy as np
 
 ALL = 0  # Variant.nth value meaning "every core of the affinity set"
-
 try:
     ALL_CORES = sorted(os.sched_getaffinity(0))
 except (AttributeError, OSError):  # not Linux: no affinity control, 1-thread columns only
     ALL_CORES = None
 n_all = len(ALL_CORES) if ALL_CORES else 1
-_pin_core = [ALL_CORES[0] if ALL_CORES else None]
-_mode = [None]
+_pin_core, _mode = [ALL_CORES[0] if ALL_CORES else None], [None]
+# seconds to wait when going from n threads to fewer (set by sections whose all-core columns run OpenBLAS):
+# its idle workers spin ~0.1 s after a parallel call (THREAD_TIMEOUT), stealing the next 1-thread core
+settle_s = [0.0]
 
 
 def best_isa():
@@ -31,12 +32,9 @@ def best_isa():
 
 
 def set_pin_core(core):
-    if ALL_CORES is None:
-        return
-    if core not in ALL_CORES:
+    if ALL_CORES is not None and core not in ALL_CORES:
         raise ValueError(f"--pin-core {core} is not in this process's affinity {ALL_CORES}")
-    _pin_core[0] = core
-    _mode[0] = None
+    _pin_core[0], _mode[0] = core, None
 
 
 def pin_core():
@@ -48,13 +46,9 @@ def resolve(nth):
     return n_all if nth == ALL else nth
 
 
-# ------------------------------------------------------------------------------------------------
-# OpenBLAS (numpy's) thread count, through its exported setter (no threadpoolctl needed)
-
 def _find_blas_setter():
     """numpy's OpenBLAS set_num_threads (no threadpoolctl needed): (setter, its name)"""
-    libdir = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
-    for path in glob.glob(os.path.join(libdir, "lib*openblas*.so*")):
+    for path in glob.glob(os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs", "lib*openblas*.so*")):
         try:
             lib = ctypes.CDLL(path)
         except OSError:
@@ -65,28 +59,20 @@ def _find_blas_setter():
             if f is not None:
                 f.argtypes, f.restype = [ctypes.c_int], None
                 return (lambda n, f=f: f(int(n))), f"{os.path.basename(path)}:{name}"
-    return None, "numpy's OpenBLAS set_num_threads not found (BLAS thread count left as is)"
+    return (lambda n: None), "numpy's OpenBLAS set_num_threads not found (BLAS thread count left as is)"
 
 
-_blas_set, BLAS_CONTROL = _find_blas_setter()
+set_blas_threads, BLAS_CONTROL = _find_blas_setter()
 
-
-def set_blas_threads(n):
-    if _blas_set is not None:
-        _blas_set(n)
-
-
-# ------------------------------------------------------------------------------------------------
 
 def enter(nth):
-    """Make the calling (main) thread ready to run a variant with `nth` threads: 1 (pinned to one
-    core, OpenBLAS on 1 thread), ALL (every core, OpenBLAS on all of them), or a count n > 1
-    (every core allowed, OpenBLAS on n threads: bench.run --scaling)."""
-    n = resolve(nth)
-    want = 1 if n == 1 else n
+    """make the calling (main) thread ready for a variant of `nth` threads: 1 (pinned to one core,
+    OpenBLAS on 1 thread), ALL (every core, OpenBLAS on all), or n > 1 (every core allowed, OpenBLAS
+    on n: bench.run --scaling)"""
+    want = resolve(nth)
     if _mode[0] == want:
         return
-    leaving_multi = _mode[0] is not None and _mode[0] > want  # fewer threads than before
+    leaving_multi = _mode[0] is not None and _mode[0] > want
     if ALL_CORES is not None and (_mode[0] is None or (_mode[0] == 1) != (want == 1)):
         os.sched_setaffinity(0, {_pin_core[0]} if want == 1 else set(ALL_CORES))
     set_blas_threads(want)
@@ -95,18 +81,12 @@ def enter(nth):
         time.sleep(settle_s[0])
 
 
-# Seconds to wait when going from n threads to fewer (set by sections whose all-core columns run
-# OpenBLAS): OpenBLAS's idle workers keep spinning for ~0.1 s after a parallel call (its
-# THREAD_TIMEOUT, 2^28 cycles), which would steal the core of the next 1-thread variant.
-settle_s = [0.0]
-
-
 def run_module(*args, timeout=900):
-    """python -m ARGS from the repository root on every core of the original affinity (a pinned
-    test process's child inherits its pinning); asserts it exits 0, returns its stdout"""
-    every = (lambda: os.sched_setaffinity(0, ALL_CORES)) if ALL_CORES else None
+    """python -m ARGS from the repository root on every core of the original affinity (a pinned test
+    process's child inherits its pinning); asserts it exits 0, returns its stdout"""
     p = subprocess.run([sys.executable, "-m", *args], cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                       capture_output=True, text=True, timeout=timeout, preexec_fn=every)
+                       capture_output=True, text=True, timeout=timeout,
+                       preexec_fn=(lambda: os.sched_setaffinity(0, ALL_CORES)) if ALL_CORES else None)
     assert p.returncode == 0, p.stderr[-3000:]
     return p.stdout
 
@@ -115,20 +95,16 @@ def _cpu_times():
     """{cpu: (busy, total)} jiffies from /proc/stat for the cores of the affinity set"""
     out = {}
     with open("/proc/stat") as f:
-        for line in f:
-            if line.startswith("cpu") and line[3:4].isdigit():
-                name, *v = line.split()
-                cpu = int(name[3:])
-                if ALL_CORES is None or cpu in ALL_CORES:
-                    v = [int(x) for x in v[:8]]  # user nice system idle iowait irq softirq steal
-                    out[cpu] = (sum(v) - v[3] - v[4], sum(v))
+        for name, *v in (ln.split() for ln in f if ln.startswith("cpu") and ln[3:4].isdigit()):
+            if ALL_CORES is None or int(name[3:]) in ALL_CORES:
+                v = [int(x) for x in v[:8]]  # user nice system idle iowait irq softirq steal
+                out[int(name[3:])] = (sum(v) - v[3] - v[4], sum(v))
     return out
 
 
 def busy_cores(seconds=0.5):
-    """How many of this process's cores other work keeps busy: the busy share of each core (steal
-    time included: other guests on the host) summed over the affinity set, measured while this
-    process sleeps for `seconds`. None where /proc/stat is missing."""
+    """how many of this process's cores other work keeps busy (steal time included) while this
+    process sleeps `seconds`: the busy shares summed over the affinity set; None without /proc/stat"""
     try:
         a = _cpu_times()
         time.sleep(seconds)

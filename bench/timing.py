@@ -70,10 +70,9 @@ def _round_order(names, r, blocks):
 
 
 def measure(fns, *, target_s=0.3, rounds=5, per_call=False, warm_s=0.01, pre=None, blocks=None):
-    """Time every zero-arg callable of `fns` ({name: fn}) in interleaved rounds. pre: {name: callable}
-    run untimed before a variant's warm-up and each of its batches (its thread mode); blocks: {name:
-    key} keeps the variants of one key together in every round. Returns {name: {"median_ns",
-    "min_ns", "p10_ns", "p90_ns", "samples", "calls", "k"}}."""
+    """Time the zero-arg callables of `fns` ({name: fn}) in interleaved rounds: {name: {"median_ns",
+    "min_ns", "p10_ns", "p90_ns", "samples", "calls", "k"}}. pre: {name: call} run untimed before a
+    variant's warm-up and batches (its thread mode); blocks: {name: key}, kept together in a round."""
     names, pre = _round_order(list(fns), 0, blocks), pre or {}
     nop = lambda: None  # noqa: E731
     plans = {}
@@ -107,14 +106,11 @@ _ffi = cffi.FFI()
 
 
 class CopyBandwidth:
-    """Copy bandwidth, read + write counted: n_threads threads each copy their slice of a src array of
-    nbytes into dst, `chunk` bytes per thread and copy, the chunks walked in turn. chunk = nbytes: the
-    same copy again (the L2 probe, cache-resident); 4 MiB slices of 256 MiB: each chunk last touched
-    252 MiB earlier (DRAM). 1 thread: glibc's memmove through cffi; n: np.copyto from a thread pool
-    (numpy releases the GIL). One sample = k copies lasting ~sample_s, far shorter than a scheduler
-    slice, so a preemption spoils a few samples, not the median; sample() takes ~per_sample_s of them.
-    pre: run before sampling (the harness pins the 1-thread probes there); buf: a float32 block of at
-    least 2 * nbytes + 4 KiB to share."""
+    """Copy bandwidth (read + write counted) of n_threads threads each copying `chunk` bytes of its
+    slice of nbytes at a time, the chunks in turn (chunk = nbytes: cache-resident; 4 MiB of 256 MiB:
+    DRAM); 1 thread: memmove through cffi, n: np.copyto from a pool. A sample = k copies of ~sample_s
+    (a preemption spoils a few samples, not the median); bench/README.md, "Probes". pre: run before
+    sampling (the thread mode); buf: a float32 block of >= 2 * nbytes + 4 KiB to share."""
 
     def __init__(self, nbytes, chunk=None, n_threads=1, sample_s=50e-6, per_sample_s=0.01, warm_s=0.02,
                  pre=None, buf=None):
@@ -131,9 +127,8 @@ class CopyBandwidth:
         per = bounds[1] - bounds[0]
         self.chunk = min(chunk or 4 * per, 4 * per)
         steps = max(1 if n_threads == 1 else 4, math.ceil(4 * per / self.chunk))
-        self.steps = [[(self.dst[a + (b - a) * j // steps:a + (b - a) * (j + 1) // steps],
-                        self.src[a + (b - a) * j // steps:a + (b - a) * (j + 1) // steps])
-                       for a, b in zip(bounds[:-1], bounds[1:])] for j in range(steps)]
+        cut = [[a + (b - a) * j // steps for j in range(steps + 1)] for a, b in zip(bounds[:-1], bounds[1:])]
+        self.steps = [[(self.dst[c[j]:c[j + 1]], self.src[c[j]:c[j + 1]]) for c in cut] for j in range(steps)]
         self.counted = 2 * sum(d.nbytes for d, _ in self.steps[0])
         if n_threads == 1:
             cp = lambda d: _ffi.cast("char *", d.ctypes.data)  # noqa: E731

@@ -19,14 +19,10 @@ set -uo pipefail
 PHASE="${1:-}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
-OUT="${OUT:-$ROOT/build/device-out}"
+OUT="${OUT:-$ROOT/build/device-out}" T0=$SECONDS LIMIT="${PHASE_LIMIT:-560}" PY="${PY:-python3}" NCPU="$(nproc)"
 mkdir -p "$OUT"
-T0=$SECONDS
-LIMIT="${PHASE_LIMIT:-560}"
 export CPUFUSE_BENCH_MODELS="${CPUFUSE_BENCH_MODELS:-$HOME/.cache/cpufuse-bench}"
 LB="$CPUFUSE_BENCH_MODELS/llama-bench/build/bin/llama-bench"
-PY="${PY:-python3}"
-NCPU="$(nproc)"
 unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
 export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -75,58 +71,43 @@ e2e() {  # tag, then bench.e2e.big arguments
 }
 
 ready() {  # the builds and the 1B files of `setup`, redone if the machine is a fresh one
-  if have_cpufuse && [ -x "$LB" ] && "$PY" -c "
-import os, sys
-from bench.e2e import bigmodels as b
-sys.exit(0 if all(b.is_valid(os.path.join(b.models_dir(), b.file_name('1b', t)), '1b', t) for t in b.TYPES) else 1)" 2>/dev/null; then
-    return 0
-  fi
+  have_cpufuse && [ -x "$LB" ] && "$PY" -c "import os, sys; from bench.e2e import bigmodels as b
+sys.exit(not all(b.is_valid(os.path.join(b.models_dir(), b.file_name('1b', t)), '1b', t) for t in b.TYPES))" \
+    2>/dev/null && return 0
   say "setup's results are missing (a fresh machine?): running setup first"
   setup
 }
 
+big() {  # written only when missing: the given bench.e2e.bigmodels arguments
+  "$PY" -m bench.e2e.bigmodels "$@" > "$OUT/bigmodels-more.log" 2>&1 || { tail -20 "$OUT/bigmodels-more.log"; exit 1; }
+}
+
+case "$PHASE" in
+  setup|1b|1b-more|8b|t16|scale|profile) [ "$PHASE" = setup ] || ready || exit 1 ;;
+  *) sed -n '2,18p' "$0"; exit 2 ;;
+esac
 case "$PHASE" in
   setup)
     setup || exit 1
     "$PY" -m cpufuse info > "$OUT/cpufuse-info.txt" 2>&1
-    { lscpu; echo; grep -o 'amx[a-z_0-9]*' /proc/cpuinfo | sort -u; free -g; df -h "$CPUFUSE_BENCH_MODELS"; } > "$OUT/machine.txt" 2>&1
+    { lscpu; echo; grep -o 'amx[a-z_0-9]*' /proc/cpuinfo | sort -u; free -g; df -h "$CPUFUSE_BENCH_MODELS"; } \
+      > "$OUT/machine.txt" 2>&1
     "$PY" -m pytest -q -p no:cacheprovider tests/test_probe.py > "$OUT/test-probe.log" 2>&1; tail -1 "$OUT/test-probe.log"
-    "$PY" -m bench.e2e.bigmodels --models 1b --types q4_0 --check 2>&1 | tail -1
-    ;;
-  1b)
-    ready || exit 1
-    e2e 1b --models 1b --types q4_0 --threads 1,4,16 --rounds 2
-    ;;
-  1b-more)
-    ready || exit 1
-    e2e 1b-more --models 1b --types q4_k,q4_k_m,q8_0,q6_k --threads 1,16 --rounds 1
-    ;;
+    "$PY" -m bench.e2e.bigmodels --models 1b --types q4_0 --check 2>&1 | tail -1 ;;
+  1b) e2e 1b --models 1b --types q4_0 --threads 1,4,16 --rounds 2 ;;
+  1b-more) e2e 1b-more --models 1b --types q4_k,q4_k_m,q8_0,q6_k --threads 1,16 --rounds 1 ;;
   8b)
-    ready || exit 1
-    "$PY" -m bench.e2e.bigmodels --models 8b --types q4_0,q4_k_m > "$OUT/bigmodels-8b.log" 2>&1 || { tail -20 "$OUT/bigmodels-8b.log"; exit 1; }
-    say "8B files ready"
-    e2e 8b --models 8b --types q4_0,q4_k_m --threads 16 --rounds 2
-    ;;
-  t16)  # all cores again, after the files are flushed to disk (os.sync) and the machine is idle
-    ready || exit 1
-    "$PY" -m bench.e2e.bigmodels --models 8b --types q4_0 > "$OUT/bigmodels-8b.log" 2>&1 || { tail -20 "$OUT/bigmodels-8b.log"; exit 1; }
+    big --models 8b --types q4_0,q4_k_m
+    e2e 8b --models 8b --types q4_0,q4_k_m --threads 16 --rounds 2 ;;
+  t16)  # all cores again, after the files are flushed to disk and the machine is idle
+    big --models 8b --types q4_0
     sync; grep -E '^(Dirty|Writeback):' /proc/meminfo; uptime
     e2e t16-1b --models 1b --types q4_0,q8_0,q4_k_m --threads 16 --rounds 2
-    e2e t16-8b --models 8b --types q4_0 --threads 16 --rounds 2
-    ;;
-  scale)  # the rest of the scaling curve of 1B Q4_0 (1/4/16 come from `1b` and `t16`)
-    ready || exit 1
-    e2e scale --models 1b --types q4_0 --threads 2,8 --rounds 2
-    ;;
+    e2e t16-8b --models 8b --types q4_0 --threads 16 --rounds 2 ;;
+  scale) e2e scale --models 1b --types q4_0 --threads 2,8 --rounds 2 ;;   # 1/4/16 come from 1b and t16
   profile)
-    ready || exit 1
     for t in 16 1; do
       [ "$(left)" -gt 90 ] || break
       timeout "$(left)" "$PY" -m bench.e2e.profile --shape 1b --type q4_0 --threads "$t" --md "$OUT/profile-1b-q4_0-t$t.md"
-    done
-    ;;
-  *)
-    sed -n '2,/^set -uo/p' "$0" | grep '^#'
-    exit 2
-    ;;
+    done ;;
 esac
