@@ -9,6 +9,8 @@ Run it unpinned (the 1-thread columns pin themselves); progress goes to stderr. 
 import argparse
 import datetime
 import functools
+import importlib.metadata
+import itertools
 import json
 import os
 import platform
@@ -215,9 +217,8 @@ def machine_info(peers):
     except Exception:
         commit, dirty = None, None
     try:
-        import numba
-        numba_v = numba.__version__
-    except Exception:
+        numba_v = importlib.metadata.version("numba")
+    except importlib.metadata.PackageNotFoundError:
         numba_v = None
     info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "hostname": platform.node(), "cpu_model": timing.cpu_name(), "platform": platform.platform(),
@@ -231,35 +232,29 @@ def machine_info(peers):
     return info
 
 
-def _fmt_s(sec):
-    return f"{sec:.0f} s" if sec < 90 else f"{sec / 60:.0f} min"
-
-
 # ------------------------------------------------------------------------------------------------
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="short timings, fewer cases (smoke run, ~1 min)")
-    ap.add_argument("--peers", action="store_true", help="add the PyTorch and ggml columns")
-    ap.add_argument("--json", metavar="PATH", help="write the full results as JSON")
-    ap.add_argument("--md", metavar="PATH", help="write the markdown tables")
-    ap.add_argument("--plot", metavar="PATH", help="write the chart (PNG, matplotlib) here; default with --json "
-                                                   "or --md: beside the markdown (or JSON), .png")
-    ap.add_argument("--only", metavar="SUBSTR", action="append", help="run only cases whose name contains this")
-    ap.add_argument("--section", action="append", choices=list(SECTIONS),
-                    help="run only this section (repeatable; default: all)")
-    ap.add_argument("--threads", choices=("auto", "1", "both"), default="auto",
-                    help="1: 1-thread columns only; both: also the all-core columns; auto (default): both when "
-                         "the process may use more than one core")
-    ap.add_argument("--pin-core", type=int, default=None, help="core for the 1-thread columns (default: the first)")
-    ap.add_argument("--no-big", action="store_true", help="skip the Llama-7B block and prefill cases")
-    ap.add_argument("--target", type=float, default=None, help="seconds of timing per variant and case")
-    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds per case (overrides per-case)")
-    ap.add_argument("--scaling", action="store_true", help="the scaling rows at 1, 2, 4, 8, 16 threads instead; "
-                    "writes bench/results/scaling-<tag>.{json,md} unless --json / --md say otherwise")
-    ap.add_argument("--max-threads", type=int, default=None, help="--scaling: the highest thread count")
-    ap.add_argument("--tag", default=None, help="--scaling: names the result files (default: the hostname)")
+    arg = ap.add_argument
+    arg("--quick", action="store_true", help="short timings, fewer cases (smoke run, ~1 min)")
+    arg("--peers", action="store_true", help="add the PyTorch and ggml columns")
+    arg("--json", metavar="PATH", help="write the full results as JSON")
+    arg("--md", metavar="PATH", help="write the markdown tables")
+    arg("--plot", metavar="PATH", help="the chart (PNG); default with --json / --md: beside them, .png")
+    arg("--only", metavar="SUBSTR", action="append", help="run only cases whose name contains this")
+    arg("--section", action="append", choices=list(SECTIONS), help="run only this section (repeatable)")
+    arg("--threads", choices=("auto", "1", "both"), default="auto",
+        help="1: 1-thread columns only; both, auto (default): also the all-core columns where there are cores")
+    arg("--pin-core", type=int, default=None, help="core for the 1-thread columns (default: the first)")
+    arg("--no-big", action="store_true", help="skip the Llama-7B block and prefill cases")
+    arg("--target", type=float, default=None, help="seconds of timing per variant and case")
+    arg("--rounds", type=int, default=None, help="interleaved rounds per case (overrides per-case)")
+    arg("--scaling", action="store_true", help="the scaling rows at 1, 2, 4, 8, 16 threads instead "
+        "(default output: bench/results/scaling-<tag>.{json,md})")
+    arg("--max-threads", type=int, default=None, help="--scaling: the highest thread count")
+    arg("--tag", default=None, help="--scaling: names the result files (default: the hostname)")
     return ap.parse_args(argv)
 
 
@@ -293,10 +288,8 @@ def main(argv=None):
     if a.pin_core is not None:
         threads.set_pin_core(a.pin_core)
     all_core = a.threads != "1" and threads.n_all > 1 and not a.scaling
-    threads_note = None
-    if a.threads != "1" and threads.n_all == 1:
-        threads_note = ("all-core columns skipped: this process may run on one core only (affinity "
-                        f"{threads.ALL_CORES}); run without taskset for them")
+    threads_note = ("all-core columns skipped: this process may run on one core only (affinity "
+                    f"{threads.ALL_CORES}); run without taskset for them") if a.threads != "1" and threads.n_all == 1 else None
     target = a.target if a.target is not None else (0.03 if a.quick else 0.6)
     rounds = a.rounds if a.rounds is not None else (3 if a.quick else 15)
     machine = machine_info(a.peers)
@@ -333,16 +326,9 @@ def main(argv=None):
               "machine": machine, "unavailable_isas": unavailable_isas(), "fma_peak": peak,
               "timer_overhead_ns": timing.timer_overhead_ns(), "target_s": target, "rounds": rounds,
               "busy_cores_start": busy_start, "sections": {}, **env}
-    plan = {}   # per section, its cases in groups (a group is timed interleaved)
-    for key, sec in sections.items():
-        plan[key] = []
-        for case in sec.cases(a):
-            if a.only and not any(s in case.name for s in a.only):
-                continue
-            if plan[key] and case.group and plan[key][-1][0].group == case.group:
-                plan[key][-1].append(case)
-            else:
-                plan[key].append([case])
+    # per section, its cases in groups (the cases of one group are timed interleaved)
+    plan = {key: [list(g) for _, g in itertools.groupby((c for c in sec.cases(a) if not a.only or any(
+        s in c.name for s in a.only)), lambda c: c.group or id(c))] for key, sec in sections.items()}
     # progress: variants x cases x (target + 0.1 s) per group, rescaled by the time the done ones took
     cost = [len(sec.vlist) * len(g) * (target + 0.1) for key, sec in sections.items() for g in plan[key]]
     done = 0
@@ -354,8 +340,8 @@ def main(argv=None):
         for group in plan[key]:
             el = time.perf_counter() - t_start
             left = sum(cost[done:]) * (el / sum(cost[:done]) if done else 1.5)
-            log(f"[{done + 1}/{len(cost)}] {key}: {', '.join(c.name for c in group)} · {_fmt_s(el)} elapsed, "
-                f"~{_fmt_s(left)} left")
+            log(f"[{done + 1}/{len(cost)}] {key}: {', '.join(c.name for c in group)} · {el / 60:.1f} min elapsed, "
+                f"~{left / 60:.1f} min left")
             r = a.rounds if a.rounds is not None else min(rounds, group[0].rounds or rounds)
             t0 = time.perf_counter()
             for case, work, res in run_cases(sec, group, target, r, log):
