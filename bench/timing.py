@@ -1,25 +1,20 @@
-"""Timing for every bench: interleaved rounds of in-process variants and the copy-bandwidth probe (the
-kernel tables), medians and one-job processes (bench/e2e/). Details: bench/README.md, "bench.timing".
+"""Timing for the kernel tables: interleaved rounds of in-process variants, the copy-bandwidth probe,
+the machine's load. Details: bench/README.md, "bench.timing".
 """
 import concurrent.futures
 import functools
 import itertools
-import json
 import math
 import os
 import platform
-import shutil
 import statistics
-import subprocess
-import tempfile
 import time
 
 import cffi
 import numpy as np
 
 _pc = time.perf_counter_ns
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "bench", "results")
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def timer_overhead_ns(n=20001):
@@ -181,30 +176,6 @@ class CopyBandwidth:
         self.src = self.dst = self.steps = self.calls = None
 
 
-# ------------------------------------------------------------------------------------------------
-# The process-level benches (bench/e2e/): medians over rounds, one engine per process, the machine
-
-def parse_threads(s, ncpu):
-    """--threads: a comma list of thread counts, "all" = ncpu; sorted, without repeats"""
-    try:
-        ts = {ncpu if x.strip() in ("all", "max") else int(x) for x in s.split(",") if x.strip()}
-    except ValueError:
-        ts = set()
-    if not ts or min(ts) < 1:
-        raise SystemExit(f"--threads {s!r}: expected a comma list of positive integers or 'all'")
-    return sorted(ts)
-
-
-def median(xs):
-    """the median of the numbers that are not None or NaN (None when there are none)"""
-    xs = [x for x in xs if x is not None and x == x]
-    return statistics.median(xs) if xs else None
-
-
-def fmt(x, nd=1):
-    return "–" if x is None or x != x else f"{x:.{nd}f}"
-
-
 def load_avg():
     try:
         return os.getloadavg()
@@ -219,34 +190,3 @@ def cpu_name():
                         platform.processor())
     except OSError:
         return platform.processor()
-
-
-def peer_status(peer, module="llama_cpp"):
-    """None when the interpreter `peer` imports `module` (and numpy), else why not"""
-    if not peer or not os.path.exists(peer):
-        return f"peer interpreter {peer} not found (build it with `make bench-e2e`, ~20 min)"
-    p = subprocess.run([peer, "-c", f"import {module}, numpy; print({module}.__name__)"], capture_output=True, text=True)
-    return f"{module} not importable by {peer}: {p.stderr.strip()[-300:]}" if p.returncode else None
-
-
-def run_job(job, python, script_args, pin, threads, timeout=900, extra_env=None):
-    """One job (a dict, passed as a JSON file) in a fresh process `python script_args JOB.json`,
-    pinned to core 0 when `pin`, BLAS on `threads`; the process prints `E2E_RESULT {json}`.
-    Returns (result dict or None, error string or None)."""
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(job, f)
-    cmd = ([shutil.which("taskset") or "taskset", "-c", "0"] if pin else []) + [python] + script_args + [f.name]
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "CPUFUSE_DISABLE_FUSION")}
-    env.update({v: str(threads) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")})
-    env.update(extra_env or {})
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        return None, f"timeout after {timeout}s"
-    finally:
-        os.unlink(f.name)
-    for line in p.stdout.splitlines():
-        if line.startswith("E2E_RESULT "):
-            return json.loads(line[len("E2E_RESULT "):]), None
-    return None, f"exit {p.returncode}: {(p.stderr or p.stdout).strip()[-600:]}"
