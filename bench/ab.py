@@ -43,7 +43,8 @@ def main(argv=None):
         for side in ("base", "head") if rnd % 2 == 0 else ("head", "base"):
             runs[side].append(child(getattr(a, side), a.core, argv[cut + 1:]))
             print(f"round {rnd + 1}: {side} done", file=sys.stderr, flush=True)
-    print(f"| case | column | base µs | head µs | head / base (range over {a.rounds} rounds) |\n|---|---|---:|---:|---:|")
+    print(f"| case | column | base µs | head µs | head / base (range over {a.rounds} rounds) |")
+    print("|---|---|---:|---:|---:|")
     for k in (k for k in runs["head"][0] if all(k in r for r in runs["base"] + runs["head"])):
         b, h = ([r[k] / 1e3 for r in runs[s]] for s in ("base", "head"))
         q = [y / x for x, y in zip(b, h)]

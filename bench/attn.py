@@ -88,7 +88,8 @@ class AttnSection(Section):
 
     def __init__(self, peers, all_core):
         b = best_simd()
-        self.vlist = variants(max_call_s=2.0) + [Variant(f"{b} {s}", "cpufuse", b, strategy=s) for s in self.STRATS if b]
+        self.vlist = variants(max_call_s=2.0)
+        self.vlist += [Variant(f"{b} {s}", "cpufuse", b, strategy=s) for s in self.STRATS if b]
         self.vlist += variants(peers, all_core, ("torch", "ggml"))[len(variants()):]
         if b:  # the FMA peak timed in the prefill case's own rounds: % of peak under the same conditions
             self.vlist.append(Variant(self.PROBE, "baseline", b))

@@ -133,7 +133,8 @@ def variants(peers=False, all_core=False, peer_names=PEERS, **kw):
     """the standard columns here: numpy, numba, scalar, SIMD unfused, each SIMD ISA, the peers, the best
     SIMD ISA on every core (unavailable ISAs are left out); kw: for the numba and scalar columns"""
     avail, b = cpufuse.available_isas(), best_simd()
-    vs = [Variant("numpy", "user", tol=1e-6)] + [Variant(i, "cpufuse", i, **kw) for i in ("numba", "scalar") if i in avail]
+    vs = [Variant("numpy", "user", tol=1e-6)]
+    vs += [Variant(i, "cpufuse", i, **kw) for i in ("numba", "scalar") if i in avail]
     vs += [Variant(f"{b} unfused", "cpufuse", b, fused=False)] if b else []
     vs += [Variant(i, "cpufuse", i) for i in SIMD_ISAS if i in avail]
     vs += [Variant(p, "peer", tol=1e-6) for p in peer_names] if peers else []

@@ -277,7 +277,8 @@ def ggml_build(case, inp):
         if m is not None and m.dtype != np.float16:
             return None, "ggml_flash_attn_ext takes an f16 mask only"
         tm = gr.tensor(m) if m is not None else None
-        ty = b.ggml_flash_attn_ext(gr.ctx[1], gr.tensor(q), gr.tensor(k), gr.tensor(v), tm, float(inp["scale"]), 0.0, 0.0)
+        ty = b.ggml_flash_attn_ext(gr.ctx[1], gr.tensor(q), gr.tensor(k), gr.tensor(v), tm, float(inp["scale"]),
+                                   0.0, 0.0)
         outs, shapes = (ty,), [(q.shape[0], q.shape[2], q.shape[1], v.shape[3])]
     else:
         x = inp["x"]

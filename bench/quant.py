@@ -105,7 +105,8 @@ def inputs(case):
         T = case.rows
         pos0 = 0 if T > 1 else ROPE_CTX // 2 - 1
         return {"k": rng("k").standard_normal((T, ROPE_HEADS, ROPE_DIM), dtype=np.float32), "pos0": pos0,
-                "pos": np.arange(pos0, pos0 + T, dtype=np.int32), "kc": np.zeros((ROPE_CTX, ROPE_HEADS, ROPE_DIM), np.float16)}
+                "pos": np.arange(pos0, pos0 + T, dtype=np.int32),
+                "kc": np.zeros((ROPE_CTX, ROPE_HEADS, ROPE_DIM), np.float16)}
     n_out = lambda tag: case.n_kv if tag in ("k", "v") else case.n_out  # noqa: E731
     inp = {"x": rng("x").standard_normal((case.rows, case.n_in), dtype=np.float32),
            "w": weights([(case.qtype, n_out(t), case.n_in, t) for t in WEIGHTS[case.kind]])}
@@ -142,7 +143,8 @@ KIND_COLS = {"matmul": ("cpufuse", "cpufuse f32", "cpufuse q8", "ggml", "ggml re
              "rope": ("fused", "unfused", "copy")}
 SPECS = [("cpufuse", "cpufuse", 1e-3), ("cpufuse f32", "cpufuse", 1e-10), ("cpufuse q8", "cpufuse", 1e-3),
          ("ggml", "peer", 1e-3), ("ggml repack", "peer", 1e-3), ("numpy", "user", 1e-6), ("DRAM read", "baseline", 0.0),
-         ("fused", "cpufuse", 1e-3), ("unfused", "cpufuse", 1e-3), ("numpy unfused", "user", 1e-6), ("copy", "baseline", 0.0)]
+         ("fused", "cpufuse", 1e-3), ("unfused", "cpufuse", 1e-3), ("numpy unfused", "user", 1e-6),
+         ("copy", "baseline", 0.0)]
 
 
 @functools.lru_cache(maxsize=8)
@@ -406,7 +408,8 @@ def _q8(d):
 
 
 def _same(d):
-    return ", ".join(f"{k} {'yes' if v else '**NO**'}" for k, v in (d.get("threads_bit_identical") or {}).items()) or None
+    same = d.get("threads_bit_identical") or {}
+    return ", ".join(f"{k} {'yes' if v else '**NO**'}" for k, v in same.items()) or None
 
 
 KIND_TITLE = {"swiglu": "gate/up + SwiGLU: `matmul_swiglu` vs two matmuls + swiglu",

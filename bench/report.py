@@ -91,8 +91,8 @@ def header(report):
             f"{thr['affinity']}" if report["all_core"] else
             f"1 thread only ({'affinity is one core' if thr['n_all'] == 1 else '--threads 1'})")
     dram, l2 = cb["dram"], cb["l2"]
-    probes = (f"Copy bandwidth, 1 thread (memmove; n threads: np.copyto; read + write; median of short samples spread over the run, "
-              f"[slow decile – fast decile]): DRAM {dram['gbps']:.1f} GB/s {_spread(dram)}, L2 {l2['gbps']:.1f} GB/s "
+    probes = (f"Copy bandwidth, 1 thread (memmove; n threads: np.copyto; read + write; median of short samples "
+              f"spread over the run, [slow decile – fast decile]): DRAM {dram['gbps']:.1f} GB/s {_spread(dram)}, L2 {l2['gbps']:.1f} GB/s "
               f"{_spread(l2)}" + (f"; all cores ({cb['dram_all']['threads']} threads) DRAM {cb['dram_all']['gbps']:.1f} "
                                   f"GB/s {_spread(cb['dram_all'])}" if "dram_all" in cb else "") + ".")
     if pk.get("gflops_1"):

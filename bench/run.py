@@ -189,7 +189,8 @@ def probe_check(report):
         w.append(f"the L2 copy probe ({l2['gbps']:.1f} GB/s) does not exceed the DRAM copy probe "
                  f"({dram['gbps']:.1f} GB/s): the % copy ratios of this run are not to be trusted")
     w += [f"{k} copy probe: median {r['gbps']:.1f} GB/s < 80% of its fast decile {r['p90_gbps']:.1f} GB/s (slow decile "
-          f"{r['p10_gbps']:.1f}): many samples disturbed, other load?" for k, r in cb.items() if r["gbps"] < 0.8 * r["p90_gbps"]]
+          f"{r['p10_gbps']:.1f}): many samples disturbed, other load?"
+          for k, r in cb.items() if r["gbps"] < 0.8 * r["p90_gbps"]]
     pk = report.get("fma_peak") or {}
     for key, what in (("1", "1 thread"), ("all", "all cores")):
         runs = pk.get(f"runs_{key}")
@@ -212,7 +213,8 @@ def probe_check(report):
 def machine_info(peers):
     here = os.path.dirname(os.path.abspath(__file__))
     try:
-        git = lambda *a: subprocess.run(["git", "-C", here, *a], capture_output=True, text=True, timeout=5).stdout.strip()  # noqa: E731
+        git = lambda *a: subprocess.run(["git", "-C", here, *a], capture_output=True, text=True,  # noqa: E731
+                                        timeout=5).stdout.strip()
         commit, dirty = git("rev-parse", "--short", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
     except Exception:
         commit, dirty = None, None
@@ -273,7 +275,8 @@ def scaling_setup(a):
     for c in cps.values():
         c.release()
     tag = a.tag or platform.node() or "host"
-    a.json, a.md = (p or os.path.join(timing.RESULTS, f"scaling-{tag}.{x}") for p, x in ((a.json, "json"), (a.md, "md")))
+    a.json = a.json or os.path.join(timing.RESULTS, f"scaling-{tag}.json")
+    a.md = a.md or os.path.join(timing.RESULTS, f"scaling-{tag}.md")
     a.plot = a.plot or ""
     return sec, env, f"thread counts {skipped} skipped: {threads.n_all} cores here" if skipped else None
 
@@ -288,8 +291,9 @@ def main(argv=None):
     if a.pin_core is not None:
         threads.set_pin_core(a.pin_core)
     all_core = a.threads != "1" and threads.n_all > 1 and not a.scaling
-    threads_note = ("all-core columns skipped: this process may run on one core only (affinity "
-                    f"{threads.ALL_CORES}); run without taskset for them") if a.threads != "1" and threads.n_all == 1 else None
+    threads_note = None if a.threads == "1" or threads.n_all > 1 else (
+        f"all-core columns skipped: this process may run on one core only (affinity {threads.ALL_CORES}); "
+        "run without taskset for them")
     target = a.target if a.target is not None else (0.03 if a.quick else 0.6)
     rounds = a.rounds if a.rounds is not None else (3 if a.quick else 15)
     machine = machine_info(a.peers)

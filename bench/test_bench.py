@@ -67,8 +67,8 @@ def test_probe_check():
     assert run.probe_check(ok) == []
     w = run.probe_check(dict(ok, copy_bw={"dram": cb(21.8, 20.0, 23.0), "l2": cb(5.1, 4.0, 60.0)}))
     assert any("does not exceed the DRAM" in x for x in w) and any(x.startswith("l2 copy probe: median 5.1") for x in w)
-    w = run.probe_check(dict(ok, fma_peak=dict(ok["fma_peak"], gflops_all=110.0, runs_1=[{"best": 100.0, "median": 50.0}]),
-                             busy_cores_start=1.4))
+    pk = dict(ok["fma_peak"], gflops_all=110.0, runs_1=[{"best": 100.0, "median": 50.0}])
+    w = run.probe_check(dict(ok, fma_peak=pk, busy_cores_start=1.4))
     assert any("median run 50.0" in x for x in w) and any("only 1.10×" in x for x in w)
     assert any("kept 1.40 cores busy at the start" in x for x in w)
 
@@ -111,7 +111,8 @@ def test_headline_counts_ratios_and_names_the_ends():
     rep = {"sections": {"ops": {"cases": [
         {"case": {"name": "a"}, "results": res(numpy=400, avx2=100, scalar=300, floor=1)},      # 4x
         {"case": {"name": "b"}, "results": res(numpy=50, avx2=100, **{"avx2 ×2": 10})},         # 0.5x, all-core ignored
-    ]}, "quant": {"cases": [{"case": {"name": "c"}, "results": res(numpy=200, avx2=100, ggml=300, **{"ggml repack": 150})}]}}}
+    ]}, "quant": {"cases": [{"case": {"name": "c"},
+                              "results": res(numpy=200, avx2=100, ggml=300, **{"ggml repack": 150})}]}}}
     text = "\n".join(report.headline(rep))
     gm = math.exp((math.log(4) + math.log(0.5) + math.log(2)) / 3)
     assert f"- **numpy**: cpufuse is faster in 2 of 3 cases, faster by {gm:.1f}× on geometric mean " \
@@ -135,8 +136,8 @@ def test_plot_panels():
 # ------------------------------------------------------------------------------------------------
 # smoke runs: every entry point of the kernel tables at the smallest settings writes its tables
 
-SMOKE_ROWS = ("rms_norm×w 1×576", "decode T=512 f16", "SmolLM2 block n_tok=1", "200 nodes", "SmolLM2 q/o 576→576 Q8_0 ×1",
-              "SmolLM2 QKV 576→576+192+192 Q8_0 ×1", "softmax 1×64")
+SMOKE_ROWS = ("rms_norm×w 1×576", "decode T=512 f16", "SmolLM2 block n_tok=1", "200 nodes",
+              "SmolLM2 q/o 576→576 Q8_0 ×1", "SmolLM2 QKV 576→576+192+192 Q8_0 ×1", "softmax 1×64")
 FAST = ("--target", "0.002", "--rounds", "1")
 
 

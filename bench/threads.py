@@ -48,7 +48,8 @@ def resolve(nth):
 
 def _find_blas_setter():
     """numpy's OpenBLAS set_num_threads (no threadpoolctl needed): (setter, its name)"""
-    for path in glob.glob(os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs", "lib*openblas*.so*")):
+    libs = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
+    for path in glob.glob(os.path.join(libs, "lib*openblas*.so*")):
         try:
             lib = ctypes.CDLL(path)
         except OSError:
