@@ -41,7 +41,7 @@ class ScalingSection(Section):
     key, title = "scaling", "thread scaling"
     settle_s = 0.2   # OpenBLAS's idle workers spin ~0.1 s after the block's parallel matmuls
     intro = ("1 thread = pinned to one core; n = `n_threads=n` with every core allowed (OpenBLAS on n threads for "
-             "the block). Copy = `np.copyto` of 256 MiB split into n slices by n threads (read + write); FMA peak = "
+             "the block). Copy = 256 MiB split into n slices copied by n threads (read + write); FMA peak = "
              "`cf_fma_peak` on n threads. Every cpufuse op's result must be bit-identical across thread counts (the "
              "block, whose matmuls run in OpenBLAS, is checked by NMSE only).")
 
