@@ -175,9 +175,6 @@ def _load_ggml():
     return g, None
 
 
-_load_ggml_backend = _load_ggml   # the old name (tests)
-
-
 class _Graph:
     """ggml contexts without data (0: weights, 1: the rest); alloc() puts a context's tensors in a
     backend buffer and copies their arrays in; run() plans the graph on a CPU backend of n threads
