@@ -103,11 +103,11 @@ bench-quick: build
 bench-scaling: build
 	$(BENCHENV) $(VPY) -m bench.run --scaling $(if $(TAG),--tag $(TAG))
 
-# Peers in the same table: PyTorch (CPU build), onnxruntime and ggml are optional extras.
+# Peers in the same table: PyTorch (CPU build) and ggml are optional extras.
 bench-peers: build
-	$(VPY) -m pip install -q onnx onnxruntime || echo "bench-peers: onnxruntime unavailable"
 	$(VPY) -m pip install -q torch==2.13.0 || echo "bench-peers: torch unavailable"
-	$(VPY) -m bench.peers_setup || echo "bench-peers: ggml unavailable"
+	test -e bench/.ggml/lib/libggml-cpu.so || bash bench/llama_bench_build.sh --ggml bench/.ggml \
+		|| echo "bench-peers: ggml unavailable"
 	$(PLOTDEP)
 	$(BENCHENV) $(VPY) -m bench.run --peers --threads both --json bench/results/peers.json --md bench/results/peers.md --plot bench/results/peers.png
 

@@ -1,10 +1,8 @@
-"""One source tree against another: `python -m bench.run ARGS` run in each tree (each built in place),
-in child processes pinned to one core that alternate (the order swapped every round); per row and
-column, the median time of each round. Prints base, head and head / base per cell (the median over
-rounds, and the range of the per-round ratios). Two cpufuse builds cannot share a process.
+"""One source tree against another: `python -m bench.run ARGS` in each tree (built in place), in child
+processes pinned to one core, alternating (the order swapped every round); per row and column the
+median over rounds of base, head and head / base (with the range of the per-round ratios).
 
     python -m bench.ab BASE_TREE HEAD_TREE [--rounds 3] [--core 1] -- --section calls     # the small calls
-    python -m bench.ab OLD_TREE . -- --section ops --only softmax                          # softmax, issue 14
 """
 import argparse
 import json
@@ -19,14 +17,14 @@ def child(tree, core, args):
     """{(section, case, column): median ns} of one `bench.run` in `tree`"""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
-        env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
-        for v in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
-            env.pop(v, None)
-        p = subprocess.run(["taskset", "-c", str(core), sys.executable, "-m", "bench.run", "--threads", "1", "--json", out,
-                            *args], cwd=os.path.abspath(tree), env=env, capture_output=True, text=True)
+        env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+        p = subprocess.run(["taskset", "-c", str(core), sys.executable, "-m", "bench.run", "--threads", "1", "--json",
+                            out, *args], cwd=os.path.abspath(tree), env=dict(env, PYTHONPATH=os.path.abspath(tree)),
+                           capture_output=True, text=True)
         if p.returncode not in (0, 1) or not os.path.exists(out):
             raise SystemExit(f"bench.run failed in {tree}:\n{p.stderr[-2000:]}")
-        rep = json.load(open(out))
+        with open(out) as f:
+            rep = json.load(f)
     return {(s, e["case"]["name"], k): r["median_ns"] for s, sec in rep["sections"].items() for e in sec["cases"]
             for k, r in e["results"].items() if r.get("status") == "ok" and r.get("median_ns")}
 
@@ -34,22 +32,20 @@ def child(tree, core, args):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("base")
-    ap.add_argument("head")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--core", type=int, default=1)
+    for name, kw in (("base", {}), ("head", {}), ("--rounds", {"type": int, "default": 3}),
+                     ("--core", {"type": int, "default": 1})):
+        ap.add_argument(name, **kw)
     argv = sys.argv[1:] if argv is None else argv
     cut = argv.index("--") if "--" in argv else len(argv)
     a = ap.parse_args(argv[:cut])
-    a.args = argv[cut + 1:]     # bench.run's own arguments
     runs = {"base": [], "head": []}
     for rnd in range(a.rounds):
         for side in ("base", "head") if rnd % 2 == 0 else ("head", "base"):
-            runs[side].append(child(getattr(a, side), a.core, a.args))
+            runs[side].append(child(getattr(a, side), a.core, argv[cut + 1:]))
             print(f"round {rnd + 1}: {side} done", file=sys.stderr, flush=True)
-    keys = [k for k in runs["head"][0] if all(k in r for r in runs["base"] + runs["head"])]
-    print(f"| case | column | base µs | head µs | head / base (range over {a.rounds} rounds) |\n|---|---|---:|---:|---:|")
-    for k in keys:
+    print(f"| case | column | base µs | head µs | head / base (range over {a.rounds} rounds) |")
+    print("|---|---|---:|---:|---:|")
+    for k in (k for k in runs["head"][0] if all(k in r for r in runs["base"] + runs["head"])):
         b, h = ([r[k] / 1e3 for r in runs[s]] for s in ("base", "head"))
         q = [y / x for x, y in zip(b, h)]
         print(f"| {k[1]} | {k[2]} | {statistics.median(b):.2f} | {statistics.median(h):.2f} | "

@@ -11,7 +11,7 @@ from cpufuse import reference as ref
 
 from . import threads
 from .cases import Section, Unavailable, Variant
-from .ops import SIMD_ISAS, all_core_name, best_simd, build_peer, common_derived, times
+from .ops import best_simd, build_peer, common_derived, times, variants
 
 HQ, HKV, D = 32, 8, 128
 
@@ -66,23 +66,6 @@ def np_attention(q, k, v, mask, scale):
     return o.reshape(Hq, N, -1).transpose(1, 0, 2)[None]          # (1, N, Hq, D)
 
 
-def build(case, v, inp, nth):
-    """(fn, get) for one variant"""
-    q, k, vv, m, sc = inp["q"], inp["k"], inp["v"], inp["mask"], inp["scale"]
-    if v.kind == "user":
-        fn = functools.partial(np_attention, q, k, vv, m, sc)
-        return fn, fn
-    if v.isa not in cpufuse.available_isas():
-        raise Unavailable(f"ISA {v.isa} not available here")
-    kw = dict(scale=sc, out=np.empty((1, case.N, HQ, D), np.float32), isa=v.isa, n_threads=nth)
-    if not v.fused:
-        kw["fused"] = False
-    if v.strategy:
-        kw["strategy"] = v.strategy
-    fn = functools.partial(cpufuse.flash_attn, q, k, vv, m, **kw)
-    return fn, fn
-
-
 class AttnSection(Section):
     key, title, unit = "attention", "flash attention", "µs"
     STRATS = ("rows", "split", "tiled")
@@ -104,21 +87,12 @@ class AttnSection(Section):
                     ("speedup", "all_core_speedup", "x")]
 
     def __init__(self, peers, all_core):
-        avail, b = cpufuse.available_isas(), best_simd()
-        vs = [Variant("numpy", "user", tol=1e-6)]
-        vs += [Variant(i, "cpufuse", i, max_call_s=2.0) for i in ("numba", "scalar") if i in avail]
-        if b:
-            vs.append(Variant(f"{b} unfused", "cpufuse", b, fused=False))
-        vs += [Variant(i, "cpufuse", i) for i in SIMD_ISAS if i in avail]
-        if b:
-            vs += [Variant(f"{b} {s}", "cpufuse", b, strategy=s) for s in self.STRATS]
-        if peers:
-            vs += [Variant(p, "peer", tol=1e-6) for p in ("torch", "ggml")]
-        if all_core and b:
-            vs.append(Variant(all_core_name(b), "cpufuse", b, nth=threads.ALL))
+        b = best_simd()
+        self.vlist = variants(max_call_s=2.0)
+        self.vlist += [Variant(f"{b} {s}", "cpufuse", b, strategy=s) for s in self.STRATS if b]
+        self.vlist += variants(peers, all_core, ("torch", "ggml"))[len(variants()):]
         if b:  # the FMA peak timed in the prefill case's own rounds: % of peak under the same conditions
-            vs.append(Variant(self.PROBE, "baseline", b))
-        self.vlist = vs
+            self.vlist.append(Variant(self.PROBE, "baseline", b))
         self.probe_flops = {}
 
     inputs = staticmethod(make_inputs)
@@ -131,12 +105,20 @@ class AttnSection(Section):
         if v.kind == "baseline":
             if case.kind != "prefill":
                 raise Unavailable("timed only beside the prefill cases (their % of FMA peak)")
-            fn, flops = threads.fma_probe(v.isa, seconds=0.002)
+            fn, self.probe_flops[case.name] = threads.fma_probe(v.isa, seconds=0.002)
             if fn is None:
                 raise Unavailable(f"no cf_fma_peak for {v.isa}")
-            self.probe_flops[case.name] = flops
             return fn, fn
-        return build(case, v, inp, threads.resolve(v.nth))
+        q, k, vv, m, sc = inp["q"], inp["k"], inp["v"], inp["mask"], inp["scale"]
+        if v.kind == "user":
+            fn = functools.partial(np_attention, q, k, vv, m, sc)
+            return fn, fn
+        if v.isa not in cpufuse.available_isas():
+            raise Unavailable(f"ISA {v.isa} not available here")
+        fn = functools.partial(cpufuse.flash_attn, q, k, vv, m, scale=sc, out=np.empty((1, case.N, HQ, D), np.float32),
+                               isa=v.isa, n_threads=threads.resolve(v.nth), **({} if v.fused else {"fused": False}),
+                               **({"strategy": v.strategy} if v.strategy else {}))
+        return fn, fn
 
     def tol(self, case, v):
         """ggml's CPU path accumulates softmax.V in f16 when V is f16 (its VKQ16 accumulator on the

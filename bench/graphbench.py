@@ -11,12 +11,10 @@ from cpufuse import reference as ref
 from cpufuse.reference import block as blocks
 
 from . import threads
-from .cases import Section, Unavailable, Variant
+from .cases import Section, Variant
 from .ops import all_core, all_core_name, times
 
 CONFIGS = {"SmolLM2-135M": blocks.SMOLLM2_135M, "Llama-7B": blocks.LLAMA_7B}
-
-
 _weights = {}
 
 
@@ -28,153 +26,17 @@ def weights(model):
     return _weights[model]
 
 
-def release():
-    _weights.clear()
-
-
-def make_inputs(case):
+def matmuls(case):
+    """(rows, K, weight key) of the block's 7 matmuls: q, k, v, o, gate, up, down"""
     cfg = CONFIGS[case.model]
-    W = weights(case.model)
-    rng = np.random.default_rng(zlib.crc32(case.name.encode()))
-    inp = blocks.make_inputs(cfg, case.n_tok, case.n_past, rng)
-    return {"cfg": cfg, "W": W, "inp": inp}
-
-
-def reference(case, d):
-    return blocks.numpy_block(d["cfg"], d["W"], dtype=np.float64, **d["inp"])
-
-
-def matmul_shapes(cfg, n_tok):
-    """(name, rows, K, weight key) of the block's matmuls"""
-    d, H, hd, f = cfg["d"], cfg["n_head"], cfg["head_dim"], cfg["ffn"]
-    return [("q", n_tok, d, "wq"), ("k", n_tok, d, "wk"), ("v", n_tok, d, "wv"), ("attn_out", n_tok, H * hd, "wo"),
-            ("gate", n_tok, d, "wg"), ("up", n_tok, d, "wu"), ("down", n_tok, f, "wd")]
+    d, f = cfg["d"], cfg["ffn"]
+    return [(case.n_tok, k, w) for k, w in ((d, "wq"), (d, "wk"), (d, "wv"), (cfg["n_head"] * cfg["head_dim"], "wo"),
+                                            (d, "wg"), (d, "wu"), (f, "wd"))]
 
 
 def matmul_flops(case):
-    cfg = CONFIGS[case.model]
     W = weights(case.model)
-    return sum(2 * m * k * W[w].shape[1] for _, m, k, w in matmul_shapes(cfg, case.n_tok))
-
-
-def work(case, d):
-    return {"bytes": sum(a.nbytes for a in d["W"].values()), "flops": matmul_flops(case)}
-
-
-def _matmul_graph(cfg, W, n_tok):
-    g = cpufuse.Graph()
-    ins, outs = {}, []
-    for name, m, k, w in matmul_shapes(cfg, n_tok):
-        a = g.input(f"a_{name}", (m, k))
-        ins[f"a_{name}"] = np.random.default_rng(k).standard_normal((m, k), dtype=np.float32)
-        outs.append(g.matmul(a, g.constant(W[w], w), name=name))
-    g.output(*outs)
-    return g, ins
-
-
-def build(case, v, d, nth):
-    cfg, W, inp = d["cfg"], d["W"], d["inp"]
-    if v.kind == "user":
-        fn = functools.partial(blocks.numpy_block, cfg, W, **inp)
-        return fn, fn
-    if v.kind == "cpufuse":
-        plan = blocks.build_graph(cfg, W, case.n_tok, case.n_past).compile(fusion=v.fused, isa=v.isa)
-        fn = functools.partial(plan.run, n_threads=nth, **inp)
-        return fn, lambda: fn()[0]
-    if v.kind == "baseline":
-        if v.name.startswith("matmuls plan"):
-            g, ins = _matmul_graph(cfg, W, case.n_tok)
-            plan = g.compile(isa=v.isa)
-            fn = functools.partial(plan.run, n_threads=nth, **ins)
-            return fn, fn
-        pairs = []
-        for name, m, k, w in matmul_shapes(cfg, case.n_tok):
-            a = np.random.default_rng(k).standard_normal((m, k), dtype=np.float32)
-            pairs.append((a, W[w], np.empty((m, W[w].shape[1]), np.float32)))
-        mm = np.matmul
-
-        def fn():
-            for a, b, o in pairs:
-                mm(a, b, out=o)
-        return fn, fn
-    raise Unavailable(f"no {v.name} column for the block")
-
-
-# ------------------------------------------------------------------------------------------------
-# Dispatch overhead: a plan of many tiny nodes vs the same chain called from Python
-
-def dispatch_inputs(case):
-    rng = np.random.default_rng(zlib.crc32(case.name.encode()))
-    x = rng.standard_normal((1, case.width), dtype=np.float32)
-    if case.chain == "scale_add":
-        c = (0.01 * rng.standard_normal((1, case.width))).astype(np.float32)
-        return {"x": x, "c": c, "w": None}
-    w = (1.0 + 0.1 * rng.standard_normal(case.width)).astype(np.float32)
-    return {"x": x, "c": None, "w": w}
-
-
-def dispatch_reference(case, d):
-    y = d["x"].astype(np.float64)
-    if case.chain == "scale_add":
-        c = d["c"].astype(np.float64)
-        for i in range(case.n_nodes):
-            y = y * 0.999 if i % 2 == 0 else y + c
-        return y
-    for _ in range(case.n_nodes // 2):
-        y = ref.rms_norm(y.astype(np.float32), 1e-6, weight=d["w"])
-    return y
-
-
-def dispatch_kernel_calls(case, fused):
-    return case.n_nodes // 2 if (case.chain == "rms_norm" and fused) else case.n_nodes
-
-
-def dispatch_build(case, v, d, nth):
-    x, c, w = d["x"], d["c"], d["w"]
-    if v.kind == "cpufuse":
-        g = cpufuse.Graph()
-        y = g.input("x", x.shape)
-        if case.chain == "scale_add":
-            cn = g.constant(c, "c")
-            for i in range(case.n_nodes):
-                y = g.scale(y, 0.999) if i % 2 == 0 else g.add(y, cn)
-        else:
-            wn = g.constant(w, "w")
-            for _ in range(case.n_nodes // 2):
-                y = g.mul(g.rms_norm(y, 1e-6), wn)
-        g.output(y)
-        plan = g.compile(fusion=v.fused, isa=v.isa)
-        fn = functools.partial(plan.run, n_threads=nth, x=x)
-        return fn, lambda: fn()[0]
-    # Python per-op calls into preallocated buffers (what the plan saves): numpy ufuncs, or cpufuse
-    bufs = [np.empty_like(x), np.empty_like(x)]
-    if case.chain == "scale_add":
-        mul, add, s = np.multiply, np.add, np.float32(0.999)
-        calls = []
-        src = x
-        for i in range(case.n_nodes):
-            dst = bufs[i % 2]
-            calls.append((mul, src, s, dst) if i % 2 == 0 else (add, src, c, dst))
-            src = dst
-
-        def fn():
-            for f, a, b, o in calls:
-                f(a, b, out=o)
-            return o
-    else:
-        rms = cpufuse.rms_norm
-        pairs = []
-        src = x
-        for i in range(case.n_nodes // 2):
-            dst = bufs[i % 2]
-            pairs.append((src, dst))
-            src = dst
-
-        def fn():
-            for a, o in pairs:
-                rms(a, w, eps=1e-6, out=o, n_threads=1)
-            return o
-    return fn, fn
+    return sum(2 * m * k * W[w].shape[1] for m, k, w in matmuls(case))
 
 
 class GraphSection(Section):
@@ -192,23 +54,51 @@ class GraphSection(Section):
                     ("user gain", "user_gain", "x"), ("all-core speedup", "all_core_speedup", "x")]
 
     def __init__(self, peers, all_core):
-        b = cpufuse.available_isas()[0]
-        vs = [Variant("numpy", "user", tol=1e-6), Variant("plan unfused", "cpufuse", b, fused=False),
-              Variant("plan fused", "cpufuse", b)]
-        if all_core:
-            vs.append(Variant(all_core_name("plan fused"), "cpufuse", b, nth=threads.ALL))
-        vs += [Variant("matmuls plan", "baseline", b), Variant("matmuls numpy", "baseline")]
-        if all_core:
-            vs.append(Variant(all_core_name("matmuls plan"), "baseline", b, nth=threads.ALL))
-        self.vlist = vs
+        b, V = cpufuse.available_isas()[0], Variant
+        nth = (1, threads.ALL) if all_core else (1,)
+        self.vlist = [V("numpy", "user", tol=1e-6), V("plan unfused", "cpufuse", b, fused=False)]
+        self.vlist += [V("plan fused" if n == 1 else all_core_name("plan fused"), "cpufuse", b, nth=n) for n in nth]
+        self.vlist += [V("matmuls plan", "baseline", b), V("matmuls numpy", "baseline")]
+        self.vlist += [V(all_core_name("matmuls plan"), "baseline", b, nth=threads.ALL)] if all_core else []
 
-    inputs = staticmethod(make_inputs)
-    reference = staticmethod(reference)
-    work = staticmethod(work)
-    release = staticmethod(release)   # the block weights (Llama-7B's: ~810 MB), after the section
+    def inputs(self, case):
+        rng = np.random.default_rng(zlib.crc32(case.name.encode()))
+        cfg = CONFIGS[case.model]
+        return {"cfg": cfg, "W": weights(case.model), "inp": blocks.make_inputs(cfg, case.n_tok, case.n_past, rng)}
 
-    def build(self, case, v, inp):
-        return build(case, v, inp, threads.resolve(v.nth))
+    def reference(self, case, d):
+        return blocks.numpy_block(d["cfg"], d["W"], dtype=np.float64, **d["inp"])
+
+    def work(self, case, d):
+        return {"bytes": sum(a.nbytes for a in d["W"].values()), "flops": matmul_flops(case)}
+
+    def release(self):   # the block weights (Llama-7B's: ~810 MB), after the section
+        _weights.clear()
+
+    def build(self, case, v, d):
+        cfg, W, inp, nth = d["cfg"], d["W"], d["inp"], threads.resolve(v.nth)
+        if v.kind == "user":
+            fn = functools.partial(blocks.numpy_block, cfg, W, **inp)
+            return fn, fn
+        if v.kind == "cpufuse":
+            plan = blocks.build_graph(cfg, W, case.n_tok, case.n_past).compile(fusion=v.fused, isa=v.isa)
+            fn = functools.partial(plan.run, n_threads=nth, **inp)
+            return fn, lambda: fn()[0]
+        ins = {f"a{i}": np.random.default_rng(k).standard_normal((m, k), dtype=np.float32)
+               for i, (m, k, _) in enumerate(matmuls(case))}
+        if v.name.startswith("matmuls plan"):   # the matmuls alone, as a plan and as np.matmul(out=)
+            g = cpufuse.Graph()
+            g.output(*[g.matmul(g.input(f"a{i}", (m, k)), g.constant(W[w], w), name=f"m{i}")
+                       for i, (m, k, w) in enumerate(matmuls(case))])
+            fn = functools.partial(g.compile(isa=v.isa).run, n_threads=nth, **ins)
+            return fn, fn
+        triples = [(ins[f"a{i}"], W[w], np.empty((m, W[w].shape[1]), np.float32))
+                   for i, (m, k, w) in enumerate(matmuls(case))]
+
+        def fn():
+            for a, b, o in triples:
+                np.matmul(a, b, out=o)
+        return fn, fn
 
     def derived(self, case, res, env):
         t = times(res)
@@ -221,15 +111,20 @@ class GraphSection(Section):
                 d[f"share_{k}"] = 100 * (v - mm) / v
         if base1:
             d["matmul_plan_gflops"] = matmul_flops(case) / base1
-        if "plan unfused" in t and "plan fused" in t:
-            d["fusion_gain"] = t["plan unfused"] / t["plan fused"]
-        if "numpy" in t and "plan fused" in t:
-            d["user_gain"] = t["numpy"] / t["plan fused"]
         k, ra = all_core(res)
+        d.update(ratios(t, {"fusion_gain": ("plan unfused", "plan fused"), "user_gain": ("numpy", "plan fused")}))
         if k and "plan fused" in t:
             d["all_core_speedup"] = t["plan fused"] / ra["median_ns"]
         return d
 
+
+def ratios(t, spec):
+    """{key: t[a] / t[b]} for spec's {key: (a, b)} where both ran"""
+    return {k: t[a] / t[b] for k, (a, b) in spec.items() if a in t and b in t}
+
+
+# ------------------------------------------------------------------------------------------------
+# Dispatch overhead: a plan of many tiny nodes vs the same chain called from Python
 
 class DispatchSection(Section):
     key, title = "dispatch", "per-node dispatch overhead"
@@ -237,27 +132,64 @@ class DispatchSection(Section):
              "calls into preallocated buffers (`np.multiply/np.add(..., out=)` for scale/add; `cpufuse.rms_norm(x, w, "
              "out=)` for rms_norm·w, which the fused plan runs as 50 kernels).")
     derived_cols = [("ns / node, plan fused", "ns_node_plan fused", "g"), ("plan unfused", "ns_node_plan unfused", "g"),
-                    ("Python per-op", "ns_node_Python per-op", "g"), ("ns / kernel call, plan fused", "ns_call_plan fused", "g"),
-                    ("plan unfused", "ns_call_plan unfused", "g"), ("Python per-op", "ns_call_Python per-op", "g"),
-                    ("Python / plan fused", "python_over_plan", "x")]
+                    ("Python per-op", "ns_node_Python per-op", "g"),
+                    ("ns / kernel call, plan fused", "ns_call_plan fused", "g"),
+                    ("plan unfused", "ns_call_plan unfused", "g"),
+                    ("Python per-op", "ns_call_Python per-op", "g"), ("Python / plan fused", "python_over_plan", "x")]
 
     def __init__(self, peers, all_core):
         b = cpufuse.available_isas()[0]
         self.vlist = [Variant("plan fused", "cpufuse", b), Variant("plan unfused", "cpufuse", b, fused=False),
                       Variant("Python per-op", "user", tol=1e-10)]
 
-    inputs = staticmethod(dispatch_inputs)
-    reference = staticmethod(dispatch_reference)
+    def inputs(self, case):
+        rng = np.random.default_rng(zlib.crc32(case.name.encode()))
+        x = rng.standard_normal((1, case.width), dtype=np.float32)
+        if case.chain == "scale_add":
+            return {"x": x, "c": (0.01 * rng.standard_normal((1, case.width))).astype(np.float32), "w": None}
+        return {"x": x, "c": None, "w": (1.0 + 0.1 * rng.standard_normal(case.width)).astype(np.float32)}
 
-    def build(self, case, v, inp):
-        return dispatch_build(case, v, inp, threads.resolve(v.nth))
+    def reference(self, case, d):
+        y = d["x"].astype(np.float64)
+        for i in range(case.n_nodes if case.chain == "scale_add" else case.n_nodes // 2):
+            if case.chain != "scale_add":
+                y = ref.rms_norm(y.astype(np.float32), 1e-6, weight=d["w"])
+            else:
+                y = y * 0.999 if i % 2 == 0 else y + d["c"].astype(np.float64)
+        return y
+
+    def build(self, case, v, d):
+        x, c, w = d["x"], d["c"], d["w"]
+        steps = case.n_nodes if case.chain == "scale_add" else case.n_nodes // 2
+        if v.kind == "cpufuse":
+            g = cpufuse.Graph()
+            y = g.input("x", x.shape)
+            k = g.constant(c if w is None else w, "c" if w is None else "w")
+            for i in range(steps):
+                y = (g.scale(y, 0.999) if i % 2 == 0 else g.add(y, k)) if w is None else g.mul(g.rms_norm(y, 1e-6), k)
+            g.output(y)
+            fn = functools.partial(g.compile(fusion=v.fused, isa=v.isa).run, n_threads=threads.resolve(v.nth), x=x)
+            return fn, lambda: fn()[0]
+        # Python per-op calls into preallocated buffers (what the plan saves): numpy ufuncs, or cpufuse
+        bufs, calls, src = [np.empty_like(x), np.empty_like(x)], [], x
+        s, rms = np.float32(0.999), functools.partial(cpufuse.rms_norm, eps=1e-6, n_threads=1)
+        for i in range(steps):
+            dst = bufs[i % 2]
+            calls.append(functools.partial(np.multiply, src, s, out=dst) if w is None and i % 2 == 0 else
+                         functools.partial(np.add, src, c, out=dst) if w is None else
+                         functools.partial(rms, src, w, out=dst))
+            src = dst
+
+        def fn():
+            for f in calls:
+                f()
+            return dst
+        return fn, fn
 
     def derived(self, case, res, env):
         t = times(res)
+        half = case.n_nodes // 2 if case.chain == "rms_norm" else case.n_nodes
+        calls = {"plan fused": half, "plan unfused": case.n_nodes, "Python per-op": half}
         d = {f"ns_node_{k}": v / case.n_nodes for k, v in t.items()}
-        calls = {"plan fused": dispatch_kernel_calls(case, True), "plan unfused": dispatch_kernel_calls(case, False),
-                 "Python per-op": case.n_nodes if case.chain == "scale_add" else case.n_nodes // 2}
         d.update({f"ns_call_{k}": v / calls[k] for k, v in t.items() if k in calls})
-        if "plan fused" in t and "Python per-op" in t:
-            d["python_over_plan"] = t["Python per-op"] / t["plan fused"]
-        return d
+        return dict(d, **ratios(t, {"python_over_plan": ("Python per-op", "plan fused")}))

@@ -1,36 +1,18 @@
 #!/usr/bin/env bash
-# Build llama.cpp's own `llama-bench` from the source vendored in llama-cpp-python 0.3.36 (the
-# same llama.cpp as the llama-cpp-python peer of `make bench-e2e`), for bench/e2e/big.py
-# --llama-bench PATH. Nothing goes inside the repository.
-#
-#   bash bench/llama_bench_build.sh                       # fetch the sdist, build
-#   bash bench/llama_bench_build.sh --src DIR             # build from a source tree (a pruned copy)
-#   bash bench/llama_bench_build.sh --prune OUT.tar.gz    # also write the pruned source copy
-#   bash bench/llama_bench_build.sh --prune OUT.tar.gz --prune-only   # only that (no build)
-#
-# Source: the sdist llama_cpp_python-0.3.36.tar.gz, its address and sha256 read from PyPI's simple
-# index (https://pypi.org/simple/llama-cpp-python/), checked, and vendor/llama.cpp extracted from
-# it. (Not `pip download --no-binary :all:`, which builds cmake from source first.)
-# Build: cmake -DLLAMA_CURL=OFF (a deprecated no-op in this version, which has no curl) plus
-# -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_SERVER=OFF, tests/examples/app off, static libraries, Release,
-# GGML_NATIVE on (its default: -march=native, so the binary uses this CPU's AVX-512/VNNI/AMX, as
-# the llama-cpp-python peer built here from source does); target llama-bench only.
-# Output: $LLAMA_BENCH_DIR (default $CPUFUSE_BENCH_MODELS/llama-bench, i.e.
-# ~/.cache/cpufuse-bench/llama-bench)/build/bin/llama-bench, printed on the last line. Takes ~12 min on 2 cores here, ~2 min on 16.
-#
-# The pruned copy (--prune): only what configuring and building llama-bench reads: the top-level
-# CMake files, cmake/, include/, src/, common/, vendor/, licenses, ggml/ without the GPU and other
-# non-CPU backends, and tools/llama-bench with a tools/CMakeLists.txt that adds only it (the full
-# one adds every tool). 19 MB, 2.9 MB as .tar.gz; carry it to a machine without network and run
-#   bash bench/llama_bench_build.sh --src-tar llama.cpp-0.3.36-pruned.tar.gz
+# Build llama.cpp's own llama-bench from the source vendored in llama-cpp-python 0.3.36 (the peer
+# of `make bench-e2e`), for bench/e2e/big.py --llama-bench PATH; nothing goes inside the repository.
+#   bash bench/llama_bench_build.sh [--src DIR | --src-tar PRUNED.tar.gz] [--out DIR] [-j N]
+#   bash bench/llama_bench_build.sh --prune OUT.tar.gz [--prune-only]   # also write the pruned source
+#   bash bench/llama_bench_build.sh --ggml bench/.ggml    # ggml's CPU backend, shared (bench-peers)
+# The sdist's address and sha256 come from PyPI's simple index. Release, static, GGML_NATIVE on,
+# server/tests/examples off; target llama-bench only (~12 min on 2 cores). The pruned copy keeps
+# what building llama-bench reads (ggml without the non-CPU backends; 2.9 MB packed). Output:
+# $LLAMA_BENCH_DIR (default ~/.cache/cpufuse-bench/llama-bench)/build/bin/llama-bench, the last line.
 set -euo pipefail
 
 VERSION=0.3.36
 OUT="${LLAMA_BENCH_DIR:-${CPUFUSE_BENCH_MODELS:-$HOME/.cache/cpufuse-bench}/llama-bench}"
-SRC=""
-SRC_TAR=""
-PRUNE=""
-PRUNE_ONLY=0
+SRC="" SRC_TAR="" PRUNE="" PRUNE_ONLY=0 GGML=""
 JOBS="$(nproc 2>/dev/null || echo 2)"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -39,8 +21,9 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift 2 ;;
     --prune) PRUNE="$2"; shift 2 ;;
     --prune-only) PRUNE_ONLY=1; shift ;;
+    --ggml) GGML="$2"; shift 2 ;;
     -j) JOBS="$2"; shift 2 ;;
-    -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#'; exit 0 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "llama_bench_build.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -113,6 +96,18 @@ if [ -n "$PRUNE" ]; then
   [ "$PRUNE_ONLY" = 1 ] && exit 0
 fi
 
+if [ -n "$GGML" ]; then   # the kernel tables' ggml column: the paths llama.cpp runs (llamafile, repack)
+  B="$OUT/build-ggml"
+  cmake -S "$SRC" -B "$B" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=ON -DGGML_BACKEND_DL=OFF \
+    -DGGML_LLAMAFILE=ON -DGGML_CPU_REPACK=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_SERVER=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF > "$OUT/ggml-configure.log" 2>&1 \
+    || { tail -40 "$OUT/ggml-configure.log"; exit 1; }
+  cmake --build "$B" --target ggml-base ggml-cpu -j "$JOBS" > "$OUT/ggml-build.log" 2>&1 \
+    || { tail -40 "$OUT/ggml-build.log"; exit 1; }
+  mkdir -p "$GGML/lib" && find "$B" -name 'libggml-*.so*' -exec cp -a {} "$GGML/lib/" \;
+  echo "$GGML/lib"
+  exit 0
+fi
 B="$OUT/build"
 cmake -S "$SRC" -B "$B" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
   -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \

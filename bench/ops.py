@@ -13,7 +13,7 @@ from .cases import Section, Unavailable, Variant
 
 SIMD_ISAS = ("avx512", "avx2", "neon")
 EXP_FLOOR = "exp floor"
-PEERS = ("torch", "onnxruntime", "ggml")
+PEERS = ("torch", "ggml")
 
 
 def best_simd():
@@ -25,34 +25,32 @@ def all_core_name(name):
 
 
 def make_inputs(case):
-    """Deterministic float32 inputs (seeded from the case's op and shape)."""
+    """deterministic float32 inputs (seeded from the case's op and shape)"""
     rng = np.random.default_rng(zlib.crc32(f"{case.op}{case.shape}{case.mask}".encode()))
     R, C = case.shape
-    inp = {"x": None, "mask": None, "w": None, "r": None}
+    inp = {"x": rng.standard_normal(case.shape, dtype=np.float32), "mask": None, "w": None, "r": None}
     if case.op == "softmax":
-        inp["x"] = (rng.standard_normal(case.shape, dtype=np.float32) * (8.0 if case.scale != 1 else 3.0))
+        inp["x"] *= 8.0 if case.scale != 1 else 3.0
         i, j = np.arange(R)[:, None], np.arange(C)[None, :]
-        if case.mask == "f32":        # query row i sits at position C - R + i
-            inp["mask"] = np.where(j > C - R + i, -np.inf, 0.0).astype(np.float32)
-        elif case.mask == "f16-causal":
-            inp["mask"] = np.where(j > i % C, -np.inf, 0.0).astype(np.float16)
-    else:
-        inp["x"] = rng.standard_normal(case.shape, dtype=np.float32)
-        inp["w"] = (1.0 + 0.1 * rng.standard_normal(C, dtype=np.float32)).astype(np.float32)
-        if case.op == "add_rms_norm":
-            inp["r"] = rng.standard_normal(case.shape, dtype=np.float32)
+        if case.mask:   # f32: query row i sits at position C - R + i; f16-causal: row i masks keys j > i mod C
+            inp["mask"] = np.where(j > (C - R + i if case.mask == "f32" else i % C), -np.inf, 0.0).astype(
+                np.float32 if case.mask == "f32" else np.float16)
+        return inp
+    inp["w"] = (1.0 + 0.1 * rng.standard_normal(C, dtype=np.float32)).astype(np.float32)
+    if case.op == "add_rms_norm":
+        inp["r"] = rng.standard_normal(case.shape, dtype=np.float32)
     return inp
 
 
 def reference(case, inp):
-    """float64 oracle: array, or (h, y) for add_rms_norm."""
+    """float64 oracle: array, or (h, y) for add_rms_norm"""
     if case.op == "softmax":
         return ref.softmax(inp["x"], inp["mask"], scale=case.scale)
     return ref.rms_norm(inp["x"], case.eps, weight=inp["w"], residual=inp["r"] if case.op == "add_rms_norm" else None)
 
 
 def min_bytes(case, inp):
-    """Minimum bytes read + written: x + mask + out, x + w + out, x + r + w + h + y."""
+    """minimum bytes read + written: x + mask + out, x + w + out, x + r + w + h + y"""
     x = inp["x"].nbytes
     if case.op == "softmax":
         return 2 * x + (inp["mask"].nbytes if inp["mask"] is not None else 0)
@@ -76,34 +74,25 @@ def _np_add_rms_norm(x, r, w, eps):
     return h, _np_rms_norm(h, w, eps)
 
 
-def build_numpy(case, inp):
-    """What users write: unfused numpy expressions, allocating temporaries and the result."""
-    if case.op == "softmax":
-        fn = functools.partial(_np_softmax, inp["x"], inp["mask"], case.scale)
-    elif case.op == "rms_norm":
-        fn = functools.partial(_np_rms_norm, inp["x"], inp["w"], case.eps)
-    else:
-        fn = functools.partial(_np_add_rms_norm, inp["x"], inp["r"], inp["w"], case.eps)
-    return fn, fn
-
-
-def build_cpufuse(case, inp, isa, fused=True, nth=1):
-    """cpufuse on one ISA, n_threads=nth (always passed: the default is every core). Kernel rows
-    and the out= row pass preallocated outputs; the alloc row lets cpufuse allocate."""
+def build(case, inp, isa=None, fused=True, nth=1):
+    """isa None: what users write (unfused numpy, allocating); else cpufuse on isa with n_threads=nth
+    (always passed: the default is every core), into preallocated outputs but in the alloc row"""
+    x, r, w = inp["x"], inp["r"], inp["w"]
+    if isa is None:
+        f, args = {"softmax": (_np_softmax, (x, inp["mask"], case.scale)), "rms_norm": (_np_rms_norm, (x, w, case.eps)),
+                   "add_rms_norm": (_np_add_rms_norm, (x, r, w, case.eps))}[case.op]
+        fn = functools.partial(f, *args)
+        return fn, fn
     if isa not in cpufuse.available_isas():
         raise Unavailable(f"ISA {isa} not available here")
-    x, kw = inp["x"], {"isa": isa, "n_threads": nth}
-    if not fused:
-        kw["fused"] = False
-    alloc = case.mode == "alloc"
+    kw = dict(isa=isa, n_threads=nth, **({} if fused else {"fused": False}))
+    out = None if case.mode == "alloc" else (np.empty_like(x), np.empty_like(x))
     if case.op == "softmax":
-        fn = functools.partial(cpufuse.softmax, x, inp["mask"], scale=case.scale, out=None if alloc else np.empty_like(x),
-                               **kw)
+        fn = functools.partial(cpufuse.softmax, x, inp["mask"], scale=case.scale, out=out and out[0], **kw)
     elif case.op == "rms_norm":
-        fn = functools.partial(cpufuse.rms_norm, x, inp["w"], eps=case.eps, out=None if alloc else np.empty_like(x), **kw)
+        fn = functools.partial(cpufuse.rms_norm, x, w, eps=case.eps, out=out and out[0], **kw)
     else:
-        out = None if alloc else (np.empty_like(x), np.empty_like(x))
-        fn = functools.partial(cpufuse.add_rms_norm, x, inp["r"], inp["w"], eps=case.eps, out=out, **kw)
+        fn = functools.partial(cpufuse.add_rms_norm, x, r, w, eps=case.eps, out=out, **kw)
     return fn, fn
 
 
@@ -116,16 +105,14 @@ def build_peer(case, v, inp):
 
 
 def exp_floor_input(case, inp):
-    """the values a softmax row exponentiates: z = x·scale − rowmax(x·scale) (<= 0, finite; the
-    mask is not applied, so every element is a real exp)"""
+    """what a softmax row exponentiates: z = x·scale − rowmax(x·scale) (<= 0; no mask, every element a real exp)"""
     z = inp["x"] * np.float32(case.scale)
-    z -= z.max(-1, keepdims=True)
-    return np.ascontiguousarray(z, dtype=np.float32)
+    return np.ascontiguousarray(z - z.max(-1, keepdims=True), dtype=np.float32)
 
 
 def build_exp_floor(case, inp, isa):
-    """cpufuse's own exp pass alone over the softmax's R×C elements: lib.cf_exp_f32__<isa>(n, x, y),
-    one cffi call (GIL released), into a preallocated y. Checked here against np.exp in float64."""
+    """cpufuse's exp pass alone over the softmax's R×C elements: one cffi call of cf_exp_f32__<isa>(n,
+    x, y) into a preallocated y, checked against np.exp in float64"""
     if case.op != "softmax":
         raise Unavailable("softmax rows only", quiet=True)
     from cpufuse import _backend, _registry
@@ -133,8 +120,7 @@ def build_exp_floor(case, inp, isa):
     if fn is None:
         raise Unavailable(f"no cf_exp_f32__{isa} in the native extension")
     z = exp_floor_input(case, inp)
-    y = np.empty_like(z)
-    ffi = _backend.ffi
+    y, ffi = np.empty_like(z), _backend.ffi
     call = functools.partial(fn, z.size, ffi.from_buffer("float[]", z), ffi.from_buffer("float[]", y))
     call()
     e = ref.nmse(np.exp(z.astype(np.float64)), y)
@@ -143,32 +129,27 @@ def build_exp_floor(case, inp, isa):
     return call, lambda: (call(), y)[1]
 
 
-def variants(peers=False, all_core=False):
-    """The standard columns for this machine: numpy, numba, scalar, SIMD unfused, each SIMD ISA,
-    the peers, the best SIMD ISA on every core (unavailable ISAs are left out)."""
-    avail = cpufuse.available_isas()
-    b = best_simd()
-    vs = [Variant("numpy", "user", tol=1e-6)] + [Variant(i, "cpufuse", i) for i in ("numba", "scalar") if i in avail]
-    if b:
-        vs.append(Variant(f"{b} unfused", "cpufuse", b, fused=False))
+def variants(peers=False, all_core=False, peer_names=PEERS, **kw):
+    """the standard columns here: numpy, numba, scalar, SIMD unfused, each SIMD ISA, the peers, the best
+    SIMD ISA on every core (unavailable ISAs are left out); kw: for the numba and scalar columns"""
+    avail, b = cpufuse.available_isas(), best_simd()
+    vs = [Variant("numpy", "user", tol=1e-6)]
+    vs += [Variant(i, "cpufuse", i, **kw) for i in ("numba", "scalar") if i in avail]
+    vs += [Variant(f"{b} unfused", "cpufuse", b, fused=False)] if b else []
     vs += [Variant(i, "cpufuse", i) for i in SIMD_ISAS if i in avail]
-    if peers:
-        vs += [Variant(p, "peer", tol=1e-6) for p in PEERS]
-    if all_core and b:
-        vs.append(Variant(all_core_name(b), "cpufuse", b, nth=threads.ALL))
-    return vs
+    vs += [Variant(p, "peer", tol=1e-6) for p in peer_names] if peers else []
+    return vs + ([Variant(all_core_name(b), "cpufuse", b, nth=threads.ALL)] if all_core and b else [])
 
 
 def unavailable_isas():
-    """{isa: reason} for the cpufuse ISAs that get no column here (reason from cpufuse itself)."""
+    """{isa: reason} for the cpufuse ISAs that get no column here (reason from cpufuse itself)"""
     out = {}
-    for isa in cpufuse.ALL_ISAS:
-        if isa not in cpufuse.available_isas():
-            try:
-                cpufuse.softmax(np.zeros((1, 1), np.float32), isa=isa)
-                out[isa] = "not listed by cpufuse.available_isas()"
-            except ValueError as e:
-                out[isa] = str(e)
+    for isa in (i for i in cpufuse.ALL_ISAS if i not in cpufuse.available_isas()):
+        try:
+            cpufuse.softmax(np.zeros((1, 1), np.float32), isa=isa)
+            out[isa] = "not listed by cpufuse.available_isas()"
+        except ValueError as e:
+            out[isa] = str(e)
     return out
 
 
@@ -185,22 +166,16 @@ def all_core(res):
 
 def common_derived(res, peers=PEERS, key="gbps"):
     """best 1-thread cpufuse column and its ratios to numpy, the peers, scalar, unfused; the all-core column"""
-    t, one = times(res), times(res, True)
+    t, one, b = times(res), times(res, True), best_simd()
     cf = {k: v for k, v in one.items() if res[k]["kind"] == "cpufuse" and res[k].get("strategy") is None}
-    d, b = {}, best_simd()
-    if "scalar" in t and b in t:
-        d["vector_gain"] = t["scalar"] / t[b]
-    if f"{b} unfused" in t and b in t:
-        d["fusion_gain"] = t[f"{b} unfused"] / t[b]
+    d = {k: t[a] / t[c] for k, (a, c) in (("vector_gain", ("scalar", b)), ("fusion_gain", (f"{b} unfused", b)))
+         if a in t and c in t}
     if not cf:
         return d, None
     best = min(cf, key=cf.get)
     d.update(best_cpufuse=best, best_cpufuse_us=cf[best] / 1e3, **{f"best_cpufuse_{key}": res[best].get(key)})
-    if "numpy" in t:
-        d["user_gain"] = t["numpy"] / cf[best]
-    for p in peers:
-        if p in t:
-            d[f"{p}_over_cpufuse"] = t[p] / cf[best]
+    d.update({("user_gain" if p == "numpy" else f"{p}_over_cpufuse"): t[p] / cf[best] for p in ("numpy",) + peers
+              if p in t})
     k, r = all_core(res)
     if k:
         d.update(all_core=k, all_core_us=r["median_ns"] / 1e3, all_core_speedup=cf[best] / r["median_ns"],
@@ -224,10 +199,8 @@ class OpsSection(Section):
                     ("% all-core DRAM copy", "pct_dram_copy_all", "pct")]
 
     def __init__(self, peers, all_core):
-        self.vlist = variants(peers, all_core)
-        b = best_simd()
-        if b:  # the softmax rows' exp floor, timed in the same rounds (the fused SIMD ISA's exp)
-            self.vlist.append(Variant(EXP_FLOOR, "baseline", b))
+        b = best_simd()   # the softmax rows' exp floor, timed in the same rounds (the fused SIMD ISA's exp)
+        self.vlist = variants(peers, all_core) + ([Variant(EXP_FLOOR, "baseline", b)] if b else [])
 
     inputs = staticmethod(make_inputs)
     reference = staticmethod(reference)
@@ -235,11 +208,9 @@ class OpsSection(Section):
     def build(self, case, v, inp):
         if v.kind == "baseline":
             return build_exp_floor(case, inp, v.isa)
-        if v.kind == "user":
-            return build_numpy(case, inp)
         if v.kind == "peer":
             return build_peer(case, v, inp)
-        return build_cpufuse(case, inp, v.isa, v.fused, threads.resolve(v.nth))
+        return build(case, inp, v.isa, v.fused, threads.resolve(v.nth))
 
     def work(self, case, inp):
         return {"bytes": min_bytes(case, inp)}

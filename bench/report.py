@@ -3,19 +3,16 @@ probe header, then per section its time tables and its derived table) and the ch
 A section says what it adds through its `intro`, `unit`, `tables(entries)` and `derived_cols`."""
 import numpy as np
 
-HEADLINE_PEERS = ("numpy", "onnxruntime", "ggml", "torch")
+HEADLINE_PEERS = ("numpy", "ggml", "torch")
 STATUS = {"skipped": "n/a", "failed": "FAIL", "error": "ERR"}
 
 
 def fmt_us(us):
-    if us is None:
-        return "–"
-    return f"{us:.2f}" if us < 10 else f"{us:,.0f}" if us >= 1000 else f"{us:.1f}"
+    return "–" if us is None else f"{us:.2f}" if us < 10 else f"{us:,.0f}" if us >= 1000 else f"{us:.1f}"
 
 
 def fmt_ms(us):
-    ms = None if us is None else us / 1e3
-    return "–" if ms is None else f"{ms:.3f}" if ms < 1 else f"{ms:.2f}" if ms < 100 else f"{ms:,.0f}"
+    return "–" if us is None else f"{us / 1e3:.3f}" if us < 1e3 else f"{us / 1e3:.2f}" if us < 1e5 else f"{us / 1e3:,.0f}"
 
 
 FORMATS = {"x": lambda v: f"{v:.2f}×", "pct": lambda v: f"{v:.0f}%", "g": lambda v: f"{v:.3g}" if v < 10 else f"{v:.1f}",
@@ -29,14 +26,9 @@ def time_table(entries, cols, unit="µs"):
     for c in entries:
         t = {k: r.get("median_us") for k, r in c["results"].items() if r.get("status") == "ok" and r["kind"] != "baseline"}
         best = min((v for v in t.values() if v), default=None)
-        cells = []
-        for k in cols:
-            r = c["results"].get(k, {})
-            if r.get("status") == "ok":
-                s = fmt(r.get("median_us"))
-                cells.append(f"**{s}**" if r.get("median_us") == best else s)
-            else:
-                cells.append("" if r.get("quiet") else STATUS.get(r.get("status"), "–"))
+        cells = [("**{}**" if r.get("median_us") == best else "{}").format(fmt(r.get("median_us")))
+                 if r.get("status") == "ok" else "" if r.get("quiet") else STATUS.get(r.get("status"), "–")
+                 for r in (c["results"].get(k, {}) for k in cols)]
         lines.append(f"| {c['case']['name']} | " + " | ".join(cells) + " |")
     return lines
 
@@ -99,8 +91,8 @@ def header(report):
             f"{thr['affinity']}" if report["all_core"] else
             f"1 thread only ({'affinity is one core' if thr['n_all'] == 1 else '--threads 1'})")
     dram, l2 = cb["dram"], cb["l2"]
-    probes = (f"Copy bandwidth, 1 thread (np.copyto, read + write; median of short samples spread over the run, "
-              f"[slow decile – fast decile]): DRAM {dram['gbps']:.1f} GB/s {_spread(dram)}, L2 {l2['gbps']:.1f} GB/s "
+    probes = (f"Copy bandwidth, 1 thread (memmove; n threads: np.copyto; read + write; median of short samples "
+              f"spread over the run, [slow decile – fast decile]): DRAM {dram['gbps']:.1f} GB/s {_spread(dram)}, L2 {l2['gbps']:.1f} GB/s "
               f"{_spread(l2)}" + (f"; all cores ({cb['dram_all']['threads']} threads) DRAM {cb['dram_all']['gbps']:.1f} "
                                   f"GB/s {_spread(cb['dram_all'])}" if "dram_all" in cb else "") + ".")
     if pk.get("gflops_1"):

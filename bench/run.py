@@ -9,6 +9,8 @@ Run it unpinned (the 1-thread columns pin themselves); progress goes to stderr. 
 import argparse
 import datetime
 import functools
+import importlib.metadata
+import itertools
 import json
 import os
 import platform
@@ -35,12 +37,11 @@ SECTIONS = {"ops": OpsSection, "attention": AttnSection, "graph": GraphSection, 
 
 
 class ScalingSection(Section):
-    """the rows marked `scaling` in the case table, on the best ISA at 1, 2, 4, 8, 16 threads (up to
-    the cores here): speedup, GB/s or GFLOP/s, against the copy bandwidth and FMA peak at each count"""
+    """the rows marked `scaling`, on the best ISA at 1, 2, 4, 8, 16 threads (up to the cores here)"""
     key, title = "scaling", "thread scaling"
     settle_s = 0.2   # OpenBLAS's idle workers spin ~0.1 s after the block's parallel matmuls
     intro = ("1 thread = pinned to one core; n = `n_threads=n` with every core allowed (OpenBLAS on n threads for "
-             "the block). Copy = `np.copyto` of 256 MiB split into n slices by n threads (read + write); FMA peak = "
+             "the block). Copy = 256 MiB split into n slices copied by n threads (read + write); FMA peak = "
              "`cf_fma_peak` on n threads. Every cpufuse op's result must be bit-identical across thread counts (the "
              "block, whose matmuls run in OpenBLAS, is checked by NMSE only).")
 
@@ -54,7 +55,7 @@ class ScalingSection(Section):
             [(f"% copy or peak ×{n}", f"pct_{n}", "pct") for n in counts] + [("bit-identical", "same", "s")]
 
     def cases(self, a):
-        return [c for c in CASES if c.scaling and (not a.only or any(s in c.name for s in a.only))]
+        return [c for c in CASES if c.scaling]
 
     def inputs(self, case):
         return self.sections[case.section].inputs(case)
@@ -104,24 +105,24 @@ def thread_counts(max_threads=None):
 # ------------------------------------------------------------------------------------------------
 # Preparing and timing a case
 
-def prepare(section, case, vlist, log):
-    """Build and check every variant for one case: (work, results, {variant: fn}, {variant: pre})."""
+def prepare(section, case, log):
+    """build and check every variant of one case: (work, results, {variant: fn}, {variant: pre})"""
     inp = section.inputs(case)
     want = section.reference(case, inp)
     fns, pre, res = {}, {}, {}
-    for v in vlist:
+    for v in section.vlist:
         r = res[v.name] = {"kind": v.kind, "isa": v.isa, "fused": v.fused, "strategy": v.strategy,
                            "n_threads": threads.resolve(v.nth), "status": "ok"}
         threads.enter(v.nth)
         try:
             fn, get = section.build(case, v, inp)
-            t0 = time.perf_counter()
-            got = get()
-            dt = time.perf_counter() - t0
-            if v.max_call_s and dt > v.max_call_s:  # maybe a JIT compile: one more call decides
+            dt = []
+            for _ in range(2 if v.max_call_s else 1):   # a slow first call may be a JIT compile
                 t0 = time.perf_counter()
                 got = get()
-                dt = min(dt, time.perf_counter() - t0)
+                dt.append(time.perf_counter() - t0)
+                if not v.max_call_s or dt[0] <= v.max_call_s:
+                    break
             tol, note = (None, None) if v.kind == "baseline" else section.tol(case, v)
             ok, err = (True, None) if v.kind == "baseline" else check(case, got, want, tol)
         except Unavailable as e:
@@ -139,70 +140,64 @@ def prepare(section, case, vlist, log):
         if not ok:
             r.update(status="failed", reason=f"NMSE {err:.3g} > {tol:g}")
             log(f"!!! {case.name} / {v.name}: FAILED CHECK, NMSE {err:.3g} > {tol:g}; not timed")
-        elif v.max_call_s and dt > v.max_call_s:
-            r.update(status="skipped", reason=f"too slow to time: one call took {dt:.1f} s (> {v.max_call_s:g} s)")
+        elif v.max_call_s and min(dt) > v.max_call_s:
+            r.update(status="skipped", reason=f"too slow to time: one call took {min(dt):.1f} s (> {v.max_call_s:g} s)")
         else:
-            fns[v.name] = fn
-            pre[v.name] = functools.partial(threads.enter, v.nth)
+            fns[v.name], pre[v.name] = fn, functools.partial(threads.enter, v.nth)
     return section.work(case, inp), res, fns, pre
 
 
 def run_cases(section, group, target_s, rounds, log):
-    """Time one case, or a group of cases (same `group`) interleaved together, so that rows meant
-    to be compared with each other (alloc vs out=) see the same machine conditions."""
+    """Time one case, or a group of cases (same `group`) interleaved, so that rows meant to be
+    compared (alloc vs out=) see the same machine conditions."""
     nth = {v.name: v.nth for v in section.vlist}
     threads.settle_s[0] = section.settle_s
-    prepared = [prepare(section, c, section.vlist, log) for c in group]
-    fns = {(i, k): fn for i, (_, _, f, _) in enumerate(prepared) for k, fn in f.items()}
-    pre = {(i, k): p for i, (_, _, _, pp) in enumerate(prepared) for k, p in pp.items()}
-    blocks = {key: ("1" if nth[key[1]] == 1 else "n") for key in fns}
-    threads.settle_s[0] = section.settle_s
+    prepared = [prepare(section, c, log) for c in group]
+    fns = {(i, k): fn for i, p in enumerate(prepared) for k, fn in p[2].items()}
+    pre = {(i, k): f for i, p in enumerate(prepared) for k, f in p[3].items()}
+    blocks = {key: nth[key[1]] == 1 for key in fns}
     timed = timing.measure(fns, target_s=target_s, rounds=rounds, per_call=group[0].mode != "kernel", pre=pre,
                            blocks=blocks)
     threads.settle_s[0] = 0.0
     for (i, k), tr in timed.items():
-        work, res, _, _ = prepared[i]
+        work, res = prepared[i][:2]
         res[k].update(tr)
         section.annotate(group[i], res[k], work)
-    return [(c, work, res) for c, (work, res, _, _) in zip(group, prepared)]
+    return [(c, p[0], p[1]) for c, p in zip(group, prepared)]
 
 
 # ------------------------------------------------------------------------------------------------
-# Probes, progress, the machine
+# Probes, the machine
 
 def add_peak(peak, isa, all_core):
     """one more FMA and int8 peak measurement (start or end of the run); the peak = the best run"""
-    for key, n in (("1", 1), ("all", threads.n_all)) if all_core else (("1", 1),):
+    for key, n in (("1", 1), ("all", threads.n_all))[:2 if all_core else 1]:
         st = threads.fma_peak_stats(isa, n)
         if st is not None:
-            runs = peak.setdefault(f"runs_{key}", [])
-            runs.append(st)
-            peak[f"gflops_{key}"] = max(x["best"] for x in runs)
+            peak.setdefault(f"runs_{key}", []).append(st)
+            peak[f"gflops_{key}"] = max(x["best"] for x in peak[f"runs_{key}"])
         st = threads.int8_peak_stats(isa, n)
         if st is not None:
             peak[f"int8_gmacs_{key}"] = max(st["best"], peak.get(f"int8_gmacs_{key}", 0.0))
 
 
 def probe_check(report):
-    """Sanity checks of the probes every ratio leans on: a list of warnings (empty: ok)."""
+    """sanity checks of the probes every ratio leans on: a list of warnings (empty: ok)"""
     cb, w = report.get("copy_bw", {}), []
     dram, l2 = cb.get("dram"), cb.get("l2")
     if dram and l2 and not l2["gbps"] > dram["gbps"]:
         w.append(f"the L2 copy probe ({l2['gbps']:.1f} GB/s) does not exceed the DRAM copy probe "
                  f"({dram['gbps']:.1f} GB/s): the % copy ratios of this run are not to be trusted")
-    for k, r in cb.items():
-        fast = r.get("p90_gbps")
-        if fast and r["gbps"] < 0.8 * fast:
-            w.append(f"{k} copy probe: median {r['gbps']:.1f} GB/s < 80% of its fast decile {fast:.1f} GB/s "
-                     f"(slow decile {r['p10_gbps']:.1f}): many samples disturbed, other load?")
+    w += [f"{k} copy probe: median {r['gbps']:.1f} GB/s < 80% of its fast decile {r['p90_gbps']:.1f} GB/s (slow decile "
+          f"{r['p10_gbps']:.1f}): many samples disturbed, other load?"
+          for k, r in cb.items() if r["gbps"] < 0.8 * r["p90_gbps"]]
     pk = report.get("fma_peak") or {}
     for key, what in (("1", "1 thread"), ("all", "all cores")):
         runs = pk.get(f"runs_{key}")
-        if runs:
-            best, med = max(x["best"] for x in runs), max(x["median"] for x in runs)
-            if med < 0.8 * best:
-                w.append(f"FMA peak probe ({what}): median run {med:.1f} GFLOP/s < 80% of the best {best:.1f} "
-                         "(the peak is the best run; many runs disturbed, other load?)")
+        best, med = (max(x["best"] for x in runs), max(x["median"] for x in runs)) if runs else (0, 0)
+        if med < 0.8 * best:
+            w.append(f"FMA peak probe ({what}): median run {med:.1f} GFLOP/s < 80% of the best {best:.1f} "
+                     "(the peak is the best run; many runs disturbed, other load?)")
     n = (report.get("machine") or {}).get("threads", {}).get("n_all", 1)
     if pk.get("gflops_1") and pk.get("gflops_all") and n > 1 and pk["gflops_all"] < 0.75 * n * pk["gflops_1"]:
         w.append(f"all-core FMA peak {pk['gflops_all']:.1f} GFLOP/s is only {pk['gflops_all'] / pk['gflops_1']:.2f}× "
@@ -215,51 +210,20 @@ def probe_check(report):
     return w
 
 
-def _fmt_s(sec):
-    return f"{sec:.0f} s" if sec < 90 else f"{sec / 60:.0f} min"
-
-
-class Progress:
-    """Progress on stderr: the group of cases being run, and the time left. Cost model: variants ×
-    cases × (target + 0.1 s) per group, rescaled by how long the finished groups took against it."""
-
-    def __init__(self, groups, log):
-        self.w = [nv * len(g) * (target + 0.1) for nv, g, target in groups]
-        self.log, self.i, self.t0 = log, 0, time.perf_counter()
-
-    def eta(self):
-        done, left = sum(self.w[:self.i]), sum(self.w[self.i:])
-        return left * ((time.perf_counter() - self.t0) / done if done else 1.5)
-
-    def start(self, section, group):
-        names = ", ".join(c.name for c in group)
-        self.log(f"[{self.i + 1}/{len(self.w)}] {section}: {names} · {_fmt_s(time.perf_counter() - self.t0)} "
-                 f"elapsed, ~{_fmt_s(self.eta())} left")
-
-    def done(self):
-        self.i += 1
-
-
 def machine_info(peers):
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith(("model name", "Model", "Hardware"))), cpu)
-    except OSError:
-        pass
     here = os.path.dirname(os.path.abspath(__file__))
     try:
-        git = lambda *a: subprocess.run(["git", "-C", here, *a], capture_output=True, text=True, timeout=5).stdout.strip()  # noqa: E731
+        git = lambda *a: subprocess.run(["git", "-C", here, *a], capture_output=True, text=True,  # noqa: E731
+                                        timeout=5).stdout.strip()
         commit, dirty = git("rev-parse", "--short", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
     except Exception:
         commit, dirty = None, None
     try:
-        import numba
-        numba_v = numba.__version__
-    except Exception:
+        numba_v = importlib.metadata.version("numba")
+    except importlib.metadata.PackageNotFoundError:
         numba_v = None
     info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "hostname": platform.node(), "cpu_model": cpu, "platform": platform.platform(),
+            "hostname": platform.node(), "cpu_model": timing.cpu_name(), "platform": platform.platform(),
             "python": sys.version.split()[0], "numpy": np.__version__, "numba": numba_v, "affinity": threads.ALL_CORES,
             "threads": threads.describe(), "os_cpu_count": os.cpu_count(), "loadavg_start": timing.load_avg(),
             "openblas_env": {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ},
@@ -272,30 +236,53 @@ def machine_info(peers):
 
 # ------------------------------------------------------------------------------------------------
 
-def main(argv=None):
+def parse_args(argv):
     ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="short timings, fewer cases (smoke run, ~1 min)")
-    ap.add_argument("--peers", action="store_true", help="add PyTorch, onnxruntime and ggml columns")
-    ap.add_argument("--json", metavar="PATH", help="write the full results as JSON")
-    ap.add_argument("--md", metavar="PATH", help="write the markdown tables")
-    ap.add_argument("--plot", metavar="PATH", help="write the chart (PNG, matplotlib) here; default with --json "
-                                                   "or --md: beside the markdown (or JSON), .png")
-    ap.add_argument("--only", metavar="SUBSTR", action="append", help="run only cases whose name contains this")
-    ap.add_argument("--section", action="append", choices=list(SECTIONS),
-                    help="run only this section (repeatable; default: all)")
-    ap.add_argument("--threads", choices=("auto", "1", "both"), default="auto",
-                    help="1: 1-thread columns only; both: also the all-core columns; auto (default): both when "
-                         "the process may use more than one core")
-    ap.add_argument("--pin-core", type=int, default=None, help="core for the 1-thread columns (default: the first)")
-    ap.add_argument("--no-big", action="store_true", help="skip the Llama-7B block and prefill cases")
-    ap.add_argument("--target", type=float, default=None, help="seconds of timing per variant and case")
-    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds per case (overrides per-case)")
-    ap.add_argument("--scaling", action="store_true", help="the scaling rows at 1, 2, 4, 8, 16 threads instead; "
-                    "writes bench/results/scaling-<tag>.{json,md} unless --json / --md say otherwise")
-    ap.add_argument("--max-threads", type=int, default=None, help="--scaling: the highest thread count")
-    ap.add_argument("--tag", default=None, help="--scaling: names the result files (default: the hostname)")
-    a = ap.parse_args(argv)
+    arg = ap.add_argument
+    arg("--quick", action="store_true", help="short timings, fewer cases (smoke run, ~1 min)")
+    arg("--peers", action="store_true", help="add the PyTorch and ggml columns")
+    arg("--json", metavar="PATH", help="write the full results as JSON")
+    arg("--md", metavar="PATH", help="write the markdown tables")
+    arg("--plot", metavar="PATH", help="the chart (PNG); default with --json / --md: beside them, .png")
+    arg("--only", metavar="SUBSTR", action="append", help="run only cases whose name contains this")
+    arg("--section", action="append", choices=list(SECTIONS), help="run only this section (repeatable)")
+    arg("--threads", choices=("auto", "1", "both"), default="auto",
+        help="1: 1-thread columns only; both, auto (default): also the all-core columns where there are cores")
+    arg("--pin-core", type=int, default=None, help="core for the 1-thread columns (default: the first)")
+    arg("--no-big", action="store_true", help="skip the Llama-7B block and prefill cases")
+    arg("--target", type=float, default=None, help="seconds of timing per variant and case")
+    arg("--rounds", type=int, default=None, help="interleaved rounds per case (overrides per-case)")
+    arg("--scaling", action="store_true", help="the scaling rows at 1, 2, 4, 8, 16 threads instead "
+        "(default output: bench/results/scaling-<tag>.{json,md})")
+    arg("--max-threads", type=int, default=None, help="--scaling: the highest thread count")
+    arg("--tag", default=None, help="--scaling: names the result files (default: the hostname)")
+    return ap.parse_args(argv)
+
+
+def scaling_setup(a):
+    """the scaling section and its per-count probes: copy bandwidth and FMA peak at each thread count"""
+    counts, skipped = thread_counts(a.max_threads)
+    sec = ScalingSection(counts)
+    n = 256 << 20
+    shared = np.empty(n // 2 + 1024, np.float32)
+    cps = {k: timing.CopyBandwidth(n, 8 << 20, k, per_sample_s=0.02, buf=shared,
+                                   pre=functools.partial(threads.enter, k)) for k in counts}
+    for c in cps.values():
+        c.sample(3)
+    env = {"copy": {k: c.result()["gbps"] for k, c in cps.items()},
+           "peak": {k: threads.fma_peak(sec.vlist[0].isa, k, seconds=0.1 if a.quick else 0.2) for k in counts}}
+    for c in cps.values():
+        c.release()
+    tag = a.tag or platform.node() or "host"
+    a.json = a.json or os.path.join(timing.RESULTS, f"scaling-{tag}.json")
+    a.md = a.md or os.path.join(timing.RESULTS, f"scaling-{tag}.md")
+    a.plot = a.plot or ""
+    return sec, env, f"thread counts {skipped} skipped: {threads.n_all} cores here" if skipped else None
+
+
+def main(argv=None):
+    a = parse_args(argv)
     t_start = time.perf_counter()
 
     def log(msg):
@@ -303,13 +290,10 @@ def main(argv=None):
 
     if a.pin_core is not None:
         threads.set_pin_core(a.pin_core)
-    threads_note = None
-    all_core = a.threads in ("auto", "both") and threads.n_all > 1 and not a.scaling
-    if a.threads == "both" and threads.n_all == 1:
-        threads_note = ("all-core columns skipped: this process may run on one core only "
-                        f"(affinity {threads.ALL_CORES}); run without taskset for them")
-    elif a.threads != "1" and threads.n_all == 1:
-        threads_note = "1-thread columns only: the process affinity is one core (run unpinned for the all-core columns)"
+    all_core = a.threads != "1" and threads.n_all > 1 and not a.scaling
+    threads_note = None if a.threads == "1" or threads.n_all > 1 else (
+        f"all-core columns skipped: this process may run on one core only (affinity {threads.ALL_CORES}); "
+        "run without taskset for them")
     target = a.target if a.target is not None else (0.03 if a.quick else 0.6)
     rounds = a.rounds if a.rounds is not None else (3 if a.quick else 15)
     machine = machine_info(a.peers)
@@ -321,35 +305,21 @@ def main(argv=None):
     busy_start = threads.busy_cores()
     env = {}
     if a.scaling:
-        counts, skipped = thread_counts(a.max_threads)
-        sections = {"scaling": ScalingSection(counts)}
-        isa = sections["scaling"].vlist[0].isa
-        n = 256 << 20
-        shared = (np.random.default_rng(1).standard_normal(n // 4, dtype=np.float32), np.empty(n // 4, np.float32))
-        cps = {k: threads.ParallelCopyBandwidth(n, k, reps=7, arrays=shared) for k in counts}
-        for c in cps.values():
-            c.sample(3)
-        env["scaling"] = {"copy": {k: c.result()["gbps"] for k, c in cps.items()},
-                          "peak": {k: threads.fma_peak(isa, k, seconds=0.1 if a.quick else 0.2) for k in counts}}
-        for c in cps.values():
-            c.release()
-        threads_note = f"thread counts {skipped} skipped: {threads.n_all} cores here" if skipped else threads_note
-        tag = a.tag or platform.node() or "host"
-        res_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-        a.json, a.md = a.json or os.path.join(res_dir, f"scaling-{tag}.json"), a.md or os.path.join(res_dir, f"scaling-{tag}.md")
-        a.plot = a.plot or ""
+        sec, env["scaling"], note = scaling_setup(a)
+        sections, threads_note = {"scaling": sec}, note or threads_note
     else:
         sections = {k: SECTIONS[k](a.peers, all_core) for k in SECTIONS if not a.section or k in a.section}
     log(f"cpufuse ISAs {', '.join(cpufuse.available_isas())}; affinity {threads.ALL_CORES}; "
         f"{'1-thread pinned to core %s + all-core x%d' % (threads.pin_core(), threads.n_all) if all_core else '1 thread'}")
 
     # the probes (bench/README.md, "Probes"): copy bandwidth sampled at the start and after every
-    # case (many ~50 µs samples each time; medians over all of them), FMA peak at start and end
+    # case group (many ~50 µs samples; medians over all of them), FMA peak at start and end
     pin1 = functools.partial(threads.enter, 1)
-    copiers = {"dram": timing.CopyBandwidth(256 << 20, chunk=4 << 20, per_sample_s=0.02, pre=pin1),
+    copiers = {"dram": timing.CopyBandwidth(256 << 20, 4 << 20, per_sample_s=0.02, pre=pin1),
                "l2": timing.CopyBandwidth(256 << 10, pre=pin1)}
     if all_core:
-        copiers["dram_all"] = threads.ParallelCopyBandwidth(256 << 20, threads.n_all)
+        copiers["dram_all"] = timing.CopyBandwidth(256 << 20, 8 << 20, threads.n_all, per_sample_s=0.02,
+                                                   pre=functools.partial(threads.enter, threads.ALL))
     for c in copiers.values():
         c.sample(3 if a.quick else 7)
     b = best_simd()
@@ -360,26 +330,23 @@ def main(argv=None):
               "machine": machine, "unavailable_isas": unavailable_isas(), "fma_peak": peak,
               "timer_overhead_ns": timing.timer_overhead_ns(), "target_s": target, "rounds": rounds,
               "busy_cores_start": busy_start, "sections": {}, **env}
-    plan = {}
-    for key, sec in sections.items():
-        groups = []
-        for case in sec.cases(a):
-            if a.only and not any(s in case.name for s in a.only):
-                continue
-            if groups and case.group and groups[-1][0].group == case.group:
-                groups[-1].append(case)
-            else:
-                groups.append([case])
-        plan[key] = groups
-    progress = Progress([(len(sec.vlist), g, target) for key, sec in sections.items() for g in plan[key]], log)
+    # per section, its cases in groups (the cases of one group are timed interleaved)
+    plan = {key: [list(g) for _, g in itertools.groupby((c for c in sec.cases(a) if not a.only or any(
+        s in c.name for s in a.only)), lambda c: c.group or id(c))] for key, sec in sections.items()}
+    # progress: variants x cases x (target + 0.1 s) per group, rescaled by the time the done ones took
+    cost = [len(sec.vlist) * len(g) * (target + 0.1) for key, sec in sections.items() for g in plan[key]]
+    done = 0
     for key, sec in sections.items():
         if not plan[key]:
             continue
         log(f"== {sec.title}: variants {', '.join(v.name for v in sec.vlist)}")
         entries = []
         for group in plan[key]:
+            el = time.perf_counter() - t_start
+            left = sum(cost[done:]) * (el / sum(cost[:done]) if done else 1.5)
+            log(f"[{done + 1}/{len(cost)}] {key}: {', '.join(c.name for c in group)} · {el / 60:.1f} min elapsed, "
+                f"~{left / 60:.1f} min left")
             r = a.rounds if a.rounds is not None else min(rounds, group[0].rounds or rounds)
-            progress.start(sec.key, group)
             t0 = time.perf_counter()
             for case, work, res in run_cases(sec, group, target, r, log):
                 entries.append({"case": case, "work": work, "results": res})
@@ -390,7 +357,7 @@ def main(argv=None):
             threads.settle_s[0] = 0.0
             for c in copiers.values():
                 c.sample()
-            progress.done()
+            done += 1
         getattr(sec, "release", lambda: None)()
         report["sections"][key] = {"title": sec.title, "variants": [asdict(v) for v in sec.vlist], "cases": entries}
     if b and "attention" in sections:  # best of the start and end probes
@@ -404,8 +371,7 @@ def main(argv=None):
             e["derived"] = sections[key].derived(e["case"], e["results"], dict(env, copy_bw=copy_bw, fma_peak=peak,
                                                                                  work=e["work"]))
             e["case"] = e["case"].asdict()
-    report["loadavg_end"] = timing.load_avg()
-    report["busy_cores_end"] = threads.busy_cores()
+    report.update(loadavg_end=timing.load_avg(), busy_cores_end=threads.busy_cores())
     report["probe_check"] = probe_check(report)
     for w in report["probe_check"]:
         log(f"!!! probe check: {w}")

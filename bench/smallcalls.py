@@ -1,7 +1,6 @@
-"""The small-calls section of bench.run (`--section calls`): the time per call from Python of every
-public op on tiny inputs, beside `np.add(x, y, out=z)` on the same arrays, timed interleaved in the
-same run (issue 14 items 2, 4); the numba rows compare isa="numba" with isa="scalar" on one
-576-wide row. The rows and their bounds: bench/cases.py.
+"""The small-calls section (`--section calls`): the time per call from Python of every public op on
+tiny inputs beside `np.add(x, y, out=z)` on the same arrays, interleaved in the same run; the numba
+rows compare isa="numba" with isa="scalar" on one 576-wide row. The rows and bounds: bench/cases.py.
 """
 import functools
 
@@ -64,47 +63,22 @@ def reference(case, inp):
 
 def call(case, inp, isa=None):
     """(fn, get): fn() is one call of the op in its decode form, get() its result (for the check)"""
-    op, x, y = case.op, inp["x"], inp["y"]
-    kw = {} if isa is None else {"isa": isa}
-    if op == "softmax":
-        fn = functools.partial(cpufuse.softmax, x, out=y, **kw)
-    elif op == "rms_norm":
-        fn = functools.partial(cpufuse.rms_norm, x, inp["w"], eps=EPS, out=y, **kw)
-    elif op == "add_rms_norm":
-        fn = functools.partial(cpufuse.add_rms_norm, x, inp["x2"], inp["w"], eps=EPS, out=(inp["h"], y), **kw)
-        return fn, lambda: fn()[1]
-    elif op == "matmul":
-        fn = functools.partial(cpufuse.matmul, x, inp["ws"][0], out=y, **kw)
-    elif op == "matmul_multi":
-        fn = functools.partial(cpufuse.matmul_multi, x, tuple(inp["ws"]), out=tuple(inp["ys"]), **kw)
-        return fn, lambda: np.concatenate(fn(), axis=-1)
-    elif op == "matmul_swiglu":
-        fn = functools.partial(cpufuse.matmul_swiglu, x, inp["ws"][0], inp["ws"][1], out=y, **kw)
-    elif op == "rope":
-        fn = functools.partial(cpufuse.rope, x, inp["pos"], n_dims=case.n, out=y, **kw)
-    elif op == "rope_cache":
-        kc = inp["kc"]
-        fn = functools.partial(cpufuse.rope, x, inp["pos"], n_dims=case.n, cache=(kc, 2), **kw)
-        return fn, lambda: (fn(), kc[2:3].astype(np.float32))[1]
-    elif op == "flash_attn":
-        fn = functools.partial(cpufuse.flash_attn, x, inp["k"], inp["v"], scale=0.125, out=y, **kw)
-    else:
-        raise ValueError(op)
-    return fn, fn
-
-
-def build(case, variant, inp):
-    """variant "call": the op (isa="numba" on the numba rows); "baseline": np.add(x, x2, out=y)
-    on the op's own arrays (isa="scalar" on the numba rows)"""
-    if case.kind == "numba":
-        isa = "numba" if variant == "call" else "scalar"
-        if isa not in cpufuse.available_isas():
-            raise Unavailable(f"ISA {isa} not available here")
-        return call(case, inp, isa)
-    if variant == "call":
-        return call(case, inp)
-    fn = functools.partial(np.add, inp["x"], inp["x2"], out=inp["y"])
-    return fn, fn
+    op, x, y, ws, pos, kc, n = case.op, inp["x"], inp["y"], inp.get("ws"), inp.get("pos"), inp.get("kc"), case.n
+    f, args, kw = {
+        "softmax": (cpufuse.softmax, (x,), {"out": y}),
+        "rms_norm": (cpufuse.rms_norm, (x, inp["w"]), {"eps": EPS, "out": y}),
+        "add_rms_norm": (cpufuse.add_rms_norm, (x, inp["x2"], inp["w"]), {"eps": EPS, "out": (inp.get("h"), y)}),
+        "matmul": (cpufuse.matmul, (x, ws and ws[0]), {"out": y}),
+        "matmul_multi": (cpufuse.matmul_multi, (x, tuple(ws or ())), {"out": tuple(inp.get("ys", ()))}),
+        "matmul_swiglu": (cpufuse.matmul_swiglu, (x, *(ws or (None, None))[:2]), {"out": y}),
+        "rope": (cpufuse.rope, (x, pos), {"n_dims": n, "out": y}),
+        "rope_cache": (cpufuse.rope, (x, pos), {"n_dims": n, "cache": (kc, 2)}),
+        "flash_attn": (cpufuse.flash_attn, (x, inp.get("k"), inp.get("v")), {"scale": 0.125, "out": y}),
+    }[op]
+    fn = functools.partial(f, *args, **kw, **({} if isa is None else {"isa": isa}))
+    get = {"add_rms_norm": lambda: fn()[1], "matmul_multi": lambda: np.concatenate(fn(), axis=-1),
+           "rope_cache": lambda: (fn(), kc[2:3].astype(np.float32))[1]}.get(op, fn)
+    return fn, get
 
 
 class CallsSection(Section):
@@ -124,7 +98,17 @@ class CallsSection(Section):
     reference = staticmethod(reference)
 
     def build(self, case, v, inp):
-        return build(case, v.name, inp)
+        """call: the op (isa="numba" on the numba rows); baseline: np.add(x, x2, out=y) on the op's own
+        arrays (isa="scalar" on the numba rows)"""
+        if case.kind == "numba":
+            isa = "numba" if v.name == "call" else "scalar"
+            if isa not in cpufuse.available_isas():
+                raise Unavailable(f"ISA {isa} not available here")
+            return call(case, inp, isa)
+        if v.name == "call":
+            return call(case, inp)
+        fn = functools.partial(np.add, inp["x"], inp["x2"], out=inp["y"])
+        return fn, fn
 
     def tol(self, case, v):
         return (1e-10 if case.op in ("softmax", "rms_norm", "add_rms_norm", "flash_attn") else 1e-6), None
