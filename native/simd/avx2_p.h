@@ -114,6 +114,49 @@ static inline p16i pi_dot8_q8(p16i init, const p16c *w, const uint8_t *a) {
   }
   return init;
 }
+/* Scaled dots (qpanel.inc's pi_dot_sc): each column's scale as a 16-bit pair (lanes 2n, 2n + 1 of
+ * its 32-bit lane), so the widening VPMADDWD multiplies by it: s * dot with no VPMULLD, and up to
+ * 8 chunks of codes of at most 4 bits (4 of 5 bits, 2 of 6) summed in 16 bits before it. The exact
+ * int32 result is that of pi_mul(pi_dot4(...), s), so the bits do not change. */
+#define P16_DOT_SC 1
+typedef struct { __m256i lo, hi; } p16s;
+/* 16 unsigned scale bytes (one per column) + add, as 16-bit pairs */
+static inline p16s ps_u8(const uint8_t *p, int32_t add) {
+  const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+  const __m256i ml = _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1,
+                                      4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1);
+  const __m256i mh = _mm256_add_epi8(ml, _mm256_set1_epi16(8)); /* +8 on the index bytes only */
+  p16s r = {_mm256_shuffle_epi8(v, ml), _mm256_shuffle_epi8(v, mh)};
+  if (add) {
+    r.lo = _mm256_add_epi16(r.lo, _mm256_set1_epi16((short)add));
+    r.hi = _mm256_add_epi16(r.hi, _mm256_set1_epi16((short)add));
+  }
+  return r;
+}
+/* one half: acc + s * (off + the dots of nc chunks w[c] with the 4 codes at a + 4c); off is added to
+ * the first 16-bit sum (the caller keeps |off| + the sum's bound below 2^15) */
+static inline __m256i p16_dotsch(__m256i acc, const p16c *w, int hi, int nc, const uint8_t *a, int bits, __m256i s,
+                                 int32_t off) {
+  const int gk = bits <= 4 ? 8 : bits == 5 ? 4 : 2; /* chunks per 16-bit sum: gk * 2 * (2^bits - 1) * 128 < 2^15 */
+  for (int c0 = 0; c0 < nc; c0 += gk) {
+    const int n = nc - c0 < gk ? nc - c0 : gk; /* 2, 4 or 8 */
+#define P16_MAB(c) \
+  _mm256_maddubs_epi16(hi ? w[c0 + (c)].hi : w[c0 + (c)].lo, _mm256_set1_epi32((int)p16_rd32(a + 4 * (c0 + (c)))))
+    __m256i p = _mm256_add_epi16(P16_MAB(0), P16_MAB(1));
+    if (n >= 4) p = _mm256_add_epi16(p, _mm256_add_epi16(P16_MAB(2), P16_MAB(3)));
+    if (n == 8)
+      p = _mm256_add_epi16(p, _mm256_add_epi16(_mm256_add_epi16(P16_MAB(4), P16_MAB(5)),
+                                               _mm256_add_epi16(P16_MAB(6), P16_MAB(7))));
+#undef P16_MAB
+    if (off && c0 == 0) p = _mm256_add_epi16(p, _mm256_set1_epi32(off & 0xffff));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
+  }
+  return acc;
+}
+static inline p16i pi_dot_sc(p16i acc, const p16c *w, int nc, const uint8_t *a, int bits, p16s s, int32_t off) {
+  p16i r = {p16_dotsch(acc.lo, w, 0, nc, a, bits, s.lo, off), p16_dotsch(acc.hi, w, 1, nc, a, bits, s.hi, off)};
+  return r;
+}
 static inline p16i pi_dpw(p16i acc, p16i w, int32_t a2) {
   const __m256i av = _mm256_set1_epi32(a2);
   p16i r = {_mm256_add_epi32(acc.lo, _mm256_madd_epi16(w.lo, av)), _mm256_add_epi32(acc.hi, _mm256_madd_epi16(w.hi, av))};
