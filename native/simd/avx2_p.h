@@ -101,16 +101,26 @@ static inline p16i pi_dot4(p16i acc, const p16c *w, const uint8_t *a, int bits) 
 }
 /* Q8_0: stored codes are q + 128; q = code ^ 0x80 as int8, dotted with the sign trick
  * (|q| unsigned times sign(q)*a: pairs <= 2*128*127, one pair sum per 16-bit lane) */
-static inline __m256i p16_dotq8h(__m256i acc, __m256i w, const uint8_t *a) {
-  const __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
+static inline __m256i p16_dots8h(__m256i acc, __m256i q, const uint8_t *a) {
   const __m256i av = _mm256_set1_epi32((int)p16_rd32(a));
   const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(av, q));
   return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
 static inline p16i pi_dot8_q8(p16i init, const p16c *w, const uint8_t *a) {
+  const __m256i x = _mm256_set1_epi8((char)0x80);
   for (int g = 0; g < 8; g++) {
-    init.lo = p16_dotq8h(init.lo, w[g].lo, a + 4 * g);
-    init.hi = p16_dotq8h(init.hi, w[g].hi, a + 4 * g);
+    init.lo = p16_dots8h(init.lo, _mm256_xor_si256(w[g].lo, x), a + 4 * g);
+    init.hi = p16_dots8h(init.hi, _mm256_xor_si256(w[g].hi, x), a + 4 * g);
+  }
+  return init;
+}
+/* the same dot of signed codes q held as they are (IQ4_NL / IQ4_XS: their table maps the 4-bit
+ * codes straight to q, so no XOR; qpanel.inc's P16_IQ4_SIGNED hook) */
+#define P16_IQ4_SIGNED 1
+static inline p16i pi_dot8_s8(p16i init, const p16c *w, const uint8_t *a) {
+  for (int g = 0; g < 8; g++) {
+    init.lo = p16_dots8h(init.lo, w[g].lo, a + 4 * g);
+    init.hi = p16_dots8h(init.hi, w[g].hi, a + 4 * g);
   }
   return init;
 }
