@@ -88,10 +88,12 @@ def worker(job):
             "int8": isa and threads_mod.int8_peak_stats(isa, n), "fma": isa and threads_mod.fma_peak_stats(isa, n)}
 
 
-def run_llama_bench(exe, path, threads, fa, reps, pin, timeout=1800, extra=()):
-    """llama-bench (llama.cpp's or ik_llama.cpp's) for pp512 and tg128, flash attention on or off:
-    ({"wall": {"pp512": [tok/s per run], "tg128": [...]}, "raw": its records, "version"}, None) or (None, why)"""
-    cmd = (["taskset", "-c", "0"] if pin else []) + [exe, "-m", path, "-p", str(PP), "-n", str(TG), "-t", str(threads),
+def run_llama_bench(exe, path, threads, fa, reps, pin, timeout=1800, extra=(), pp=(PP,)):
+    """llama-bench (llama.cpp's or ik_llama.cpp's) for the prompt sizes pp (default 512) and tg128, flash
+    attention on or off: ({"wall": {"pp512": [tok/s per run], "tg128": [...]}, "raw": its records, "version"},
+    None) or (None, why)"""
+    cmd = (["taskset", "-c", "0"] if pin else []) + [exe, "-m", path, "-p", ",".join(map(str, pp)), "-n", str(TG),
+                                                     "-t", str(threads),
                                                      "-fa", str(int(fa)), "-r", str(reps), "-o", "json", *extra]
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
     try:
@@ -181,7 +183,8 @@ def run(args, files, engines, keys, reps, write):
                                      **({"pp_warm": args.pp_warm} if args.pp_warm else {}))
             else:
                 res, err = run_llama_bench(ik if e.startswith("ik") else exe, f["path"], t, e.endswith("on"),
-                                           args.reps_pp, t == 1, args.timeout, ["-rtr", "1"] * e.startswith("ik"))
+                                           args.reps_pp, t == 1, args.timeout, ["-rtr", "1"] * e.startswith("ik"),
+                                           pp or (PP,))
             if res and "version" in res:
                 peer_info.update({"ik_version": res["version"]} if e.startswith("ik") else
                                  {"version": res["version"], "system_info": res.get("system_info", ""),

@@ -204,6 +204,7 @@ def speed_md(R):
     notes = [f"- {LABEL[e]}, llama.cpp's own perf counters (no Python): " + ", ".join(
         f"{k}@{t}: {cell(e, t, k)['internal_median']:.1f}" for t in threads for k in KEYS
         if cell(e, t, k).get("internal_median")) for e in peers]
+    notes = [n for n in notes if not n.endswith(": ")]  # llama-bench reports no internal timings
     if notes:
         L += ["llama.cpp's internal timings (`llama_perf_context`, tokens/s), for comparison with the wall-clock "
               "columns:", ""] + notes + [""]
@@ -215,6 +216,8 @@ def speed_md(R):
     L += ["", "Both engines memory-map the GGUF (the touched pages count in RSS).", "", "## Engines and settings", "",
           "- **cpufuse**: `Model.load(path, n_ctx=1024, n_threads=k)`: the fused plans, q8 activations, f16 K/V, n_batch "
           "512; **cpufuse fusion=False**: `Model.load(..., fusion=False)`, every graph node its own kernel.",
+          f"- **llama.cpp**: `{R.get('llama_bench')} -m FILE -p 128,512 -n 128 -t k -fa 0|1 -o json` (its own "
+          "timings, no Python)." if R.get("peer_kind") == "llama-bench" else
           f"- **llama.cpp**: llama-cpp-python {peer.get('version', '')} in its own venv and process; `Llama(n_ctx=1024, "
           "n_batch=512, n_ubatch=512, n_threads=k, n_threads_batch=k, flash_attn=…)`, f16 K/V, mmap, repack on. **FA "
           "off** is llama-cpp-python's default, **FA on** what llama-cli's `auto` resolves to on a CPU build.", ""]
