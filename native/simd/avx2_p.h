@@ -106,24 +106,21 @@ static inline __m256i p16_dots8h(__m256i acc, __m256i q, const uint8_t *a) {
   const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(av, q));
   return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
-static inline p16i pi_dot8_q8(p16i init, const p16c *w, const uint8_t *a) {
-  const __m256i x = _mm256_set1_epi8((char)0x80);
+/* the 8 chunks' dots, each chunk's bytes XORed with flip first (0x80: Q8_0's stored q + 128 back to q;
+ * 0: the codes are q already, and the XOR folds away) */
+static inline p16i p16_dot8x(p16i init, const p16c *w, const uint8_t *a, char flip) {
+  const __m256i x = _mm256_set1_epi8(flip);
   for (int g = 0; g < 8; g++) {
     init.lo = p16_dots8h(init.lo, _mm256_xor_si256(w[g].lo, x), a + 4 * g);
     init.hi = p16_dots8h(init.hi, _mm256_xor_si256(w[g].hi, x), a + 4 * g);
   }
   return init;
 }
+static inline p16i pi_dot8_q8(p16i init, const p16c *w, const uint8_t *a) { return p16_dot8x(init, w, a, (char)0x80); }
 /* the same dot of signed codes q held as they are (IQ4_NL / IQ4_XS: their table maps the 4-bit
  * codes straight to q, so no XOR; qpanel.inc's P16_IQ4_SIGNED hook) */
 #define P16_IQ4_SIGNED 1
-static inline p16i pi_dot8_s8(p16i init, const p16c *w, const uint8_t *a) {
-  for (int g = 0; g < 8; g++) {
-    init.lo = p16_dots8h(init.lo, w[g].lo, a + 4 * g);
-    init.hi = p16_dots8h(init.hi, w[g].hi, a + 4 * g);
-  }
-  return init;
-}
+static inline p16i pi_dot8_s8(p16i init, const p16c *w, const uint8_t *a) { return p16_dot8x(init, w, a, 0); }
 /* Scaled dots (qpanel.inc's pi_dot_sc): each column's scale as a 16-bit pair (lanes 2n, 2n + 1 of
  * its 32-bit lane), so the widening VPMADDWD multiplies by it: s * dot with no VPMULLD, and up to
  * 8 chunks of codes of at most 4 bits (4 of 5 bits, 2 of 6) summed in 16 bits before it. The exact
