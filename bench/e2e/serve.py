@@ -410,7 +410,7 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=os.path.join("bench", "results", "serve"),
                     help="writes OUT.json, OUT.md, OUT.png (default bench/results/serve)")
     ap.add_argument("--url", help="only drive this running server (with or without /v1) and print the table")
-    ap.add_argument("--endpoint", choices=("chat", "completions"), default="chat", help="with --url (default chat)")
+    ap.add_argument("--endpoint", choices=("chat", "completions"), help="with --url (default chat)")
     ap.add_argument("--extra-body", type=json.loads, help="with --url: a JSON object of fields added to every request")
     ap.add_argument("--json", help="with --url: also write the levels here")
     ap.add_argument("--constrained-ab", action="store_true", help="constrained / plain decoding in one process "
@@ -426,6 +426,19 @@ def parse_args(argv=None):
     bad = [f"--{k.replace('_', '-')} must be >= {lo}" for k, lo in lows.items() if getattr(args, k) < lo]
     if bad or not args.clients or min(args.clients) < 1:
         ap.error("; ".join(bad) or f"--clients must be >= 1, got {args.clients}")
+    for a in ap._actions:   # parse again with no defaults: the flags given, each of which the mode must use
+        a.default = argparse.SUPPRESS
+    given = set(vars(ap.parse_args(argv)))
+    if args.url and args.constrained_ab:
+        ap.error("--url and --constrained-ab are two different runs: give one")
+    mode, uses = (("--url", {"url", "clients", "max_tokens", "requests", "endpoint", "extra_body", "json"}) if args.url
+                  else ("--constrained-ab", {"constrained_ab", "models", "clients", "max_tokens", "rounds", "threads",
+                                             "serial_masks"}) if args.constrained_ab
+                  else ("the server bench", set(vars(args)) - {"url", "endpoint", "extra_body", "json", "serial_masks"}))
+    unused = sorted(given - uses)
+    if unused:
+        ap.error(f"{mode} does not use " + ", ".join("--" + d.replace("_", "-") for d in unused))
+    args.endpoint = args.endpoint or "chat"
     if args.extra_body is not None and not isinstance(args.extra_body, dict):
         ap.error(f"--extra-body must be a JSON object, got {args.extra_body!r}")
     return args
