@@ -100,7 +100,8 @@ if [ -n "$GGML" ]; then   # the kernel tables' ggml column: the paths llama.cpp 
   B="$OUT/build-ggml"
   cmake -S "$SRC" -B "$B" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=ON -DGGML_BACKEND_DL=OFF \
     -DGGML_LLAMAFILE=ON -DGGML_CPU_REPACK=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_SERVER=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF > "$OUT/ggml-configure.log" 2>&1 \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_APP=OFF \
+    > "$OUT/ggml-configure.log" 2>&1 \
     || { tail -40 "$OUT/ggml-configure.log"; exit 1; }
   cmake --build "$B" --target ggml-base ggml-cpu -j "$JOBS" > "$OUT/ggml-build.log" 2>&1 \
     || { tail -40 "$OUT/ggml-build.log"; exit 1; }
