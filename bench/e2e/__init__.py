@@ -12,6 +12,8 @@ import sys
 import tempfile
 import time
 
+from ..timing import bench_env, cpu_name
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(ROOT, "bench", "results")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -46,18 +48,10 @@ def ratio(a, b, nd=2):
     return f"{a / b:.{nd}f}×" if a and b and a == a and b == b else "–"
 
 
-def table(head, rows, align="---"):
-    """markdown lines of a table"""
-    return (["| " + " | ".join(head) + " |", "|" + f"{align}|" * len(head)]
-            + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
-
-
 def machine():
     """the machine's facts for a report's header"""
     import cpufuse
-    with open("/proc/cpuinfo") as f:
-        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), platform.processor())
-    return {"cpu": cpu, "ncpu_affinity": NCPU, "platform": platform.platform(), "python": platform.python_version(),
+    return {"cpu": cpu_name(), "ncpu_affinity": NCPU, "platform": platform.platform(), "python": platform.python_version(),
             "cpufuse": cpufuse.__version__, "cpufuse_isa": cpufuse.available_isas()[0]}
 
 
@@ -76,8 +70,7 @@ def run_job(job, python=sys.executable, script=("-m", "bench.e2e", "--worker"), 
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(job, f)
     cmd = ([shutil.which("taskset") or "taskset", "-c", "0"] if pin else []) + [python, *script, f.name]
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
-                                                            "CPUFUSE_DISABLE_FUSION")}
+    env = bench_env("CPUFUSE_DISABLE_FUSION")
     env.update({v: str(threads) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")})
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
@@ -151,14 +144,3 @@ def footer(R):
     info = (R.get("peer") or {}).get("system_info")
     return ([f"llama.cpp system info: `{info.strip()}`", ""] if info else []) + (
         ["Failures: " + "; ".join(f"{k}: {v[-200:]}" for k, v in R["errors"].items()), ""] if R.get("errors") else [])
-
-
-def plot_setup():
-    """matplotlib's pyplot (Agg), or the reason it is unavailable"""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        return plt, None
-    except ImportError as e:
-        return None, f"matplotlib unavailable ({e})"

@@ -1,10 +1,5 @@
-"""End to end: cpufuse.llama against llama.cpp (llama-cpp-python) on the same GGUF, same run.
-
-    python -m bench.e2e [--model NAME|PATH] [--rounds 3] [--threads 1,2] [--engines ...] [--json P] [--md P]
-    python -m bench.e2e --fidelity [--reference] [--model NAME|PATH]      # logits, greedy generation
-
-Details: bench/README.md, "bench.e2e.model".
-"""
+"""End to end: cpufuse.llama against llama.cpp (llama-cpp-python) on the same GGUF, same run:
+speed, or with --fidelity the logits and greedy generations (bench/README.md, "bench.e2e.model")."""
 import argparse
 import json
 import os
@@ -13,7 +8,8 @@ import tempfile
 
 import numpy as np
 
-from . import HERE, RESULTS, fmt, footer, header, peer_status, ratio, run_job, spread_line, table
+from ..report import md_table, save
+from . import HERE, RESULTS, fmt, footer, header, peer_status, ratio, run_job, spread_line
 from .big import LABEL, N_CTX, TEXT, TG, run, run_args
 
 ENGINES = ("cpufuse", "cpufuse-unfused", "llamacpp-fa-off", "llamacpp-fa-on")
@@ -65,8 +61,7 @@ def fidelity(args):
     else:
         compare(out, args)
     out["load_avg_end"] = os.getloadavg()
-    with open(args.fidelity_json, "w") as f:
-        json.dump(out, f, indent=1)
+    save(args.fidelity_json, out)
     write_md(args)
     print(f"bench.e2e --fidelity: wrote {args.fidelity_json} and {args.md}")
 
@@ -174,8 +169,7 @@ def write_md(args):
         L += ["## Fidelity against llama.cpp (`python -m bench.e2e --fidelity`)", "", f"Skipped: {F['skipped']}", ""]
     elif F:
         L += fidelity_md(F)
-    with open(args.md, "w") as f:
-        f.write("\n".join(L))
+    save(args.md, "\n".join(L))
 
 
 def speed_md(R):
@@ -198,7 +192,7 @@ def speed_md(R):
             + [f"**{ratio(cell('cpufuse', t, k).get('median'), cell(e, t, k).get('median'))}**" for e in peers]
             + [ratio(cell("cpufuse", t, k).get("median"), cell(e, t, k).get("median")) for e in unf]
             for k in KEYS for t in threads]
-    L += table(["test", "threads"] + [LABEL[e] for e in eng] + [f"cpufuse / {LABEL[e]}" for e in peers]
+    L += md_table(["test", "threads"] + [LABEL[e] for e in eng] + [f"cpufuse / {LABEL[e]}" for e in peers]
                + ["fused / unfused"] * len(unf), rows) + [""]
     L += spread_line([cell(e, t, k) for e in eng for t in threads for k in KEYS])
     notes = [f"- {LABEL[e]}, llama.cpp's own perf counters (no Python): " + ", ".join(
@@ -209,7 +203,7 @@ def speed_md(R):
         L += ["llama.cpp's internal timings (`llama_perf_context`, tokens/s), for comparison with the wall-clock "
               "columns:", ""] + notes + [""]
     L += ["## Peak resident memory (MiB, VmHWM of the engine's own process)", ""]
-    L += table(["engine", "threads", "RSS after imports", "RSS after load", "peak RSS"],
+    L += md_table(["engine", "threads", "RSS after imports", "RSS after load", "peak RSS"],
                [[LABEL[e], t] + [fmt(S[str(t)][e].get(k), 0) for k in ("rss_after_import_mib", "rss_after_load_mib",
                                                                         "maxrss_mib")]
                 for e in eng for t in threads if e in S[str(t)]])
@@ -238,7 +232,7 @@ def fidelity_md(F):
     rows.append(["*llama.cpp FA off vs llama.cpp FA on* (noise floor)", pct(sf), f"{sf['n'] - sf['agree']} (largest "
                  f"FA-off margin {sf['max_disagreement_margin']:.3f})", "–", f"{sf['max_abs_logit_diff']:.4f}",
                  f"{sf['mean_abs_logit_diff']:.5f}", "–"])
-    L += table(["llama.cpp", "top-1 agree", "disagreements (pos: llama.cpp margin)", "all at margin < 1.0",
+    L += md_table(["llama.cpp", "top-1 agree", "disagreements (pos: llama.cpp margin)", "all at margin < 1.0",
                 "max abs Δlogit", "mean abs Δlogit", "RMS Δ / RMS logits"], rows)
     L += ["", f"Position 0 alone (attention over a single key, so no mixing): max abs Δlogit "
           f"{tf['fa_off']['max_abs_logit_diff_pos0']:.4f}. llama.cpp against itself with flash attention toggled (last "
@@ -246,7 +240,7 @@ def fidelity_md(F):
           "last-bit differences into logit differences of O(0.1-1), and the top-1 flips only at near-ties.", "",
           "**Greedy generation**, 64 tokens (or to end-of-generation), chat template, same prompt ids to both, "
           "argmax each step (llama.cpp FA off):", ""]
-    L += table(["prompt", "tokens (cpufuse / llama.cpp)", "identical", "first divergence", "llama.cpp top-1 margin "
+    L += md_table(["prompt", "tokens (cpufuse / llama.cpp)", "identical", "first divergence", "llama.cpp top-1 margin "
                 "there", "lock-step top-1 agree (fed llama.cpp's tokens)", "llama.cpp margins at lock-step flips"],
                [[g["prompt"], f"{g['n_cpufuse']} / {g['n_llamacpp']}", "yes" if g["identical"] else "no",
                  "–" if g["first_divergence"] is None else g["first_divergence"],
@@ -260,7 +254,7 @@ def fidelity_md(F):
     if F.get("reference"):
         L += ["**Against the float64 reference forward** (`cpufuse/reference/archs.py`, every step in float64, GELU "
               "by the tanh formula or through llama.cpp's f16 table), teacher-forced top-1:", ""]
-        L += table(["A", "B", "top-1 agree", "largest B margin at a flip", "max abs Δlogit"],
+        L += md_table(["A", "B", "top-1 agree", "largest B margin at a flip", "max abs Δlogit"],
                    [[r["a"], r["b"], f"{r['agree']}/{r['n']}", f"{r['max_margin_b']:.3f}",
                      f"{r['max_abs_logit_diff']:.4f}"] for r in F["reference"]]) + [""]
     return L

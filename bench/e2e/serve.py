@@ -1,17 +1,6 @@
-"""Serving benchmark: cpufuse's OpenAI-compatible server against llama-cpp-python's, same run; and the load
-generator (N concurrent streaming clients) for any OpenAI-compatible server.
-
-    python -m bench.e2e.serve [--models smollm2,1b] [--clients 1,4,8,16] [--max-tokens 128] [--requests 2]
-                              [--rounds 1] [--parallel 16] [--n-ctx 512] [--threads N] [--chunk 128]
-                              [--batch-tokens 128] [--peer-python PATH] [--step-rounds 5] [--step-iters 30]
-                              [--constrained-clients 8] [--out bench/results/serve]
-    python -m bench.e2e.serve --constrained-ab --models smollm2 --clients 8 --threads 1 --rounds 6 [--serial-masks]
-        (constrained / plain greedy decoding in one BatchEngine, alternating; no servers)
-    python -m bench.e2e.serve --url http://127.0.0.1:8080 [--clients 1,8] [--requests 2] [--max-tokens 128]
-                              [--endpoint chat|completions] [--extra-body JSON] [--json P]    # a running server
-
-Details: bench/README.md, "bench.e2e.serve" and "The load".
-"""
+"""Serving benchmark: cpufuse's OpenAI-compatible server against llama-cpp-python's, same run;
+--constrained-ab: constrained / plain decoding in one BatchEngine; --url: the load generator (N concurrent
+streaming clients) on any running OpenAI-compatible server. Details: bench/README.md, "bench.e2e.serve"."""
 import argparse
 import asyncio
 import contextlib
@@ -26,7 +15,9 @@ import time
 import urllib.error
 import urllib.request
 
-from . import NCPU, ROOT, fmt, machine, median, peer_status, plot_setup, ratio, run_job, table
+from ..plot import plot_setup
+from ..report import md_table, save
+from . import NCPU, ROOT, fmt, machine, median, peer_status, ratio, run_job
 
 ENGINES = ("cpufuse", "llama-cpp-python")
 # the constrained row: cpufuse at --constrained-clients clients, every request under this JSON schema
@@ -287,7 +278,7 @@ def write_md(res, path):
             rows.append([c, fmt(cf("tok_s")), fmt(pe("tok_s")), ratio(cf("tok_s"), pe("tok_s")),
                          ratio(cf("tok_s"), cell(s, "cpufuse", 1, "tok_s"))]
                         + [f"{fmt(cf(k) * 1e3)} / {fmt(pe(k) * 1e3)}" for k in METRICS[1:5]])
-        L += table(["clients", "cpufuse tok/s", "llama-cpp-python tok/s", "cpufuse / peer", "cpufuse × 1 client"]
+        L += md_table(["clients", "cpufuse tok/s", "llama-cpp-python tok/s", "cpufuse / peer", "cpufuse × 1 client"]
                    + [f"{k.split('_')[0].upper()} {k.split('_')[1]} ms cpufuse / peer" for k in METRICS[1:5]], rows, "---:")
         crow = [r for run in mres["runs"] for r in run.get("constrained") or ()]
         if crow:
@@ -312,13 +303,12 @@ def write_md(res, path):
             L += ["", f"Decode step: failed: {mres['step_error']}"]
         L += [""]
     L += ["## The issue's performance checks (SmolLM2, all cores)", ""]
-    L += table(["check", "measured", "target", "result"],
+    L += md_table(["check", "measured", "target", "result"],
                [[name, f"{fmt(r, 2)}×", lim, (note if r != r else "pass" if ok else "**fail**") or "not measured"]
                 for name, r, lim, ok, note in res["checks"]] or [["(SmolLM2 not in this run)", "", "", ""]])
     L += ["", f"![tok/s and TTFT against clients]({os.path.basename(path)[:-3]}.png)" if res.get("chart") == "ok"
           else f"Chart: {res.get('chart')}", ""]
-    with open(path, "w") as f:
-        f.write("\n".join(L))
+    save(path, "\n".join(L))
 
 
 def write_chart(res, path):
@@ -488,15 +478,14 @@ def load_table(args):
     base = next((r["tok_s"] for r in rows if r["clients"] == 1), None)
     print(f"Server {args.url}, model `{model}`, endpoint {args.endpoint}, {args.max_tokens} greedy tokens a request, "
           f"{args.requests} request(s) per client.\n")
-    print("\n".join(table(["clients", "requests", "output tok/s", "× 1 client", "TTFT p50 ms", "TTFT p95 ms",
+    print("\n".join(md_table(["clients", "requests", "output tok/s", "× 1 client", "TTFT p50 ms", "TTFT p95 ms",
                            "ITL p50 ms", "ITL p95 ms", "per-request tok/s", "counted"],
                           [[r["clients"], r["requests"], fmt(r["tok_s"]), ratio(r["tok_s"], base)]
                            + [fmt(r[k] * 1e3) for k in METRICS[1:5]] + [fmt(r["req_decode_tok_s"]),
                                                                           ", ".join(r["counted"])] for r in rows], "---:")))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(url=args.url, model=model, endpoint=args.endpoint, max_tokens=args.max_tokens,
-                           requests=args.requests, levels=rows), f, indent=1)
+        save(args.json, dict(url=args.url, model=model, endpoint=args.endpoint, max_tokens=args.max_tokens,
+                             requests=args.requests, levels=rows))
 
 
 def main(argv=None):
@@ -516,8 +505,7 @@ def main(argv=None):
                   model_path(name), engines, mi, args)
     res.update(load_end=os.getloadavg()[0], seconds=time.perf_counter() - t_start, checks=checks(res, "smollm2"))
     res["chart"] = write_chart(res, args.out + ".png")
-    with open(args.out + ".json", "w") as f:
-        json.dump(res, f, indent=1, default=str)
+    save(args.out + ".json", res)
     write_md(res, args.out + ".md")
     print(f"bench.e2e.serve: wrote {args.out}.md, .json{', .png' if res['chart'] == 'ok' else ''}", flush=True)
 
