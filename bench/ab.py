@@ -18,8 +18,9 @@ def child(tree, core, args):
     """{(section, case, column): median ns} of one `bench.run` in `tree`"""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
-        cmd = ["taskset", "-c", str(core), sys.executable, "-m", "bench.run", "--threads", "1", "--json", out, *args]
-        p = subprocess.run(cmd, cwd=os.path.abspath(tree), env=dict(bench_env(), PYTHONPATH=os.path.abspath(tree)),
+        tree = os.path.abspath(tree)
+        cmd = ["taskset", "-c", str(core), sys.executable, "-m", "bench.run", "--threads", "1", "--json", out]
+        p = subprocess.run(cmd + list(args), cwd=tree, env=dict(bench_env(), PYTHONPATH=tree),
                            capture_output=True, text=True)
         if p.returncode not in (0, 1) or not os.path.exists(out):
             raise SystemExit(f"bench.run failed in {tree}:\n{p.stderr[-2000:]}")

@@ -1,6 +1,6 @@
 """The kernel tables' one reporter: the markdown of a bench.run report (the headline, the machine and
 probe header, then per section its time tables and its derived table) and the chart (bench/plot.py).
-A section says what it adds through its `intro`, `unit`, `tables(entries)` and `derived_cols`; md_table
+A section says what it adds through its `intro`, `unit`, `tables(entries)` and `derived_cols`; table
 and save serve every bench's reports."""
 import json
 import os
@@ -23,7 +23,7 @@ FORMATS = {"x": lambda v: f"{v:.2f}×", "pct": lambda v: f"{v:.0f}%", "g": lambd
            "us": fmt_us, "s": str}
 
 
-def md_table(head, rows, align="---", first=None):
+def table(head, rows, align="---", first=None):
     """markdown lines of a table: every column aligned `align`, the first `first` if given"""
     return (["| " + " | ".join(head) + " |", "|" + f"{first or align}|" + f"{align}|" * (len(head) - 1)]
             + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
@@ -47,7 +47,7 @@ def time_table(entries, cols, unit="µs"):
                  if r.get("status") == "ok" else "" if r.get("quiet") else STATUS.get(r.get("status"), "–")
                  for r in (c["results"].get(k, {}) for k in cols)]
         rows.append([c["case"]["name"]] + cells)
-    return md_table(["case"] + cols, rows, "---:", first="---")
+    return table(["case"] + cols, rows, "---:", first="---")
 
 
 def derived_table(entries, spec):
@@ -59,8 +59,8 @@ def derived_table(entries, spec):
     keep = [i for i in range(len(spec)) if any(r[i] is not None for r in rows)]
     if not keep:
         return []
-    return md_table(["case"] + [spec[i][0] for i in keep],
-                    [[e["case"]["name"]] + [r[i] or "–" for i in keep] for e, r in zip(entries, rows)], "---:", "---")
+    cells = [[e["case"]["name"]] + [r[i] or "–" for i in keep] for e, r in zip(entries, rows)]
+    return table(["case"] + [spec[i][0] for i in keep], cells, "---:", first="---")
 
 
 def notes(entries, extra=()):

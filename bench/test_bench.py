@@ -59,10 +59,10 @@ def test_probe_check():
           "fma_peak": {"gflops_1": 100.0, "gflops_all": 195.0, "runs_1": [{"best": 100.0, "median": 97.0}]},
           "machine": {"threads": {"n_all": 2}}, "busy_cores_start": 0.02}
     assert run.probe_check(ok) == []
-    w = run.probe_check(dict(ok, copy_bw={"dram": cb(21.8, 20.0, 23.0), "l2": cb(5.1, 4.0, 60.0)},
-                             fma_peak=dict(ok["fma_peak"], gflops_all=110.0, runs_1=[{"best": 100.0, "median": 50.0}]),
-                             busy_cores_start=1.4))
-    starts = ("the L2 copy probe (5.1", "l2 copy probe: median 5.1", "FMA peak probe (1 thread): median run 50.0",
+    pk = dict(ok["fma_peak"], gflops_all=110.0, runs_1=[{"best": 100.0, "median": 50.0}])
+    cbs = {"dram": cb(21.8, 20.0, 23.0), "l2": cb(5.1, 4.0, 60.0)}
+    w = run.probe_check(dict(ok, copy_bw=cbs, fma_peak=pk, busy_cores_start=1.4))
+    starts = ("the L2 copy probe (5.1", "l2 copy probe: median 5.1", "FMA peak probe (1 thread): median run",
               "all-core FMA peak 110.0", "other work kept 1.40 cores busy at the start")
     assert len(w) == len(starts) and all(x.startswith(st) for x, st in zip(w, starts))
 

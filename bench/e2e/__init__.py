@@ -1,6 +1,7 @@
 """The model, peer and serving benches (bench/README.md): `python -m bench.e2e` (model.py), big.py and
 bigmodels.py (real shapes), serve.py (the servers under load), profile.py; peer.py runs in llama-cpp-python's
-venv. Below: what they share (one process per engine, medians over rounds, tables)."""
+venv. Below: what they share (one process per engine, medians over rounds, the report's header and
+footer; the tables: bench/report.py's table)."""
 import importlib
 import json
 import os
@@ -51,8 +52,24 @@ def ratio(a, b, nd=2):
 def machine():
     """the machine's facts for a report's header"""
     import cpufuse
-    return {"cpu": cpu_name(), "ncpu_affinity": NCPU, "platform": platform.platform(), "python": platform.python_version(),
-            "cpufuse": cpufuse.__version__, "cpufuse_isa": cpufuse.available_isas()[0]}
+    return {"cpu": cpu_name(), "ncpu_affinity": NCPU, "platform": platform.platform(),
+            "python": platform.python_version(), "cpufuse": cpufuse.__version__,
+            "cpufuse_isa": cpufuse.available_isas()[0]}
+
+
+def model_path(name=None):
+    """The GGUF of a --model(s) argument: SmolLM2 (None or smollm2; its package installed), 1b (bigmodels.py's
+    1B Q4_0 file, written on first use), a model name of `python -m cpufuse models` or a path"""
+    from cpufuse.llama.cli import INSTALL_HINT, find_smollm2
+    from cpufuse.llama.hub import resolve
+    if name == "1b":
+        from . import bigmodels
+        return bigmodels.ensure("1b", "q4_0", log=lambda m: print(m, flush=True))
+    try:
+        path = find_smollm2() if name in (None, "smollm2") else resolve(name)
+    except (ValueError, OSError) as e:
+        sys.exit(f"bench.e2e: model {name!r}: {e}")
+    return path or sys.exit(f"bench.e2e: SmolLM2 is not installed: {INSTALL_HINT} (or give a model)")
 
 
 def peer_status(peer, module="llama_cpp"):

@@ -8,7 +8,7 @@ import subprocess
 import time
 
 from ..plot import plot_setup
-from ..report import md_table, save
+from ..report import save, table
 from ..timing import bench_env
 from . import (DEFAULT_PEER, HERE, RESULTS, fmt, footer, header, machine, median, parse_threads, peer_status,
                per_round, ratio, run_job, run_rounds, spread_line, wall_line)
@@ -265,13 +265,13 @@ def write_md(R, md_path, png_path=None):
         if R.get(k):
             L += [f"**{who} columns skipped:** {R[k]}", ""]
     L += ["Models (random weights, real shapes, `bench/e2e/bigmodels.py`; weights and MACs per token: the matmuls'):", ""]
-    L += md_table(["file", "size", "tensor types (bytes)", "weights / token", "MACs / token"],
+    L += table(["file", "size", "tensor types (bytes)", "weights / token", "MACs / token"],
                [[os.path.basename(f["path"]), f"{f['bytes'] / 2**30:.2f} GiB",
                  ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in sorted(f["work"]["bytes_by_type"].items())),
                  f"{f['work']['weight_bytes_per_token'] / 1e6:.0f} MB", f"{f['work']['matmul_macs_per_token'] / 1e9:.2f} G"]
                 for f in R["files"]])
     L += ["", "## Probes (same run, median over rounds)", ""]
-    L += md_table(["threads", "DRAM read GB/s", "int8 peak GMAC/s", "FMA peak GFLOP/s"],
+    L += table(["threads", "DRAM read GB/s", "int8 peak GMAC/s", "FMA peak GFLOP/s"],
                [[t] + [fmt(median([S[n].get(str(t), {}).get(k) for n in S]), nd) for k, nd in
                        (("read_gbps", 1), ("int8_gmacs", 0), ("fma_gflops", 0))] for t in threads])
     how = next((S[n][str(threads[0])].get("probe_how") for n in S if str(threads[0]) in S[n]), "")
@@ -299,7 +299,8 @@ def write_md(R, md_path, png_path=None):
             rows.append(row)
             cells += [d.get(e, {}).get(k) for e in ENGINES for k in KEYS]
     L += ["## Speed (tokens/s, median over rounds; llama.cpp" + (", ik_llama.cpp" if ik else "") + " = the better "
-          "of flash attention off / on; ratio = cpufuse / peer)", ""] + md_table(["file", "threads"] + head, rows)
+          "of flash attention off / on; ratio = cpufuse / peer)", ""]
+    L += table(["file", "threads"] + head, rows)
     L += [""] + spread_line(cells)
     bad = [f"{n} × {t} {e}" for n in S for t in S[n] for e in ENGINES
            if isinstance(S[n][t].get(e), dict) and S[n][t][e].get("logits_finite") is False]

@@ -62,8 +62,8 @@ def tensor_type(shape, qtype, role, pure=False):
 
 
 def tensors(shape, qtype, pure=False):
-    """[(name, kind, n_out, n_in, type)] in file order: tiny.py's tensor_plan at the real dims, after llama3's
-    rope_freqs; kind 'w' (a 2-D weight; K-quants replaced on rows not a multiple of 256) or 'f32' (n_out = 1)"""
+    """[(name, kind, n_out, n_in, type)] in file order: tiny.py's tensor_plan at the real dims, after
+    llama3's rope_freqs; kind 'w' (a 2-D weight; K-quants replaced on rows not a multiple of 256) or 'f32'"""
     s, d = SHAPES[shape], dims(shape)
     out = [] if "arch" in s else [("rope_freqs.weight", "f32", 1, d["head_dim"] // 2, "F32")]
     for name, kind, n_out, n_in in tensor_plan(s.get("arch", "llama"), d, s["n_vocab"], s["tied"]):

