@@ -1,8 +1,7 @@
-"""One source tree against another: `python -m bench.run ARGS` in each tree (built in place), in child
-processes pinned to one core, alternating (the order swapped every round); per row and column the
-median over rounds of base, head and head / base (with the range of the per-round ratios).
+"""One source tree against another: `python -m bench.run ARGS` in each tree, pinned to one core,
+alternating; per row and column the median over rounds of base, head and head / base.
 
-    python -m bench.ab BASE_TREE HEAD_TREE [--rounds 3] [--core 1] -- --section calls     # the small calls
+    python -m bench.ab BASE_TREE HEAD_TREE [--rounds 3] [--core 1] -- --section calls
 """
 import argparse
 import json
@@ -12,14 +11,16 @@ import subprocess
 import sys
 import tempfile
 
+from .timing import bench_env
+
 
 def child(tree, core, args):
     """{(section, case, column): median ns} of one `bench.run` in `tree`"""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
-        env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
-        p = subprocess.run(["taskset", "-c", str(core), sys.executable, "-m", "bench.run", "--threads", "1", "--json",
-                            out, *args], cwd=os.path.abspath(tree), env=dict(env, PYTHONPATH=os.path.abspath(tree)),
+        tree = os.path.abspath(tree)
+        cmd = ["taskset", "-c", str(core), sys.executable, "-m", "bench.run", "--threads", "1", "--json", out]
+        p = subprocess.run(cmd + list(args), cwd=tree, env=dict(bench_env(), PYTHONPATH=tree),
                            capture_output=True, text=True)
         if p.returncode not in (0, 1) or not os.path.exists(out):
             raise SystemExit(f"bench.run failed in {tree}:\n{p.stderr[-2000:]}")

@@ -1,7 +1,5 @@
-"""The kernel tables' chart: per case, the 1-thread time of every way of computing it, on a log axis.
-
-    python -m bench.plot bench/results/latest.json -o bench/results/latest.png
-"""
+"""The kernel tables' chart: per case, the 1-thread time of every way of computing it, on a log
+axis: `python -m bench.plot bench/results/latest.json -o bench/results/latest.png`."""
 import argparse
 import json
 import math
@@ -45,16 +43,24 @@ def panels(report):
     return out
 
 
-def write(report, path, dpi=110):
-    """draw the chart of a bench.run report into `path`: one row per case, a grey line from its
-    fastest to its slowest column, a marker per column; None when written, else the reason"""
+def plot_setup():
+    """matplotlib's pyplot (Agg), or the reason it is unavailable (every bench's charts)"""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import EngFormatter, NullFormatter
+        return plt, None
     except Exception as e:
-        return f"matplotlib is not available ({type(e).__name__}: {e}); pip install matplotlib"
+        return None, f"matplotlib is not available ({type(e).__name__}: {e}); pip install matplotlib"
+
+
+def write(report, path, dpi=110):
+    """draw the chart of a bench.run report into `path`: one row per case, a grey line from its
+    fastest to its slowest column, a marker per column; None when written, else the reason"""
+    plt, why = plot_setup()
+    if why:
+        return why
+    from matplotlib.ticker import EngFormatter, NullFormatter
     ps = panels(report)
     if not ps:
         return "no timed case in the report"

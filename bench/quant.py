@@ -11,6 +11,7 @@ import numpy as np
 import cpufuse
 from cpufuse import reference as ref
 from cpufuse.quant.matmul import DEFAULT_ACT
+from cpufuse.reference.quant import random_blocks
 
 from . import threads
 from .cases import ROPE_DIM, ROPE_HEADS, Section, Unavailable, Variant
@@ -22,35 +23,16 @@ READ_BYTES = 256 << 20   # the DRAM read probe's array
 NA = "not a column of this row kind"
 LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 ROPE_CTX = 1024
-# the K-quants' and IQ4's f16 scales: (offset from the block's start, or negative: from its end), ...
-SCALES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (-2,), "Q2_K": (-4, -2), "Q3_K": (-2,), "IQ4_NL": (0,),
-          "IQ4_XS": (0,)}
-
-
-def _gguf():
-    import gguf
-    return gguf
 
 
 def make_raw(qtype, n_out, n_in, rng):
     """GGUF bytes (n_out, row bytes) of a random (n_out, n_in) weight: quantized N(0, 0.02²) for the
-    legacy types, random blocks with f16 scales in [1e-4, 1e-3] for the others"""
-    gg = _gguf()
-    T = gg.GGMLQuantizationType[qtype]
-    if qtype in LEGACY:
-        return np.ascontiguousarray(gg.quants.quantize(rng.standard_normal((n_out, n_in), dtype=np.float32) * 0.02, T))
-    block, tsize = gg.GGML_QUANT_SIZES[T]
-    nb = n_out * n_in // block
-    b = rng.integers(0, 256, (nb, tsize), dtype=np.uint8)
-    for off in SCALES[qtype]:
-        off %= tsize
-        b[:, off:off + 2] = rng.uniform(1e-4, 1e-3, nb).astype("<f2").view(np.uint8).reshape(nb, 2)
-    return b.reshape(n_out, -1)
-
-
-def dequantize(raw, qtype, n_in):
-    gg = _gguf()
-    return np.ascontiguousarray(gg.quants.dequantize(raw, gg.GGMLQuantizationType[qtype]).reshape(-1, n_in), np.float32)
+    legacy types, cpufuse.reference.quant.random_blocks with f16 scales of ±[1e-4, 1e-3] for the others"""
+    if qtype not in LEGACY:
+        return random_blocks(qtype, n_out, n_in, rng, d_range=(1e-4, 1e-3)).raw
+    import gguf
+    w = rng.standard_normal((n_out, n_in), dtype=np.float32) * 0.02
+    return np.ascontiguousarray(gguf.quants.quantize(w, gguf.GGMLQuantizationType[qtype]))
 
 
 class Weight:
@@ -60,8 +42,8 @@ class Weight:
         rng = np.random.default_rng(zlib.crc32(f"{qtype}{n_out}{n_in}{tag}".encode()))
         self.qtype, self.n_out, self.n_in = qtype, n_out, n_in
         self.raw = make_raw(qtype, n_out, n_in, rng)
-        self.wf = dequantize(self.raw, qtype, n_in)
         self.qt = cpufuse.QTensor(self.raw, qtype, (n_out, n_in))
+        self.wf = self.qt.dequantize()
         self.qp, self.nbytes = self.qt.repack(), self.raw.nbytes
 
 

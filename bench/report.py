@@ -1,6 +1,10 @@
 """The kernel tables' one reporter: the markdown of a bench.run report (the headline, the machine and
 probe header, then per section its time tables and its derived table) and the chart (bench/plot.py).
-A section says what it adds through its `intro`, `unit`, `tables(entries)` and `derived_cols`."""
+A section says what it adds through its `intro`, `unit`, `tables(entries)` and `derived_cols`; table
+and save serve every bench's reports."""
+import json
+import os
+
 import numpy as np
 
 HEADLINE_PEERS = ("numpy", "ggml", "torch")
@@ -19,18 +23,31 @@ FORMATS = {"x": lambda v: f"{v:.2f}×", "pct": lambda v: f"{v:.0f}%", "g": lambd
            "us": fmt_us, "s": str}
 
 
+def table(head, rows, align="---", first=None):
+    """markdown lines of a table: every column aligned `align`, the first `first` if given"""
+    return (["| " + " | ".join(head) + " |", "|" + f"{first or align}|" + f"{align}|" * (len(head) - 1)]
+            + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
+
+
+def save(path, data):
+    """write text, or anything else as indented JSON, to path (its folder made first)"""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(data if isinstance(data, str) else json.dumps(data, indent=1, default=str))
+
+
 def time_table(entries, cols, unit="µs"):
     """median time per call of each column (µs or ms), the row's fastest in bold"""
     fmt = fmt_ms if unit == "ms" else fmt_us
-    lines = ["| case | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    rows = []
     for c in entries:
         t = {k: r.get("median_us") for k, r in c["results"].items() if r.get("status") == "ok" and r["kind"] != "baseline"}
         best = min((v for v in t.values() if v), default=None)
         cells = [("**{}**" if r.get("median_us") == best else "{}").format(fmt(r.get("median_us")))
                  if r.get("status") == "ok" else "" if r.get("quiet") else STATUS.get(r.get("status"), "–")
                  for r in (c["results"].get(k, {}) for k in cols)]
-        lines.append(f"| {c['case']['name']} | " + " | ".join(cells) + " |")
-    return lines
+        rows.append([c["case"]["name"]] + cells)
+    return table(["case"] + cols, rows, "---:", first="---")
 
 
 def derived_table(entries, spec):
@@ -42,10 +59,8 @@ def derived_table(entries, spec):
     keep = [i for i in range(len(spec)) if any(r[i] is not None for r in rows)]
     if not keep:
         return []
-    lines = ["| case | " + " | ".join(spec[i][0] for i in keep) + " |", "|---|" + "---:|" * len(keep)]
-    for e, r in zip(entries, rows):
-        lines.append(f"| {e['case']['name']} | " + " | ".join(r[i] or "–" for i in keep) + " |")
-    return lines
+    cells = [[e["case"]["name"]] + [r[i] or "–" for i in keep] for e, r in zip(entries, rows)]
+    return table(["case"] + [spec[i][0] for i in keep], cells, "---:", first="---")
 
 
 def notes(entries, extra=()):

@@ -1,9 +1,4 @@
 """cpufuse benchmark: the kernel tables (cases x variants, medians, 1-thread and all-core columns).
-
-    python -m bench.run [--quick] [--peers] [--threads auto|1|both] [--no-big] [--section NAME]
-                        [--json PATH] [--md PATH] [--plot PATH] [--only SUBSTR]
-    python -m bench.run --scaling [--max-threads N] [--tag TAG]      # the scaling rows at 1..16 threads
-
 Run it unpinned (the 1-thread columns pin themselves); progress goes to stderr. See bench/README.md.
 """
 import argparse
@@ -11,7 +6,6 @@ import datetime
 import functools
 import importlib.metadata
 import itertools
-import json
 import os
 import platform
 import subprocess
@@ -378,11 +372,9 @@ def main(argv=None):
     report["runtime_s"] = time.perf_counter() - t_start
     md = R.markdown(report, sections)
     print(md)
-    for path, text in ((a.json, lambda: json.dumps(report, indent=1, default=str)), (a.md, lambda: md)):
+    for path, data in ((a.json, report), (a.md, md)):
         if path:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            with open(path, "w") as f:
-                f.write(text())
+            R.save(path, data)
     if a.plot or (a.plot is None and (a.json or a.md)):
         out = a.plot or os.path.splitext(a.md or a.json)[0] + ".png"
         from . import plot

@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 
+from .timing import spread
+
 ALL = 0  # Variant.nth value meaning "every core of the affinity set"
 try:
     ALL_CORES = sorted(os.sched_getaffinity(0))
@@ -224,7 +226,7 @@ def read_fn(a, n_threads=1, isa=None):
 
 def read_bw_stats(n_threads=1, nbytes=1 << 30, passes=7, isa=None):
     """DRAM read bandwidth over a float32 array of nbytes, `passes` timed passes after one untimed:
-    {"gbps" (median pass), "best_gbps", "worst_gbps", "passes", "bytes", "threads", "how"}; the caller
+    timing.spread's GB/s ("gbps": the median pass), "passes", "bytes", "threads", "how"; the caller
     sets the affinity (taskset -c 0 for the 1-thread figure)"""
     a = np.full(nbytes // 4, 1.0, np.float32)    # written: no page is the shared zero page
     fn, how = read_fn(a, n_threads, isa)
@@ -234,6 +236,4 @@ def read_bw_stats(n_threads=1, nbytes=1 << 30, passes=7, isa=None):
         t0 = time.perf_counter_ns()
         fn()
         ts.append(time.perf_counter_ns() - t0)
-    ts.sort()
-    return {"gbps": a.nbytes / statistics.median(ts), "best_gbps": a.nbytes / ts[0], "worst_gbps": a.nbytes / ts[-1],
-            "passes": passes, "bytes": a.nbytes, "threads": n_threads, "how": how}
+    return dict(spread(ts, a.nbytes), passes=passes, bytes=a.nbytes, threads=n_threads, how=how)

@@ -176,6 +176,11 @@ class CopyBandwidth:
         self.src = self.dst = self.steps = self.calls = None
 
 
+def bench_env(*drop):
+    """os.environ without the old OpenBLAS tuning variables (they slow a current numpy) and `drop`"""
+    return {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", *drop)}
+
+
 def load_avg():
     try:
         return os.getloadavg()

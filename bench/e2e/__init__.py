@@ -1,6 +1,7 @@
 """The model, peer and serving benches (bench/README.md): `python -m bench.e2e` (model.py), big.py and
 bigmodels.py (real shapes), serve.py (the servers under load), profile.py; peer.py runs in llama-cpp-python's
-venv. Below: what they share (one process per engine, medians over rounds, tables)."""
+venv. Below: what they share (one process per engine, medians over rounds, the report's header and
+footer; the tables: bench/report.py's table)."""
 import importlib
 import json
 import os
@@ -11,6 +12,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from ..timing import bench_env, cpu_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -46,19 +49,27 @@ def ratio(a, b, nd=2):
     return f"{a / b:.{nd}f}×" if a and b and a == a and b == b else "–"
 
 
-def table(head, rows, align="---"):
-    """markdown lines of a table"""
-    return (["| " + " | ".join(head) + " |", "|" + f"{align}|" * len(head)]
-            + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
-
-
 def machine():
     """the machine's facts for a report's header"""
     import cpufuse
-    with open("/proc/cpuinfo") as f:
-        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), platform.processor())
-    return {"cpu": cpu, "ncpu_affinity": NCPU, "platform": platform.platform(), "python": platform.python_version(),
-            "cpufuse": cpufuse.__version__, "cpufuse_isa": cpufuse.available_isas()[0]}
+    return {"cpu": cpu_name(), "ncpu_affinity": NCPU, "platform": platform.platform(),
+            "python": platform.python_version(), "cpufuse": cpufuse.__version__,
+            "cpufuse_isa": cpufuse.available_isas()[0]}
+
+
+def model_path(name=None):
+    """The GGUF of a --model(s) argument: SmolLM2 (None or smollm2; its package installed), 1b (bigmodels.py's
+    1B Q4_0 file, written on first use), a model name of `python -m cpufuse models` or a path"""
+    from cpufuse.llama.cli import INSTALL_HINT, find_smollm2
+    from cpufuse.llama.hub import resolve
+    if name == "1b":
+        from . import bigmodels
+        return bigmodels.ensure("1b", "q4_0", log=lambda m: print(m, flush=True))
+    try:
+        path = find_smollm2() if name in (None, "smollm2") else resolve(name)
+    except (ValueError, OSError) as e:
+        sys.exit(f"bench.e2e: model {name!r}: {e}")
+    return path or sys.exit(f"bench.e2e: SmolLM2 is not installed: {INSTALL_HINT} (or give a model)")
 
 
 def peer_status(peer, module="llama_cpp"):
@@ -76,8 +87,7 @@ def run_job(job, python=sys.executable, script=("-m", "bench.e2e", "--worker"), 
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(job, f)
     cmd = ([shutil.which("taskset") or "taskset", "-c", "0"] if pin else []) + [python, *script, f.name]
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
-                                                            "CPUFUSE_DISABLE_FUSION")}
+    env = bench_env("CPUFUSE_DISABLE_FUSION")
     env.update({v: str(threads) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")})
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
@@ -151,14 +161,3 @@ def footer(R):
     info = (R.get("peer") or {}).get("system_info")
     return ([f"llama.cpp system info: `{info.strip()}`", ""] if info else []) + (
         ["Failures: " + "; ".join(f"{k}: {v[-200:]}" for k, v in R["errors"].items()), ""] if R.get("errors") else [])
-
-
-def plot_setup():
-    """matplotlib's pyplot (Agg), or the reason it is unavailable"""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        return plt, None
-    except ImportError as e:
-        return None, f"matplotlib unavailable ({e})"

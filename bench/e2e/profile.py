@@ -1,10 +1,5 @@
-"""Where a token's time goes: cpufuse.llama on a GGUF, per thread count, each in its own process.
-
-    python -m bench.e2e.profile MODEL.gguf [--threads 1,2,16] [--steps 32] [--prompt 512] [--md PATH]
-    python -m bench.e2e.profile --shape 1b --type q4_0 --threads 1     # the synthetic file (bigmodels.py)
-
-What is counted (wall, serial, task and idle+sync time from cf_pool_profile): bench/README.md.
-"""
+"""Where a token's time goes: cpufuse.llama on a GGUF (or a bigmodels.py file), per thread
+count, each in its own process; what is counted (cf_pool_profile): bench/README.md."""
 import argparse
 import os
 import sys
@@ -12,6 +7,7 @@ import time
 
 import numpy as np
 
+from ..report import save, table
 from . import fmt, parse_threads, run_job
 from . import bigmodels
 from .big import worker as probes
@@ -57,30 +53,34 @@ def worker(job):
 def markdown(model, P, n_prompt, steps):
     L = [f"# Where a token's time goes: `{model}` (`python -m bench.e2e.profile`)", "",
          f"A prompt of {n_prompt} tokens, then {steps} decode steps; fused = Model.eval as it runs, unfused = "
-         "`Model.load(fusion=False)`. Counted by cf_pool_profile (native/src/pool.c).", "",
-         "| threads | token µs | regions / token | serial µs | in-region idle + sync µs | task µs / thread | "
-         "idle+sync % | decode GB/s (% DRAM read) | prompt GMAC/s (% int8 peak) |", "|" + "---:|" * 9]
+         "`Model.load(fusion=False)`. Counted by cf_pool_profile (native/src/pool.c).", ""]
+    rows = []
     for r in P:
         t, d, p = r["threads"], r["fused"]["decode"], r["fused"]["prompt"]
         W, R, B = (d[k] / steps / 1e3 for k in ("wall", "region", "busy"))
         serial, idle = (W - R, R - B / t) if t > 1 else (0.0, 0.0)
-        gbs, gm, rd, pk = r["weight_bytes"] / (W * 1e3), r["macs"] * n_prompt / p["wall"], r["read_gbps"], r["int8_gmacs"]
-        L.append(f"| {t} | {W:.0f} | {d['regions'] / steps:.0f} | {serial:.0f} | {idle:.0f} | {B / t:.0f} | "
-                 f"{100 * (serial * (t - 1) / t + idle) / W:.1f} | {gbs:.1f} ({fmt(rd and 100 * gbs / rd, 0)} %) | "
-                 f"{gm:.1f} ({fmt(pk and 100 * gm / pk, 0)} %) |")
+        gbs, gm = r["weight_bytes"] / (W * 1e3), r["macs"] * n_prompt / p["wall"]
+        rd, pk = r["read_gbps"], r["int8_gmacs"]
+        rows.append([t, f"{W:.0f}", f"{d['regions'] / steps:.0f}", f"{serial:.0f}", f"{idle:.0f}",
+                     f"{B / t:.0f}", f"{100 * (serial * (t - 1) / t + idle) / W:.1f}",
+                     f"{gbs:.1f} ({fmt(rd and 100 * gbs / rd, 0)} %)",
+                     f"{gm:.1f} ({fmt(pk and 100 * gm / pk, 0)} %)"])
+    L += table(["threads", "token µs", "regions / token", "serial µs", "in-region idle + sync µs",
+                "task µs / thread", "idle+sync %", "decode GB/s (% DRAM read)",
+                "prompt GMAC/s (% int8 peak)"], rows, "---:")
+    scale = (steps * 1e3, steps * 1e3, 1e6, 1e6)   # µs per decode token, ms per prompt
     for r in P:
         f, u = r["fused"], r["unfused"]
         kinds = sorted({k for x in (f, u) for w in ("decode", "prompt") for k in x[w]["ops"]},
                        key=lambda k: -u["decode"]["ops"].get(k, 0))
         L += ["", f"Wall time per plan record kind at {r['threads']} thread(s) (the C plan executor; the rest of "
               f"the total is Python and the embedding); probes: DRAM read {r['read_gbps'] or float('nan'):.1f} GB/s, "
-              f"int8 peak {r['int8_gmacs'] or float('nan'):.0f} GMAC/s ({r['isa']}):", "",
-              "| record | decode µs / token, fused | unfused | prompt ms, fused | unfused |", "|---|---:|---:|---:|---:|"]
-        for k in kinds + ["TOTAL (wall)"]:
-            cell = [x[w]["wall"] if k == "TOTAL (wall)" else x[w]["ops"].get(k) for w in ("decode", "prompt")
-                    for x in (f, u)]
-            L.append(f"| {k} | " + " | ".join(f"{v / s:.1f}" if v else "–" for v, s in
-                                               zip(cell, (steps * 1e3, steps * 1e3, 1e6, 1e6))) + " |")
+              f"int8 peak {r['int8_gmacs'] or float('nan'):.0f} GMAC/s ({r['isa']}):", ""]
+        cells = {k: [x[w]["wall"] if k == "TOTAL (wall)" else x[w]["ops"].get(k) for w in ("decode", "prompt")
+                     for x in (f, u)] for k in kinds + ["TOTAL (wall)"]}
+        L += table(["record", "decode µs / token, fused", "unfused", "prompt ms, fused", "unfused"],
+                   [[k] + [f"{v / s:.1f}" if v else "–" for v, s in zip(c, scale)] for k, c in cells.items()],
+                   "---:", first="---")
     return "\n".join(L) + "\n"
 
 
@@ -107,8 +107,7 @@ def main(argv=None):
     md = markdown(os.path.basename(path), P, a.prompt, a.steps)
     print(md)
     if a.md:
-        with open(a.md, "w") as f:
-            f.write(md)
+        save(a.md, md)
 
 
 if __name__ == "__main__":

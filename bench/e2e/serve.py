@@ -1,17 +1,6 @@
-"""Serving benchmark: cpufuse's OpenAI-compatible server against llama-cpp-python's, same run; and the load
-generator (N concurrent streaming clients) for any OpenAI-compatible server.
-
-    python -m bench.e2e.serve [--models smollm2,1b] [--clients 1,4,8,16] [--max-tokens 128] [--requests 2]
-                              [--rounds 1] [--parallel 16] [--n-ctx 512] [--threads N] [--chunk 128]
-                              [--batch-tokens 128] [--peer-python PATH] [--step-rounds 5] [--step-iters 30]
-                              [--constrained-clients 8] [--out bench/results/serve]
-    python -m bench.e2e.serve --constrained-ab --models smollm2 --clients 8 --threads 1 --rounds 6 [--serial-masks]
-        (constrained / plain greedy decoding in one BatchEngine, alternating; no servers)
-    python -m bench.e2e.serve --url http://127.0.0.1:8080 [--clients 1,8] [--requests 2] [--max-tokens 128]
-                              [--endpoint chat|completions] [--extra-body JSON] [--json P]    # a running server
-
-Details: bench/README.md, "bench.e2e.serve" and "The load".
-"""
+"""Serving benchmark: cpufuse's OpenAI-compatible server against llama-cpp-python's, same run;
+--constrained-ab: constrained / plain decoding in one BatchEngine; --url: the load generator (N concurrent
+streaming clients) on any running OpenAI-compatible server. Details: bench/README.md, "bench.e2e.serve"."""
 import argparse
 import asyncio
 import contextlib
@@ -26,7 +15,9 @@ import time
 import urllib.error
 import urllib.request
 
-from . import NCPU, ROOT, fmt, machine, median, peer_status, plot_setup, ratio, run_job, table
+from ..plot import plot_setup
+from ..report import save, table
+from . import NCPU, ROOT, fmt, machine, median, model_path, peer_status, ratio, run_job
 
 ENGINES = ("cpufuse", "llama-cpp-python")
 # the constrained row: cpufuse at --constrained-clients clients, every request under this JSON schema
@@ -131,18 +122,6 @@ async def drive(url, endpoint, clients, rounds, max_tokens, extra=None, model=No
 
 # ================================================================================================
 # the servers
-
-def model_path(name):
-    """smollm2, 1b (the synthetic 1B Q4_0 file) or a GGUF path"""
-    if name == "smollm2":
-        from cpufuse.llama.cli import INSTALL_HINT, find_smollm2
-        return find_smollm2() or sys.exit(f"bench.e2e.serve: SmolLM2 not installed: {INSTALL_HINT}")
-    if name == "1b":
-        from . import bigmodels
-        return bigmodels.ensure("1b", "q4_0", log=lambda m: print(m, flush=True))
-    return name if os.path.exists(name) else sys.exit(f"bench.e2e.serve: --models: {name!r} is not smollm2, 1b "
-                                                      "or a GGUF path")
-
 
 def server_status(peer):
     """(None when `peer -m llama_cpp.server` can run, else why not; llama_cpp's version)"""
@@ -317,8 +296,7 @@ def write_md(res, path):
                 for name, r, lim, ok, note in res["checks"]] or [["(SmolLM2 not in this run)", "", "", ""]])
     L += ["", f"![tok/s and TTFT against clients]({os.path.basename(path)[:-3]}.png)" if res.get("chart") == "ok"
           else f"Chart: {res.get('chart')}", ""]
-    with open(path, "w") as f:
-        f.write("\n".join(L))
+    save(path, "\n".join(L))
 
 
 def write_chart(res, path):
@@ -394,7 +372,8 @@ def int_list(s):
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.e2e.serve", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="smollm2,1b", help="smollm2, 1b and/or GGUF paths, comma-separated")
+    ap.add_argument("--models", default="smollm2,1b", help="smollm2, 1b, models of "
+                    "`python -m cpufuse models` and/or GGUF paths, comma-separated")
     for flag, default, what in (
             ("--max-tokens", 128, "tokens per request"), ("--requests", 2, "requests per client, back to back"),
             ("--rounds", 1, "rounds of both engines per model"), ("--parallel", 16, "cpufuse --parallel"),
@@ -494,9 +473,8 @@ def load_table(args):
                            + [fmt(r[k] * 1e3) for k in METRICS[1:5]] + [fmt(r["req_decode_tok_s"]),
                                                                           ", ".join(r["counted"])] for r in rows], "---:")))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(url=args.url, model=model, endpoint=args.endpoint, max_tokens=args.max_tokens,
-                           requests=args.requests, levels=rows), f, indent=1)
+        save(args.json, dict(url=args.url, model=model, endpoint=args.endpoint, max_tokens=args.max_tokens,
+                             requests=args.requests, levels=rows))
 
 
 def main(argv=None):
@@ -516,8 +494,7 @@ def main(argv=None):
                   model_path(name), engines, mi, args)
     res.update(load_end=os.getloadavg()[0], seconds=time.perf_counter() - t_start, checks=checks(res, "smollm2"))
     res["chart"] = write_chart(res, args.out + ".png")
-    with open(args.out + ".json", "w") as f:
-        json.dump(res, f, indent=1, default=str)
+    save(args.out + ".json", res)
     write_md(res, args.out + ".md")
     print(f"bench.e2e.serve: wrote {args.out}.md, .json{', .png' if res['chart'] == 'ok' else ''}", flush=True)
 

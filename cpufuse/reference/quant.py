@@ -475,9 +475,9 @@ def _f16_bytes(v):
     return np.asarray(v, np.float32).astype("<f2").view(np.uint8).reshape(np.shape(v) + (2,))
 
 
-def random_blocks(qtype, n_out, n_in, rng):
+def random_blocks(qtype, n_out, n_in, rng, d_range=(1e-3, 1e-2)):
     """A QTensor of random valid bytes: uniform random codes and scale bytes, f16 scales
-    d = ±[1e-3, 1e-2] (dmin in [1e-3, 1e-2], Q4_1/Q5_1 m in ±[0, 0.1]). Edge cases when there are
+    d = ±d_range (dmin in d_range, Q4_1/Q5_1 m in ±[0, 0.1]). Edge cases when there are
     enough blocks: flat block 0 holds extreme codes (Q4_K/Q5_K: sc = m = 63 and q = 15 / 31;
     Q6_K: scales -128/127 with q = -32/31; legacy: the largest codes, Q8_0 ±127), flat block 1
     has d = 0 (and dmin = m = 0). Q8_0 codes stay in [-127, 127] as ggml's quantizer produces.
@@ -490,8 +490,8 @@ def random_blocks(qtype, n_out, n_in, rng):
         return quantize_weight(rng.standard_normal((n_out, n_in)).astype(np.float32), t)
     nbk = n_out * n_in // t.block_size
     b = rng.integers(0, 256, (nbk, t.type_size), dtype=np.uint8)
-    d = rng.uniform(1e-3, 1e-2, nbk) * rng.choice([-1.0, 1.0], nbk)
-    dmin = rng.uniform(1e-3, 1e-2, nbk)
+    d = rng.uniform(*d_range, nbk) * rng.choice([-1.0, 1.0], nbk)
+    dmin = rng.uniform(*d_range, nbk)
     if nbk > 1:
         d[1] = dmin[1] = 0.0
     n = t.name
