@@ -234,7 +234,7 @@ def summarize(files, raw, threads, engines, keys=KEYS):
                         d.setdefault(best, {})[key] = dict(zip(("median", "which"), max(cands)))
             for e in ("cpufuse", *BEST) if w else ():
                 de = d.get(e, {})
-                tg, pp = (de.get(k, {}).get("median") for k in (f"tg{TG}", f"pp{PP}"))
+                tg, pp = (de.get(k, {}).get("median") for k in (f"tg{TG}", prompt_key(keys)))
                 if tg:
                     de["decode_gbps"] = w["weight_bytes_per_token"] * tg / 1e9
                     de["decode_pct_read"] = d.get("read_gbps") and 100 * de["decode_gbps"] / d["read_gbps"]
@@ -244,12 +244,18 @@ def summarize(files, raw, threads, engines, keys=KEYS):
     return S
 
 
+def prompt_key(keys):
+    """the longest prompt of the run (its GMAC/s column and chart)"""
+    return max((k for k in keys if k.startswith("pp")), key=lambda k: int(k[2:]))
+
+
 def short(path):
     return os.path.basename(path).replace("llama-", "").replace("-shapes", "").replace(".gguf", "")
 
 
 def write_md(R, md_path, png_path=None):
-    S, threads, peer = R["summary"], R["threads"], R.get("peer") or {}
+    S, threads, peer, keys = R["summary"], R["threads"], R.get("peer") or {}, R.get("keys", KEYS)
+    pps = [k for k in keys if k.startswith("pp")]
     lb = R["peer_kind"] == "llama-bench"
     ik = any("ik-best" in d for n in S for d in S[n].values())
     L = ["# cpufuse.llama vs llama.cpp on real model shapes (Llama 3, Gemma 3, Phi-4-mini) (`python -m bench.e2e.big`)",
@@ -278,7 +284,7 @@ def write_md(R, md_path, png_path=None):
     L += ["", f"DRAM read: a sum over {R.get('read_mib', 1024)} MiB ({how}); int8 and FMA peaks: `cf_int8_peak`, "
           "`cf_fma_peak` on every thread at once (bench/README.md, \"Probes\").", ""]
     bests = ["llamacpp-best"] + ["ik-best"] * ik
-    head = [h for k in KEYS for h in [f"{k} cpufuse", f"{k} llama.cpp", f"**{k[:2]} ratio**"]
+    head = [h for k in keys for h in [f"{k} cpufuse", f"{k} llama.cpp", f"**{k[:2]} ratio**"]
             + ([f"{k} ik_llama.cpp", f"**{k[:2]} ratio ik**"] if ik else [])]
     head += ["decode GB/s cpufuse / llama.cpp", "% DRAM read", "prompt GMAC/s cpufuse / llama.cpp", "% int8 peak"]
     rows, cells = [], []
@@ -287,7 +293,7 @@ def write_md(R, md_path, png_path=None):
             d = S[os.path.basename(f["path"])].get(str(t), {})
             c, bb = d.get("cpufuse", {}), d.get("llamacpp-best", {})
             row = [short(f["path"]), t]
-            for key in KEYS:
+            for key in keys:
                 a = c.get(key, {}).get("median")
                 row.append(fmt(a, 2))
                 for best in bests:
@@ -297,7 +303,7 @@ def write_md(R, md_path, png_path=None):
             row += [f"{fmt(c.get(k), nd)} / {fmt(bb.get(k), nd)}" + (" %" if nd == 0 else "") for k, nd in
                     (("decode_gbps", 1), ("decode_pct_read", 0), ("prompt_gmacs", 1), ("prompt_pct_int8", 0))]
             rows.append(row)
-            cells += [d.get(e, {}).get(k) for e in ENGINES for k in KEYS]
+            cells += [d.get(e, {}).get(k) for e in ENGINES for k in keys]
     L += ["## Speed (tokens/s, median over rounds; llama.cpp" + (", ik_llama.cpp" if ik else "") + " = the better "
           "of flash attention off / on; ratio = cpufuse / peer)", ""]
     L += table(["file", "threads"] + head, rows)
@@ -308,10 +314,11 @@ def write_md(R, md_path, png_path=None):
           ("Logits: every logits row read by the engines (the last of each pp eval and tg step) was finite"
            + (" (llama-bench reads none)." if lb else "."))]
     L += ["", "## Settings (bench/README.md, \"bench.e2e.big\")", "",
-          f"- pp512 after an untimed warm-up eval of {R['pp_warm']} tokens (llama-bench: a full pp512), "
-          f"{R['reps'][KEYS[0]]} timed eval(s) per process; tg128 after 16 untimed steps, {R['reps'][KEYS[1]]} timed "
+          f"- {', '.join(pps)} after an untimed warm-up eval of {R['pp_warm']} tokens (llama-bench: a full pp512), "
+          f"{R['reps'][pps[0]]} timed eval(s) per process; tg128 after 16 untimed steps, {R['reps'][f'tg{TG}']} timed "
           f"run(s) per process. cpufuse: `Model.load(path, n_ctx={R['n_ctx']}, n_threads=k)`.",
-          f"- llama.cpp: `{R.get('llama_bench')} -m FILE -p 512 -n 128 -t k -fa 0|1 -r R -o json`" if lb else
+          f"- llama.cpp: `{R.get('llama_bench')} -m FILE -p {','.join(k[2:] for k in pps)} -n 128 -t k -fa 0|1 -r R "
+          "-o json`" if lb else
           "- llama.cpp: llama-cpp-python (bench/e2e/peer.py), `Llama(n_ctx=1024, n_batch=512, n_threads=k, "
           "n_threads_batch=k, flash_attn=…)`."]
     if ik:
@@ -328,15 +335,15 @@ COLOURS = ["#6d4c41", "#00838f", "#ad1457", "#827717", "#4527a0", "#ef6c00", "#5
 
 
 def plot(R, path):
-    """tok/s against threads, pp512 and tg128 panels, a colour per file, solid cpufuse, dashed llama.cpp,
+    """tok/s against threads, the longest prompt's and tg128 panels, a colour per file, solid cpufuse, dashed llama.cpp,
     dotted ik_llama.cpp (the better of FA off / on); None when written, else the reason"""
     plt, why = plot_setup()
     if why:
         return why
     from matplotlib.ticker import FuncFormatter
-    S, threads = R["summary"], R["threads"]
+    S, threads, pk = R["summary"], R["threads"], prompt_key(R.get("keys", KEYS))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
-    for ax, key, title in ((axes[0], KEYS[0], "prompt, pp512"), (axes[1], KEYS[1], "decode, tg128")):
+    for ax, key, title in ((axes[0], pk, f"prompt, {pk}"), (axes[1], f"tg{TG}", f"decode, tg{TG}")):
         for i, f in enumerate(R["files"]):
             name = os.path.basename(f["path"])
             for e, ls, mk in (("cpufuse", "-", "o"), ("llamacpp-best", "--", "s"), ("ik-best", ":", "^")):
@@ -377,7 +384,8 @@ def main(argv=None):
     ap.add_argument("--models", default="1b", help="comma list of " + ",".join(bigmodels.SHAPES) + " (default 1b)")
     ap.add_argument("--types", default="all", help="comma list of " + ",".join(bigmodels.TYPES) + ", or all (default)")
     run_args(ap, ENGINES, 1800)
-    ap.add_argument("--reps-pp", type=int, default=1, help="timed pp512 evals per process (default 1)")
+    ap.add_argument("--pp", default=str(PP), help=f"comma list of prompt lengths (default {PP}; e.g. 128,512)")
+    ap.add_argument("--reps-pp", type=int, default=1, help="timed evals per prompt length and process (default 1)")
     ap.add_argument("--reps-tg", type=int, default=1, help="timed tg128 runs per process (default 1)")
     ap.add_argument("--pp-warm", type=int, default=64, help="tokens of the untimed warm-up prompt, which pages in "
                     "every weight (default 64; llama-bench's warm-up is always a full pp512)")
@@ -401,7 +409,14 @@ def main(argv=None):
               "bytes": os.path.getsize(path), "work": bigmodels.work(shape, qt)}
              for shape in bigmodels.parse_list(args.models, list(bigmodels.SHAPES), "models")
              for qt in bigmodels.parse_list(args.types, list(bigmodels.TYPES), "types")]
-    run(args, files, ENGINES, KEYS, {KEYS[0]: args.reps_pp, KEYS[1]: args.reps_tg},
+    try:
+        pps = sorted({int(p) for p in args.pp.split(",")})
+    except ValueError:
+        raise SystemExit(f"--pp must be a comma list of prompt lengths, got {args.pp!r}")
+    if not pps or min(pps) < 1 or max(pps) + TG + 8 > N_CTX:
+        raise SystemExit(f"--pp: prompt lengths must be 1..{N_CTX - TG - 8}, got {args.pp!r}")
+    keys = tuple(f"pp{p}" for p in pps) + (f"tg{TG}",)
+    run(args, files, ENGINES, keys, {**{k: args.reps_pp for k in keys[:-1]}, keys[-1]: args.reps_tg},
         lambda out, final: write_md(out, args.md, args.png if final else None))
 
 
