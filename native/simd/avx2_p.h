@@ -210,9 +210,10 @@ static inline p16i pi_dpw(p16i acc, p16i w, int32_t a2) {
   p16i r = {_mm256_add_epi32(acc.lo, _mm256_madd_epi16(w.lo, av)), _mm256_add_epi32(acc.hi, _mm256_madd_epi16(w.hi, av))};
   return r;
 }
+/* 16 + 16 unsigned bytes -> 16-bit pairs (lo[n], hi[n]): the bytes interleaved, then widened */
 static inline p16i pi_pair_u8(const uint8_t *lo, const uint8_t *hi) {
-  const p16i l = pi_u8(lo), h = pi_u8(hi);
-  p16i r = {_mm256_or_si256(l.lo, _mm256_slli_epi32(h.lo, 16)), _mm256_or_si256(l.hi, _mm256_slli_epi32(h.hi, 16))};
+  const __m128i l = _mm_loadu_si128((const __m128i *)lo), h = _mm_loadu_si128((const __m128i *)hi);
+  p16i r = {_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(l, h)), _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(l, h))};
   return r;
 }
 
