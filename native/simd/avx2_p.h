@@ -164,14 +164,56 @@ static inline p16i pi_dot_sc(p16i acc, const p16c *w, int nc, const uint8_t *a, 
   p16i r = {p16_dotsch(acc.lo, w, 0, nc, a, bits, s.lo, off), p16_dotsch(acc.hi, w, 1, nc, a, bits, s.hi, off)};
   return r;
 }
+/* Q3_K one-row hook (qpanel.inc's P16_Q3K_ROW): acc + 256 * sum over g < 4 of (sc_g - 32) * (off[g] +
+ * I_g), the sub-blocks j = 8h + 2g + s of one (h, s): codes u = ((v >> 2g) & 3) | (bit 4h + g of hv) << 2
+ * over the 4 chunks at v + 64c, hv + 64c; the activation codes of g at a + astep * g; the 16 scale
+ * bytes of g at sc + 32g; off[g] added to the low 16-bit half of each lane, as p16_dotsch's off. Each
+ * half's 4 sums are formed chunk by chunk (the codes loaded once for the 4 sub-blocks; nothing
+ * spills), and the scale sits in the high byte of each 16-bit pair, so VPMADDWD multiplies by
+ * 256 (sc - 32) with no 16-bit add of -32. Each 16-bit lane's off + I_g is at most 8 * 4 * 128 in
+ * magnitude, each term at most 2^26 and a super-block's 16 sub-blocks at most 2^30: exact, 256 times
+ * qpanel.inc's S_s, whose float it gives exactly (times 2^-8). */
+#define P16_Q3K_ROW 1
+static inline p16i pi_q3k_row(p16i acc, const uint8_t *v, const uint8_t *hv, int h, const uint8_t *a, int64_t astep,
+                              const uint8_t *sc, const int32_t *off) {
+  const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4), k32 = _mm256_set1_epi8(32);
+  const __m256i sl = _mm256_setr_epi8(-1, 0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3,
+                                      -1, 4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7);
+  const __m256i sh = _mm256_add_epi8(sl, _mm256_set1_epi16(8 << 8)); /* +8 on the index bytes only */
+  for (int hf = 0; hf < 2; hf++) {
+    __m256i p[4];
+    for (int g = 0; g < 4; g++) p[g] = _mm256_set1_epi32(off[g] & 0xffff); /* off once per 32-bit lane */
+    for (int c = 0; c < 4; c++) {
+      const __m256i x = _mm256_loadu_si256((const __m256i *)(v + 64 * c + 32 * hf));
+      const __m256i y = _mm256_loadu_si256((const __m256i *)(hv + 64 * c + 32 * hf));
+#pragma GCC unroll 4
+      for (int g = 0; g < 4; g++) {
+        const __m256i lo = _mm256_and_si256(g ? _mm256_srli_epi16(x, 2 * g) : x, m3);
+        const int b = 4 * h + g;
+        const __m256i hi = _mm256_and_si256(b > 2 ? _mm256_srli_epi16(y, b - 2) : b < 2 ? _mm256_slli_epi16(y, 2 - b) : y, m4);
+        const __m256i av = _mm256_set1_epi32((int)p16_rd32(a + astep * g + 4 * c));
+        p[g] = _mm256_add_epi16(p[g], _mm256_maddubs_epi16(_mm256_or_si256(lo, hi), av));
+      }
+    }
+    __m256i r = hf ? acc.hi : acc.lo;
+    for (int g = 0; g < 4; g++) {
+      const __m256i sv = _mm256_sub_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(sc + 32 * g))), k32);
+      r = _mm256_add_epi32(r, _mm256_madd_epi16(p[g], _mm256_shuffle_epi8(sv, hf ? sh : sl)));
+    }
+    if (hf) acc.hi = r;
+    else acc.lo = r;
+  }
+  return acc;
+}
 static inline p16i pi_dpw(p16i acc, p16i w, int32_t a2) {
   const __m256i av = _mm256_set1_epi32(a2);
   p16i r = {_mm256_add_epi32(acc.lo, _mm256_madd_epi16(w.lo, av)), _mm256_add_epi32(acc.hi, _mm256_madd_epi16(w.hi, av))};
   return r;
 }
+/* 16 + 16 unsigned bytes -> 16-bit pairs (lo[n], hi[n]): the bytes interleaved, then widened */
 static inline p16i pi_pair_u8(const uint8_t *lo, const uint8_t *hi) {
-  const p16i l = pi_u8(lo), h = pi_u8(hi);
-  p16i r = {_mm256_or_si256(l.lo, _mm256_slli_epi32(h.lo, 16)), _mm256_or_si256(l.hi, _mm256_slli_epi32(h.hi, 16))};
+  const __m128i l = _mm_loadu_si128((const __m128i *)lo), h = _mm_loadu_si128((const __m128i *)hi);
+  p16i r = {_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(l, h)), _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(l, h))};
   return r;
 }
 
