@@ -162,3 +162,13 @@ def test_smoke_ab():
     out = threads.run_module("bench.ab", ".", ".", "--rounds", "1", "--", "--section", "calls", "--only", "softmax 1×64",
                              *FAST)
     assert "| softmax 1×64 | call |" in out
+
+
+@SMOKE
+def test_smoke_throttle(tmp_path):
+    from bench import throttle
+    r = throttle.measure(mib=8, reps=1)
+    rows, ghz = throttle.derive(r)
+    assert ghz > 0.1 and {x["mode"] for x in rows} == {"indep", "dep"} and all(x["dram_ns"] > 0 for x in rows)
+    md = throttle.markdown(r)
+    assert "| 32 | dep |" in md and "## E8" in md

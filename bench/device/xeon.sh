@@ -14,6 +14,12 @@
 #   t16      1B Q4_0, Q8_0, the mix and 8B Q4_0 at 16 threads, 2 rounds, after sync.        ~6 min
 #   scale    1B Q4_0 at 2 and 8 threads, 2 rounds.                                          ~3 min
 #   profile  bench/e2e/profile.py on 1B Q4_0 at 16 and 1 thread.                             ~1-2 min
+#   throttle bench.throttle (E1 throttled read probe, E8 clock), one pinned thread.         ~1 min
+#   With .dev/ik_llama.cpp-pruned.tar.gz carried, setup also builds ik_llama.cpp's llama-bench, and
+#   these phases add its column (-rtr 1; pp128 and pp512):
+#   ik16     1B Q8_0, the mix and Q4_K at 16 threads, 2 rounds.                             ~6 min
+#   ik8b     8B Q4_0 written, at 16 threads, 2 rounds.                                      ~5 min
+#   ik1      1B Q8_0, the mix and Q4_K at 1 thread, 1 round, flash attention on for ik.     ~7 min
 # Results: $OUT/ (e2e-big-<phase>.md/.json/.png and logs).
 set -uo pipefail
 PHASE="${1:-}"
@@ -23,6 +29,7 @@ OUT="${OUT:-$ROOT/build/device-out}" T0=$SECONDS LIMIT="${PHASE_LIMIT:-560}" PY=
 mkdir -p "$OUT"
 export CPUFUSE_BENCH_MODELS="${CPUFUSE_BENCH_MODELS:-$HOME/.cache/cpufuse-bench}"
 LB="$CPUFUSE_BENCH_MODELS/llama-bench/build/bin/llama-bench"
+IKSRC="$CPUFUSE_BENCH_MODELS/ik-src" IKTAR=.dev/ik_llama.cpp-pruned.tar.gz
 unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
 export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -50,6 +57,13 @@ setup() {
     say "building llama-bench"
     ( bash bench/llama_bench_build.sh --src-tar .dev/llama.cpp-0.3.36-pruned.tar.gz -j "$NCPU" \
         > "$OUT/build-llama-bench.log" 2>&1; echo "exit $?" >> "$OUT/build-llama-bench.log" ) &
+    pids+=($!)
+  fi
+  if [ -f "$IKTAR" ] && [ ! -x "$CPUFUSE_BENCH_MODELS/ik-llama-bench/bin/llama-bench" ]; then
+    say "building ik_llama.cpp's llama-bench"
+    ( mkdir -p "$IKSRC" && tar -xzf "$IKTAR" -C "$IKSRC" --strip-components=1 &&
+      "$PY" -c "import sys; from bench.e2e.big import build_ik; e, why = build_ik('$IKSRC', None); print(e or why)"
+    ) > "$OUT/build-ik.log" 2>&1 &
     pids+=($!)
   fi
   for p in "${pids[@]}"; do wait "$p"; done
@@ -82,8 +96,10 @@ big() {  # written only when missing: the given bench.e2e.bigmodels arguments
   "$PY" -m bench.e2e.bigmodels "$@" > "$OUT/bigmodels-more.log" 2>&1 || { tail -20 "$OUT/bigmodels-more.log"; exit 1; }
 }
 
+IK=(--ik-llama-src "$IKSRC" --pp 128,512)
 case "$PHASE" in
-  setup|1b|1b-more|8b|t16|scale|profile) [ "$PHASE" = setup ] || ready || exit 1 ;;
+  throttle) "$PY" -m bench.throttle --md "$OUT/throttle.md" --json "$OUT/throttle.json"; exit ;;
+  setup|1b|1b-more|8b|t16|scale|profile|ik16|ik8b|ik1) [ "$PHASE" = setup ] || ready || exit 1 ;;
   *) sed -n '2,18p' "$0"; exit 2 ;;
 esac
 case "$PHASE" in
@@ -93,7 +109,8 @@ case "$PHASE" in
     { lscpu; echo; grep -o 'amx[a-z_0-9]*' /proc/cpuinfo | sort -u; free -g; df -h "$CPUFUSE_BENCH_MODELS"; } \
       > "$OUT/machine.txt" 2>&1
     "$PY" -m pytest -q -p no:cacheprovider tests/test_probe.py > "$OUT/test-probe.log" 2>&1; tail -1 "$OUT/test-probe.log"
-    "$PY" -m bench.e2e.bigmodels --models 1b --types q4_0 --check 2>&1 | tail -1 ;;
+    "$PY" -m bench.e2e.bigmodels --models 1b --types q4_0 --check 2>&1 | tail -1
+    "$PY" -m bench.throttle --md "$OUT/throttle.md" --json "$OUT/throttle.json" > /dev/null ;;
   1b) e2e 1b --models 1b --types q4_0 --threads 1,4,16 --rounds 2 ;;
   1b-more) e2e 1b-more --models 1b --types q4_k,q4_k_m,q8_0,q6_k --threads 1,16 --rounds 1 ;;
   8b)
@@ -104,6 +121,12 @@ case "$PHASE" in
     sync; grep -E '^(Dirty|Writeback):' /proc/meminfo; uptime
     e2e t16-1b --models 1b --types q4_0,q8_0,q4_k_m --threads 16 --rounds 2
     e2e t16-8b --models 8b --types q4_0 --threads 16 --rounds 2 ;;
+  ik16) e2e ik16 --models 1b --types q8_0,q4_k_m,q4_k --threads 16 --rounds 2 "${IK[@]}" ;;
+  ik8b)
+    big --models 8b --types q4_0
+    e2e ik8b --models 8b --types q4_0 --threads 16 --rounds 2 "${IK[@]}" ;;
+  ik1) e2e ik1 --models 1b --types q8_0,q4_k_m,q4_k --threads 1 --rounds 1 "${IK[@]}" \
+         --engines cpufuse,llamacpp-fa-off,llamacpp-fa-on,ik-fa-on ;;
   scale) e2e scale --models 1b --types q4_0 --threads 2,8 --rounds 2 ;;   # 1/4/16 come from 1b and t16
   profile)
     for t in 16 1; do
