@@ -168,7 +168,8 @@ def test_smoke_ab():
 def test_smoke_throttle(tmp_path):
     from bench import throttle
     r = throttle.measure(mib=8, reps=1)
-    rows, ghz = throttle.derive(r)
-    assert ghz > 0.1 and {x["mode"] for x in rows} == {"indep", "dep"} and all(x["dram_ns"] > 0 for x in rows)
+    d, ghz = throttle.derive(r)
+    assert ghz > 0.1 and set(d) == {"4k", "thp"} and {x["mode"] for x in d["thp"]} == {"indep", "dep"}
+    assert all(x["dram_ns"] > 0 and x["l2_ns"] > 0 for x in d["4k"] + d["thp"])
     md = throttle.markdown(r)
-    assert "| 32 | dep |" in md and "## E8" in md
+    assert "| 32 | dep |" in md and "## E8" in md and r["thp"]["pages"] == "thp"

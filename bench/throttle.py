@@ -1,4 +1,4 @@
-"""The throttled read probe (E1) and the clock check (E8): does this core overlap work per cache line
+"""The throttled read probe (E1), the page size (E4) and the clock check (E8): does this core overlap work per cache line
 with its DRAM misses? bench/throttle.c does the timing (built here with the system C compiler and
 -march=native); this writes the table and the chart. One pinned thread.
 
@@ -6,7 +6,8 @@ with its DRAM misses? bench/throttle.c does the timing (built here with the syst
 
 Per W (units of VPMADDWD + VPADDD per 32 bytes of each 64-byte line), in two modes that run the
 same instructions: `indep` (the work does not use the loaded data) and `dep` (it does, as a
-kernel's unpack and dot do). Reading, per row: DRAM time per line against max(DRAM at W = 0, L2
+kernel's unpack and dot do), with the 1 GiB buffer on 4 KiB pages and on transparent huge pages.
+Reading, per row: DRAM time per line against max(DRAM at W = 0, L2
 time) (full overlap) and their sum (none); `overlap lost` = (DRAM − max) / (sum − max).
 """
 import argparse
@@ -36,13 +37,13 @@ def build(cc=None):
 
 
 def measure(core=None, mib=1024, small_kib=128, reps=5):
+    """the probe's JSON for 4 KiB pages and for transparent huge pages: {"4k": ..., "thp": ..., "cpu", "core"}"""
     exe = build()
     pre = None
     if core is not None and hasattr(os, "sched_setaffinity"):
         pre = lambda: os.sched_setaffinity(0, {core})  # noqa: E731
-    out = subprocess.run([exe, str(mib), str(small_kib), str(reps)], capture_output=True, text=True,
-                         check=True, preexec_fn=pre).stdout
-    r = json.loads(out)
+    r = {p: json.loads(subprocess.run([exe, str(mib), str(small_kib), str(reps), p], capture_output=True, text=True,
+                                      check=True, preexec_fn=pre).stdout) for p in ("4k", "thp")}
     r.update(cpu=cpu_name(), core=core)
     return r
 
@@ -64,55 +65,64 @@ def median(xs):
 
 
 def derive(r):
-    """rows with B/cycle and the overlap reading added"""
-    ghz = median(r["ghz_idle"])
-    rows = []
-    for mode in ("indep", "dep"):
-        mine = [x for x in r["rows"] if x["mode"] == mode]
-        d0 = mine[0]["dram_ns"]
-        for x in mine:
-            full, none = max(d0, x["l2_ns"]), d0 + x["l2_ns"]
-            lost = (x["dram_ns"] - full) / (none - full) if none > full else 0.0
-            rows.append(dict(x, l2_bpc=64 / (x["l2_ns"] * ghz), dram_bpc=64 / (x["dram_ns"] * ghz),
-                             full_ns=full, none_ns=none, lost=lost))
-    return rows, ghz
+    """per page size, rows with B/cycle and the overlap reading added; and the clock (GHz) used"""
+    ghz = median(r["4k"]["ghz_idle"] + r["thp"]["ghz_idle"])
+    out = {}
+    for pages in ("4k", "thp"):
+        rows = []
+        for mode in ("indep", "dep"):
+            mine = [x for x in r[pages]["rows"] if x["mode"] == mode]
+            d0 = mine[0]["dram_ns"]
+            for x in mine:
+                full, none = max(d0, x["l2_ns"]), d0 + x["l2_ns"]
+                lost = (x["dram_ns"] - full) / (none - full) if none > full else 0.0
+                rows.append(dict(x, l2_bpc=64 / (x["l2_ns"] * ghz), dram_bpc=64 / (x["dram_ns"] * ghz),
+                                 full_ns=full, none_ns=none, lost=lost))
+        out[pages] = rows
+    return out, ghz
 
 
 def markdown(r):
-    rows, ghz = derive(r)
-    L = [f"# Throttled read probe (E1) and clock (E8): {r['cpu']}", "",
-         f"`python -m bench.throttle`: one thread (core {r['core']}), {r['vec']} code, a {r['big_mib']} MiB stream "
-         f"(DRAM) and a {r['small_kib']} KiB one (L2), median of {r['reps']} passes; cycles at the measured "
-         f"{ghz:.2f} GHz (E8 below). W = units of VPMADDWD + VPADDD per 32 bytes of each 64-byte line. "
-         "`overlap lost`: (DRAM − max(DRAM at W=0, L2)) / (their sum − that max): 0 = the work hides under the "
-         "misses, 1 = it adds to them.", ""]
+    d, ghz = derive(r)
+    a = r["4k"]
+    L = [f"# Throttled read probe (E1), page size (E4) and clock (E8): {r['cpu']}", "",
+         f"`python -m bench.throttle`: one thread (core {r['core']}), {a['vec']} code, a {a['big_mib']} MiB stream "
+         f"(DRAM) on 4 KiB pages and on transparent huge pages (THP), and a {a['small_kib']} KiB one (L2); median of "
+         f"{a['reps']} passes (L2: the fastest of {a['reps']} runs of ≥ 2 ms); cycles at the measured {ghz:.2f} GHz "
+         "(E8 below). W = units of VPMADDWD + VPADDD per 32 bytes of each 64-byte line. `lost`: (DRAM − max(DRAM at "
+         "W=0, L2)) / (their sum − that max): 0 = the work hides under the misses, 1 = it adds to them.", ""]
     body = [[x["W"], x["mode"], f"{x['l2_ns']:.2f}", f"{x['l2_bpc']:.1f}", f"{x['dram_ns']:.2f}", f"{x['dram_bpc']:.2f}",
-             f"{x['full_ns']:.2f} / {x['none_ns']:.2f}", f"{x['lost']:.2f}"] for x in rows]
-    L += table(["W", "mode", "L2 ns/line", "L2 B/cycle", "DRAM ns/line", "DRAM B/cycle",
-                "overlap / additive ns", "overlap lost"], body, "--:", "--:")
-    L += ["", "## E8: clock (GHz, 8 dependent adds per iteration)", "",
-          f"At start {r['ghz_start']:.2f}; after 0.1 s of scalar work: {', '.join(f'{g:.2f}' for g in r['ghz_idle'])}; "
-          f"right after 0.1 s of the widest int8 dot ({r['heavy']}): {', '.join(f'{g:.2f}' for g in r['ghz_after_int8'])}.", ""]
-    return "\n".join(L)
+             f"{x['lost']:.2f}", f"{y['dram_ns']:.2f}", f"{y['dram_bpc']:.2f}", f"{y['lost']:.2f}"]
+            for x, y in zip(d["4k"], d["thp"])]
+    L += table(["W", "mode", "L2 ns/line", "L2 B/cycle", "DRAM ns/line 4K", "B/cycle 4K", "lost 4K",
+                "DRAM ns/line THP", "B/cycle THP", "lost THP"], body, "--:", "--:")
+    L += ["", "## E8: clock (GHz, 8 dependent register adds per iteration)", ""]
+    for p in ("4k", "thp"):
+        L += [f"- {p} run: at start {r[p]['ghz_start']:.2f}; after 0.1 s of scalar work "
+              f"{', '.join(f'{g:.2f}' for g in r[p]['ghz_idle'])}; right after 0.1 s of the widest int8 dot "
+              f"({r[p]['heavy']}) {', '.join(f'{g:.2f}' for g in r[p]['ghz_after_int8'])}."]
+    return "\n".join(L + [""])
 
 
 def chart(r, path):
     plt, why = plot_setup()
     if why:
         return why
-    rows, _ = derive(r)
+    d, _ = derive(r)
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for mode, mk in (("indep", "o"), ("dep", "s")):
-        xs = [x for x in rows if x["mode"] == mode]
-        ax.plot([x["l2_ns"] for x in xs], [x["dram_ns"] for x in xs], mk + "-", label=f"DRAM, work {mode}endent")
-    xs = [x for x in rows if x["mode"] == "dep"]
-    ax.plot([x["l2_ns"] for x in xs], [x["full_ns"] for x in xs], "k:", label="max(DRAM₀, L2): full overlap")
-    ax.plot([x["l2_ns"] for x in xs], [x["none_ns"] for x in xs], "k--", label="DRAM₀ + L2: no overlap")
+    for pages, ls in (("4k", "-"), ("thp", "--")):
+        for mode, mk in (("indep", "o"), ("dep", "s")):
+            xs = sorted((x for x in d[pages] if x["mode"] == mode), key=lambda x: x["l2_ns"])
+            ax.plot([x["l2_ns"] for x in xs], [x["dram_ns"] for x in xs], mk + ls, ms=4,
+                    label=f"DRAM, {pages.upper()} pages, work {mode}endent")
+        xs = sorted((x for x in d[pages] if x["mode"] == "dep"), key=lambda x: x["l2_ns"])
+        ax.plot([x["l2_ns"] for x in xs], [x["full_ns"] for x in xs], "k:", lw=0.8)
+        ax.plot([x["l2_ns"] for x in xs], [x["none_ns"] for x in xs], color="grey", ls=":", lw=0.8)
     ax.set_xlabel("ns per 64-byte line, in L2 (the work alone)")
     ax.set_ylabel("ns per 64-byte line, from DRAM")
-    ax.set_title(f"Throttled read probe (E1), 1 thread — {r['cpu']}", fontsize=8)
+    ax.set_title(f"E1/E4, 1 thread (dotted: full overlap, grey: none) — {r['cpu']}", fontsize=8)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
