@@ -117,6 +117,27 @@ static inline p16i p16_dot8x(p16i init, const p16c *w, const uint8_t *a, char fl
   return init;
 }
 static inline p16i pi_dot8_q8(p16i init, const p16c *w, const uint8_t *a) { return p16_dot8x(init, w, a, (char)0x80); }
+/* Q8_0's multi-row tile (qpanel.inc's P16_Q8_ROWS hook): the same dots for R rows whose codes lie
+ * 32 bytes apart, chunk by chunk across the rows, so each chunk's q (XOR) and |q| are formed once for
+ * all rows instead of once per row (on Zen 3 the per-row XOR and VPSIGNB made the tile bound by the
+ * vector ALUs rather than by its two multiplies per 32 products). i[m] = init[m] + row m's dots. */
+static inline void p16_q8_rows(int R, p16i *i, const p16c *w, const uint8_t *a) {
+  const __m256i x = _mm256_set1_epi8((char)0x80), one = _mm256_set1_epi16(1);
+  for (int g = 0; g < 8; g++) {
+    const __m256i ql = _mm256_xor_si256(w[g].lo, x), qh = _mm256_xor_si256(w[g].hi, x);
+    const __m256i ul = _mm256_sign_epi8(ql, ql), uh = _mm256_sign_epi8(qh, qh);
+    for (int m = 0; m < R; m++) {
+      const __m256i av = _mm256_set1_epi32((int)p16_rd32(a + 32 * m + 4 * g));
+      i[m].lo = _mm256_add_epi32(i[m].lo, _mm256_madd_epi16(_mm256_maddubs_epi16(ul, _mm256_sign_epi8(av, ql)), one));
+      i[m].hi = _mm256_add_epi32(i[m].hi, _mm256_madd_epi16(_mm256_maddubs_epi16(uh, _mm256_sign_epi8(av, qh)), one));
+    }
+  }
+}
+#define P16_Q8_ROWS 1
+static inline void pi_q8_rows(int MR, p16i *i, const p16c *w, const uint8_t *a) {
+  if (MR == 4) p16_q8_rows(4, i, w, a); /* the full tile with R known, its 8 sums kept in registers */
+  else p16_q8_rows(MR, i, w, a);
+}
 /* the same dot of signed codes q held as they are (IQ4_NL / IQ4_XS: their table maps the 4-bit
  * codes straight to q, so no XOR; qpanel.inc's P16_IQ4_SIGNED hook) */
 #define P16_IQ4_SIGNED 1
