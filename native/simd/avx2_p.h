@@ -292,6 +292,49 @@ static inline void pi_q3k_rows(p16i *isc, const uint8_t *v, const uint8_t *a, in
     }
   }
 }
+/* Multi-row tiles of IQ4_NL and IQ4_XS (qpanel.inc's P16_IQ4_ROWS hook): the 4 rows' dots of one
+ * 32-element block, one 8-column half at a time, chunk by chunk: each chunk of nibbles is mapped to
+ * its signed values q and |q| once for the 4 rows (VPSHUFB, VPSIGNB), and each row adds
+ * s * (|q| . sign(q) a) by VPSIGNB, VPMADDUBSW and a VPMADDWD by s: the scale pairs of IQ4_XS's
+ * sub-block (its VPMULLD saved), ones for IQ4_NL. The activations are within +-127 (Q8_0's and
+ * Q8_K's codes), so each pair sum fits 16 bits, as in p16_dots8h. Live: 4 sums, the raw nibbles,
+ * the index, q, |q|, a product, the table, the mask and s (13 of 16 ymm). In assembly for the
+ * order as written (as P16_RS_*). P16_IQ_G(o, X): the 4 rows' products with the chunk of the
+ * activation codes at offset o, X being the index into idx. */
+#define P16_IQ_R(m, o) \
+  "vpbroadcastd (" #m "*32+" #o ")(%[a]), %[t]\n\t" "vpsignb %[q], %[t], %[t]\n\t" \
+  "vpmaddubsw %[t], %[aq], %[t]\n\t" "vpmaddwd %[s], %[t], %[t]\n\t" "vpaddd %[t], %[i" #m "], %[i" #m "]\n\t"
+#define P16_IQ_G(o, X) \
+  X "vpshufb %[idx], %[tab], %[q]\n\t" "vpsignb %[q], %[q], %[aq]\n\t" P16_IQ_R(0, o) P16_IQ_R(1, o) P16_IQ_R(2, o) P16_IQ_R(3, o)
+#define P16_IQ_C(c) \
+  P16_IQ_G(c*4, "vmovdqu " #c "*64(%[v]), %[raw]\n\t" "vpand %[m0f], %[raw], %[idx]\n\t") \
+  P16_IQ_G(16+c*4, "vpsrlw $4, %[raw], %[raw]\n\t" "vpand %[m0f], %[raw], %[idx]\n\t")
+/* i[m] (one half: 8 columns) += s * (the dot of row m's 32 codes at a + 32m with the block's values:
+ * the 4 nibble chunks at v + 64c, low nibbles elements 4c.., high 16 + 4c..; tab: the 16 values) */
+static inline __attribute__((always_inline)) void p16_iq4_rows_h(__m256i *i, const uint8_t *v, const uint8_t *a,
+                                                                 __m256i tab, __m256i s) {
+  __m256i raw, idx, q, aq, t;
+  const __m256i m0f = _mm256_set1_epi8(15);
+  __asm__(P16_IQ_C(0) P16_IQ_C(1) P16_IQ_C(2) P16_IQ_C(3)
+          : [i0] "+x"(i[0]), [i1] "+x"(i[1]), [i2] "+x"(i[2]), [i3] "+x"(i[3]), [raw] "=&x"(raw), [idx] "=&x"(idx),
+            [q] "=&x"(q), [aq] "=&x"(aq), [t] "=&x"(t)
+          : [v] "r"(v), [a] "r"(a), [tab] "x"(tab), [s] "x"(s), [m0f] "x"(m0f), "m"(*(const uint8_t(*)[256])v),
+            "m"(*(const uint8_t(*)[128])a));
+}
+#define P16_IQ4_ROWS 1
+/* acc[m] += s * (the dots of the block at v, a, both halves) for the P16_MR rows; s from ps_u8 (NULL: 1) */
+static inline __attribute__((always_inline)) void pi_iq4_rows(p16i *acc, const uint8_t *v, const uint8_t *a, const uint8_t *table, const p16s *s) {
+  const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)table));
+  __m256i i[P16_MR];
+  for (int m = 0; m < P16_MR; m++) i[m] = acc[m].lo;
+  p16_iq4_rows_h(i, v, a, tab, s ? s->lo : _mm256_set1_epi16(1));
+  for (int m = 0; m < P16_MR; m++) {
+    acc[m].lo = i[m];
+    i[m] = acc[m].hi;
+  }
+  p16_iq4_rows_h(i, v + 32, a, tab, s ? s->hi : _mm256_set1_epi16(1));
+  for (int m = 0; m < P16_MR; m++) acc[m].hi = i[m];
+}
 static inline p16i pi_dpw(p16i acc, p16i w, int32_t a2) {
   const __m256i av = _mm256_set1_epi32(a2);
   p16i r = {_mm256_add_epi32(acc.lo, _mm256_madd_epi16(w.lo, av)), _mm256_add_epi32(acc.hi, _mm256_madd_epi16(w.hi, av))};
