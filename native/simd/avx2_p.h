@@ -292,48 +292,58 @@ static inline void pi_q3k_rows(p16i *isc, const uint8_t *v, const uint8_t *a, in
     }
   }
 }
-/* Multi-row tiles of IQ4_NL and IQ4_XS (qpanel.inc's P16_IQ4_ROWS hook): the 4 rows' dots of one
- * 32-element block, one 8-column half at a time, chunk by chunk: each chunk of nibbles is mapped to
- * its signed values q and |q| once for the 4 rows (VPSHUFB, VPSIGNB), and each row adds
- * s * (|q| . sign(q) a) by VPSIGNB, VPMADDUBSW and a VPMADDWD by s: the scale pairs of IQ4_XS's
- * sub-block (its VPMULLD saved), ones for IQ4_NL. The activations are within +-127 (Q8_0's and
- * Q8_K's codes), so each pair sum fits 16 bits, as in p16_dots8h. Live: 4 sums, the raw nibbles,
- * the index, q, |q|, a product, the table, the mask and s (13 of 16 ymm). In assembly for the
- * order as written (as P16_RS_*). P16_IQ_G(o, X): the 4 rows' products with the chunk of the
- * activation codes at offset o, X being the index into idx. */
-#define P16_IQ_R(m, o) \
-  "vpbroadcastd (" #m "*32+" #o ")(%[a]), %[t]\n\t" "vpsignb %[q], %[t], %[t]\n\t" \
+/* Multi-row tiles of IQ4_NL and IQ4_XS (qpanel.inc's P16_IQ4_ROWS hook): the dots of one 32-element
+ * block for nr = 4 or 8 rows (one activation group of P16_MR rows at a0, or two, the second at a1),
+ * one 8-column half at a time, chunk by chunk: each chunk of nibbles is mapped to its signed values
+ * q and |q| once for the rows (VPSHUFB, VPSIGNB), and each row adds s * (|q| . sign(q) a) by VPSIGNB,
+ * VPMADDUBSW and a VPMADDWD by s: the scale pairs of IQ4_XS's sub-block (its VPMULLD saved), ones for
+ * IQ4_NL. The activations are within +-127 (Q8_0's and Q8_K's codes), so each pair sum fits 16 bits,
+ * as in p16_dots8h. Live: nr sums, the raw nibbles, q, |q|, a product, the table, the mask and s (at
+ * most 15 of 16 ymm). In assembly for the order as written (as P16_RS_*). P16_IQ_G(o, X, R): the rows
+ * R's products with the chunk of the activation codes at offset o, X putting the nibbles into q. */
+#define P16_IQ_R(m, b, r, o)                                                                                  \
+  "vpbroadcastd (" #r "*32+" #o ")(%[" #b "]), %[t]\n\t" "vpsignb %[q], %[t], %[t]\n\t"                        \
   "vpmaddubsw %[t], %[aq], %[t]\n\t" "vpmaddwd %[s], %[t], %[t]\n\t" "vpaddd %[t], %[i" #m "], %[i" #m "]\n\t"
-#define P16_IQ_G(o, X) \
-  X "vpshufb %[idx], %[tab], %[q]\n\t" "vpsignb %[q], %[q], %[aq]\n\t" P16_IQ_R(0, o) P16_IQ_R(1, o) P16_IQ_R(2, o) P16_IQ_R(3, o)
-#define P16_IQ_C(c) \
-  P16_IQ_G(c*4, "vmovdqu " #c "*64(%[v]), %[raw]\n\t" "vpand %[m0f], %[raw], %[idx]\n\t") \
-  P16_IQ_G(16+c*4, "vpsrlw $4, %[raw], %[raw]\n\t" "vpand %[m0f], %[raw], %[idx]\n\t")
-/* i[m] (one half: 8 columns) += s * (the dot of row m's 32 codes at a + 32m with the block's values:
- * the 4 nibble chunks at v + 64c, low nibbles elements 4c.., high 16 + 4c..; tab: the 16 values) */
-static inline __attribute__((always_inline)) void p16_iq4_rows_h(__m256i *i, const uint8_t *v, const uint8_t *a,
-                                                                 __m256i tab, __m256i s) {
-  __m256i raw, idx, q, aq, t;
+#define P16_IQ_R4(o) P16_IQ_R(0, a0, 0, o) P16_IQ_R(1, a0, 1, o) P16_IQ_R(2, a0, 2, o) P16_IQ_R(3, a0, 3, o)
+#define P16_IQ_R8(o) P16_IQ_R4(o) P16_IQ_R(4, a1, 0, o) P16_IQ_R(5, a1, 1, o) P16_IQ_R(6, a1, 2, o) P16_IQ_R(7, a1, 3, o)
+#define P16_IQ_G(o, X, R) X "vpshufb %[q], %[tab], %[q]\n\t" "vpsignb %[q], %[q], %[aq]\n\t" R(o)
+#define P16_IQ_C(c, R)                                                                                        \
+  P16_IQ_G(c*4, "vmovdqu " #c "*64(%[v]), %[raw]\n\t" "vpand %[m0f], %[raw], %[q]\n\t", R)                     \
+  P16_IQ_G(16+c*4, "vpsrlw $4, %[raw], %[raw]\n\t" "vpand %[m0f], %[raw], %[q]\n\t", R)
+#define P16_IQ_ASM(R, ...)                                                                                    \
+  __asm__(P16_IQ_C(0, R) P16_IQ_C(1, R) P16_IQ_C(2, R) P16_IQ_C(3, R)                                          \
+          : [i0] "+x"(i[0]), [i1] "+x"(i[1]), [i2] "+x"(i[2]), [i3] "+x"(i[3]), [raw] "=&x"(raw), [q] "=&x"(q), \
+            [aq] "=&x"(aq), [t] "=&x"(t) __VA_ARGS__                                                         \
+          : [v] "r"(v), [a0] "r"(a0), [a1] "r"(a1), [tab] "x"(tab), [s] "x"(s), [m0f] "x"(m0f),               \
+            "m"(*(const uint8_t(*)[256])v), "m"(*(const uint8_t(*)[128])a0), "m"(*(const uint8_t(*)[128])a1))
+/* i[m] (one half: 8 columns) += s * (the dot of row m's 32 codes at a0 + 32m (rows 4..7: a1 + 32 (m - 4))
+ * with the block's values: the 4 nibble chunks at v + 64c, low nibbles elements 4c.., high 16 + 4c..;
+ * tab: the 16 values) */
+static inline __attribute__((always_inline)) void p16_iq4_rows_h(int nr, __m256i *i, const uint8_t *v,
+                                                                 const uint8_t *a0, const uint8_t *a1, __m256i tab,
+                                                                 __m256i s) {
+  __m256i raw, q, aq, t;
   const __m256i m0f = _mm256_set1_epi8(15);
-  __asm__(P16_IQ_C(0) P16_IQ_C(1) P16_IQ_C(2) P16_IQ_C(3)
-          : [i0] "+x"(i[0]), [i1] "+x"(i[1]), [i2] "+x"(i[2]), [i3] "+x"(i[3]), [raw] "=&x"(raw), [idx] "=&x"(idx),
-            [q] "=&x"(q), [aq] "=&x"(aq), [t] "=&x"(t)
-          : [v] "r"(v), [a] "r"(a), [tab] "x"(tab), [s] "x"(s), [m0f] "x"(m0f), "m"(*(const uint8_t(*)[256])v),
-            "m"(*(const uint8_t(*)[128])a));
+  if (nr == 8)
+    P16_IQ_ASM(P16_IQ_R8, , [i4] "+x"(i[4]), [i5] "+x"(i[5]), [i6] "+x"(i[6]), [i7] "+x"(i[7]));
+  else
+    P16_IQ_ASM(P16_IQ_R4, );
 }
-#define P16_IQ4_ROWS 1
-/* acc[m] += s * (the dots of the block at v, a, both halves) for the P16_MR rows; s from ps_u8 (NULL: 1) */
-static inline __attribute__((always_inline)) void pi_iq4_rows(p16i *acc, const uint8_t *v, const uint8_t *a, const uint8_t *table, const p16s *s) {
+#define P16_IQ4_ROWS 8 /* the most rows of the hook's tiles */
+/* acc[m] += s * (the dots of the block at v with the codes at a0, a1, both halves) for nr rows; s from
+ * ps_u8 (NULL: 1) */
+static inline __attribute__((always_inline)) void pi_iq4_rows(int nr, p16i *acc, const uint8_t *v, const uint8_t *a0,
+                                                              const uint8_t *a1, const uint8_t *table, const p16s *s) {
   const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)table));
-  __m256i i[P16_MR];
-  for (int m = 0; m < P16_MR; m++) i[m] = acc[m].lo;
-  p16_iq4_rows_h(i, v, a, tab, s ? s->lo : _mm256_set1_epi16(1));
-  for (int m = 0; m < P16_MR; m++) {
+  __m256i i[8];
+  for (int m = 0; m < nr; m++) i[m] = acc[m].lo;
+  p16_iq4_rows_h(nr, i, v, a0, a1, tab, s ? s->lo : _mm256_set1_epi16(1));
+  for (int m = 0; m < nr; m++) {
     acc[m].lo = i[m];
     i[m] = acc[m].hi;
   }
-  p16_iq4_rows_h(i, v + 32, a, tab, s ? s->hi : _mm256_set1_epi16(1));
-  for (int m = 0; m < P16_MR; m++) acc[m].hi = i[m];
+  p16_iq4_rows_h(nr, i, v + 32, a0, a1, tab, s ? s->hi : _mm256_set1_epi16(1));
+  for (int m = 0; m < nr; m++) acc[m].hi = i[m];
 }
 static inline p16i pi_dpw(p16i acc, p16i w, int32_t a2) {
   const __m256i av = _mm256_set1_epi32(a2);
