@@ -226,6 +226,110 @@ static inline p16i pi_q3k_row(p16i acc, const uint8_t *v, const uint8_t *hv, int
   }
   return acc;
 }
+/* Multi-row tile of Q3_K on its decoded panel (qpanel.inc's P16_Q3K_ROWS hook, p16_q3k_dec): a
+ * super-block's sums S_s of the P16_MR rows, one 8-column half at a time, sub-block by sub-block: each
+ * code chunk is loaded once for the rows, each row sums its offset and its 4 VPMADDUBSW pairs in 16
+ * bits (the offset in the low half of each lane, as p16_dotsch's off) and multiplies them by the
+ * sub-block's scale with one VPMADDWD. Live: 4 int32 sums, 4 16-bit sums, the chunk, the scale and a
+ * product (11 of 16 ymm), so nothing spills. The values are the exact int32 sums of qpanel.inc's
+ * tile. (The same step for Q2_K's packed 2-bit planes, shifted and masked once per chunk, measured no
+ * faster than qpanel.inc's tile on Zen 3: 29.8 ms both, 4096x4096 x128.)
+ * The step is in assembly, the order as written: GCC otherwise re-associates the 16-bit sums into
+ * trees and starts all 16 products at once, which spills. P16_RS_P(m, c, X): row m's product with
+ * chunk c (in w), then X on it. */
+#define P16_RS_P(m, c, X) "vpbroadcastd (" #m "*32+" #c "*4)(%[a]), %[t]\n\t" "vpmaddubsw %[t], %[w], %[t]\n\t" X
+#define P16_RS_ADD(m) "vpaddw %[t], %[p" #m "], %[p" #m "]\n\t"
+#define P16_RS_F(m) P16_RS_P(m, 0, "vpbroadcastd " #m "*4(%[o]), %[p" #m "]\n\t" P16_RS_ADD(m))
+#define P16_RS_C(c) "vmovdqu " #c "*64(%[v]), %[w]\n\t" P16_RS_P(0, c, P16_RS_ADD(0)) P16_RS_P(1, c, P16_RS_ADD(1)) \
+  P16_RS_P(2, c, P16_RS_ADD(2)) P16_RS_P(3, c, P16_RS_ADD(3))
+#define P16_RS_END(m) "vpmaddwd %[s], %[p" #m "], %[p" #m "]\n\t" "vpaddd %[p" #m "], %[c" #m "], %[c" #m "]\n\t"
+_Static_assert(P16_MR == 4, "the assembly step holds 4 rows");
+/* acc[m] (one half, 8 columns) += s * (off[m] + the row-m sum of the 4 chunks at v + 64c with the 4 codes
+ * of row m at a + 32m + 4c); off[m] & 0xffff == off[m] */
+static inline __attribute__((always_inline)) void p16_rows_sub(__m256i *acc, const uint8_t *v, const uint8_t *a,
+                                                               __m256i s, const int32_t *off) {
+  __m256i p0, p1, p2, p3, w, t;
+  __asm__("vmovdqu (%[v]), %[w]\n\t" P16_RS_F(0) P16_RS_F(1) P16_RS_F(2) P16_RS_F(3) P16_RS_C(1) P16_RS_C(2)
+              P16_RS_C(3) P16_RS_END(0) P16_RS_END(1) P16_RS_END(2) P16_RS_END(3)
+          : [c0] "+x"(acc[0]), [c1] "+x"(acc[1]), [c2] "+x"(acc[2]), [c3] "+x"(acc[3]), [p0] "=&x"(p0),
+            [p1] "=&x"(p1), [p2] "=&x"(p2), [p3] "=&x"(p3), [w] "=&x"(w), [t] "=&x"(t)
+          : [v] "r"(v), [a] "r"(a), [s] "x"(s), [o] "r"(off), "m"(*(const uint8_t(*)[256])v),
+            "m"(*(const uint8_t(*)[128])a), "m"(*(const int32_t(*)[4])off));
+}
+/* Q3_K: isc[m] = S_s of row m; the codes of sub-block j at v + 256j, its scale bytes at sc + 16j (the
+ * scale sc_j - 32), row m's offset term of j at off[P16_MR j + m] as its low 16 bits (off & 0xffff), row
+ * m's codes of 32-element block b of the super-block at a + astep b + 32m */
+#define P16_Q3K_ROWS 1
+static inline void pi_q3k_rows(p16i *isc, const uint8_t *v, const uint8_t *a, int64_t astep, const uint8_t *sc,
+                               const int32_t *off) {
+#pragma GCC unroll 2
+  for (int hf = 0; hf < 2; hf++) {
+    __m256i acc[P16_MR];
+    for (int m = 0; m < P16_MR; m++) acc[m] = _mm256_setzero_si256();
+    for (int j = 0; j < 16; j++) {
+      const int h = j >> 3, g = (j >> 1) & 3, s = j & 1;
+      const p16s sv = ps_u8(sc + 16 * j, -32);
+      p16_rows_sub(acc, v + 256 * j + 32 * hf, a + astep * (4 * h + g) + 16 * s, hf ? sv.hi : sv.lo, off + P16_MR * j);
+    }
+    for (int m = 0; m < P16_MR; m++) {
+      if (hf) isc[m].hi = acc[m];
+      else isc[m].lo = acc[m];
+    }
+  }
+}
+/* Multi-row tiles of IQ4_NL and IQ4_XS (qpanel.inc's P16_IQ4_ROWS hook): the dots of one 32-element
+ * block for nr = 4 or 8 rows (one activation group of P16_MR rows at a0, or two, the second at a1),
+ * one 8-column half at a time, chunk by chunk: each chunk of nibbles is mapped to its signed values
+ * q and |q| once for the rows (VPSHUFB, VPSIGNB), and each row adds s * (|q| . sign(q) a) by VPSIGNB,
+ * VPMADDUBSW and a VPMADDWD by s: the scale pairs of IQ4_XS's sub-block (its VPMULLD saved), ones for
+ * IQ4_NL. The activations are within +-127 (Q8_0's and Q8_K's codes), so each pair sum fits 16 bits,
+ * as in p16_dots8h. Live: nr sums, the raw nibbles, q, |q|, a product, the table, the mask and s (at
+ * most 15 of 16 ymm). In assembly for the order as written (as P16_RS_*). P16_IQ_G(o, X, R): the rows
+ * R's products with the chunk of the activation codes at offset o, X putting the nibbles into q. */
+#define P16_IQ_R(m, b, r, o)                                                                                  \
+  "vpbroadcastd (" #r "*32+" #o ")(%[" #b "]), %[t]\n\t" "vpsignb %[q], %[t], %[t]\n\t"                        \
+  "vpmaddubsw %[t], %[aq], %[t]\n\t" "vpmaddwd %[s], %[t], %[t]\n\t" "vpaddd %[t], %[i" #m "], %[i" #m "]\n\t"
+#define P16_IQ_R4(o) P16_IQ_R(0, a0, 0, o) P16_IQ_R(1, a0, 1, o) P16_IQ_R(2, a0, 2, o) P16_IQ_R(3, a0, 3, o)
+#define P16_IQ_R8(o) P16_IQ_R4(o) P16_IQ_R(4, a1, 0, o) P16_IQ_R(5, a1, 1, o) P16_IQ_R(6, a1, 2, o) P16_IQ_R(7, a1, 3, o)
+#define P16_IQ_G(o, X, R) X "vpshufb %[q], %[tab], %[q]\n\t" "vpsignb %[q], %[q], %[aq]\n\t" R(o)
+#define P16_IQ_C(c, R)                                                                                        \
+  P16_IQ_G(c*4, "vmovdqu " #c "*64(%[v]), %[raw]\n\t" "vpand %[m0f], %[raw], %[q]\n\t", R)                     \
+  P16_IQ_G(16+c*4, "vpsrlw $4, %[raw], %[raw]\n\t" "vpand %[m0f], %[raw], %[q]\n\t", R)
+#define P16_IQ_ASM(R, ...)                                                                                    \
+  __asm__(P16_IQ_C(0, R) P16_IQ_C(1, R) P16_IQ_C(2, R) P16_IQ_C(3, R)                                          \
+          : [i0] "+x"(i[0]), [i1] "+x"(i[1]), [i2] "+x"(i[2]), [i3] "+x"(i[3]), [raw] "=&x"(raw), [q] "=&x"(q), \
+            [aq] "=&x"(aq), [t] "=&x"(t) __VA_ARGS__                                                         \
+          : [v] "r"(v), [a0] "r"(a0), [a1] "r"(a1), [tab] "x"(tab), [s] "x"(s), [m0f] "x"(m0f),               \
+            "m"(*(const uint8_t(*)[256])v), "m"(*(const uint8_t(*)[128])a0), "m"(*(const uint8_t(*)[128])a1))
+/* i[m] (one half: 8 columns) += s * (the dot of row m's 32 codes at a0 + 32m (rows 4..7: a1 + 32 (m - 4))
+ * with the block's values: the 4 nibble chunks at v + 64c, low nibbles elements 4c.., high 16 + 4c..;
+ * tab: the 16 values) */
+static inline __attribute__((always_inline)) void p16_iq4_rows_h(int nr, __m256i *i, const uint8_t *v,
+                                                                 const uint8_t *a0, const uint8_t *a1, __m256i tab,
+                                                                 __m256i s) {
+  __m256i raw, q, aq, t;
+  const __m256i m0f = _mm256_set1_epi8(15);
+  if (nr == 8)
+    P16_IQ_ASM(P16_IQ_R8, , [i4] "+x"(i[4]), [i5] "+x"(i[5]), [i6] "+x"(i[6]), [i7] "+x"(i[7]));
+  else
+    P16_IQ_ASM(P16_IQ_R4, );
+}
+#define P16_IQ4_ROWS 8 /* the most rows of the hook's tiles */
+/* acc[m] += s * (the dots of the block at v with the codes at a0, a1, both halves) for nr rows; s from
+ * ps_u8 (NULL: 1) */
+static inline __attribute__((always_inline)) void pi_iq4_rows(int nr, p16i *acc, const uint8_t *v, const uint8_t *a0,
+                                                              const uint8_t *a1, const uint8_t *table, const p16s *s) {
+  const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)table));
+  __m256i i[8];
+  for (int m = 0; m < nr; m++) i[m] = acc[m].lo;
+  p16_iq4_rows_h(nr, i, v, a0, a1, tab, s ? s->lo : _mm256_set1_epi16(1));
+  for (int m = 0; m < nr; m++) {
+    acc[m].lo = i[m];
+    i[m] = acc[m].hi;
+  }
+  p16_iq4_rows_h(nr, i, v + 32, a0, a1, tab, s ? s->hi : _mm256_set1_epi16(1));
+  for (int m = 0; m < nr; m++) acc[m].hi = i[m];
+}
 static inline p16i pi_dpw(p16i acc, p16i w, int32_t a2) {
   const __m256i av = _mm256_set1_epi32(a2);
   p16i r = {_mm256_add_epi32(acc.lo, _mm256_madd_epi16(w.lo, av)), _mm256_add_epi32(acc.hi, _mm256_madd_epi16(w.hi, av))};
