@@ -117,27 +117,6 @@ static inline p16i p16_dot8x(p16i init, const p16c *w, const uint8_t *a, char fl
   return init;
 }
 static inline p16i pi_dot8_q8(p16i init, const p16c *w, const uint8_t *a) { return p16_dot8x(init, w, a, (char)0x80); }
-/* Q8_0's multi-row tile (qpanel.inc's P16_Q8_ROWS hook): the same dots for R rows whose codes lie
- * 32 bytes apart, chunk by chunk across the rows, so each chunk's q (XOR) and |q| are formed once for
- * all rows instead of once per row (on Zen 3 the per-row XOR and VPSIGNB made the tile bound by the
- * vector ALUs rather than by its two multiplies per 32 products). i[m] = init[m] + row m's dots. */
-static inline void p16_q8_rows(int R, p16i *i, const p16c *w, const uint8_t *a) {
-  const __m256i x = _mm256_set1_epi8((char)0x80), one = _mm256_set1_epi16(1);
-  for (int g = 0; g < 8; g++) {
-    const __m256i ql = _mm256_xor_si256(w[g].lo, x), qh = _mm256_xor_si256(w[g].hi, x);
-    const __m256i ul = _mm256_sign_epi8(ql, ql), uh = _mm256_sign_epi8(qh, qh);
-    for (int m = 0; m < R; m++) {
-      const __m256i av = _mm256_set1_epi32((int)p16_rd32(a + 32 * m + 4 * g));
-      i[m].lo = _mm256_add_epi32(i[m].lo, _mm256_madd_epi16(_mm256_maddubs_epi16(ul, _mm256_sign_epi8(av, ql)), one));
-      i[m].hi = _mm256_add_epi32(i[m].hi, _mm256_madd_epi16(_mm256_maddubs_epi16(uh, _mm256_sign_epi8(av, qh)), one));
-    }
-  }
-}
-#define P16_Q8_ROWS 1
-static inline void pi_q8_rows(int MR, p16i *i, const p16c *w, const uint8_t *a) {
-  if (MR == 4) p16_q8_rows(4, i, w, a); /* the full tile with R known, its 8 sums kept in registers */
-  else p16_q8_rows(MR, i, w, a);
-}
 /* the same dot of signed codes q held as they are (IQ4_NL / IQ4_XS: their table maps the 4-bit
  * codes straight to q, so no XOR; qpanel.inc's P16_IQ4_SIGNED hook) */
 #define P16_IQ4_SIGNED 1
@@ -328,6 +307,43 @@ static inline __attribute__((always_inline)) void pi_iq4_rows(int nr, p16i *acc,
     i[m] = acc[m].hi;
   }
   p16_iq4_rows_h(nr, i, v + 32, a0, a1, tab, s ? s->hi : _mm256_set1_epi16(1));
+  for (int m = 0; m < nr; m++) acc[m].hi = i[m];
+}
+/* Q8_0's multi-row tiles (qpanel.inc's P16_Q8_ROWS hook), as the IQ4 ones above: per chunk of 4 codes
+ * the stored bytes (q + 128) are XORed back to q and |q| formed once for the rows; each row adds
+ * |q| . sign(q) a (VPSIGNB, VPMADDUBSW, VPMADDWD by ones). Pair sums are at most 2 * 128 * 127. */
+#define P16_Q8_C(c, R)                                                                                        \
+  "vmovdqu " #c "*64(%[v]), %[q]\n\t" "vpxor %[x80], %[q], %[q]\n\t" "vpsignb %[q], %[q], %[aq]\n\t" R(c*4)
+#define P16_Q8_ASM(R, ...)                                                                                    \
+  __asm__(P16_Q8_C(0, R) P16_Q8_C(1, R) P16_Q8_C(2, R) P16_Q8_C(3, R) P16_Q8_C(4, R) P16_Q8_C(5, R)            \
+          P16_Q8_C(6, R) P16_Q8_C(7, R)                                                                       \
+          : [i0] "+x"(i[0]), [i1] "+x"(i[1]), [i2] "+x"(i[2]), [i3] "+x"(i[3]), [q] "=&x"(q), [aq] "=&x"(aq),   \
+            [t] "=&x"(t) __VA_ARGS__                                                                          \
+          : [v] "r"(v), [a0] "r"(a0), [a1] "r"(a1), [x80] "x"(x80), [s] "x"(s),                               \
+            "m"(*(const uint8_t(*)[512])v), "m"(*(const uint8_t(*)[128])a0), "m"(*(const uint8_t(*)[128])a1))
+/* i[m] (one half) += the dot of row m's 32 codes (at a0 + 32m; rows 4..7 at a1 + 32(m - 4)) with the 8
+ * chunks of stored codes at v + 64g */
+static inline __attribute__((always_inline)) void p16_q8_rows_h(int nr, __m256i *i, const uint8_t *v,
+                                                                const uint8_t *a0, const uint8_t *a1) {
+  __m256i q, aq, t;
+  const __m256i x80 = _mm256_set1_epi8((char)0x80), s = _mm256_set1_epi16(1);
+  if (nr == 8)
+    P16_Q8_ASM(P16_IQ_R8, , [i4] "+x"(i[4]), [i5] "+x"(i[5]), [i6] "+x"(i[6]), [i7] "+x"(i[7]));
+  else
+    P16_Q8_ASM(P16_IQ_R4, );
+}
+#define P16_Q8_ROWS 1
+/* acc[m] += the dots of the Q8_0 panel block's codes at v (its 8 chunks) with nr = 4 or 8 rows' codes */
+static inline __attribute__((always_inline)) void pi_q8_rows(int nr, p16i *acc, const uint8_t *v, const uint8_t *a0,
+                                                             const uint8_t *a1) {
+  __m256i i[8];
+  for (int m = 0; m < nr; m++) i[m] = acc[m].lo;
+  p16_q8_rows_h(nr, i, v, a0, a1);
+  for (int m = 0; m < nr; m++) {
+    acc[m].lo = i[m];
+    i[m] = acc[m].hi;
+  }
+  p16_q8_rows_h(nr, i, v + 32, a0, a1);
   for (int m = 0; m < nr; m++) acc[m].hi = i[m];
 }
 static inline p16i pi_dpw(p16i acc, p16i w, int32_t a2) {
