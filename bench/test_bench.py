@@ -173,3 +173,14 @@ def test_smoke_throttle(tmp_path):
     assert all(x["dram_ns"] > 0 and x["l2_ns"] > 0 for x in d["4k"] + d["thp"])
     md = throttle.markdown(r)
     assert "| 32 | dep |" in md and "## E8" in md and r["thp"]["pages"] == "thp"
+
+
+@SMOKE
+def test_smoke_throttle_types(tmp_path):
+    from bench import throttle
+    k = throttle.kernel_rates(["Q4_0", "Q4_K"], ring_mib=24, reps=1)
+    assert set(k["types"]) == {"Q4_0", "Q4_K"} and all(r["dram_s"] > 0 and r["ring"] >= 2 for r in k["types"].values())
+    md = throttle.kernel_markdown(k)
+    assert "| Q4_K |" in md and "B/cycle" in md
+    pytest.importorskip("matplotlib")
+    assert throttle.kernel_chart([k, k], str(tmp_path / "e6.png")) is None and (tmp_path / "e6.png").stat().st_size > 1000

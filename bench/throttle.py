@@ -3,10 +3,14 @@ with its DRAM misses? bench/throttle.c does the timing (built here with the syst
 -march=native); this writes the table and the chart. One pinned thread.
 
     python -m bench.throttle [--core C] [--mib 1024] [--md PATH] [--json PATH] [--png PATH]
+    python -m bench.throttle --types Q4_0,Q8_0,Q4_K [--core C] --md PATH     (E6, per type)
 
 Per W (units of VPMADDWD + VPADDD per 32 bytes of each 64-byte line), in two modes that run the
 same instructions: `indep` (the work does not use the loaded data) and `dep` (it does, as a
 kernel's unpack and dot do), with the 1 GiB buffer on 4 KiB pages and on transparent huge pages.
+With --types (E6): cpufuse's one-row matmul (4096 x 4096, one thread) per weight type, from DRAM (a
+ring of weights far larger than the last-level cache) and in cache (one weight again and again), in
+bytes of weight per cycle at the clock E8 measures, with the probe's rate at W = 0 beside them.
 Reading, per row: DRAM time per line against max(DRAM at W = 0, L2
 time) (full overlap) and their sum (none); `overlap lost` = (DRAM − max) / (sum − max).
 """
@@ -118,9 +122,15 @@ def chart(r, path):
         xs = sorted((x for x in d[pages] if x["mode"] == "dep"), key=lambda x: x["l2_ns"])
         ax.plot([x["l2_ns"] for x in xs], [x["full_ns"] for x in xs], "k:", lw=0.8)
         ax.plot([x["l2_ns"] for x in xs], [x["none_ns"] for x in xs], color="grey", ls=":", lw=0.8)
-    ax.set_xlabel("ns per 64-byte line, in L2 (the work alone)")
-    ax.set_ylabel("ns per 64-byte line, from DRAM")
-    ax.set_title(f"E1/E4, 1 thread (dotted: full overlap, grey: none) — {r['cpu']}", fontsize=8)
+    return _finish(plt, fig, ax, path, "ns per 64-byte line, in L2 (the work alone)", "ns per 64-byte line, from DRAM",
+                   f"E1/E4, 1 thread (dotted: full overlap, grey: none) — {r['cpu']}")
+
+
+def _finish(plt, fig, ax, path, xlabel, ylabel, title):
+    """label, grid, legend and write a chart; None (written)"""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6)
     fig.tight_layout()
@@ -129,14 +139,101 @@ def chart(r, path):
     return None
 
 
+def kernel_rates(types, core=None, ring_mib=512, reps=7):
+    """E6: {"types": {T: {"dram_s", "cache_s", "bytes"}}, "ghz", "probe": the 4k/thp W=0 runs, ...}"""
+    import time
+    import numpy as np
+    import cpufuse
+    from cpufuse.reference.quant import random_blocks
+    if core is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {core})
+    probe = measure(core, mib=ring_mib, reps=3)
+    x = np.random.default_rng(0).standard_normal((1, 4096), dtype=np.float32)
+    o = np.empty((1, 4096), np.float32)
+    out = {}
+    for qt in types:
+        w0 = random_blocks(qt, 4096, 4096, np.random.default_rng(0)).repack()
+        n = max(2, -(-ring_mib * 2 ** 20 // w0.nbytes))
+        ring = [w0] + [random_blocks(qt, 4096, 4096, np.random.default_rng(i)).repack() for i in range(1, n)]
+        med = {}
+        for name, ws in (("dram_s", ring), ("cache_s", [w0] * n)):
+            ts = []
+            for _ in range(reps):
+                t = time.perf_counter()
+                for w in ws:
+                    cpufuse.matmul(x, w, out=o, n_threads=1)
+                ts.append((time.perf_counter() - t) / len(ws))
+            med[name] = median(ts)
+        out[qt] = dict(med, bytes=w0.nbytes, ring=n)
+        del ring
+    return {"types": out, "ghz": derive(probe)[1], "probe": probe, "isa": cpufuse.available_isas()[0],
+            "cpu": cpu_name(), "core": core, "ring_mib": ring_mib}
+
+
+def kernel_markdown(k):
+    g = k["ghz"]
+    d0 = {p: 64 / (k["probe"][p]["rows"][0]["dram_ns"] * g) for p in ("4k", "thp")}
+    L = [f"# E6: the one-row matmul per type, in cache and from DRAM: {k['cpu']}", "",
+         f"`python -m bench.throttle --types ...`: cpufuse's `matmul` of one activation row by a 4096 × 4096 weight "
+         f"(repacked, ISA {k['isa']}), one thread (core {k['core']}), medians of 7 passes; from DRAM: a ring of "
+         f"≥ {k['ring_mib']} MiB of weights; in cache: one weight again. Bytes of weight per cycle at "
+         f"{g:.2f} GHz (E8). The throttled probe at W = 0 on the same core: {d0['4k']:.2f} B/cycle on 4 KiB "
+         f"pages, {d0['thp']:.2f} on huge pages.", ""]
+    rows = []
+    for qt, r in k["types"].items():
+        c, dr = r["bytes"] / (r["cache_s"] * g * 1e9), r["bytes"] / (r["dram_s"] * g * 1e9)
+        rows.append([qt, f"{r['cache_s'] * 1e6:.0f}", f"{c:.2f}", f"{r['dram_s'] * 1e6:.0f}", f"{dr:.2f}",
+                     f"{dr / d0['thp']:.0%}", f"{dr / c:.0%}"])
+    L += table(["type", "cache µs", "cache B/cycle", "DRAM µs", "DRAM B/cycle", "DRAM ÷ probe (THP)", "DRAM ÷ cache"],
+               rows, "--:", "---")
+    return "\n".join(L + [""])
+
+
+def kernel_chart(ks, path):
+    """DRAM B/cycle against in-cache B/cycle per type, one marker set per machine (ks: kernel_rates results)"""
+    plt, why = plot_setup()
+    if why:
+        return why
+    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    top = 0
+    for k, mk in zip(ks, "os^D"):
+        g = k["ghz"]
+        xs = {qt: (r["bytes"] / (r["cache_s"] * g * 1e9), r["bytes"] / (r["dram_s"] * g * 1e9)) for qt, r in k["types"].items()}
+        p = ax.plot([v[0] for v in xs.values()], [v[1] for v in xs.values()], mk, label=f"{k['cpu'][:40]} ({k['isa']})")[0]
+        for qt, v in xs.items():
+            ax.annotate(qt, v, fontsize=6, xytext=(3, 2), textcoords="offset points")
+        probe = 64 / (k["probe"]["thp"]["rows"][0]["dram_ns"] * g)
+        ax.axhline(probe, color=p.get_color(), ls=":", lw=0.8)
+        top = max(top, max(max(v) for v in xs.values()), probe)
+    ax.plot([0, top * 1.1], [0, top * 1.1], color="grey", lw=0.6)
+    return _finish(plt, fig, ax, path, "bytes of weight per cycle, in cache", "bytes of weight per cycle, from DRAM",
+                   "E6: one-row matmul, 1 thread (dotted: the probe at W = 0, huge pages)")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--core", type=int, default=None, help="pin to this core (default: the first of the affinity)")
     ap.add_argument("--mib", type=int, default=1024, help="the DRAM stream's size (default 1024)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--md"), ap.add_argument("--json"), ap.add_argument("--png")
+    ap.add_argument("--types", help="E6 instead: comma list of weight types for the one-row matmul")
+    ap.add_argument("--chart-from", nargs="*", default=[], metavar="JSON",
+                    help="with --types: more machines' E6 JSON files to draw beside this one")
     a = ap.parse_args(argv)
     core = a.core if a.core is not None else (min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None)
+    if a.types:
+        k = kernel_rates(a.types.split(","), core, ring_mib=min(a.mib, 512))
+        md = kernel_markdown(k)
+        print(md)
+        if a.json:
+            save(a.json, k)
+        if a.md:
+            save(a.md, md)
+            ks = [k] + [json.load(open(f)) for f in a.chart_from]
+            why = kernel_chart(ks, a.png or os.path.splitext(a.md)[0] + ".png")
+            if why:
+                print(f"chart skipped: {why}", file=sys.stderr)
+        return
     r = measure(core, a.mib, reps=a.reps)
     md = markdown(r)
     print(md)
