@@ -256,6 +256,54 @@ static inline void pi_q3k_rows(p16i *isc, const uint8_t *v, const uint8_t *a, in
     }
   }
 }
+/* Multi-row tile of Q4_K (qpanel.inc's P16_K4_ROWS hook): one sub-block of 32 codes for the P16_MR rows,
+ * one 8-column half at a time: each of the record's 8 chunks is loaded and its nibbles (the low ones for
+ * the even sub-block, the high ones for the odd) masked once for the rows; each row sums its 8
+ * VPMADDUBSW products in 16 bits (8 * 2 * 15 * 127 < 2^15) and multiplies them by the sub-block's scale
+ * with one VPMADDWD. Live: 4 int32 sums, 4 16-bit sums, the chunk, a product, the mask and the scale. In
+ * assembly for the order as written (as P16_RS_*). */
+#define P16_K4_P(m, c) "vpbroadcastd (" #m "*32+" #c "*4)(%[a]), %[t]\n\t" "vpmaddubsw %[t], %[w], %[t]\n\t"
+#define P16_K4_F(m, c) P16_K4_P(m, c) "vmovdqa %[t], %[p" #m "]\n\t"
+#define P16_K4_A(m, c) P16_K4_P(m, c) "vpaddw %[t], %[p" #m "], %[p" #m "]\n\t"
+#define P16_K4_W(c, X) "vmovdqu " #c "*64(%[v]), %[w]\n\t" X "vpand %[m0f], %[w], %[w]\n\t"
+#define P16_K4_C(c, X, R) P16_K4_W(c, X) R(0, c) R(1, c) R(2, c) R(3, c)
+#define P16_K4_ASM(X)                                                                                       \
+  __asm__(P16_K4_C(0, X, P16_K4_F) P16_K4_C(1, X, P16_K4_A) P16_K4_C(2, X, P16_K4_A) P16_K4_C(3, X, P16_K4_A)    \
+              P16_K4_C(4, X, P16_K4_A) P16_K4_C(5, X, P16_K4_A) P16_K4_C(6, X, P16_K4_A) P16_K4_C(7, X, P16_K4_A) \
+                  P16_RS_END(0) P16_RS_END(1) P16_RS_END(2) P16_RS_END(3)                                        \
+          : [c0] "+x"(acc[0]), [c1] "+x"(acc[1]), [c2] "+x"(acc[2]), [c3] "+x"(acc[3]), [p0] "=&x"(p0),        \
+            [p1] "=&x"(p1), [p2] "=&x"(p2), [p3] "=&x"(p3), [w] "=&x"(w), [t] "=&x"(t)                          \
+          : [v] "r"(v), [a] "r"(a), [s] "x"(s), [m0f] "x"(m0f), "m"(*(const uint8_t(*)[512])v),               \
+            "m"(*(const uint8_t(*)[128])a))
+/* acc[m] (one half) += s * (row m's dot of the 32 codes at a + 32m with the nibbles of the 8 chunks at
+ * v + 64c: the low ones if !hi, else the high ones) */
+static inline __attribute__((always_inline)) void p16_k4_rows_sub(__m256i *acc, const uint8_t *v, const uint8_t *a,
+                                                                  __m256i s, int hi) {
+  __m256i p0, p1, p2, p3, w, t;
+  const __m256i m0f = _mm256_set1_epi8(15);
+  if (hi)
+    P16_K4_ASM("vpsrlw $4, %[w], %[w]\n\t");
+  else
+    P16_K4_ASM("");
+}
+#define P16_K4_ROWS 1
+/* Q4_K: isc[m] += the super-block's scaled sums S_s of row m; the record of sub-blocks 2g, 2g + 1 at
+ * rec + 512 g, the scale bytes of sub-block j at sc + 16 j, row m's codes of sub-block j at a[j] + 32 m */
+static inline void pi_k4_rows(p16i *isc, const uint8_t *rec, const uint8_t *const *a, const uint8_t *sc) {
+#pragma GCC unroll 2
+  for (int hf = 0; hf < 2; hf++) {
+    __m256i acc[P16_MR];
+    for (int m = 0; m < P16_MR; m++) acc[m] = hf ? isc[m].hi : isc[m].lo;
+    for (int j = 0; j < 8; j++) {
+      const p16s sv = ps_u8(sc + 16 * j, 0);
+      p16_k4_rows_sub(acc, rec + 512 * (j >> 1) + 32 * hf, a[j], hf ? sv.hi : sv.lo, j & 1);
+    }
+    for (int m = 0; m < P16_MR; m++) {
+      if (hf) isc[m].hi = acc[m];
+      else isc[m].lo = acc[m];
+    }
+  }
+}
 /* Multi-row tiles of IQ4_NL and IQ4_XS (qpanel.inc's P16_IQ4_ROWS hook): the dots of one 32-element
  * block for nr = 4 or 8 rows (one activation group of P16_MR rows at a0, or two, the second at a1),
  * one 8-column half at a time, chunk by chunk: each chunk of nibbles is mapped to its signed values
