@@ -13,6 +13,7 @@ typedef struct { __m256i lo, hi; } p16i;
 typedef struct { __m256 lo, hi; } p16f;
 
 #define P16_MR 4
+#define P16_XR 8 /* the multi-row hooks' tiles of two activation groups (IQ4_NL, IQ4_XS, Q8_0) */
 #define P16_Q8_UNSIGNED 0
 
 static inline uint32_t p16_rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
@@ -262,9 +263,8 @@ static inline void pi_q3k_rows(p16i *isc, const uint8_t *v, const uint8_t *a, in
  * VPMADDUBSW products in 16 bits (8 * 2 * 15 * 127 < 2^15) and multiplies them by the sub-block's scale
  * with one VPMADDWD. Live: 4 int32 sums, 4 16-bit sums, the chunk, a product, the mask and the scale. In
  * assembly for the order as written (as P16_RS_*). */
-#define P16_K4_P(m, c) "vpbroadcastd (" #m "*32+" #c "*4)(%[a]), %[t]\n\t" "vpmaddubsw %[t], %[w], %[t]\n\t"
-#define P16_K4_F(m, c) P16_K4_P(m, c) "vmovdqa %[t], %[p" #m "]\n\t"
-#define P16_K4_A(m, c) P16_K4_P(m, c) "vpaddw %[t], %[p" #m "], %[p" #m "]\n\t"
+#define P16_K4_F(m, c) P16_RS_P(m, c, "vmovdqa %[t], %[p" #m "]\n\t")
+#define P16_K4_A(m, c) P16_RS_P(m, c, P16_RS_ADD(m))
 #define P16_K4_W(c, X) "vmovdqu " #c "*64(%[v]), %[w]\n\t" X "vpand %[m0f], %[w], %[w]\n\t"
 #define P16_K4_C(c, X, R) P16_K4_W(c, X) R(0, c) R(1, c) R(2, c) R(3, c)
 #define P16_K4_ASM(X)                                                                                       \
@@ -341,22 +341,7 @@ static inline __attribute__((always_inline)) void p16_iq4_rows_h(int nr, __m256i
   else
     P16_IQ_ASM(P16_IQ_R4, );
 }
-#define P16_IQ4_ROWS 8 /* the most rows of the hook's tiles */
-/* acc[m] += s * (the dots of the block at v with the codes at a0, a1, both halves) for nr rows; s from
- * ps_u8 (NULL: 1) */
-static inline __attribute__((always_inline)) void pi_iq4_rows(int nr, p16i *acc, const uint8_t *v, const uint8_t *a0,
-                                                              const uint8_t *a1, const uint8_t *table, const p16s *s) {
-  const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)table));
-  __m256i i[8];
-  for (int m = 0; m < nr; m++) i[m] = acc[m].lo;
-  p16_iq4_rows_h(nr, i, v, a0, a1, tab, s ? s->lo : _mm256_set1_epi16(1));
-  for (int m = 0; m < nr; m++) {
-    acc[m].lo = i[m];
-    i[m] = acc[m].hi;
-  }
-  p16_iq4_rows_h(nr, i, v + 32, a0, a1, tab, s ? s->hi : _mm256_set1_epi16(1));
-  for (int m = 0; m < nr; m++) acc[m].hi = i[m];
-}
+#define P16_IQ4_ROWS 1
 /* Q8_0's multi-row tiles (qpanel.inc's P16_Q8_ROWS hook), as the IQ4 ones above: per chunk of 4 codes
  * the stored bytes (q + 128) are XORed back to q and |q| formed once for the rows; each row adds
  * |q| . sign(q) a (VPSIGNB, VPMADDUBSW, VPMADDWD by ones). Pair sums are at most 2 * 128 * 127. */
@@ -381,18 +366,32 @@ static inline __attribute__((always_inline)) void p16_q8_rows_h(int nr, __m256i 
     P16_Q8_ASM(P16_IQ_R4, );
 }
 #define P16_Q8_ROWS 1
-/* acc[m] += the dots of the Q8_0 panel block's codes at v (its 8 chunks) with nr = 4 or 8 rows' codes */
-static inline __attribute__((always_inline)) void pi_q8_rows(int nr, p16i *acc, const uint8_t *v, const uint8_t *a0,
-                                                             const uint8_t *a1) {
+/* the two 8-column halves of an IQ4 (q8 = 0) or Q8_0 (q8 = 1) step for nr = 4 or 8 rows: acc[m] += s * the
+ * dots of the block at v with the codes at a0, a1; s from ps_u8 (NULL: 1); tab: IQ4's values */
+static inline __attribute__((always_inline)) void p16_rows2(int q8, int nr, p16i *acc, const uint8_t *v, const uint8_t *a0,
+                                                            const uint8_t *a1, const uint8_t *table, const p16s *s) {
+  const __m256i tab = q8 ? _mm256_setzero_si256() : _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)table));
+  const __m256i one = _mm256_set1_epi16(1);
   __m256i i[8];
   for (int m = 0; m < nr; m++) i[m] = acc[m].lo;
-  p16_q8_rows_h(nr, i, v, a0, a1);
+  if (q8) p16_q8_rows_h(nr, i, v, a0, a1);
+  else p16_iq4_rows_h(nr, i, v, a0, a1, tab, s ? s->lo : one);
   for (int m = 0; m < nr; m++) {
     acc[m].lo = i[m];
     i[m] = acc[m].hi;
   }
-  p16_q8_rows_h(nr, i, v + 32, a0, a1);
+  if (q8) p16_q8_rows_h(nr, i, v + 32, a0, a1);
+  else p16_iq4_rows_h(nr, i, v + 32, a0, a1, tab, s ? s->hi : one);
   for (int m = 0; m < nr; m++) acc[m].hi = i[m];
+}
+/* acc[m] += s * (the IQ4 block's dots) / (the Q8_0 panel block's dots, its 8 chunks at v) for nr rows */
+static inline __attribute__((always_inline)) void pi_iq4_rows(int nr, p16i *acc, const uint8_t *v, const uint8_t *a0,
+                                                              const uint8_t *a1, const uint8_t *table, const p16s *s) {
+  p16_rows2(0, nr, acc, v, a0, a1, table, s);
+}
+static inline __attribute__((always_inline)) void pi_q8_rows(int nr, p16i *acc, const uint8_t *v, const uint8_t *a0,
+                                                             const uint8_t *a1) {
+  p16_rows2(1, nr, acc, v, a0, a1, NULL, NULL);
 }
 static inline p16i pi_dpw(p16i acc, p16i w, int32_t a2) {
   const __m256i av = _mm256_set1_epi32(a2);
