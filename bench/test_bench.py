@@ -164,6 +164,17 @@ def test_smoke_ab():
     assert "| softmax 1×64 | call |" in out
 
 
+def test_throttle_refuses_bad_reps():
+    from bench import throttle
+    for bad in (0, throttle.MAX_REPS + 1, 2.5):
+        with pytest.raises(ValueError, match="reps"):
+            throttle.measure(mib=8, reps=bad)
+        with pytest.raises(ValueError, match="reps"):
+            throttle.kernel_rates(["Q4_0"], ring_mib=8, reps=bad)
+    with pytest.raises(SystemExit):
+        throttle.main(["--chart-from", "x.json"])
+
+
 @SMOKE
 def test_smoke_throttle(tmp_path):
     from bench import throttle

@@ -106,10 +106,11 @@ static int32_t pass(const uint8_t *buf, int64_t n, int W, int dep) {
 
 /* ns per line: the median of reps passes; small buffers: the fastest of reps runs of >= 2 ms each
  * (a preemption or a neighbour's burst only slows a run) */
-static double time_lines(const uint8_t *buf, int64_t n, int W, int dep, int reps, int32_t *sink) {
-  double best[32];
+#define MAX_REPS 32 /* bench/throttle.py's MAX_REPS */
+static double time_lines(const uint8_t *buf, int64_t n, int small, int W, int dep, int reps, int32_t *sink) {
+  double best[MAX_REPS];
   int64_t inner = 1;
-  if (n < (1 << 20)) {
+  if (small) {
     double t0 = now();
     *sink += pass(buf, n, W, dep);
     double dt = now() - t0;
@@ -126,7 +127,7 @@ static double time_lines(const uint8_t *buf, int64_t n, int W, int dep, int reps
       best[j] = best[j - 1];
       best[j - 1] = s;
     }
-  return n < (1 << 20) ? best[0] : best[reps / 2];
+  return small ? best[0] : best[reps / 2];
 }
 
 /* GHz from 8 dependent register adds per iteration (a register operand: Golden Cove's renamer folds
@@ -174,6 +175,10 @@ static int32_t heavy(double sec) {
 int main(int argc, char **argv) {
   const int64_t big = (argc > 1 ? atoll(argv[1]) : 1024) << 20, small = (argc > 2 ? atoll(argv[2]) : 128) << 10;
   const int reps = argc > 3 ? atoi(argv[3]) : 5, huge = argc > 4 && !strcmp(argv[4], "thp");
+  if (reps < 1 || reps > MAX_REPS || big < (1 << 20) || small < 4096 || small > big) {
+    fprintf(stderr, "usage: throttle [big MiB >= 1] [small KiB, 4 .. big] [reps 1..%d] [4k|thp]\n", MAX_REPS);
+    return 2;
+  }
   static const int Ws[] = {0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32};
   uint8_t *buf = aligned_alloc(4096, (size_t)big);
   if (!buf) return 1;
@@ -187,8 +192,8 @@ int main(int argc, char **argv) {
   printf(" \"rows\": [");
   for (size_t k = 0; k < sizeof Ws / sizeof *Ws; k++)
     for (int dep = 0; dep < 2; dep++) {
-      const double l2 = time_lines(buf, small / 64, Ws[k], dep, reps, &sink);
-      const double dr = time_lines(buf, big / 64, Ws[k], dep, reps, &sink);
+      const double l2 = time_lines(buf, small / 64, 1, Ws[k], dep, reps, &sink);
+      const double dr = time_lines(buf, big / 64, 0, Ws[k], dep, reps, &sink);
       printf("%s\n  {\"W\": %d, \"mode\": \"%s\", \"l2_ns\": %.4f, \"dram_ns\": %.4f}", k || dep ? "," : "", Ws[k],
              dep ? "dep" : "indep", l2, dr);
       fflush(stdout);

@@ -17,14 +17,17 @@ time) (full overlap) and their sum (none); `overlap lost` = (DRAM − max) / (su
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import tempfile
+from statistics import median
 
 from .plot import plot_setup
 from .report import save, table
+from .timing import cpu_name
+
+MAX_REPS = 32  # throttle.c keeps each cell's runs in an array of this size
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -40,8 +43,15 @@ def build(cc=None):
     return exe
 
 
+def check_reps(reps):
+    if not isinstance(reps, int) or not 1 <= reps <= MAX_REPS:
+        raise ValueError(f"reps: expected an int in 1..{MAX_REPS}, got {reps!r}")
+    return reps
+
+
 def measure(core=None, mib=1024, small_kib=128, reps=5):
     """the probe's JSON for 4 KiB pages and for transparent huge pages: {"4k": ..., "thp": ..., "cpu", "core"}"""
+    check_reps(reps)
     exe = build()
     pre = None
     if core is not None and hasattr(os, "sched_setaffinity"):
@@ -50,22 +60,6 @@ def measure(core=None, mib=1024, small_kib=128, reps=5):
                                       check=True, preexec_fn=pre).stdout) for p in ("4k", "thp")}
     r.update(cpu=cpu_name(), core=core)
     return r
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def median(xs):
-    xs = sorted(xs)
-    return xs[len(xs) // 2]
 
 
 def derive(r):
@@ -145,9 +139,10 @@ def kernel_rates(types, core=None, ring_mib=512, reps=7):
     import numpy as np
     import cpufuse
     from cpufuse.reference.quant import random_blocks
+    check_reps(reps)
     if core is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {core})
-    probe = measure(core, mib=ring_mib, reps=3)
+    probe = measure(core, mib=ring_mib, reps=min(reps, 3))
     x = np.random.default_rng(0).standard_normal((1, 4096), dtype=np.float32)
     o = np.empty((1, 4096), np.float32)
     out = {}
@@ -167,7 +162,7 @@ def kernel_rates(types, core=None, ring_mib=512, reps=7):
         out[qt] = dict(med, bytes=w0.nbytes, ring=n)
         del ring
     return {"types": out, "ghz": derive(probe)[1], "probe": probe, "isa": cpufuse.available_isas()[0],
-            "cpu": cpu_name(), "core": core, "ring_mib": ring_mib}
+            "cpu": cpu_name(), "core": core, "ring_mib": ring_mib, "reps": reps}
 
 
 def kernel_markdown(k):
@@ -175,7 +170,7 @@ def kernel_markdown(k):
     d0 = {p: 64 / (k["probe"][p]["rows"][0]["dram_ns"] * g) for p in ("4k", "thp")}
     L = [f"# E6: the one-row matmul per type, in cache and from DRAM: {k['cpu']}", "",
          f"`python -m bench.throttle --types ...`: cpufuse's `matmul` of one activation row by a 4096 × 4096 weight "
-         f"(repacked, ISA {k['isa']}), one thread (core {k['core']}), medians of 7 passes; from DRAM: a ring of "
+         f"(repacked, ISA {k['isa']}), one thread (core {k['core']}), medians of {k.get('reps', 7)} passes; from DRAM: a ring of "
          f"≥ {k['ring_mib']} MiB of weights; in cache: one weight again. Bytes of weight per cycle at "
          f"{g:.2f} GHz (E8). The throttled probe at W = 0 on the same core: {d0['4k']:.2f} B/cycle on 4 KiB "
          f"pages, {d0['thp']:.2f} on huge pages.", ""]
@@ -213,16 +208,23 @@ def kernel_chart(ks, path):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--core", type=int, default=None, help="pin to this core (default: the first of the affinity)")
-    ap.add_argument("--mib", type=int, default=1024, help="the DRAM stream's size (default 1024)")
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--mib", type=int, default=1024,
+                    help="the DRAM stream's size; with --types, the ring of weights (default 1024)")
+    ap.add_argument("--reps", type=int, default=None,
+                    help=f"passes per cell, 1..{MAX_REPS} (default 5; with --types 7)")
     ap.add_argument("--md"), ap.add_argument("--json"), ap.add_argument("--png")
     ap.add_argument("--types", help="E6 instead: comma list of weight types for the one-row matmul")
     ap.add_argument("--chart-from", nargs="*", default=[], metavar="JSON",
                     help="with --types: more machines' E6 JSON files to draw beside this one")
     a = ap.parse_args(argv)
+    if a.chart_from and not a.types:
+        ap.error("--chart-from draws E6 charts: it needs --types")
+    reps = a.reps if a.reps is not None else 7 if a.types else 5
+    if not 1 <= reps <= MAX_REPS:
+        ap.error(f"--reps: expected 1..{MAX_REPS}, got {reps}")
     core = a.core if a.core is not None else (min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None)
     if a.types:
-        k = kernel_rates(a.types.split(","), core, ring_mib=min(a.mib, 512))
+        k = kernel_rates(a.types.split(","), core, ring_mib=a.mib, reps=reps)
         md = kernel_markdown(k)
         print(md)
         if a.json:
@@ -234,7 +236,7 @@ def main(argv=None):
             if why:
                 print(f"chart skipped: {why}", file=sys.stderr)
         return
-    r = measure(core, a.mib, reps=a.reps)
+    r = measure(core, a.mib, reps=reps)
     md = markdown(r)
     print(md)
     if a.json:
