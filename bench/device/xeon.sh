@@ -14,7 +14,7 @@
 #   t16      1B Q4_0, Q8_0, the mix and 8B Q4_0 at 16 threads, 2 rounds, after sync.        ~6 min
 #   scale    1B Q4_0 at 2 and 8 threads, 2 rounds.                                          ~3 min
 #   profile  bench/e2e/profile.py on 1B Q4_0 at 16 and 1 thread.                             ~1-2 min
-#   throttle bench.throttle (E1 throttled read probe, E8 clock), one pinned thread.         ~1 min
+#   throttle bench.throttle (E1 throttled read probe, E4 page size, E8 clock), 1 thread.   ~1 min
 #   With .dev/ik_llama.cpp-pruned.tar.gz carried, setup also builds ik_llama.cpp's llama-bench, and
 #   these phases add its column (-rtr 1; pp128 and pp512):
 #   ik16     1B Q8_0, the mix and Q4_K at 16 threads, 2 rounds.                             ~6 min
@@ -100,7 +100,7 @@ IK=(--ik-llama-src "$IKSRC" --pp 128,512)
 case "$PHASE" in
   throttle) "$PY" -m bench.throttle --md "$OUT/throttle.md" --json "$OUT/throttle.json"; exit ;;
   setup|1b|1b-more|8b|t16|scale|profile|ik16|ik8b|ik1) [ "$PHASE" = setup ] || ready || exit 1 ;;
-  *) sed -n '2,18p' "$0"; exit 2 ;;
+  *) sed -n '2,/^# Results/p' "$0"; exit 2 ;;
 esac
 case "$PHASE" in
   setup)
