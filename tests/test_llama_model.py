@@ -209,6 +209,20 @@ def test_f32_kv_and_threads(tiny_dir):
     np.testing.assert_array_equal(a, b)        # the kernels do not depend on the thread count
 
 
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])
+def test_decode_steps_do_not_depend_on_threads(tiny_dir, qtype):
+    # one-token steps run the decode path: several threads prefetch hinted weights and take their
+    # first chunks by thread id (native/src/pool.c); 3 and 5 threads oversubscribe a small VM
+    p = tiny(tiny_dir, qtype)
+    runs = []
+    for nt in (1, 2, 3, 5):
+        m = Model.load(p, n_ctx=64, n_threads=nt)
+        m.eval(PROMPT[:4])
+        runs.append(np.stack([m.eval([t]) for t in PROMPT[4:14]]))
+    for r in runs[1:]:
+        np.testing.assert_array_equal(runs[0], r)
+
+
 # ------------------------------------------------------------------------------------------------
 # generation
 

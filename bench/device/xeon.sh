@@ -20,6 +20,13 @@
 #   ik16     1B Q8_0, the mix and Q4_K at 16 threads, 2 rounds.                             ~6 min
 #   ik8b     8B Q4_0 written, at 16 threads, 2 rounds.                                      ~5 min
 #   ik1      1B Q8_0, the mix and Q4_K at 1 thread, 1 round, flash attention on for ik.     ~7 min
+#   ik8b1    8B Q4_0 written, at 1 thread, 2 rounds, pp128, flash attention on for both peers. ~8-9 min
+#   q8t16    bench/e2e/profile.py on 1B Q8_0 at 16 threads, then 1B Q8_0 at 16 threads, 3 rounds,
+#            pp128 and pp512.                                                                ~5 min
+#   ab       A/B against a base tree the caller put in .dev/ab/base (e.g. `git archive HEAD`): builds both
+#            trees and the 1B AB_TYPES files when missing (no peers; ~2 min on a fresh machine), then
+#            bench/e2e/profile.py at AB_THREADS (16) threads on 1B AB_TYPES ("q8_0 q4_0"), base and
+#            this tree alternating, AB_ROUNDS (3) rounds.                                    ~1-2 min
 # Results: $OUT/ (e2e-big-<phase>.md/.json/.png and logs).
 set -uo pipefail
 PHASE="${1:-}"
@@ -66,6 +73,11 @@ setup() {
     ) > "$OUT/build-ik.log" 2>&1 &
     pids+=($!)
   fi
+  if [ -f .dev/ab/base/setup.py ] && [ ! -f .dev/ab/base/.built ]; then
+    say "building the A/B base tree"
+    ( cd .dev/ab/base && "$PY" setup.py -q build_ext --inplace > "$OUT/build-base.log" 2>&1 && touch .built ) &
+    pids+=($!)
+  fi
   for p in "${pids[@]}"; do wait "$p"; done
   have_cpufuse || { say "cpufuse did not build:"; tail -30 "$OUT/build-cpufuse.log"; return 1; }
   [ -x "$LB" ] || { say "llama-bench did not build:"; tail -30 "$OUT/build-llama-bench.log"; return 1; }
@@ -98,8 +110,9 @@ big() {  # written only when missing: the given bench.e2e.bigmodels arguments
 
 IK=(--ik-llama-src "$IKSRC" --pp 128,512)
 case "$PHASE" in
+  ab) wheels || exit 1 ;;
   throttle) "$PY" -m bench.throttle --md "$OUT/throttle.md" --json "$OUT/throttle.json"; exit ;;
-  setup|1b|1b-more|8b|t16|scale|profile|ik16|ik8b|ik1) [ "$PHASE" = setup ] || ready || exit 1 ;;
+  setup|1b|1b-more|8b|t16|scale|profile|ik16|ik8b|ik1|ik8b1|q8t16) [ "$PHASE" = setup ] || ready || exit 1 ;;
   *) sed -n '2,/^# Results/p' "$0"; exit 2 ;;
 esac
 case "$PHASE" in
@@ -127,6 +140,34 @@ case "$PHASE" in
     e2e ik8b --models 8b --types q4_0 --threads 16 --rounds 2 "${IK[@]}" ;;
   ik1) e2e ik1 --models 1b --types q8_0,q4_k_m,q4_k --threads 1 --rounds 1 "${IK[@]}" \
          --engines cpufuse,llamacpp-fa-off,llamacpp-fa-on,ik-fa-on ;;
+  ik8b1)
+    big --models 8b --types q4_0
+    e2e ik8b1 --models 8b --types q4_0 --threads 1 --rounds 2 --ik-llama-src "$IKSRC" --pp 128 \
+      --engines cpufuse,llamacpp-fa-on,ik-fa-on ;;
+  q8t16)
+    timeout "$(left)" "$PY" -m bench.e2e.profile --shape 1b --type q8_0 --threads 16 --md "$OUT/profile-1b-q8_0-t16.md"
+    e2e q8t16 --models 1b --types q8_0 --threads 16 --rounds 3 --pp 128,512 \
+      --engines cpufuse,llamacpp-fa-off,llamacpp-fa-on ;;
+  ab)
+    [ -f .dev/ab/base/setup.py ] || { say "no base tree in .dev/ab/base"; exit 1; }
+    have_cpufuse || "$PY" setup.py -q build_ext --inplace > "$OUT/build-cpufuse.log" 2>&1 &
+    [ -f .dev/ab/base/.built ] || ( cd .dev/ab/base && "$PY" setup.py -q build_ext --inplace > "$OUT/build-base.log" 2>&1 &&
+                                    touch .built ) &
+    wait
+    have_cpufuse && [ -f .dev/ab/base/.built ] || { say "a build failed"; tail -5 "$OUT"/build-*.log; exit 1; }
+    big --models 1b --types "$(echo ${AB_TYPES:-q8_0 q4_0} | tr ' ' ,)"
+    say "builds and files ready"
+    for r in $(seq "${AB_ROUNDS:-3}"); do
+      for ty in ${AB_TYPES:-q8_0 q4_0}; do
+        for tree in .dev/ab/base .; do
+          [ "$(left)" -gt 40 ] || break 3
+          tag=$([ "$tree" = . ] && echo new || echo base)
+          ( cd "$tree" && PYTHONPATH="/tmp/site:$PWD" timeout "$(left)" "$PY" -m bench.e2e.profile --shape 1b --type "$ty" \
+              --threads "${AB_THREADS:-16}" --read-mib 0 --md "$OUT/ab-$ty-$tag-r$r.md" > "$OUT/ab-$ty-$tag-r$r.log" 2>&1 )
+          say "round $r $ty $tag: $(grep -E '^\| [0-9]+ \|' "$OUT/ab-$ty-$tag-r$r.md" | head -1)"
+        done
+      done
+    done ;;
   scale) e2e scale --models 1b --types q4_0 --threads 2,8 --rounds 2 ;;   # 1/4/16 come from 1b and t16
   profile)
     for t in 16 1; do

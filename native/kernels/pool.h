@@ -6,6 +6,7 @@
  * a kernel) runs its chunks serially on its own thread, so threads never oversubscribe the pool. */
 #ifndef CF_POOL_H
 #define CF_POOL_H
+#include <stddef.h>
 #include <stdint.h>
 typedef void (*cf_task_fn)(void *ctx, int64_t chunk, int tid);
 void cf_parallel_for(int nth, int64_t nchunks, cf_task_fn fn, void *ctx);
@@ -14,6 +15,13 @@ void cf_parallel_for(int nth, int64_t nchunks, cf_task_fn fn, void *ctx);
  * cf_team_end once), 0 if not (nth <= 1, a team already active, or another thread's job). */
 int cf_team_begin(int nth);
 void cf_team_end(void);
+/* Prefetch hints for the next job of a team: per thread (0 = the caller) up to two byte ranges that
+ * its first chunk will read. Waiting threads prefetch theirs toward L2 (pool.c); a job started with
+ * cf_parallel_for_hinted inside a team runs chunk t < nth on tid t first, the rest in order, so each
+ * thread's first chunk is the one it prefetched. Hints change no result. */
+typedef struct { const void *p[2]; size_t n[2]; } cf_hint;
+void cf_pool_hints(int nth, const cf_hint *h);
+void cf_parallel_for_hinted(int nth, int64_t nchunks, cf_task_fn fn, void *ctx);
 /* profile counters: out (if not NULL, 3 + CF_PROF_SLOTS entries) gets {busy ns: every thread's time in
  * the tasks of parallel regions, region ns: the regions' wall time on their callers, regions, then
  * the CF_PROF_SLOTS slots (the plan executor: wall ns per record opcode)}; then on >= 0 resets them

@@ -38,6 +38,7 @@ static struct {
   cf_task_fn fn;
   void *ctx;
   int64_t n;
+  int64_t first;        /* cf_parallel_for_hinted: chunks 0..first-1 run on tids 0..first-1, the rest by the counter */
   atomic_llong next;
   atomic_int remaining;
   atomic_ullong word;   /* WORD(sequence, workers taking part: tids 1..active) */
@@ -61,6 +62,67 @@ static uint64_t now_ns(void) {
   return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
+/* Prefetch hints (cf_pool_hints): per thread up to two byte ranges, the weights its first chunk of a
+ * coming job will read. A thread that waits (a worker between jobs, the caller joining its job) pulls
+ * its ranges toward L2 with prefetch instructions, HINT_LINES cache lines at a time between looks at
+ * the job word, so the memory system keeps streaming through the joins and the serial steps of a
+ * decode token. The table is written by the team's owner only and published by one generation
+ * counter (odd while written), which is all a waiting thread polls. A hint changes no result: a
+ * stale or torn one costs only useless prefetches, which never fault. */
+#define HINT_LINES 8
+static __thread int in_team; /* this thread owns the active team */
+static struct { atomic_uintptr_t p[2]; atomic_size_t n[2]; } hint_tab[CF_MAX_THREADS];
+static atomic_ullong hint_gen __attribute__((aligned(64)));
+static __thread struct { unsigned long long gen; int r; size_t off; uintptr_t p[2]; size_t n[2]; } pf;
+
+void cf_pool_hints(int nth, const cf_hint *h) {
+  if (!in_team) return; /* only the team's owner writes the table */
+  if (nth > CF_MAX_THREADS) nth = CF_MAX_THREADS;
+  int same = 1;
+  for (int t = 0; t < nth && same; t++)
+    for (int r = 0; r < 2; r++)
+      same &= atomic_load_explicit(&hint_tab[t].p[r], memory_order_relaxed) == (uintptr_t)h[t].p[r] &&
+              atomic_load_explicit(&hint_tab[t].n[r], memory_order_relaxed) == h[t].n[r];
+  if (same) return; /* already published: threads part-way through their ranges go on */
+  const unsigned long long g = atomic_load_explicit(&hint_gen, memory_order_relaxed);
+  atomic_store_explicit(&hint_gen, g + 1, memory_order_relaxed);
+  atomic_thread_fence(memory_order_release);
+  for (int t = 0; t < nth; t++)
+    for (int r = 0; r < 2; r++) {
+      atomic_store_explicit(&hint_tab[t].p[r], (uintptr_t)h[t].p[r], memory_order_relaxed);
+      atomic_store_explicit(&hint_tab[t].n[r], h[t].n[r], memory_order_relaxed);
+    }
+  atomic_store_explicit(&hint_gen, g + 2, memory_order_release);
+}
+
+/* prefetch the next HINT_LINES lines of this thread's ranges; 0 when none are left */
+static int hint_step(int tid) {
+  const unsigned long long g = atomic_load_explicit(&hint_gen, memory_order_acquire);
+  if (g != pf.gen) {
+    if (g & 1) return 0;
+    for (int r = 0; r < 2; r++) {
+      pf.p[r] = atomic_load_explicit(&hint_tab[tid].p[r], memory_order_relaxed);
+      pf.n[r] = atomic_load_explicit(&hint_tab[tid].n[r], memory_order_relaxed);
+    }
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&hint_gen, memory_order_relaxed) != g) return 0; /* rewritten meanwhile */
+    pf.gen = g;
+    pf.r = 0;
+    pf.off = 0;
+  }
+  while (pf.r < 2 && pf.off >= pf.n[pf.r]) {
+    pf.r++;
+    pf.off = 0;
+  }
+  if (pf.r >= 2) return 0;
+  const char *p = (const char *)pf.p[pf.r] + pf.off;
+  size_t m = pf.n[pf.r] - pf.off;
+  if (m > HINT_LINES * 64) m = HINT_LINES * 64;
+  for (size_t o = 0; o < m; o += 64) __builtin_prefetch(p + o, 0, 2);
+  pf.off += m;
+  return 1;
+}
+
 /* Profile counters (cf_pool_profile): off unless asked for, then per parallel region its wall time on
  * the caller and every thread's time inside its tasks, so a benchmark can split a step into serial
  * time, task time and the idle and synchronization time inside the regions. */
@@ -73,8 +135,9 @@ void cf_prof_add(int slot, uint64_t ns) {
 }
 static void run_chunks(int tid) {
   const uint64_t t0 = atomic_load_explicit(&prof_on, memory_order_relaxed) ? now_ns() : 0;
+  if (tid < job.first) job.fn(job.ctx, tid, tid); /* the chunk its prefetch hint named */
   for (;;) {
-    const int64_t c = atomic_fetch_add(&job.next, 1);
+    const int64_t c = job.first + atomic_fetch_add(&job.next, 1);
     if (c >= job.n) break;
     job.fn(job.ctx, c, tid);
   }
@@ -99,12 +162,12 @@ void cf_pool_profile(int on, uint64_t *out) {
 static struct { int tid; unsigned long long word0; } spawn[CF_MAX_THREADS];
 
 /* spin until the job word differs from `seen` or `budget` ns pass; returns the word */
-static unsigned long long spin_for_job(unsigned long long seen, uint64_t budget) {
+static unsigned long long spin_for_job(int tid, unsigned long long seen, uint64_t budget) {
   unsigned long long w = atomic_load_explicit(&job.word, memory_order_acquire);
   if (w != seen || !budget) return w;
   const uint64_t t0 = now_ns();
   for (unsigned i = 1;; i++) {
-    cpu_relax();
+    if (!hint_step(tid)) cpu_relax();
     w = atomic_load_explicit(&job.word, memory_order_acquire);
     if (w != seen) return w;
     if (!(i & 63) && now_ns() - t0 > budget) return w;
@@ -118,8 +181,8 @@ static void *worker(void *arg) {
   unsigned long long seen = spawn[tid].word0;
   int worked = 1;
   for (;;) {
-    const int in_team = tid < atomic_load_explicit(&job.team, memory_order_relaxed);
-    unsigned long long w = spin_for_job(seen, in_team ? TEAM_SPIN_NS : (worked ? IDLE_SPIN_NS : 0));
+    const int member = tid < atomic_load_explicit(&job.team, memory_order_relaxed);
+    unsigned long long w = spin_for_job(tid, seen, member ? TEAM_SPIN_NS : (worked ? IDLE_SPIN_NS : 0));
     if (w == seen) { /* sleep until a new job (the publisher wakes sleepers after its store) */
       pthread_mutex_lock(&mu);
       atomic_fetch_add(&job.sleepers, 1);
@@ -173,7 +236,6 @@ static int ensure_workers(int nth) {
   return nth - 1 > n_workers ? n_workers + 1 : nth;
 }
 
-static __thread int in_team; /* this thread owns the active team */
 
 int cf_team_begin(int nth) {
   if (nth > CF_MAX_THREADS) nth = CF_MAX_THREADS;
@@ -195,7 +257,7 @@ void cf_team_end(void) {
   pthread_mutex_unlock(&job_lock);
 }
 
-void cf_parallel_for(int nth, int64_t nchunks, cf_task_fn fn, void *ctx) {
+static void parallel_for(int nth, int64_t nchunks, cf_task_fn fn, void *ctx, int hinted) {
   if (nth > nchunks) nth = (int)nchunks;
   if (nth > CF_MAX_THREADS) nth = CF_MAX_THREADS;
   int locked = 0;
@@ -223,6 +285,7 @@ void cf_parallel_for(int nth, int64_t nchunks, cf_task_fn fn, void *ctx) {
   job.fn = fn;
   job.ctx = ctx;
   job.n = nchunks;
+  job.first = hinted && in_team ? nth : 0;
   atomic_store_explicit(&job.next, 0, memory_order_relaxed);
   atomic_store_explicit(&job.remaining, nth - 1, memory_order_relaxed);
   atomic_store(&job.word, WORD(++job.seq, nth - 1));
@@ -236,7 +299,7 @@ void cf_parallel_for(int nth, int64_t nchunks, cf_task_fn fn, void *ctx) {
   if (atomic_load_explicit(&job.remaining, memory_order_acquire) > 0) {
     const uint64_t t0 = now_ns();
     for (unsigned i = 1; atomic_load_explicit(&job.remaining, memory_order_acquire) > 0; i++) {
-      cpu_relax();
+      if (!hint_step(0)) cpu_relax();
       if (!(i & 63) && now_ns() - t0 > JOIN_SPIN_NS) {
         pthread_mutex_lock(&mu);
         atomic_store(&job.joiner, 1);
@@ -253,3 +316,6 @@ void cf_parallel_for(int nth, int64_t nchunks, cf_task_fn fn, void *ctx) {
   }
   if (locked) pthread_mutex_unlock(&job_lock);
 }
+
+void cf_parallel_for(int nth, int64_t nchunks, cf_task_fn fn, void *ctx) { parallel_for(nth, nchunks, fn, ctx, 0); }
+void cf_parallel_for_hinted(int nth, int64_t nchunks, cf_task_fn fn, void *ctx) { parallel_for(nth, nchunks, fn, ctx, 1); }
