@@ -11,7 +11,8 @@
  * so back-to-back kernels cost about a microsecond of synchronization; outside, a worker spins
  * IDLE_SPIN_NS (back-to-back calls from Python) and then sleeps. The sleep fallback keeps a
  * machine with more threads than free cores (a shared VM) from waiting on a thread that is not
- * running. Compiled with the baseline flags. */
+ * running. Waiting threads also prefetch the weights their next chunk reads when a decode step
+ * names them (cf_pool_hints, below). Compiled with the baseline flags. */
 #define _GNU_SOURCE
 #include "../kernels/pool.h"
 #include "../cdef.h"
@@ -235,7 +236,6 @@ static int ensure_workers(int nth) {
   }
   return nth - 1 > n_workers ? n_workers + 1 : nth;
 }
-
 
 int cf_team_begin(int nth) {
   if (nth > CF_MAX_THREADS) nth = CF_MAX_THREADS;
