@@ -123,6 +123,27 @@ def test_dynamic_plan_equals_exact_plans(isa, repack, rng):
         assert np.array_equal(k1, kc) and np.array_equal(v1, vc)
 
 
+def test_dynamic_plan_bind_reads_the_arrays_at_each_call(rng):
+    """bind(sizes, **inputs) checks once; each call of the bound plan reads the arrays' contents then
+    and equals run() on the same values, bit for bit"""
+    E, n, m = 64, 3, 2
+    ws = [qref.make_weight(t, n_out, E if i < 3 else H * D, rng).repack()
+          for i, (t, n_out) in enumerate((("Q4_0", H * D), ("Q8_0", HKV * D), ("Q4_1", HKV * D), ("Q5_0", E)))]
+    kc, vc = _caches()
+    dp = DynamicPlan(_decoder_block(*ws, rng.standard_normal(E).astype(np.float32), kc, vc), {"n": 8, "m": 4})
+    args = dict(x=np.zeros((n, E), np.float32), pos=np.arange(n, dtype=np.int32), cells=np.arange(n, dtype=np.int32),
+                seqs=np.array([[0, 0, n, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]], np.int32),
+                idx=np.array([2, 0], np.int32))
+    step = dp.bind({"n": n, "m": m}, **args)
+    for _ in range(3):
+        args["x"][:] = rng.standard_normal((n, E))
+        (y,) = step(copy=True)
+        (y2,) = dp.run({"n": n, "m": m}, copy=True, **args)
+        assert y.shape == (m, E) and np.array_equal(y.view(np.uint32), y2.view(np.uint32))
+    with pytest.raises(GraphError, match="input 'idx' must be a int32 array of shape"):
+        dp.bind({"n": n, "m": m}, **{**args, "idx": np.zeros(3, np.int32)})
+
+
 def test_dynamic_plan_sizes_and_inputs_checked(rng):
     ws = [qref.make_weight("Q4_0", n, k, rng) for n, k in ((H * D, 64), (HKV * D, 64), (HKV * D, 64), (64, H * D))]
     kc, vc = _caches()

@@ -223,6 +223,26 @@ def test_decode_steps_do_not_depend_on_threads(tiny_dir, qtype):
         np.testing.assert_array_equal(runs[0], r)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_decode_step_equals_a_batch_of_one(tmp_path, arch):
+    # eval of one token runs decoder.Step (the decode plan with its inputs bound once); a Batch of
+    # that token on the same plan gives the same logits bit for bit (gemma3: the sliding-window rings)
+    from cpufuse.llama.decoder import Batch
+    from cpufuse.llama.tiny import write_tiny_gguf
+    p = write_tiny_gguf(tmp_path / f"{arch}.gguf", qtype="Q4_0", arch=arch)
+    a, b = (Model.load(p, n_ctx=64, n_batch=4, n_threads=2) for _ in range(2))
+    assert arch == "llama" or a.swa_cells > 0
+    a.eval(PROMPT[:4])
+    b.eval(PROMPT[:4])
+    for i, t in enumerate(PROMPT[4:16]):
+        got = a.eval([t])
+        bt = Batch(b)
+        bt.add(0, [t], 4 + i)
+        want = bt.run(b.decoder, (1, 1, 1), n_threads=2)[0]
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), i
+    assert a.n_past == 16 and a._cached == PROMPT[:16]
+
+
 # ------------------------------------------------------------------------------------------------
 # generation
 

@@ -261,6 +261,12 @@ class DynamicPlan:
     def run(self, sizes, copy=False, n_threads=None, **inputs):
         """Run at `sizes` (one int per dynamic dimension, 1..capacity) on named inputs of the shapes
         the graph has at those sizes; returns the outputs (views of the plan's buffers, or copies)."""
+        return self.bind(sizes, **inputs)(copy=copy, n_threads=n_threads)
+
+    def bind(self, sizes, **inputs):
+        """run()'s checks once: a callable `f(copy=False, n_threads=None)` that runs the plan at
+        `sizes` on exactly these arrays (their contents may change between calls, not the arrays;
+        a strided or misaligned one is read through a copy made here, as Plan.bind does)."""
         key = tuple(sizes.get(d) for d in self.dims) if type(sizes) is dict and len(sizes) == len(self.dims) else ()
         entry = self._cache.get(key) if all(type(v) is int for v in key) else None   # sizes seen (and checked) before
         if entry is None:
@@ -270,7 +276,7 @@ class DynamicPlan:
                 p = self._per_size.get(key)
                 if p is None:
                     p = self._per_size[key] = self.build(**sz).compile(self.fusion, self.isa)
-                return p.run(copy=copy, n_threads=n_threads, **inputs)
+                return p.bind(**inputs)
             if len(self._cache) >= 256:
                 self._cache.clear()
             entry = self._cache[key] = self._at_sizes(sz)
@@ -290,15 +296,19 @@ class DynamicPlan:
             if not (a.flags.c_contiguous and a.flags.aligned):
                 a = inputs[name] = np.require(a, requirements=("C", "A"))
             ptr_args.append((slot, from_buffer(a) + boff))
-        nth = _dispatch.threads(n_threads)
-        with plan._lock:
-            for slot, p in ptr_args:
-                pp.ptrs[slot] = p
-            rc = self._fn(prog, self._nrec, pp.ptrs, pp.fpc, pp.blas, pp.ilp64, nth)
-            if rc:
-                bad = self._steps[rc - 1]
-                if prog is self._prog and KIND[bad.kind].explains:   # the precise error (the nodes' shapes are these sizes')
-                    KIND[bad.kind].run(bad, _Run(plan, inputs, nth))
-                raise GraphError(f"run: kernel call failed at {bad.kind} [{', '.join(n.name for n in bad.nodes)}] "
-                                 "(an index input out of range: kv_write cells, attn_seqs groups or gather_rows idx)")
-            return tuple(o.copy() for o in outs) if copy else outs
+        fn, nrec, ptrs, fpc, blas, ilp64, lock = self._fn, self._nrec, pp.ptrs, pp.fpc, pp.blas, pp.ilp64, plan._lock
+
+        def bound(copy=False, n_threads=None):
+            nth = _dispatch.threads(n_threads)
+            with lock:
+                for slot, p in ptr_args:
+                    ptrs[slot] = p
+                rc = fn(prog, nrec, ptrs, fpc, blas, ilp64, nth)
+                if rc:
+                    bad = self._steps[rc - 1]
+                    if prog is self._prog and KIND[bad.kind].explains:   # the precise error (the nodes' shapes are these sizes')
+                        KIND[bad.kind].run(bad, _Run(plan, inputs, nth))
+                    raise GraphError(f"run: kernel call failed at {bad.kind} [{', '.join(n.name for n in bad.nodes)}] "
+                                     "(an index input out of range: kv_write cells, attn_seqs groups or gather_rows idx)")
+                return tuple(o.copy() for o in outs) if copy else outs
+        return bound

@@ -229,6 +229,40 @@ class Decoder:
                       **ring)[0]
 
 
+class Step:
+    """A decode step of slot 0 (Model.eval of one token): what Batch(model).add(0, [token], pos)
+    and run() compute on the decode plan (capacity (1, 1, 1)), with the plan's inputs bound once,
+    so a token costs a few array stores, the embedding call and the plan's C call.
+
+        step = Step(model)
+        logits = step(token, pos, n_threads)      # (1, n_vocab), the plan's buffer"""
+
+    def __init__(self, model):
+        self.m = model
+        self.ids = np.zeros(1, np.int64)
+        self.x = np.empty((1, model.hparams.n_embd), F32)
+        self.pos = np.zeros(1, np.int32)
+        self.cells = np.zeros(1, np.int32)
+        self.seqs = np.array([[0, 0, 1, 0]], np.int32)   # (cell0, r0, nr, pos0) of slot 0
+        ring = {}
+        self.ring = getattr(model, "swa_cells", 0)
+        if self.ring:
+            ring = {"cells_swa": np.zeros(1, np.int32), "seqs_swa": np.array([[0, 0, 1, 0]], np.int32)}
+        self.cells_swa, self.seqs_swa = ring.get("cells_swa"), ring.get("seqs_swa")
+        self.embed = model.embedder(self.ids, self.x)
+        self.run = model.decoder.plan(1, 1, 1).bind({"n": 1, "m": 1}, x=self.x, pos=self.pos, cells=self.cells,
+                                                      seqs=self.seqs, idx=np.zeros(1, np.int32), **ring)
+
+    def __call__(self, token, pos, n_threads=None):
+        self.ids[0] = token
+        self.embed()
+        self.pos[0] = self.cells[0] = self.seqs[0, 3] = pos
+        if self.ring:
+            self.cells_swa[0] = pos % self.ring
+            self.seqs_swa[0, 3] = pos
+        return self.run(n_threads=n_threads)[0]
+
+
 class Batch:
     """One decoder call over several sequences, each in its own KV slot of n_ctx cells.
 

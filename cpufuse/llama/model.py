@@ -29,7 +29,9 @@ raises RuntimeError instead of continuing from someone else's cache.
 
 Forward pass: the decoder graph (`cpufuse.llama.decoder`, one builder per architecture) for a
 batch of tokens, compiled once per capacity as a cpufuse.graph.DynamicPlan: a prompt micro-batch
-(up to n_batch tokens) and a decode step are each ONE C call, whatever their length. Per layer:
+(up to n_batch tokens) and a decode step are each ONE C call, whatever their length; a decode step
+of eval() runs the plan with its inputs bound once (decoder.Step), so its Python is a few stores.
+Per layer:
     q, k, v = matmul_multi(norm(x), Wq, Wk, Wv)   RMS_NORM fused into the matmul's prologue
     rope(q), rope(k) -> K cells; v -> V cells      f16 cache writes (kv_write)
     a = attention per sequence over its own cells  (attn_seqs: flash_attn, causal)
@@ -60,7 +62,7 @@ import numpy as np
 from cpufuse import _backend, _dispatch, _registry
 from cpufuse.quant.types import dequantize
 
-from .decoder import Batch, Decoder
+from .decoder import Batch, Decoder, Step
 from .generate import GenerationResult, Streamer, decode
 from .hparams import MAX_N_CTX, SUPPORTED_ARCHS, HParams, read_hparams
 from .loader import load_weights, repack_weights
@@ -179,6 +181,7 @@ class Model:
                             n_ctx_orig=hp.n_ctx_orig, freq_factors=self.rope_freqs,
                             ggml_compat=self.rope_ggml_compat, isa=isa, n_threads=self.n_threads)
         self.decoder = Decoder(self, fusion=fusion, isa=isa)
+        self._step = None                # decoder.Step, made at the first decode step
         # Keep no reference to the parsed metadata (the vocabulary's strings, tens of MB on a large
         # vocab): the weights are views of the file's memory map, which keeps it alive; the
         # tokenizer has its copy. gguf_version/alignment/data_offset stay for inspection.
@@ -301,26 +304,32 @@ class Model:
         path refuses an id outside the table (IndexError) rather than read past it. Quantized
         rows are decoded by the C kernel cf_dequant_rows_f32, float ones (and isa="numba") by
         cpufuse.quant.types.dequantize: the same values bit for bit."""
-        te = self.tok_embd
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
-        fn = self._dequant_rows.get(_dispatch.resolve(self.isa)) if self._dequant_rows else None
-        if fn is None:
-            rows = dequantize(te.raw[ids], te.qtype, te.n_in)
-            if out is None:
-                return rows
-            out[...] = rows
-            return out
-        n, K = ids.shape[0], te.n_in
+        n, K = ids.shape[0], self.tok_embd.n_in
         direct = out is not None and out.dtype == F32 and out.shape == (n, K) and out.flags.c_contiguous
         res = out if direct else np.empty((n, K), F32)
-        ffi = _backend.ffi
-        rc = fn(te.type_id, K, self._embd_ptr, te.n_out, te.row_bytes, ffi.from_buffer("int64_t[]", ids), n,
-                ffi.from_buffer("float[]", res, require_writable=True))
-        if rc:
-            raise IndexError(f"token id outside the embedding table [0, {te.n_out})")
+        self.embedder(ids, res)()
         if out is not None and res is not out:
             out[...] = res
         return out if out is not None else res
+
+    def embedder(self, ids, out):
+        """embed(ids, out) bound to these arrays (an int64 vector and a C-contiguous float32
+        (len(ids), n_embd) array): a callable that fills out with the rows of the ids ids holds then"""
+        te = self.tok_embd
+        fn = self._dequant_rows.get(_dispatch.resolve(self.isa)) if self._dequant_rows else None
+        if fn is None:
+            def rows():
+                out[...] = dequantize(te.raw[ids], te.qtype, te.n_in)
+            return rows
+        ffi = _backend.ffi
+        args = (te.type_id, te.n_in, self._embd_ptr, te.n_out, te.row_bytes, ffi.from_buffer("int64_t[]", ids),
+                ids.shape[0], ffi.from_buffer("float[]", out, require_writable=True))
+
+        def rows():
+            if fn(*args):
+                raise IndexError(f"token id outside the embedding table [0, {te.n_out})")
+        return rows
 
     def _forward(self, tokens, all_logits_out=None):
         """Run one micro-batch (len(tokens) <= n_batch) at positions n_past.. of slot 0 through the
@@ -331,6 +340,13 @@ class Model:
         if pos0 + n > self.n_ctx:
             raise ValueError(f"context overflow: {pos0} cached + {n} new tokens = {pos0 + n} > n_ctx = "
                              f"{self.n_ctx} (load the model with a larger n_ctx, or call reset())")
+        if n == 1 and all_logits_out is None:   # a decode step: the plan's inputs bound once
+            if self._step is None:
+                self._step = Step(self)
+            out = self._step(tokens[0], pos0, self.n_threads)
+            self._n_past = pos0 + 1
+            self._cached.append(int(tokens[0]))
+            return out
         b = Batch(self)
         b.add(0, tokens, pos0, logits=False)
         b.idx = list(range(n)) if all_logits_out is not None else [n - 1]
