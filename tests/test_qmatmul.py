@@ -90,16 +90,17 @@ def test_threads_bit_identical(isa, act, rng):
 @pytest.mark.parametrize("qtype", QUANT)
 def test_decode_row_equals_batch_row(isa, qtype, rng):
     """One activation row runs the decode tile (several panels per pass, wide chunks when there are
-    enough of them); every output equals the same row's inside a multi-row call (the prompt tiles)
-    bit for bit, for either weight layout and every thread count, and the q8 reference."""
+    enough of them, then narrow ones at the end); every output equals the same row's inside a
+    multi-row call (the prompt tiles) bit for bit, for either weight layout and every thread count,
+    and the q8 reference."""
     n_in = 2 * max(_block(qtype), 32)
-    for n_out in (16, 48, 64, 130, 272, 520):
+    for n_out in (16, 48, 64, 130, 272, 520, 1000):
         w = _weight(qtype, n_out, n_in, rng)
         x = rng.standard_normal((9, n_in)).astype(np.float32)
         for wl in (w, w.repack(isa=isa)):
             ys = cpufuse.matmul(x, wl, isa=isa)
             for i in (0, 5, 8):
-                for nth in (1, 2, 3):
+                for nth in (1, 2, 3, 7):
                     y1 = cpufuse.matmul(x[i], wl, isa=isa, n_threads=nth)
                     assert np.array_equal(y1.view(np.uint32), ys[i].view(np.uint32)), (qtype, n_out, i, nth, wl.layout)
         _check(x[:1], w, cpufuse.matmul(x[0], w, isa=isa)[None], "q8", f"{isa} {qtype} decode n_out={n_out}")
