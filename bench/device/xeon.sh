@@ -21,12 +21,13 @@
 #   ik8b     8B Q4_0 written, at 16 threads, 2 rounds.                                      ~5 min
 #   ik1      1B Q8_0, the mix and Q4_K at 1 thread, 1 round, flash attention on for ik.     ~7 min
 #   ik8b1    8B Q4_0 written, at 1 thread, 2 rounds, pp128, flash attention on for both peers. ~8-9 min
-#   q8t16    bench/e2e/profile.py on 1B Q8_0 at 16 threads, then 1B Q8_0 at 16 threads, 3 rounds,
-#            pp128 and pp512.                                                                ~5 min
-#   ab       A/B against a base tree the caller put in .dev/ab/base (e.g. `git archive HEAD`): builds both
-#            trees and the 1B AB_TYPES files when missing (no peers; ~2 min on a fresh machine), then
-#            bench/e2e/profile.py at AB_THREADS (16) threads on 1B AB_TYPES ("q8_0 q4_0"), base and
-#            this tree alternating, AB_ROUNDS (3) rounds.                                    ~1-2 min
+#   q8t16    bench/e2e/profile.py on 1B Q8_0 at 16 threads, then 1B Q8_0 at 16 threads, ROUNDS (3)
+#            rounds, PP (128,512).                                                           ~5 min
+#   ab       A/B of the trees AB_TREES (".dev/ab/base .": a base tree the caller put in .dev/ab/base,
+#            e.g. `git archive HEAD`, and this one; setup builds every .dev/ab/*/ tree too): builds
+#            the trees and the 1B AB_TYPES files when missing (no peers; ~2 min on a fresh machine),
+#            then bench/e2e/profile.py (plus AB_ARGS) at AB_THREADS (16) threads on 1B AB_TYPES
+#            ("q8_0 q4_0"), the trees alternating, AB_ROUNDS (3) rounds.                   ~1-2 min
 # Results: $OUT/ (e2e-big-<phase>.md/.json/.png and logs).
 set -uo pipefail
 PHASE="${1:-}"
@@ -73,11 +74,12 @@ setup() {
     ) > "$OUT/build-ik.log" 2>&1 &
     pids+=($!)
   fi
-  if [ -f .dev/ab/base/setup.py ] && [ ! -f .dev/ab/base/.built ]; then
-    say "building the A/B base tree"
-    ( cd .dev/ab/base && "$PY" setup.py -q build_ext --inplace > "$OUT/build-base.log" 2>&1 && touch .built ) &
+  for tree in .dev/ab/*/; do
+    [ -f "$tree/setup.py" ] && [ ! -f "$tree/.built" ] || continue
+    say "building the A/B tree $tree"
+    ( cd "$tree" && "$PY" setup.py -q build_ext --inplace > "$OUT/build-$(basename "$tree").log" 2>&1 && touch .built ) &
     pids+=($!)
-  fi
+  done
   for p in "${pids[@]}"; do wait "$p"; done
   have_cpufuse || { say "cpufuse did not build:"; tail -30 "$OUT/build-cpufuse.log"; return 1; }
   [ -x "$LB" ] || { say "llama-bench did not build:"; tail -30 "$OUT/build-llama-bench.log"; return 1; }
@@ -124,7 +126,7 @@ case "$PHASE" in
     "$PY" -m pytest -q -p no:cacheprovider tests/test_probe.py > "$OUT/test-probe.log" 2>&1; tail -1 "$OUT/test-probe.log"
     "$PY" -m bench.e2e.bigmodels --models 1b --types q4_0 --check 2>&1 | tail -1
     "$PY" -m bench.throttle --md "$OUT/throttle.md" --json "$OUT/throttle.json" > /dev/null ;;
-  1b) e2e 1b --models 1b --types q4_0 --threads 1,4,16 --rounds 2 ;;
+  1b) e2e 1b --models 1b --types q4_0 --threads 1,4,16 --rounds "${ROUNDS:-2}" ;;
   1b-more) e2e 1b-more --models 1b --types q4_k,q4_k_m,q8_0,q6_k --threads 1,16 --rounds 1 ;;
   8b)
     big --models 8b --types q4_0,q4_k_m
@@ -146,24 +148,31 @@ case "$PHASE" in
       --engines cpufuse,llamacpp-fa-on,ik-fa-on ;;
   q8t16)
     timeout "$(left)" "$PY" -m bench.e2e.profile --shape 1b --type q8_0 --threads 16 --md "$OUT/profile-1b-q8_0-t16.md"
-    e2e q8t16 --models 1b --types q8_0 --threads 16 --rounds 3 --pp 128,512 \
+    e2e q8t16 --models 1b --types q8_0 --threads 16 --rounds "${ROUNDS:-3}" --pp "${PP:-128,512}" \
       --engines cpufuse,llamacpp-fa-off,llamacpp-fa-on ;;
   ab)
-    [ -f .dev/ab/base/setup.py ] || { say "no base tree in .dev/ab/base"; exit 1; }
+    TREES=(${AB_TREES:-.dev/ab/base .})
     have_cpufuse || "$PY" setup.py -q build_ext --inplace > "$OUT/build-cpufuse.log" 2>&1 &
-    [ -f .dev/ab/base/.built ] || ( cd .dev/ab/base && "$PY" setup.py -q build_ext --inplace > "$OUT/build-base.log" 2>&1 &&
-                                    touch .built ) &
+    for tree in "${TREES[@]}"; do
+      [ "$tree" = . ] && continue
+      [ -f "$tree/setup.py" ] || { say "no tree in $tree"; exit 1; }
+      [ -f "$tree/.built" ] || ( cd "$tree" && "$PY" setup.py -q build_ext --inplace > "$OUT/build-$(basename "$tree").log" 2>&1 &&
+                                 touch .built ) &
+    done
     wait
-    have_cpufuse && [ -f .dev/ab/base/.built ] || { say "a build failed"; tail -5 "$OUT"/build-*.log; exit 1; }
+    have_cpufuse || { say "this tree did not build"; tail -5 "$OUT/build-cpufuse.log"; exit 1; }
+    for tree in "${TREES[@]}"; do
+      [ "$tree" = . ] || [ -f "$tree/.built" ] || { say "$tree did not build"; tail -5 "$OUT/build-$(basename "$tree").log"; exit 1; }
+    done
     big --models 1b --types "$(echo ${AB_TYPES:-q8_0 q4_0} | tr ' ' ,)"
     say "builds and files ready"
     for r in $(seq "${AB_ROUNDS:-3}"); do
       for ty in ${AB_TYPES:-q8_0 q4_0}; do
-        for tree in .dev/ab/base .; do
+        for tree in "${TREES[@]}"; do
           [ "$(left)" -gt 40 ] || break 3
-          tag=$([ "$tree" = . ] && echo new || echo base)
+          tag=$([ "$tree" = . ] && echo new || basename "$tree")
           ( cd "$tree" && PYTHONPATH="/tmp/site:$PWD" timeout "$(left)" "$PY" -m bench.e2e.profile --shape 1b --type "$ty" \
-              --threads "${AB_THREADS:-16}" --read-mib 0 --md "$OUT/ab-$ty-$tag-r$r.md" > "$OUT/ab-$ty-$tag-r$r.log" 2>&1 )
+              --threads "${AB_THREADS:-16}" --read-mib 0 ${AB_ARGS:-} --md "$OUT/ab-$ty-$tag-r$r.md" > "$OUT/ab-$ty-$tag-r$r.log" 2>&1 )
           say "round $r $ty $tag: $(grep -E '^\| [0-9]+ \|' "$OUT/ab-$ty-$tag-r$r.md" | head -1)"
         done
       done

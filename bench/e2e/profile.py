@@ -34,7 +34,7 @@ def worker(job):
     p = probes(job) if job["read_mib"] else {"read": {}}
     res = {"threads": nth, "isa": p.get("isa"), "read_gbps": p["read"].get("gbps"),
            "int8_gmacs": (p.get("int8") or {}).get("best")}
-    for fusion in (True, False):
+    for fusion in (True, False)[:1 if job.get("fused_only") else 2]:
         m = Model.load(job["model"], n_ctx=n_prompt + steps + 40, n_threads=nth, n_batch=max(n_prompt, 16), fusion=fusion)
         toks = [int(t) for t in np.random.default_rng(0).integers(10, m.hparams.n_vocab - 10, size=n_prompt + steps + 17)]
         m.eval(toks[:16])                                  # warm-up: the plans compile, the buffers fault in
@@ -70,7 +70,8 @@ def markdown(model, P, n_prompt, steps):
                 "prompt GMAC/s (% int8 peak)"], rows, "---:")
     scale = (steps * 1e3, steps * 1e3, 1e6, 1e6)   # µs per decode token, ms per prompt
     for r in P:
-        f, u = r["fused"], r["unfused"]
+        f = r["fused"]
+        u = r.get("unfused") or {w: {"wall": 0, "ops": {}} for w in ("decode", "prompt")}
         kinds = sorted({k for x in (f, u) for w in ("decode", "prompt") for k in x[w]["ops"]},
                        key=lambda k: -u["decode"]["ops"].get(k, 0))
         L += ["", f"Wall time per plan record kind at {r['threads']} thread(s) (the C plan executor; the rest of "
@@ -94,6 +95,7 @@ def main(argv=None):
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--read-mib", type=int, default=1024, help="the DRAM read probe's array (0: no probe)")
+    ap.add_argument("--fused-only", action="store_true", help="skip the unfused model (its columns read –)")
     ap.add_argument("--md", help="also write the tables here")
     a = ap.parse_args(argv)
     if min(a.prompt, a.steps) < 1:
@@ -101,7 +103,7 @@ def main(argv=None):
     path, P = a.model or bigmodels.ensure(a.shape, a.type, a.dir), []
     for t in parse_threads(a.threads, len(os.sched_getaffinity(0))):
         res, err = run_job({"worker": "profile", "model": path, "threads": t, "prompt": a.prompt, "steps": a.steps,
-                            "read_mib": a.read_mib}, pin=t == 1, threads=t, timeout=3600)
+                            "read_mib": a.read_mib, "fused_only": a.fused_only}, pin=t == 1, threads=t, timeout=3600)
         P.append(res or sys.exit(f"profile at {t} thread(s): {err}"))
         print(f"profile: {t} thread(s) done", file=sys.stderr, flush=True)
     md = markdown(os.path.basename(path), P, a.prompt, a.steps)
