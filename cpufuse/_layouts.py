@@ -125,6 +125,7 @@ FA = Layout("FA", "flash_attn (cpufuse.ops.attention -> cf_flash_attn_f32, nativ
     ("MS MH MS0 MS1 MS2 MKIND", "mask dims (S, H), strides (S, H, row), MASK_KIND"),
     ("OS0 OS1 OS2", "out (S, N, Hq, DV) strides for S, N, Hq"),
     ("STRATEGY CHUNK QTILE", "FA_STRATEGY, split-KV chunk, query rows per tile"),
+    ("COLD", "1: K/V come from DRAM (a decoder step's cache): prefetched at any size"),
 ])
 FA_STRATEGY = Enum("FA", "flash_attn strategies (FA_STRATEGY)", ROWS=1, TILED=2, SPLIT=3)
 MASK_KIND = Enum("MK", "mask element kinds (SM_MKIND, FA_MKIND)", NONE=0, F32=1, F16=2)

@@ -21,7 +21,8 @@ def fa_desc(qg, kg, vg, og, mg, mkind, kf16, vf16, strategy, chunk, q_tile):
     return FA.pack(S=S, HQ=Hq, N=N, DK=DK, HK=Hk, HV=Hv, T=T, DV=DV, QS0=qs[0], QS1=qs[1], QS2=qs[2],
                    KS0=ks[0], KS1=ks[1], KS2=ks[2], VS0=vs[0], VS1=vs[1], VS2=vs[2], KF16=kf16, VF16=vf16,
                    MS=MS, MH=MH, MS0=MS0, MS1=MS1, MS2=MS2, MKIND=mkind if mg else 0,
-                   OS0=os_[0], OS1=os_[1], OS2=os_[2], STRATEGY=STRATEGIES[strategy], CHUNK=chunk, QTILE=q_tile)
+                   OS0=os_[0], OS1=os_[1], OS2=os_[2], STRATEGY=STRATEGIES[strategy], CHUNK=chunk, QTILE=q_tile,
+                   COLD=0)
 
 
 

@@ -34,6 +34,7 @@ enum {
   FA_MS, FA_MH, FA_MS0, FA_MS1, FA_MS2, FA_MKIND, /* mask dims (S, H), strides (S, H, row), MASK_KIND */
   FA_OS0, FA_OS1, FA_OS2, /* out (S, N, Hq, DV) strides for S, N, Hq */
   FA_STRATEGY, FA_CHUNK, FA_QTILE, /* FA_STRATEGY, split-KV chunk, query rows per tile */
+  FA_COLD, /* 1: K/V come from DRAM (a decoder step's cache): prefetched at any size */
   FA_LEN
 };
 
