@@ -238,7 +238,6 @@ class Step:
         logits = step(token, pos, n_threads)      # (1, n_vocab), the plan's buffer"""
 
     def __init__(self, model):
-        self.m = model
         self.ids = np.zeros(1, np.int64)
         self.x = np.empty((1, model.hparams.n_embd), F32)
         self.pos = np.zeros(1, np.int32)

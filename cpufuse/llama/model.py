@@ -314,8 +314,9 @@ class Model:
         return out if out is not None else res
 
     def embedder(self, ids, out):
-        """embed(ids, out) bound to these arrays (an int64 vector and a C-contiguous float32
-        (len(ids), n_embd) array): a callable that fills out with the rows of the ids ids holds then"""
+        """embed() bound to these arrays, an int64 vector `ids` and a C-contiguous float32
+        (len(ids), n_embd) array `out`: a callable that writes into out the rows of the ids that
+        ids holds when it is called (decoder.Step writes each token's id into ids)."""
         te = self.tok_embd
         fn = self._dequant_rows.get(_dispatch.resolve(self.isa)) if self._dequant_rows else None
         if fn is None:
