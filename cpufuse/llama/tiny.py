@@ -73,25 +73,28 @@ def _kquant_random(rng, qtype, n_out, n_in, std):
     return raw.reshape(n_out, nb * tsz)
 
 
-def _add_weight(w, rng, name, n_out, n_in, qtype, std):
+def _add_weight(w, rng, name, n_out, n_in, qtype, std, lead=()):
+    """a random weight of n_out rows of n_in; lead: leading dims (stacked experts) that split the
+    rows, e.g. (n_expert,) writes (n_expert, n_out / n_expert, n_in)"""
+    def add(a, raw_dtype=None):   # a: (n_out, n_in elements or row bytes)
+        a = a.reshape(tuple(lead) + (n_out // int(np.prod(lead, dtype=np.int64)), a.shape[-1]))
+        w.add_tensor(name, a, raw_dtype=raw_dtype)
     if qtype in ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"):   # cpufuse's own test quantizers
         from ..reference.quant import quantize_weight
         a = (rng.standard_normal((n_out, n_in)) * std).astype(np.float32)
-        w.add_tensor(name, np.ascontiguousarray(quantize_weight(a, qtype).raw),
-                     raw_dtype=gguf.GGMLQuantizationType[qtype])
+        add(np.ascontiguousarray(quantize_weight(a, qtype).raw), gguf.GGMLQuantizationType[qtype])
         return
     if qtype in ("Q4_K", "Q6_K"):
-        w.add_tensor(name, _kquant_random(rng, qtype, n_out, n_in, std),
-                     raw_dtype=gguf.GGMLQuantizationType[qtype])
+        add(_kquant_random(rng, qtype, n_out, n_in, std), gguf.GGMLQuantizationType[qtype])
         return
     a = (rng.standard_normal((n_out, n_in)) * std).astype(np.float32)
     if qtype == "F32":
-        w.add_tensor(name, a)
+        add(a)
     elif qtype == "F16":
-        w.add_tensor(name, a.astype(np.float16))
+        add(a.astype(np.float16))
     else:
         qt = gguf.GGMLQuantizationType[qtype]
-        w.add_tensor(name, gguf.quants.quantize(a, qt), raw_dtype=qt)
+        add(gguf.quants.quantize(a, qt), qt)
 
 
 ARCHS = SUPPORTED   # every architecture of the registry (cpufuse/llama/arch/)
@@ -165,10 +168,17 @@ def _init(t):
 
 
 def tensor_plan(arch, d, n_vocab, tied=True, biases=None, fused_qkv=False):
-    """The model's tensors in file order, [(name, kind, n_out, n_in)]: the tensors the architecture
+    """[(name, kind, n_out, n_in)] of _plan: a weight of any rank as n_out = the product of its
+    leading dims (the docstring of _plan says which tensors)"""
+    return [(name, kind, int(np.prod(shape[:-1], dtype=np.int64)), shape[-1])
+            for name, kind, shape in _plan(arch, d, n_vocab, tied, biases, fused_qkv)]
+
+
+def _plan(arch, d, n_vocab, tied=True, biases=None, fused_qkv=False):
+    """The model's tensors in file order, [(name, kind, shape)]: the tensors the architecture
     declares (cpufuse/llama/arch/, llama's for a name not in the registry) that these options
-    select. kind "w" a weight (n_out rows of n_in), "norm" a norm weight, "bias" a bias,
-    "rope_long"/"rope_short" phi3's LongRoPE factors (the last four 1-D: n_in values, n_out = 1).
+    select, with their declared numpy shapes. kind "w" a weight (any rank), "norm" a norm weight,
+    "bias" a bias, "rope_long"/"rope_short" phi3's LongRoPE factors (the last four 1-D).
     d: model_dims(arch, ...); biases None: the arch's default (qwen2's Q/K/V biases); fused_qkv:
     one attn_qkv (Q, K, V rows at offsets 0, H*D, (H+Hkv)*D), phi3's default."""
     a = REGISTRY.get(arch, REGISTRY["llama"])
@@ -183,14 +193,10 @@ def tensor_plan(arch, d, n_vocab, tied=True, biases=None, fused_qkv=False):
             return True
         return not on[t.tiny[1:]] if t.tiny.startswith("!") else on[t.tiny]
 
-    def rows(t, name):
-        n_out = 1 if len(t.shape) == 1 else int(np.prod(t.shape[:-1]))
-        return name, _init(t), n_out, t.shape[-1]
-
     model, layer = a.tensors(_dims(d, n_vocab))
-    out = [rows(t, t.name) for t in model if written(t)]
+    out = [(t.name, _init(t), tuple(t.shape)) for t in model if written(t)]
     for i in range(d["n_layer"]):
-        out += [rows(t, f"blk.{i}." + t.name) for t in layer if written(t)]
+        out += [(f"blk.{i}." + t.name, _init(t), tuple(t.shape)) for t in layer if written(t)]
     return out
 
 
@@ -229,10 +235,12 @@ def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qty
         w.add_chat_template(chat_template)
     if extra is not None:
         extra(w)
-    for name, kind, n_out, n_in in tensor_plan(arch, d, len(tokens), tied, biases, fused_qkv):
+    for name, kind, shape in _plan(arch, d, len(tokens), tied, biases, fused_qkv):
+        n_in = shape[-1]
         if kind == "w":
             emb = name == "token_embd.weight"
-            _add_weight(w, rng, name, n_out, n_in, embd_qtype if emb else qtype, 1.0 if emb else 1.0 / np.sqrt(n_in))
+            _add_weight(w, rng, name, int(np.prod(shape[:-1], dtype=np.int64)), n_in,
+                        embd_qtype if emb else qtype, 1.0 if emb else 1.0 / np.sqrt(n_in), lead=shape[:-2])
         elif kind == "norm":
             w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n_in)).astype(np.float32))
         elif kind == "bias":
