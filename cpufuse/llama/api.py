@@ -10,24 +10,23 @@ written against it (LangChain's and LlamaIndex's LlamaCpp wrappers call these me
     for chunk in llm.create_chat_completion(messages=..., stream=True): ...
 
 Signatures, defaults and return shapes follow llama-cpp-python 0.3 (the OpenAI-shaped dicts:
-id, object, created, model, choices, usage, finish_reason; chunks when stream=True). Where
-cpufuse differs, it says so instead of guessing:
-- `model_path` may also be a model name (`python -m cpufuse models`);
-- sampling is llama.cpp's chain as in Model.generate: repeat/frequency/presence penalties over
-  the last 64 tokens (prompt included), top-k, top-p, min-p, temperature; the RNG is numpy's, so
-  a seed reproduces cpufuse's own output, not llama.cpp's;
-- logprobs work without logits_all=True, but not with stream=True (NotImplementedError);
+id, object, created, model, choices, usage, finish_reason; chunks when stream=True), with
+response_format (json_object, json_schema), grammar (GBNF text or a LlamaGrammar), tools /
+tool_choice (also functions / function_call; streamed or not) and logit_bias, built as the
+server builds them (cpufuse.llama.guide). Where cpufuse differs, it says so instead of guessing:
+- `model_path` may also be a model name (`python -m cpufuse models`) or a Hugging Face
+  repository `org/repo[:QUANT]`;
+- the RNG is numpy's, so a seed reproduces cpufuse's own output, not llama.cpp's;
+- logprobs with stream=True raise NotImplementedError;
 - constructor options that change nothing on a CPU (n_gpu_layers, use_mmap, flash_attn, ...)
-  are accepted; options that would change the results (lora_path, rope_freq_base, chat_format,
-  a chat_handler, embedding=True, ...) raise NotImplementedError when set; an unknown keyword is a
-  TypeError. Per call: mirostat, typical_p < 1, tfs_z < 1, logit_bias, logits_processor,
-  stopping_criteria, suffix, and response_format / grammar / tools / tool_choice / functions
-  (unless Model.generate accepts that keyword: then it is passed on) raise NotImplementedError
+  are accepted; options for what cpufuse does not have (lora_path, rope and yarn overrides,
+  chat_format, a chat_handler, embedding=True, ...) raise NotImplementedError when set; an
+  unknown keyword is a TypeError. Per call, samplers cpufuse does not have (mirostat, typical_p
+  < 1, tfs_z < 1), logits_processor, stopping_criteria and suffix raise NotImplementedError
   naming the argument.
 """
 from __future__ import annotations
 
-import inspect
 import os
 import sys
 import time
@@ -56,9 +55,8 @@ _CTOR_REFUSED = {"lora_base": None, "lora_path": None, "lora_scale": 1.0, "rope_
                  "kv_overrides": None,                              # would change the model's metadata
                  "last_n_tokens_size": PENALTY_LAST_N}             # the repeat penalty's window
 # per-call sampling options cpufuse does not implement: refused unless left at llama-cpp-python's default
-_CALL_REFUSED = {"typical_p": 1.0, "tfs_z": 1.0, "mirostat_mode": 0, "logit_bias": None,
-                 "logits_processor": None, "stopping_criteria": None}
-_PASS_THROUGH = ("response_format", "grammar", "tools", "tool_choice", "functions", "function_call")
+_CALL_REFUSED = {"typical_p": 1.0, "tfs_z": 1.0, "mirostat_mode": 0, "logits_processor": None,
+                 "stopping_criteria": None}
 
 
 def _refuse(name, value, default):
@@ -131,7 +129,6 @@ class Llama:
         self.n_threads = n_threads
         self._seed = seed
         self._rng = None if seed is None or seed == LLAMA_DEFAULT_SEED else np.random.default_rng(seed)
-        self._gen_params = set(inspect.signature(self._model.generate).parameters)
 
     # ----------------------------------------------------------------------------- construction
     @classmethod
@@ -221,14 +218,13 @@ class Llama:
         if suffix is not None:
             raise NotImplementedError("suffix (fill-in-the-middle) is not supported by cpufuse's Llama")
         for k, v in (("typical_p", typical_p), ("tfs_z", tfs_z), ("mirostat_mode", mirostat_mode),
-                     ("logit_bias", logit_bias), ("logits_processor", logits_processor),
-                     ("stopping_criteria", stopping_criteria)):
+                     ("logits_processor", logits_processor), ("stopping_criteria", stopping_criteria)):
             _refuse(k, v, _CALL_REFUSED[k])
         if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
             raise ValueError(f"logprobs must be None or an integer >= 0, got {logprobs!r}")
         if echo and logprobs is not None:
             raise NotImplementedError("echo=True with logprobs (the prompt's logprobs) is not supported")
-        extra = self._pass_through(grammar=grammar)
+        extra = {k: v for k, v in (("grammar", grammar), ("logit_bias", logit_bias)) if v is not None}
         ids = self._prompt(prompt)
         text_prompt = prompt if isinstance(prompt, str) else self.detokenize(ids).decode("utf-8", "replace")
         run = self._run(ids, max_tokens, temperature, top_p, min_p, top_k, stop, frequency_penalty,
@@ -272,27 +268,25 @@ class Llama:
         OpenAI's chat.completion, or with stream=True an iterator of chat.completion.chunk dicts.
         parallel_tool_calls (OpenAI's field; not in llama-cpp-python): False allows one call."""
         for k, v in (("typical_p", typical_p), ("tfs_z", tfs_z), ("mirostat_mode", mirostat_mode),
-                     ("logit_bias", logit_bias), ("logits_processor", logits_processor)):
+                     ("logits_processor", logits_processor)):
             _refuse(k, v, _CALL_REFUSED[k])
         if top_logprobs is not None and (isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int)
                                          or not 0 <= top_logprobs <= 20):
             raise ValueError(f"top_logprobs must be None or an integer in [0, 20], got {top_logprobs!r}")
-        extra = self._pass_through(functions=functions, function_call=function_call, tools=tools,
-                                   tool_choice=tool_choice, response_format=response_format, grammar=grammar,
-                                   parallel_tool_calls=parallel_tool_calls)
+        from .chatcalls import guide_options
+        extra = guide_options(functions, function_call, tools, tool_choice, parallel_tool_calls,
+                              response_format=response_format, grammar=grammar, logit_bias=logit_bias)
         msgs = _messages(messages)
         ids = self._model.prompt_ids(msgs)
         n_lp = (top_logprobs or 0) if logprobs else None
         with_tools = extra.get("tools") is not None
-        if with_tools and stream:
-            raise NotImplementedError("tools with stream=True are not supported by cpufuse's Llama (the server "
-                                      "streams tool calls)")
         run = self._run(ids, max_tokens, temperature, top_p, min_p, top_k, stop, frequency_penalty,
                         presence_penalty, repeat_penalty, seed, n_lp, stream, extra,
                         prompt=msgs if with_tools else None)
         cid, created, name = f"chatcmpl-{uuid.uuid4()}", int(time.time()), model or self.model_path
         if stream:
-            return self._chat_chunks(run, cid, created, name)
+            from .chatcalls import chat_chunks
+            return chat_chunks(run, cid, created, name)
         res, recs = run
         lp = None
         if n_lp is not None:
@@ -306,31 +300,7 @@ class Llama:
                 "choices": [{"index": 0, "message": message, "logprobs": lp, "finish_reason": finish}],
                 "usage": _usage(res.prompt_tokens or len(ids), res)}
 
-    def _chat_chunks(self, it, cid, created, name) -> Iterator[dict]:
-        def chunk(delta, finish=None):
-            return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-        try:
-            yield chunk({"role": "assistant"})
-            for piece in it:
-                yield chunk({"content": piece})
-            yield chunk({}, _finish(it.result))
-        finally:
-            it.close()
-
     # -------------------------------------------------------------------------------- helpers
-    def _pass_through(self, **fields):
-        """response_format / grammar / tools ...: handed to Model.generate if it takes them"""
-        out = {}
-        for k, v in fields.items():
-            if v is None:
-                continue
-            if k not in self._gen_params:
-                raise NotImplementedError(f"{k} is not supported by this cpufuse build (Model.generate has no "
-                                          f"{k!r} argument)")
-            out[k] = v
-        return out
-
     def _prompt(self, prompt):
         if isinstance(prompt, str):
             return self._model.prompt_ids(prompt)

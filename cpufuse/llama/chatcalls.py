@@ -1,0 +1,83 @@
+"""Llama.create_chat_completion's guide arguments and its stream of chunks (tool calls included),
+kept out of cpufuse.llama.api.
+
+    extra = guide_options(functions, function_call, tools, tool_choice, parallel_tool_calls,
+                          response_format=..., grammar=..., logit_bias=...)   # for Model.generate
+    for chunk in chat_chunks(stream, cid, created, name): ...
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+__all__ = ["guide_options", "chat_chunks"]
+
+
+def guide_options(functions, function_call, tools, tool_choice, parallel_tool_calls, **constraints) -> dict:
+    """Model.generate keywords of a chat call. The legacy `functions` / `function_call` become
+    `tools` / `tool_choice` (as llama-cpp-python and OpenAI map them); giving both forms is a
+    ValueError, and so is any argument of the wrong type."""
+    if functions is not None:
+        if tools is not None:
+            raise ValueError("give tools or functions (the legacy form), not both")
+        if not isinstance(functions, list):
+            raise TypeError(f"functions must be a list of function objects, got {type(functions).__name__}")
+        tools = [{"type": "function", "function": f} for f in functions]
+    if function_call is not None:
+        if tool_choice is not None:
+            raise ValueError("give tool_choice or function_call (the legacy form), not both")
+        if isinstance(function_call, dict):
+            tool_choice = {"type": "function", "function": {"name": function_call.get("name")}}
+        elif function_call in ("none", "auto"):
+            tool_choice = function_call
+        else:
+            raise ValueError(f'function_call must be "none", "auto" or {{"name": ...}}, got {function_call!r:.80}')
+    if tools is not None and not isinstance(tools, list):
+        raise TypeError(f"tools must be a list of tool objects, got {type(tools).__name__}")
+    if tool_choice is not None and not isinstance(tool_choice, (str, dict)):
+        raise TypeError(f'tool_choice must be "none", "auto", "required" or {{"type": "function", ...}}, got '
+                        f"{type(tool_choice).__name__}")
+    if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
+        raise TypeError(f"parallel_tool_calls must be a bool, got {type(parallel_tool_calls).__name__}")
+    rf = constraints.get("response_format")
+    if rf is not None and not isinstance(rf, dict):
+        raise TypeError(f"response_format must be a dict such as {{'type': 'json_object'}}, got {type(rf).__name__}")
+    lb = constraints.get("logit_bias")
+    if lb is not None and not isinstance(lb, (dict, list, tuple)):
+        raise TypeError(f"logit_bias must be a dict of token id -> bias, got {type(lb).__name__}")
+    out = dict(tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls, **constraints)
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def chat_chunks(it, cid, created, name) -> Iterator[dict]:
+    """chat.completion.chunk dicts of a Model.generate stream; with tools, content is sent until a
+    call may begin, then the calls come at the end as OpenAI streams them (per call: id, name and
+    empty arguments, then the arguments), with finish_reason "tool_calls"."""
+    from .tools import ToolStream
+
+    def chunk(delta, finish=None):
+        return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+    spec = getattr(it, "tool_spec", None)
+    ts = ToolStream(spec) if spec is not None else None
+    try:
+        yield chunk({"role": "assistant"})
+        for piece in it:
+            if ts is not None:
+                piece = ts.push(piece)
+            if piece:
+                yield chunk({"content": piece})
+        res = it.result
+        finish = "stop" if res.stop_reason in ("eog", "stop") else "length"
+        if ts is not None:
+            rest, calls = ts.finish()
+            if rest:
+                yield chunk({"content": rest})
+            for k, c in enumerate(calls or ()):
+                yield chunk({"tool_calls": [{"index": k, "id": c["id"], "type": "function",
+                                             "function": {"name": c["function"]["name"], "arguments": ""}}]})
+                yield chunk({"tool_calls": [{"index": k, "function": {"arguments": c["function"]["arguments"]}}]})
+            if calls:
+                finish = "tool_calls"
+        yield chunk({}, finish)
+    finally:
+        it.close()
