@@ -356,7 +356,7 @@ class ToolSpec:
         call (the text is content); content None: nothing but calls. A call cut short
         (max_tokens) is dropped with the text after it; complete calls before it are kept. A call
         of a function not in tools, or with arguments that are not an object, makes the reply
-        plain text. Without parallel_tool_calls only the first call is kept."""
+        plain text. Without parallel_tool_calls only the first call is kept (and checked)."""
         if self.choice == "none":
             return text, None
         content, calls, cut = parse_calls(self.format, text)
@@ -365,14 +365,14 @@ class ToolSpec:
         allowed = {t["function"]["name"] for t in self.tools}
         if self.named:
             allowed = {self.named}
+        if not self.parallel:
+            calls = calls[:1]
         out = []
         for name, args in calls:
             if name not in allowed or not isinstance(args, dict):
                 return text, None
             out.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
                         "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}})
-        if not self.parallel:
-            out = out[:1]
         content = content.strip() if content else None
         return (content or None), out
 
