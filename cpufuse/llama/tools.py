@@ -26,38 +26,12 @@ import json
 import uuid
 from typing import Any, List, Optional, Tuple
 
-from .constrain import JSON_WHITESPACE, Constraint, _llg
+from .constrain import JSON_WHITESPACE, Constraint, _llg, close_schema
 from .toolcalls import FORMATS, detect_format, parse_calls
 
-__all__ = ["ToolSpec", "detect_format", "FORMATS", "ToolStream", "close_schema"]
+__all__ = ["ToolSpec", "detect_format", "FORMATS", "ToolStream", "close_schema"]  # close_schema: constrain's
 
 _WS = {"whitespace_pattern": JSON_WHITESPACE}
-_SUB = ("items", "additionalItems", "contains", "not", "if", "then", "else", "propertyNames")
-
-
-def close_schema(schema):
-    """`schema` with every object schema that lists `properties` and says nothing about
-    `additionalProperties` closed to those properties (llama.cpp's json-schema-to-grammar
-    default); a copy, the argument is not changed"""
-    if isinstance(schema, list):
-        return [close_schema(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {}
-    for k, v in schema.items():
-        if k in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas") and isinstance(v, dict):
-            out[k] = {n: close_schema(s) for n, s in v.items()}
-        elif k in ("anyOf", "oneOf", "allOf", "prefixItems") and isinstance(v, list):
-            out[k] = [close_schema(s) for s in v]
-        elif k in _SUB or k == "additionalProperties":
-            out[k] = close_schema(v)
-        else:
-            out[k] = v
-    if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema:
-        out["additionalProperties"] = False
-    return out
-
-
 def _check_tools(tools) -> List[dict]:
     if not isinstance(tools, list) or not tools:
         raise ValueError(f"tools must be a non-empty array of tools, got {tools!r:.80}")
