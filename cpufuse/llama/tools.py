@@ -234,10 +234,7 @@ class ToolSpec:
         if tok is None:
             return None
         i = tok.token_to_id.get(text)
-        if i is None:
-            return None
-        hidden = getattr(tok, "is_special", None)
-        return i if (hidden(i) if callable(hidden) else tok._hidden[i]) else None
+        return i if i is not None and tok.is_hidden(i) else None
 
     def _text(self, s: str) -> str:
         """a Lark expression for the literal text s: a special token of the vocabulary (e.g.
