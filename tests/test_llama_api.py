@@ -337,3 +337,31 @@ def test_bad_guide_arguments_are_clear_errors(path, llm):
         {"name": "f", "parameters": {"type": "object", "properties": {"v": {"enum": [1]}}, "required": ["v"]}}],
         function_call={"name": "f"})
     assert out["choices"][0]["message"]["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"v": 1}'}
+
+
+def test_logits_processor_and_stopping_criteria(llm):
+    """llama-cpp-python's hooks: a processor that forbids the greedy token changes the first token;
+    a criterion that fires after 3 generated tokens stops there with finish_reason "stop";
+    both get the ids so far (prompt included) as an int32 array and the float32 row"""
+    plain = llm("Q:", max_tokens=8, temperature=0, logprobs=0)["choices"][0]["logprobs"]["tokens"]
+    seen = []
+
+    def ban(ids, scores):                      # the greedy first token is forbidden
+        if not seen:
+            scores[int(np.argmax(scores))] = -np.inf
+        seen.append((ids.dtype, scores.dtype, len(ids)))
+        return scores
+    out = llm("Q:", max_tokens=8, temperature=0, logits_processor=[ban], logprobs=0)
+    assert out["choices"][0]["logprobs"]["tokens"][0] != plain[0]
+    n0 = seen[0][2]
+    assert seen[0][:2] == (np.intc, np.float32) and [s[2] for s in seen] == list(range(n0, n0 + len(seen)))
+    out = llm("Q:", max_tokens=8, temperature=0, stopping_criteria=lambda ids, logits: len(ids) >= n0 + 3)
+    assert out["choices"][0]["finish_reason"] == "stop" and out["usage"]["completion_tokens"] == 3
+    msgs = [{"role": "user", "content": "hi"}]
+    seen.clear()
+    chat = llm.create_chat_completion(messages=msgs, max_tokens=4, temperature=0, logits_processor=ban)
+    assert chat["choices"][0]["finish_reason"] in ("stop", "length")
+    with pytest.raises(TypeError, match="logits_processor must be a callable"):
+        llm("Q:", max_tokens=2, logits_processor=[3])
+    with pytest.raises(NotImplementedError, match="stopping_criteria together with grammar"):
+        llm("Q:", max_tokens=2, grammar='root ::= "a"', stopping_criteria=lambda i, s: False)

@@ -22,8 +22,9 @@ server builds them (cpufuse.llama.guide). Where cpufuse differs, it says so inst
   are accepted; options for what cpufuse does not have (lora_path, rope and yarn overrides,
   chat_format, a chat_handler, embedding=True, ...) raise NotImplementedError when set; an
   unknown keyword is a TypeError. Per call, samplers cpufuse does not have (mirostat, typical_p
-  < 1, tfs_z < 1), logits_processor, stopping_criteria and suffix raise NotImplementedError
-  naming the argument.
+  < 1, tfs_z < 1) and suffix raise NotImplementedError naming the argument;
+- logits_processor gets the row after logit_bias and a grammar's mask (llama-cpp-python: before);
+  stopping_criteria with a grammar, response_format or tools is NotImplementedError.
 """
 from __future__ import annotations
 
@@ -55,8 +56,7 @@ _CTOR_REFUSED = {"lora_base": None, "lora_path": None, "lora_scale": 1.0, "rope_
                  "kv_overrides": None,                              # would change the model's metadata
                  "last_n_tokens_size": PENALTY_LAST_N}             # the repeat penalty's window
 # per-call sampling options cpufuse does not implement: refused unless left at llama-cpp-python's default
-_CALL_REFUSED = {"typical_p": 1.0, "tfs_z": 1.0, "mirostat_mode": 0, "logits_processor": None,
-                 "stopping_criteria": None}
+_CALL_REFUSED = {"typical_p": 1.0, "tfs_z": 1.0, "mirostat_mode": 0}
 
 
 def _refuse(name, value, default):
@@ -217,8 +217,7 @@ class Llama:
         iterator of its chunks."""
         if suffix is not None:
             raise NotImplementedError("suffix (fill-in-the-middle) is not supported by cpufuse's Llama")
-        for k, v in (("typical_p", typical_p), ("tfs_z", tfs_z), ("mirostat_mode", mirostat_mode),
-                     ("logits_processor", logits_processor), ("stopping_criteria", stopping_criteria)):
+        for k, v in (("typical_p", typical_p), ("tfs_z", tfs_z), ("mirostat_mode", mirostat_mode)):
             _refuse(k, v, _CALL_REFUSED[k])
         if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
             raise ValueError(f"logprobs must be None or an integer >= 0, got {logprobs!r}")
@@ -228,7 +227,8 @@ class Llama:
         ids = self._prompt(prompt)
         text_prompt = prompt if isinstance(prompt, str) else self.detokenize(ids).decode("utf-8", "replace")
         run = self._run(ids, max_tokens, temperature, top_p, min_p, top_k, stop, frequency_penalty,
-                        presence_penalty, repeat_penalty, seed, logprobs, stream, extra)
+                        presence_penalty, repeat_penalty, seed, logprobs, stream, extra,
+                        hooks=(logits_processor, stopping_criteria))
         cid, created, name = f"cmpl-{uuid.uuid4()}", int(time.time()), model or self.model_path
         if stream:
             return self._completion_chunks(run, cid, created, name, text_prompt if echo else "")
@@ -267,8 +267,7 @@ class Llama:
         """A chat completion: the messages rendered with the model's chat template; a dict shaped as
         OpenAI's chat.completion, or with stream=True an iterator of chat.completion.chunk dicts.
         parallel_tool_calls (OpenAI's field; not in llama-cpp-python): False allows one call."""
-        for k, v in (("typical_p", typical_p), ("tfs_z", tfs_z), ("mirostat_mode", mirostat_mode),
-                     ("logits_processor", logits_processor)):
+        for k, v in (("typical_p", typical_p), ("tfs_z", tfs_z), ("mirostat_mode", mirostat_mode)):
             _refuse(k, v, _CALL_REFUSED[k])
         if top_logprobs is not None and (isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int)
                                          or not 0 <= top_logprobs <= 20):
@@ -282,7 +281,7 @@ class Llama:
         with_tools = extra.get("tools") is not None
         run = self._run(ids, max_tokens, temperature, top_p, min_p, top_k, stop, frequency_penalty,
                         presence_penalty, repeat_penalty, seed, n_lp, stream, extra,
-                        prompt=msgs if with_tools else None)
+                        prompt=msgs if with_tools else None, hooks=(logits_processor, None))
         cid, created, name = f"chatcmpl-{uuid.uuid4()}", int(time.time()), model or self.model_path
         if stream:
             from .chatcalls import chat_chunks
@@ -322,7 +321,7 @@ class Llama:
         return None
 
     def _run(self, ids, max_tokens, temperature, top_p, min_p, top_k, stop, frequency_penalty,
-             presence_penalty, repeat_penalty, seed, n_logprobs, stream, extra, prompt=None):
+             presence_penalty, repeat_penalty, seed, n_logprobs, stream, extra, prompt=None, hooks=(None, None)):
         """(GenerationResult, logprob records) or, with stream, the Model's text stream. prompt: what
         Model.generate renders (chat messages, so that tools reach the template), else ids"""
         from .sampling import Sampler
@@ -337,6 +336,11 @@ class Llama:
                           repeat_penalty=repeat_penalty, penalty_last_n=PENALTY_LAST_N,
                           frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                           seed=self._call_seed(seed))
+        from .chatcalls import hooked
+        tok = self._model.tokenizer
+        eog = tok.eos_id if tok.eos_id in self._model.eog_ids else min(self._model.eog_ids, default=None)
+        sampler = hooked(sampler, hooks[0], hooks[1], eog,
+                         guided=any(extra.get(k) is not None for k in ("grammar", "response_format", "tools")))
         rec = None
         if n_logprobs is not None:
             sampler = rec = _RecordingSampler(sampler, n_logprobs)

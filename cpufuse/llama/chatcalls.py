@@ -1,15 +1,88 @@
-"""Llama.create_chat_completion's guide arguments and its stream of chunks (tool calls included),
-kept out of cpufuse.llama.api.
+"""Llama's per-call helpers, kept out of cpufuse.llama.api: create_chat_completion's guide
+arguments, its stream of chunks (tool calls included), and the logits_processor /
+stopping_criteria hooks of both completion calls.
 
     extra = guide_options(functions, function_call, tools, tool_choice, parallel_tool_calls,
                           response_format=..., grammar=..., logit_bias=...)   # for Model.generate
     for chunk in chat_chunks(stream, cid, created, name): ...
+    sampler = hooked(sampler, logits_processor, stopping_criteria, eog_id)
 """
 from __future__ import annotations
 
 from typing import Iterator
 
-__all__ = ["guide_options", "chat_chunks"]
+import numpy as np
+
+__all__ = ["guide_options", "chat_chunks", "hooked", "HookedSampler"]
+
+
+def _callables(x, name):
+    """llama-cpp-python's LogitsProcessorList / StoppingCriteriaList, a list of callables or one"""
+    if x is None:
+        return []
+    fs = list(x) if isinstance(x, (list, tuple)) else [x]
+    for f in fs:
+        if not callable(f):
+            raise TypeError(f"{name} must be a callable or a list of callables, got {type(f).__name__}")
+    return fs
+
+
+class HookedSampler:
+    """A sampler behind llama-cpp-python's hooks. Each step, with the ids so far (prompt and
+    generated, an int32 array) and the step's float32 logits row: every stopping criterion is
+    asked first (any True: the end-of-generation token is returned, so the completion stops with
+    finish_reason "stop" after the tokens it has); then the logits processors rewrite the row in
+    order (each gets the previous one's result) and the wrapped sampler samples it. Under a
+    grammar (grammar, response_format, tools) the row the processors get is already masked."""
+
+    def __init__(self, sampler, processors, criteria, eog_id):
+        self._s, self.processors, self.criteria, self.eog_id = sampler, processors, criteria, eog_id
+        self.ids = []
+
+    def __getattr__(self, name):
+        if name == "_s":
+            raise AttributeError(name)
+        return getattr(self._s, name)
+
+    def accept_prompt(self, ids):
+        self.ids = [int(t) for t in ids]
+        self._s.accept_prompt(ids)
+
+    def accept(self, token):
+        self._s.accept(token)
+
+    def sample(self, logits):
+        ids = np.asarray(self.ids, np.intc)
+        row = np.asarray(logits, np.float32).reshape(-1)
+        if any(bool(c(ids, row)) for c in self.criteria):
+            return self.eog_id
+        if self.processors:
+            row = row.copy()
+            for p in self.processors:
+                out = p(ids, row)
+                row = np.asarray(out, np.float32).reshape(-1)
+                if row.shape != (np.asarray(logits).size,):
+                    raise ValueError(f"logits_processor returned {row.shape[0]} scores for a row of "
+                                     f"{np.asarray(logits).size}")
+        tok = self._s.sample(row)
+        self.ids.append(int(tok))
+        return tok
+
+
+def hooked(sampler, logits_processor, stopping_criteria, eog_id, guided: bool):
+    """sampler behind the hooks (HookedSampler), or sampler itself without any; TypeError for a
+    hook that is not callable; stopping_criteria under a grammar is NotImplementedError (the
+    grammar decides where the end may come)"""
+    ps = _callables(logits_processor, "logits_processor")
+    cs = _callables(stopping_criteria, "stopping_criteria")
+    if not ps and not cs:
+        return sampler
+    if cs and guided:
+        raise NotImplementedError("stopping_criteria together with grammar, response_format or tools is not "
+                                  "supported by cpufuse's Llama")
+    if cs and eog_id is None:
+        raise NotImplementedError("stopping_criteria needs a model with an end-of-generation token")
+    return HookedSampler(sampler, ps, cs, eog_id)
 
 
 def guide_options(functions, function_call, tools, tool_choice, parallel_tool_calls, **constraints) -> dict:
