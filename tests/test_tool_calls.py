@@ -218,3 +218,59 @@ def test_real_templates_render_tools_and_history(name):
 def test_parse_calls_rejects_an_unknown_format():
     with pytest.raises(ValueError, match="tool format"):
         parse_calls("nope", "")
+
+
+# ------------------------------------------------------------------ through Llama, a fixed reply
+
+@pytest.fixture(scope="module")
+def qwen_llm(tmp_path_factory):
+    pytest.importorskip("llguidance")
+    from _tiny_gguf import write_tiny_gguf
+    from cpufuse.llama import Llama
+    p = write_tiny_gguf(tmp_path_factory.mktemp("qwen") / "tiny.gguf", tied=False, n_ctx_train=4096,
+                        chat_template=TEMPLATES["qwen2.5"][0])
+    return Llama(model_path=p, n_ctx=4096, n_threads=1, verbose=False)
+
+
+def _forcing(llm, text):
+    """a logits processor that makes the model write `text`, then end"""
+    import numpy as np
+    ids = llm.model.tokenize(text, add_bos=False, special=True)
+    eos = llm.token_eos()
+    step = [0]
+
+    def force(_, scores):
+        k = step[0]
+        step[0] += 1
+        want = ids[k] if k < len(ids) else eos
+        assert np.isfinite(scores[want]), f"the grammar refused token {k} of the fixed reply"
+        scores[:] = -np.inf
+        scores[want] = 0.0
+        return scores
+    return force
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("reply", [REPLIES["hermes"][2], REPLIES["hermes"][1], REPLIES["hermes"][14]],
+                         ids=["fenced", "tool_call", "bare"])
+def test_llama_reads_the_call_a_qwen_model_writes(qwen_llm, reply, stream):
+    """Qwen2.5's template, tool_choice auto: the fixed reply goes through the lazy grammar, the
+    parser and (streamed) the content hold-back, and comes out in OpenAI's shape"""
+    text, content, calls = reply
+    kw = dict(messages=[{"role": "user", "content": "Weather in Paris?"}], tools=TOOLS, temperature=0,
+              max_tokens=200, logits_processor=_forcing(qwen_llm, text))
+    if not stream:
+        out = qwen_llm.create_chat_completion(**kw)
+        ch = out["choices"][0]
+        assert ch["finish_reason"] == "tool_calls"
+        assert ch["message"]["content"] == content and _calls(ch["message"]["tool_calls"]) == calls
+        return
+    chunks = list(qwen_llm.create_chat_completion(stream=True, **kw))
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    sent = "".join(d.get("content") or "" for d in deltas)
+    assert sent.strip() == (content or "")
+    heads = [d["tool_calls"][0] for d in deltas if "tool_calls" in d and "id" in d["tool_calls"][0]]
+    args = [d["tool_calls"][0]["function"]["arguments"] for d in deltas
+            if "tool_calls" in d and "id" not in d["tool_calls"][0]]
+    assert [(h["function"]["name"], json.loads(a)) for h, a in zip(heads, args)] == calls
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
