@@ -171,8 +171,15 @@ def test_logprobs(llm, model):
     c = ch["choices"][0]["logprobs"]["content"]
     assert len(c) == ch["usage"]["completion_tokens"] or ch["choices"][0]["finish_reason"] == "stop"
     assert all(set(e) == {"token", "logprob", "bytes", "top_logprobs"} and len(e["top_logprobs"]) == 2 for e in c)
-    with pytest.raises(NotImplementedError, match="stream"):
-        llm("hi", logprobs=1, stream=True)
+    # streamed: each chunk carries its tokens' logprobs; together they are the whole reply's
+    chunks = list(llm("hello world", max_tokens=5, temperature=0, logprobs=3, stream=True))
+    parts = [c["choices"][0]["logprobs"] for c in chunks if c["choices"][0]["logprobs"]]
+    assert sum((p["token_logprobs"] for p in parts), []) == lp["token_logprobs"]
+    assert sum((p["text_offset"] for p in parts), []) == lp["text_offset"]
+    chunks = list(llm.create_chat_completion(messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                             temperature=0, logprobs=True, top_logprobs=2, stream=True))
+    streamed = sum((c["choices"][0]["logprobs"]["content"] for c in chunks if c["choices"][0]["logprobs"]), [])
+    assert [e["logprob"] for e in streamed][:len(c)] == [e["logprob"] for e in c]
 
 
 def test_refused_and_unknown_options(path, llm):

@@ -17,7 +17,9 @@ server builds them (cpufuse.llama.guide). Where cpufuse differs, it says so inst
 - `model_path` may also be a model name (`python -m cpufuse models`) or a Hugging Face
   repository `org/repo[:QUANT]`;
 - the RNG is numpy's, so a seed reproduces cpufuse's own output, not llama.cpp's;
-- logprobs with stream=True raise NotImplementedError;
+- with stream=True, a chunk's logprobs are those of the tokens sampled since the previous chunk
+  (a token whose text is still held back, e.g. as the start of a possible stop string, comes with
+  a later chunk);
 - constructor options that change nothing on a CPU (n_gpu_layers, use_mmap, flash_attn, ...)
   are accepted; options for what cpufuse does not have (lora_path, rope and yarn overrides,
   chat_format, a chat_handler, embedding=True, ...) raise NotImplementedError when set; an
@@ -231,7 +233,8 @@ class Llama:
                         hooks=(logits_processor, stopping_criteria))
         cid, created, name = f"cmpl-{uuid.uuid4()}", int(time.time()), model or self.model_path
         if stream:
-            return self._completion_chunks(run, cid, created, name, text_prompt if echo else "")
+            return self._completion_chunks(run, cid, created, name, text_prompt if echo else "",
+                                           len(text_prompt) if logprobs is not None else None)
         res, recs = run
         text = (text_prompt if echo else "") + res.text
         lp = None if logprobs is None else self._completion_logprobs(res, recs, len(text_prompt))
@@ -239,15 +242,27 @@ class Llama:
                 "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": _finish(res)}],
                 "usage": _usage(len(ids), res)}
 
-    def _completion_chunks(self, it, cid, created, name, head) -> Iterator[dict]:
-        def chunk(text, finish=None):
+    def _completion_chunks(self, it, cid, created, name, head, offset=None) -> Iterator[dict]:
+        """the chunks; offset (the prompt's length) not None: each with the logprobs of its tokens"""
+        recs, done = getattr(it, "records", None), [0]
+
+        def lp():
+            if offset is None or recs is None:
+                return None
+            new, done[0] = recs[done[0]:], len(recs)
+            out = self._completion_logprobs_of(new, offset + lp.sent)
+            lp.sent += sum(len(t) for t in out["tokens"])
+            return out
+        lp.sent = 0
+
+        def chunk(text, finish=None, logprobs=None):
             return {"id": cid, "object": "text_completion", "created": created, "model": name,
-                    "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+                    "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}]}
         try:
             if head:
                 yield chunk(head)
             for piece in it:
-                yield chunk(piece)
+                yield chunk(piece, logprobs=lp())
             yield chunk("", _finish(it.result))
         finally:
             it.close()
@@ -285,7 +300,9 @@ class Llama:
         cid, created, name = f"chatcmpl-{uuid.uuid4()}", int(time.time()), model or self.model_path
         if stream:
             from .chatcalls import chat_chunks
-            return chat_chunks(run, cid, created, name)
+            recs = getattr(run, "records", None)
+            return chat_chunks(run, cid, created, name, None if n_lp is None else (
+                lambda k: {"content": [self._chat_lp(t, p, top) for t, p, top in recs[k:]], "refusal": None}))
         res, recs = run
         lp = None
         if n_lp is not None:
@@ -325,8 +342,6 @@ class Llama:
         """(GenerationResult, logprob records) or, with stream, the Model's text stream. prompt: what
         Model.generate renders (chat messages, so that tools reach the template), else ids"""
         from .sampling import Sampler
-        if stream and n_logprobs is not None:
-            raise NotImplementedError("logprobs with stream=True are not supported by cpufuse's Llama")
         room = self._model.n_ctx - len(ids)
         if room < 0:
             raise ValueError(f"Requested tokens ({len(ids)}) exceed context window of {self._model.n_ctx}")
@@ -347,6 +362,7 @@ class Llama:
         out = self._model.generate(ids if prompt is None else prompt, max_tokens=int(max_tokens), stream=stream,
                                    stop=stop, sampler=sampler, **extra)
         if stream:
+            out.records = rec.records if rec is not None else None
             return out
         return out, (rec.records if rec is not None else None)
 
@@ -375,8 +391,11 @@ class Llama:
                                  for i, v in top]}
 
     def _completion_logprobs(self, res, recs, offset):
+        return self._completion_logprobs_of(self._kept(res, recs), offset)
+
+    def _completion_logprobs_of(self, recs, offset):
         lp = {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
-        for t, p, top in self._kept(res, recs):
+        for t, p, top in recs:
             s = self._piece(t)[0]
             lp["tokens"].append(s)
             lp["text_offset"].append(offset)

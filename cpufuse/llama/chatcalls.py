@@ -121,15 +121,24 @@ def guide_options(functions, function_call, tools, tool_choice, parallel_tool_ca
     return {k: v for k, v in out.items() if v is not None}
 
 
-def chat_chunks(it, cid, created, name) -> Iterator[dict]:
+def chat_chunks(it, cid, created, name, logprobs=None) -> Iterator[dict]:
     """chat.completion.chunk dicts of a Model.generate stream; with tools, content is sent until a
     call may begin, then the calls come at the end as OpenAI streams them (per call: id, name and
-    empty arguments, then the arguments), with finish_reason "tool_calls"."""
+    empty arguments, then the arguments), with finish_reason "tool_calls". logprobs: a function
+    of k giving the logprobs of the tokens recorded from the k-th on (each content chunk gets
+    those of the tokens sampled since the previous one)."""
     from .tools import ToolStream
 
-    def chunk(delta, finish=None):
+    def chunk(delta, finish=None, lp=None):
         return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+                "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
+    recs, done = getattr(it, "records", None), [0]
+
+    def lp():
+        if logprobs is None or recs is None:
+            return None
+        out, done[0] = logprobs(done[0]), len(recs)
+        return out
     spec = getattr(it, "tool_spec", None)
     ts = ToolStream(spec) if spec is not None else None
     try:
@@ -138,7 +147,7 @@ def chat_chunks(it, cid, created, name) -> Iterator[dict]:
             if ts is not None:
                 piece = ts.push(piece)
             if piece:
-                yield chunk({"content": piece})
+                yield chunk({"content": piece}, lp=lp())
         res = it.result
         finish = "stop" if res.stop_reason in ("eog", "stop") else "length"
         if ts is not None:
