@@ -86,7 +86,7 @@ def decode(model, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stops=()):
             m = min(len(c), len(ids) - 1)
             while keep < m and c[keep] == ids[keep]:
                 keep += 1
-            keep = model.kv_reusable(keep, len(c))
+            keep = model.kv.reusable(keep, len(c))
         model._n_past = keep
         del model._cached[keep:]
         sampler.accept_prompt(ids)
