@@ -194,6 +194,8 @@ class Graph:
         self._f32(x, "qmatmul", nm)
         if not isinstance(w, QTensor):
             raise GraphError(f"qmatmul {nm!r}: w must be a cpufuse.QTensor, got {type(w).__name__}")
+        if w.n_expert:
+            raise GraphError(f"qmatmul {nm!r}: w is a 3-D expert tensor {w.shape}; use w[e] or g.qmatmul_id")
         if act not in (None, "q8", "f32"):
             raise GraphError(f"qmatmul {nm!r}: act must be 'q8', 'f32' or None, got {act!r}")
         if len(x.shape) < 1 or x.shape[-1] != w.shape[1]:
