@@ -73,25 +73,33 @@ def _kquant_random(rng, qtype, n_out, n_in, std):
     return raw.reshape(n_out, nb * tsz)
 
 
-def _add_weight(w, rng, name, n_out, n_in, qtype, std):
+def _add_weight(w, rng, name, n_out, n_in, qtype, std, shape=None):
+    """n_out rows of n_in random values of spread std in qtype; shape: the numpy shape written
+    (a stacked 3-D weight (n_expert, rows, n_in): n_out = n_expert * rows)"""
+    lead = tuple(shape[:-1]) if shape is not None and len(shape) > 2 else (n_out,)
+
+    def put(a, raw_dtype=None):
+        a = np.ascontiguousarray(a).reshape(lead + (a.shape[-1],))
+        if raw_dtype is None:
+            w.add_tensor(name, a)
+        else:
+            w.add_tensor(name, a, raw_dtype=raw_dtype)
     if qtype in ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"):   # cpufuse's own test quantizers
         from ..reference.quant import quantize_weight
         a = (rng.standard_normal((n_out, n_in)) * std).astype(np.float32)
-        w.add_tensor(name, np.ascontiguousarray(quantize_weight(a, qtype).raw),
-                     raw_dtype=gguf.GGMLQuantizationType[qtype])
+        put(quantize_weight(a, qtype).raw, gguf.GGMLQuantizationType[qtype])
         return
     if qtype in ("Q4_K", "Q6_K"):
-        w.add_tensor(name, _kquant_random(rng, qtype, n_out, n_in, std),
-                     raw_dtype=gguf.GGMLQuantizationType[qtype])
+        put(_kquant_random(rng, qtype, n_out, n_in, std), gguf.GGMLQuantizationType[qtype])
         return
     a = (rng.standard_normal((n_out, n_in)) * std).astype(np.float32)
     if qtype == "F32":
-        w.add_tensor(name, a)
+        put(a)
     elif qtype == "F16":
-        w.add_tensor(name, a.astype(np.float16))
+        put(a.astype(np.float16))
     else:
         qt = gguf.GGMLQuantizationType[qtype]
-        w.add_tensor(name, gguf.quants.quantize(a, qt), raw_dtype=qt)
+        put(gguf.quants.quantize(a, qt), qt)
 
 
 ARCHS = SUPPORTED   # every architecture of the registry (cpufuse/llama/arch/)
@@ -148,11 +156,18 @@ def add_model_keys(w, arch, d, name, n_ctx_train, freq_base, eps, arch_keys=None
     w.add_rope_freq_base(freq_base)
     w.add_layer_norm_rms_eps(eps)
     w.add_rope_dimension_count(d["n_rot"])
+    if d.get("n_expert"):   # a mixture of experts (arch/_moe.py); arch_keys may override each
+        given = arch_key_values(arch, d, arch_keys)
+        for k, v in (("expert_count", d["n_expert"]), ("expert_used_count", d["n_expert_used"]),
+                     ("expert_feed_forward_length", d["n_ff_exp"]),
+                     ("expert_shared_feed_forward_length", d.get("n_ff_shexp"))):
+            if v and k not in given and (arch_keys or {}).get(k, 0) is not None:
+                w.add_uint32(f"{arch}.{k}", v)
 
 
 def _dims(d, n_vocab):
     return Dims(d["n_embd"], d["n_head"], d["n_head_kv"], d["head_dim"], d["n_ff"], n_vocab, d["n_rot"],
-                d["n_layer"])
+                d["n_layer"], d.get("n_expert", 0), d.get("n_ff_exp", 0), d.get("n_ff_shexp", 0))
 
 
 def _init(t):
@@ -164,17 +179,22 @@ def _init(t):
     return "bias" if t.name.endswith(".bias") else "norm"
 
 
-def tensor_plan(arch, d, n_vocab, tied=True, biases=None, fused_qkv=False):
+def tensor_plan(arch, d, n_vocab, tied=True, biases=None, fused_qkv=False, options=None):
     """The model's tensors in file order, [(name, kind, n_out, n_in)]: the tensors the architecture
     declares (cpufuse/llama/arch/, llama's for a name not in the registry) that these options
     select. kind "w" a weight (n_out rows of n_in), "norm" a norm weight, "bias" a bias,
     "rope_long"/"rope_short" phi3's LongRoPE factors (the last four 1-D: n_in values, n_out = 1).
     d: model_dims(arch, ...); biases None: the arch's default (qwen2's Q/K/V biases); fused_qkv:
-    one attn_qkv (Q, K, V rows at offsets 0, H*D, (H+Hkv)*D), phi3's default."""
+    one attn_qkv (Q, K, V rows at offsets 0, H*D, (H+Hkv)*D), phi3's default. options: {name: bool}
+    of the MoE options "moe_bias" (router bias and selection bias) and "shexp" (an optional shared
+    expert, granitemoe). A stacked (3-D) weight is one row of the plan with n_out = its rows over
+    every expert (tensor_shapes gives its shape)."""
     a = REGISTRY.get(arch, REGISTRY["llama"])
     on = {"untied": not tied,
           "biases": a.tiny_options.get("biases", False) if biases is None else biases,
-          "fused_qkv": fused_qkv or a.tiny_options.get("fused_qkv", False)}
+          "fused_qkv": fused_qkv or a.tiny_options.get("fused_qkv", False),
+          "moe_bias": a.tiny_options.get("moe_bias", False), "shexp": a.tiny_options.get("shexp", True)}
+    on.update(options or {})
 
     def written(t):
         if t.tiny is None or t.refuse:
@@ -194,9 +214,20 @@ def tensor_plan(arch, d, n_vocab, tied=True, biases=None, fused_qkv=False):
     return out
 
 
+def tensor_shapes(arch, d, n_vocab):
+    """{name: numpy shape} of every tensor the architecture declares at sizes d (layer ones with
+    their "blk.{i}." prefix)"""
+    a = REGISTRY.get(arch, REGISTRY["llama"])
+    model, layer = a.tensors(_dims(d, n_vocab))
+    out = {t.name: t.shape for t in model}
+    for i in range(d["n_layer"]):
+        out.update({f"blk.{i}." + t.name: t.shape for t in layer})
+    return out
+
+
 def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qtype="F16",
                     n_ctx_train=512, freq_base=10000.0, eps=1e-5, chat_template=None, biases=None,
-                    dims=None, extra=None, fused_qkv=False, arch_keys=None):
+                    dims=None, extra=None, fused_qkv=False, arch_keys=None, options=None):
     """Write a tiny model and return its path (str). biases: None = the arch's default (qwen2 has
     Q/K/V biases). extra: callable(writer) to add keys. dims: DEFAULT_DIMS overrides, plus
     "head_dim" (written as attention.key_length/value_length when it is not n_embd / n_head) and
@@ -208,7 +239,10 @@ def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qty
     sliding_window 4, the Gemma turn tokens), gemma2 (post norms, softcaps 50/30, window 4),
     phi3 (fused attn_qkv and ffn_up, LongRoPE factors, partial rotary n_rot = head_dim / 2),
     smollm3, granite (embedding/residual/attention/logit scales). arch_keys: {key suffix: value}
-    written as "<arch>.<suffix>" (overriding these defaults; None drops the key)."""
+    written as "<arch>.<suffix>" (overriding these defaults; None drops the key). The MoE
+    architectures (qwen3moe, qwen2moe, olmoe, granitemoe) take dims "n_expert", "n_expert_used",
+    "n_ff_exp", "n_ff_shexp" and options (tensor_plan); their routers are written in F32 (as
+    llama.cpp's quantizer keeps ffn_gate_inp), their stacked experts as 3-D tensors."""
     d = model_dims(arch, dims)
     a = REGISTRY.get(arch, REGISTRY["llama"])
     rng = np.random.default_rng(seed)
@@ -229,10 +263,12 @@ def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qty
         w.add_chat_template(chat_template)
     if extra is not None:
         extra(w)
-    for name, kind, n_out, n_in in tensor_plan(arch, d, len(tokens), tied, biases, fused_qkv):
-        if kind == "w":
+    shapes = tensor_shapes(arch, d, len(tokens))
+    for name, kind, n_out, n_in in tensor_plan(arch, d, len(tokens), tied, biases, fused_qkv, options):
+        if kind in ("w", "router"):
             emb = name == "token_embd.weight"
-            _add_weight(w, rng, name, n_out, n_in, embd_qtype if emb else qtype, 1.0 if emb else 1.0 / np.sqrt(n_in))
+            t = "F32" if kind == "router" else embd_qtype if emb else qtype
+            _add_weight(w, rng, name, n_out, n_in, t, 1.0 if emb else 1.0 / np.sqrt(n_in), shapes.get(name))
         elif kind == "norm":
             w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n_in)).astype(np.float32))
         elif kind == "bias":

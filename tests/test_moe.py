@@ -1,0 +1,172 @@
+"""Mixtures of experts (qwen3moe, qwen2moe, olmoe, granitemoe) on tiny synthetic GGUFs written from
+their architecture modules, against the float64 reference forward (cpufuse/reference/archs.py with
+reference/moe_ffn.py): every gating variant, routing that changes between tokens, bit-identity
+across thread counts and batch compositions, and memory (mapped or per-expert repacked weights).
+tests/test_archs.py also runs each MoE architecture through its generic prompt/incremental tests."""
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf")
+
+from cpufuse.graph import Graph  # noqa: E402
+from cpufuse.graph.moe import normw  # noqa: E402
+from cpufuse.llama import Model  # noqa: E402
+from cpufuse.llama.decoder import Batch  # noqa: E402
+from cpufuse.llama.tiny import write_tiny_gguf  # noqa: E402
+from cpufuse.reference import moe_ffn as _ref_moe  # noqa: E402
+from cpufuse.reference.archs import ref_logits  # noqa: E402
+
+TOKENS = [5, 17, 280, 42, 99, 7, 256, 3, 128, 64, 11, 200, 90, 31]
+MOE_ARCHS = ("qwen3moe", "qwen2moe", "olmoe", "granitemoe")
+
+# (arch, arch_keys, options): every gating variant llama.cpp's build_moe_ffn has for these files
+VARIANTS = [
+    ("qwen3moe", None, None),                                            # softmax, norm_w
+    ("qwen3moe", {"expert_gating_func": 2}, None),                       # sigmoid, norm_w
+    ("qwen3moe", {"expert_gating_func": 2, "expert_weights_norm": False}, None),   # sigmoid, raw weights
+    ("qwen3moe", {"expert_gating_func": 3}, None),                       # softmax over the top-k logits
+    ("qwen3moe", {"expert_weights_scale": 2.5}, None),                   # norm_w then scale
+    ("qwen3moe", {"expert_weights_norm": False, "expert_weights_scale": 0.75}, None),   # scale only
+    ("qwen3moe", None, {"moe_bias": True}),                              # router bias + selection bias
+    ("qwen3moe", {"expert_gating_func": 2}, {"moe_bias": True}),         # DeepSeek-V3-like selection
+    ("qwen2moe", None, None),                                            # shared expert x sigmoid gate
+    ("olmoe", None, None),                                               # full-width Q/K norms, no norm_w
+    ("granitemoe", None, None),                                          # norm_w, ungated shared expert
+    ("granitemoe", None, {"shexp": False}),                              # no shared expert
+]
+
+
+def _tiny(tmp_path, arch, arch_keys=None, options=None, qtype="F32", **kw):
+    tag = f"{arch}-{sorted((arch_keys or {}).items())}-{sorted((options or {}).items())}-{qtype}"
+    name = "".join(c if c.isalnum() else "_" for c in tag)
+    return write_tiny_gguf(tmp_path / f"{name}.gguf", qtype=qtype, arch=arch, embd_qtype="F32" if qtype == "F32"
+                           else "F16", arch_keys=arch_keys, options=options, **kw)
+
+
+def _close(got, ref, tol):
+    got = np.asarray(got, np.float64)
+    err = np.max(np.abs(got - ref)) / max(1.0, np.max(np.abs(ref)))
+    assert err < tol, f"max error {err:.3g} (relative to the largest logit) >= {tol}"
+
+
+def _routes(monkeypatch, path, tokens=TOKENS):
+    """the reference's logits and, per layer, its expert ids (n, k) and the margin between the k-th
+    and (k+1)-th selection scores of each row (the tests need routing without near-ties)"""
+    seen = []
+    real = _ref_moe.routing
+
+    def spy(f, b, h):
+        ids, w, sel = real(f, b, h)
+        s = np.sort(sel, axis=-1)[:, ::-1]
+        k = ids.shape[1]
+        seen.append((ids, s[:, k - 1] - s[:, k] if k < s.shape[1] else np.full(len(s), np.inf)))
+        return ids, w, sel
+    monkeypatch.setattr(_ref_moe, "routing", spy)
+    ref = ref_logits(path, tokens, n_ctx=64)
+    monkeypatch.setattr(_ref_moe, "routing", real)
+    return ref, seen
+
+
+@pytest.mark.parametrize("arch,keys,options", VARIANTS)
+def test_moe_gating_variants_match_reference(tmp_path, monkeypatch, arch, keys, options):
+    """exact f32 mode: a prompt batch and then decode steps, against the float64 forward; the routing
+    differs between tokens and has no near-ties"""
+    p = _tiny(tmp_path, arch, keys, options)
+    ref, seen = _routes(monkeypatch, p)
+    for ids, margin in seen:
+        assert len({tuple(sorted(r)) for r in ids.tolist()}) >= 4, "routing should change between tokens"
+        assert margin.min() > 1e-5, f"a near-tie in the top-k ({margin.min():.3g}): pick another seed"
+    m = Model.load(p, n_ctx=64, act="f32", kv_dtype="f32", n_batch=6, n_threads=2)
+    assert m.hparams.n_expert and m.hparams.arch == arch
+    _close(m.logits(TOKENS), ref, 2e-5)
+    m.reset()
+    got = [m.eval(TOKENS[:6])] + [m.eval([t]) for t in TOKENS[6:]]
+    _close(np.stack(got), ref[5:], 2e-5)
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_moe_quantized_q8_mode_close_to_reference(tmp_path, monkeypatch, arch, qtype):
+    """llama.cpp's mode (q8 activations) on quantized experts: close to the float64 forward of the
+    dequantized file (routing has margins far above the q8 error here)"""
+    p = _tiny(tmp_path, arch, qtype=qtype)
+    ref, seen = _routes(monkeypatch, p)
+    assert min(mg.min() for _, mg in seen) > 1e-3
+    m = Model.load(p, n_ctx=64, n_threads=2)
+    _close(m.logits(TOKENS), ref, 0.05)
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_moe_bit_identical_threads_and_batches(tmp_path, arch):
+    """the same bits for 1, 2 and 3 threads, with and without repacking, and for a sequence alone
+    or beside others in one multi-slot Batch (its rows grouped with theirs by expert)"""
+    p = _tiny(tmp_path, arch, qtype="Q4_0")
+    runs = []
+    for nt in (1, 2, 3):
+        m = Model.load(p, n_ctx=64, n_batch=8, n_threads=nt)
+        runs.append(np.array(m.logits(TOKENS[:8]), copy=True))
+    m = Model.load(p, n_ctx=64, n_batch=8, n_threads=2, repack=False)
+    runs.append(np.array(m.logits(TOKENS[:8]), copy=True))
+    for r in runs[1:]:
+        assert np.array_equal(r, runs[0])
+    m = Model.load(p, n_ctx=64, n_batch=8, n_seq=3, n_threads=3)
+    alone = []
+    for toks, slot in ((TOKENS[:5], 0), (TOKENS[3:9], 2)):
+        b = Batch(m)
+        b.add(slot, toks, 0)
+        alone.append(np.array(b.run(m.decoder, (16, 4, 3)), copy=True))
+    b = Batch(m)
+    b.add(1, TOKENS[7:14], 0)
+    b.add(0, TOKENS[:5], 0)
+    b.add(2, TOKENS[3:9], 0)
+    both = np.array(b.run(m.decoder, (16, 4, 3)), copy=True)
+    assert np.array_equal(both[1], alone[0][0]) and np.array_equal(both[2], alone[1][0])
+    assert np.array_equal(alone[0][0], runs[0][4])
+
+
+def test_normw_op_matches_its_definition():
+    rng = np.random.default_rng(3)
+    x = rng.random((7, 5)).astype(np.float32)
+    x[2] = 1e-6   # the floor applies
+    g = Graph()
+    a = g.input("a", x.shape)
+    g.output(g.normw(a, 6.103515625e-5, 2.5, name="y"))
+    got = g.compile()(a=x)
+    got = got[0] if isinstance(got, (list, tuple)) else got
+    want = normw(x, 6.103515625e-5, 2.5)
+    assert np.array_equal(np.asarray(got), want)
+    s = x.astype(np.float64).sum(1, keepdims=True)
+    np.testing.assert_allclose(want, x / np.maximum(s, 6.103515625e-5) * 2.5, rtol=1e-6)
+    with pytest.raises(Exception, match="floor"):
+        g.normw(a, -1.0)
+
+
+def test_moe_weights_stay_mapped_or_repack_per_expert(tmp_path):
+    p = _tiny(tmp_path, "qwen3moe", qtype="Q4_0")
+    m = Model.load(p, n_ctx=64, repack=False)
+    L = m.layers[0]
+    assert L.wg_exps.shape == (4, 32, 64) and L.wd_exps.shape == (4, 64, 32)
+    assert L.wg_exps.layout == "gguf" and isinstance(L.wg_exps.raw.base, np.memmap) or \
+        _mapped(L.wg_exps.raw)
+    r = Model.load(p, n_ctx=64, repack=True)
+    wg = r.layers[0].wg_exps
+    if wg.layout == "p16":
+        for e in range(wg.n_expert):
+            assert np.array_equal(wg[e].gguf_bytes(), L.wg_exps[e].raw)
+
+
+def _mapped(a):
+    while a is not None:
+        if isinstance(a, np.memmap) or type(a).__name__ == "mmap":
+            return True
+        a = getattr(a, "base", None)
+    return False
+
+
+def test_moe_bad_keys_are_refused(tmp_path):
+    p = _tiny(tmp_path, "qwen3moe", {"expert_used_count": 9})
+    with pytest.raises(ValueError, match="expert_used_count"):
+        Model.load(p, n_ctx=64)
+    p = _tiny(tmp_path, "qwen3moe", {"expert_gating_func": 7})
+    with pytest.raises(ValueError, match="expert_gating_func"):
+        Model.load(p, n_ctx=64)
