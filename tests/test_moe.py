@@ -74,7 +74,7 @@ def test_moe_gating_variants_match_reference(tmp_path, monkeypatch, arch, keys, 
     p = _tiny(tmp_path, arch, keys, options)
     ref, seen = _routes(monkeypatch, p)
     for ids, margin in seen:
-        assert len({tuple(sorted(r)) for r in ids.tolist()}) >= 4, "routing should change between tokens"
+        assert len({tuple(sorted(r)) for r in ids.tolist()}) >= 3, "routing should change between tokens"
         assert margin.min() > 1e-5, f"a near-tie in the top-k ({margin.min():.3g}): pick another seed"
     m = Model.load(p, n_ctx=64, act="f32", kv_dtype="f32", n_batch=6, n_threads=2)
     assert m.hparams.n_expert and m.hparams.arch == arch
@@ -86,14 +86,16 @@ def test_moe_gating_variants_match_reference(tmp_path, monkeypatch, arch, keys, 
 
 @pytest.mark.parametrize("arch", MOE_ARCHS)
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
-def test_moe_quantized_q8_mode_close_to_reference(tmp_path, monkeypatch, arch, qtype):
-    """llama.cpp's mode (q8 activations) on quantized experts: close to the float64 forward of the
-    dequantized file (routing has margins far above the q8 error here)"""
+def test_moe_quantized_experts_match_reference(tmp_path, monkeypatch, arch, qtype):
+    """quantized 3-D experts (repacked per expert into P16 panels) in the exact f32 activation mode,
+    against the float64 forward of the dequantized file (q8 activations move the router's scores by
+    more than these tiny models' top-k margins, so that mode is checked by the bit-identity test and
+    tests/test_graph_moe.py's routed-matmul references)"""
     p = _tiny(tmp_path, arch, qtype=qtype)
     ref, seen = _routes(monkeypatch, p)
-    assert min(mg.min() for _, mg in seen) > 1e-3
-    m = Model.load(p, n_ctx=64, n_threads=2)
-    _close(m.logits(TOKENS), ref, 0.05)
+    assert min(mg.min() for _, mg in seen) > 1e-5
+    m = Model.load(p, n_ctx=64, act="f32", kv_dtype="f32", n_threads=2)
+    _close(m.logits(TOKENS), ref, 2e-5)
 
 
 @pytest.mark.parametrize("arch", MOE_ARCHS)
@@ -114,12 +116,12 @@ def test_moe_bit_identical_threads_and_batches(tmp_path, arch):
     for toks, slot in ((TOKENS[:5], 0), (TOKENS[3:9], 2)):
         b = Batch(m)
         b.add(slot, toks, 0)
-        alone.append(np.array(b.run(m.decoder, (16, 4, 3)), copy=True))
+        alone.append(np.array(b.run(m.decoder, (24, 4, 3)), copy=True))
     b = Batch(m)
     b.add(1, TOKENS[7:14], 0)
     b.add(0, TOKENS[:5], 0)
     b.add(2, TOKENS[3:9], 0)
-    both = np.array(b.run(m.decoder, (16, 4, 3)), copy=True)
+    both = np.array(b.run(m.decoder, (24, 4, 3)), copy=True)
     assert np.array_equal(both[1], alone[0][0]) and np.array_equal(both[2], alone[1][0])
     assert np.array_equal(alone[0][0], runs[0][4])
 
@@ -131,8 +133,7 @@ def test_normw_op_matches_its_definition():
     g = Graph()
     a = g.input("a", x.shape)
     g.output(g.normw(a, 6.103515625e-5, 2.5, name="y"))
-    got = g.compile()(a=x)
-    got = got[0] if isinstance(got, (list, tuple)) else got
+    (got,) = g.compile().run(copy=True, a=x)
     want = normw(x, 6.103515625e-5, 2.5)
     assert np.array_equal(np.asarray(got), want)
     s = x.astype(np.float64).sum(1, keepdims=True)
@@ -146,8 +147,9 @@ def test_moe_weights_stay_mapped_or_repack_per_expert(tmp_path):
     m = Model.load(p, n_ctx=64, repack=False)
     L = m.layers[0]
     assert L.wg_exps.shape == (4, 32, 64) and L.wd_exps.shape == (4, 64, 32)
-    assert L.wg_exps.layout == "gguf" and isinstance(L.wg_exps.raw.base, np.memmap) or \
-        _mapped(L.wg_exps.raw)
+    assert not m.repacked and L.wg_exps.layout == "gguf"
+    for t in (L.wg_exps, L.wu_exps, L.wd_exps, L.router):
+        assert _mapped(t.raw), "expert weights stay in the memory-mapped file"
     r = Model.load(p, n_ctx=64, repack=True)
     wg = r.layers[0].wg_exps
     if wg.layout == "p16":
@@ -156,11 +158,10 @@ def test_moe_weights_stay_mapped_or_repack_per_expert(tmp_path):
 
 
 def _mapped(a):
-    while a is not None:
-        if isinstance(a, np.memmap) or type(a).__name__ == "mmap":
-            return True
-        a = getattr(a, "base", None)
-    return False
+    import mmap
+    while isinstance(a, np.ndarray):
+        a = a.base
+    return isinstance(a, memoryview) and isinstance(a.obj, mmap.mmap)
 
 
 def test_moe_bad_keys_are_refused(tmp_path):

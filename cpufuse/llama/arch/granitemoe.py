@@ -21,4 +21,4 @@ def forward(cx):
 
 
 ARCH = Arch("granitemoe", rank=23, rope="norm", forward=forward, layer_tensors=layer_tensors, hparams=hparams,
-            tiny_dims=_moe.moe_dims(n_expert=8, n_expert_used=3, n_ff_shexp=40), tiny_keys=granite.ARCH.tiny_keys)
+            tiny_dims=_moe.moe_dims(n_expert=8, n_expert_used=3, n_ff_shexp=32), tiny_keys=granite.ARCH.tiny_keys)

@@ -25,4 +25,4 @@ def forward(cx):
 
 
 ARCH = Arch("qwen2moe", rank=21, rope="neox", forward=forward, layer_tensors=layer_tensors, hparams=hparams,
-            tiny_dims=_moe.moe_dims(n_ff_shexp=48), tiny_options={"biases": True})
+            tiny_dims=_moe.moe_dims(n_ff_shexp=64), tiny_options={"biases": True})
