@@ -58,11 +58,23 @@ def test_unknown_architecture_is_refused_naming_the_supported(tmp_path):
         Model.load(p, n_ctx=32)
 
 
-def test_declared_shapes_any_rank():
-    """a declaration's shape is a tuple of any rank: the tiny writer flattens the leading dims"""
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_stacked_weights_any_rank(tmp_path, qtype):
+    """a declared shape is a tuple of any rank (experts first): the tiny writer writes it stacked,
+    expert e the contiguous rows e*n_out.. of one tensor"""
+    import gguf
+    from cpufuse.llama import tiny
     from cpufuse.llama.arch.spec import T
-    t = T("ffn_gate_exps.weight", (4, 96, 64), "wg_exps")
-    assert t.fields == ("wg_exps",) and len(t.shape) == 3
+    t = T("blk.0.ffn_gate_exps.weight", (4, 96, 64), "wg_exps")
+    assert t.fields == ("wg_exps",)
+    w = gguf.GGUFWriter(str(tmp_path / "e.gguf"), "llama")
+    tiny._add_weight(w, np.random.default_rng(0), t.name, 4 * 96, 64, qtype, 0.1, lead=t.shape[:-2])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    (r,) = gguf.GGUFReader(str(tmp_path / "e.gguf")).tensors
+    assert tuple(int(x) for x in r.shape) == (64, 96, 4)     # ne: n_in, rows, experts
 
 
 @pytest.mark.parametrize("arch", SUPPORTED)

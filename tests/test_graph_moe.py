@@ -20,16 +20,12 @@ def _isas():
     return native + (["numba"] if "numba" in cpufuse.available_isas() else [])
 
 
-@pytest.fixture(params=["best", "numba"])
+@pytest.fixture(params=[i for i in cpufuse.ALL_ISAS if i != "neon"])
 def qisa(request):
-    if request.param == "numba":
-        if "numba" not in cpufuse.available_isas():
-            pytest.skip("numba is not available")
-        return "numba"
-    native = [i for i in cpufuse.available_isas() if i != "numba"]
-    if not native:
-        pytest.skip("no native ISA was built")
-    return native[0]
+    """every ISA this build and CPU run (neon: tests/test_neon_qemu.py), numba included"""
+    if request.param not in cpufuse.available_isas():
+        pytest.skip(f"{request.param}: not available in this build or on this CPU")
+    return request.param
 
 
 def stacked(qtype, n_exp, n_out, n_in, rng):

@@ -48,7 +48,7 @@ def build(model, n, m, n_groups):
     pos = g.input("pos", (n,), np.int32)
     kv = model.kv.graph_inputs(g, n, n_groups)
     idx = g.input("idx", (m,), np.int32)
-    g.output(REGISTRY[hp.arch].forward(Ctx(g, model, n, x, pos, kv, idx)))
+    g.output(REGISTRY[hp.arch].forward(Ctx(g, model, n, x, pos, idx, kv)))
     return g
 
 

@@ -52,6 +52,7 @@ class Streamer:
     def __init__(self, gen):
         self._gen = gen
         self.result = None
+        self.tool_spec = None          # generate(tools=...): the ToolSpec (cpufuse.llama.tools)
 
     def __iter__(self):
         return self

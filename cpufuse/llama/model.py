@@ -408,7 +408,7 @@ class Model:
     def generate(self, prompt, max_tokens=128, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
                  repeat_penalty=1.0, seed=None, stream=False, penalty_last_n=64, stop_at_eog=True,
                  reuse_cache=True, sampler=None, stop=None, response_format=None, grammar=None, tools=None,
-                 tool_choice=None, parallel_tool_calls=None):
+                 tool_choice=None, parallel_tool_calls=None, logit_bias=None):
         """Generate up to max_tokens after `prompt` (text; token ids; or chat messages rendered with
         the GGUF chat template and tokenized with special=True). Sampling is llama.cpp's common
         chain (penalties, top-k, top-p, min-p, temperature, dist; see cpufuse.llama.sampling);
@@ -422,9 +422,10 @@ class Model:
         decided) and generation stops there with stop_reason "stop". The tokens that made it stay
         in .tokens (and count in decode_tokens), as llama-cpp-python counts them.
         Arguments are checked here, before anything runs (ValueError naming the argument).
-        response_format / grammar (GBNF) / tools + tool_choice (+ parallel_tool_calls) constrain the output (see
-        cpufuse.llama.constrain and cpufuse.llama.tools); with tools, chat messages are rendered
-        with them and the result's .tool_calls holds the calls parsed from the text.
+        response_format / grammar (GBNF) / tools + tool_choice (+ parallel_tool_calls) constrain the output and
+        logit_bias ({token id: bias}) shifts it (see cpufuse.llama.guide); with tools, chat messages are
+        rendered with them and the result's .tool_calls holds the calls parsed from the text (a stream's
+        .tool_spec is the ToolSpec, for cpufuse.llama.tools.ToolStream).
 
         Threads: a call waits while another call on this Model runs. A stream computes each token
         under the model's lock and releases it before yielding the text; if another call changes
@@ -438,10 +439,12 @@ class Model:
             sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                               repeat_penalty=repeat_penalty, penalty_last_n=penalty_last_n, seed=seed)
         spec = None
-        if any(a is not None for a in (response_format, grammar, tools, tool_choice, parallel_tool_calls)):
-            from .tools import guide_generate
-            prompt, sampler, spec = guide_generate(self, prompt, sampler, response_format, grammar, tools,
-                                                   tool_choice, parallel_tool_calls)
+        if any(a is not None for a in (response_format, grammar, tools, tool_choice, parallel_tool_calls,
+                                       logit_bias)):
+            from .guide import guide_generate
+            prompt, sampler, spec = guide_generate(self, prompt, sampler, response_format=response_format,
+                                                   grammar=grammar, tools=tools, tool_choice=tool_choice,
+                                                   parallel_tool_calls=parallel_tool_calls, logit_bias=logit_bias)
         ids = self.prompt_ids(prompt)
         if not ids:
             raise ValueError("empty prompt")
@@ -449,10 +452,12 @@ class Model:
             raise ValueError(f"context overflow: the prompt has {len(ids)} tokens > n_ctx = {self.n_ctx}")
         gen = decode(self, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stop)
         if spec is not None:
-            from .tools import with_tool_calls
+            from .guide import with_tool_calls
             gen = with_tool_calls(gen, spec, self.tokenizer)
         if stream:
-            return Streamer(gen)
+            st = Streamer(gen)
+            st.tool_spec = spec
+            return st
         with self._lock:            # the whole generation at once: no other call in between
             try:
                 while True:

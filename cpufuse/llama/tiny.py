@@ -73,33 +73,28 @@ def _kquant_random(rng, qtype, n_out, n_in, std):
     return raw.reshape(n_out, nb * tsz)
 
 
-def _add_weight(w, rng, name, n_out, n_in, qtype, std, shape=None):
-    """n_out rows of n_in random values of spread std in qtype; shape: the numpy shape written
-    (a stacked 3-D weight (n_expert, rows, n_in): n_out = n_expert * rows)"""
-    lead = tuple(shape[:-1]) if shape is not None and len(shape) > 2 else (n_out,)
-
-    def put(a, raw_dtype=None):
-        a = np.ascontiguousarray(a).reshape(lead + (a.shape[-1],))
-        if raw_dtype is None:
-            w.add_tensor(name, a)
-        else:
-            w.add_tensor(name, a, raw_dtype=raw_dtype)
+def _add_weight(w, rng, name, n_out, n_in, qtype, std, lead=()):
+    """a random weight of n_out rows of n_in; lead: leading dims (stacked experts) that split the
+    rows, e.g. (n_expert,) writes (n_expert, n_out / n_expert, n_in)"""
+    def add(a, raw_dtype=None):   # a: (n_out, n_in elements or row bytes)
+        a = a.reshape(tuple(lead) + (n_out // int(np.prod(lead, dtype=np.int64)), a.shape[-1]))
+        w.add_tensor(name, a, raw_dtype=raw_dtype)
     if qtype in ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"):   # cpufuse's own test quantizers
         from ..reference.quant import quantize_weight
         a = (rng.standard_normal((n_out, n_in)) * std).astype(np.float32)
-        put(quantize_weight(a, qtype).raw, gguf.GGMLQuantizationType[qtype])
+        add(np.ascontiguousarray(quantize_weight(a, qtype).raw), gguf.GGMLQuantizationType[qtype])
         return
     if qtype in ("Q4_K", "Q6_K"):
-        put(_kquant_random(rng, qtype, n_out, n_in, std), gguf.GGMLQuantizationType[qtype])
+        add(_kquant_random(rng, qtype, n_out, n_in, std), gguf.GGMLQuantizationType[qtype])
         return
     a = (rng.standard_normal((n_out, n_in)) * std).astype(np.float32)
     if qtype == "F32":
-        put(a)
+        add(a)
     elif qtype == "F16":
-        put(a.astype(np.float16))
+        add(a.astype(np.float16))
     else:
         qt = gguf.GGMLQuantizationType[qtype]
-        put(gguf.quants.quantize(a, qt), qt)
+        add(gguf.quants.quantize(a, qt), qt)
 
 
 ARCHS = SUPPORTED   # every architecture of the registry (cpufuse/llama/arch/)
@@ -180,15 +175,21 @@ def _init(t):
 
 
 def tensor_plan(arch, d, n_vocab, tied=True, biases=None, fused_qkv=False, options=None):
-    """The model's tensors in file order, [(name, kind, n_out, n_in)]: the tensors the architecture
+    """[(name, kind, n_out, n_in)] of _plan: a weight of any rank as n_out = the product of its
+    leading dims (the docstring of _plan says which tensors)"""
+    return [(name, kind, int(np.prod(shape[:-1], dtype=np.int64)), shape[-1])
+            for name, kind, shape in _plan(arch, d, n_vocab, tied, biases, fused_qkv, options)]
+
+
+def _plan(arch, d, n_vocab, tied=True, biases=None, fused_qkv=False, options=None):
+    """The model's tensors in file order, [(name, kind, shape)]: the tensors the architecture
     declares (cpufuse/llama/arch/, llama's for a name not in the registry) that these options
-    select. kind "w" a weight (n_out rows of n_in), "norm" a norm weight, "bias" a bias,
-    "rope_long"/"rope_short" phi3's LongRoPE factors (the last four 1-D: n_in values, n_out = 1).
+    select, with their declared numpy shapes. kind "w" a weight (any rank), "norm" a norm weight,
+    "bias" a bias, "rope_long"/"rope_short" phi3's LongRoPE factors (the last four 1-D).
     d: model_dims(arch, ...); biases None: the arch's default (qwen2's Q/K/V biases); fused_qkv:
     one attn_qkv (Q, K, V rows at offsets 0, H*D, (H+Hkv)*D), phi3's default. options: {name: bool}
-    of the MoE options "moe_bias" (router bias and selection bias) and "shexp" (an optional shared
-    expert, granitemoe). A stacked (3-D) weight is one row of the plan with n_out = its rows over
-    every expert (tensor_shapes gives its shape)."""
+    of the MoE options "moe_bias" (router bias and selection bias) and "shexp" (granitemoe's optional
+    shared expert; on by default). kind "router": a weight tiny.py writes in F32 (ffn_gate_inp)."""
     a = REGISTRY.get(arch, REGISTRY["llama"])
     on = {"untied": not tied,
           "biases": a.tiny_options.get("biases", False) if biases is None else biases,
@@ -203,25 +204,10 @@ def tensor_plan(arch, d, n_vocab, tied=True, biases=None, fused_qkv=False, optio
             return True
         return not on[t.tiny[1:]] if t.tiny.startswith("!") else on[t.tiny]
 
-    def rows(t, name):
-        n_out = 1 if len(t.shape) == 1 else int(np.prod(t.shape[:-1]))
-        return name, _init(t), n_out, t.shape[-1]
-
     model, layer = a.tensors(_dims(d, n_vocab))
-    out = [rows(t, t.name) for t in model if written(t)]
+    out = [(t.name, _init(t), tuple(t.shape)) for t in model if written(t)]
     for i in range(d["n_layer"]):
-        out += [rows(t, f"blk.{i}." + t.name) for t in layer if written(t)]
-    return out
-
-
-def tensor_shapes(arch, d, n_vocab):
-    """{name: numpy shape} of every tensor the architecture declares at sizes d (layer ones with
-    their "blk.{i}." prefix)"""
-    a = REGISTRY.get(arch, REGISTRY["llama"])
-    model, layer = a.tensors(_dims(d, n_vocab))
-    out = {t.name: t.shape for t in model}
-    for i in range(d["n_layer"]):
-        out.update({f"blk.{i}." + t.name: t.shape for t in layer})
+        out += [(f"blk.{i}." + t.name, _init(t), tuple(t.shape)) for t in layer if written(t)]
     return out
 
 
@@ -241,8 +227,8 @@ def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qty
     smollm3, granite (embedding/residual/attention/logit scales). arch_keys: {key suffix: value}
     written as "<arch>.<suffix>" (overriding these defaults; None drops the key). The MoE
     architectures (qwen3moe, qwen2moe, olmoe, granitemoe) take dims "n_expert", "n_expert_used",
-    "n_ff_exp", "n_ff_shexp" and options (tensor_plan); their routers are written in F32 (as
-    llama.cpp's quantizer keeps ffn_gate_inp), their stacked experts as 3-D tensors."""
+    "n_ff_exp", "n_ff_shexp" and options (_plan); their routers are written in F32 (as llama.cpp's
+    quantizer keeps ffn_gate_inp), their stacked experts as 3-D tensors."""
     d = model_dims(arch, dims)
     a = REGISTRY.get(arch, REGISTRY["llama"])
     rng = np.random.default_rng(seed)
@@ -263,12 +249,12 @@ def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qty
         w.add_chat_template(chat_template)
     if extra is not None:
         extra(w)
-    shapes = tensor_shapes(arch, d, len(tokens))
-    for name, kind, n_out, n_in in tensor_plan(arch, d, len(tokens), tied, biases, fused_qkv, options):
+    for name, kind, shape in _plan(arch, d, len(tokens), tied, biases, fused_qkv, options):
+        n_in = shape[-1]
         if kind in ("w", "router"):
             emb = name == "token_embd.weight"
-            t = "F32" if kind == "router" else embd_qtype if emb else qtype
-            _add_weight(w, rng, name, n_out, n_in, t, 1.0 if emb else 1.0 / np.sqrt(n_in), shapes.get(name))
+            _add_weight(w, rng, name, int(np.prod(shape[:-1], dtype=np.int64)), n_in,
+                        "F32" if kind == "router" else embd_qtype if emb else qtype, 1.0 if emb else 1.0 / np.sqrt(n_in), lead=shape[:-2])
         elif kind == "norm":
             w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n_in)).astype(np.float32))
         elif kind == "bias":

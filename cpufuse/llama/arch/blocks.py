@@ -16,13 +16,15 @@ __all__ = ["Ctx", "attention", "ffn", "add", "post_norm_add", "scaled_add", "pre
 
 
 class Ctx:
-    """What every block needs: the graph, the batch inputs (x, pos, idx; kv: KVCache.graph_inputs'
-    layer function), the model and its options."""
+    """What every block needs: the graph, the batch inputs (x, pos, idx), the model and its options,
+    and kv(li) -> (k_cache, v_cache, cells, seqs, ring): layer li's cache arrays, the cell inputs
+    its K/V writes and attention read, and its ring size (0: n_ctx cells per sequence), from the
+    KV cache (cpufuse.llama.kv, KVCache.graph_inputs)."""
 
-    def __init__(self, g, model, n, x, pos, kv, idx):
+    def __init__(self, g, model, n, x, pos, idx, kv):
         self.g, self.m, self.hp, self.n = g, model, model.hparams, n
         self.x, self.pos, self.idx = x, pos, idx
-        self._kv = kv
+        self.kv = kv
         self.layers = model.layers
         self.act = model.act
         self.rope_kw = {k: v for k, v in model.rope_kw.items() if k not in ("n_dims", "mode", "isa", "n_threads")}
@@ -44,11 +46,6 @@ class Ctx:
     def rope(self, x, name, kw=None):
         hp = self.hp
         return self.g.rope(x, self.pos, hp.n_rot, mode=hp.rope_mode, name=name, **(self.rope_kw if kw is None else kw))
-
-    def kv(self, li):
-        """layer li's KV cache and where this batch's tokens live in it: (k_cache, v_cache, cells,
-        seqs, ring) with ring the cells per sequence of a sliding-window layer's ring (0: none)"""
-        return self._kv(li)
 
 
 def swa_layer(cx, li):
