@@ -181,6 +181,12 @@ def tensor_plan(arch, d, n_vocab, tied=True, biases=None, fused_qkv=False, optio
             for name, kind, shape in _plan(arch, d, n_vocab, tied, biases, fused_qkv, options)]
 
 
+def planned_tensors(arch, d, n_vocab, tied=True, biases=None, fused_qkv=False, options=None):
+    """[(name, kind, numpy shape)] of the tensors write_tiny_gguf writes (_plan), for writers of
+    other sizes (bench/e2e/bigmodels.py)"""
+    return _plan(arch, d, n_vocab, tied, biases, fused_qkv, options)
+
+
 def _plan(arch, d, n_vocab, tied=True, biases=None, fused_qkv=False, options=None):
     """The model's tensors in file order, [(name, kind, shape)]: the tensors the architecture
     declares (cpufuse/llama/arch/, llama's for a name not in the registry) that these options
