@@ -171,3 +171,19 @@ def test_moe_bad_keys_are_refused(tmp_path):
     p = _tiny(tmp_path, "qwen3moe", {"expert_gating_func": 7})
     with pytest.raises(ValueError, match="expert_gating_func"):
         Model.load(p, n_ctx=64)
+
+
+def test_moe_experts_stay_mapped_when_memory_is_short(tmp_path, monkeypatch):
+    """repack=True on a machine whose available memory cannot hold the repacked model: the stacked
+    experts stay mapped from the file (the rest is repacked), with the same logits bit for bit"""
+    import cpufuse.llama.loader as loader
+    p = _tiny(tmp_path, "olmoe", qtype="Q4_0")
+    full = Model.load(p, n_ctx=64, n_threads=2)
+    assert not full.experts_mapped
+    monkeypatch.setattr(loader, "_mem_available", lambda: loader.MEM_MARGIN + 1000)
+    m = Model.load(p, n_ctx=64, n_threads=2)
+    L = m.layers[0]
+    assert m.experts_mapped and _mapped(L.wg_exps.raw) and _mapped(L.wd_exps.raw)
+    if full.layers[0].wq.layout == "p16":
+        assert L.wq.layout == "p16" and full.layers[0].wg_exps.layout == "p16"
+    assert np.array_equal(m.logits(TOKENS), full.logits(TOKENS))

@@ -99,7 +99,9 @@ class Model:
         angle chain (bit-compatible with llama.cpp) instead of cpufuse's float64 angles.
         isa: force a cpufuse ISA for every kernel (None = auto). repack: lay the quantized
         weights out for the kernels (QTensor.repack: P16 panels, the same results bit for bit) and
-        release the file pages they were read from; False keeps them in the memory-mapped file.
+        release the file pages they were read from; False keeps them in the memory-mapped file. A
+        mixture of experts whose weights would not fit the available memory keeps its stacked
+        experts mapped even with repack (experts_mapped; docs/moe.md).
         fusion: False (or CPUFUSE_DISABLE_FUSION=1 with None) runs every op of the decoder graph as
         its own kernel. n_seq: KV slots (sequences held at once; the server's --parallel).
         progress: None, or a callable(done, total) called as the weights are repacked, layer by
