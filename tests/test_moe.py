@@ -126,20 +126,35 @@ def test_moe_bit_identical_threads_and_batches(tmp_path, arch):
     assert np.array_equal(alone[0][0], runs[0][4])
 
 
-def test_normw_op_matches_its_definition():
+@pytest.mark.parametrize("isa", [None, "numba"])
+def test_normw_op_matches_its_definition(isa):
     rng = np.random.default_rng(3)
     x = rng.random((7, 5)).astype(np.float32)
     x[2] = 1e-6   # the floor applies
-    g = Graph()
-    a = g.input("a", x.shape)
-    g.output(g.normw(a, 6.103515625e-5, 2.5, name="y"))
-    (got,) = g.compile().run(copy=True, a=x)
+    x[4, 1] = np.nan
     want = normw(x, 6.103515625e-5, 2.5)
-    assert np.array_equal(np.asarray(got), want)
+    for floor, scale in ((6.103515625e-5, 2.5), (0.0, 0.5), (1e-3, 0.0)):
+        g = Graph()
+        a = g.input("a", x.shape)
+        g.output(g.normw(a, floor, scale, name="y"))
+        (got,) = g.compile(isa=isa).run(copy=True, a=x)
+        assert np.array_equal(np.asarray(got), normw(x, floor, scale), equal_nan=True)
+    assert np.isnan(want[4]).all() and np.isfinite(np.delete(want, 4, 0)).all()
+    x = np.delete(x, 4, 0)
+    want = normw(x, 6.103515625e-5, 2.5)
     s = x.astype(np.float64).sum(1, keepdims=True)
     np.testing.assert_allclose(want, x / np.maximum(s, 6.103515625e-5) * 2.5, rtol=1e-6)
     with pytest.raises(Exception, match="floor"):
-        g.normw(a, -1.0)
+        Graph().normw(Graph().input("a", (2, 3)), -1.0)
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe"])
+def test_moe_numba_isa_matches_reference(tmp_path, monkeypatch, arch):
+    """the Python/Numba steps of every MoE op (no C kernels) against the float64 forward"""
+    p = _tiny(tmp_path, arch, {"expert_weights_scale": 1.5} if arch == "qwen3moe" else None)
+    ref, _ = _routes(monkeypatch, p, TOKENS[:6])
+    m = Model.load(p, n_ctx=64, act="f32", kv_dtype="f32", isa="numba", n_threads=2)
+    _close(m.logits(TOKENS[:6]), ref, 2e-5)
 
 
 def test_moe_weights_stay_mapped_or_repack_per_expert(tmp_path):
