@@ -202,3 +202,18 @@ def test_moe_experts_stay_mapped_when_memory_is_short(tmp_path, monkeypatch):
     if full.layers[0].wq.layout == "p16":
         assert L.wq.layout == "p16" and full.layers[0].wg_exps.layout == "p16"
     assert np.array_equal(m.logits(TOKENS), full.logits(TOKENS))
+
+
+def test_moe_key_defaults_as_llama_cpp(tmp_path):
+    """an absent expert_feed_forward_length is n_ff / expert_used_count (olmoe: n_ff); qwen2moe's
+    absent shared length is n_ff; granitemoe's 0 means no shared expert"""
+    d = {"n_ff": 64, "n_ff_exp": 32}   # 64 / k=2
+    p = _tiny(tmp_path, "qwen3moe", {"expert_feed_forward_length": None}, dims=d)
+    assert Model.load(p, n_ctx=32).hparams.n_ff_exp == 32
+    p = _tiny(tmp_path, "olmoe", {"expert_feed_forward_length": None}, dims={"n_ff": 32, "n_ff_exp": 32})
+    assert Model.load(p, n_ctx=32).hparams.n_ff_exp == 32
+    p = _tiny(tmp_path, "qwen2moe", {"expert_shared_feed_forward_length": None}, dims={"n_ff": 64, "n_ff_shexp": 64})
+    assert Model.load(p, n_ctx=32).hparams.n_ff_shexp == 64
+    p = _tiny(tmp_path, "granitemoe", {"expert_shared_feed_forward_length": 0}, options={"shexp": False})
+    m = Model.load(p, n_ctx=32)
+    assert m.hparams.n_ff_shexp == 0 and m.layers[0].wg_shexp is None

@@ -31,14 +31,22 @@ def _bool(keys, suffix, default):
     return bool(v)
 
 
-def hparams(keys, hp, norm_w, gating="softmax", shared=False):
+def hparams(keys, hp, norm_w, gating="softmax", shared=None, ff_per_used=True):
     """Read the expert keys into hp. norm_w, gating: the architecture's (llama.cpp hard-codes them in
     each builder), which expert_weights_norm and expert_gating_func override when the file sets them.
-    shared: expert_shared_feed_forward_length is read (0 or absent: no shared expert)."""
+    An absent expert_feed_forward_length is n_ff / expert_used_count (ff_per_used; else n_ff, olmoe),
+    as llama.cpp's tensor shapes. shared: expert_shared_feed_forward_length is read, "required"
+    (absent: n_ff, qwen2moe) or "optional" (0 or absent: no shared expert, granitemoe)."""
     hp.n_expert = keys.int("expert_count", lo=1, hi=1 << 16)
     hp.n_expert_used = keys.int("expert_used_count", lo=1, hi=hp.n_expert)
-    hp.n_ff_exp = keys.int("expert_feed_forward_length", hp.n_ff)
-    hp.n_ff_shexp = keys.int("expert_shared_feed_forward_length", 0, lo=0) if shared else 0
+    hp.n_ff_exp = keys.int("expert_feed_forward_length", hp.n_ff // hp.n_expert_used if ff_per_used else hp.n_ff)
+    if hp.n_ff_exp < 1:
+        raise ValueError(f"{keys.key('expert_feed_forward_length')}: absent, and n_ff {hp.n_ff} / expert_used_count "
+                         f"{hp.n_expert_used} is 0")
+    hp.n_ff_shexp = 0
+    if shared:
+        hp.n_ff_shexp = keys.int("expert_shared_feed_forward_length", hp.n_ff if shared == "required" else 0,
+                                 lo=1 if shared == "required" else 0)
     hp.expert_weights_norm = _bool(keys, "expert_weights_norm", norm_w)
     hp.expert_weights_scale = keys.float("expert_weights_scale", 0.0, zero_ok=True)
     g = keys.int("expert_gating_func", 0, lo=0, hi=3)

@@ -13,7 +13,7 @@ def layer_tensors(d):
 
 def hparams(keys, hp):
     granite.hparams(keys, hp)
-    _moe.hparams(keys, hp, norm_w=True, shared=True)
+    _moe.hparams(keys, hp, norm_w=True, shared="optional")
 
 
 def forward(cx):

@@ -11,7 +11,7 @@ def layer_tensors(d):
 
 
 def hparams(keys, hp):
-    _moe.hparams(keys, hp, norm_w=False)
+    _moe.hparams(keys, hp, norm_w=False, ff_per_used=False)
 
 
 def forward(cx):

@@ -11,10 +11,7 @@ def layer_tensors(d):
 
 
 def hparams(keys, hp):
-    _moe.hparams(keys, hp, norm_w=False, shared=True)
-    if not hp.n_ff_shexp:
-        raise ValueError(f"{keys.key('expert_shared_feed_forward_length')}: qwen2moe needs its shared expert's "
-                         "feed-forward length (> 0)")
+    _moe.hparams(keys, hp, norm_w=False, shared="required")
 
 
 def forward(cx):
