@@ -13,6 +13,8 @@ Signatures, defaults and return shapes follow llama-cpp-python 0.3 (the OpenAI-s
 id, object, created, model, choices, usage, finish_reason; chunks when stream=True). Where
 cpufuse differs, it says so instead of guessing:
 - `model_path` may also be a model name (`python -m cpufuse models`);
+- `draft_model` (LlamaPromptLookupDecoding, or cpufuse's DraftModel: a smaller model) changes no
+  token: greedy or seeded output is the same as without it (cpufuse.llama.speculative);
 - sampling is llama.cpp's chain as in Model.generate: repeat/frequency/presence penalties over
   the last 64 tokens (prompt included), top-k, top-p, min-p, temperature; the RNG is numpy's, so
   a seed reproduces cpufuse's own output, not llama.cpp's;
@@ -51,7 +53,7 @@ _CTOR_NEUTRAL = {"n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "rpc_
 _CTOR_REFUSED = {"lora_base": None, "lora_path": None, "lora_scale": 1.0, "rope_scaling_type": -1,
                  "pooling_type": -1, "yarn_ext_factor": -1.0,
                  "yarn_attn_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0, "yarn_orig_ctx": 0,
-                 "embedding": False, "chat_format": None, "chat_handler": None, "draft_model": None,
+                 "embedding": False, "chat_format": None, "chat_handler": None,
                  "tokenizer": None, "type_k": None, "type_v": None,
                  "kv_overrides": None,                              # would change the model's metadata
                  "last_n_tokens_size": PENALTY_LAST_N}             # the repeat penalty's window
@@ -107,6 +109,7 @@ class Llama:
         from . import hub
         from .model import Model
         rope = {k: kwargs.pop(k) for k in ("rope_freq_base", "rope_freq_scale") if k in kwargs}
+        draft = kwargs.pop("draft_model", None)   # speculative decoding (cpufuse.llama.speculative)
         for k, v in kwargs.items():
             if k in _CTOR_REFUSED:
                 _refuse(k, v, _CTOR_REFUSED[k])
@@ -132,6 +135,8 @@ class Llama:
         self._seed = seed
         self._rng = None if seed is None or seed == LLAMA_DEFAULT_SEED else np.random.default_rng(seed)
         self._gen_params = set(inspect.signature(self._model.generate).parameters)
+        from .speculative import check_draft
+        self.draft_model = check_draft(draft, self._model)
 
     # ----------------------------------------------------------------------------- construction
     @classmethod
@@ -371,7 +376,7 @@ class Llama:
         if n_logprobs is not None:
             sampler = rec = _RecordingSampler(sampler, n_logprobs)
         out = self._model.generate(ids if prompt is None else prompt, max_tokens=int(max_tokens), stream=stream,
-                                   stop=stop, sampler=sampler, **extra)
+                                   stop=stop, sampler=sampler, draft=self.draft_model, **extra)
         if stream:
             return out
         return out, (rec.records if rec is not None else None)

@@ -53,6 +53,40 @@ def add_run_args(ap):
     ap.add_argument("--kv", choices=("f16", "f32"), default="f16", help="KV cache type (default f16)")
 
 
+def add_spec_args(ap):
+    g = ap.add_argument_group("speculative decoding (changes no token)")
+    g.add_argument("--lookup", type=int, default=None, metavar="N",
+                   help="draft up to N tokens by n-gram lookup in the context (prompt lookup)")
+    g.add_argument("--draft", "-md", "--model-draft", dest="draft", default=None, metavar="MODEL",
+                   help="a smaller draft model with the same tokenizer (a GGUF path or a model name)")
+    g.add_argument("--draft-max", type=int, default=16, metavar="N",
+                   help="with --draft: the most tokens drafted per step (default 16)")
+    g.add_argument("--draft-p-min", type=float, default=0.75, metavar="P",
+                   help="with --draft: stop drafting below this top-token probability (default 0.75)")
+
+
+def make_draft(args, target):
+    """the draft the --lookup / --draft flags ask for (None: neither), checked against the target"""
+    from .speculative import DraftModel, check_draft
+    if args.lookup is not None and args.draft is not None:
+        raise CLIError("give --lookup or --draft, not both", 2)
+    try:
+        if args.lookup is not None:
+            if args.lookup < 1:
+                raise CLIError(f"--lookup must be >= 1, got {args.lookup}", 2)
+            return check_draft(args.lookup, target)
+        if args.draft is None:
+            return None
+        if args.draft_max < 1:
+            raise CLIError(f"--draft-max must be >= 1, got {args.draft_max}", 2)
+        path = hub.resolve(args.draft)
+        dm = DraftModel(path, num_pred_tokens=args.draft_max, p_min=args.draft_p_min, n_ctx=target.n_ctx,
+                        n_threads=args.threads, kv_dtype=args.kv)
+        return check_draft(dm, target)
+    except (OSError, ValueError, TypeError, NotImplementedError, hub.NotInstalled) as e:
+        raise CLIError(f"--draft {args.draft}: {e}" if args.draft else str(e), 2) from None
+
+
 def add_sampling_args(ap, what="sampling"):
     d = SAMPLING_DEFAULTS
     g = ap.add_argument_group(what)
@@ -201,6 +235,7 @@ def build_parser():
     add_run_args(ap)
     ap.add_argument("--act", choices=("q8", "f32"), default=None, help="matmul activation mode (default q8)")
     add_sampling_args(ap)
+    add_spec_args(ap)
     return ap
 
 
@@ -217,11 +252,13 @@ def main(argv=None):
         check_sampling(args)
         path = model_path(args)
         model = load(args, path, act=args.act)
+        draft = make_draft(args, model)
         prompt = args.prompt
         if args.chat:
             prompt = ([{"role": "system", "content": args.system}] if args.system else []) + \
                      [{"role": "user", "content": args.prompt}]
-        it = model.generate(prompt, max_tokens=args.n_predict, stream=True, stop=args.stop, **sampling_kwargs(args))
+        it = model.generate(prompt, max_tokens=args.n_predict, stream=True, stop=args.stop, draft=draft,
+                            **sampling_kwargs(args))
         out = sys.stdout
         if not args.chat:
             out.write(args.prompt)
@@ -243,7 +280,8 @@ def main(argv=None):
     r = it.result
     print(f"prompt: {r.prompt_eval_tokens} tokens, {r.prompt_time * 1e3:.1f} ms{_rate(r.prompt_eval_tokens, r.prompt_time)}"
           f" | decode: {r.decode_tokens} tokens, {r.decode_time * 1e3:.1f} ms{_rate(r.decode_tokens, r.decode_time)}"
-          f" | stop: {r.stop_reason}", file=sys.stderr)
+          f" | stop: {r.stop_reason}"
+          + (f" | drafted {r.draft_tokens}, accepted {r.draft_accepted}" if r.draft_tokens else ""), file=sys.stderr)
     return 0
 
 
@@ -264,6 +302,7 @@ def build_chat_parser():
                     help="max tokens per reply (default -1: until the model ends it or the context is full)")
     add_run_args(ap)
     add_sampling_args(ap)
+    add_spec_args(ap)
     return ap
 
 
@@ -284,6 +323,7 @@ def chat_main(argv=None):
         check_sampling(args)
         path = model_path(args)
         model = load(args, path)
+        draft = make_draft(args, model)
     except CLIError as e:
         return _fail(e)
     except KeyboardInterrupt:
@@ -329,7 +369,7 @@ def chat_main(argv=None):
         messages.append({"role": "user", "content": line})
         it = None
         try:
-            it = model.generate(messages, max_tokens=max_tokens, stream=True, **sampling_kwargs(args))
+            it = model.generate(messages, max_tokens=max_tokens, stream=True, draft=draft, **sampling_kwargs(args))
             for piece in it:
                 out.write(piece)
                 out.flush()

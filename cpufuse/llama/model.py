@@ -435,7 +435,7 @@ class Model:
     def generate(self, prompt, max_tokens=128, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
                  repeat_penalty=1.0, seed=None, stream=False, penalty_last_n=64, stop_at_eog=True,
                  reuse_cache=True, sampler=None, stop=None, response_format=None, grammar=None, tools=None,
-                 tool_choice=None, parallel_tool_calls=None):
+                 tool_choice=None, parallel_tool_calls=None, draft=None):
         """Generate up to max_tokens after `prompt` (text; token ids; or chat messages rendered with
         the GGUF chat template and tokenized with special=True). Sampling is llama.cpp's common
         chain (penalties, top-k, top-p, min-p, temperature, dist; see cpufuse.llama.sampling);
@@ -453,6 +453,10 @@ class Model:
         cpufuse.llama.constrain and cpufuse.llama.tools); with tools, chat messages are rendered
         with them and the result's .tool_calls holds the calls parsed from the text.
 
+        draft: speculative decoding, which changes no token (cpufuse.llama.speculative): None, an
+        int N (prompt lookup of up to N tokens), a LlamaPromptLookupDecoding or a DraftModel. The
+        result's draft_tokens / draft_accepted count the drafted and accepted ids.
+
         Threads: a call waits while another call on this Model runs. A stream computes each token
         under the model's lock and releases it before yielding the text; if another call changes
         the KV cache between two of its tokens, the stream raises RuntimeError on its next step.
@@ -461,6 +465,9 @@ class Model:
         from .stops import check_stop
         max_tokens = _int_arg(max_tokens, "max_tokens", 0, 1 << 31)
         stop = check_stop(stop)
+        if draft is not None:
+            from .speculative import check_draft
+            draft = check_draft(draft, self)
         if sampler is None:
             sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                               repeat_penalty=repeat_penalty, penalty_last_n=penalty_last_n, seed=seed)
@@ -474,7 +481,7 @@ class Model:
             raise ValueError("empty prompt")
         if len(ids) > self.n_ctx:
             raise ValueError(f"context overflow: the prompt has {len(ids)} tokens > n_ctx = {self.n_ctx}")
-        gen = decode(self, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stop)
+        gen = decode(self, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stop, draft)
         if spec is not None:
             from .tools import with_tool_calls
             gen = with_tool_calls(gen, spec, self.tokenizer)
