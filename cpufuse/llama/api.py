@@ -142,17 +142,16 @@ class Llama:
     @classmethod
     def from_pretrained(cls, repo_id: str, filename: Optional[str], additional_files=None, local_dir=None,
                         local_dir_use_symlinks="auto", cache_dir=None, **kwargs) -> "Llama":
-        """Download `filename` (a name or a glob: exactly one file must match) from the Hugging Face
-        repository `repo_id` into huggingface_hub's cache, and load it."""
+        """Download `filename` (a name or a glob: exactly one file must match, or the parts of one
+        split GGUF, which are all downloaded) and the files `additional_files` matches from the
+        Hugging Face repository `repo_id` into huggingface_hub's cache, and load it."""
         from . import hub
-        if additional_files:
-            raise NotImplementedError("additional_files (split GGUFs) are not supported: cpufuse reads one file")
         if local_dir is not None or cache_dir is not None:
             raise NotImplementedError("local_dir and cache_dir are not supported: files go to huggingface_hub's "
                                       "cache (HF_HUB_CACHE moves it)")
         if filename is None:
             raise ValueError("filename: expected a file name or glob pattern of a .gguf in the repository, got None")
-        return cls(model_path=hub.hf_file(repo_id, filename), **kwargs)
+        return cls(model_path=hub.hf_file(repo_id, filename, additional_files), **kwargs)
 
     # ----------------------------------------------------------------------------------- basics
     @property

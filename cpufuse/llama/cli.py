@@ -166,7 +166,7 @@ def auto_n_ctx(path, n_seq=1, kv="f16", mem=None):
     mem = _mem_available() if mem is None else mem
     if mem:
         per_tok = 2 * hp.n_layer * hp.n_head_kv * hp.head_dim * (2 if kv == "f16" else 4) * n_seq
-        budget = (mem - os.path.getsize(path)) // 2
+        budget = (mem - sum(p.file_size for p in gf.parts)) // 2
         cap = max(512, (budget // per_tok) // 256 * 256) if budget > 0 else 512
         n = min(n, cap)
     return n

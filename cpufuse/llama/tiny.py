@@ -10,6 +10,8 @@ multiple of 256: use `kquant_dims()`). gguf-py cannot quantize K-quants, so Q4_K
 random bytes with the f16 super-block scales set to give the wanted weight spread (any byte pattern
 is a valid block); Q2_K, Q3_K and the IQ4 types come from cpufuse.reference.quant's quantizers.
 """
+import pathlib
+
 import numpy as np
 
 import gguf
@@ -199,7 +201,7 @@ def tensor_plan(arch, d, n_vocab, tied=True, biases=None, fused_qkv=False):
 
 def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qtype="F16",
                     n_ctx_train=512, freq_base=10000.0, eps=1e-5, chat_template=None, biases=None,
-                    dims=None, extra=None, fused_qkv=False, arch_keys=None):
+                    dims=None, extra=None, fused_qkv=False, arch_keys=None, split_max_tensors=0):
     """Write a tiny model and return its path (str). biases: None = the arch's default (qwen2 has
     Q/K/V biases). extra: callable(writer) to add keys. dims: DEFAULT_DIMS overrides, plus
     "head_dim" (written as attention.key_length/value_length when it is not n_embd / n_head) and
@@ -211,7 +213,9 @@ def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qty
     sliding_window 4, the Gemma turn tokens), gemma2 (post norms, softcaps 50/30, window 4),
     phi3 (fused attn_qkv and ffn_up, LongRoPE factors, partial rotary n_rot = head_dim / 2),
     smollm3, granite (embedding/residual/attention/logit scales). arch_keys: {key suffix: value}
-    written as "<arch>.<suffix>" (overriding these defaults; None drops the key)."""
+    written as "<arch>.<suffix>" (overriding these defaults; None drops the key).
+    split_max_tensors > 0: a split GGUF (gguf-py's writer: PATHSTEM-00001-of-0000N.gguf, ...) of
+    at most that many tensors a part; the first part's path is returned."""
     d = model_dims(arch, dims)
     gemma = arch in ("gemma2", "gemma3")
     rng = np.random.default_rng(seed)
@@ -219,7 +223,7 @@ def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qty
     if gemma:
         tokens, types = tokens + GEMMA_SPECIALS, types + [3] * len(GEMMA_SPECIALS)
     path = str(path)
-    w = gguf.GGUFWriter(path, arch)
+    w = gguf.GGUFWriter(pathlib.Path(path), arch, split_max_tensors=split_max_tensors)
     add_model_keys(w, arch, d, "tiny-test", n_ctx_train, freq_base, eps, arch_keys)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
@@ -247,4 +251,4 @@ def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qty
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
+    return str(w.format_shard_names(pathlib.Path(path))[0])
