@@ -489,7 +489,8 @@ def test_batch_engine_constrained_tokens_do_not_depend_on_the_batch(gguf):
 
 
 def test_serial_engine_constraint_and_bias(gguf):
-    from cpufuse.serve.engine import EngineRequest, SamplingParams, SerialEngine, TokenEvent
+    from cpufuse.serve.batch import SerialEngine
+    from cpufuse.serve.engine import EngineRequest, SamplingParams, TokenEvent
     m = Model.load(gguf, n_ctx=256, n_threads=1)
     tok = m.tokenizer
     eng = SerialEngine(m)

@@ -57,7 +57,7 @@ class _VocabForLLG:
         toks, special = [], []
         for i in range(tok.n_vocab):
             piece = tok.token_to_piece(i, special=True)
-            if tok._hidden[i] or not piece:
+            if tok.is_hidden(i) or not piece:
                 toks.append(b"\xff" + tok.tokens[i].encode("utf-8"))
                 special.append(i)
             else:
@@ -70,15 +70,7 @@ class _VocabForLLG:
 
     def __call__(self, data: bytes):
         """token ids of a text fragment: no BOS, no space prefix, special token texts not parsed"""
-        tok = self._tok
-        text = bytes(data).decode("utf-8", errors="replace")
-        if not text:
-            return []
-        if tok.is_spm:
-            out: list = []
-            tok._spm_tokenize(text.replace(" ", "\u2581").encode("utf-8"), out)
-            return out
-        return tok.tokenize(text, add_bos=False, special=False, add_eos=False)
+        return self._tok.encode_fragment(bytes(data).decode("utf-8", errors="replace"))
 
 
 def llg_tokenizer(tok):

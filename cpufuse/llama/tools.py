@@ -206,7 +206,7 @@ class ToolSpec:
         if tok is None:
             return None
         i = tok.token_to_id.get(text)
-        return i if i is not None and tok._hidden[i] else None
+        return i if i is not None and tok.is_hidden(i) else None
 
     def grammar(self) -> Optional[str]:
         """the llguidance grammar, or None (tool_choice "none")"""
