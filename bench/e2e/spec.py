@@ -94,6 +94,7 @@ def main(argv=None):
         if args.draft:
             draft = DraftModel(hub.resolve(args.draft), num_pred_tokens=args.draft_max, p_min=args.draft_p_min,
                                n_ctx=args.n_ctx, n_threads=nt)
+            draft.bind(m)                              # loads it and checks its vocabulary
             how = f"draft {os.path.basename(draft.model.path)} max {args.draft_max}"
         else:
             draft = LlamaPromptLookupDecoding(max_ngram_size=args.ngram, num_pred_tokens=args.lookup)

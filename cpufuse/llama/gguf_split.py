@@ -56,8 +56,9 @@ def _int_key(gf, key, lo, hi, part):
 
 
 def join(first):
-    """Add the other parts' tensors to GGUFFile `first` (the first part; see the module docstring)."""
-    from .gguf_file import GGUFFile
+    """Add the other parts' tensors to GGUFFile `first` (the first part; see the module docstring).
+    The parts are read with first's own class (GGUFFile(path, split=False))."""
+    GGUFFile = type(first)
     path = first.path
     n = _int_key(first, KEY_COUNT, 1, MAX_SPLITS, path)
     no = _int_key(first, KEY_NO, 0, n - 1, path)

@@ -52,7 +52,6 @@ with a ValueError naming the architecture.
 """
 from __future__ import annotations
 
-import numbers
 import operator
 import os
 import threading
@@ -65,6 +64,7 @@ from cpufuse.quant.types import dequantize
 from .decoder import Batch, Decoder, Step
 from .generate import GenerationResult, Streamer, decode
 from .hparams import MAX_N_CTX, SUPPORTED_ARCHS, HParams, read_hparams
+from .hparams import int_arg as _int_arg
 from .loader import load_weights, repack_weights
 
 __all__ = ["Model", "HParams", "GenerationResult", "SUPPORTED_ARCHS"]
@@ -76,14 +76,6 @@ DEFAULT_N_BATCH = 512
 MAX_N_SEQ = 1024           # KV slots
 SWA_RINGS = True           # sliding-window layers keep rings of window + n_batch cells (False: full
                            # caches, the same results bit for bit; tests and benchmarks compare)
-
-
-def _int_arg(v, name, lo, hi):
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {type(v).__name__} {v!r}")
-    if not lo <= v <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
-    return int(v)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ import os
 
 import numpy as np
 
-from .model import Model, _int_arg as _pos_int
+from .hparams import int_arg as _pos_int
 
 __all__ = ["LlamaDraftModel", "LlamaPromptLookupDecoding", "DraftModel", "speculate", "rewind",
            "check_draft"]
@@ -84,25 +84,31 @@ class LlamaPromptLookupDecoding(LlamaDraftModel):
 class DraftModel(LlamaDraftModel):
     """A smaller model with the target's vocabulary proposes up to num_pred_tokens tokens, greedily,
     stopping early when its top token's probability is below p_min (llama-server's --draft-p-min).
-    `model`: a cpufuse.llama.Model or a GGUF path (loaded with **load_kw, e.g. n_ctx, n_threads).
-    It keeps its own KV cache and reuses the prefix it shares with each new context."""
+    `model`: a cpufuse.llama.Model, or a GGUF path, loaded when the draft is bound to its target
+    (Model.load(path, **load_kw); n_ctx and n_threads default to the target's). It keeps its own
+    KV cache and reuses the prefix it shares with each new context."""
 
     def __init__(self, model, num_pred_tokens=8, p_min=0.75, **load_kw):
         self.num_pred_tokens = _pos_int(num_pred_tokens, "num_pred_tokens", 1, 1024)
         if isinstance(p_min, bool) or not isinstance(p_min, numbers.Real) or not 0.0 <= p_min <= 1.0:
             raise ValueError(f"p_min must be a number in [0, 1], got {p_min!r}")
         self.p_min = float(p_min)
+        self.model = self.path = None
         if isinstance(model, (str, os.PathLike)):
-            model = Model.load(model, **load_kw)
-        elif not isinstance(model, Model):
+            self.path, self.load_kw = os.fspath(model), load_kw
+        elif not hasattr(model, "_eval") or not hasattr(model, "tokenizer"):
             raise TypeError(f"model must be a cpufuse.llama.Model or a GGUF path, got {type(model).__name__}")
         elif load_kw:
             raise TypeError(f"load keywords {sorted(load_kw)} given with an already loaded Model")
-        self.model = model
+        else:
+            self.model = model
 
     def bind(self, target):
-        """ValueError unless the draft's vocabulary is the target's (llama.cpp's rule: the same
-        token texts, sizes within 128 of each other)"""
+        """Load the draft (a path) and check that its vocabulary is the target's (llama.cpp's rule:
+        the same token texts, sizes within 128 of each other): ValueError naming the difference"""
+        if self.model is None:
+            kw = dict(dict(n_ctx=target.n_ctx, n_threads=target.n_threads), **self.load_kw)
+            self.model = type(target).load(self.path, **kw)
         if target is self.model:
             raise ValueError("draft_model: the draft must be a different Model object from the target")
         a, b = target.tokenizer.tokens, self.model.tokenizer.tokens
@@ -141,7 +147,7 @@ class DraftModel(LlamaDraftModel):
             return out
 
     def __repr__(self):
-        return f"DraftModel({self.model!r}, num_pred_tokens={self.num_pred_tokens}, p_min={self.p_min})"
+        return f"DraftModel({self.model or self.path!r}, num_pred_tokens={self.num_pred_tokens}, p_min={self.p_min})"
 
 
 def check_draft(draft, target):
