@@ -13,6 +13,8 @@ Signatures, defaults and return shapes follow llama-cpp-python 0.3 (the OpenAI-s
 id, object, created, model, choices, usage, finish_reason; chunks when stream=True). Where
 cpufuse differs, it says so instead of guessing:
 - `model_path` may also be a model name (`python -m cpufuse models`);
+- `embedding=True` enables `embed`/`create_embedding` (pooling from the file or `pooling_type`;
+  cpufuse.llama.embedding); generation still works on such a Llama;
 - `draft_model` (LlamaPromptLookupDecoding, or cpufuse's DraftModel: a smaller model) changes no
   token: greedy or seeded output is the same as without it (cpufuse.llama.speculative);
 - sampling is llama.cpp's chain as in Model.generate: repeat/frequency/presence penalties over
@@ -21,7 +23,7 @@ cpufuse differs, it says so instead of guessing:
 - logprobs work without logits_all=True, but not with stream=True (NotImplementedError);
 - constructor options that change nothing on a CPU (n_gpu_layers, use_mmap, flash_attn, ...)
   are accepted; options that would change the results (lora_path, rope_freq_base, chat_format,
-  a chat_handler, embedding=True, ...) raise NotImplementedError when set; an unknown keyword is a
+  a chat_handler, ...) raise NotImplementedError when set; an unknown keyword is a
   TypeError. Per call: mirostat, typical_p < 1, tfs_z < 1, logit_bias, logits_processor,
   stopping_criteria, suffix, and response_format / grammar / tools / tool_choice / functions
   (unless Model.generate accepts that keyword: then it is passed on) raise NotImplementedError
@@ -51,9 +53,9 @@ _CTOR_NEUTRAL = {"n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "rpc_
                  "n_parts", "f16_kv"}   # the last two: older releases' options, which LangChain still passes
 # ... and those that would change them: refused unless left at their default
 _CTOR_REFUSED = {"lora_base": None, "lora_path": None, "lora_scale": 1.0, "rope_scaling_type": -1,
-                 "pooling_type": -1, "yarn_ext_factor": -1.0,
+                 "yarn_ext_factor": -1.0,
                  "yarn_attn_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0, "yarn_orig_ctx": 0,
-                 "embedding": False, "chat_format": None, "chat_handler": None,
+                 "chat_format": None, "chat_handler": None,
                  "tokenizer": None, "type_k": None, "type_v": None,
                  "kv_overrides": None,                              # would change the model's metadata
                  "last_n_tokens_size": PENALTY_LAST_N}             # the repeat penalty's window
@@ -110,6 +112,8 @@ class Llama:
         from .model import Model
         rope = {k: kwargs.pop(k) for k in ("rope_freq_base", "rope_freq_scale") if k in kwargs}
         draft = kwargs.pop("draft_model", None)   # speculative decoding (cpufuse.llama.speculative)
+        self._embedding = bool(kwargs.pop("embedding", False))    # embeddings (cpufuse.llama.embedding)
+        self._pooling = kwargs.pop("pooling_type", -1)
         for k, v in kwargs.items():
             if k in _CTOR_REFUSED:
                 _refuse(k, v, _CTOR_REFUSED[k])
@@ -137,6 +141,9 @@ class Llama:
         self._gen_params = set(inspect.signature(self._model.generate).parameters)
         from .speculative import check_draft
         self.draft_model = check_draft(draft, self._model)
+        if self._embedding:
+            from .embedding import pooling_name
+            pooling_name(self._pooling, self._model)      # a bad pooling_type fails here
 
     # ----------------------------------------------------------------------------- construction
     @classmethod
@@ -202,10 +209,29 @@ class Llama:
         ids = self._model.token_ids(tokens, "tokens")
         return b"".join(tok.token_to_piece(t, special=special) for t in ids)
 
-    def create_embedding(self, *a, **k):
-        raise NotImplementedError("embeddings are not supported by cpufuse's Llama")
+    def pooling_type(self) -> int:
+        """llama.cpp's LLAMA_POOLING_TYPE_* of the embeddings (the model's unless pooling_type was given)"""
+        from .embedding import POOLING, pooling_name
+        return POOLING[pooling_name(self._pooling, self._model)]
 
-    embed = create_embedding
+    def embed(self, input: Union[str, List[str]], normalize: bool = False, truncate: bool = True,
+              return_count: bool = False):
+        """The embedding of a str (a list of floats; with pooling none, one list per token), or a
+        list of them for a list of str; normalize=True: L2 (cpufuse.llama.embedding)."""
+        from .embedding import llama_embed
+        if not self._embedding:
+            raise RuntimeError("Llama model must be created with embedding=True to call this method")
+        out, n = llama_embed(self._model, self._pooling, input, 2 if normalize else -1, truncate,
+                             lambda b: self.tokenize(b))
+        return (out, n) if return_count else out
+
+    def create_embedding(self, input: Union[str, List[str]], model: Optional[str] = None) -> Dict[str, Any]:
+        """OpenAI's embeddings response for a str or a list of str (not normalized, as
+        llama-cpp-python's)"""
+        embeds, n = self.embed(input if isinstance(input, list) else [input], return_count=True)
+        return {"object": "list", "data": [{"object": "embedding", "embedding": e, "index": i}
+                                           for i, e in enumerate(embeds)],
+                "model": model or self.model_path, "usage": {"prompt_tokens": n, "total_tokens": n}}
 
     # ---------------------------------------------------------------------------- completions
     def __call__(self, prompt, *args, **kwargs):

@@ -179,8 +179,10 @@ ARCHS = {"llama": llama, "qwen2": qwen2, "qwen3": qwen3, "gemma3": gemma3, "gemm
          "smollm3": smollm3, "granite": granite}
 
 
-def build(model, n, m, n_groups):
-    """The decoder graph of `model` for a batch of n tokens, m logits rows and n_groups sequences."""
+def build(model, n, m, n_groups, hidden=False):
+    """The decoder graph of `model` for a batch of n tokens, m logits rows and n_groups sequences.
+    hidden: the output is the m rows' hidden states after output_norm, (m, n_embd) (the
+    embeddings), instead of their logits."""
     hp = model.hparams
     g = Graph()
     x = g.input("x", (n, hp.n_embd))
@@ -194,6 +196,9 @@ def build(model, n, m, n_groups):
     cx = _Ctx(g, model, n, x, pos, cells, seqs, ring)
     h = ARCHS[hp.arch](cx)
     hn = cx.norm(g.gather_rows(h, idx, name="last"), model.output_norm, "output_norm")
+    if hidden:
+        g.output(hn)
+        return g
     y = cx.linear(hn, model.output, model.output_bias, "output")
     if hp.logit_scale:      # granite: logits * (1 / logit_scale), as llama.cpp's ggml_scale
         y = g.scale(y, float(np.float32(1.0) / np.float32(hp.logit_scale)), name="logit_scale")
@@ -204,26 +209,28 @@ def build(model, n, m, n_groups):
 
 
 class Decoder:
-    """Compiled decoder plans of one model, by capacity: (n tokens, m logits rows, n_groups)."""
+    """Compiled decoder plans of one model, by capacity: (n tokens, m logits rows, n_groups), and
+    by output (logits, or with hidden the hidden states: build)."""
 
     def __init__(self, model, fusion=None, isa=None):
         self.model, self.fusion, self.isa = model, fusion, isa
         self.plans = {}
 
-    def plan(self, n_cap, m_cap, n_groups):
-        key = (n_cap, m_cap, n_groups)
+    def plan(self, n_cap, m_cap, n_groups, hidden=False):
+        key = (n_cap, m_cap, n_groups) + (("hidden",) if hidden else ())
         dp = self.plans.get(key)
         if dp is None:
             dp = self.plans[key] = DynamicPlan(
-                lambda n, m: build(self.model, n, m, n_groups), {"n": n_cap, "m": m_cap},
+                lambda n, m: build(self.model, n, m, n_groups, hidden), {"n": n_cap, "m": m_cap},
                 fusion=self.fusion, isa=self.isa)
         return dp
 
-    def run(self, cap, x, pos, cells, seqs, idx, n_threads=None, **ring):
+    def run(self, cap, x, pos, cells, seqs, idx, n_threads=None, hidden=False, **ring):
         """Logits (len(idx), n_vocab) of a batch, on the plan of capacity cap = (n, m, n_groups);
         the plan's buffer, valid until its next run. ring: cells_swa= and seqs_swa= for a model
-        whose sliding-window layers keep rings (model.swa_cells)."""
-        dp = self.plan(*cap)
+        whose sliding-window layers keep rings (model.swa_cells). hidden: the hidden states
+        (len(idx), n_embd) instead (build)."""
+        dp = self.plan(*cap, hidden=hidden)
         n, m = x.shape[0], idx.shape[0]
         return dp.run({"n": n, "m": m}, n_threads=n_threads, x=x, pos=pos, cells=cells, seqs=seqs, idx=idx,
                       **ring)[0]
@@ -300,9 +307,10 @@ class Batch:
     def __len__(self):
         return len(self.tokens)
 
-    def run(self, decoder, cap, n_threads=None):
+    def run(self, decoder, cap, n_threads=None, hidden=False):
         """Logits (len(idx), n_vocab) of the rows asked for: the plan's buffer (valid until its next
-        run). cap = (n_tokens, n_logits, n_groups) capacities of the plan to use."""
+        run). cap = (n_tokens, n_logits, n_groups) capacities of the plan to use. hidden: their
+        hidden states after output_norm (len(idx), n_embd) instead (the embeddings)."""
         n, m, g = len(self.tokens), len(self.idx), len(self.seqs)
         if n == 0 or n > cap[0] or m > cap[1] or g > cap[2]:
             raise ValueError(f"batch: {n} tokens, {m} logits rows, {g} sequences do not fit the capacity {cap}")
@@ -321,5 +329,5 @@ class Batch:
             sw[:g, 0] = seqs[:g, 0] // n_ctx * C
             ring["seqs_swa"] = sw
         out = decoder.run(cap, x, np.asarray(self.pos, np.int32), np.asarray(self.cells, np.int32), seqs,
-                          np.asarray(idx, np.int32), n_threads=n_threads, **ring)
+                          np.asarray(idx, np.int32), n_threads=n_threads, hidden=hidden, **ring)
         return out[:m]

@@ -124,6 +124,7 @@ class HParams:
     freq_base_swa: float = 10000.0    # RoPE base and scale of the SWA layers
     freq_scale_swa: float = 1.0
     nope_layers: tuple = ()           # per layer: True = no RoPE (smollm3)
+    pooling_type: int = -1            # <arch>.pooling_type (embeddings: 0 none, 1 mean, 2 cls, 3 last, 4 rank); -1 unset
 
     def __post_init__(self):
         self.swa_layers = tuple(self.swa_layers) or (False,) * self.n_layer
@@ -183,7 +184,8 @@ class HParams:
                  freq_base=freq_base, freq_scale=freq_scale, rope_mode=_ROPE_MODE[arch],
                  rope_scaling=scaling, ext_factor=ext_factor, attn_factor=attn_factor,
                  n_ctx_orig=n_ctx_orig, kq_scale=1.0 / math.sqrt(d_k),
-                 swa_layers=(False,) * n_layer, nope_layers=(False,) * n_layer)
+                 swa_layers=(False,) * n_layer, nope_layers=(False,) * n_layer,
+                 pooling_type=_int_key(gf, p + "pooling_type", -1, lo=0, hi=4))
         _arch_hparams(gf, hp)
         return hp
 
