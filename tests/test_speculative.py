@@ -12,6 +12,7 @@ pytest.importorskip("gguf")
 from cpufuse.llama import Llama, LlamaPromptLookupDecoding, Model  # noqa: E402
 from cpufuse.llama.decoder import ARCHS  # noqa: E402
 from cpufuse.llama.sampling import Sampler  # noqa: E402
+from cpufuse.llama import speculative  # noqa: E402
 from cpufuse.llama.speculative import DraftModel, speculate  # noqa: E402
 from cpufuse.llama.tiny import write_tiny_gguf  # noqa: E402
 
@@ -53,6 +54,32 @@ def test_greedy_and_seeded_tokens_unchanged(models, arch):
     s_spec = m.generate(PROMPT, draft=_oracle(s_plain.tokens, len(PROMPT)), **kw)
     assert s_spec.tokens == s_plain.tokens and s_spec.draft_accepted > 0
     assert m.generate(PROMPT, draft=_oracle(s_plain.tokens, len(PROMPT)), **kw).tokens == s_plain.tokens
+
+
+class _Recording(Sampler):
+    """a Sampler that keeps a copy of every logits row it samples from"""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.rows = []
+
+    def sample(self, logits):
+        self.rows.append(np.array(logits, copy=True))
+        return super().sample(logits)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_logits_bit_identical_past_512_cells(models, arch):
+    """every token is sampled from bit-identical logits with exact f32 activations, past the 512
+    cells where a decode step's attention switches to split-KV (a multi-row group would not)"""
+    m = Model.load(models[arch], n_ctx=1024, n_batch=64, act="f32", n_threads=1)
+    prompt = list(range(5, 250)) * 3
+    a = _Recording(temperature=0)
+    plain = m.generate(prompt, max_tokens=24, sampler=a, reuse_cache=False)
+    b = _Recording(temperature=0)
+    spec = m.generate(prompt, max_tokens=24, sampler=b, reuse_cache=False, draft=_oracle(plain.tokens, len(prompt)))
+    assert spec.tokens == plain.tokens and spec.draft_accepted > 10
+    assert all(np.array_equal(x, y) for x, y in zip(a.rows, b.rows)) and len(b.rows) >= len(a.rows)
 
 
 def test_stops_stream_and_penalties(models):
@@ -140,18 +167,22 @@ class _FixedModel:
         self.logits, self.n_ctx, self.n_batch, self.n_vocab = np.asarray(logits, np.float32), 100, 16, len(logits)
         self._n_past, self._cached = 0, []
 
-    def _eval(self, toks, logits_all=False):
+    def _eval(self, toks):
+        return self.verify(toks)[0]
+
+    def verify(self, toks):
         self._n_past += len(toks)
         self._cached += list(toks)
-        return np.tile(self.logits, (len(toks), 1)) if logits_all else self.logits
+        return np.tile(self.logits, (len(toks), 1))
 
 
-def test_rejection_rule_probabilities():
+def test_rejection_rule_probabilities(monkeypatch):
     """draft [d, d]: the first id is distributed as p, d is accepted with probability p(d), both
     with p(d)^2 (the standard rule with a point-mass draft); a chi-square check over 4000 runs"""
     lg = np.log(np.array([0.1, 0.2, 0.3, 0.4]))
     p = np.exp(lg) / np.exp(lg).sum()
     d, n = 2, 4000
+    monkeypatch.setattr(speculative, "verify", lambda model, toks: model.verify(toks))
     s = Sampler(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=11)
     first, accepted = collections.Counter(), collections.Counter()
     for _ in range(n):

@@ -6,9 +6,10 @@ keeping drafts while they equal what it sampled:
 
     t1 = sample(row 0); if t1 == d1: t2 = sample(row 1); if t2 == d2: ... (k + 1 tokens at most)
 
-cpufuse's decoder gives every row of a batch exactly the logits a single decode step gives (the
-same kernels, in the same order, on the same numbers: cpufuse.llama.decoder), so each token is
-sampled from the very logits plain decoding would have used, with the sampler's state (penalty
+cpufuse's decoder computes every row of a batch alone (cpufuse.llama.decoder), and `verify` makes
+each drafted token its own attention group, so its attention is the decode step's own call (one
+query row; split-KV from 512 cells on). Every row thus gets exactly the logits a single decode step
+gives, and each token is sampled from the very logits plain decoding would have used, with the sampler's state (penalty
 history, RNG) advanced by the same calls. The output is therefore identical token for token to
 plain decoding, greedy or sampled with a seed. For a draft that proposes one token (a point mass q =
 [d]), this is the standard speculative rejection rule: accept d with probability min(1, p(d)/q(d)) =
@@ -35,9 +36,10 @@ import os
 
 import numpy as np
 
+from .decoder import Batch
 from .hparams import int_arg as _pos_int
 
-__all__ = ["LlamaDraftModel", "LlamaPromptLookupDecoding", "DraftModel", "speculate", "rewind",
+__all__ = ["LlamaDraftModel", "LlamaPromptLookupDecoding", "DraftModel", "speculate", "verify", "rewind",
            "check_draft"]
 
 VOCAB_MAX_DIFF = 128       # llama.cpp's allowed vocabulary size difference of draft and target
@@ -174,6 +176,22 @@ def rewind(model, n):
     del model._cached[n:]
 
 
+def verify(model, toks):
+    """Evaluate `toks` at slot 0's next positions in one decoder call and return every row's logits
+    (the plan's buffer, valid until the next call). Each token is its own attention group, so its
+    attention is the very call a decode step makes (one query row over its own cells: split-KV
+    from 512 cells on, like the step), not the multi-row path a prompt chunk takes, which rounds
+    differently; every other op computes each row alone. Call under model._lock."""
+    base, B = model._n_past, model.n_batch
+    b = Batch(model)
+    for i, t in enumerate(toks):
+        b.add(0, [t], base + i, logits=True)
+    rows = b.run(model.decoder, (B, B, B), n_threads=model.n_threads)
+    model._n_past = base + len(toks)
+    model._cached.extend(int(t) for t in toks)
+    return rows
+
+
 def speculate(model, tok, sampler, draft, context, limit):
     """One speculative step under model._lock: `tok` (sampled, not yet evaluated) is the last id of
     `context` (the prompt and every generated id). Drafts up to `limit` tokens, evaluates tok and
@@ -191,7 +209,7 @@ def speculate(model, tok, sampler, draft, context, limit):
     if not d:
         return [sampler.sample(model._eval([tok]))], 0, 0
     base = model._n_past
-    rows = model._eval([tok] + d, logits_all=True)
+    rows = verify(model, [tok] + d)
     out = []
     for i in range(len(d) + 1):
         t = sampler.sample(rows[i])
