@@ -65,24 +65,25 @@ def add_spec_args(ap):
                    help="with --draft: stop drafting below this top-token probability (default 0.75)")
 
 
-def make_draft(args, target):
-    """the draft the --lookup / --draft flags ask for (None: neither), checked against the target"""
-    from .speculative import DraftModel, check_draft
+def make_draft(args, target=None):
+    """the draft the --lookup / --draft flags ask for (None: neither); bound to (loaded for and
+    checked against) the target Model when one is given"""
+    from .speculative import DraftModel, LlamaPromptLookupDecoding, check_draft
     if args.lookup is not None and args.draft is not None:
         raise CLIError("give --lookup or --draft, not both", 2)
     try:
         if args.lookup is not None:
             if args.lookup < 1:
                 raise CLIError(f"--lookup must be >= 1, got {args.lookup}", 2)
-            return check_draft(args.lookup, target)
-        if args.draft is None:
+            draft = LlamaPromptLookupDecoding(num_pred_tokens=args.lookup)
+        elif args.draft is None:
             return None
-        if args.draft_max < 1:
-            raise CLIError(f"--draft-max must be >= 1, got {args.draft_max}", 2)
-        path = hub.resolve(args.draft)
-        dm = DraftModel(path, num_pred_tokens=args.draft_max, p_min=args.draft_p_min, n_ctx=target.n_ctx,
-                        n_threads=args.threads, kv_dtype=args.kv)
-        return check_draft(dm, target)
+        else:
+            if args.draft_max < 1:
+                raise CLIError(f"--draft-max must be >= 1, got {args.draft_max}", 2)
+            draft = DraftModel(hub.resolve(args.draft), num_pred_tokens=args.draft_max, p_min=args.draft_p_min,
+                               kv_dtype=args.kv)
+        return draft if target is None else check_draft(draft, target)
     except (OSError, ValueError, TypeError, NotImplementedError, hub.NotInstalled) as e:
         raise CLIError(f"--draft {args.draft}: {e}" if args.draft else str(e), 2) from None
 

@@ -39,7 +39,7 @@ import numpy as np
 from .decoder import Batch
 from .hparams import int_arg as _pos_int
 
-__all__ = ["LlamaDraftModel", "LlamaPromptLookupDecoding", "DraftModel", "speculate", "verify", "rewind",
+__all__ = ["LlamaDraftModel", "LlamaPromptLookupDecoding", "DraftModel", "speculate", "verify", "draft_ids", "rewind",
            "check_draft"]
 
 VOCAB_MAX_DIFF = 128       # llama.cpp's allowed vocabulary size difference of draft and target
@@ -192,20 +192,24 @@ def verify(model, toks):
     return rows
 
 
+def draft_ids(draft, context, k, n_vocab):
+    """at most k ids the draft proposes after `context` (the ids so far, the last one just
+    sampled), as ints; a draft is untrusted: its ids end at the first one outside [0, n_vocab)"""
+    if k <= 0:
+        return []
+    d = [int(t) for t in np.asarray(draft(np.asarray(context, dtype=np.int64)), dtype=np.int64).reshape(-1)[:k]]
+    for i, t in enumerate(d):
+        if not 0 <= t < n_vocab:
+            return d[:i]
+    return d
+
+
 def speculate(model, tok, sampler, draft, context, limit):
     """One speculative step under model._lock: `tok` (sampled, not yet evaluated) is the last id of
     `context` (the prompt and every generated id). Drafts up to `limit` tokens, evaluates tok and
     the drafts as one batch, samples from each row in order while the drafts match. Returns
     (the sampled ids: 1 .. k + 1 of them, the drafted count k, the accepted count)."""
-    room = min(limit, model.n_ctx - model._n_past - 1, model.n_batch - 1)
-    d = []
-    if room > 0:
-        d = [int(t) for t in np.asarray(draft(np.asarray(context, dtype=np.int64)), dtype=np.int64).reshape(-1)[:room]]
-        n = model.n_vocab
-        for i, t in enumerate(d):          # a draft is untrusted: stop at the first id out of range
-            if not 0 <= t < n:
-                d = d[:i]
-                break
+    d = draft_ids(draft, context, min(limit, model.n_ctx - model._n_past - 1, model.n_batch - 1), model.n_vocab)
     if not d:
         return [sampler.sample(model._eval([tok]))], 0, 0
     base = model._n_past

@@ -47,7 +47,7 @@ class _Slot:
 
 
 class _Seq:
-    __slots__ = ("h", "slot", "prompt", "done", "last", "n_gen", "sampler", "cached")
+    __slots__ = ("h", "slot", "prompt", "done", "last", "n_gen", "sampler", "cached", "spec_cap")
 
     def __init__(self, h, slot, done):
         self.h, self.slot = h, slot
@@ -58,6 +58,7 @@ class _Seq:
         self.sampler = make_sampler(h.request.sampling, h.request.constraint)
         self.sampler.accept_prompt(self.prompt)
         self.cached = done
+        self.spec_cap = 1 << 30     # the most ids to draft next (speculative decoding; adapts)
 
     @property
     def decoding(self):
@@ -74,11 +75,14 @@ class BatchEngine(Engine):
     most prompt tokens evaluated per step besides the decoding sequences (>= chunk); mask_thread:
     fill the grammar masks of constrained sequences in a worker thread during the decoder step
     (False: before it, on the engine thread; the tokens are the same); slots: how many of the
-    model's KV slots to use (None: all n_seq), the most sequences run at once."""
+    model's KV slots to use (None: all n_seq), the most sequences run at once. draft: speculative
+    decoding per sequence (cpufuse.llama.speculative: an int N for prompt lookup of N ids, a
+    LlamaPromptLookupDecoding or a DraftModel): each decoding sequence's drafted ids join the step
+    as one-row groups, and the tokens are the same as without it (docs/speculative.md)."""
 
     def __init__(self, model, model_name: Optional[str] = None, chunk: int = DEFAULT_CHUNK,
                  step_tokens: Optional[int] = DEFAULT_STEP_TOKENS, mask_thread: bool = True,
-                 slots: Optional[int] = None):
+                 slots: Optional[int] = None, draft=None):
         name = model_name or os.path.splitext(os.path.basename(getattr(model, "path", "model")))[0]
         tok = model.tokenizer
         parallel = int(model.n_seq if slots is None else slots)
@@ -94,7 +98,13 @@ class BatchEngine(Engine):
         self.model, self.model_path = model, getattr(model, "path", name)
         self.chunk = int(chunk)
         self.step_tokens = max(self.chunk, int(step_tokens or self.chunk))
-        self.cap = (self.step_tokens + parallel, parallel, parallel)
+        from cpufuse.llama.speculative import check_draft
+        self.draft = check_draft(draft, model)
+        # a decoding sequence's step: its last token and up to draft_max drafted ids, one row each
+        self.draft_max = 0 if self.draft is None else min(getattr(self.draft, "num_pred_tokens", 16),
+                                                          model.n_batch - 1)
+        rows = parallel * (1 + self.draft_max)
+        self.cap = (self.step_tokens + rows, rows, rows)
         self.slots = [_Slot(i) for i in range(parallel)]
         self.seqs: List[_Seq] = []
         self._pool = None                  # the mask worker thread (made on the first constrained step)
@@ -105,8 +115,9 @@ class BatchEngine(Engine):
              model_name: Optional[str] = None, parallel: int = 4, chunk: int = DEFAULT_CHUNK,
              step_tokens: Optional[int] = DEFAULT_STEP_TOKENS, **load_kw):
         from cpufuse.llama import Model
+        draft = load_kw.pop("draft", None)
         m = Model.load(path, n_ctx=n_ctx, n_threads=n_threads, kv_dtype=kv_dtype, n_seq=parallel, **load_kw)
-        return cls(m, model_name=model_name, chunk=chunk, step_tokens=step_tokens)
+        return cls(m, model_name=model_name, chunk=chunk, step_tokens=step_tokens, draft=draft)
 
     # ------------------------------------------------------------------ engine thread
     def stop(self, drain: float = 0.0) -> None:
@@ -221,10 +232,12 @@ class BatchEngine(Engine):
         b = Batch(m)
         owners = []
         dec = [s for s in self.seqs if s.decoding]
-        for s in dec:                       # every decoding sequence: its next token
-            b.add(s.slot.index, [s.last], s.pos, logits=True)
+        for s in dec:                       # every decoding sequence: its next token (and drafts)
+            d = self._drafts(s)
+            for i, t in enumerate([s.last] + d):    # one-row groups: each row's attention is a decode step's
+                b.add(s.slot.index, [t], s.pos + i, logits=True)
             s.slot.tokens.append(s.last)
-            owners.append(s)
+            owners.append((s, d))
         budget = self.step_tokens
         for s in self.seqs:              # prompt chunks, oldest request first, within the budget
             if s.decoding:
@@ -238,14 +251,14 @@ class BatchEngine(Engine):
             budget -= end - s.done
             s.done = end
             if last:
-                owners.append(s)
+                owners.append((s, []))
         if not len(b):
             return
         # the grammar masks of this step's samples only depend on tokens already consumed: fill
         # them in a worker thread while the decoder runs (llguidance and cffi release the GIL);
         # those that sample() is likely to need (GuidedSampler.mask_ahead: greedy ones check the
         # top token first and want the mask only after a refusal)
-        guided = [s.sampler for s in owners if getattr(s.sampler, "mask_ahead", False)]
+        guided = [s.sampler for s, _ in owners if getattr(s.sampler, "mask_ahead", False)]
         if guided and not self.mask_thread:
             _fill_masks(guided)
             guided = []
@@ -258,36 +271,62 @@ class BatchEngine(Engine):
         self._count(steps=1)
         self._set(batch_size=len(b.seqs))
         events = []
-        for i, s in enumerate(owners):
-            row = logits[i].copy()
-            r = s.h.request
-            try:
-                tok = s.sampler.sample(row)
-            except Exception as e:  # noqa: BLE001 -- this request fails (its grammar), the others go on
-                self._release(s)
-                events.append((s.h, self._finish(s.h, "error", s.n_gen, s.cached, deliver_now=False,
-                                                  error=f"{type(e).__name__}: {e}")))
-                continue
-            if tok in r.stop_ids:
-                self._release(s)
-                events.append((s.h, self._finish(s.h, "stop", s.n_gen, s.cached, deliver_now=False)))
-                continue
-            if r.logprobs is None:
-                ev = TokenEvent(tok)
-            else:
-                lp, top = token_logprobs(row, tok, r.logprobs)
-                ev = TokenEvent(tok, lp, top)
-            s.n_gen += 1
-            s.last = tok
-            self._count(generated_tokens=1)
-            events.append((s.h, ev))
-            if s.n_gen >= r.max_tokens:
-                self._release(s)
-                events.append((s.h, self._finish(s.h, "length", s.n_gen, s.cached, deliver_now=False)))
-            elif getattr(s.sampler, "done", False):   # the grammar is complete: only a stop id can follow
-                self._release(s)
-                events.append((s.h, self._finish(s.h, "stop", s.n_gen, s.cached, deliver_now=False)))
+        i = 0
+        for s, d in owners:
+            for j in range(len(d) + 1):      # the rows in order while the drafts match what is sampled
+                tok = self._take(s, logits[i + j], events)
+                if tok is None or j == len(d) or tok != d[j]:
+                    break
+                s.slot.tokens.append(tok)    # an accepted draft: its K/V is in the slot
+            if d:
+                s.spec_cap = 2 * s.spec_cap if j == len(d) else j + 1
+                self._count(draft_tokens=len(d), draft_accepted=j)
+            i += len(d) + 1
         deliver(events)
+
+    def _drafts(self, s):
+        """the ids drafted after s.last (none without a draft, under a constraint, or without room)"""
+        r = s.h.request
+        k = min(self.draft_max, s.spec_cap, r.max_tokens - s.n_gen - 1, self.n_ctx - 1 - s.pos)
+        if self.draft is None or k <= 0 or r.constraint is not None:
+            return []
+        from cpufuse.llama.speculative import draft_ids
+        return draft_ids(self.draft, s.slot.tokens + [s.last], k, self.model.n_vocab)
+
+    def _take(self, s, row, events):
+        """sample s's next token from its logits row, record its event (and its finish); returns
+        the token, or None when s finished without one (a stop id, an error)"""
+        row = row.copy()
+        r = s.h.request
+        try:
+            tok = s.sampler.sample(row)
+        except Exception as e:  # noqa: BLE001 -- this request fails (its grammar), the others go on
+            self._release(s)
+            events.append((s.h, self._finish(s.h, "error", s.n_gen, s.cached, deliver_now=False,
+                                              error=f"{type(e).__name__}: {e}")))
+            return None
+        if tok in r.stop_ids:
+            self._release(s)
+            events.append((s.h, self._finish(s.h, "stop", s.n_gen, s.cached, deliver_now=False)))
+            return None
+        if r.logprobs is None:
+            ev = TokenEvent(tok)
+        else:
+            lp, top = token_logprobs(row, tok, r.logprobs)
+            ev = TokenEvent(tok, lp, top)
+        s.n_gen += 1
+        s.last = tok
+        self._count(generated_tokens=1)
+        events.append((s.h, ev))
+        if s.n_gen >= r.max_tokens:
+            self._release(s)
+            events.append((s.h, self._finish(s.h, "length", s.n_gen, s.cached, deliver_now=False)))
+            return None
+        if getattr(s.sampler, "done", False):   # the grammar is complete: only a stop id can follow
+            self._release(s)
+            events.append((s.h, self._finish(s.h, "stop", s.n_gen, s.cached, deliver_now=False)))
+            return None
+        return tok
 
     def _mask_pool(self):
         if self._pool is None:
@@ -312,18 +351,19 @@ class SerialEngine(BatchEngine):
     `Model.generate(prompt_ids, reuse_cache=False, sampler=make_sampler(params))`'s. `parallel`
     is reported only."""
 
-    def __init__(self, model, model_name: Optional[str] = None, parallel: int = 1):
+    def __init__(self, model, model_name: Optional[str] = None, parallel: int = 1, draft=None):
         if int(parallel) < 1:
             raise ValueError(f"parallel must be >= 1, got {parallel!r}")
-        super().__init__(model, model_name, chunk=model.n_batch, step_tokens=model.n_batch, slots=1)
+        super().__init__(model, model_name, chunk=model.n_batch, step_tokens=model.n_batch, slots=1, draft=draft)
         self.parallel = int(parallel)
 
     @classmethod
     def load(cls, path: str, n_ctx: int = 2048, n_threads: Optional[int] = None, kv_dtype: str = "f16",
              model_name: Optional[str] = None, parallel: int = 1, **load_kw) -> "SerialEngine":
         from cpufuse.llama import Model
+        draft = load_kw.pop("draft", None)
         return cls(Model.load(path, n_ctx=n_ctx, n_threads=n_threads, kv_dtype=kv_dtype, **load_kw),
-                   model_name=model_name, parallel=parallel)
+                   model_name=model_name, parallel=parallel, draft=draft)
 
     def _shared(self, tokens, prompt):
         return 0               # no prompt cache: nothing is reused, lent or waited for

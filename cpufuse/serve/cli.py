@@ -50,6 +50,7 @@ def build_parser():
                     help="seconds open requests get to finish on shutdown (default 10)")
     ap.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     llama_cli.add_sampling_args(ap, "sampling (the defaults of a request that does not set the field)")
+    llama_cli.add_spec_args(ap)
     return ap
 
 
@@ -69,6 +70,7 @@ def main(argv=None):
         llama_cli.check_sampling(args)
         path = llama_cli.model_path(args)
         n_ctx = llama_cli.context(args, path, n_seq=args.parallel if args.engine == "batch" else 1)
+        draft = llama_cli.make_draft(args)       # loaded with the model (speculative decoding per sequence)
     except llama_cli.CLIError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.code
@@ -76,6 +78,7 @@ def main(argv=None):
         return 130
     try:
         kw = {"chunk": args.chunk, "step_tokens": args.batch_tokens} if args.engine == "batch" else {}
+        kw["draft"] = draft
         engine = ENGINES[args.engine](path, n_ctx=n_ctx, n_threads=args.threads, kv_dtype=args.kv,
                                       model_name=args.alias, parallel=args.parallel,
                                       progress=llama_cli.LoadProgress(os.path.basename(path)), **kw)
