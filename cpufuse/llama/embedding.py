@@ -25,7 +25,7 @@ import numpy as np
 
 from .decoder import Batch
 
-__all__ = ["POOLING", "pooling_name", "embed_ids", "normalize", "hidden_states"]
+__all__ = ["POOLING", "pooling_name", "embed_ids", "normalize", "pooled", "slot_hidden", "llama_embed"]
 
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
 _NAMES = {v: k for k, v in POOLING.items()}
@@ -69,13 +69,10 @@ def normalize(v, norm=2):
     return (x / s).astype(np.float32)
 
 
-def hidden_states(model, ids, rows):
+def slot_hidden(model, slot, ids, rows):
     """(len(rows), n_embd) float32: the hidden states after output_norm of positions `rows`
-    (ascending) of the sequence `ids`, evaluated on slot 0 of a fresh cache (which then holds
-    ids). Call under model._lock; the ids were checked (Model.token_ids)."""
-    if len(ids) > model.n_ctx:
-        raise ValueError(f"context overflow: {len(ids)} tokens > n_ctx = {model.n_ctx}")
-    model.reset()
+    (ascending) of the sequence `ids`, evaluated from position 0 in KV slot `slot` in micro-batches
+    of n_batch. Only the slot's cells change (the caller owns them, and the model's bookkeeping)."""
     B = model.n_batch
     out = np.empty((len(rows), model.hparams.n_embd), np.float32)
     rows = np.asarray(rows, np.int64)
@@ -84,33 +81,43 @@ def hidden_states(model, ids, rows):
         chunk = ids[s:s + B]
         want = rows[(rows >= s) & (rows < s + len(chunk))]
         b = Batch(model)
-        b.add(0, chunk, s, logits=False)
+        b.add(slot, chunk, s, logits=False)
         b.idx = [int(r - s) for r in want] or [len(chunk) - 1]
         h = b.run(model.decoder, (B, B, 1), n_threads=model.n_threads, hidden=True)
         out[k:k + len(want)] = h[:len(want)]
         k += len(want)
-        model._n_past = s + len(chunk)
-        model._cached.extend(int(t) for t in chunk)
     return out
 
 
-def embed_ids(model, ids, pooling=None, norm=-1):
-    """The embedding of the token ids `ids` (checked here): (n_embd,) float32 pooled, or
-    (len(ids), n_embd) with pooling "none"; normalized with `norm` (see normalize)."""
-    ids = model.token_ids(ids, "ids")
-    if not ids:
-        raise ValueError("embedding: no tokens to embed")
-    pooling = pooling_name(pooling, model)
-    normalize(np.zeros(1), norm)            # checks norm before anything runs
+def pooled(model, slot, ids, pooling, norm):
+    """the embedding of `ids` (checked, non-empty, <= n_ctx) evaluated in slot `slot`: pooling is a
+    name of POOLING (not rank); see embed_ids"""
     rows = {"none": range(len(ids)), "mean": range(len(ids)), "cls": [0], "last": [len(ids) - 1]}[pooling]
-    with model._lock:
-        model._epoch += 1
-        h = hidden_states(model, ids, list(rows))
+    h = slot_hidden(model, slot, ids, list(rows))
     if pooling == "mean":
         h = h.astype(np.float64).mean(axis=0).astype(np.float32)
     elif pooling != "none":
         h = h[0]
     return normalize(h, norm)
+
+
+def embed_ids(model, ids, pooling=None, norm=-1):
+    """The embedding of the token ids `ids` (checked here), evaluated on slot 0 of a fresh cache
+    (which then holds ids): (n_embd,) float32 pooled, or (len(ids), n_embd) with pooling "none";
+    normalized with `norm` (see normalize)."""
+    ids = model.token_ids(ids, "ids")
+    if not ids:
+        raise ValueError("embedding: no tokens to embed")
+    if len(ids) > model.n_ctx:
+        raise ValueError(f"context overflow: {len(ids)} tokens > n_ctx = {model.n_ctx}")
+    pooling = pooling_name(pooling, model)
+    normalize(np.zeros(1), norm)            # checks norm before anything runs
+    with model._lock:
+        model._epoch += 1
+        model.reset()
+        v = pooled(model, 0, ids, pooling, norm)
+        model._n_past, model._cached[:] = len(ids), ids
+    return v
 
 
 def llama_embed(model, pooling, inputs, norm, truncate, tokenize):

@@ -56,8 +56,9 @@ def _error_response(e: APIError) -> JSONResponse:
 class _Server(Responses):
     """the endpoints (request parsing, checks, submission); the response shapes are Responses'"""
 
-    def __init__(self, engine, drain: float = 0.0, sampling: Optional[SamplingParams] = None):
+    def __init__(self, engine, drain: float = 0.0, sampling: Optional[SamplingParams] = None, pooling=None):
         self.engine = engine
+        self.pooling = pooling          # /v1/embeddings: a pooling name, or None (not served)
         self.drain = drain
         self.defaults = SamplingParams() if sampling is None else sampling
         self.created = int(time.time())
@@ -290,13 +291,21 @@ class _Server(Responses):
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-def create_app(engine, drain: float = 0.0, sampling: Optional[SamplingParams] = None) -> Starlette:
+def create_app(engine, drain: float = 0.0, sampling: Optional[SamplingParams] = None,
+               embeddings=None) -> Starlette:
     """The Starlette app serving `engine`. Lifespan: engine.start() at startup; at shutdown
     engine.stop(drain) (queued requests cancelled, running ones given `drain` seconds).
     `sampling`: the values of the sampling fields a request leaves out (default: OpenAI's,
     SamplingParams()). Every request is logged in one line to the logger "cpufuse.serve" (INFO;
-    GET requests at DEBUG); a stream's line is written when the stream ends."""
-    srv = _Server(engine, drain, sampling)
+    GET requests at DEBUG); a stream's line is written when the stream ends. embeddings: None or
+    False (POST /v1/embeddings answers 501), True (served, pooled by the model's pooling_type), or a
+    pooling name ("mean", "cls", "last", "none"): cpufuse.serve.embeddings."""
+    from . import embeddings as emb
+    pooling = None
+    if embeddings is not None and embeddings is not False:
+        from cpufuse.llama.embedding import pooling_name
+        pooling = pooling_name(None if embeddings is True else embeddings, engine.model)
+    srv = _Server(engine, drain, sampling, pooling)
 
     def endpoint(fn):
         async def wrapped(request: Request):
@@ -355,7 +364,9 @@ def create_app(engine, drain: float = 0.0, sampling: Optional[SamplingParams] = 
         Route("/metrics", endpoint(srv.metrics), methods=["GET"]),
         Route("/tokenize", endpoint(srv.tokenize), methods=["POST"]),
         Route("/detokenize", endpoint(srv.detokenize), methods=["POST"]),
-    ]
+    ] + [Route(p, endpoint(lambda r, f=f: f(srv, r)), methods=["POST"])
+         for p, f in (("/v1/embeddings", emb.embeddings), ("/embeddings", emb.embeddings),
+                      ("/v1/rerank", emb.rerank), ("/rerank", emb.rerank), ("/v1/reranking", emb.rerank))]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: not_found, Exception: server_error})
     app.state.server = srv

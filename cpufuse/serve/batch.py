@@ -30,7 +30,7 @@ import os
 import time
 from typing import List, Optional
 
-from .engine import Engine, FinishEvent, Handle, TokenEvent, deliver, make_sampler, token_logprobs
+from .engine import Engine, EngineStopped, FinishEvent, Handle, TokenEvent, deliver, make_sampler, token_logprobs
 
 __all__ = ["BatchEngine", "SerialEngine"]
 
@@ -109,6 +109,7 @@ class BatchEngine(Engine):
         self.seqs: List[_Seq] = []
         self._pool = None                  # the mask worker thread (made on the first constrained step)
         self.mask_thread = bool(mask_thread)   # False: the grammar masks are filled before the step, serially
+        self._jobs = []                    # embeddings waiting for a free slot: (future, ids, pooling, norm)
 
     @classmethod
     def load(cls, path: str, n_ctx: int = 2048, n_threads: Optional[int] = None, kv_dtype: str = "f16",
@@ -124,6 +125,40 @@ class BatchEngine(Engine):
         super().stop(drain)
         if self._pool is not None:
             self._pool.shutdown(wait=False)
+        with self._lock:
+            jobs, self._jobs = self._jobs, []
+        for fut, *_ in jobs:
+            fut.set_exception(EngineStopped("the engine stopped"))
+
+    def embed(self, ids, pooling, norm=2):
+        """A concurrent.futures.Future of the embedding of the token ids `ids` (checked by the
+        caller: in range, 1..n_ctx of them), computed on the engine thread in a free KV slot
+        between steps (cpufuse.llama.embedding.pooled; pooling: a name, not "rank")."""
+        import concurrent.futures
+        fut = concurrent.futures.Future()
+        with self._lock:
+            if self._stopping or self._thread is None:
+                raise EngineStopped("the engine is not running")
+            self._jobs.append((fut, list(ids), pooling, norm))
+            self._wake.notify()
+        return fut
+
+    def _run_jobs(self):
+        """the waiting embeddings, each in the least recently used free slot (none free: later)"""
+        from cpufuse.llama.embedding import pooled
+        while True:
+            free = [s for s in self.slots if not s.busy]
+            with self._lock:
+                if not free or not self._jobs:
+                    return
+                fut, ids, pooling, norm = self._jobs.pop(0)
+            slot = min(free, key=lambda s: s.last_used)
+            slot.tokens = []      # its cells hold this input, cut into other chunks: never a prompt-cache hit
+            slot.last_used = time.monotonic()
+            try:
+                fut.set_result(pooled(self.model, slot.index, ids, pooling, norm))
+            except Exception as e:  # noqa: BLE001 -- this input fails, the engine goes on
+                fut.set_exception(e)
 
     def _cancel_running(self) -> None:
         for s in list(self.seqs):
@@ -208,11 +243,12 @@ class BatchEngine(Engine):
         self.model.reset()     # the Model's own API (slot 0) forgets its cache: the engine owns every slot
         while True:
             with self._lock:
-                while not self._queue and not self.seqs and not self._stopping:
+                while not self._queue and not self.seqs and not self._stopping and not self._jobs:
                     self._wake.wait()
                 if self._stopping and not self.seqs and not self._queue:
                     return
             self._admit()
+            self._run_jobs()
             for s in [s for s in self.seqs if s.h.cancelled]:
                 self._release(s)
                 self._finish(s.h, "cancelled", s.n_gen, s.cached)

@@ -51,6 +51,11 @@ def build_parser():
     ap.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     llama_cli.add_sampling_args(ap, "sampling (the defaults of a request that does not set the field)")
     llama_cli.add_spec_args(ap)
+    g = ap.add_argument_group("embeddings")
+    g.add_argument("--embeddings", action="store_true", help="serve POST /v1/embeddings (L2-normalized vectors)")
+    g.add_argument("--pooling", choices=("none", "mean", "cls", "last", "rank"), default=None,
+                   help="how a text's token vectors become one (default: the model file's pooling_type, else none, "
+                        "which /v1/embeddings refuses: give mean, cls or last for a chat model)")
     return ap
 
 
@@ -92,7 +97,13 @@ def main(argv=None):
           f"engine {type(engine).__name__} (parallel {engine.parallel}) on http://{args.host}:{args.port}/v1",
           file=sys.stderr, flush=True)
     _request_log(args.log_level)
-    config = uvicorn.Config(create_app(engine, sampling=sampling_defaults(args)), host=args.host, port=args.port,
+    try:
+        app = create_app(engine, sampling=sampling_defaults(args),
+                         embeddings=(args.pooling or True) if args.embeddings else None)
+    except (ValueError, NotImplementedError) as e:
+        print(f"error: --pooling {args.pooling}: {e}", file=sys.stderr)
+        return 2
+    config = uvicorn.Config(app, host=args.host, port=args.port,
                             loop="asyncio", log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=args.shutdown_timeout)
     try:
