@@ -54,6 +54,7 @@ class Streamer:
     def __init__(self, gen):
         self._gen = gen
         self.result = None
+        self.tool_spec = None          # generate(tools=...): the ToolSpec (cpufuse.llama.tools)
 
     def __iter__(self):
         return self
@@ -91,7 +92,7 @@ def decode(model, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stops=(), 
             m = min(len(c), len(ids) - 1)
             while keep < m and c[keep] == ids[keep]:
                 keep += 1
-            keep = model.kv_reusable(keep, len(c))
+            keep = model.kv.reusable(keep, max(len(c), getattr(model, "_spec_written", 0)))   # speculative.written
         model._n_past = keep
         del model._cached[keep:]
         sampler.accept_prompt(ids)

@@ -8,7 +8,6 @@ rules (docs/architectures.md), and the vocabulary size.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -292,11 +291,3 @@ def read_hparams(gf):
     _check_special_ids(gf, n_vocab)
     return HParams.from_gguf(gf, n_vocab)
 
-
-def int_arg(v, name, lo, hi):
-    """an integer argument in [lo, hi] as int: TypeError / ValueError naming it"""
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {type(v).__name__} {v!r}")
-    if not lo <= v <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
-    return int(v)

@@ -37,9 +37,9 @@ import os
 import numpy as np
 
 from .decoder import Batch
-from .hparams import int_arg as _pos_int
+from .kv import int_arg as _pos_int
 
-__all__ = ["LlamaDraftModel", "LlamaPromptLookupDecoding", "DraftModel", "speculate", "verify", "draft_ids", "rewind",
+__all__ = ["LlamaDraftModel", "LlamaPromptLookupDecoding", "DraftModel", "speculate", "verify", "draft_ids", "rewind", "written",
            "check_draft"]
 
 VOCAB_MAX_DIFF = 128       # llama.cpp's allowed vocabulary size difference of draft and target
@@ -132,7 +132,7 @@ class DraftModel(LlamaDraftModel):
             keep, lim = 0, min(len(c), len(ids) - 1)
             while keep < lim and c[keep] == ids[keep]:
                 keep += 1
-            rewind(m, m.kv_reusable(keep, len(c)))
+            rewind(m, m.kv.reusable(keep, written(m)))
             logits = m._eval(ids[m.n_past:])
             out = []
             while True:
@@ -169,9 +169,10 @@ def check_draft(draft, target):
 
 def rewind(model, n):
     """Forget slot 0's tokens from position n on (n <= n_past): the cells stay and are overwritten
-    by the next evaluation. Call under model._lock."""
+    by the next evaluation. The positions written stay counted (written()). Call under model._lock."""
     if not 0 <= n <= model._n_past:
         raise ValueError(f"rewind: n must be in [0, {model._n_past}], got {n}")
+    model._spec_written = max(getattr(model, "_spec_written", 0), model._n_past)
     model._n_past = n
     del model._cached[n:]
 
@@ -202,6 +203,13 @@ def draft_ids(draft, context, k, n_vocab):
         if not 0 <= t < n_vocab:
             return d[:i]
     return d
+
+
+def written(model):
+    """how many positions of slot 0 may have been written: the cached ones, or more after a rewind
+    (rejected drafts). Sliding-window rings reuse a cached prefix only if no later position
+    overwrote its window (KVCache.reusable), so they are asked with this count (an upper bound)."""
+    return max(len(model._cached), getattr(model, "_spec_written", 0))
 
 
 def speculate(model, tok, sampler, draft, context, limit):

@@ -44,6 +44,7 @@ class _Slot:
     tokens: List[int] = dataclasses.field(default_factory=list)   # ids whose K/V the slot holds (positions 0..)
     busy: bool = False
     last_used: float = 0.0
+    written: int = 0            # positions written past `tokens` (rejected drafts), for the rings' reuse
 
 
 class _Seq:
@@ -92,7 +93,7 @@ class BatchEngine(Engine):
                          getattr(tok, "chat_template", None))
         if int(chunk) < 1:
             raise ValueError(f"chunk must be >= 1, got {chunk!r}")
-        if getattr(model, "swa_cells", 0) and int(chunk) > model.n_batch:
+        if model.kv.ring_cells and int(chunk) > model.n_batch:
             raise ValueError(f"chunk must be <= the model's n_batch ({model.n_batch}) for its sliding-window "
                              f"layers' KV rings (window + n_batch cells), got {chunk!r}")
         self.model, self.model_path = model, getattr(model, "path", name)
@@ -183,7 +184,7 @@ class BatchEngine(Engine):
     def _lends(self) -> bool:
         """running sequences lend their KV only with one full-size cache per layer (not with the
         sliding-window layers' rings, whose cells hold the last window positions only)"""
-        return not getattr(self.model, "swa_cells", 0)
+        return not self.model.kv.ring_cells
 
     def _admit(self):
         """queued requests into free slots. A request takes the free slot whose cached tokens
@@ -207,7 +208,7 @@ class BatchEngine(Engine):
             best, best_n = None, -1
             for s in free:
                 n = self._shared(s.tokens, prompt)
-                n = self.model.kv_reusable(n, len(s.tokens))   # 0 where a sliding-window ring moved on
+                n = self.model.kv.reusable(n, max(len(s.tokens), s.written))   # 0 where a ring moved on
                 if n > best_n or (n == best_n and s.last_used < best.last_used):
                     best, best_n = s, n
             src, src_n = None, best_n
@@ -217,7 +218,7 @@ class BatchEngine(Engine):
                     src, src_n = q.slot, n
             best.busy = True
             if src is not None:
-                self._copy_kv(src, best, src_n)
+                self.model.kv.copy_prefix(src.index, best.index, src_n, len(src.tokens))
                 best.tokens = list(src.tokens[:src_n])
                 best_n = src_n
             best.tokens = best.tokens[:best_n]
@@ -225,13 +226,6 @@ class BatchEngine(Engine):
             h.cached_tokens = best_n
             self.seqs.append(seq)
             self._count(prompt_tokens=len(prompt), cached_prompt_tokens=best_n)
-
-    def _copy_kv(self, src, dst, n):
-        """the K/V of positions [0, n) of slot src into slot dst"""
-        m, c = self.model, self.model.n_ctx
-        a, b = src.index * c, dst.index * c
-        m.k_cache[:, b:b + n] = m.k_cache[:, a:a + n]
-        m.v_cache[:, b:b + n] = m.v_cache[:, a:a + n]
 
     def _release(self, seq):
         s = seq.slot
@@ -272,6 +266,7 @@ class BatchEngine(Engine):
             d = self._drafts(s)
             for i, t in enumerate([s.last] + d):    # one-row groups: each row's attention is a decode step's
                 b.add(s.slot.index, [t], s.pos + i, logits=True)
+            s.slot.written = max(s.slot.written, s.pos + 1 + len(d))
             s.slot.tokens.append(s.last)
             owners.append((s, d))
         budget = self.step_tokens
