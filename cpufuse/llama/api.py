@@ -208,6 +208,48 @@ class Llama:
         ids = self._model.token_ids(tokens, "tokens")
         return b"".join(tok.token_to_piece(t, special=special) for t in ids)
 
+    # ------------------------------------------------ low level and saved state (cpufuse.llama.state)
+    @property
+    def n_tokens(self) -> int:
+        """tokens in the context (evaluated)"""
+        return self._model.n_past
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        return np.array(self._model._cached[:self._model.n_past], np.intc)
+
+    def eval(self, tokens) -> None:
+        """Evaluate `tokens` after those in the context (n_tokens grows by len(tokens))."""
+        self._last = self._model.eval(tokens)
+
+    def sample(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
+               temp: float = 0.80, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
+               presence_penalty: float = 0.0, tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_eta: float = 0.1,
+               mirostat_tau: float = 5.0, penalize_nl: bool = True, logits_processor=None, grammar=None,
+               idx=None) -> int:
+        """A token from the last eval's logits (cpufuse's sampler chain; penalties over the last 64
+        input ids). grammar, logits_processor and idx are not supported here (NotImplementedError)."""
+        from .state import llama_sample
+        for k, v in (("typical_p", typical_p), ("tfs_z", tfs_z), ("mirostat_mode", mirostat_mode)):
+            _refuse(k, v, _CALL_REFUSED[k])
+        for k, v in (("logits_processor", logits_processor), ("grammar", grammar), ("idx", idx)):
+            if v is not None:
+                raise NotImplementedError(f"sample({k}=...) is not supported by cpufuse's Llama")
+        return llama_sample(self, getattr(self, "_last", None), temp, top_k, top_p, min_p, repeat_penalty,
+                            frequency_penalty, presence_penalty, self._call_seed(None))
+
+    def save_state(self):
+        """llama-cpp-python's LlamaState of the context: its tokens and KV cells (llama_state bytes)"""
+        from .state import llama_save
+        return llama_save(self, getattr(self, "_last", None), self._seed)
+
+    def load_state(self, state) -> None:
+        """Restore a save_state() of this model (checked: ValueError on another model's); the
+        context continues bit for bit"""
+        from .state import llama_load
+        self._last, seed = llama_load(self, state)
+        self.set_seed(seed)
+
     def pooling_type(self) -> int:
         """llama.cpp's LLAMA_POOLING_TYPE_* of the embeddings (the model's unless pooling_type was given)"""
         from .embedding import POOLING, pooling_name

@@ -378,6 +378,22 @@ class Model:
             out = self._forward(tokens[s:s + B])
         return out[0]
 
+    def save_kv(self, path):
+        """Write slot 0's tokens and KV cells to `path` (cpufuse.llama.state: the format, and the
+        checks load_kv makes). Returns the bytes written."""
+        from .state import save_file
+        with self._lock:
+            return save_file(self, path)
+
+    def load_kv(self, path):
+        """Restore a save_kv file of this model into slot 0 (the file is untrusted input: a
+        ValueError names what does not match); the next eval continues bit for bit as if the
+        saved sequence had never stopped. Returns the number of tokens restored."""
+        from .state import load_file
+        with self._lock:
+            self._epoch += 1
+            return load_file(self, path)
+
     def logits(self, tokens):
         """(len(tokens), n_vocab) float32 logits of every position, from an empty cache."""
         tokens = self.token_ids(tokens, "tokens")
