@@ -117,3 +117,32 @@ def test_llama_save_state_eval_sample(tmp_path):
     bad = LlamaState(np.array([1, 2]), st.scores, 2, st.llama_state, st.llama_state_size, 3)
     with pytest.raises(ValueError, match="input_ids"):
         llm.load_state(bad)
+
+
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_chat_resume(tmp_path, monkeypatch, capsys):
+    import io
+    import json as _json
+
+    from cpufuse.llama import cli
+    p = write_tiny_gguf(tmp_path / "chat.gguf", qtype="Q8_0", chat_template=TEMPLATE)
+    f = str(tmp_path / "conv")
+    args = [p, "--temp", "0", "-n", "8", "--ctx", "256", "-t", "1"]
+
+    def chat(lines, extra):
+        monkeypatch.setattr("sys.stdin", io.StringIO(lines))
+        assert cli.chat_main(args + extra) == 0
+        return capsys.readouterr()
+    whole = chat("hello\nhow are you\n", []).out
+    first = chat("hello\n", ["--resume", f])
+    msgs = _json.load(open(f + ".json"))
+    assert len(msgs) == 2 and first.out == msgs[1]["content"] + "\n"
+    second = chat("how are you\n", ["--resume", f])
+    assert "(resumed 2 messages" in second.err and first.out + second.out == whole
+    open(f + ".json", "w").write('{"not": "a list"}')
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert cli.chat_main(args + ["--resume", f]) == 2
+    assert "expected a list" in capsys.readouterr().err

@@ -301,10 +301,40 @@ def build_chat_parser():
     ap.add_argument("--system", default=None, help="system message")
     ap.add_argument("-n", "--n-predict", type=int, default=-1,
                     help="max tokens per reply (default -1: until the model ends it or the context is full)")
+    ap.add_argument("--resume", default=None, metavar="FILE",
+                    help="keep the conversation in FILE (its KV state) and FILE.json (its messages) after each "
+                         "reply, and reopen it from there without evaluating it again")
     add_run_args(ap)
     add_sampling_args(ap)
     add_spec_args(ap)
     return ap
+
+
+def resume_load(model, path):
+    """the messages of a --resume FILE (and its KV state into the model), or None when there is none"""
+    import json
+    if not os.path.exists(path + ".json"):
+        return None
+    try:
+        with open(path + ".json", encoding="utf-8") as f:
+            msgs = json.load(f)
+        if not (isinstance(msgs, list) and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                               and isinstance(m.get("content"), str) for m in msgs)):
+            raise ValueError("expected a list of {'role': str, 'content': str} messages")
+        n = model.load_kv(path)
+    except (OSError, ValueError) as e:
+        raise CLIError(f"--resume {path}: {e}", 2) from None
+    print(f"(resumed {len(msgs)} messages, {n} tokens from {path})", file=sys.stderr)
+    return msgs
+
+
+def resume_save(model, path, messages):
+    """write the KV state and the messages of --resume FILE (each through a temporary file)"""
+    import json
+    model.save_kv(path)
+    with open(path + ".json.tmp", "w", encoding="utf-8") as f:
+        json.dump(messages, f, ensure_ascii=False)
+    os.replace(path + ".json.tmp", path + ".json")
 
 
 def _line_buffer():
@@ -325,6 +355,7 @@ def chat_main(argv=None):
         path = model_path(args)
         model = load(args, path)
         draft = make_draft(args, model)
+        resumed = resume_load(model, args.resume) if args.resume else None
     except CLIError as e:
         return _fail(e)
     except KeyboardInterrupt:
@@ -338,7 +369,7 @@ def chat_main(argv=None):
             pass
         print(f"{os.path.basename(path)}, context {model.n_ctx} tokens. {CHAT_HELP}.", file=sys.stderr)
     first = [{"role": "system", "content": args.system}] if args.system else []
-    messages = list(first)
+    messages = list(first) if resumed is None else resumed
     out = sys.stdout
     max_tokens = model.n_ctx if args.n_predict < 0 else args.n_predict
     while True:
@@ -389,6 +420,8 @@ def chat_main(argv=None):
         out.write("\n")
         out.flush()
         messages.append({"role": "assistant", "content": it.result.text})
+        if args.resume:
+            resume_save(model, args.resume, messages)
         if it.result.stop_reason == "context":
             print("(the context is full: /reset starts a new conversation)", file=sys.stderr)
     return 0

@@ -392,7 +392,7 @@ class Model:
         from .state import load_file
         with self._lock:
             self._epoch += 1
-            return load_file(self, path)
+            return len(load_file(self, path))
 
     def logits(self, tokens):
         """(len(tokens), n_vocab) float32 logits of every position, from an empty cache."""

@@ -61,11 +61,15 @@ def _layout(model):
             "type_v": kv.type_v, "ring_cells": kv.ring_cells, "window": kv.window}
 
 
-def dump(model):
-    """slot 0's state as bytes (the format above). Call under model._lock or on an idle model."""
-    n = model._n_past
-    toks = np.asarray(model._cached[:n], "<i4")
-    cells = model.kv.read_slot(0, n)
+def dump(model, slot=0, tokens=None):
+    """a slot's state as bytes (the format above): slot 0 of the Model's own API (its cached
+    tokens), or `slot` holding exactly the evaluated `tokens`. Call under model._lock or on the
+    thread that owns the slot."""
+    if tokens is None:
+        tokens = model._cached[:model._n_past]
+    n = len(tokens)
+    toks = np.asarray(tokens, "<i4")
+    cells = model.kv.read_slot(slot, n)
     head = dict(_layout(model), n_tokens=n, kv_bytes=len(cells))
     hb = json.dumps(head, sort_keys=True).encode()
     return b"".join((_HEAD.pack(MAGIC, VERSION, len(hb)), hb, toks.tobytes(), cells))
@@ -120,13 +124,18 @@ def parse(model, data):
     return toks.tolist(), buf[off + 4 * n:]
 
 
-def restore(model, data):
-    """Put a state made by dump() (checked by parse) into slot 0: the model then holds its tokens
-    and continues from them bit for bit. Call under model._lock."""
+def restore(model, data, slot=None):
+    """Put a state made by dump() (checked by parse) into slot 0 of the Model's own API (slot
+    None: the model then holds its tokens and continues from them bit for bit; call under
+    model._lock), or into KV slot `slot` (its owner keeps the tokens). Returns the token ids."""
     toks, cells = parse(model, data)
+    if slot is not None:
+        model.kv.write_slot(slot, len(toks), cells)
+        return toks
     model.reset()
     model.kv.write_slot(0, len(toks), cells)
     model._n_past, model._cached[:] = len(toks), toks
+    return toks
 
 
 def save_file(model, path, data=None):
@@ -139,9 +148,9 @@ def save_file(model, path, data=None):
     return len(data)
 
 
-def load_file(model, path):
+def load_file(model, path, slot=None):
     """restore() from a file (read up to the largest valid size for this model + 1 byte, so an
-    overlong file is refused without reading it all); returns the tokens restored"""
+    overlong file is refused without reading it all); returns the token ids restored"""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"KV state file not found: {path}")
@@ -149,8 +158,7 @@ def load_file(model, path):
         raise ValueError(f"KV state {path}: not a regular file")
     with open(path, "rb") as f:
         data = f.read(_HEAD.size + MAX_HEADER + 4 * model.n_ctx + model.kv.slot_nbytes(model.n_ctx) + 1)
-    restore(model, data)
-    return len(model._cached)
+    return restore(model, data, slot)
 
 
 class LlamaState:

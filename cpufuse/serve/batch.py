@@ -36,6 +36,7 @@ __all__ = ["BatchEngine", "SerialEngine"]
 
 DEFAULT_CHUNK = 128   # prompt chunk (tokens), aligned to absolute positions
 DEFAULT_STEP_TOKENS = 128   # prompt tokens per step at most, besides the decoding sequences
+_WAIT = object()            # a job that cannot run yet (_run_jobs)
 
 
 @dataclasses.dataclass
@@ -110,7 +111,7 @@ class BatchEngine(Engine):
         self.seqs: List[_Seq] = []
         self._pool = None                  # the mask worker thread (made on the first constrained step)
         self.mask_thread = bool(mask_thread)   # False: the grammar masks are filled before the step, serially
-        self._jobs = []                    # embeddings waiting for a free slot: (future, ids, pooling, norm)
+        self._jobs = []                    # (future, fn): embeddings and slot actions (_job)
 
     @classmethod
     def load(cls, path: str, n_ctx: int = 2048, n_threads: Optional[int] = None, kv_dtype: str = "f16",
@@ -131,35 +132,80 @@ class BatchEngine(Engine):
         for fut, *_ in jobs:
             fut.set_exception(EngineStopped("the engine stopped"))
 
-    def embed(self, ids, pooling, norm=2):
-        """A concurrent.futures.Future of the embedding of the token ids `ids` (checked by the
-        caller: in range, 1..n_ctx of them), computed on the engine thread in a free KV slot
-        between steps (cpufuse.llama.embedding.pooled; pooling: a name, not "rank")."""
+    def _job(self, fn):
+        """a concurrent.futures.Future of fn() run on the engine thread between steps (fn returns
+        _WAIT to be tried again after the next step)"""
         import concurrent.futures
         fut = concurrent.futures.Future()
         with self._lock:
             if self._stopping or self._thread is None:
                 raise EngineStopped("the engine is not running")
-            self._jobs.append((fut, list(ids), pooling, norm))
+            self._jobs.append((fut, fn))
             self._wake.notify()
         return fut
 
-    def _run_jobs(self):
-        """the waiting embeddings, each in the least recently used free slot (none free: later)"""
+    def embed(self, ids, pooling, norm=2):
+        """A Future of the embedding of the token ids `ids` (checked by the caller: in range, 1..n_ctx
+        of them), computed on the engine thread in the least recently used free KV slot between
+        steps (cpufuse.llama.embedding.pooled; pooling: a name, not "rank")."""
         from cpufuse.llama.embedding import pooled
-        while True:
+
+        def run():
             free = [s for s in self.slots if not s.busy]
-            with self._lock:
-                if not free or not self._jobs:
-                    return
-                fut, ids, pooling, norm = self._jobs.pop(0)
+            if not free:
+                return _WAIT
             slot = min(free, key=lambda s: s.last_used)
             slot.tokens = []      # its cells hold this input, cut into other chunks: never a prompt-cache hit
             slot.last_used = time.monotonic()
+            return pooled(self.model, slot.index, ids, pooling, norm)
+        return self._job(run)
+
+    def slot_action(self, index, action, path=None):
+        """A Future of llama-server's slot action on KV slot `index` (on the engine thread): "save"
+        its evaluated tokens and cells to `path`, "restore" them from `path` (the file checked
+        against the model: cpufuse.llama.state), or "erase" them. The result is llama-server's
+        counts ({"n_saved", "n_written"}, {"n_restored", "n_read"} or {"n_erased"}); a slot that
+        runs a request is a ValueError."""
+        from cpufuse.llama import state
+        if action not in ("save", "restore", "erase"):
+            raise ValueError(f"action must be 'save', 'restore' or 'erase', got {action!r}")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self.slots):
+            raise ValueError(f"slot id must be in [0, {len(self.slots)}), got {index!r}")
+
+        def run():
+            s = self.slots[index]
+            if s.busy:
+                raise ValueError(f"slot {index} is running a request")
+            if action == "save":
+                return {"n_saved": len(s.tokens),
+                        "n_written": state.save_file(self.model, path, state.dump(self.model, index, s.tokens))}
+            if action == "restore":
+                toks = state.load_file(self.model, path, index)
+                s.tokens, s.written, s.last_used = toks, 0, time.monotonic()
+                return {"n_restored": len(toks), "n_read": os.path.getsize(path)}
+            n, s.tokens = len(s.tokens), []
+            return {"n_erased": n}
+        return self._job(run)
+
+    def _run_jobs(self):
+        """the waiting jobs, in order (the first that must wait holds the rest back)"""
+        while True:
+            with self._lock:
+                if not self._jobs:
+                    return
+                fut, fn = self._jobs[0]
             try:
-                fut.set_result(pooled(self.model, slot.index, ids, pooling, norm))
-            except Exception as e:  # noqa: BLE001 -- this input fails, the engine goes on
-                fut.set_exception(e)
+                r = fn()
+            except Exception as e:  # noqa: BLE001 -- this job fails, the engine goes on
+                r = e
+            if r is _WAIT:
+                return
+            with self._lock:
+                self._jobs.pop(0)
+            if isinstance(r, Exception):
+                fut.set_exception(r)
+            else:
+                fut.set_result(r)
 
     def _cancel_running(self) -> None:
         for s in list(self.seqs):

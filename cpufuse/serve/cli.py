@@ -53,6 +53,8 @@ def build_parser():
     llama_cli.add_spec_args(ap)
     g = ap.add_argument_group("embeddings")
     g.add_argument("--embeddings", action="store_true", help="serve POST /v1/embeddings (L2-normalized vectors)")
+    ap.add_argument("--slot-save-path", default=None, metavar="DIR",
+                    help="serve llama-server's POST /slots/{id}?action=save|restore|erase with files in DIR")
     g.add_argument("--pooling", choices=("none", "mean", "cls", "last", "rank"), default=None,
                    help="how a text's token vectors become one (default: the model file's pooling_type, else none, "
                         "which /v1/embeddings refuses: give mean, cls or last for a chat model)")
@@ -99,9 +101,10 @@ def main(argv=None):
     _request_log(args.log_level)
     try:
         app = create_app(engine, sampling=sampling_defaults(args),
-                         embeddings=(args.pooling or True) if args.embeddings else None)
+                         embeddings=(args.pooling or True) if args.embeddings else None,
+                         slot_save_path=args.slot_save_path)
     except (ValueError, NotImplementedError) as e:
-        print(f"error: --pooling {args.pooling}: {e}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         return 2
     config = uvicorn.Config(app, host=args.host, port=args.port,
                             loop="asyncio", log_level=args.log_level, access_log=False,
