@@ -1,4 +1,4 @@
-"""A GGUF decoder model (llama, qwen2, qwen3, gemma3, gemma2, phi3, smollm3, granite) on cpufuse's
+"""A GGUF decoder model (the architectures of cpufuse/llama/arch/) on cpufuse's
 fused kernels (docs/semantics.md §10, docs/architectures.md).
 
     from cpufuse.llama import Model
@@ -46,9 +46,8 @@ KV cache: `Model.kv` (cpufuse.llama.kv.KVCache), n_seq slots of n_ctx cells; the
 API uses slot 0, the server (cpufuse.serve.batch) all of them. Sliding-window layers (gemma) keep
 a ring of window + n_batch cells per slot instead (docs/architectures.md).
 
-Architectures: llama (RoPE NORM), qwen2 (Q/K/V biases, RoPE NEOX), qwen3 (per-head Q/K RMSNorm,
-NEOX), gemma3, gemma2, phi3, smollm3, granite (docs/architectures.md). Anything else is refused
-with a ValueError naming the architecture.
+Architectures: one module each in cpufuse/llama/arch/ (SUPPORTED_ARCHS, docs/architectures.md).
+Anything else is refused with a ValueError naming the architecture.
 """
 from __future__ import annotations
 
@@ -145,8 +144,8 @@ class Model:
             repack_weights(w, gf, isa, progress)
         # the weights: tok_embd, output_norm, output (tok_embd when tied), output_bias, n_logits,
         # rope_freqs, layers (cpufuse.llama.loader)
-        for k in w.__slots__:
-            setattr(self, k, getattr(w, k))
+        for k, v in vars(w).items():
+            setattr(self, k, v)
         te = self.tok_embd        # embed(): the C row decoder for a quantized GGUF-layout table
         native = (te.block_size > 1 and te.layout == "gguf" and te.raw.flags.c_contiguous
                   and _backend.lib is not None)
