@@ -10,6 +10,8 @@ multiple of 256: use `kquant_dims()`). gguf-py cannot quantize K-quants, so Q4_K
 random bytes with the f16 super-block scales set to give the wanted weight spread (any byte pattern
 is a valid block); Q2_K, Q3_K and the IQ4 types come from cpufuse.reference.quant's quantizers.
 """
+import pathlib
+
 import numpy as np
 
 import gguf
@@ -219,7 +221,7 @@ def _plan(arch, d, n_vocab, tied=True, biases=None, fused_qkv=False, options=Non
 
 def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qtype="F16",
                     n_ctx_train=512, freq_base=10000.0, eps=1e-5, chat_template=None, biases=None,
-                    dims=None, extra=None, fused_qkv=False, arch_keys=None, options=None):
+                    dims=None, extra=None, fused_qkv=False, arch_keys=None, split_max_tensors=0, options=None):
     """Write a tiny model and return its path (str). biases: None = the arch's default (qwen2 has
     Q/K/V biases). extra: callable(writer) to add keys. dims: DEFAULT_DIMS overrides, plus
     "head_dim" (written as attention.key_length/value_length when it is not n_embd / n_head) and
@@ -234,14 +236,17 @@ def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qty
     written as "<arch>.<suffix>" (overriding these defaults; None drops the key). The MoE
     architectures (qwen3moe, qwen2moe, olmoe, granitemoe) take dims "n_expert", "n_expert_used",
     "n_ff_exp", "n_ff_shexp" and options (_plan); their routers are written in F32 (as llama.cpp's
-    quantizer keeps ffn_gate_inp), their stacked experts as 3-D tensors."""
+    quantizer keeps ffn_gate_inp), their stacked experts as 3-D tensors.
+
+    split_max_tensors > 0: a split GGUF (gguf-py's writer: PATHSTEM-00001-of-0000N.gguf, ...) of
+    at most that many tensors a part; the first part's path is returned."""
     d = model_dims(arch, dims)
     a = REGISTRY.get(arch, REGISTRY["llama"])
     rng = np.random.default_rng(seed)
     tokens, types, merges = tiny_vocab()
     tokens, types = tokens + list(a.tiny_tokens), types + [3] * len(a.tiny_tokens)
     path = str(path)
-    w = gguf.GGUFWriter(path, arch)
+    w = gguf.GGUFWriter(pathlib.Path(path), arch, split_max_tensors=split_max_tensors)
     add_model_keys(w, arch, d, "tiny-test", n_ctx_train, freq_base, eps, arch_keys)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
@@ -271,4 +276,4 @@ def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qty
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
+    return str(w.format_shard_names(pathlib.Path(path))[0])

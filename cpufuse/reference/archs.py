@@ -95,11 +95,13 @@ def _rope(x, pos, n_rot, neox, base, scale, factors, mscale):
 _CACHE = {}
 
 
-def ref_logits(path, tokens, n_ctx=None, gelu="tanh", keep=False):
+def ref_logits(path, tokens, n_ctx=None, gelu="tanh", keep=False, hidden=False):
     """(len(tokens), n_vocab) float64 logits of every position; n_ctx: the context size the model
     runs with (phi3 picks its long or short RoPE factors by it; default context_length).
     gelu: "tanh" (the formula) or "f16_table" (llama.cpp's CPU table, to measure what it changes).
-    keep: keep the dequantized file in memory for the next call on the same path."""
+    keep: keep the dequantized file in memory for the next call on the same path.
+    hidden: return the (len(tokens), n_embd) hidden states after output_norm (the embeddings)
+    instead of the logits."""
     f = _CACHE.get(path) or _File(path)
     if keep:
         _CACHE[path] = f
@@ -213,6 +215,8 @@ def ref_logits(path, tokens, n_ctx=None, gelu="tanh", keep=False):
             y = y * f.a("residual_scale")
         x = x + y
     x = _rms(x, T["output_norm.weight"], eps)
+    if hidden:
+        return x
     logits = x @ T.get("output.weight", T["token_embd.weight"]).T
     if granite and f.a("logit_scale"):
         logits = logits / f.a("logit_scale")

@@ -21,8 +21,10 @@ class Ctx:
     its K/V writes and attention read, and its ring size (0: n_ctx cells per sequence), from the
     KV cache (cpufuse.llama.kv, KVCache.graph_inputs)."""
 
-    def __init__(self, g, model, n, x, pos, idx, kv):
+    def __init__(self, g, model, n, x, pos, idx, kv, hidden=False):
         self.g, self.m, self.hp, self.n = g, model, model.hparams, n
+        self.hidden = hidden      # build the embeddings' output (head: the normed rows, no lm head)
+        self.hidden_out = None
         self.x, self.pos, self.idx = x, pos, idx
         self.kv = kv
         self.layers = model.layers
@@ -126,4 +128,7 @@ def head(cx, h):
     """the logits of the rows asked for (idx): the final norm, then the lm head (+ bias)"""
     g, m = cx.g, cx.m
     hn = cx.norm(g.gather_rows(h, cx.idx, name="last"), m.output_norm, "output_norm")
+    if cx.hidden:       # the embeddings: these rows are the graph's output (decoder.build); no lm head
+        cx.hidden_out = hn
+        return hn
     return cx.linear(hn, m.output, m.output_bias, "output")
