@@ -6,7 +6,7 @@ context, thread and sampling arguments defined here (`add_model_args`, `add_run_
     MODEL | -m MODEL | -hf ORG/REPO[:QUANT]   a GGUF path, a model name (python -m cpufuse models),
                                              or a Hugging Face repository; default qwen2.5-coder-1.5b
     -c N        context size (default: the model's own, capped so the KV cache fits in memory)
-    -t N        threads (default: cpufuse's default, the cores this process may use)
+    -t N        threads (default: cpufuse's default, the cores this process may use less their load)
     --temp 0.8 --top-k 40 --top-p 0.95 --min-p 0.05 --repeat-penalty 1.0 --seed S   (llama.cpp's)
 
 The text goes to stdout as it is generated; the timing line (prompt and decode tokens/s) goes to
@@ -49,7 +49,7 @@ def add_run_args(ap):
     ap.add_argument("-c", "--ctx-size", "--ctx", "--n-ctx", dest="ctx", type=int, default=None, metavar="N",
                     help="context size in tokens (default: the model's own, capped so the KV cache fits in "
                          "memory; 0 = the model's own, uncapped)")
-    ap.add_argument("-t", "--threads", type=int, default=None, help="threads (default: the cores this process may use)")
+    ap.add_argument("-t", "--threads", type=int, default=None, help="threads (default: the cores this process may use, less their load; more than the cores warns)")
     ap.add_argument("--kv", choices=("f16", "f32"), default="f16", help="KV cache type (default f16)")
 
 
