@@ -14,8 +14,9 @@ pytest.importorskip("starlette", reason="the serve extra (pip install cpufuse[se
 from _tiny_gguf import write_tiny_gguf  # noqa: E402
 from cpufuse.llama import Model  # noqa: E402
 from cpufuse.llama.sampling import Sampler  # noqa: E402
+from cpufuse.serve.batch import SerialEngine  # noqa: E402
 from cpufuse.serve.engine import (EngineRequest, EngineStopped, FinishEvent, SamplingParams,  # noqa: E402
-                                  SerialEngine, TokenEvent, make_sampler)
+                                  TokenEvent, make_sampler)
 from cpufuse.serve.text import StopMatcher, TextAssembler  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0)

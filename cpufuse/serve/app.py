@@ -8,8 +8,9 @@ POST /v1/completions, GET /metrics (Prometheus text), POST /tokenize and /detoke
 shapes). Constraints (response_format, grammar, json_schema, regex, lark) and tools are compiled
 per request (cpufuse.llama.constrain, cpufuse.llama.tools) and enforced by the engine. The app
 never calls the model: it renders the chat template, tokenizes, checks the request against the
-context, submits token ids to the engine and turns its token events into text (stop strings,
-logprobs: cpufuse.serve.text) and tool calls.
+context and submits token ids to the engine; cpufuse.serve.responses turns its token events into
+OpenAI's replies (text, stop strings, logprobs, tool calls) and cpufuse.serve.metrics counts and
+logs.
 
 Decisions (docs/serve.md has the full list):
 - the `model` field is not checked (one model is served, as llama.cpp does); responses name the
@@ -29,87 +30,40 @@ import time
 import uuid
 from typing import Optional
 
-import anyio
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from cpufuse.llama.chat import TemplateError, chat_prompt
 
-from .engine import EngineRequest, EngineStopped, FinishEvent, SamplingParams
+from .engine import EngineRequest, EngineStopped, SamplingParams
+from .metrics import Metrics, log_line
 from .protocol import APIError, ChatRequest, CompletionRequest, ValidationError, error_body, validation_message
-from .text import TextAssembler
+from .responses import Responses, SSEResponse
 
 __all__ = ["create_app"]
 
-SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 log = logging.getLogger("cpufuse.serve")   # one line per request (python -m cpufuse serve prints it)
-
-
-def _json(obj) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
 def _error_response(e: APIError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
 
 
-async def _until_disconnect(receive) -> None:
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            return
+class _Server(Responses):
+    """the endpoints (request parsing, checks, submission); the response shapes are Responses'"""
 
-
-class _SSEResponse(Response):
-    """Server-sent events from an async iterator of str, racing the client's disconnect: when the
-    client goes, the iterator is cancelled (its finally cancels the engine request) and
-    `on_close` runs. Independent of Starlette's own StreamingResponse disconnect handling, which
-    changed with the ASGI spec version."""
-
-    media_type = "text/event-stream"
-
-    def __init__(self, events, on_close):   # no body: no content-length header
-        self.status_code, self.background = 200, None
-        self.init_headers(SSE_HEADERS)
-        self.events, self.on_close = events, on_close
-
-    async def __call__(self, scope, receive, send):
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        try:
-            async with anyio.create_task_group() as tg:
-                async def stream():
-                    async for chunk in self.events:
-                        await send({"type": "http.response.body", "body": chunk.encode(), "more_body": True})
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
-                    tg.cancel_scope.cancel()
-
-                async def watch():
-                    await _until_disconnect(receive)
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(stream)
-                tg.start_soon(watch)
-        finally:
-            self.on_close()
-
-
-class _Server:
     def __init__(self, engine, drain: float = 0.0, sampling: Optional[SamplingParams] = None):
         self.engine = engine
         self.drain = drain
         self.defaults = SamplingParams() if sampling is None else sampling
         self.created = int(time.time())
-        self.http = {}                       # (path, status) -> count
+        self.counters = Metrics()
 
     # ------------------------------------------------------------------ helpers
-    def count(self, path: str, status: int) -> None:
-        k = (path, int(status))
-        self.http[k] = self.http.get(k, 0) + 1
-
     async def parse(self, request: Request, model):
         try:
             raw = await request.body()
@@ -146,43 +100,18 @@ class _Server:
         return limit
 
     def constraints(self, req, chat: bool):
-        """(Constraint or None, ToolSpec or None, logit bias pairs) of a request; APIError(400)
-        for a schema, grammar, tool list or bias llguidance or the checks reject."""
-        from cpufuse.llama.constrain import Constraint, parse_logit_bias
-        tok = self.engine.tokenizer
+        """(Constraint or None, ToolSpec or None, logit bias pairs) of a request, built by
+        cpufuse.llama.guide as the library builds them; APIError(400) naming the field for a
+        schema, grammar, tool list or bias llguidance or the checks reject."""
+        from cpufuse.llama.guide import GuideError, build_guide
+        tools = dict(tools=req.tools, tool_choice=req.tool_choice,
+                     parallel_tool_calls=req.parallel_tool_calls) if chat else {}
         try:
-            bias = parse_logit_bias(req.logit_bias, self.engine.n_vocab)
-        except ValueError as e:
-            raise APIError(str(e), param="logit_bias") from None
-        pairs = tuple(zip(bias[0].tolist(), bias[1].tolist())) if bias else ()
-        opts = req.constraint_options()
-        spec = None
-        if chat and req.tools:
-            from cpufuse.llama.tools import ToolSpec
-            try:
-                spec = ToolSpec(req.tools, req.tool_choice, req.parallel_tool_calls,
-                                template=self.engine.chat_template, tokenizer=tok)
-            except ValueError as e:
-                msg = str(e)
-                raise APIError(msg, param="tool_choice" if msg.startswith("tool_choice") else "tools") from None
-            if spec.choice != "none" and any(v is not None and not (k == "response_format" and
-                                                                    v.get("type", "text") == "text")
-                                             for k, v in opts.items()):
-                raise APIError("response_format, grammar, json_schema, regex and lark cannot be combined "
-                               "with tools unless tool_choice is \"none\"", param="tools")
-        try:
-            if spec is not None and spec.choice != "none":
-                c = spec.constraint()
-            else:
-                c = Constraint.from_options(tok, **opts)
-        except ValueError as e:
-            msg = str(e)
-            param = next((k for k in ("response_format", "grammar", "json_schema", "regex", "lark", "tools")
-                          if msg.startswith(k)), None)
-            if param is None:
-                param = next((k for k, v in opts.items() if v is not None), None)
-            raise APIError(msg, param=param) from None
-        return c, spec, pairs
+            g = build_guide(self.engine.tokenizer, self.engine.n_vocab, chat_template=self.engine.chat_template,
+                            logit_bias=req.logit_bias, chat=chat, **tools, **req.constraint_options())
+        except GuideError as e:
+            raise APIError(str(e), param=e.param) from None
+        return g.constraint, g.spec, g.bias
 
     def engine_request(self, req, ids, chat: bool, constraint=None, bias=(), index: int = 0) -> EngineRequest:
         if not ids:
@@ -212,72 +141,6 @@ class _Server:
             raise APIError(str(e), status=503, type="unavailable_error") from None
         except ValueError as e:        # engine.check_request: the prompt's token ids are checked there
             raise APIError(str(e), param=getattr(e, "param", None)) from None
-
-    # ------------------------------------------------------------------ the token loop
-    async def run(self, handle, stops, special: bool = False, st=None):
-        """Yields ("text", text, released) pieces, then ("end", finish_reason, usage). `st` (a dict)
-        gets the request's numbers for its log line."""
-        asm = TextAssembler(self.engine.tokenizer, stops, special=special)
-        n_tokens = 0
-        st = {} if st is None else st
-        try:
-            async for ev in handle:
-                if "t_first" not in st:
-                    st["t_first"] = time.perf_counter()
-                if isinstance(ev, FinishEvent):
-                    if ev.finish_reason == "error":
-                        raise APIError(f"the engine failed: {ev.error}", status=500, type="server_error")
-                    if ev.finish_reason == "cancelled":
-                        raise APIError("the request was cancelled: the server is shutting down", status=503,
-                                       type="unavailable_error")
-                    text, rel = asm.finish()
-                    if text or rel:
-                        yield ("text", text, rel)
-                    st.update(finish=ev.finish_reason, usage=self.usage(ev.prompt_tokens, n_tokens, ev.cached_tokens))
-                    yield ("end", ev.finish_reason, st["usage"])
-                    return
-                n_tokens += 1
-                text, rel, stopped = asm.push(ev)
-                if text or rel:
-                    yield ("text", text, rel)
-                if stopped:
-                    handle.cancel()
-                    st.update(finish="stop", usage=self.usage(len(handle.request.prompt_ids), n_tokens,
-                                                              handle.cached_tokens))
-                    yield ("end", "stop", st["usage"])
-                    return
-        finally:
-            handle.cancel()                  # no-op once finished; a disconnect or an error cancels
-
-    @staticmethod
-    def usage(p: int, c: int, cached: int) -> dict:
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-                "prompt_tokens_details": {"cached_tokens": cached}}
-
-    # ------------------------------------------------------------------ logprobs
-    def _piece(self, tok: int):
-        b = self.engine.tokenizer.token_to_piece(int(tok), special=True)
-        return b.decode("utf-8", errors="replace"), list(b)
-
-    def chat_logprobs(self, released) -> list:
-        out = []
-        for _, ev in released:
-            s, b = self._piece(ev.token)
-            top = []
-            for t, lp in ev.top_logprobs or ():
-                ts, tb = self._piece(t)
-                top.append({"token": ts, "logprob": lp, "bytes": tb})
-            out.append({"token": s, "logprob": ev.logprob, "bytes": b, "top_logprobs": top})
-        return out
-
-    def completion_logprobs(self, released) -> dict:
-        lp = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for start, ev in released:
-            lp["tokens"].append(self._piece(ev.token)[0])
-            lp["token_logprobs"].append(ev.logprob)
-            lp["top_logprobs"].append({self._piece(t)[0]: v for t, v in ev.top_logprobs or ()})
-            lp["text_offset"].append(start)
-        return lp
 
     # ------------------------------------------------------------------ endpoints
     async def health(self, request: Request):
@@ -346,152 +209,8 @@ class _Server:
                 h.cancel()
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _SSEResponse(self.sse(handles, req.stop, head, chat, want_lp, include_usage, tools, st), cancel_all)
+            return SSEResponse(self.sse(handles, req.stop, head, chat, want_lp, include_usage, tools, st), cancel_all)
         return await self.collect(request, handles, req.stop, head, chat, want_lp, tools, st)
-
-    async def merged(self, handles, stops, special, st=None):
-        """(index, item) from every choice's run(), as they come; ("end", ...) last per choice"""
-        if len(handles) == 1:
-            async for item in self.run(handles[0], stops, special, st):
-                yield 0, item
-            return
-        q: asyncio.Queue = asyncio.Queue()
-
-        async def pump(i, h):
-            try:
-                async for item in self.run(h, stops, special, st):
-                    q.put_nowait((i, item))
-            except BaseException as e:  # noqa: BLE001 -- handed to the consumer
-                q.put_nowait((i, ("error", e, None)))
-        tasks = [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(handles)]
-        try:
-            left = len(handles)
-            while left:
-                i, item = await q.get()
-                if item[0] == "error":
-                    raise item[1]
-                if item[0] == "end":
-                    left -= 1
-                yield i, item
-        finally:
-            for t in tasks:
-                t.cancel()
-            for h in handles:
-                h.cancel()
-
-    @staticmethod
-    def tool_deltas(calls) -> list:
-        """OpenAI's streamed tool_calls: per call a header (id, name, empty arguments), then the arguments"""
-        out = []
-        for k, c in enumerate(calls):
-            out.append([{"index": k, "id": c["id"], "type": "function",
-                         "function": {"name": c["function"]["name"], "arguments": ""}}])
-            out.append([{"index": k, "function": {"arguments": c["function"]["arguments"]}}])
-        return out
-
-    async def sse(self, handles, stops, head, chat, want_lp, include_usage, tools=None, st=None):
-        from cpufuse.llama.tools import ToolStream
-
-        def event(choice=None, usage=None, index=0):
-            d = dict(head)
-            d["choices"] = [] if choice is None else [dict(index=index, **choice)]
-            if usage is not None:
-                d["usage"] = usage
-            return f"data: {_json(d)}\n\n"
-        n = len(handles)
-        streams = [ToolStream(tools) for _ in range(n)] if tools is not None else None
-        if chat:
-            for i in range(n):
-                yield event({"delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None},
-                            index=i)
-        total = None
-        try:
-            async for i, (kind, a, b) in self.merged(handles, stops, tools is not None, st):
-                if kind == "text":
-                    if chat:
-                        if streams is not None:
-                            a = streams[i].push(a)
-                        lp = {"content": self.chat_logprobs(b), "refusal": None} if want_lp else None
-                        if a or (lp and b):
-                            yield event({"delta": {"content": a}, "logprobs": lp, "finish_reason": None}, index=i)
-                    else:
-                        lp = self.completion_logprobs(b) if want_lp else None
-                        yield event({"text": a, "logprobs": lp, "finish_reason": None}, index=i)
-                else:
-                    reason = a
-                    if streams is not None:
-                        rest, calls = streams[i].finish()
-                        if rest:
-                            yield event({"delta": {"content": rest}, "logprobs": None, "finish_reason": None}, index=i)
-                        if calls:
-                            for d in self.tool_deltas(calls):
-                                yield event({"delta": {"tool_calls": d}, "logprobs": None, "finish_reason": None},
-                                            index=i)
-                            reason = "tool_calls"
-                    body = {"delta": {}} if chat else {"text": ""}
-                    yield event(dict(body, logprobs=None, finish_reason=reason), index=i)
-                    total = b if total is None else _add_usage(total, b)
-            if include_usage and total is not None:
-                yield event(None, total)
-        except APIError as e:
-            if st is not None:
-                st["error"] = e.message
-            yield f"data: {_json(e.body())}\n\n"
-        except Exception as e:  # noqa: BLE001 -- the stream has started: report it in the stream
-            if st is not None:
-                st["error"] = f"internal error: {type(e).__name__}: {e}"
-            yield f"data: {_json(error_body(f'internal error: {type(e).__name__}: {e}', 'server_error'))}\n\n"
-        yield "data: [DONE]\n\n"
-
-    async def collect(self, request, handles, stops, head, chat, want_lp, tools=None, st=None):
-        n = len(handles)
-        parts = [[] for _ in range(n)]
-        released = [[] for _ in range(n)]
-        end = [None] * n
-
-        async def consume():
-            async for i, (kind, a, b) in self.merged(handles, stops, tools is not None, st):
-                if kind == "text":
-                    parts[i].append(a)
-                    released[i].extend(b)
-                else:
-                    end[i] = (a, b)
-
-        work = asyncio.ensure_future(consume())
-        gone = asyncio.ensure_future(_until_disconnect(request.receive))
-        try:
-            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            if not work.done():              # the client went away: cancel the request
-                work.cancel()
-                for h in handles:
-                    h.cancel()
-        if not work.done() or work.cancelled():
-            return Response(status_code=499)  # nobody reads it
-        work.result()                        # re-raises an APIError
-        choices, usage = [], None
-        for i in range(n):
-            text = "".join(parts[i])
-            reason, u = end[i]
-            usage = u if usage is None else _add_usage(usage, u)
-            if chat:
-                lp = {"content": self.chat_logprobs(released[i]), "refusal": None} if want_lp else None
-                msg = {"role": "assistant", "content": text}
-                if tools is not None:
-                    content, calls = tools.parse(text)
-                    if calls:
-                        msg = {"role": "assistant", "content": content, "tool_calls": calls}
-                        reason = "tool_calls"
-                    else:                    # generic format: the "response" of the JSON reply
-                        msg = {"role": "assistant", "content": content}
-                choices.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": reason})
-            else:
-                lp = self.completion_logprobs(released[i]) if want_lp else None
-                choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": reason})
-        obj = "chat.completion" if chat else "text_completion"
-        return JSONResponse(dict(head, object=obj, choices=choices, usage=usage,
-                                 system_fingerprint=_fingerprint()))
 
     # ------------------------------------------------------------------ llama-server's token routes
     async def tokenize(self, request: Request):
@@ -542,67 +261,8 @@ class _Server:
         return obj
 
     async def metrics(self, request: Request):
-        return PlainTextResponse(self.prometheus(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    def prometheus(self) -> str:
-        s = self.engine.stats()
-        lines = []
-
-        def metric(name, kind, help_, samples):
-            lines.append(f"# HELP cpufuse_{name} {help_}")
-            lines.append(f"# TYPE cpufuse_{name} {kind}")
-            for labels, v in samples:
-                lab = ",".join(f'{k}="{val}"' for k, val in labels.items())
-                lines.append(f"cpufuse_{name}{{{lab}}} {v}" if lab else f"cpufuse_{name} {v}")
-
-        metric("http_requests_total", "counter", "HTTP requests answered, by path and status",
-               [({"path": p, "status": st}, n) for (p, st), n in sorted(self.http.items())])
-        metric("requests_submitted_total", "counter", "requests submitted to the engine",
-               [({}, s.requests_submitted)])
-        metric("requests_finished_total", "counter", "engine requests finished, by finish reason",
-               [({"reason": r}, s.requests_finished.get(r, 0)) for r in ("stop", "length", "cancelled", "error")])
-        metric("prompt_tokens_total", "counter", "prompt tokens of the requests started", [({}, s.prompt_tokens)])
-        metric("prompt_tokens_cached_total", "counter", "prompt tokens served from the prompt cache",
-               [({}, s.cached_prompt_tokens)])
-        metric("generation_tokens_total", "counter", "tokens generated", [({}, s.generated_tokens)])
-        metric("decode_steps_total", "counter", "engine decode steps", [({}, s.steps)])
-        metric("requests_waiting", "gauge", "requests queued, not started (queue depth)", [({}, s.queue_depth)])
-        metric("requests_running", "gauge", "sequences running (active)", [({}, s.active)])
-        metric("batch_size", "gauge", "sequences in the last decode step", [({}, s.batch_size)])
-        metric("parallel", "gauge", "the most sequences run at once", [({}, s.parallel)])
-        metric("n_ctx", "gauge", "context size of one sequence", [({}, self.engine.n_ctx)])
-        return "\n".join(lines) + "\n"
-
-
-def _add_usage(a: dict, b: dict) -> dict:
-    """the usage of n choices: the prompt once, the completions summed"""
-    c = a["completion_tokens"] + b["completion_tokens"]
-    return dict(a, completion_tokens=c, total_tokens=a["prompt_tokens"] + c)
-
-
-def _fingerprint() -> str:
-    import cpufuse
-    return f"cpufuse-{cpufuse.__version__}"
-
-
-def _log_line(method, path, status, st, reason=None) -> str:
-    """llama-server's kind of request line: status, the reason of an error, tokens, timings"""
-    now = time.perf_counter()
-    parts = [f"{method} {path} {status}"]
-    if reason:
-        parts.append(reason)
-    u = st.get("usage")
-    if u:
-        tf = st.get("t_first", now)
-        ttft, gen = (tf - st["t0"]) * 1e3, (now - tf) * 1e3
-        c = u["completion_tokens"]
-        rate = f", {(c - 1) / (gen / 1e3):.1f} tok/s" if c > 1 and gen > 0 else ""
-        parts.append(f"prompt {u['prompt_tokens']} tok ({u['prompt_tokens_details']['cached_tokens']} cached), "
-                     f"completion {c} tok, {st.get('finish')}")
-        parts.append(f"first token {ttft:.1f} ms, generation {gen:.1f} ms{rate}")
-    if "t0" in st:
-        parts.append(f"total {(now - st['t0']) * 1e3:.1f} ms")
-    return " | ".join(parts)
+        return PlainTextResponse(self.counters.prometheus(self.engine),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 def create_app(engine, drain: float = 0.0, sampling: Optional[SamplingParams] = None) -> Starlette:
@@ -622,31 +282,31 @@ def create_app(engine, drain: float = 0.0, sampling: Optional[SamplingParams] = 
             except APIError as e:
                 resp = _error_response(e)
                 reason = e.message
-            srv.count(request.url.path, resp.status_code)
+            srv.counters.count(request.url.path, resp.status_code)
             st = getattr(request.state, "cf_log", None) or {"t0": t0}
             level = logging.DEBUG if request.method == "GET" else logging.INFO
-            if isinstance(resp, _SSEResponse):
+            if isinstance(resp, SSEResponse):
                 close = resp.on_close
 
                 def on_close():
                     close()
                     if log.isEnabledFor(level):
-                        log.log(level, _log_line(request.method, request.url.path, 200, st, st.get("error")))
+                        log.log(level, log_line(request.method, request.url.path, 200, st, st.get("error")))
                 resp.on_close = on_close
             elif log.isEnabledFor(level):
-                log.log(level, _log_line(request.method, request.url.path, resp.status_code, st, reason))
+                log.log(level, log_line(request.method, request.url.path, resp.status_code, st, reason))
             return resp
         return wrapped
 
     async def not_found(request: Request, exc: HTTPException):
-        srv.count("other", exc.status_code)
-        log.info(_log_line(request.method, request.url.path, exc.status_code, {}, str(exc.detail)))
+        srv.counters.count("other", exc.status_code)
+        log.info(log_line(request.method, request.url.path, exc.status_code, {}, str(exc.detail)))
         kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
         return JSONResponse(error_body(f"{request.method} {request.url.path}: {exc.detail}", kind, None,
                                        exc.status_code), status_code=exc.status_code)
 
     async def server_error(request: Request, exc: Exception):
-        srv.count(request.url.path, 500)
+        srv.counters.count(request.url.path, 500)
         return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"),
                             status_code=500)
 

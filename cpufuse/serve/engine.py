@@ -99,7 +99,7 @@ from typing import Iterable, List, Optional, Tuple, Union
 import numpy as np
 
 __all__ = ["SamplingParams", "EngineRequest", "TokenEvent", "FinishEvent", "EngineStats", "Handle",
-           "Engine", "EngineStopped", "RequestError", "SerialEngine", "deliver", "make_sampler", "token_logprobs"]
+           "Engine", "EngineStopped", "RequestError", "deliver", "make_sampler", "token_logprobs"]
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
 
@@ -415,9 +415,3 @@ class Engine:
             return EngineStats(requests_finished=dict(self._finished), queue_depth=len(self._queue),
                                parallel=self.parallel, **c)
 
-
-def __getattr__(name):   # SerialEngine is a BatchEngine (cpufuse.serve.batch), which imports this module
-    if name == "SerialEngine":
-        from .batch import SerialEngine
-        return SerialEngine
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
