@@ -66,6 +66,14 @@ def add_sampling_args(ap, what="sampling"):
     g.add_argument("--seed", type=int, default=None, help="RNG seed (default: random)")
 
 
+def add_context_args(ap):
+    """what a generation does when it fills the cache (generate and chat)"""
+    ap.add_argument("--context-shift", action="store_true",
+                    help="when the cache is full, keep the first --keep tokens, drop half of the rest and go on "
+                         "(llama.cpp's --context-shift); default: stop (stop_reason \"context\")")
+    ap.add_argument("--keep", type=int, default=0, metavar="N", help="tokens a context shift keeps (default 0)")
+
+
 def check_sampling(args):
     """the sampling flags checked once, before a model is loaded (CLIError naming the flag)"""
     from .sampling import Sampler
@@ -193,6 +201,7 @@ def build_parser():
                                  description=f"Generate text with a GGUF model ({', '.join(SUPPORTED_ARCHS)}) on "
                                              "cpufuse kernels, streamed to stdout.")
     add_model_args(ap)
+    add_context_args(ap)
     ap.add_argument("-p", "--prompt", required=True, help="prompt text (the user message with --chat)")
     ap.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     ap.add_argument("--system", default=None, help="system message (with --chat)")
@@ -222,7 +231,8 @@ def main(argv=None):
         if args.chat:
             prompt = ([{"role": "system", "content": args.system}] if args.system else []) + \
                      [{"role": "user", "content": args.prompt}]
-        it = model.generate(prompt, max_tokens=args.n_predict, stream=True, stop=args.stop, **sampling_kwargs(args))
+        it = model.generate(prompt, max_tokens=args.n_predict, stream=True, stop=args.stop,
+                            context_shift=args.context_shift, n_keep=args.keep, **sampling_kwargs(args))
         out = sys.stdout
         if not args.chat:
             out.write(args.prompt)
@@ -260,6 +270,7 @@ def build_chat_parser():
                                  description="Chat with a GGUF model on stdin/stdout: one user message per line, "
                                              "the reply streamed back. " + CHAT_HELP + ".")
     add_model_args(ap)
+    add_context_args(ap)
     ap.add_argument("--system", default=None, help="system message")
     ap.add_argument("-n", "--n-predict", type=int, default=-1,
                     help="max tokens per reply (default -1: until the model ends it or the context is full)")
@@ -330,7 +341,8 @@ def chat_main(argv=None):
         messages.append({"role": "user", "content": line})
         it = None
         try:
-            it = model.generate(messages, max_tokens=max_tokens, stream=True, **sampling_kwargs(args))
+            it = model.generate(messages, max_tokens=max_tokens, stream=True, context_shift=args.context_shift,
+                                n_keep=args.keep, **sampling_kwargs(args))
             for piece in it:
                 out.write(piece)
                 out.flush()

@@ -68,9 +68,10 @@ class Streamer:
         self._gen.close()
 
 
-def decode(model, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stops=()):
+def decode(model, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stops=(), shift=None):
     """The generation loop. Every step that touches the cache runs under the lock, bumps the
-    model's epoch and remembers it; a step that finds another epoch was interrupted."""
+    model's epoch and remembers it; a step that finds another epoch was interrupted. A full cache
+    stops it ("context"), or with shift (a callable: Model.shift_context) shifts the context."""
     from .stops import StopMatcher
     from .tokenizer import StreamDecoder
     eog = model.eog_ids if stop_at_eog else frozenset()
@@ -118,8 +119,10 @@ def decode(model, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stops=()):
                                    "reset() call on the same Model, which changed its KV cache; start a new "
                                    "generate() (a Model holds one sequence)")
             if model._n_past >= model.n_ctx:
-                stop = "context"
-                break
+                if shift is None or model.kv.ring_cells:
+                    stop = "context"
+                    break
+                shift()
             t0 = time.perf_counter()
             logits = model._eval([tok])
             t_dec += time.perf_counter() - t0
