@@ -150,7 +150,7 @@ def test_the_three_commands_share_the_model_context_thread_and_sampling_flags():
     from cpufuse.serve import cli as serve_cli
     parsers = {"generate": cli.build_parser(), "chat": cli.build_chat_parser(), "serve": serve_cli.build_parser()}
     shared = ("-m", "--model", "-hf", "-c", "--ctx-size", "-t", "--threads", "--temp", "--top-k", "--top-p",
-              "--min-p", "--seed", "--repeat-penalty", "--kv")
+              "--min-p", "--seed", "--repeat-penalty", "--kv", "-ctk", "--cache-type-k", "-ctv", "--cache-type-v")
     defaults = {}
     for name, ap in parsers.items():
         opts = {o: a for a in ap._actions for o in a.option_strings}
@@ -160,6 +160,10 @@ def test_the_three_commands_share_the_model_context_thread_and_sampling_flags():
         assert any(a.dest == "model" and not a.option_strings for a in ap._actions), f"{name}: no positional MODEL"
     assert defaults["generate"] == defaults["chat"] == defaults["serve"]
     assert defaults["chat"]["-c"] is None and defaults["chat"]["--temp"] == 0.8
+    a = parsers["serve"].parse_args(["x.gguf", "-ctk", "q8_0", "--kv", "f32"])
+    assert cli.kv_types(a) == {"type_k": "q8_0", "type_v": "f32"}
+    with pytest.raises(SystemExit):
+        parsers["generate"].parse_args(["x.gguf", "-ctv", "q5_1"])
     # the positional and -m mean the same; two different ones are refused
     a = parsers["generate"].parse_args(["x.gguf", "-p", "hi"])
     b = parsers["generate"].parse_args(["-m", "x.gguf", "-p", "hi"])
@@ -186,6 +190,7 @@ def test_auto_context_is_the_models_capped_by_memory(tmp_path):
     small = cli.auto_n_ctx(p, mem=os.path.getsize(p) + 2 * (1 << 20))
     assert 512 <= small < 8192 and small % 256 == 0               # 1 MB for the KV cache
     assert cli.auto_n_ctx(p, n_seq=8, mem=os.path.getsize(p) + 2 * (1 << 20)) <= small
+    assert cli.auto_n_ctx(p, kv="q4_0", mem=os.path.getsize(p) + 2 * (1 << 20)) >= small   # a smaller cache
 
 
 def test_chat_commands(tmp_path):

@@ -143,8 +143,8 @@ def test_read_write_slot(rings):
 
 # ---------------------------------------------------------------------------------- arguments
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="type_k must be one of 'f16', 'f32', got 'q8_0'"):
-        _cache(type_k="q8_0")
+    with pytest.raises(ValueError, match="type_k must be one of 'f16', 'f32', 'q8_0', 'q4_0', got 'q5_0'"):
+        _cache(type_k="q5_0")
     with pytest.raises(ValueError, match="type_v must be one of"):
         _cache(type_v="bf16")
     with pytest.raises(TypeError, match="n_ctx must be an integer, got float"):

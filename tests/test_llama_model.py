@@ -31,7 +31,9 @@ def _field(r, k, default=None):
     return default if f is None else f.contents()
 
 
-def ref_logits(path, tokens):
+def ref_logits(path, tokens, kv_round=None):
+    """kv_round: None, or callable(q, k, v) -> (q, k, v) applied per layer after RoPE (a quantized
+    cache: K and V as stored, Q as the int8 scores see it)"""
     r = gguf.GGUFReader(path)
     arch = _field(r, "general.architecture")
     W = {t.name: np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float64).reshape(
@@ -81,6 +83,8 @@ def ref_logits(path, tokens):
             q = norm(q, W[b + "attn_q_norm.weight"])
             k = norm(k, W[b + "attn_k_norm.weight"])
         q, k = rope(q), rope(k)
+        if kv_round is not None:
+            q, k, v = kv_round(q, k, v)
         o = np.empty((T, H, D))
         for hh in range(H):
             kv = hh // (H // Hkv)

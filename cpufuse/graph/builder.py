@@ -253,12 +253,22 @@ class Graph:
         n = self._add("cache_write", [src, pos0], {"cache": cache}, cache.shape, cache.dtype, name)
         return n
 
-    def _kv_cache(self, op, nm, cache, heads, head_dim):
-        if not isinstance(cache, np.ndarray) or cache.dtype not in (F32, F16):
-            raise GraphError(f"{op} {nm!r}: cache must be a float16 or float32 numpy array, got "
-                             f"{getattr(cache, 'dtype', type(cache).__name__)}")
-        if cache.ndim != 3 or cache.shape[1:] != (heads, head_dim):
-            raise GraphError(f"{op} {nm!r}: cache must be (n_cells, {heads}, {head_dim}), got {cache.shape}")
+    def _kv_cache(self, op, nm, cache, heads, head_dim, kv_type=None):
+        """check a KV cache array: float16/float32 (n_cells, heads, head_dim), or with kv_type "q8_0" /
+        "q4_0" uint8 blocks (n_cells, heads, head_dim / 32 * bytes per block)"""
+        from ..ops import kvquant
+        if kv_type is not None and kv_type not in kvquant.QUANT:
+            raise GraphError(f"{op} {nm!r}: kv_type must be None (a float cache) or one of "
+                             f"{', '.join(kvquant.QUANT)}, got {kv_type!r}")
+        want = (np.dtype(np.uint8),) if kv_type else (F32, F16)
+        if not isinstance(cache, np.ndarray) or cache.dtype not in want:
+            raise GraphError(f"{op} {nm!r}: cache must be a " + (f"uint8 ({kv_type} blocks)" if kv_type else
+                             "float16 or float32") + f" numpy array, got {getattr(cache, 'dtype', type(cache).__name__)}")
+        if kv_type and head_dim % 32:
+            raise GraphError(f"{op} {nm!r}: a {kv_type} cache needs a head_dim that is a multiple of 32, got {head_dim}")
+        row = kvquant.row_bytes(kv_type, head_dim) if kv_type else head_dim
+        if cache.ndim != 3 or cache.shape[1:] != (heads, row):
+            raise GraphError(f"{op} {nm!r}: cache must be (n_cells, {heads}, {row}), got {cache.shape}")
         if not cache.flags.c_contiguous or not cache.flags.behaved:
             raise GraphError(f"{op} {nm!r}: cache must be C-contiguous, aligned and writeable, got "
                              f"c_contiguous={cache.flags.c_contiguous}, aligned={cache.flags.aligned}, "
@@ -270,19 +280,22 @@ class Graph:
             raise GraphError(f"{op} {nm!r}: {what} must be an int32 input node of shape {shape}, got {node!r}"
                              + (f" {node.dtype}" if isinstance(node, Node) else ""))
 
-    def kv_write(self, src, cache, cells, name=None):
+    def kv_write(self, src, cache, cells, kv_type=None, name=None):
         """Write row i of src (n_tokens, n_heads, head_dim) float32 into cell cells[i] of cache, a
         C-contiguous user-owned array (n_cells, n_heads, head_dim), float16 (rounded to nearest even)
-        or float32; cells an int32 input node (n_tokens,) read at run time (a GraphError when a cell
+        or float32; or with kv_type "q8_0" / "q4_0" a uint8 array (n_cells, n_heads, head_dim / 32 *
+        34 or 18) of blocks (cpufuse.ops.kvquant.quantize; the node's shape is still (n_cells,
+        n_heads, head_dim)); cells an int32 input node (n_tokens,) read at run time (a GraphError when a cell
         is outside the cache). The scatter form of cache_write, for batches that mix sequences
         (each with its own cells). The node's value is the whole cache; always executed."""
         nm = self._name("kv_write", name)
         self._f32(src, "kv_write", nm)
         if len(src.shape) != 3:
             raise GraphError(f"kv_write {nm!r}: src must be (n_tokens, n_heads, head_dim), got {src.shape}")
-        self._kv_cache("kv_write", nm, cache, src.shape[1], src.shape[2])
+        self._kv_cache("kv_write", nm, cache, src.shape[1], src.shape[2], kv_type)
         self._i32_input("kv_write", nm, cells, "cells", (src.shape[0],))
-        return self._add("kv_write", [src, cells], {"cache": cache}, cache.shape, cache.dtype, name)
+        return self._add("kv_write", [src, cells], {"cache": cache, "kv_type": kv_type},
+                         cache.shape[:2] + src.shape[2:], cache.dtype, name)
 
     def attn_seqs(self, q, k, v, seqs, scale, softcap=0.0, window=0, ring=0, name=None):
         """Attention of a batch that mixes sequences, each over exactly its own KV cells. q (n_tokens,

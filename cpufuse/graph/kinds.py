@@ -23,7 +23,8 @@ import math
 import numpy as np
 
 from .._layouts import CP, RPF, Record
-from ..ops import attention as _attn, checks as _checks, norms as _norms, rope as _rope, softmax as _softmax
+from ..ops import attention as _attn, checks as _checks, kvquant, norms as _norms, rope as _rope
+from ..ops import softmax as _softmax
 from .ir import F16, GraphError, Node, _is_contig, _view_root, same_over_sizes
 from . import moe as _moe
 
@@ -352,13 +353,19 @@ def _run_cache_write(st, X):
     cw.params["cache"][p0:p0 + src.shape[0]] = X.a(src)  # f32 -> f16 rounds to nearest even
 
 
+def _kv_code(kv):
+    """a kv_write node's cell type as flash_attn's FA_KF16 code (0 f32, 1 f16, 2 q8_0, 3 q4_0)"""
+    t = kv.params.get("kv_type")
+    return kvquant.CODE[t] if t else int(kv.dtype == F16)
+
+
 def _lower_kv_write(st, L):
     src, cells = st.ins
     kv = st.outs[0]
     if not _contig(src):
         return None
     return KV_WRITE.pack(n=src.shape[0], src=L.slot(src), cache=L.slot(kv), cells=L.slot(cells), n_cells=kv.shape[0],
-                         row=kv.shape[1] * kv.shape[2], f16=kv.dtype == F16), None
+                         row=kv.shape[1] * kv.shape[2], f16=_kv_code(kv)), None
 
 
 def _run_kv_write(st, X):
@@ -368,7 +375,8 @@ def _run_kv_write(st, X):
     if cells.size and (cells.min() < 0 or cells.max() >= cache.shape[0]):
         raise GraphError(f"run: kv_write {kv.name!r}: cells of input {st.ins[1].name!r} must be in "
                          f"[0, {cache.shape[0]}), got {cells[(cells < 0) | (cells >= cache.shape[0])][:5].tolist()}")
-    cache[cells] = src   # f32 -> f16 rounds to nearest even
+    t = kv.params.get("kv_type")
+    cache[cells] = kvquant.quantize(src, t) if t else src   # f32 -> f16 rounds to nearest even
 
 
 def _lower_attn_seqs(st, L):
@@ -378,8 +386,8 @@ def _lower_attn_seqs(st, L):
         return None
     n, H, D = q.shape
     return ATTN_SEQS.pack(q=L.slot(q), k=L.slot(kc), v=L.slot(vc), seqs=L.slot(seqs), ngroups=seqs.shape[0],
-                          out=L.slot(out), n=n, h=H, hkv=kc.shape[1], d=D, n_cells=kc.shape[0], kf16=kc.dtype == F16,
-                          vf16=vc.dtype == F16, split_min_t=_attn.SPLIT_MIN_T, tiled_min_n=_attn.TILED_MIN_N,
+                          out=L.slot(out), n=n, h=H, hkv=kc.shape[1], d=D, n_cells=kc.shape[0], kf16=_kv_code(kc),
+                          vf16=_kv_code(vc), split_min_t=_attn.SPLIT_MIN_T, tiled_min_n=_attn.TILED_MIN_N,
                           chunk=_attn.DEFAULT_SPLIT_CHUNK, f_scale=L.fparam(st.params["scale"]),
                           f_softcap=L.fparam(st.params["softcap"]), swa=st.params["window"],
                           ring=st.params["ring"]), None
@@ -412,7 +420,8 @@ def _run_attn_seqs(st, X):
         V = vc[rows].transpose(1, 0, 2)[None]
         Q = q[r0:r0 + nr].transpose(1, 0, 2)[None]
         o = _attn.flash_attn(Q, K, V, mask, scale=st.params["scale"], softcap=st.params["softcap"],
-                             isa=X.isa, n_threads=X.nth)
+                             isa=X.isa, n_threads=X.nth, k_type=st.ins[1].params.get("kv_type"),
+                             v_type=st.ins[2].params.get("kv_type"), dv=q.shape[2])
         out[r0:r0 + nr] = o[0]
 
 
@@ -459,10 +468,12 @@ ROPE = Kind("ROPE", "desc x pos ff y pos0 n_ctx row_bytes",
 CACHE_WRITE = Kind("CACHE_WRITE", "n src cache pos0 n_ctx t f16", "t rows (n elements) of f32 src into cache rows p0..",
                    ("cache_write",), _lower_cache_write, _run_cache_write, explains=True)
 KV_WRITE = Kind("KV_WRITE", "n src cache cells n_cells row f16",
-                "row i of src into cache cell cells[i] (distinct, < n_cells)", ("kv_write",),
+                "row i of src into cache cell cells[i] (distinct, < n_cells); f16: the cells' type code "
+                "(0 f32, 1 f16, 2 q8_0, 3 q4_0 blocks)", ("kv_write",),
                 _lower_kv_write, _run_kv_write, explains=True)
 ATTN_SEQS = Kind("ATTN_SEQS", "q k v seqs ngroups out n h hkv d n_cells kf16 vf16 split_min_t tiled_min_n chunk "
-                 "f_scale f_softcap swa ring", "attention of each sequence over its own KV cells (swa > 0: a sliding "
+                 "f_scale f_softcap swa ring", "attention of each sequence over its own KV cells (kf16, vf16: the "
+                 "cells' type codes, as KV_WRITE's f16; swa > 0: a sliding "
                  "window of swa positions; ring > 0: a sequence's cells are a ring of that many)", ("attn_seqs",),
                  _lower_attn_seqs, _run_attn_seqs, explains=True)
 GATHER_ROWS = Kind("GATHER_ROWS", "m src idx dst row n_src", "dst[j] = src[idx[j]]", ("gather_rows",),

@@ -51,7 +51,22 @@ def add_run_args(ap):
                     help="context size in tokens (default: the model's own, capped so the KV cache fits in "
                          "memory; 0 = the model's own, uncapped)")
     ap.add_argument("-t", "--threads", type=int, default=None, help="threads (default: the cores this process may use, less their load; more than the cores warns)")
-    ap.add_argument("--kv", choices=("f16", "f32"), default="f16", help="KV cache type (default f16)")
+    ap.add_argument("--kv", choices=("f16", "f32", "q8_0", "q4_0"), default="f16",
+                    help="KV cache type of K and V (default f16)")
+    ap.add_argument("-ctk", "--cache-type-k", dest="ctk", choices=("f16", "f32", "q8_0", "q4_0"), default=None,
+                    help="the K cache's type (default: --kv); q8_0 / q4_0: blocks of 32 (docs/kv.md)")
+    ap.add_argument("-ctv", "--cache-type-v", dest="ctv", choices=("f16", "f32", "q8_0", "q4_0"), default=None,
+                    help="the V cache's type (default: --kv)")
+
+
+def kv_types(args):
+    """Model.load's type_k / type_v from --kv, -ctk and -ctv"""
+    return {"type_k": getattr(args, "ctk", None) or args.kv, "type_v": getattr(args, "ctv", None) or args.kv}
+
+
+def kv_bytes_per_value(t):
+    """bytes a cell value of KV type t takes (a block type: its block over 32)"""
+    return {"f16": 2, "f32": 4, "q8_0": 34 / 32, "q4_0": 18 / 32}[t]
 
 
 def add_spec_args(ap):
@@ -165,7 +180,7 @@ def _mem_available():
         return None
 
 
-def auto_n_ctx(path, n_seq=1, kv="f16", mem=None):
+def auto_n_ctx(path, n_seq=1, kv="f16", mem=None, kv_v=None):
     """The model's own context length (GGUF <arch>.context_length), capped so that n_seq KV caches
     take at most half of the memory left after the weights (a multiple of 256, at least 512)."""
     from .gguf_file import GGUFFile
@@ -175,7 +190,8 @@ def auto_n_ctx(path, n_seq=1, kv="f16", mem=None):
     n = hp.n_ctx_train
     mem = _mem_available() if mem is None else mem
     if mem:
-        per_tok = 2 * hp.n_layer * hp.n_head_kv * hp.head_dim * (2 if kv == "f16" else 4) * n_seq
+        bpv = kv_bytes_per_value(kv) + kv_bytes_per_value(kv_v or kv)
+        per_tok = max(1, int(hp.n_layer * hp.n_head_kv * hp.head_dim * bpv * n_seq))
         budget = (mem - sum(p.file_size for p in gf.parts)) // 2
         cap = max(512, (budget // per_tok) // 256 * 256) if budget > 0 else 512
         n = min(n, cap)
@@ -188,7 +204,8 @@ def context(args, path, n_seq=1):
             raise CLIError(f"-c must be >= 0 (0 = the model's own), got {args.ctx}", 2)
         return args.ctx
     try:
-        return auto_n_ctx(path, n_seq, args.kv)
+        t = kv_types(args)
+        return auto_n_ctx(path, n_seq, t["type_k"], kv_v=t["type_v"])
     except (OSError, ValueError, NotImplementedError) as e:
         raise CLIError(f"cannot load {path}: {e}") from None
 
@@ -214,7 +231,7 @@ def load(args, path, **kw):
     t0 = time.perf_counter()
     try:
         m = Model.load(path, n_ctx=n_ctx, n_threads=args.threads, kv_dtype=args.kv,
-                       progress=LoadProgress(os.path.basename(path)), **kw)
+                       progress=LoadProgress(os.path.basename(path)), **kv_types(args), **kw)
     except (OSError, ValueError, NotImplementedError, TypeError) as e:
         raise CLIError(f"cannot load {path}: {e}") from None
     dt = time.perf_counter() - t0

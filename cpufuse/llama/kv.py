@@ -20,9 +20,11 @@ also reads `cells_swa` and `seqs_swa`, the same for the rings (cell0 = slot * ri
 attention kernel takes the position modulo the ring). `graph_inputs` declares them on a graph,
 `batch_inputs` computes them for a batch, `step_inputs` binds them once for decode steps.
 
-Element types: type_k and type_v name the cells' types (KV_TYPES: "f16", "f32"). Block types
-(q8_0, q4_0) will be added as new rows of KV_TYPES; read_slot / write_slot move one sequence's
-cells as bytes (the seam for saving and loading a sequence).
+Element types: type_k and type_v name the cells' types (KV_TYPES: "f16", "f32", "q8_0", "q4_0").
+A block type's cells are uint8 arrays (..., n_head_kv, head_dim / 32 * 34 or 18) of Q8_0 / Q4_0
+blocks along each head (cpufuse.ops.kvquant; head_dim a multiple of 32), written by the graph's
+kv_write, read by flash_attn's int8 path. read_slot / write_slot move one sequence's cells as
+bytes (the seam for saving and loading a sequence, whatever the types).
 """
 from __future__ import annotations
 
@@ -30,9 +32,13 @@ import numbers
 
 import numpy as np
 
+from ..ops import kvquant
+
 __all__ = ["KVCache", "KV_TYPES", "SWA_RINGS"]
 
-KV_TYPES = {"f16": np.dtype(np.float16), "f32": np.dtype(np.float32)}   # type name -> cell element
+# type name -> (cell element, blocks: None for a float type, else cpufuse.ops.kvquant's type name)
+KV_TYPES = {"f16": (np.dtype(np.float16), None), "f32": (np.dtype(np.float32), None),
+            "q8_0": (np.dtype(np.uint8), "q8_0"), "q4_0": (np.dtype(np.uint8), "q4_0")}
 SWA_RINGS = True           # sliding-window layers keep rings of window + n_batch cells (False: full
                            # caches, the same results bit for bit; tests and benchmarks compare)
 I32 = np.int32
@@ -67,7 +73,10 @@ class KVCache:
         self.n_seq = int_arg(n_seq, "n_seq", 1, 1 << 31)
         self.type_k = check_type(type_k, "type_k")
         self.type_v = check_type(type_k if type_v is None else type_v, "type_v")
-        self.dtype_k, self.dtype_v = KV_TYPES[self.type_k], KV_TYPES[self.type_v]
+        (self.dtype_k, self.quant_k), (self.dtype_v, self.quant_v) = KV_TYPES[self.type_k], KV_TYPES[self.type_v]
+        for t, nm in ((self.quant_k, "type_k"), (self.quant_v, "type_v")):
+            if t and self.head_dim % 32:
+                raise ValueError(f"{nm}={t!r} needs a head size that is a multiple of 32, got {self.head_dim}")
         self.window = int_arg(swa_window, "swa_window", 0, 1 << 31)
         swa = (False,) * self.n_layer if swa_layers is None else tuple(bool(s) for s in swa_layers)
         if len(swa) != self.n_layer:
@@ -78,14 +87,15 @@ class KVCache:
         self.ring_cells = C if use and self.window and any(swa) and C < self.n_ctx else 0
         self.ring_layers = swa if self.ring_cells else (False,) * self.n_layer
         n_cells = self.n_seq * self.n_ctx
-        row = (self.n_head_kv, self.head_dim)
+        rk = (self.n_head_kv, kvquant.row_bytes(self.quant_k, self.head_dim) if self.quant_k else self.head_dim)
+        rv = (self.n_head_kv, kvquant.row_bytes(self.quant_v, self.head_dim) if self.quant_v else self.head_dim)
         if not self.ring_cells:
-            self.k = np.zeros((self.n_layer, n_cells) + row, self.dtype_k)
-            self.v = np.zeros((self.n_layer, n_cells) + row, self.dtype_v)
+            self.k = np.zeros((self.n_layer, n_cells) + rk, self.dtype_k)
+            self.v = np.zeros((self.n_layer, n_cells) + rv, self.dtype_v)
         else:
-            shape = [((self.n_seq * C) if r else n_cells,) + row for r in self.ring_layers]
-            self.k = [np.zeros(sh, self.dtype_k) for sh in shape]
-            self.v = [np.zeros(sh, self.dtype_v) for sh in shape]
+            cells = [(self.n_seq * C) if r else n_cells for r in self.ring_layers]
+            self.k = [np.zeros((c,) + rk, self.dtype_k) for c in cells]
+            self.v = [np.zeros((c,) + rv, self.dtype_v) for c in cells]
 
     @classmethod
     def for_model(cls, hp, n_ctx, n_seq=1, n_batch=None, type_k="f16", type_v=None):
@@ -240,8 +250,10 @@ class KVCache:
         if n <= 0 or n_discard <= 0:
             return
         for li in range(self.n_layer):
-            k = self.k[li][src:src + n].astype(np.float32)
-            self.k[li][dst:dst + n] = rotate(k, -n_discard)
+            k = self.k[li][src:src + n]     # a quantized K: dequantized, re-rotated, quantized again
+            k = kvquant.dequantize(k, self.quant_k, self.head_dim) if self.quant_k else k.astype(np.float32)
+            k = rotate(k, -n_discard)
+            self.k[li][dst:dst + n] = kvquant.quantize(k, self.quant_k) if self.quant_k else k
             self.v[li][dst:dst + n] = self.v[li][src:src + n].copy()
 
     def _slot_rows(self, slot, n):
@@ -255,7 +267,7 @@ class KVCache:
         """bytes of read_slot(slot, n)"""
         n = int_arg(n, "n", 0, self.n_ctx)
         cells = sum(min(n, self.ring_cells) if r else n for r in self.ring_layers)
-        return cells * self.n_head_kv * self.head_dim * (self.dtype_k.itemsize + self.dtype_v.itemsize)
+        return cells * (self.layer(0)[0][0].nbytes + self.layer(0)[1][0].nbytes)
 
     def read_slot(self, slot, n):
         """The cells of positions [0, n) of slot `slot`, which holds exactly n evaluated positions,

@@ -90,12 +90,14 @@ class Model:
     @classmethod
     def load(cls, path, n_ctx=DEFAULT_N_CTX, n_threads=None, kv_dtype="f16", act=None,
              n_batch=DEFAULT_N_BATCH, rope_ggml_compat=False, isa=None, repack=True, fusion=None, n_seq=1,
-             progress=None):
+             progress=None, type_k=None, type_v=None):
         """Memory-map the GGUF at `path` and prepare a KV cache of n_ctx cells per sequence.
 
         n_ctx: the context size (KV cells); 0 or None = the model's context_length.
         n_threads: threads for every kernel (None: cpufuse's default, see cpufuse.set_num_threads).
-        kv_dtype: "f16" (llama.cpp's default) or "f32". act: the matmul activation mode, "q8"
+        type_k, type_v: the K and V cells' types, "f16" (llama.cpp's default), "f32", "q8_0" or "q4_0"
+        (blocks of 32 along each head; llama.cpp's -ctk / -ctv; docs/kv.md); None: kv_dtype, the
+        shorthand for both ("f16" or "f32"; or a block type). act: the matmul activation mode, "q8"
         (default, as llama.cpp) or "f32" (exact f32 activations). n_batch: the largest micro-batch
         a prompt is processed in (longer prompts are split). rope_ggml_compat: use ggml's f32
         angle chain (bit-compatible with llama.cpp) instead of cpufuse's float64 angles.
@@ -116,6 +118,8 @@ class Model:
         from .gguf_file import GGUFFile
 
         check_type(kv_dtype, "kv_dtype")
+        type_k = kv_dtype if type_k is None else check_type(type_k, "type_k")
+        type_v = kv_dtype if type_v is None else check_type(type_v, "type_v")
         if act not in (None, "q8", "f32"):
             raise ValueError(f"act must be None, 'q8' or 'f32', got {act!r}")
         n_threads = None if n_threads is None else _dispatch._check_threads(n_threads, "n_threads")
@@ -181,7 +185,7 @@ class Model:
         self._lock = threading.RLock()   # every call that touches the KV cache or the buffers
         self._epoch = 0                  # bumped by every such call: a paused stream checks it
         # the KV cells: n_seq slots of n_ctx, rings on sliding-window layers (cpufuse.llama.kv)
-        self.kv = KVCache.for_model(hp, n_ctx, n_seq, self.n_batch, kv_dtype)
+        self.kv = KVCache.for_model(hp, n_ctx, n_seq, self.n_batch, type_k, type_v)
         self.reset()
         return self
 
@@ -235,10 +239,11 @@ class Model:
         return self.tokenizer.eog_ids if self._tokenizer is not None else frozenset()
 
     def __repr__(self):
-        hp = self.hparams
+        hp, kv = self.hparams, self.kv
+        kvt = kv.type_k if kv.type_k == kv.type_v else f"{kv.type_k}/{kv.type_v}"
         return (f"Model({os.path.basename(self.path)!r}, arch={hp.arch}, n_layer={hp.n_layer}, "
                 f"n_embd={hp.n_embd}, heads={hp.n_head}/{hp.n_head_kv}, n_ff={hp.n_ff}, n_vocab={hp.n_vocab}, "
-                f"n_ctx={self.n_ctx}, kv={self.kv_dtype}, weights={self.layers[0].wq.qtype})")
+                f"n_ctx={self.n_ctx}, kv={kvt}, weights={self.layers[0].wq.qtype})")
 
     # ------------------------------------------------------------------------------- tokenizer
     def tokenize(self, text, add_bos=None, special=False):

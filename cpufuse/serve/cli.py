@@ -1,7 +1,7 @@
 """`python -m cpufuse serve [MODEL]`: the OpenAI-compatible server on uvicorn.
 
     python -m cpufuse serve [MODEL | -m MODEL | -hf ORG/REPO[:QUANT]] [--host 127.0.0.1] [--port 8080]
-                            [--parallel N] [-c N] [-t T] [--alias NAME] [--kv f16|f32]
+                            [--parallel N] [-c N] [-t T] [--alias NAME] [--kv T] [-ctk T] [-ctv T]
                             [--temp ... --top-k ... --top-p ... --min-p ... --repeat-penalty ... --seed ...]
 
 The model, context, thread and sampling flags are `generate`'s and `chat`'s (cpufuse.llama.cli);
@@ -86,6 +86,7 @@ def main(argv=None):
     try:
         kw = {"chunk": args.chunk, "step_tokens": args.batch_tokens} if args.engine == "batch" else {}
         kw["draft"] = draft
+        kw.update(llama_cli.kv_types(args))     # -ctk / -ctv
         engine = ENGINES[args.engine](path, n_ctx=n_ctx, n_threads=args.threads, kv_dtype=args.kv,
                                       model_name=args.alias, parallel=args.parallel,
                                       progress=llama_cli.LoadProgress(os.path.basename(path)), **kw)

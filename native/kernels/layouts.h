@@ -123,9 +123,9 @@ enum { R_QMM_DESC, R_QMM_X, R_QMM_NW, R_QMM_F_EPS, R_QMM_W0, R_QMM_W1, R_QMM_W2,
 enum { R_ROPE_DESC, R_ROPE_X, R_ROPE_POS, R_ROPE_FF, R_ROPE_Y, R_ROPE_POS0, R_ROPE_N_CTX, R_ROPE_ROW_BYTES, R_ROPE_NARGS };
 /* OP_CACHE_WRITE [n, src, cache, pos0, n_ctx, t, f16]: t rows (n elements) of f32 src into cache rows p0.. */
 enum { R_CACHE_WRITE_N, R_CACHE_WRITE_SRC, R_CACHE_WRITE_CACHE, R_CACHE_WRITE_POS0, R_CACHE_WRITE_N_CTX, R_CACHE_WRITE_T, R_CACHE_WRITE_F16, R_CACHE_WRITE_NARGS };
-/* OP_KV_WRITE [n, src, cache, cells, n_cells, row, f16]: row i of src into cache cell cells[i] (distinct, < n_cells) */
+/* OP_KV_WRITE [n, src, cache, cells, n_cells, row, f16]: row i of src into cache cell cells[i] (distinct, < n_cells); f16: the cells' type code (0 f32, 1 f16, 2 q8_0, 3 q4_0 blocks) */
 enum { R_KV_WRITE_N, R_KV_WRITE_SRC, R_KV_WRITE_CACHE, R_KV_WRITE_CELLS, R_KV_WRITE_N_CELLS, R_KV_WRITE_ROW, R_KV_WRITE_F16, R_KV_WRITE_NARGS };
-/* OP_ATTN_SEQS [q, k, v, seqs, ngroups, out, n, h, hkv, d, n_cells, kf16, vf16, split_min_t, tiled_min_n, chunk, f_scale, f_softcap, swa, ring]: attention of each sequence over its own KV cells (swa > 0: a sliding window of swa positions; ring > 0: a sequence's cells are a ring of that many) */
+/* OP_ATTN_SEQS [q, k, v, seqs, ngroups, out, n, h, hkv, d, n_cells, kf16, vf16, split_min_t, tiled_min_n, chunk, f_scale, f_softcap, swa, ring]: attention of each sequence over its own KV cells (kf16, vf16: the cells' type codes, as KV_WRITE's f16; swa > 0: a sliding window of swa positions; ring > 0: a sequence's cells are a ring of that many) */
 enum { R_ATTN_SEQS_Q, R_ATTN_SEQS_K, R_ATTN_SEQS_V, R_ATTN_SEQS_SEQS, R_ATTN_SEQS_NGROUPS, R_ATTN_SEQS_OUT, R_ATTN_SEQS_N, R_ATTN_SEQS_H, R_ATTN_SEQS_HKV, R_ATTN_SEQS_D, R_ATTN_SEQS_N_CELLS, R_ATTN_SEQS_KF16, R_ATTN_SEQS_VF16, R_ATTN_SEQS_SPLIT_MIN_T, R_ATTN_SEQS_TILED_MIN_N, R_ATTN_SEQS_CHUNK, R_ATTN_SEQS_F_SCALE, R_ATTN_SEQS_F_SOFTCAP, R_ATTN_SEQS_SWA, R_ATTN_SEQS_RING, R_ATTN_SEQS_NARGS };
 /* OP_GATHER_ROWS [m, src, idx, dst, row, n_src]: dst[j] = src[idx[j]] */
 enum { R_GATHER_ROWS_M, R_GATHER_ROWS_SRC, R_GATHER_ROWS_IDX, R_GATHER_ROWS_DST, R_GATHER_ROWS_ROW, R_GATHER_ROWS_N_SRC, R_GATHER_ROWS_NARGS };

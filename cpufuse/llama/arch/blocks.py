@@ -77,8 +77,9 @@ def attention(cx, li, L, h, qk_norm=None, rope=True, rope_kw=None, window=0, sof
         q3 = g.reshape(cx.norm(g.reshape(q3, (n * H, D)), L.q_norm, p + "q_norm"), (n, H, D))
         k3 = g.reshape(cx.norm(g.reshape(k3, (n * Hkv, D)), L.k_norm, p + "k_norm"), (n, Hkv, D))
     kc, vc, cells, seqs, ring = cx.kv(li)
-    kw = g.kv_write(cx.rope(k3, p + "rope_k", rope_kw) if rope else k3, kc, cells, name=p + "k_cache")
-    vw = g.kv_write(g.reshape(v, (n, Hkv, D)), vc, cells, name=p + "v_cache")
+    qk, qv = cx.m.kv.quant_k, cx.m.kv.quant_v    # block types (q8_0, q4_0) or None
+    kw = g.kv_write(cx.rope(k3, p + "rope_k", rope_kw) if rope else k3, kc, cells, kv_type=qk, name=p + "k_cache")
+    vw = g.kv_write(g.reshape(v, (n, Hkv, D)), vc, cells, kv_type=qv, name=p + "v_cache")
     a = g.attn_seqs(cx.rope(q3, p + "rope_q", rope_kw) if rope else q3, kw, vw, seqs, scale=hp.kq_scale,
                     softcap=softcap, window=window, ring=ring, name=p + "attn")
     return cx.linear(g.reshape(a, (n, H * D)), L.wo, L.bo, p + "o")
