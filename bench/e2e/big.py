@@ -62,6 +62,7 @@ def speed_job(engine, path, toks, t, pp, reps, peer, timeout=900, **extra):
     """one engine's speed process at t threads (1: pinned): cpufuse here, llama.cpp in the peer's venv"""
     job = {"job": "speed", "worker": "big", "engine": engine, "model": path, "tokens": toks, "threads": t,
            "pp": list(pp), "tg": TG, "reps": reps, "n_ctx": N_CTX, "flash_attn": engine.endswith("fa-on"), **extra}
+    job["n_ctx"] = max(N_CTX, job.get("depth", 0) + max(pp) + TG + 16)
     if engine.startswith("llamacpp"):
         return run_job(job, peer, [os.path.join(HERE, "peer.py")], t == 1, t, timeout)
     return run_job(job, pin=t == 1, threads=t, timeout=timeout)
@@ -76,7 +77,8 @@ def worker(job):
         def load():
             from cpufuse.llama import Model
             m = Model.load(job["model"], n_ctx=job["n_ctx"], n_threads=int(job["threads"]),
-                           fusion=job["engine"] == "cpufuse")
+                           fusion=job["engine"] == "cpufuse", type_k=job.get("type_k", "f16"),
+                           type_v=job.get("type_v", "f16"))
             return m.reset, m.eval
         return speed(job, load)
     from .. import threads as threads_mod
@@ -136,6 +138,8 @@ def run(args, files, engines, keys, reps, write):
     every round (a run stopped by a time limit leaves its results) and at the end. bench.e2e's runner too."""
     from .. import threads as threads_mod
     threads, pp = parse_threads(args.threads), [int(k[2:]) for k in keys if k.startswith("pp")]
+    ctk, ctv = getattr(args, "ctk", "f16"), getattr(args, "ctv", None) or getattr(args, "ctk", "f16")
+    files = [dict(f, depth=d) for f in files for d in parse_depths(getattr(args, "depth", "0"))]
     exe = os.path.abspath(os.path.expanduser(args.llama_bench)) if args.llama_bench else None
     peer_kind = "llama-bench" if exe else "llama-cpp-python"
     why_peer = (None if os.access(exe, os.X_OK) else f"{exe} is not an executable file") if exe \
@@ -143,6 +147,10 @@ def run(args, files, engines, keys, reps, write):
     ik, why_ik = build_ik(args.ik_llama_src, args.dir) if args.ik_llama_src else (None, "IK_LLAMA_SRC not given")
     engines = [e for e in engines if not (why_peer and e.startswith("llamacpp")) and not (why_ik and e.startswith("ik"))
                and (not args.engines or e in args.engines.split(","))]
+    if ctv != "f16" and ctv != "f32":   # llama.cpp takes a quantized V cache with flash attention only
+        if any(e.endswith("fa-off") for e in engines):
+            print(f"bench.e2e: FA-off peer columns skipped: a {ctv} V cache needs flash attention (-fa 1)", flush=True)
+        engines = [e for e in engines if not e.endswith("fa-off")]
     jobs = engines + ["probe"] * bool(files[0].get("work"))
     t_start, la0 = time.time(), os.getloadavg()
     print(f"bench.e2e: {len(files)} file(s) x threads {threads} x {args.rounds} rounds, engines "
@@ -155,10 +163,11 @@ def run(args, files, engines, keys, reps, write):
     busy = [threads_mod.busy_cores()]   # cores other work keeps busy (bench/threads.py), between rounds
 
     def report(final):
-        done = [f for f in files if os.path.basename(f["path"]) in raw]
+        done = [f for f in files if fname(f) in raw]
         out = {"complete": final, "machine": machine(), "load_avg_start": la0, "load_avg_end": os.getloadavg(),
                "busy_cores": busy, "seconds": time.time() - t_start, "rounds": args.rounds, "threads": threads,
-               "keys": keys, "reps": reps, "pp_warm": args.pp_warm, "read_mib": args.read_mib, "n_ctx": N_CTX,
+               "keys": keys, "reps": reps, "cache_types": [ctk, ctv], "pp_warm": getattr(args, "pp_warm", None),
+               "read_mib": getattr(args, "read_mib", 1024), "n_ctx": N_CTX,
                "peer_kind": peer_kind, "llama_bench": exe, "ik_llama_bench": ik,
                "ik_skipped": why_ik if args.ik_llama_src else None, "peer": peer_info, "peer_skipped": why_peer,
                "errors": errors, "files": done, "summary": summarize(done, raw, threads, engines, keys), "raw": raw}
@@ -167,19 +176,20 @@ def run(args, files, engines, keys, reps, write):
         return out
 
     for f in files:
-        name = os.path.basename(f["path"])
-        toks = bench_tokens(f["path"], max(pp) + TG + 8)
+        name, depth = fname(f), f.get("depth", 0)
+        toks = bench_tokens(f["path"], depth + max(pp) + TG + 8)
 
         def one(e, t):
             if e == "probe":
                 return run_job({"worker": "big", "threads": t, "read_mib": args.read_mib}, pin=t == 1, threads=t)
             if e.startswith("cpufuse") or not exe and e.startswith("llamacpp"):
                 res, err = speed_job(e, f["path"], toks, t, pp, reps, args.peer_python, args.timeout,
-                                     **({"pp_warm": args.pp_warm} if args.pp_warm else {}))
+                                     **({"pp_warm": args.pp_warm} if getattr(args, "pp_warm", None) else {}),
+                                     depth=depth, type_k=ctk, type_v=ctv)
             else:
                 res, err = run_llama_bench(ik if e.startswith("ik") else exe, f["path"], t, e.endswith("on"),
-                                           args.reps_pp, t == 1, args.timeout, ["-rtr", "1"] * e.startswith("ik"),
-                                           pp or (PP,))
+                                           args.reps_pp, t == 1, args.timeout, ["-rtr", "1"] * e.startswith("ik")
+                                           + ["-d", str(depth), "-ctk", ctk, "-ctv", ctv], pp or (PP,))
             if res and "version" in res:
                 peer_info.update({"ik_version": res["version"]} if e.startswith("ik") else
                                  {"version": res["version"], "system_info": res.get("system_info", ""),
@@ -209,7 +219,7 @@ def summarize(files, raw, threads, engines, keys=KEYS):
     and their % of the probes)"""
     S = {}
     for f in files:
-        name, w = os.path.basename(f["path"]), f.get("work")
+        name, w = fname(f), f.get("work")
         for t in threads:
             d = S.setdefault(name, {}).setdefault(str(t), {})
             pr = raw[name].get("probe", {}).get(str(t))
@@ -249,8 +259,25 @@ def prompt_key(keys):
     return max((k for k in keys if k.startswith("pp")), key=lambda k: int(k[2:]))
 
 
-def short(path):
-    return os.path.basename(path).replace("llama-", "").replace("-shapes", "").replace(".gguf", "")
+def short(path, depth=0):
+    name = os.path.basename(path).replace("llama-", "").replace("-shapes", "").replace(".gguf", "")
+    return name + (f" @{depth}" if depth else "")
+
+
+def fname(f):
+    """a file row's key: the file's name, and its depth (--depth) when > 0"""
+    return os.path.basename(f["path"]) + (f"@d{f['depth']}" if f.get("depth") else "")
+
+
+def parse_depths(text):
+    """--depth: a comma list of cache depths in tokens (llama-bench's -d)"""
+    try:
+        ds = sorted({int(d) for d in str(text).split(",")})
+    except ValueError:
+        raise SystemExit(f"--depth must be a comma list of token counts, e.g. 0,4096,16384, got {text!r}")
+    if not ds or ds[0] < 0:
+        raise SystemExit(f"--depth: depths must be >= 0, got {text!r}")
+    return ds
 
 
 def write_md(R, md_path, png_path=None):
@@ -290,9 +317,9 @@ def write_md(R, md_path, png_path=None):
     rows, cells = [], []
     for f in R["files"]:
         for t in threads:
-            d = S[os.path.basename(f["path"])].get(str(t), {})
+            d = S[fname(f)].get(str(t), {})
             c, bb = d.get("cpufuse", {}), d.get("llamacpp-best", {})
-            row = [short(f["path"]), t]
+            row = [short(f["path"], f.get("depth", 0)), t]
             for key in keys:
                 a = c.get(key, {}).get("median")
                 row.append(fmt(a, 2))
@@ -320,7 +347,10 @@ def write_md(R, md_path, png_path=None):
           f"- llama.cpp: `{R.get('llama_bench')} -m FILE -p {','.join(k[2:] for k in pps)} -n 128 -t k -fa 0|1 -r R "
           "-o json`" if lb else
           "- llama.cpp: llama-cpp-python (bench/e2e/peer.py), `Llama(n_ctx=1024, n_batch=512, n_threads=k, "
-          "n_threads_batch=k, flash_attn=…)`."]
+          "n_threads_batch=k, flash_attn=…)`.",
+          f"- KV cache K/V types {'/'.join(R.get('cache_types') or ['f16', 'f16'])} for every engine (`-ctk/-ctv`). "
+          "A row `name @D` is at depth D: pp appends its prompt to a cache filled with D tokens (untimed), tg "
+          "decodes after them (llama-bench `-d D`); n_ctx grows to hold them."]
     if ik:
         L += [f"- ik_llama.cpp {peer.get('ik_version', '')}: `{R.get('ik_llama_bench')} ... -rtr 1`, built from "
               "IK_LLAMA_SRC with cmake " + " ".join(IK_CMAKE) + "."]
@@ -345,13 +375,13 @@ def plot(R, path):
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     for ax, key, title in ((axes[0], pk, f"prompt, {pk}"), (axes[1], f"tg{TG}", f"decode, tg{TG}")):
         for i, f in enumerate(R["files"]):
-            name = os.path.basename(f["path"])
+            name = fname(f)
             for e, ls, mk in (("cpufuse", "-", "o"), ("llamacpp-best", "--", "s"), ("ik-best", ":", "^")):
                 pts = [(t, S[name].get(str(t), {}).get(e, {}).get(key, {}).get("median")) for t in threads]
                 pts = [(t, v) for t, v in pts if v]
                 if pts:
                     ax.plot(*zip(*pts), ls, marker=mk, color=COLOURS[i % len(COLOURS)],
-                            label=f"{short(f['path'])} {BEST.get(e, 'cpufuse')}")
+                            label=f"{short(f['path'], f.get('depth', 0))} {BEST.get(e, 'cpufuse')}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(threads, [str(t) for t in threads])
@@ -376,6 +406,13 @@ def run_args(ap, engines, timeout):
     ap.add_argument("--llama-bench", metavar="PATH", help="run llama.cpp as this llama-bench binary "
                     "(bench/llama_bench_build.sh builds it) instead of llama-cpp-python")
     ap.add_argument("--timeout", type=int, default=timeout, help=f"seconds per engine process (default {timeout})")
+    ap.add_argument("--depth", default="0", help="comma list of KV cache depths in tokens, e.g. 0,4096,16384,32768 "
+                    "(llama-bench's -d): pp appends its prompt to a cache filled to that depth (untimed), tg "
+                    "decodes after it (default 0)")
+    ap.add_argument("--ctk", choices=("f16", "f32", "q8_0", "q4_0"), default="f16",
+                    help="the K cache's type, for every engine (llama-bench's -ctk; default f16)")
+    ap.add_argument("--ctv", choices=("f16", "f32", "q8_0", "q4_0"), default=None,
+                    help="the V cache's type (default: --ctk; a quantized V runs the peers with FA on only)")
 
 
 def main(argv=None):

@@ -164,9 +164,11 @@ def write_md(args):
 
 
 def speed_md(R):
+    from .big import fname
     f, peer = R["files"][0], R.get("peer") or {}
-    S, threads = R["summary"][os.path.basename(f["path"])], R["threads"]
+    S, threads = R["summary"][fname(f)], R["threads"]
     eng = [e for e in ENGINES if any(e in S[str(t)] for t in threads)]
+    SD = {fd.get("depth", 0): R["summary"][fname(fd)] for fd in R["files"]}   # --depth: a summary per depth
     L = [f"Model: `{os.path.basename(f['path'])}` ({f['bytes'] / 2**20:.0f} MiB).", ""]
     L += header(R, f"{R['peer_kind']} {peer.get('version', '')}")
     if R.get("peer_skipped"):
@@ -176,13 +178,14 @@ def speed_md(R):
           "1-token prompt (next token given, all engines do identical work). 1 thread: every engine under "
           f"`taskset -c 0`, n_threads = 1; {threads[-1]} threads: unpinned, n_threads = n_threads_batch = "
           f"{threads[-1]}. Wall time around the Python eval calls.", ""]
-    cell = lambda e, t, k: S[str(t)].get(e, {}).get(k) or {}   # noqa: E731
+    cell = lambda e, t, k, d=0: SD[d][str(t)].get(e, {}).get(k) or {}   # noqa: E731
     peers = [e for e in eng[1:] if e.startswith("llamacpp") and "cpufuse" in eng]
     unf = ["cpufuse-unfused"] if {"cpufuse", "cpufuse-unfused"} <= set(eng) else []
-    rows = [[k.replace("pp", "pp ").replace("tg", "tg "), t] + [fmt(cell(e, t, k).get("median")) for e in eng]
-            + [f"**{ratio(cell('cpufuse', t, k).get('median'), cell(e, t, k).get('median'))}**" for e in peers]
-            + [ratio(cell("cpufuse", t, k).get("median"), cell(e, t, k).get("median")) for e in unf]
-            for k in KEYS for t in threads]
+    rows = [[k.replace("pp", "pp ").replace("tg", "tg ") + (f" @{d}" if d else ""), t]
+            + [fmt(cell(e, t, k, d).get("median")) for e in eng]
+            + [f"**{ratio(cell('cpufuse', t, k, d).get('median'), cell(e, t, k, d).get('median'))}**" for e in peers]
+            + [ratio(cell("cpufuse", t, k, d).get("median"), cell(e, t, k, d).get("median")) for e in unf]
+            for d in SD for k in KEYS for t in threads]
     L += table(["test", "threads"] + [LABEL[e] for e in eng] + [f"cpufuse / {LABEL[e]}" for e in peers]
                + ["fused / unfused"] * len(unf), rows) + [""]
     L += spread_line([cell(e, t, k) for e in eng for t in threads for k in KEYS])

@@ -11,12 +11,16 @@ def _rss_kb(field="VmRSS:"):   # VmHWM: the peak (ru_maxrss would count the RSS 
         return next((int(ln.split()[1]) for ln in f if ln.startswith(field)), -1)
 
 
+GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8}   # ggml_type values of the KV cache types
+
+
 def _load(job, logits_all=False):
     import llama_cpp
     k = int(job.get("threads") or os.cpu_count())
     llm = llama_cpp.Llama(model_path=job["model"], n_ctx=int(job.get("n_ctx", 1024)), n_batch=512, n_ubatch=512,
                           n_threads=k, n_threads_batch=k, flash_attn=bool(job.get("flash_attn")),
-                          logits_all=logits_all, verbose=False, seed=0)
+                          logits_all=logits_all, verbose=False, seed=0,
+                          **{f"type_{w}": GGML_TYPES[job.get(f"type_{w}", "f16")] for w in "kv"})
     return llama_cpp, llm
 
 
@@ -29,31 +33,37 @@ def speed(job, load, perf=None):
     """pp / tg tokens per second of one engine in this process: load() -> (reset(), eval(tokens) -> last
     logits); perf: (reset(), read() -> (prompt ms, prompt tokens, eval ms, eval tokens)) of the engine's
     own counters, or None. pp N: one eval of N tokens from an empty cache (the first, untimed, of pp_warm
-    tokens); tg N: N one-token evals after a 1-token prompt (the first run, untimed, of 16)."""
+    tokens); tg N: N one-token evals after a 1-token prompt (the first run, untimed, of 16).
+    job["depth"] = d > 0 (llama-bench's -d): each timed run first fills the cache with d tokens, untimed;
+    pp N then appends N tokens to that cache, and tg N decodes N tokens after it (the warm-up runs
+    start from an empty cache: they only page in the weights)."""
     import numpy as np
     rss0 = _rss_kb()
     reset, ev = load()
     res = {"wall": {}, "perf": {}, "rss_after_import_kb": rss0, "rss_after_load_kb": _rss_kb()}
     toks, reps, finite = [int(t) for t in job["tokens"]], job.get("reps", {}), True
-    tg = int(job["tg"])
+    tg, depth = int(job["tg"]), int(job.get("depth", 0))
     for key in [f"pp{n}" for n in job["pp"]] + [f"tg{tg}"]:
         wall, internal = [], []
         for r in range(1 + int(reps.get(key, 3 if key[0] == "p" else 1))):     # the first is a warm-up
             reset()
+            d = depth if r else 0
             if key[0] == "p":
                 n = int(key[2:])
+                if d:
+                    ev(toks[:d])        # the cache at depth, untimed
                 perf and perf[0]()
                 t0 = time.perf_counter()
-                lg = ev(toks[:n if r else int(job.get("pp_warm", n))])
+                lg = ev(toks[d:d + n] if r else toks[:int(job.get("pp_warm", n))])
                 dt = time.perf_counter() - t0
             else:
-                n = tg if r else 16
-                ev(toks[:1])
+                n, d0 = (tg if r else 16), max(d, 1)
+                ev(toks[:d0])
                 perf and perf[0]()
                 dt = 0.0
                 for i in range(n):
                     t0 = time.perf_counter()
-                    lg = ev([toks[1 + i]])
+                    lg = ev([toks[d0 + i]])
                     dt += time.perf_counter() - t0
             finite &= bool(np.isfinite(lg).all())
             if r:

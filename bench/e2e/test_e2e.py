@@ -187,3 +187,47 @@ def test_moe_shapes_sizes_types_and_a_small_file(tmp_path, monkeypatch):
     m = Model.load(p, n_ctx=64)
     assert m.hparams.n_expert == 4 and m.layers[1].wd_exps.shape == (4, 256, 256)
     assert np.isfinite(m.logits([1, 2, 3, 4])).all()
+
+
+def test_speed_at_depth_fills_the_cache_then_times_the_chunk():
+    # a fake engine that records its cache: pp at depth appends its chunk to a cache of `depth` tokens,
+    # tg at depth decodes after them; the warm-up runs start from an empty cache
+    from bench.e2e.peer import speed
+    cache, calls = [], []
+
+    def ev(t):
+        calls.append((len(cache), len(t)))
+        cache.extend(t)
+        return np.zeros(4, np.float32)
+    job = {"tokens": list(range(100)), "pp": [8], "tg": 5, "reps": {"pp8": 1, "tg5": 1}, "depth": 40, "pp_warm": 3}
+    res = speed(job, lambda: (cache.clear, ev))
+    assert set(res["wall"]) == {"pp8", "tg5"}
+    assert calls[:3] == [(0, 3), (0, 40), (40, 8)]          # warm-up, the fill (untimed), the timed chunk
+    assert calls[3] == (0, 1) and calls[3 + 1 + 16] == (0, 40)
+    assert calls[-5:] == [(40 + i, 1) for i in range(5)]    # tg decodes after the depth
+    assert big.parse_depths("4096,0") == [0, 4096] and big.fname({"path": "/a/m.gguf", "depth": 4096}) == "m.gguf@d4096"
+    with pytest.raises(SystemExit, match="--depth"):
+        big.parse_depths("4k")
+
+
+def test_kv_fidelity_compare():
+    from bench.e2e.kvfidelity import compare
+    a = np.array([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]])
+    assert compare(a, a) == (1.0, 0.0)
+    agree, kl = compare(a, np.array([[0.0, 1.0, 2.0], [0.0, 3.0, 0.0]]))
+    assert agree == 0.5 and kl > 0
+
+
+def test_reports_at_depth(tmp_path):
+    from bench.e2e import model
+    run = lambda pp, tg: {"wall": {"pp512": [pp], "tg128": [tg]}, "logits_finite": True}  # noqa: E731
+    deep = dict(FILE, depth=4096)
+    raw = {NAME: {"cpufuse": {"1": [run(40, 15)]}}, NAME + "@d4096": {"cpufuse": {"1": [run(30, 9)]}}}
+    S = big.summarize([FILE, deep], raw, [1], ["cpufuse"])
+    assert S[NAME + "@d4096"]["1"]["cpufuse"]["tg128"]["median"] == 9
+    R = _report(S, FILE, threads=[1], files=[FILE, deep], cache_types=["q8_0", "q8_0"])
+    big.write_md(R, str(tmp_path / "r.md"))
+    text = (tmp_path / "r.md").read_text()
+    assert "| 1b-Q4_0 @4096 | 1 |" in text and "types q8_0/q8_0" in text
+    md = "\n".join(model.speed_md(dict(R, peer_skipped="none")))
+    assert "| tg 128 @4096 | 1 | 9" in md
