@@ -99,8 +99,9 @@ _W = None          # in an opening pattern: any whitespace
 # the openings of a call in streamed text, per format: sequences of literals and _W; a text that
 # is a prefix of one is held back, one that has it all starts the calls
 _OPENINGS = {
-    "hermes": [(fence, _W if fence else "", tag, _W if (fence or tag) else "", "{", _W, '"name"') for fence in ("", "```\n", "```json\n", "```xml\n")
-               for tag in _HERMES_TAGS] + [("<function=",), ('<function name="',)],
+    "hermes": [(fence, _W if fence else "", tag, _W if (fence or tag) else "", "{", _W, dbl, _W, '"name"')
+               for fence in ("", "```\n", "```json\n", "```xml\n") for tag in _HERMES_TAGS
+               for dbl in ("", "{")] + [("<function=",), ('<function name="',)],
     "llama3": [("<|python_tag|>",), ("{", _W, '"name"'), ("{", _W, '"type"')],
     "mistral": [("[TOOL_CALLS]",)],
     "granite": [("<|tool_call|>",)],
