@@ -56,6 +56,8 @@ REPLIES = {
         # replies): the call in doubled braces, as its template's `{"name": <function-name>, ...}`
         ('{{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}}', None,
          [("get_weather", {"city": "Paris", "unit": "celsius"})]),
+        ('{{"name": "get_weather", "arguments": {"city": "Cairo", "unit": "celsius"}}}}', None,   # seed 101
+         [("get_weather", {"city": "Cairo", "unit": "celsius"})]),
         ('<tool_call>\n{{"name": "get_weather", "arguments": {"city": "Paris"}}}\n</tool_call>', None, [PARIS]),
         ('Ok {{"name": "get_weather", "arguments": {"city": "Paris"}} and', "Ok {and", [PARIS]),   # not doubled
         ('{{"name": "add", "arguments": {"a": 1, "b": 2}}}\n{{"name": "get_weather", "arguments": {"city": "Pa',

@@ -15,8 +15,9 @@ Formats (what the reply holds; detection as llama.cpp's, in this order):
             call is `{"name": ..., "arguments": {...}}` bare or wrapped in one of <tool_call>,
             <function_call>, <tool>, <tools>, <response>, <json>, <xml>, <JSON> (closed by the
             matching end tag), optionally inside a ```json / ```xml fence, also in doubled braces
-            `{{"name": ..., "arguments": {...}}}` (Qwen2.5-Coder-1.5B writes it: its template
-            shows the call as `{"name": <function-name>, ...}`; cpufuse only), or
+            `{{"name": ..., "arguments": {...}}}` (Qwen2.5-Coder-1.5B writes it, at times with a
+            stray `}` more, also taken: its template shows the call as `{"name": <function-name>,
+            ...}`; cpufuse only), or
             `<function=NAME>{...}</function>` / `<function name="NAME">{...}</function>`
   llama3    `<|start_header_id|>ipython<|end_header_id|>` (Llama 3.1-3.3):
             `{"type": "function", "name": ..., "parameters": {...}}` ("type" optional; "arguments"
@@ -108,7 +109,7 @@ _HERMES_OPEN = re.compile(
     r'(\s*\{\s*"name")'
     r'|<function=([^>]+)>'
     r'|<function name="([^"]+)">')
-_CLOSE_BRACE = re.compile(r'\s*\}')
+_CLOSE_BRACE = re.compile(r'(?:\s*\})+')        # the doubled brace, and any stray one after it
 
 
 def _parse_hermes(text: str):

@@ -17,8 +17,11 @@ True allows several (not with a named tool_choice).
 
 Arguments: a tool's `parameters` schema is closed as llama.cpp's schema-to-grammar closes it: an
 object schema with `properties` and no `additionalProperties` takes only the listed properties
-(`additionalProperties: true` or a schema allows more); this holds in the grammar and in the check
-of a parsed call.
+(`additionalProperties: true` or a schema allows more). This holds where the grammar constrains
+the call: "required", a named function, and "auto" from the format's opening on (hermes:
+`<tool_call>`). Under "auto" a call written in another form the parser reads (hermes: a fenced or
+bare JSON object, which is what Qwen2.5-Coder-1.5B writes) is not constrained, and its arguments
+are taken as written: only the function's name and that they are an object are checked.
 """
 from __future__ import annotations
 
