@@ -40,6 +40,7 @@ from starlette.routing import Route
 from cpufuse.llama.chat import TemplateError, chat_prompt
 
 from .engine import EngineRequest, EngineStopped, SamplingParams
+from .guard import Guard, Limits
 from .metrics import Metrics, log_line
 from .protocol import APIError, ChatRequest, CompletionRequest, ValidationError, error_body, validation_message
 from .responses import Responses, SSEResponse
@@ -50,14 +51,21 @@ log = logging.getLogger("cpufuse.serve")   # one line per request (python -m cpu
 
 
 def _error_response(e: APIError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers or None)
 
 
 class _Server(Responses):
     """the endpoints (request parsing, checks, submission); the response shapes are Responses'"""
 
-    def __init__(self, engine, drain: float = 0.0, sampling: Optional[SamplingParams] = None):
-        self.engine = engine
+    def __init__(self, engine, drain: float = 0.0, sampling: Optional[SamplingParams] = None,
+                 limits: Optional[Limits] = None):
+        self.loader = engine if (callable(engine) and not hasattr(engine, "submit")) else None
+        self.engine = None if self.loader is not None else engine     # None while the model loads
+        self.load_error: Optional[str] = None
+        self.on_load_error = None            # called with the exception when the loader fails (the CLI exits)
+        self.draining = False                # shutdown began: new requests get 503 (guard.drain)
+        self.open = 0                        # HTTP requests open (guard.Guard counts them)
+        self.limits = Limits() if limits is None else limits
         self.drain = drain
         self.defaults = SamplingParams() if sampling is None else sampling
         self.created = int(time.time())
@@ -167,11 +175,41 @@ class _Server(Responses):
         except ValueError as e:        # engine.check_request: the prompt's token ids are checked there
             raise APIError(str(e), param=getattr(e, "param", None)) from None
 
+    def check_queue(self, n: int) -> None:
+        """503 + Retry-After when n more requests would make more than max_queue wait for a slot"""
+        mq = self.limits.max_queue
+        if mq is None:
+            return
+        s = self.engine.stats()
+        waiting = max(0, s.queue_depth + s.active + n - _slots(self.engine))
+        if waiting > mq:
+            raise APIError(f"the server is busy: {s.queue_depth} request(s) wait for a slot and the queue holds "
+                           f"{mq} (--max-queue); retry later", status=503, type="unavailable_error",
+                           code="queue_full", headers={"Retry-After": "1"})
+
     # ------------------------------------------------------------------ endpoints
     async def health(self, request: Request):
-        if self.engine.running:
-            return JSONResponse({"status": "ok"})
-        return JSONResponse(error_body("the engine is not running", "unavailable_error", None, 503), status_code=503)
+        """llama-server's states: loading (503), ok, busy (every slot taken; 503 with
+        ?fail_on_no_slot=1), and 503 once the server stops or the model failed to load"""
+        e = self.engine
+        if e is None:
+            if self.load_error is not None:
+                return JSONResponse(error_body(f"the model failed to load: {self.load_error}", "unavailable_error",
+                                               None, 503), status_code=503)
+            return JSONResponse(error_body("Loading model", "unavailable_error", None, 503), status_code=503,
+                                headers={"Retry-After": "5"})
+        if self.draining or not e.running:
+            return JSONResponse(error_body("the server is shutting down" if self.draining else
+                                           "the engine is not running", "unavailable_error", None, 503),
+                                status_code=503)
+        s = e.stats()
+        idle = max(0, _slots(e) - s.active)
+        if idle == 0 or s.queue_depth:
+            body = {"status": "busy", "slots_idle": idle, "slots_processing": s.active,
+                    "requests_waiting": s.queue_depth}
+            fail = request.query_params.get("fail_on_no_slot", "") not in ("", "0", "false")
+            return JSONResponse(body, status_code=503 if fail else 200)
+        return JSONResponse({"status": "ok"})
 
     async def models(self, request: Request):
         e = self.engine
@@ -214,7 +252,11 @@ class _Server(Responses):
         return await self.respond(request, req, ereqs, chat=False)
 
     async def respond(self, request: Request, req, ereqs, chat: bool, spec=None):
-        st = request.state.cf_log = {"t0": time.perf_counter()}
+        t0 = getattr(request.state, "cf_t0", None) or time.perf_counter()
+        st = request.state.cf_log = {"t0": t0}
+        if self.limits.timeout is not None:
+            st["deadline"], st["timeout"] = t0 + self.limits.timeout, self.limits.timeout
+        self.check_queue(len(ereqs))
         handles = []
         try:
             for e in ereqs:
@@ -290,17 +332,22 @@ class _Server(Responses):
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-def create_app(engine, drain: float = 0.0, sampling: Optional[SamplingParams] = None) -> Starlette:
-    """The Starlette app serving `engine`. Lifespan: engine.start() at startup; at shutdown
-    engine.stop(drain) (queued requests cancelled, running ones given `drain` seconds).
+def create_app(engine, drain: float = 0.0, sampling: Optional[SamplingParams] = None,
+               limits: Optional[Limits] = None):
+    """The ASGI app serving `engine`: an Engine, or a callable that makes one (the model then
+    loads in a thread at startup while /health says "loading"). Lifespan: engine.start() at
+    startup; at shutdown engine.stop(drain) (queued requests cancelled, running ones given `drain`
+    seconds); cpufuse.serve.guard.drain is the graceful shutdown the CLI runs on SIGTERM/Ctrl-C.
     `sampling`: the values of the sampling fields a request leaves out (default: OpenAI's,
-    SamplingParams()). Every request is logged in one line to the logger "cpufuse.serve" (INFO;
-    GET requests at DEBUG); a stream's line is written when the stream ends."""
-    srv = _Server(engine, drain, sampling)
+    SamplingParams()). `limits` (cpufuse.serve.guard.Limits): API keys, queue, body size and
+    timeout. Every request is logged in one line to the logger "cpufuse.serve" (INFO; GET
+    requests at DEBUG); a stream's line is written when the stream ends. The Starlette app is
+    `app.app`; the server object `app.state.server` (both also on the returned app)."""
+    srv = _Server(engine, drain, sampling, limits)
 
     def endpoint(fn):
         async def wrapped(request: Request):
-            t0 = time.perf_counter()
+            t0 = request.state.cf_t0 = time.perf_counter()
             reason = None
             try:
                 resp = await fn(request)
@@ -339,11 +386,18 @@ def create_app(engine, drain: float = 0.0, sampling: Optional[SamplingParams] = 
 
     @asynccontextmanager
     async def lifespan(app):
-        engine.start()
+        loading = None
+        if srv.engine is not None:
+            srv.engine.start()
+        else:
+            loading = asyncio.ensure_future(run_in_threadpool(_load, srv))
         try:
             yield
         finally:
-            await run_in_threadpool(engine.stop, drain)
+            if loading is not None and not loading.done():
+                await asyncio.wait({loading})
+            if srv.engine is not None:
+                await run_in_threadpool(srv.engine.stop, drain)
 
     routes = [
         Route("/health", endpoint(srv.health), methods=["GET"]),
@@ -359,4 +413,32 @@ def create_app(engine, drain: float = 0.0, sampling: Optional[SamplingParams] = 
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: not_found, Exception: server_error})
     app.state.server = srv
-    return app
+    return _GuardedApp(app, srv)
+
+
+class _GuardedApp(Guard):
+    """the Starlette app behind the guard; `state` and `app` reach through"""
+
+    def __init__(self, app, srv):
+        super().__init__(app, srv, srv.limits)
+        self.state = app.state
+
+
+def _slots(engine) -> int:
+    """the sequences an engine runs at once (a SerialEngine reports `parallel` but has one slot)"""
+    slots = getattr(engine, "slots", None)
+    return len(slots) if isinstance(slots, list) else int(engine.parallel)
+
+
+def _load(srv) -> None:
+    """the loader thread: make the engine, start it, publish it (or record why it failed)"""
+    try:
+        e = srv.loader()
+        e.start()
+    except BaseException as e:  # noqa: BLE001 -- reported on /health, in the log and to the CLI
+        srv.load_error = f"{type(e).__name__}: {e}"
+        log.error(f"the model failed to load: {srv.load_error}")
+        if srv.on_load_error is not None:
+            srv.on_load_error(e)
+        return
+    srv.engine = e
