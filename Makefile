@@ -6,7 +6,7 @@ PIN     ?= taskset -c 0
 # Old-OpenBLAS tuning variables slow a current numpy's BLAS: unset them for benchmarks only.
 BENCHENV := env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE
 
-.PHONY: all venv build test generate test-fast test-asan fuzz bench bench-quick bench-scaling bench-peers peer-venv bench-e2e bench-serve llama-bench info neon-test serve clean
+.PHONY: all venv build test generate test-fast test-asan fuzz fuzz-gguf soak bench bench-quick bench-scaling bench-peers peer-venv bench-e2e bench-serve llama-bench info neon-test serve clean
 
 all: test
 
@@ -69,6 +69,16 @@ fuzz: build
 	@$(VPY) -c "import hypothesis" 2>/dev/null || $(VPY) -m pip install -q hypothesis
 	CPUFUSE_HYPOTHESIS=fuzz CPUFUSE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(VPY) -m pytest -q -W ignore::RuntimeWarning --durations=0 $(PROPS)
 	CPUFUSE_SOAK_SECONDS=20 $(VPY) -m pytest -q tests/test_soak.py
+
+# The server soak (tests/soak_serve.py, outside `make test`): python -m cpufuse serve on a tiny GGUF,
+# SOAK_CLIENTS clients (streams, whole replies, disconnects, bad and oversized requests) for
+# SOAK_SECONDS (30 min; `make soak SOAK_SECONDS=120` for the 2-minute version); fails unless every
+# accepted request completed or ended with a reason, no slot leaked, and the RSS stayed within 5%
+# after the warm-up.
+SOAK_SECONDS ?= 1800
+SOAK_CLIENTS ?= 64
+soak: build
+	$(VPY) tests/soak_serve.py --seconds $(SOAK_SECONDS) --clients $(SOAK_CLIENTS)
 
 info: build
 	$(VPY) -m cpufuse info
