@@ -50,7 +50,7 @@ def test_arch_incremental_matches_reference(tmp_path, arch, kv):
               arch_keys={"attention.sliding_window_pattern": 3} if arch == "gemma3" else None)
     m = Model.load(p, n_ctx=64, act="f32", kv_dtype=kv, n_batch=3, n_threads=2)
     if arch.startswith("gemma"):
-        assert m.swa_cells == 7
+        assert m.kv.ring_cells == 7
         assert m.hparams.swa_layers == ((True, True, False) if arch == "gemma3" else (True, False))
     ref = ref_logits(p, TOKENS, n_ctx=64)
     got = [m.eval(TOKENS[:3])]
@@ -66,27 +66,27 @@ def test_gemma_ring_cache_memory_and_limits(tmp_path):
     p = _tiny(tmp_path, "gemma3")
     full = Model.load(p, n_ctx=64, n_batch=64)      # window + n_batch >= n_ctx: one full cache
     ring = Model.load(p, n_ctx=64, n_batch=4)       # 5 SWA layers of 8 cells, 1 global of 64
-    assert full.swa_cells == 0 and ring.swa_cells == 8
+    assert full.kv.ring_cells == 0 and ring.kv.ring_cells == 8
     assert ring.kv_bytes * 64 == full.kv_bytes * (5 * 8 + 64) // 6
     from cpufuse.llama.decoder import Batch
     b = Batch(ring)
     with pytest.raises(ValueError, match="ring of 8 cells"):
         b.add(0, list(range(6)), 0)
     # the rings change where K and V live, not a bit of the results
-    import cpufuse.llama.model as _model
+    import cpufuse.llama.kv as _kv
     long = TOKENS + TOKENS[:6]
     lr = ring.logits(long)
-    _model.SWA_RINGS = False
+    _kv.SWA_RINGS = False
     try:
         noring = Model.load(p, n_ctx=64, n_batch=4)
     finally:
-        _model.SWA_RINGS = True
-    assert noring.swa_cells == 0
+        _kv.SWA_RINGS = True
+    assert noring.kv.ring_cells == 0
     np.testing.assert_array_equal(noring.logits(long), lr)
     # a reused prefix whose window cells were overwritten is evaluated again: same tokens
     long = TOKENS + TOKENS[:6]
     a = ring.generate(long, max_tokens=3, temperature=0).tokens
-    assert ring.kv_reusable(12, len(long) + 2) == 0 and ring.kv_reusable(12, 14) == 12
+    assert ring.kv.reusable(12, len(long) + 2) == 0 and ring.kv.reusable(12, 14) == 12
     r1 = ring.generate(TOKENS[:12] + [9, 9], max_tokens=4, temperature=0).tokens
     assert ring.generate(long, max_tokens=3, temperature=0, reuse_cache=False).tokens == a
     r2 = ring.generate(TOKENS[:12] + [9, 9], max_tokens=4, temperature=0, reuse_cache=False).tokens
@@ -221,7 +221,7 @@ def test_gemma3_generate_on_numba(tmp_path):
     """the Numba ISA runs the same graph (GEGLU epilogue 3, the window in Python's attn_seqs)"""
     p = _tiny(tmp_path, "gemma3")
     m = Model.load(p, n_ctx=64, act="f32", kv_dtype="f32", isa="numba", n_batch=3)
-    assert m.swa_cells == 7     # the rings, read by the Python attn_seqs
+    assert m.kv.ring_cells == 7     # the rings, read by the Python attn_seqs
     _close(m.logits(TOKENS), ref_logits(p, TOKENS), 2e-5)
 
 
@@ -297,7 +297,7 @@ def test_gemma3_batch_engine_tokens_do_not_depend_on_the_batch(tmp_path):
         return [ev.token for ev in h if isinstance(ev, TokenEvent)]
 
     eng = BatchEngine(Model.load(p, n_ctx=64, n_seq=3, n_batch=5), chunk=5)
-    assert eng.model.swa_cells == 9        # the sliding-window layers' rings
+    assert eng.model.kv.ring_cells == 9        # the sliding-window layers' rings
     with pytest.raises(ValueError, match="chunk must be <= the model's n_batch"):
         BatchEngine(eng.model, chunk=6)
     eng.start()
@@ -331,7 +331,7 @@ def test_gemma_python_steps_match_the_c_plan(tmp_path, arch, monkeypatch):
     c = Model.load(p, n_ctx=64, n_batch=3).logits(TOKENS)
     monkeypatch.setattr(_records, "PY_STEPS", {"qmatmul_geglu", "attn_seqs", "softcap", "geglu"})
     m = Model.load(p, n_ctx=64, n_batch=3)
-    assert m.swa_cells == 7
+    assert m.kv.ring_cells == 7
     py = m.logits(TOKENS)
     np.testing.assert_allclose(py, c, rtol=0, atol=1e-5 * np.max(np.abs(c)))
 

@@ -320,3 +320,25 @@ def test_models_install_of_an_unknown_name_is_one_line():
                        text=True, timeout=60)
     assert r.returncode == 1 and r.stderr.startswith("error: unknown model name 'nope'")
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_org_repo_is_a_hugging_face_repository_and_offline_fails_fast(tmp_path):
+    """`org/repo` that is not a file goes to Hugging Face (as the README says); with the endpoint
+    unreachable the error is one line within a few seconds, not huggingface_hub's 24 s of retries"""
+    pytest.importorskip("huggingface_hub")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"), HF_HUB_DISABLE_TELEMETRY="1")
+    code = ("import time\nfrom cpufuse.llama import hub\nt = time.monotonic()\n"
+            "try:\n    hub.resolve('someone/Some-GGUF:Q8_0')\nexcept OSError as e:\n"
+            "    print(round(time.monotonic() - t, 2)); print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    took, msg = r.stdout.strip().splitlines()
+    assert float(took) < 3.0, took
+    assert "someone/Some-GGUF" in msg and "not a file" in msg and "127.0.0.1:9" in msg
+    r = subprocess.run([sys.executable, "-m", "cpufuse", "generate", "-hf", "someone/Some-GGUF", "-p", "x"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    off = dict(env, HF_ENDPOINT="https://huggingface.co", HF_HUB_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-c", code], env=off, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "HF_HUB_OFFLINE" in r.stdout and float(r.stdout.split()[0]) < 3.0, r.stderr

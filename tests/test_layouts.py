@@ -3,12 +3,13 @@ fails when the other side drifts from it.
 
 - the kernel registry (cpufuse/_registry.py) against native/cdef.h, the extension's prototypes;
 - the descriptors (QM / QW included), plan opcodes and records (cpufuse/_layouts.py) against
-  native/kernels/layouts.h, which is generated from them (a stale header fails here);
+  native/kernels/layouts.h, which tools/gen_layouts.py generates from them (a stale header fails here);
 - the plan records (cpufuse/graph/kinds.py): graph.inc reads them by their generated names only;
 - the quant block table (cpufuse/quant/types.py) against native/kernels/qtypes.h, generated from it,
   the built C traits (quant.inc through cf_qtype_info, repack.c through cf_p16_bytes) and the Numba
   unpackers and quantizer; no C or Python source writes a type id as a number.
 """
+import importlib.util
 import os
 import re
 
@@ -24,6 +25,17 @@ from cpufuse.reference import quant as qref
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NATIVE = os.path.join(ROOT, "native")
+
+
+def _load_generator():
+    """tools/gen_layouts.py, the generator of layouts.h (a script outside the package)"""
+    spec = importlib.util.spec_from_file_location("gen_layouts", os.path.join(ROOT, "tools", "gen_layouts.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gen_layouts = _load_generator()
 
 
 def read(*parts):
@@ -67,11 +79,11 @@ def test_registry_numba_entries():
 # descriptors, opcodes and plan records
 
 def test_layouts_header_is_generated_and_current():
-    """native/kernels/layouts.h is exactly what cpufuse/_layouts.py generates (else: run
-    `python cpufuse/_layouts.py` and commit the header)"""
-    for name in _layouts.HEADERS:
-        assert read("native", "kernels", name) == _layouts.generate(name), (
-            f"native/kernels/{name} is stale: run `python cpufuse/_layouts.py`")
+    """native/kernels/layouts.h is exactly what tools/gen_layouts.py generates from cpufuse/_layouts.py
+    and graph/kinds.py (else: run `python tools/gen_layouts.py` and commit the header)"""
+    for name in gen_layouts.HEADERS:
+        assert read("native", "kernels", name) == gen_layouts.generate(name), (
+            f"native/kernels/{name} is stale: run `python tools/gen_layouts.py`")
 
 
 def _enum_names(text, first):
@@ -147,8 +159,8 @@ def test_record_field_order_is_free(monkeypatch):
     import cpufuse.graph.kinds as kinds
     from cpufuse._layouts import Record
     rev = [Record(r.name, r.op, " ".join(reversed(r.fields)), r.doc) for r in RECORDS]
-    text = _layouts.generate("layouts.h", rev)
-    assert text != _layouts.generate("layouts.h")
+    text = gen_layouts.generate("layouts.h", rev)
+    assert text != gen_layouts.generate("layouts.h")
     for r, q in zip(RECORDS, rev):
         for f in r.fields:   # the C names are the same, their values follow the declaration
             assert re.search(rf"\bR_{r.name}_{f.upper()}\b", text)

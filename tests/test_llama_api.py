@@ -171,8 +171,15 @@ def test_logprobs(llm, model):
     c = ch["choices"][0]["logprobs"]["content"]
     assert len(c) == ch["usage"]["completion_tokens"] or ch["choices"][0]["finish_reason"] == "stop"
     assert all(set(e) == {"token", "logprob", "bytes", "top_logprobs"} and len(e["top_logprobs"]) == 2 for e in c)
-    with pytest.raises(NotImplementedError, match="stream"):
-        llm("hi", logprobs=1, stream=True)
+    # streamed: each chunk carries its tokens' logprobs; together they are the whole reply's
+    chunks = list(llm("hello world", max_tokens=5, temperature=0, logprobs=3, stream=True))
+    parts = [c["choices"][0]["logprobs"] for c in chunks if c["choices"][0]["logprobs"]]
+    assert sum((p["token_logprobs"] for p in parts), []) == lp["token_logprobs"]
+    assert sum((p["text_offset"] for p in parts), []) == lp["text_offset"]
+    chunks = list(llm.create_chat_completion(messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                             temperature=0, logprobs=True, top_logprobs=2, stream=True))
+    streamed = sum((c["choices"][0]["logprobs"]["content"] for c in chunks if c["choices"][0]["logprobs"]), [])
+    assert [e["logprob"] for e in streamed][:len(c)] == [e["logprob"] for e in c]
 
 
 def test_refused_and_unknown_options(path, llm):
@@ -190,19 +197,11 @@ def test_refused_and_unknown_options(path, llm):
         with pytest.raises(NotImplementedError, match=next(iter(kw))):
             Llama(path, n_ctx=64, verbose=False, **kw)
     for kw, name in ((dict(mirostat_mode=2), "mirostat_mode"), (dict(typical_p=0.5), "typical_p"),
-                     (dict(logit_bias={1: 2.0}), "logit_bias"), (dict(suffix="x"), "suffix")):
+                     (dict(suffix="x"), "suffix")):
         with pytest.raises(NotImplementedError, match=name):
             llm("hi", max_tokens=2, **kw)
     with pytest.raises(TypeError):
         llm("hi", max_tokens=2, not_an_option=1)
-    import inspect
-    gen = set(inspect.signature(Model.generate).parameters)
-    for k, v in (("response_format", {"type": "json_object"}), ("grammar", "root ::= \"a\""),
-                 ("tools", [{"type": "function", "function": {"name": "f"}}])):
-        if k in gen:
-            continue                                  # Model.generate takes it: passed through
-        with pytest.raises(NotImplementedError, match=k):
-            llm.create_chat_completion(messages=[{"role": "user", "content": "hi"}], max_tokens=2, **{k: v})
     with pytest.raises(ValueError, match="temperature"):
         llm("hi", max_tokens=2, temperature=-1)
 
@@ -267,5 +266,109 @@ def test_chat_tools_and_response_format(path):
     out = llm.create_chat_completion(messages=[{"role": "user", "content": "hi"}], max_tokens=200, temperature=0,
                                      response_format={"type": "json_object", "schema": schema})
     assert json.loads(out["choices"][0]["message"]["content"])["b"] in ("x", "y")
-    with pytest.raises(NotImplementedError, match="tools with stream=True"):
-        llm.create_chat_completion(messages=[{"role": "user", "content": "add"}], tools=tools, stream=True)
+    chunks = list(llm.create_chat_completion(messages=[{"role": "user", "content": "add"}], tools=tools,
+                                             tool_choice="required", max_tokens=800, temperature=0, stream=True))
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert not any(d.get("content") for d in deltas)                     # the call's text is not content
+    head, args = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    assert head["id"] == head["id"] and head["function"] == {"name": "add", "arguments": ""}
+    assert args["function"]["arguments"] == call["function"]["arguments"]          # greedy: the same call
+
+
+def test_grammar_logit_bias_and_response_format(path, llm):
+    """grammar (GBNF text, cpufuse's LlamaGrammar, an object like llama-cpp-python's), logit_bias
+    and response_format json_schema on both completion calls, as llama-cpp-python takes them"""
+    import json
+    from types import SimpleNamespace
+    from cpufuse.llama import LlamaGrammar
+    msgs = [{"role": "user", "content": "yes or no?"}]
+    gbnf = 'root ::= "yes" | "no"'
+    for g in (gbnf, LlamaGrammar.from_string(gbnf), SimpleNamespace(_grammar=gbnf)):
+        out = llm.create_chat_completion(messages=msgs, grammar=g, max_tokens=20, temperature=0.9, seed=1)
+        assert out["choices"][0]["message"]["content"] in ("yes", "no")
+        assert llm("Q:", grammar=g, max_tokens=20, seed=2)["choices"][0]["text"] in ("yes", "no")
+    g = LlamaGrammar.from_json_schema(json.dumps({"type": "object", "properties": {"k": {"enum": [1, 2]}},
+                                                  "required": ["k"]}))
+    assert json.loads(llm("Q:", grammar=g, max_tokens=60, temperature=0)["choices"][0]["text"])["k"] in (1, 2)
+    schema = {"type": "object", "properties": {"b": {"type": "boolean"}}, "required": ["b"]}
+    out = llm.create_chat_completion(messages=msgs, max_tokens=60, temperature=0, response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}})
+    assert set(json.loads(out["choices"][0]["message"]["content"])) == {"b"}     # closed: no other key
+    # logit_bias: +100 makes a token win every greedy step; -100 keeps the greedy one out
+    plain = llm("Q:", max_tokens=6, temperature=0)
+    first = llm.tokenize(plain["choices"][0]["text"].encode(), add_bos=False)[0]
+    t = 7 if first != 7 else 8
+    biased = llm("Q:", max_tokens=6, temperature=0, logit_bias={t: 100.0})
+    assert llm.tokenize(biased["choices"][0]["text"].encode(), add_bos=False)[:1] == [t]
+    banned = llm.create_chat_completion(messages=msgs, max_tokens=6, temperature=0, logit_bias={str(first): -100})
+    assert banned["choices"][0]["message"]["content"] is not None
+    streamed = "".join(c["choices"][0]["text"] for c in llm("Q:", max_tokens=6, temperature=0, stream=True,
+                                                            logit_bias={t: 100.0}))
+    assert streamed == biased["choices"][0]["text"]
+
+
+def test_bad_guide_arguments_are_clear_errors(path, llm):
+    msgs = [{"role": "user", "content": "hi"}]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    cases = [
+        (dict(logit_bias={10 ** 9: 1.0}), ValueError, "logit_bias: token id"),
+        (dict(logit_bias={1: 500}), ValueError, r"\[-100, 100\]"),
+        (dict(logit_bias="x"), TypeError, "logit_bias must be"),
+        (dict(grammar=3), ValueError, "grammar must be a GBNF string or a LlamaGrammar"),
+        (dict(grammar="root ::= ("), ValueError, "grammar"),
+        (dict(response_format="json"), TypeError, "response_format must be"),
+        (dict(response_format={"type": "xml"}), ValueError, "response_format.type"),
+        (dict(tools="f"), TypeError, "tools must be a list"),
+        (dict(tools=[]), ValueError, "tools must be a non-empty"),
+        (dict(tool_choice="auto"), ValueError, "tool_choice needs tools"),
+        (dict(parallel_tool_calls=True), ValueError, "parallel_tool_calls needs tools"),
+        (dict(tools=tools, parallel_tool_calls=1), TypeError, "parallel_tool_calls must be a bool"),
+        (dict(tools=tools, tool_choice={"type": "function", "function": {"name": "g"}}), ValueError, "not in tools"),
+        (dict(tools=tools, tool_choice="always"), ValueError, "tool_choice must be"),
+        (dict(tools=tools, tool_choice="required", response_format={"type": "json_object"}), ValueError,
+         "cannot be combined"),
+        (dict(tools=tools, functions=[{"name": "f"}]), ValueError, "not both"),
+        (dict(function_call="sometimes", functions=[{"name": "f"}]), ValueError, "function_call must be"),
+        (dict(grammar='root ::= "a"', response_format={"type": "json_object"}), ValueError, "only one constraint"),
+    ]
+    for kw, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            llm.create_chat_completion(messages=msgs, max_tokens=2, **kw)
+    with pytest.raises(ValueError, match="logit_bias"):
+        llm("hi", max_tokens=2, logit_bias={-1: 1.0})
+    # the legacy functions / function_call form is tools / tool_choice
+    big = Llama(model_path=path, n_ctx=2048, n_threads=1, verbose=False)     # the tools' JSON is in the prompt
+    out = big.create_chat_completion(messages=msgs, max_tokens=400, temperature=0, functions=[
+        {"name": "f", "parameters": {"type": "object", "properties": {"v": {"enum": [1]}}, "required": ["v"]}}],
+        function_call={"name": "f"})
+    assert out["choices"][0]["message"]["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"v": 1}'}
+
+
+def test_logits_processor_and_stopping_criteria(llm):
+    """llama-cpp-python's hooks: a processor that forbids the greedy token changes the first token;
+    a criterion that fires after 3 generated tokens stops there with finish_reason "stop";
+    both get the ids so far (prompt included) as an int32 array and the float32 row"""
+    plain = llm("Q:", max_tokens=8, temperature=0, logprobs=0)["choices"][0]["logprobs"]["tokens"]
+    seen = []
+
+    def ban(ids, scores):                      # the greedy first token is forbidden
+        if not seen:
+            scores[int(np.argmax(scores))] = -np.inf
+        seen.append((ids.dtype, scores.dtype, len(ids)))
+        return scores
+    out = llm("Q:", max_tokens=8, temperature=0, logits_processor=[ban], logprobs=0)
+    assert out["choices"][0]["logprobs"]["tokens"][0] != plain[0]
+    n0 = seen[0][2]
+    assert seen[0][:2] == (np.intc, np.float32) and [s[2] for s in seen] == list(range(n0, n0 + len(seen)))
+    out = llm("Q:", max_tokens=8, temperature=0, stopping_criteria=lambda ids, logits: len(ids) >= n0 + 3)
+    assert out["choices"][0]["finish_reason"] == "stop" and out["usage"]["completion_tokens"] == 3
+    msgs = [{"role": "user", "content": "hi"}]
+    seen.clear()
+    chat = llm.create_chat_completion(messages=msgs, max_tokens=4, temperature=0, logits_processor=ban)
+    assert chat["choices"][0]["finish_reason"] in ("stop", "length")
+    with pytest.raises(TypeError, match="logits_processor must be a callable"):
+        llm("Q:", max_tokens=2, logits_processor=[3])
+    with pytest.raises(NotImplementedError, match="stopping_criteria together with grammar"):
+        llm("Q:", max_tokens=2, grammar='root ::= "a"', stopping_criteria=lambda i, s: False)

@@ -231,7 +231,7 @@ def test_decode_step_equals_a_batch_of_one(tmp_path, arch):
     from cpufuse.llama.tiny import write_tiny_gguf
     p = write_tiny_gguf(tmp_path / f"{arch}.gguf", qtype="Q4_0", arch=arch)
     a, b = (Model.load(p, n_ctx=64, n_batch=4, n_threads=2) for _ in range(2))
-    assert arch == "llama" or a.swa_cells > 0
+    assert arch == "llama" or a.kv.ring_cells > 0
     a.eval(PROMPT[:4])
     b.eval(PROMPT[:4])
     for i, t in enumerate(PROMPT[4:16]):

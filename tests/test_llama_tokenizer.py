@@ -459,6 +459,21 @@ def test_spm_merge_order_by_score():
     assert [t.tokens[i] for i in t.tokenize("abc", add_bos=False)] == ["ab", "c"]
 
 
+def test_encode_fragment_and_is_hidden(toks, spm):
+    """the public pieces a grammar sampler reads (cpufuse.llama.constrain, tools): encode_fragment
+    has no BOS / EOS / space prefix and leaves special texts as text; is_hidden is CONTROL / UNKNOWN"""
+    bpe = toks["qwen2"]
+    s = "the fox <|im_end|> ok"
+    assert bpe.encode_fragment(s) == bpe.tokenize(s, add_bos=False, special=False, add_eos=False)
+    assert bpe.encode_fragment("") == [] and bpe.detokenize(bpe.encode_fragment(s)) == s
+    assert bpe.is_hidden(bpe.eos_id) and not bpe.is_hidden(bpe.encode_fragment("the")[0])
+    ids = spm.encode_fragment("the fox")
+    assert not spm.tokens[ids[0]].startswith("\u2581")          # no space prefix
+    assert spm.encode_fragment(" the") == spm.tokenize("the", add_bos=False)
+    assert spm.detokenize(ids, remove_leading_space=False) == "the fox"
+    assert spm.is_hidden(spm.bos_id) and spm.is_hidden(spm.unk_id) and not spm.is_hidden(ids[0])
+
+
 # ----------------------------------------------------------------------------------------------
 # chat templates
 # ----------------------------------------------------------------------------------------------

@@ -328,10 +328,13 @@ def test_format_detection():
     assert detect_format("{{ '<tool_call>' }}") == "hermes"
     assert detect_format("[TOOL_CALLS]") == "mistral"
     assert detect_format("<|python_tag|>") == "llama3"
+    assert detect_format("<|start_of_role|><|tool_call|>") == "granite"
+    assert detect_format("<|tool_call|>{{ x }}<|/tool_call|>") == "phi4"
+    assert detect_format("<|start|>assistant<|channel|>final") == "gpt-oss"
     assert detect_format(None) == detect_format("{{ messages }}") == "generic"
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "llama3", "mistral", "generic"])
+@pytest.mark.parametrize("fmt", ["hermes", "llama3", "mistral", "granite", "phi4", "gpt-oss", "generic"])
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}],
                          ids=["required", "named"])
 @pytest.mark.parametrize("parallel", [False, True])
@@ -354,11 +357,12 @@ def test_forced_tool_calls_parse_and_validate(tok, fmt, choice, parallel):
             jsonschema.validate(json.loads(call["function"]["arguments"]), PARAMS[name])
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "llama3", "mistral"])
+@pytest.mark.parametrize("fmt", ["hermes", "llama3", "mistral", "granite", "phi4"])
 def test_auto_is_free_text_until_the_opening_then_constrained(tok, fmt):
     spec = ToolSpec(TOOLS, "auto", False, tokenizer=tok, fmt=fmt)
     c = spec.constraint()
-    opening = {"hermes": "<tool_call>", "llama3": '{"name": "', "mistral": "[TOOL_CALLS]"}[fmt]
+    opening = {"hermes": "<tool_call>", "llama3": '{"name": "', "mistral": "[TOOL_CALLS]", "granite": "<|tool_call|>",
+               "phi4": "<|tool_call|>"}[fmt]
     g = GuidedSampler(Sampler(temperature=0), c)
     forced = tok.tokenize("Sure. " + opening, add_bos=False)
     rng = np.random.default_rng(0)

@@ -10,24 +10,26 @@ written against it (LangChain's and LlamaIndex's LlamaCpp wrappers call these me
     for chunk in llm.create_chat_completion(messages=..., stream=True): ...
 
 Signatures, defaults and return shapes follow llama-cpp-python 0.3 (the OpenAI-shaped dicts:
-id, object, created, model, choices, usage, finish_reason; chunks when stream=True). Where
-cpufuse differs, it says so instead of guessing:
-- `model_path` may also be a model name (`python -m cpufuse models`);
-- sampling is llama.cpp's chain as in Model.generate: repeat/frequency/presence penalties over
-  the last 64 tokens (prompt included), top-k, top-p, min-p, temperature; the RNG is numpy's, so
-  a seed reproduces cpufuse's own output, not llama.cpp's;
-- logprobs work without logits_all=True, but not with stream=True (NotImplementedError);
+id, object, created, model, choices, usage, finish_reason; chunks when stream=True), with
+response_format (json_object, json_schema), grammar (GBNF text or a LlamaGrammar), tools /
+tool_choice (also functions / function_call; streamed or not) and logit_bias, built as the
+server builds them (cpufuse.llama.guide). Where cpufuse differs, it says so instead of guessing:
+- `model_path` may also be a model name (`python -m cpufuse models`) or a Hugging Face
+  repository `org/repo[:QUANT]`;
+- the RNG is numpy's, so a seed reproduces cpufuse's own output, not llama.cpp's;
+- with stream=True, a chunk's logprobs are those of the tokens sampled since the previous chunk
+  (a token whose text is still held back, e.g. as the start of a possible stop string, comes with
+  a later chunk);
 - constructor options that change nothing on a CPU (n_gpu_layers, use_mmap, flash_attn, ...)
-  are accepted; options that would change the results (lora_path, rope_freq_base, chat_format,
-  a chat_handler, embedding=True, ...) raise NotImplementedError when set; an unknown keyword is a
-  TypeError. Per call: mirostat, typical_p < 1, tfs_z < 1, logit_bias, logits_processor,
-  stopping_criteria, suffix, and response_format / grammar / tools / tool_choice / functions
-  (unless Model.generate accepts that keyword: then it is passed on) raise NotImplementedError
-  naming the argument.
+  are accepted; options for what cpufuse does not have (lora_path, rope and yarn overrides,
+  chat_format, a chat_handler, embedding=True, ...) raise NotImplementedError when set; an
+  unknown keyword is a TypeError. Per call, samplers cpufuse does not have (mirostat, typical_p
+  < 1, tfs_z < 1) and suffix raise NotImplementedError naming the argument;
+- logits_processor gets the row after logit_bias and a grammar's mask (llama-cpp-python: before);
+  stopping_criteria with a grammar, response_format or tools is NotImplementedError.
 """
 from __future__ import annotations
 
-import inspect
 import os
 import sys
 import time
@@ -56,9 +58,7 @@ _CTOR_REFUSED = {"lora_base": None, "lora_path": None, "lora_scale": 1.0, "rope_
                  "kv_overrides": None,                              # would change the model's metadata
                  "last_n_tokens_size": PENALTY_LAST_N}             # the repeat penalty's window
 # per-call sampling options cpufuse does not implement: refused unless left at llama-cpp-python's default
-_CALL_REFUSED = {"typical_p": 1.0, "tfs_z": 1.0, "mirostat_mode": 0, "logit_bias": None,
-                 "logits_processor": None, "stopping_criteria": None}
-_PASS_THROUGH = ("response_format", "grammar", "tools", "tool_choice", "functions", "function_call")
+_CALL_REFUSED = {"typical_p": 1.0, "tfs_z": 1.0, "mirostat_mode": 0}
 
 
 def _refuse(name, value, default):
@@ -131,7 +131,6 @@ class Llama:
         self.n_threads = n_threads
         self._seed = seed
         self._rng = None if seed is None or seed == LLAMA_DEFAULT_SEED else np.random.default_rng(seed)
-        self._gen_params = set(inspect.signature(self._model.generate).parameters)
 
     # ----------------------------------------------------------------------------- construction
     @classmethod
@@ -220,22 +219,22 @@ class Llama:
         iterator of its chunks."""
         if suffix is not None:
             raise NotImplementedError("suffix (fill-in-the-middle) is not supported by cpufuse's Llama")
-        for k, v in (("typical_p", typical_p), ("tfs_z", tfs_z), ("mirostat_mode", mirostat_mode),
-                     ("logit_bias", logit_bias), ("logits_processor", logits_processor),
-                     ("stopping_criteria", stopping_criteria)):
+        for k, v in (("typical_p", typical_p), ("tfs_z", tfs_z), ("mirostat_mode", mirostat_mode)):
             _refuse(k, v, _CALL_REFUSED[k])
         if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
             raise ValueError(f"logprobs must be None or an integer >= 0, got {logprobs!r}")
         if echo and logprobs is not None:
             raise NotImplementedError("echo=True with logprobs (the prompt's logprobs) is not supported")
-        extra = self._pass_through(grammar=grammar)
+        extra = {k: v for k, v in (("grammar", grammar), ("logit_bias", logit_bias)) if v is not None}
         ids = self._prompt(prompt)
         text_prompt = prompt if isinstance(prompt, str) else self.detokenize(ids).decode("utf-8", "replace")
         run = self._run(ids, max_tokens, temperature, top_p, min_p, top_k, stop, frequency_penalty,
-                        presence_penalty, repeat_penalty, seed, logprobs, stream, extra)
+                        presence_penalty, repeat_penalty, seed, logprobs, stream, extra,
+                        hooks=(logits_processor, stopping_criteria))
         cid, created, name = f"cmpl-{uuid.uuid4()}", int(time.time()), model or self.model_path
         if stream:
-            return self._completion_chunks(run, cid, created, name, text_prompt if echo else "")
+            return self._completion_chunks(run, cid, created, name, text_prompt if echo else "",
+                                           len(text_prompt) if logprobs is not None else None)
         res, recs = run
         text = (text_prompt if echo else "") + res.text
         lp = None if logprobs is None else self._completion_logprobs(res, recs, len(text_prompt))
@@ -243,15 +242,27 @@ class Llama:
                 "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": _finish(res)}],
                 "usage": _usage(len(ids), res)}
 
-    def _completion_chunks(self, it, cid, created, name, head) -> Iterator[dict]:
-        def chunk(text, finish=None):
+    def _completion_chunks(self, it, cid, created, name, head, offset=None) -> Iterator[dict]:
+        """the chunks; offset (the prompt's length) not None: each with the logprobs of its tokens"""
+        recs, done = getattr(it, "records", None), [0]
+
+        def lp():
+            if offset is None or recs is None:
+                return None
+            new, done[0] = recs[done[0]:], len(recs)
+            out = self._completion_logprobs_of(new, offset + lp.sent)
+            lp.sent += sum(len(t) for t in out["tokens"])
+            return out
+        lp.sent = 0
+
+        def chunk(text, finish=None, logprobs=None):
             return {"id": cid, "object": "text_completion", "created": created, "model": name,
-                    "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+                    "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}]}
         try:
             if head:
                 yield chunk(head)
             for piece in it:
-                yield chunk(piece)
+                yield chunk(piece, logprobs=lp())
             yield chunk("", _finish(it.result))
         finally:
             it.close()
@@ -271,28 +282,27 @@ class Llama:
         """A chat completion: the messages rendered with the model's chat template; a dict shaped as
         OpenAI's chat.completion, or with stream=True an iterator of chat.completion.chunk dicts.
         parallel_tool_calls (OpenAI's field; not in llama-cpp-python): False allows one call."""
-        for k, v in (("typical_p", typical_p), ("tfs_z", tfs_z), ("mirostat_mode", mirostat_mode),
-                     ("logit_bias", logit_bias), ("logits_processor", logits_processor)):
+        for k, v in (("typical_p", typical_p), ("tfs_z", tfs_z), ("mirostat_mode", mirostat_mode)):
             _refuse(k, v, _CALL_REFUSED[k])
         if top_logprobs is not None and (isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int)
                                          or not 0 <= top_logprobs <= 20):
             raise ValueError(f"top_logprobs must be None or an integer in [0, 20], got {top_logprobs!r}")
-        extra = self._pass_through(functions=functions, function_call=function_call, tools=tools,
-                                   tool_choice=tool_choice, response_format=response_format, grammar=grammar,
-                                   parallel_tool_calls=parallel_tool_calls)
+        from .chatcalls import guide_options
+        extra = guide_options(functions, function_call, tools, tool_choice, parallel_tool_calls,
+                              response_format=response_format, grammar=grammar, logit_bias=logit_bias)
         msgs = _messages(messages)
         ids = self._model.prompt_ids(msgs)
         n_lp = (top_logprobs or 0) if logprobs else None
         with_tools = extra.get("tools") is not None
-        if with_tools and stream:
-            raise NotImplementedError("tools with stream=True are not supported by cpufuse's Llama (the server "
-                                      "streams tool calls)")
         run = self._run(ids, max_tokens, temperature, top_p, min_p, top_k, stop, frequency_penalty,
                         presence_penalty, repeat_penalty, seed, n_lp, stream, extra,
-                        prompt=msgs if with_tools else None)
+                        prompt=msgs if with_tools else None, hooks=(logits_processor, None))
         cid, created, name = f"chatcmpl-{uuid.uuid4()}", int(time.time()), model or self.model_path
         if stream:
-            return self._chat_chunks(run, cid, created, name)
+            from .chatcalls import chat_chunks
+            recs = getattr(run, "records", None)
+            return chat_chunks(run, cid, created, name, None if n_lp is None else (
+                lambda k: {"content": [self._chat_lp(t, p, top) for t, p, top in recs[k:]], "refusal": None}))
         res, recs = run
         lp = None
         if n_lp is not None:
@@ -306,31 +316,7 @@ class Llama:
                 "choices": [{"index": 0, "message": message, "logprobs": lp, "finish_reason": finish}],
                 "usage": _usage(res.prompt_tokens or len(ids), res)}
 
-    def _chat_chunks(self, it, cid, created, name) -> Iterator[dict]:
-        def chunk(delta, finish=None):
-            return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-        try:
-            yield chunk({"role": "assistant"})
-            for piece in it:
-                yield chunk({"content": piece})
-            yield chunk({}, _finish(it.result))
-        finally:
-            it.close()
-
     # -------------------------------------------------------------------------------- helpers
-    def _pass_through(self, **fields):
-        """response_format / grammar / tools ...: handed to Model.generate if it takes them"""
-        out = {}
-        for k, v in fields.items():
-            if v is None:
-                continue
-            if k not in self._gen_params:
-                raise NotImplementedError(f"{k} is not supported by this cpufuse build (Model.generate has no "
-                                          f"{k!r} argument)")
-            out[k] = v
-        return out
-
     def _prompt(self, prompt):
         if isinstance(prompt, str):
             return self._model.prompt_ids(prompt)
@@ -352,12 +338,10 @@ class Llama:
         return None
 
     def _run(self, ids, max_tokens, temperature, top_p, min_p, top_k, stop, frequency_penalty,
-             presence_penalty, repeat_penalty, seed, n_logprobs, stream, extra, prompt=None):
+             presence_penalty, repeat_penalty, seed, n_logprobs, stream, extra, prompt=None, hooks=(None, None)):
         """(GenerationResult, logprob records) or, with stream, the Model's text stream. prompt: what
         Model.generate renders (chat messages, so that tools reach the template), else ids"""
         from .sampling import Sampler
-        if stream and n_logprobs is not None:
-            raise NotImplementedError("logprobs with stream=True are not supported by cpufuse's Llama")
         room = self._model.n_ctx - len(ids)
         if room < 0:
             raise ValueError(f"Requested tokens ({len(ids)}) exceed context window of {self._model.n_ctx}")
@@ -367,12 +351,18 @@ class Llama:
                           repeat_penalty=repeat_penalty, penalty_last_n=PENALTY_LAST_N,
                           frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                           seed=self._call_seed(seed))
+        from .chatcalls import hooked
+        tok = self._model.tokenizer
+        eog = tok.eos_id if tok.eos_id in self._model.eog_ids else min(self._model.eog_ids, default=None)
+        sampler = hooked(sampler, hooks[0], hooks[1], eog,
+                         guided=any(extra.get(k) is not None for k in ("grammar", "response_format", "tools")))
         rec = None
         if n_logprobs is not None:
             sampler = rec = _RecordingSampler(sampler, n_logprobs)
         out = self._model.generate(ids if prompt is None else prompt, max_tokens=int(max_tokens), stream=stream,
                                    stop=stop, sampler=sampler, **extra)
         if stream:
+            out.records = rec.records if rec is not None else None
             return out
         return out, (rec.records if rec is not None else None)
 
@@ -401,8 +391,11 @@ class Llama:
                                  for i, v in top]}
 
     def _completion_logprobs(self, res, recs, offset):
+        return self._completion_logprobs_of(self._kept(res, recs), offset)
+
+    def _completion_logprobs_of(self, recs, offset):
         lp = {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
-        for t, p, top in self._kept(res, recs):
+        for t, p, top in recs:
             s = self._piece(t)[0]
             lp["tokens"].append(s)
             lp["text_offset"].append(offset)

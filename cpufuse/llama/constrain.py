@@ -19,6 +19,11 @@ change it. The mask is applied to the logits (disallowed entries set to -inf) be
 chain; -inf entries have zero weight through penalties, top-k/top-p/min-p and temperature. Greedy
 decoding skips the mask where the top token is allowed (the same token: see GuidedSampler).
 
+Closed objects: as llama.cpp's json-schema-to-grammar, an object schema that lists `properties`
+and says nothing of `additionalProperties` takes only those properties (`close_schema`);
+`additionalProperties: true` or a schema allows more. This holds for response_format, json_schema
+and tool parameters.
+
 JSON whitespace: JSON schema grammars allow llama.cpp's JSON whitespace (nothing, one space, or
 one or two newlines and up to 20 spaces or tabs) between tokens, so a model may indent but not
 emit unbounded whitespace. A schema may set its own with llguidance's "x-guidance" key
@@ -33,7 +38,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 __all__ = ["Constraint", "GuidedSampler", "llg_tokenizer", "grammar_from_options", "JSON_WHITESPACE",
-           "parse_logit_bias"]
+           "parse_logit_bias", "close_schema"]
 
 JSON_WHITESPACE = r"( |\n{1,2}[ \t]{0,20})?"
 _JSON_DEFAULTS = {"whitespace_pattern": JSON_WHITESPACE}
@@ -57,7 +62,7 @@ class _VocabForLLG:
         toks, special = [], []
         for i in range(tok.n_vocab):
             piece = tok.token_to_piece(i, special=True)
-            if tok._hidden[i] or not piece:
+            if tok.is_hidden(i) or not piece:
                 toks.append(b"\xff" + tok.tokens[i].encode("utf-8"))
                 special.append(i)
             else:
@@ -70,15 +75,7 @@ class _VocabForLLG:
 
     def __call__(self, data: bytes):
         """token ids of a text fragment: no BOS, no space prefix, special token texts not parsed"""
-        tok = self._tok
-        text = bytes(data).decode("utf-8", errors="replace")
-        if not text:
-            return []
-        if tok.is_spm:
-            out: list = []
-            tok._spm_tokenize(text.replace(" ", "\u2581").encode("utf-8"), out)
-            return out
-        return tok.tokenize(text, add_bos=False, special=False, add_eos=False)
+        return self._tok.encode_fragment(bytes(data).decode("utf-8", errors="replace"))
 
 
 def llg_tokenizer(tok):
@@ -97,6 +94,32 @@ def llg_tokenizer(tok):
     return lt
 
 
+_SUB = ("items", "additionalItems", "contains", "not", "if", "then", "else", "propertyNames")
+
+
+def close_schema(schema):
+    """`schema` with every object schema that lists `properties` and says nothing about
+    `additionalProperties` closed to those properties (llama.cpp's json-schema-to-grammar
+    default); a copy, the argument is not changed"""
+    if isinstance(schema, list):
+        return [close_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for k, v in schema.items():
+        if k in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas") and isinstance(v, dict):
+            out[k] = {n: close_schema(s) for n, s in v.items()}
+        elif k in ("anyOf", "oneOf", "allOf", "prefixItems") and isinstance(v, list):
+            out[k] = [close_schema(s) for s in v]
+        elif k in _SUB or k == "additionalProperties":
+            out[k] = close_schema(v)
+        else:
+            out[k] = v
+    if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
 def _schema_grammar(schema, param: str) -> str:
     llg = _llg()
     if isinstance(schema, bool):
@@ -104,7 +127,7 @@ def _schema_grammar(schema, param: str) -> str:
     if not isinstance(schema, dict):
         raise ValueError(f"{param}: a JSON schema must be a JSON object, got {type(schema).__name__}")
     try:
-        return llg.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_DEFAULTS)
+        return llg.LLMatcher.grammar_from_json_schema(close_schema(schema), defaults=_JSON_DEFAULTS)
     except (ValueError, TypeError) as e:
         raise ValueError(f"{param}: invalid JSON schema: {e}") from None
 

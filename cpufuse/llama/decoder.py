@@ -10,6 +10,8 @@ A batch is n tokens that may belong to several sequences, each with its own KV c
                                 position p lives in cell cell0 + p (unused rows: n_rows = 0)
     idx   (m,) int32            the rows whose logits are wanted (e.g. each sequence's last)
 
+(cells and seqs, and the rings' cells_swa and seqs_swa, are the KV cache's: cpufuse.llama.kv.)
+
 and the graph's output is the logits (m, n_vocab). Attention runs per sequence over exactly its
 own cells (Graph.attn_seqs), so a token's result is what it gets when its sequence runs alone:
 the same kernels, in the same order, on the same numbers, whatever else shares the batch.
@@ -33,10 +35,10 @@ F32 = np.float32
 class _Ctx:
     """What every layer function needs: the graph, the batch inputs, the model and its options."""
 
-    def __init__(self, g, model, n, x, pos, cells, seqs, ring=None):
+    def __init__(self, g, model, n, x, pos, kv):
         self.g, self.m, self.hp, self.n = g, model, model.hparams, n
-        self.x, self.pos, self.cells, self.seqs = x, pos, cells, seqs
-        self.ring = ring   # (cells, seqs) inputs of the sliding-window layers' rings, or None
+        self.x, self.pos = x, pos
+        self.kv = kv       # kv(li) -> (k, v, cells, seqs, ring) of layer li (KVCache.graph_inputs)
         self.act = model.act
         self.rope_kw = {k: v for k, v in model.rope_kw.items() if k not in ("n_dims", "mode", "isa", "n_threads")}
         if self.rope_kw.get("freq_factors") is None:
@@ -81,12 +83,9 @@ def _attention(cx, li, L, h):
         k3 = g.reshape(cx.norm(g.reshape(k3, (n * Hkv, D)), L.k_norm, p + "k_norm"), (n, Hkv, D))
     rkw = None if hp.nope_layers[li] else _rope_kw(cx, li)
     window = hp.swa_window if hp.swa_layers[li] else 0
-    cells, seqs, ring = cx.cells, cx.seqs, 0
-    if window and cx.ring is not None:     # this layer's cache is a ring of cells per sequence
-        (cells, seqs), ring = cx.ring, cx.m.swa_cells
-    kw = g.kv_write(k3 if rkw is None else cx.rope(k3, p + "rope_k", rkw), cx.m.k_cache[li], cells,
-                    name=p + "k_cache")
-    vw = g.kv_write(g.reshape(v, (n, Hkv, D)), cx.m.v_cache[li], cells, name=p + "v_cache")
+    kc, vc, cells, seqs, ring = cx.kv(li)     # ring: the cells per sequence of a ring, or 0
+    kw = g.kv_write(k3 if rkw is None else cx.rope(k3, p + "rope_k", rkw), kc, cells, name=p + "k_cache")
+    vw = g.kv_write(g.reshape(v, (n, Hkv, D)), vc, cells, name=p + "v_cache")
     a = g.attn_seqs(q3 if rkw is None else cx.rope(q3, p + "rope_q", rkw), kw, vw, seqs,
                     scale=hp.kq_scale, softcap=hp.attn_softcap, window=window, ring=ring, name=p + "attn")
     return cx.linear(g.reshape(a, (n, H * D)), L.wo, L.bo, p + "o")
@@ -185,13 +184,9 @@ def build(model, n, m, n_groups):
     g = Graph()
     x = g.input("x", (n, hp.n_embd))
     pos = g.input("pos", (n,), np.int32)
-    cells = g.input("cells", (n,), np.int32)
-    seqs = g.input("seqs", (n_groups, 4), np.int32)
+    kv = model.kv.graph_inputs(g, n, n_groups)
     idx = g.input("idx", (m,), np.int32)
-    ring = None
-    if getattr(model, "swa_cells", 0):
-        ring = (g.input("cells_swa", (n,), np.int32), g.input("seqs_swa", (n_groups, 4), np.int32))
-    cx = _Ctx(g, model, n, x, pos, cells, seqs, ring)
+    cx = _Ctx(g, model, n, x, pos, kv)
     h = ARCHS[hp.arch](cx)
     hn = cx.norm(g.gather_rows(h, idx, name="last"), model.output_norm, "output_norm")
     y = cx.linear(hn, model.output, model.output_bias, "output")
@@ -219,14 +214,13 @@ class Decoder:
                 fusion=self.fusion, isa=self.isa)
         return dp
 
-    def run(self, cap, x, pos, cells, seqs, idx, n_threads=None, **ring):
+    def run(self, cap, x, pos, idx, cells, n_threads=None):
         """Logits (len(idx), n_vocab) of a batch, on the plan of capacity cap = (n, m, n_groups);
-        the plan's buffer, valid until its next run. ring: cells_swa= and seqs_swa= for a model
-        whose sliding-window layers keep rings (model.swa_cells)."""
+        the plan's buffer, valid until its next run. cells: the batch's KV cell inputs
+        (KVCache.batch_inputs)."""
         dp = self.plan(*cap)
         n, m = x.shape[0], idx.shape[0]
-        return dp.run({"n": n, "m": m}, n_threads=n_threads, x=x, pos=pos, cells=cells, seqs=seqs, idx=idx,
-                      **ring)[0]
+        return dp.run({"n": n, "m": m}, n_threads=n_threads, x=x, pos=pos, idx=idx, **cells)[0]
 
 
 class Step:
@@ -241,24 +235,16 @@ class Step:
         self.ids = np.zeros(1, np.int64)
         self.x = np.empty((1, model.hparams.n_embd), F32)
         self.pos = np.zeros(1, np.int32)
-        self.cells = np.zeros(1, np.int32)
-        self.seqs = np.array([[0, 0, 1, 0]], np.int32)   # (cell0, r0, nr, pos0) of slot 0
-        ring = {}
-        self.ring = getattr(model, "swa_cells", 0)
-        if self.ring:
-            ring = {"cells_swa": np.zeros(1, np.int32), "seqs_swa": np.array([[0, 0, 1, 0]], np.int32)}
-        self.cells_swa, self.seqs_swa = ring.get("cells_swa"), ring.get("seqs_swa")
+        cells, self.set_cells = model.kv.step_inputs(0)
         self.embed = model.embedder(self.ids, self.x)
-        self.run = model.decoder.plan(1, 1, 1).bind({"n": 1, "m": 1}, x=self.x, pos=self.pos, cells=self.cells,
-                                                      seqs=self.seqs, idx=np.zeros(1, np.int32), **ring)
+        self.run = model.decoder.plan(1, 1, 1).bind({"n": 1, "m": 1}, x=self.x, pos=self.pos,
+                                                      idx=np.zeros(1, np.int32), **cells)
 
     def __call__(self, token, pos, n_threads=None):
         self.ids[0] = token
         self.embed()
-        self.pos[0] = self.cells[0] = self.seqs[0, 3] = pos
-        if self.ring:
-            self.cells_swa[0] = pos % self.ring
-            self.seqs_swa[0, 3] = pos
+        self.pos[0] = pos
+        self.set_cells(pos)
         return self.run(n_threads=n_threads)[0]
 
 
@@ -270,29 +256,20 @@ class Batch:
         b.add(slot=3, tokens=[t], pos0=57, logits=True)    # a decode step of another sequence
         rows = b.run(decoder, cap)                         # one logits row per add(logits=True)
 
-    Slot s holds positions 0..n_ctx-1 of its sequence in cells s*n_ctx + position of the model's
-    KV cache (model.k_cache[l] has n_seq * n_ctx rows)."""
+    Slot s holds positions 0..n_ctx-1 of its sequence in the model's KV cache (model.kv, which
+    lays out the cells: cpufuse.llama.kv)."""
 
     def __init__(self, model):
         self.m = model
-        self.tokens, self.pos, self.cells, self.seqs, self.idx = [], [], [], [], []
+        self.tokens, self.pos, self.seqs, self.idx = [], [], [], []   # seqs: (slot, row0, n_rows, pos0)
 
     def add(self, slot, tokens, pos0, logits=True):
-        n_ctx = self.m.n_ctx
         n = len(tokens)
-        if not 0 <= slot < self.m.n_seq or n < 1 or pos0 < 0 or pos0 + n > n_ctx:
-            raise ValueError(f"batch: slot {slot} with {n} tokens at position {pos0} does not fit "
-                             f"{self.m.n_seq} slots of n_ctx = {n_ctx}")
-        C = getattr(self.m, "swa_cells", 0)
-        if C and n > C - self.m.hparams.swa_window + 1:
-            raise ValueError(f"batch: {n} tokens of one sequence in one call do not fit the sliding-window "
-                             f"layers' ring of {C} cells (window {self.m.hparams.swa_window} + n_batch "
-                             f"{self.m.n_batch}); at most n_batch + 1 tokens per sequence and call")
+        self.m.kv.check_group(slot, n, pos0)
         r0 = len(self.tokens)
         self.tokens += [int(t) for t in tokens]
         self.pos += range(pos0, pos0 + n)
-        self.cells += range(slot * n_ctx + pos0, slot * n_ctx + pos0 + n)
-        self.seqs.append((slot * n_ctx, r0, n, pos0))
+        self.seqs.append((slot, r0, n, pos0))
         if logits:
             self.idx.append(r0 + n - 1)
         return len(self.idx) - 1 if logits else None
@@ -308,18 +285,8 @@ class Batch:
             raise ValueError(f"batch: {n} tokens, {m} logits rows, {g} sequences do not fit the capacity {cap}")
         x = np.empty((n, self.m.hparams.n_embd), F32)
         self.m.embed(self.tokens, x)
-        seqs = np.zeros((cap[2], 4), np.int32)
-        seqs[:g] = self.seqs
         idx = self.idx or [n - 1]   # a plan computes >= 1 logits row: one nobody asked for
-        ring = {}
-        C = getattr(self.m, "swa_cells", 0)
-        if C:   # the sliding-window layers' rings: slot s, position p in cell s*C + p % C
-            n_ctx = self.m.n_ctx
-            slot = np.asarray(self.cells, np.int64) // n_ctx
-            ring["cells_swa"] = (slot * C + np.asarray(self.pos, np.int64) % C).astype(np.int32)
-            sw = seqs.copy()
-            sw[:g, 0] = seqs[:g, 0] // n_ctx * C
-            ring["seqs_swa"] = sw
-        out = decoder.run(cap, x, np.asarray(self.pos, np.int32), np.asarray(self.cells, np.int32), seqs,
-                          np.asarray(idx, np.int32), n_threads=n_threads, **ring)
+        cells = self.m.kv.batch_inputs(self.seqs, n, cap[2])
+        out = decoder.run(cap, x, np.asarray(self.pos, np.int32), np.asarray(idx, np.int32), cells,
+                          n_threads=n_threads)
         return out[:m]

@@ -52,6 +52,7 @@ class Streamer:
     def __init__(self, gen):
         self._gen = gen
         self.result = None
+        self.tool_spec = None          # generate(tools=...): the ToolSpec (cpufuse.llama.tools)
 
     def __iter__(self):
         return self
@@ -85,7 +86,7 @@ def decode(model, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stops=()):
             m = min(len(c), len(ids) - 1)
             while keep < m and c[keep] == ids[keep]:
                 keep += 1
-            keep = model.kv_reusable(keep, len(c))
+            keep = model.kv.reusable(keep, len(c))
         model._n_past = keep
         del model._cached[keep:]
         sampler.accept_prompt(ids)

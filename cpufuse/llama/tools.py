@@ -1,25 +1,24 @@
 """OpenAI-style tool calls: the prompt side (tools into the chat template), the grammar that makes
-the model call them (llguidance, see cpufuse.llama.constrain) and the parser of its output.
+the model call them (llguidance, see cpufuse.llama.constrain) and the reading of its output
+(cpufuse.llama.toolcalls, which lists the formats: hermes, llama3, mistral, granite, phi4, gpt-oss,
+generic, chosen from the chat template's text as llama-server chooses them).
 
-    spec = ToolSpec(tools, tool_choice="auto", parallel_tool_calls=True, template=tpl, tokenizer=tok)
-    messages = spec.messages(messages)          # history with tool calls rendered for the template
+    spec = ToolSpec(tools, tool_choice="auto", parallel_tool_calls=False, template=tpl, tokenizer=tok)
+    messages, extra = spec.messages(messages)   # history with tool calls rendered for the template
     constraint = spec.constraint()              # None when nothing is constrained (tool_choice none)
     content, calls = spec.parse(text)           # calls: [{"id", "type", "function": {"name", "arguments"}}]
 
-Formats (chosen from the chat template's text, as llama-server does):
-  hermes   `<tool_call>` in the template (Hermes 2 Pro, Qwen 2.5/3):
-           <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>, one per call
-  llama3   `<|python_tag|>` or the `ipython` role (Llama 3.x): {"name": ..., "parameters": {...}}
-  mistral  `[TOOL_CALLS]` (Mistral Nemo...): [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
-  generic  any other template: the whole reply is JSON, {"tool_call": {"name", "arguments"}}
-           ({"tool_calls": [...]} with parallel calls; {"response": "..."} for a plain answer
-           under "auto"), and a system message describes the tools and this format.
+tool_choice: "none" (tools described, nothing constrained or parsed), "auto" (free text; a call
+is read in any form its format's parser accepts, and once the format's own opening appears,
+e.g. <tool_call>, the call is constrained by a lazy grammar; generic: the JSON reply), "required"
+(a call, fully constrained) or {"type": "function", "function": {"name": ...}} (exactly one call
+of that function). parallel_tool_calls defaults to False, as llama-server: one call at most;
+True allows several (not with a named tool_choice).
 
-tool_choice: "none" (tools described, nothing constrained or parsed), "auto" (hermes, llama3,
-mistral: free text, and a call once its opening text appears is constrained by a lazy grammar;
-generic: the JSON reply), "required" (at least one call, fully constrained), or
-{"type": "function", "function": {"name": ...}} (that function, fully constrained).
-parallel_tool_calls false: exactly one call at most.
+Arguments: a tool's `parameters` schema is closed as llama.cpp's schema-to-grammar closes it: an
+object schema with `properties` and no `additionalProperties` takes only the listed properties
+(`additionalProperties: true` or a schema allows more); this holds in the grammar and in the check
+of a parsed call.
 """
 from __future__ import annotations
 
@@ -27,25 +26,12 @@ import json
 import uuid
 from typing import Any, List, Optional, Tuple
 
-from .constrain import JSON_WHITESPACE, Constraint, _llg
+from .constrain import JSON_WHITESPACE, Constraint, _llg, close_schema
+from .toolcalls import FORMATS, detect_format, parse_calls
 
-__all__ = ["ToolSpec", "detect_format", "FORMATS", "ToolStream"]
+__all__ = ["ToolSpec", "detect_format", "FORMATS", "ToolStream", "close_schema"]  # close_schema: constrain's
 
-FORMATS = ("hermes", "llama3", "mistral", "generic")
 _WS = {"whitespace_pattern": JSON_WHITESPACE}
-
-
-def detect_format(template: Optional[str]) -> str:
-    t = template or ""
-    if "<tool_call>" in t:
-        return "hermes"
-    if "[TOOL_CALLS]" in t:
-        return "mistral"
-    if "<|python_tag|>" in t or "ipython" in t:
-        return "llama3"
-    return "generic"
-
-
 def _check_tools(tools) -> List[dict]:
     if not isinstance(tools, list) or not tools:
         raise ValueError(f"tools must be a non-empty array of tools, got {tools!r:.80}")
@@ -68,7 +54,7 @@ def _check_tools(tools) -> List[dict]:
         if not isinstance(params, dict):
             raise ValueError(f"tools[{i}].function.parameters must be a JSON schema object, got "
                              f"{type(params).__name__}")
-        out.append({"type": "function", "function": dict(f, parameters=params)})
+        out.append({"type": "function", "function": dict(f, parameters=close_schema(params))})
     return out
 
 
@@ -90,6 +76,57 @@ def _lit(s: str) -> str:
     return json.dumps(s, ensure_ascii=False)
 
 
+# how each format writes one call (name, arguments object) into an assistant message's text
+def _call_text(fmt: str, name: str, args: Any) -> str:
+    if fmt == "hermes":
+        return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}, ensure_ascii=False) + "\n</tool_call>"
+    if fmt == "llama3":
+        return json.dumps({"name": name, "parameters": args}, ensure_ascii=False)
+    if fmt == "mistral":
+        return "[TOOL_CALLS]" + json.dumps([{"name": name, "arguments": args}], ensure_ascii=False)
+    if fmt == "granite":
+        return "<|tool_call|>" + json.dumps([{"name": name, "arguments": args}], ensure_ascii=False)
+    if fmt == "phi4":
+        return "<|tool_call|>" + json.dumps({"name": name, "arguments": args}, ensure_ascii=False) + "<|/tool_call|>"
+    if fmt == "gpt-oss":
+        return (f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
+                + json.dumps(args, ensure_ascii=False) + "<|call|>")
+    return json.dumps({"tool_call": {"name": name, "arguments": args}}, ensure_ascii=False)
+
+
+_HERMES_TAGS = ("", "<tool_call>", "<function_call>", "<tool>", "<tools>", "<response>", "<json>", "<xml>", "<JSON>")
+_W = None          # in an opening pattern: any whitespace
+# the openings of a call in streamed text, per format: sequences of literals and _W; a text that
+# is a prefix of one is held back, one that has it all starts the calls
+_OPENINGS = {
+    "hermes": [(fence, _W if fence else "", tag, _W if (fence or tag) else "", "{", _W, '"name"') for fence in ("", "```\n", "```json\n", "```xml\n")
+               for tag in _HERMES_TAGS] + [("<function=",), ('<function name="',)],
+    "llama3": [("<|python_tag|>",), ("{", _W, '"name"'), ("{", _W, '"type"')],
+    "mistral": [("[TOOL_CALLS]",)],
+    "granite": [("<|tool_call|>",)],
+    "phi4": [("<|tool_call|>",)],
+}
+
+
+def _opening(pattern, s: str) -> str:
+    """'yes' if s starts with the opening, 'maybe' if s is a prefix of it, else 'no'"""
+    i = 0
+    for piece in pattern:
+        if piece is _W:
+            while i < len(s) and s[i] in " \t\r\n":
+                i += 1
+            continue
+        if not piece:
+            continue
+        rest = s[i:i + len(piece)]
+        if rest != piece[:len(rest)]:
+            return "no"
+        if len(rest) < len(piece):
+            return "maybe"
+        i += len(piece)
+    return "yes"
+
+
 class ToolSpec:
     """The tools of one request (see the module docstring). ValueError for malformed tools or a
     tool_choice naming no given function."""
@@ -102,7 +139,9 @@ class ToolSpec:
         self.format = fmt or detect_format(template)
         if self.format not in FORMATS:
             raise ValueError(f"tool format must be one of {FORMATS}, got {self.format!r}")
-        self.parallel = True if parallel_tool_calls is None else bool(parallel_tool_calls)
+        if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
+            raise TypeError(f"parallel_tool_calls must be a bool, got {type(parallel_tool_calls).__name__}")
+        self.parallel = bool(parallel_tool_calls)           # llama-server's default: False
         self.named = None
         if tool_choice is None:
             tool_choice = "auto"
@@ -116,6 +155,7 @@ class ToolSpec:
                 raise ValueError(f"tool_choice names the function {name!r}, which is not in tools")
             self.named = name
             self.choice = "named"
+            self.parallel = False                          # a named function: exactly one call
         elif tool_choice in ("none", "auto", "required"):
             self.choice = tool_choice
         else:
@@ -134,29 +174,17 @@ class ToolSpec:
     def system_prompt(self) -> str:
         """the tool description injected as a system message when the template has no tools"""
         fs = json.dumps([t["function"] for t in self.tools], ensure_ascii=False)
-        fmt = {
-            "hermes": 'To call a function, reply with <tool_call>\n{"name": <function name>, "arguments": '
-                      "<arguments object>}\n</tool_call>",
-            "llama3": 'To call a function, reply with {"name": <function name>, "parameters": <arguments '
-                      "object>}",
-            "mistral": 'To call functions, reply with [TOOL_CALLS][{"name": <function name>, "arguments": '
-                       "<arguments object>}]",
-            "generic": 'Reply with JSON only: {"tool_call": {"name": <function name>, "arguments": '
-                       '<arguments object>}}' + (' (or {"tool_calls": [...]} for several calls)'
-                                                 if self.parallel else "")
-                       + (' or {"response": <your answer>}' if self.choice in ("auto", "none") else ""),
-        }[self.format]
+        if self.format == "generic":
+            fmt = ('Reply with JSON only: {"tool_call": {"name": <function name>, "arguments": <arguments '
+                   'object>}}' + (' (or {"tool_calls": [...]} for several calls)' if self.parallel else "")
+                   + (' or {"response": <your answer>}' if self.choice in ("auto", "none") else ""))
+        else:
+            fmt = "To call a function, reply with " + _call_text(self.format, "<function name>", "<arguments object>")
         return f"You can call these functions:\n{fs}\n{fmt}"
 
     def call_text(self, name: str, args: Any) -> str:
         """one call in this format's text (for assistant tool_calls in the history)"""
-        if self.format == "hermes":
-            return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}, ensure_ascii=False) + "\n</tool_call>"
-        if self.format == "llama3":
-            return json.dumps({"name": name, "parameters": args}, ensure_ascii=False)
-        if self.format == "mistral":
-            return "[TOOL_CALLS]" + json.dumps([{"name": name, "arguments": args}], ensure_ascii=False)
-        return json.dumps({"tool_call": {"name": name, "arguments": args}}, ensure_ascii=False)
+        return _call_text(self.format, name, args)
 
     def messages(self, messages: List[dict]) -> Tuple[List[dict], dict]:
         """(messages, extra template variables) for rendering with tools: `tools` goes to templates
@@ -206,10 +234,43 @@ class ToolSpec:
         if tok is None:
             return None
         i = tok.token_to_id.get(text)
-        return i if i is not None and tok._hidden[i] else None
+        return i if i is not None and tok.is_hidden(i) else None
+
+    def _text(self, s: str) -> str:
+        """a Lark expression for the literal text s: a special token of the vocabulary (e.g.
+        <|tool_call|>) as that token, the rest as text"""
+        import re
+        parts = []
+        for piece in re.split(r"(<\|[^|<>]+\|>|\[[A-Z_]+\])", s):
+            if not piece:
+                continue
+            sid = self._special_id(piece)
+            parts.append(f"<[{sid}]>" if sid is not None else _lit(piece))
+        return " ".join(parts) if parts else '""'
+
+    def _call_rule(self):
+        """(opening text, Lark expression of one call after it, closing text, separator between
+        calls or None when several calls share one opening (a JSON array))"""
+        fs = self.functions
+        calls = _inline(_any([_call_schema(f) for f in fs]))
+        arr = {"type": "array", "items": _any([_call_schema(f) for f in fs]), "minItems": 1}
+        if not self.parallel:
+            arr["maxItems"] = 1
+        if self.format == "hermes":
+            return "<tool_call>", '"\\n" ' + calls, "\n</tool_call>", "\n"
+        if self.format == "phi4":
+            return "<|tool_call|>", calls, "<|/tool_call|>", ""
+        if self.format in ("mistral", "granite"):
+            return ("[TOOL_CALLS]" if self.format == "mistral" else "<|tool_call|>"), _inline(arr), "", None
+        if self.format == "gpt-oss":
+            alts = [self._text(f["name"] + " <|constrain|>json<|message|>") + " " + _inline(f["parameters"])
+                    for f in fs]
+            return "<|channel|>commentary to=functions.", "(" + " | ".join(alts) + ")", "<|call|>", ""
+        alts = [_lit(f["name"] + '", "parameters": ') + " " + _inline(f["parameters"]) + ' "}"' for f in fs]
+        return '{"name": "', "(" + " | ".join(alts) + ")", "", "\n"         # llama3
 
     def grammar(self) -> Optional[str]:
-        """the llguidance grammar, or None (tool_choice "none")"""
+        """the llguidance grammar, or None (tool_choice "none"; "auto" with gpt-oss, read only)"""
         if self.choice == "none":
             return None
         llg = _llg()
@@ -228,32 +289,20 @@ class ToolSpec:
                 calls = {"anyOf": [calls, {"type": "object", "properties": {"response": {"type": "string"}},
                                            "required": ["response"], "additionalProperties": False}]}
             return llg.LLMatcher.grammar_from_json_schema(calls, defaults=_WS)
-        sep = '"\\n"'
-        if self.format == "hermes":
-            trig = "<tool_call>"
-            rest = f'"\\n" {_inline(_any([_call_schema(f) for f in fs]))} "\\n</tool_call>"'
-        elif self.format == "mistral":
-            trig = "[TOOL_CALLS]"
-            arr = {"type": "array", "items": _any([_call_schema(f) for f in fs]), "minItems": 1}
-            if not self.parallel:
-                arr["maxItems"] = 1
-            rest = _inline(arr)
-            sep = None                      # several calls go into the one array
-        else:                               # llama3
-            trig = '{"name": "'
-            alts = [_lit(f["name"] + '", "parameters": ') + " " + _inline(f["parameters"]) + ' "}"'
-                    for f in fs]
-            rest = "(" + " | ".join(alts) + ")"
-        sid = self._special_id(trig)
-        trig_tok = f"<[{sid}]>" if sid is not None else _lit(trig)
-        more = f"({sep} call)*" if (self.parallel and sep) else ""
+        if self.format == "gpt-oss" and not forced:
+            return None
+        trig, rest, close, sep = self._call_rule()
+        if close:
+            rest += " " + self._text(close)
+        trig_tok = self._text(trig)
+        more = f"({_lit(sep) + ' ' if sep else ''}call)*" if (self.parallel and sep is not None) else ""
         lines = ["%llguidance {}"]
         if forced:
             lines += [f"start: call {more}", f"call: {trig_tok} {rest}"]
         else:
             lines += ["start: plain | first " + more, "plain: TEXT", r"TEXT: /(.|\n)*/",
                       f"call: {trig_tok} {rest}"]
-            if sid is not None:           # a special token cannot occur in text: no lazy lexeme needed
+            if "<[" in trig_tok.split(" ")[0]:   # a special token cannot occur in text: no lazy lexeme needed
                 lines += [f"first: TEXT {trig_tok} {rest}"]
             else:
                 lines += [f"trig[lazy]: TEXT {trig_tok}", f"first: trig {rest}"]
@@ -268,86 +317,61 @@ class ToolSpec:
         return Constraint(self.tokenizer, g, "tools")
 
     @property
-    def trigger(self) -> Optional[str]:
-        """the text that opens a call (None: the whole reply is the call, generic format)"""
-        return {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "llama3": '{"name"'}.get(self.format)
+    def openings(self) -> Optional[list]:
+        """the opening patterns of a call in streamed text (None: the whole reply is held)"""
+        return _OPENINGS.get(self.format)
 
     # ------------------------------------------------------------------ output
     def parse(self, text: str) -> Tuple[Optional[str], Optional[List[dict]]]:
         """(content, tool_calls) of a reply's text (special tokens rendered). tool_calls None: no
-        call (the text is content); content None: nothing but calls. A call cut short (max_tokens)
-        is no call: the text stays content."""
+        call (the text is content); content None: nothing but calls. A call cut short
+        (max_tokens) is dropped with the text after it; complete calls before it are kept. A call
+        of a function not in tools, or with arguments that are not an object, makes the reply
+        plain text. Without parallel_tool_calls only the first call is kept (and checked)."""
         if self.choice == "none":
             return text, None
-        try:
-            content, calls = self._parse(text)
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return text, None
+        content, calls, cut = parse_calls(self.format, text)
         if not calls:
-            return (text if content is None else content), None
+            return (content if not cut else (content or None)), None
         allowed = {t["function"]["name"] for t in self.tools}
+        if self.named:
+            allowed = {self.named}
+        if not self.parallel:
+            calls = calls[:1]
         out = []
         for name, args in calls:
-            if not isinstance(name, str) or name not in allowed or not isinstance(args, dict):
+            if name not in allowed or not isinstance(args, dict):
                 return text, None
             out.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
                         "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}})
-        if not self.parallel:
-            out = out[:1]
         content = content.strip() if content else None
         return (content or None), out
-
-    def _parse(self, text: str):
-        dec = json.JSONDecoder()
-        if self.format == "generic":
-            obj = json.loads(text)
-            if "response" in obj:
-                return obj["response"], None
-            if "tool_call" in obj:
-                c = obj["tool_call"]
-                return None, [(c["name"], c["arguments"])]
-            return None, [(c["name"], c["arguments"]) for c in obj["tool_calls"]]
-        trig = self.trigger if self.format != "llama3" else "{"
-        k = text.find(self.trigger)
-        if k < 0:
-            return text, None
-        content, rest, calls = text[:k], text[k:], []
-        if self.format == "mistral":
-            arr, end = dec.raw_decode(rest[len(trig):].lstrip())
-            calls = [(c["name"], c["arguments"]) for c in arr]
-        else:
-            while rest.strip():
-                rest = rest.lstrip()
-                if self.format == "hermes":
-                    if not rest.startswith(trig):
-                        raise ValueError("text after a call")
-                    body = rest[len(trig):].lstrip()
-                    obj, end = dec.raw_decode(body)
-                    after = body[end:].lstrip()
-                    if not after.startswith("</tool_call>"):
-                        raise ValueError("unclosed call")
-                    rest = after[len("</tool_call>"):]
-                    calls.append((obj["name"], obj["arguments"]))
-                else:
-                    obj, end = dec.raw_decode(rest)
-                    rest = rest[end:]
-                    calls.append((obj["name"], obj.get("parameters", obj.get("arguments"))))
-        return content, calls
 
 
 class ToolStream:
     """Streamed text of a tool request: push(text) -> content to send now; finish() ->
     (content left, tool_calls or None). Content is sent as it comes until a call may begin (text
-    that could be the start of the call's opening is held back); a call's text is kept until the
-    end, when the reply is parsed. Fully constrained choices and the generic format send content
-    only at the end."""
+    that could be the start of one of the format's openings is held back); from a call's opening
+    on, the text is kept until the end, when the reply is parsed. Fully constrained choices and
+    the generic and gpt-oss formats send content only at the end."""
 
     def __init__(self, spec: ToolSpec):
         self.spec = spec
         self.text = ""
         self.sent = 0
-        self.held = spec.choice in ("required", "named") or spec.trigger is None
-        self.trigger = spec.trigger if spec.choice != "none" else None
+        self.openings = spec.openings if spec.choice != "none" else None
+        self.held = spec.choice in ("required", "named") or self.openings is None
+
+    def _hold_from(self) -> Tuple[int, bool]:
+        """(index from which the unsent text must be held, whether a call surely began there)"""
+        t = self.text
+        for p in range(self.sent, len(t)):
+            states = {_opening(o, t[p:]) for o in self.openings}
+            if "yes" in states:
+                return p, True
+            if "maybe" in states:
+                return p, False
+        return len(t), False
 
     def push(self, piece: str) -> str:
         self.text += piece
@@ -356,69 +380,18 @@ class ToolStream:
             return piece
         if self.held:
             return ""
-        t = self.trigger
-        k = self.text.find(t, self.sent)
-        if k >= 0:
-            out, self.sent, self.held = self.text[self.sent:k], k, True
-            return out
-        hold = 0
-        for n in range(min(len(t) - 1, len(self.text) - self.sent), 0, -1):
-            if self.text.endswith(t[:n]):
-                hold = n
-                break
-        cut = len(self.text) - hold
-        out, self.sent = self.text[self.sent:cut], cut
+        k, began = self._hold_from()
+        out, self.sent = self.text[self.sent:k], k
+        self.held = began
         return out
 
     def finish(self) -> Tuple[Optional[str], Optional[List[dict]]]:
         content, calls = self.spec.parse(self.text)
-        if calls is None:                  # the unsent rest (generic: nothing was sent, the parsed answer)
-            return ((content if not self.sent else self.text[self.sent:]) or None), None
-        # content before the call was sent already
-        return None if self.sent else content, calls
-
-
-def guide_generate(model, prompt, sampler, response_format=None, grammar=None, tools=None, tool_choice=None,
-                   parallel_tool_calls=None):
-    """Model.generate's constraint arguments -> (prompt, sampler, ToolSpec or None): chat messages
-    rendered with the tools, the sampler wrapped in a GuidedSampler."""
-    from .constrain import GuidedSampler
-    from .sampling import Sampler
-    tok = model.tokenizer
-    spec = None
-    if tools is not None:
-        if response_format is not None or grammar is not None:
-            tc = tool_choice if not isinstance(tool_choice, dict) else "named"
-            if tc not in (None, "none"):
-                raise ValueError("tools with tool_choice other than 'none' cannot be combined with "
-                                 "response_format or grammar")
-        spec = ToolSpec(tools, tool_choice, parallel_tool_calls, template=tok.chat_template, tokenizer=tok)
-        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
-            from .chat import chat_prompt
-            msgs, extra = spec.messages(list(prompt))
-            text = chat_prompt(tok, msgs, add_generation_prompt=True, **extra)
-            prompt = model.tokenize(text, add_bos=False, special=True)
-    elif tool_choice is not None or parallel_tool_calls is not None:
-        raise ValueError("tool_choice and parallel_tool_calls need tools")
-    c = Constraint.from_options(tok, response_format=response_format, grammar=grammar)
-    if spec is not None and spec.choice != "none":
-        c = spec.constraint()
-    if c is None:
-        return prompt, sampler, spec
-    if sampler is None:
-        raise ValueError("internal: no sampler")
-    if isinstance(sampler, GuidedSampler):
-        raise ValueError("sampler is already a GuidedSampler: pass the constraint there, not both")
-    if not isinstance(sampler, Sampler) and not hasattr(sampler, "sample"):
-        raise TypeError(f"sampler must be a Sampler, got {type(sampler).__name__}")
-    return prompt, GuidedSampler(sampler, c), spec
-
-
-def with_tool_calls(gen, spec, tokenizer):
-    """a generate() loop whose GenerationResult gets .tool_calls (and .text the content) parsed"""
-    res = yield from gen
-    content, calls = spec.parse(tokenizer.detokenize(res.tokens, special=True))
-    if calls is not None:
-        res.tool_calls = calls
-        res.text = content or ""
-    return res
+        sent = self.text[:self.sent]
+        if calls is None:
+            return (self.text[self.sent:] if self.sent else content) or None, None
+        # the content before the first call was sent already (parse strips it)
+        rest = content or ""
+        if sent.strip() and rest.startswith(sent.strip()):
+            rest = rest[len(sent.strip()):]
+        return (rest.strip() or None), calls

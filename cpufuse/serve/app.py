@@ -108,43 +108,18 @@ class _Server(Responses):
         return limit
 
     def constraints(self, req, chat: bool):
-        """(Constraint or None, ToolSpec or None, logit bias pairs) of a request; APIError(400)
-        for a schema, grammar, tool list or bias llguidance or the checks reject."""
-        from cpufuse.llama.constrain import Constraint, parse_logit_bias
-        tok = self.engine.tokenizer
+        """(Constraint or None, ToolSpec or None, logit bias pairs) of a request, built by
+        cpufuse.llama.guide as the library builds them; APIError(400) naming the field for a
+        schema, grammar, tool list or bias llguidance or the checks reject."""
+        from cpufuse.llama.guide import GuideError, build_guide
+        tools = dict(tools=req.tools, tool_choice=req.tool_choice,
+                     parallel_tool_calls=req.parallel_tool_calls) if chat else {}
         try:
-            bias = parse_logit_bias(req.logit_bias, self.engine.n_vocab)
-        except ValueError as e:
-            raise APIError(str(e), param="logit_bias") from None
-        pairs = tuple(zip(bias[0].tolist(), bias[1].tolist())) if bias else ()
-        opts = req.constraint_options()
-        spec = None
-        if chat and req.tools:
-            from cpufuse.llama.tools import ToolSpec
-            try:
-                spec = ToolSpec(req.tools, req.tool_choice, req.parallel_tool_calls,
-                                template=self.engine.chat_template, tokenizer=tok)
-            except ValueError as e:
-                msg = str(e)
-                raise APIError(msg, param="tool_choice" if msg.startswith("tool_choice") else "tools") from None
-            if spec.choice != "none" and any(v is not None and not (k == "response_format" and
-                                                                    v.get("type", "text") == "text")
-                                             for k, v in opts.items()):
-                raise APIError("response_format, grammar, json_schema, regex and lark cannot be combined "
-                               "with tools unless tool_choice is \"none\"", param="tools")
-        try:
-            if spec is not None and spec.choice != "none":
-                c = spec.constraint()
-            else:
-                c = Constraint.from_options(tok, **opts)
-        except ValueError as e:
-            msg = str(e)
-            param = next((k for k in ("response_format", "grammar", "json_schema", "regex", "lark", "tools")
-                          if msg.startswith(k)), None)
-            if param is None:
-                param = next((k for k, v in opts.items() if v is not None), None)
-            raise APIError(msg, param=param) from None
-        return c, spec, pairs
+            g = build_guide(self.engine.tokenizer, self.engine.n_vocab, chat_template=self.engine.chat_template,
+                            logit_bias=req.logit_bias, chat=chat, **tools, **req.constraint_options())
+        except GuideError as e:
+            raise APIError(str(e), param=e.param) from None
+        return g.constraint, g.spec, g.bias
 
     def engine_request(self, req, ids, chat: bool, constraint=None, bias=(), index: int = 0) -> EngineRequest:
         if not ids:

@@ -88,7 +88,7 @@ class BatchEngine(Engine):
                          getattr(tok, "chat_template", None))
         if int(chunk) < 1:
             raise ValueError(f"chunk must be >= 1, got {chunk!r}")
-        if getattr(model, "swa_cells", 0) and int(chunk) > model.n_batch:
+        if model.kv.ring_cells and int(chunk) > model.n_batch:
             raise ValueError(f"chunk must be <= the model's n_batch ({model.n_batch}) for its sliding-window "
                              f"layers' KV rings (window + n_batch cells), got {chunk!r}")
         self.model, self.model_path = model, getattr(model, "path", name)
@@ -137,7 +137,7 @@ class BatchEngine(Engine):
     def _lends(self) -> bool:
         """running sequences lend their KV only with one full-size cache per layer (not with the
         sliding-window layers' rings, whose cells hold the last window positions only)"""
-        return not getattr(self.model, "swa_cells", 0)
+        return not self.model.kv.ring_cells
 
     def _admit(self):
         """queued requests into free slots. A request takes the free slot whose cached tokens
@@ -161,7 +161,7 @@ class BatchEngine(Engine):
             best, best_n = None, -1
             for s in free:
                 n = self._shared(s.tokens, prompt)
-                n = self.model.kv_reusable(n, len(s.tokens))   # 0 where a sliding-window ring moved on
+                n = self.model.kv.reusable(n, len(s.tokens))   # 0 where a sliding-window ring moved on
                 if n > best_n or (n == best_n and s.last_used < best.last_used):
                     best, best_n = s, n
             src, src_n = None, best_n
@@ -171,7 +171,7 @@ class BatchEngine(Engine):
                     src, src_n = q.slot, n
             best.busy = True
             if src is not None:
-                self._copy_kv(src, best, src_n)
+                self.model.kv.copy_prefix(src.index, best.index, src_n, len(src.tokens))
                 best.tokens = list(src.tokens[:src_n])
                 best_n = src_n
             best.tokens = best.tokens[:best_n]
@@ -179,13 +179,6 @@ class BatchEngine(Engine):
             h.cached_tokens = best_n
             self.seqs.append(seq)
             self._count(prompt_tokens=len(prompt), cached_prompt_tokens=best_n)
-
-    def _copy_kv(self, src, dst, n):
-        """the K/V of positions [0, n) of slot src into slot dst"""
-        m, c = self.model, self.model.n_ctx
-        a, b = src.index * c, dst.index * c
-        m.k_cache[:, b:b + n] = m.k_cache[:, a:a + n]
-        m.v_cache[:, b:b + n] = m.v_cache[:, a:a + n]
 
     def _release(self, seq):
         s = seq.slot
