@@ -278,3 +278,12 @@ def _ok(url):
         return httpx.get(url, timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_a_model_that_fails_to_load_exits_1(tmp_path):
+    """the port is bound before the model loads; a load failure still ends the command with 1"""
+    bad = write_tiny_gguf(tmp_path / "bad.gguf", arch="mamba")
+    r = subprocess.run([sys.executable, "-m", "cpufuse", "serve", bad, "-c", "64", "--port", str(free_port())],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "error: cannot load" in r.stderr and "'mamba' is not supported" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
