@@ -210,6 +210,9 @@ def _environment():
     env.filters["cf_loop_guard"] = jinja2.pass_context(_loop_guard)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    # jinja2's lipsum(n) makes n paragraphs in one call, past the clock checks (the fuzzer's find:
+    # lipsum(5011) ran 4 s); no chat template uses it
+    del env.globals["lipsum"]
     return env
 
 

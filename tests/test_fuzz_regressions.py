@@ -1,0 +1,21 @@
+"""Inputs the fuzzers (tests/fuzz_inputs.py, make fuzz-gguf) found, kept as regression tests."""
+import time
+
+import pytest
+
+pytest.importorskip("jinja2", reason="the llama extra (pip install cpufuse[llama]) is not installed")
+
+from cpufuse.llama.chat import render_chat  # noqa: E402
+
+
+@pytest.mark.parametrize("template", [
+    "{{ lipsum(5011) }}",                                  # build/fuzz/template/timeout-f6a1fea4...
+    "{{ range(10)|list }}{{ lipsum(5011) }}{ lipsum(1000) }}",
+])
+def test_template_lipsum_cannot_outrun_the_time_limit(template):
+    """jinja2's lipsum(n) made n paragraphs in one call, which the per-call clock check could not
+    stop (4 s at n = 5011): it is not offered to templates."""
+    t0 = time.perf_counter()
+    with pytest.raises(Exception, match="lipsum"):
+        render_chat(template, [{"role": "user", "content": "hi"}], time_limit=1.0)
+    assert time.perf_counter() - t0 < 1.0
