@@ -27,7 +27,9 @@ sys.path.insert(0, ROOT)
 import atheris  # noqa: E402
 
 with atheris.instrument_imports(include=["cpufuse.llama.gguf_file", "cpufuse.llama.hparams", "cpufuse.llama.loader",
-                                         "cpufuse.llama.tokenizer", "cpufuse.llama.chat", "cpufuse.llama.model"]):
+                                         "cpufuse.llama.tokenizer", "cpufuse.llama.chat", "cpufuse.llama.model",
+                                         "jinja2"]):
+    import jinja2.sandbox  # noqa: E402,F401 -- imported here to be instrumented (the renderer imports it lazily)
     from cpufuse.llama import Model  # noqa: E402
     from cpufuse.llama.chat import TemplateError, render_chat  # noqa: E402
     from cpufuse.llama.gguf_file import GGUFFile  # noqa: E402

@@ -19,3 +19,16 @@ def test_template_lipsum_cannot_outrun_the_time_limit(template):
     with pytest.raises(Exception, match="lipsum"):
         render_chat(template, [{"role": "user", "content": "hi"}], time_limit=1.0)
     assert time.perf_counter() - t0 < 1.0
+
+
+def test_template_container_repetition_is_bounded_by_its_text():
+    """build/fuzz/template/timeout-58690611...: {{ messages * 10000 }} with three 1 MiB messages
+    made a list of 30000 items (under the limit by len) whose text was 30 GB; the repetition and the
+    output are bounded by the text inside, so it is refused at once"""
+    msgs = [{"role": "user", "content": "x" * (1 << 20)}] * 3
+    t0 = time.perf_counter()
+    for template in ("{{ messages * 10000 }}", "{% set a = [messages, messages] %}{{ a }}{{ a }}"):
+        with pytest.raises(Exception, match="limit"):
+            render_chat(template, msgs * 4, time_limit=1.0)
+    assert time.perf_counter() - t0 < 2.0
+    assert render_chat("{{ messages * 2 }}", [{"role": "user", "content": "hi"}]).count("'hi'") == 2

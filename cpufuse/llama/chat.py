@@ -105,6 +105,34 @@ def _check_size(v, what):
     return v
 
 
+def _content_size(v, budget):
+    """characters of the strings inside v plus one per item, counted until past budget (a
+    container's text can be far larger than its len: [messages] * 10000)"""
+    n, stack = 0, [v]
+    while stack and n <= budget:
+        x = stack.pop()
+        if isinstance(x, (str, bytes)):
+            n += len(x)
+        elif isinstance(x, dict):
+            n += len(x)
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple, set, frozenset)):
+            n += len(x)
+            stack.extend(x)
+        else:
+            n += 1
+    return n
+
+
+def _finalize(v):
+    """every {{ }} value before it becomes text: a container's text is bounded too"""
+    lim = _LIMITS.get()
+    if lim is not None and isinstance(v, (list, tuple, dict, set, frozenset)):
+        _too_big(_content_size(v, lim[1]), "an output value's text")
+    return v
+
+
 def _check_width_args(args, kwargs, what):
     for a in list(args) + list(kwargs.values()):
         if isinstance(a, int) and not isinstance(a, bool):
@@ -183,8 +211,11 @@ def _environment():
             _tick()
             if operator == "*":
                 for a, b in ((left, right), (right, left)):
-                    if isinstance(a, _SIZED) and isinstance(b, int):
-                        _too_big(len(a) * b, "a repetition")
+                    if isinstance(a, _SIZED) and isinstance(b, int) and not isinstance(b, bool):
+                        lim = _LIMITS.get()
+                        size = len(a) if isinstance(a, (str, bytes)) or lim is None else \
+                            _content_size(a, lim[1] // max(1, b) + 1)
+                        _too_big(size * b, "a repetition")
             elif operator == "**" and type(left) is int and type(right) is int and right > 0 and abs(left) > 1:
                 bits = right * math.log2(abs(left))
                 if bits > 64 * 1024:
@@ -203,6 +234,7 @@ def _environment():
         lstrip_blocks=True,
         optimized=False,            # no constant folding: it would run filters at compile time, unlimited
         extensions=[_GenerationTagIgnored, jinja2.ext.loopcontrols],
+        finalize=_finalize,
     )
     env.filters["tojson"] = _tojson
     for fname, f in list(env.filters.items()):
