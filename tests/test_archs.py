@@ -1,7 +1,7 @@
-"""The architectures beyond llama/qwen2/qwen3 (gemma3, gemma2, phi3, smollm3, granite) on tiny
-synthetic GGUFs, against the float64 reference forward of cpufuse/reference/archs.py (written from
-llama.cpp's graphs, reading the file with gguf-py); and the graph ops they added (gelu, GEGLU,
-softcap, the sliding window of attn_seqs)."""
+"""The architectures beyond llama/qwen2/qwen3 (gemma3, gemma2, phi3, smollm3, granite and every one
+added to the registry since) on tiny synthetic GGUFs, against the float64 reference forward of
+cpufuse/reference/archs.py (written from llama.cpp's graphs, reading the file with gguf-py); and
+the graph ops they added (gelu, GEGLU, softcap, the sliding window of attn_seqs)."""
 import math
 
 import numpy as np
@@ -13,10 +13,11 @@ import cpufuse  # noqa: E402
 from cpufuse.graph import Graph  # noqa: E402
 from cpufuse.graph import records as _records  # noqa: E402
 from cpufuse.llama import Model  # noqa: E402
+from cpufuse.llama.arch import SUPPORTED  # noqa: E402
 from cpufuse.llama.tiny import write_tiny_gguf  # noqa: E402
 from cpufuse.reference.archs import ref_logits  # noqa: E402
 
-NEW_ARCHS = ("gemma3", "gemma2", "phi3", "smollm3", "granite")
+NEW_ARCHS = tuple(a for a in SUPPORTED if a not in ("llama", "qwen2", "qwen3"))   # every later one
 TOKENS = [5, 17, 280, 42, 99, 7, 256, 3, 128, 64, 11, 200, 90, 31]   # 14 > the window of 4
 
 
@@ -105,7 +106,11 @@ def test_gemma3_pattern_and_keys(tmp_path):
     assert hp.swa_window == 4 and hp.freq_base_swa == 10000.0 and hp.freq_scale_swa == 1.0
     assert hp.kq_scale == 1.0 / math.sqrt(hp.head_dim)
     assert hp.emb_scale == float(np.float32(math.sqrt(64)))
-    assert hp.ffn_act == "gelu" and hp.post_norms and hp.qk_norm and hp.final_softcap == 0.0
+    assert hp.final_softcap == 0.0 and hp.rope_mode == "neox"
+    L = m.layers[0]
+    assert L.q_norm.shape == (hp.head_dim,) and L.post_attn_norm is not None and L.post_ffn_norm is not None
+    d = m.plan(4).plan.describe()
+    assert "l0.gelu" in d and "l0.silu" not in d
     assert m.tied and m.output is not None
 
 

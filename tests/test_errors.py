@@ -351,7 +351,7 @@ FAMILIES = [
     ("qtensor-blocks", ValueError, "n_in", "block size 256", "n_in=300",
      lambda: cpufuse.QTensor(np.zeros(144, np.uint8), "Q4_K", (1, 300))),
     ("qtensor-raw-dtype", TypeError, "raw", "uint8", "float64", lambda: cpufuse.QTensor(np.zeros(9), "Q4_0", (1, 32))),
-    ("qtensor-shape", ValueError, "shape", "(n_out, n_in)", "3 values", lambda: cpufuse.QTensor(np.zeros(18, np.uint8), "Q4_0", (1, 32, 1))),
+    ("qtensor-shape", ValueError, "shape", "(n_out, n_in)", "4 values", lambda: cpufuse.QTensor(np.zeros(18, np.uint8), "Q4_0", (1, 1, 32, 1))),
     ("matmul-weights-n_in", ValueError, "ws[1]", "share the activation", "n_in=96",
      lambda: cpufuse.matmul_multi(X2[:, :16].repeat(4, axis=1), (_qt(), _qt(n_in=96)))),
     ("swiglu-shape", ValueError, "w_up", "same shape", "(9, 64)",

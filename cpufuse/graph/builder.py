@@ -194,6 +194,8 @@ class Graph:
         self._f32(x, "qmatmul", nm)
         if not isinstance(w, QTensor):
             raise GraphError(f"qmatmul {nm!r}: w must be a cpufuse.QTensor, got {type(w).__name__}")
+        if w.n_expert:
+            raise GraphError(f"qmatmul {nm!r}: w is a 3-D expert tensor {w.shape}; use w[e] or g.qmatmul_id")
         if act not in (None, "q8", "f32"):
             raise GraphError(f"qmatmul {nm!r}: act must be 'q8', 'f32' or None, got {act!r}")
         if len(x.shape) < 1 or x.shape[-1] != w.shape[1]:
@@ -330,6 +332,79 @@ class Graph:
             raise GraphError(f"gather_rows {nm!r}: x must be 2-D (n, width), got {x.shape}")
         self._i32_input("gather_rows", nm, idx, "idx", (None,))
         return self._add("gather_rows", [x, idx], {}, (idx.shape[0], x.shape[1]), F32, name)
+
+    # -- weights as data: routed matmul and gating (graph/moe.py, native/kernels/qmoe.inc) ----------
+    def qmatmul_id(self, x, w, ids, act=None, up=None, glu="swiglu", name=None):
+        """The routed matmul (ggml's mul_mat_id): x (n, n_in) float32, w a 3-D cpufuse.QTensor
+        (n_expert, n_out, n_in), ids an int32 node (n, k) of expert ids read at run time (an input, or
+        g.topk's output): y[r, j] = x[r] . dequant(w[ids[r, j]])^T, output (n, k, n_out). Each row is
+        computed exactly as cpufuse.matmul computes it alone (act "q8" (default) or "f32"); each
+        expert's weights are read once per run over the rows routed to it. up: a second 3-D tensor of
+        w's shape: y = glu(x . w_e^T) * (x . up_e^T), glu "swiglu" or "geglu" (matmul_swiglu /
+        matmul_geglu). An id outside [0, n_expert) is a GraphError at run time."""
+        from ..quant.types import QTensor
+        nm = self._name("qmatmul_id", name)
+        if not isinstance(x, Node):
+            raise GraphError(f"qmatmul_id {nm!r}: x must be a node of this graph, got {type(x).__name__}")
+        self._f32(x, "qmatmul_id", nm)
+        for what, t in (("w", w), ("up", up)):
+            if t is None and what == "up":
+                continue
+            if not isinstance(t, QTensor) or not t.n_expert:
+                raise GraphError(f"qmatmul_id {nm!r}: {what} must be a 3-D cpufuse.QTensor (n_expert, n_out, n_in), "
+                                 f"got {getattr(t, 'shape', type(t).__name__)}")
+        if up is not None and up.shape != w.shape:
+            raise GraphError(f"qmatmul_id {nm!r}: up {up.shape} must have w's shape {w.shape}")
+        if up is not None and glu not in ("swiglu", "geglu"):
+            raise GraphError(f"qmatmul_id {nm!r}: glu must be 'swiglu' or 'geglu', got {glu!r}")
+        if act not in (None, "q8", "f32"):
+            raise GraphError(f"qmatmul_id {nm!r}: act must be 'q8', 'f32' or None, got {act!r}")
+        if len(x.shape) != 2 or x.shape[1] != w.n_in:
+            raise GraphError(f"qmatmul_id {nm!r}: x {x.name!r} must be (n, {w.n_in}) (w is {w.shape}), got {x.shape}")
+        if not isinstance(ids, Node) or ids.dtype != I32 or len(ids.shape) != 2 or ids.shape[0] != x.shape[0] \
+                or ids.shape[1] < 1:
+            raise GraphError(f"qmatmul_id {nm!r}: ids must be an int32 node of shape ({x.shape[0]}, k >= 1), got "
+                             f"{ids!r}" + (f" {ids.dtype}" if isinstance(ids, Node) else ""))
+        self._unit_rows(x, "qmatmul_id", nm)
+        return self._add("qmatmul_id", [x, ids], {"w": w, "up": up, "glu": glu, "act": act or "q8"},
+                         (x.shape[0], ids.shape[1], w.n_out), F32, name)
+
+    def topk(self, x, k, name=None):
+        """The indices (an int32 node (..., k)) of the k largest values of each row of x (..., c) float32,
+        largest first; exact ties go to the lower index; NaN ranks below every number (-inf included),
+        NaNs among themselves by index. Their values: g.take(x, ids)."""
+        nm = self._name("topk", name)
+        self._f32(x, "topk", nm)
+        if len(x.shape) < 1 or isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= x.shape[-1]:
+            raise GraphError(f"topk {nm!r}: k must be an int in [1, {x.shape[-1] if x.shape else 0}] (x is "
+                             f"{x.shape}), got {k!r}")
+        return self._add("topk", [x], {}, x.shape[:-1] + (int(k),), I32, name)
+
+    def take(self, x, idx, name=None):
+        """y[..., j] = x[..., idx[..., j]]: x (..., c) float32, idx an int32 node (..., k) with x's leading
+        shape (e.g. g.topk's output: the top-k values, or the unbiased probabilities at the selected ids).
+        An index outside [0, c) is a GraphError at run time."""
+        nm = self._name("take", name)
+        self._f32(x, "take", nm)
+        if not isinstance(idx, Node) or idx.dtype != I32 or idx.shape[:-1] != x.shape[:-1] or len(idx.shape) < 1:
+            raise GraphError(f"take {nm!r}: idx must be an int32 node of shape {x.shape[:-1]} + (k,), got {idx!r}"
+                             + (f" {idx.dtype}" if isinstance(idx, Node) else ""))
+        return self._add("take", [x, idx], {}, idx.shape, F32, name)
+
+    def sigmoid(self, a, name=None):
+        """1 / (1 + exp(-a)), elementwise in float32"""
+        self._f32(a, "sigmoid", self._name("sigmoid", name))
+        return self._add("sigmoid", [a], {}, a.shape, F32, name)
+
+    def wsum(self, y, w, name=None):
+        """The weighted sum over k (the MoE combine): y (..., k, m), w (..., k) float32 -> (..., m),
+        out = sum over j of f32(w[..., j] * y[..., j, :]), added in slot order j = 0..k-1."""
+        nm = self._name("wsum", name)
+        self._f32(y, "wsum", nm)
+        self._f32(w, "wsum", nm)
+        if len(y.shape) < 2 or tuple(w.shape) != tuple(y.shape[:-1]):
+            raise GraphError(f"wsum {nm!r}: w must have y's shape without its last axis, got y {y.shape}, w {w.shape}")
+        return self._add("wsum", [y, w], {}, y.shape[:-2] + (y.shape[-1],), F32, name)
 
     def output(self, *nodes):
         for n in nodes:

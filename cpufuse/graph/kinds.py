@@ -25,6 +25,7 @@ import numpy as np
 from .._layouts import CP, RPF, Record
 from ..ops import attention as _attn, checks as _checks, norms as _norms, rope as _rope, softmax as _softmax
 from .ir import F16, GraphError, Node, _is_contig, _view_root, same_over_sizes
+from . import moe as _moe
 
 ROWS = []   # in opcode order
 
@@ -470,6 +471,19 @@ GELU = Kind("GELU", "n a y", "y = gelu(a), the tanh form", ("gelu",), _unary, _r
 GEGLU = Kind("GEGLU", "n g u nb y", "y = gelu(g) * u", ("geglu",), _lower_binary, _run_gelu)
 SOFTCAP = Kind("SOFTCAP", "n a f_inv f_c y", "y = c * tanh(a * inv), inv = 1/c", ("softcap",),
                _lower_softcap, _run_softcap)
+# weights as data that can be indexed (moe.py; native/kernels/qmoe.inc)
+QMM_ID = Kind("QMM_ID", "desc x ids w0 w1 n_exp n k y",
+              "y[r, j] = x[r] . W[ids[r, j]]^T: desc a QM_* template (every expert's geometry), w0/w1 the "
+              "first of n_exp pointer-table entries (expert e's weight at ptrs[w0 + e]; w1: up, EPI 1/3, or -1)",
+              ("qmatmul_id",), lambda st, L: _moe.lower_qmm_id(st, L, QMM_ID), _moe.run_qmm_id, explains=True)
+TOPK = Kind("TOPK", "n c k x idx", "idx[r] = the k largest of x[r]'s c values, largest first (ties: lower index; "
+            "NaN last)", ("topk",), lambda st, L: _moe.lower_topk(st, L, TOPK), _moe.run_topk)
+TAKE = Kind("TAKE", "n c k x idx y", "y[r, j] = x[r, idx[r, j]] (idx in [0, c))", ("take",),
+            lambda st, L: _moe.lower_take(st, L, TAKE), _moe.run_take, explains=True)
+SIGMOID = Kind("SIGMOID", "n a y", "y = 1 / (1 + exp(-a))", ("sigmoid",),
+               lambda st, L: _moe.lower_sigmoid(st, L, SIGMOID), _moe.run_sigmoid)
+WSUM = Kind("WSUM", "n k m y w out", "out[r] = sum over j in order of w[r, j] * y[r, j, :]", ("wsum",),
+            lambda st, L: _moe.lower_wsum(st, L, WSUM), _moe.run_wsum)
 
 RECORDS = tuple(ROWS)
 KIND = {s: row for row in ROWS for s in row.steps}   # step kind -> its row

@@ -238,3 +238,15 @@ class _Lowerer:
             self.slots[key] = len(self.slot_addr)
             self.slot_addr.append(_wptr(w)[1])
         return self.slots[key]
+
+    def wslots(self, w):
+        """the first of n_expert consecutive pointer-table entries, expert e's weight (w.expert(e), a
+        2-D view over its slab) at first + e: a record's array of weight pointers"""
+        from ..quant.matmul import _wptr
+        key = ("warr", id(w))
+        if key not in self.slots:
+            self.keep.append(w)
+            self.slots[key] = len(self.slot_addr)
+            for e in range(w.n_expert):
+                self.slot_addr.append(_wptr(w.expert(e))[1])
+        return self.slots[key]

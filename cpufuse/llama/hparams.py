@@ -1,6 +1,7 @@
 """The hyperparameters of a GGUF decoder model: typed, range-checked reads of its metadata keys
-(each error names the key, its value and the rule it breaks), the architecture-specific keys and
-rules (docs/architectures.md), and the vocabulary size.
+(each error names the key, its value and the rule it breaks), then the architecture's own keys and
+rules (the hparams hook of its module in cpufuse/llama/arch/, reading through `Keys`), and the
+vocabulary size.
 
     gf = GGUFFile(path)
     hp = read_hparams(gf)            # HParams, or ValueError naming the key
@@ -12,13 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["HParams", "SUPPORTED_ARCHS", "read_hparams", "MAX_N_CTX"]
+from . import arch as _arch
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "gemma2", "phi3", "smollm3", "granite")
-_ROPE_MODE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "gemma3": "neox", "gemma2": "neox",
-              "phi3": "neox", "smollm3": "norm", "granite": "norm"}
-_GEMMA = ("gemma2", "gemma3")
-_SMOLLM3_NOPE_STEP = 4     # llama.cpp's n_no_rope_layer_step for smollm3 (no GGUF key)
+__all__ = ["HParams", "Keys", "SUPPORTED_ARCHS", "read_hparams", "MAX_N_CTX"]
+
+SUPPORTED_ARCHS = _arch.SUPPORTED   # generated from the registry: one module each in cpufuse/llama/arch/
 
 _MISSING = object()
 MAX_LAYERS = 4096          # sane bounds on the architecture numbers (far above any released model)
@@ -109,10 +108,8 @@ class HParams:
     attn_factor: float = 1.0
     n_ctx_orig: int = 0
     kq_scale: float = 0.0
-    # the per-architecture parts (docs/architectures.md); the defaults are llama's
-    qk_norm: bool = False             # per-head Q/K RMSNorm before RoPE (qwen3, gemma3)
-    post_norms: bool = False          # RMSNorm of each branch output before its residual add (gemma)
-    ffn_act: str = "silu"             # the gate activation: "silu" (SwiGLU) or "gelu" (GEGLU, tanh form)
+    # values that architectures' keys set (cpufuse/llama/arch/*.py, which also read them in their
+    # forwards); the defaults mean unset
     emb_scale: float = 0.0            # x = embedding * emb_scale when > 0 (gemma: sqrt(n_embd); granite)
     residual_scale: float = 0.0       # branch * residual_scale before the residual add when > 0 (granite)
     logit_scale: float = 0.0          # logits / logit_scale when > 0 (granite)
@@ -123,6 +120,7 @@ class HParams:
     freq_base_swa: float = 10000.0    # RoPE base and scale of the SWA layers
     freq_scale_swa: float = 1.0
     nope_layers: tuple = ()           # per layer: True = no RoPE (smollm3)
+    pooling_type: int = -1            # <arch>.pooling_type (embeddings: 0 none, 1 mean, 2 cls, 3 last, 4 rank); -1 unset
 
     def __post_init__(self):
         self.swa_layers = tuple(self.swa_layers) or (False,) * self.n_layer
@@ -132,7 +130,8 @@ class HParams:
     def from_gguf(cls, gf, n_vocab):
         """Read and check the hyperparameters of a GGUFFile (n_vocab: decided by the caller).
         Each bad value raises ValueError naming the key, the value and the rule."""
-        arch = _arch(gf)
+        arch = _arch_name(gf)
+        spec = _arch.get(arch)
         p = arch + "."
         n_layer = _int_key(gf, p + "block_count", hi=MAX_LAYERS)
         n_embd = _int_key(gf, p + "embedding_length")
@@ -155,9 +154,6 @@ class HParams:
         n_rot = _int_key(gf, p + "rope.dimension_count", d_k, lo=2)
         if n_rot % 2 or n_rot > d_k:
             raise ValueError(f"{p}rope.dimension_count = {n_rot}: must be even and <= the head dim {d_k}")
-        if arch == "llama" and n_rot != d_k:
-            raise ValueError(f"{p}rope.dimension_count = {n_rot}: must equal the head dim {d_k} for llama "
-                             "(llama.cpp rejects this too)")
         eps = _float_key(gf, p + "attention.layer_norm_rms_epsilon", hi=MAX_EPS)
         n_ctx_train = _int_key(gf, p + "context_length", hi=MAX_N_CTX)
         freq_base = _float_key(gf, p + "rope.freq_base", 10000.0)
@@ -179,71 +175,48 @@ class HParams:
         attn_factor *= _float_key(gf, p + "rope.scaling.attn_factor", 1.0)
         hp = cls(arch=arch, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
                  head_dim=d_k, n_rot=n_rot, n_vocab=n_vocab, n_ctx_train=n_ctx_train, eps=eps,
-                 freq_base=freq_base, freq_scale=freq_scale, rope_mode=_ROPE_MODE[arch],
+                 freq_base=freq_base, freq_scale=freq_scale, rope_mode=spec.rope,
                  rope_scaling=scaling, ext_factor=ext_factor, attn_factor=attn_factor,
                  n_ctx_orig=n_ctx_orig, kq_scale=1.0 / math.sqrt(d_k),
-                 swa_layers=(False,) * n_layer, nope_layers=(False,) * n_layer)
-        _arch_hparams(gf, hp)
+                 swa_layers=(False,) * n_layer, nope_layers=(False,) * n_layer,
+                 pooling_type=_int_key(gf, p + "pooling_type", -1, lo=0, hi=4))
+        if spec.hparams is not None:
+            spec.hparams(Keys(gf, arch), hp)
         return hp
 
 
-def _arch_hparams(gf, hp):
-    """The architecture-specific keys and rules (as llama.cpp's load_hparams reads them)."""
-    arch, p, L = hp.arch, hp.arch + ".", hp.n_layer
-    hp.qk_norm = arch in ("qwen3", "gemma3")
-    if arch in _GEMMA:
-        hp.post_norms, hp.ffn_act = True, "gelu"
-        hp.emb_scale = float(np.sqrt(np.float32(hp.n_embd)))   # llama.cpp: sqrtf(n_embd), f32
-        # q scale: 1/sqrt(key_length), except the 27B sizes (gemma2 46 layers, gemma3 62) which use
-        # 1/sqrt(n_embd / n_head)
-        big = (arch == "gemma2" and L == 46) or (arch == "gemma3" and L == 62)
-        hp.kq_scale = 1.0 / math.sqrt(hp.n_embd // hp.n_head if big else hp.head_dim)
-        hp.final_softcap = _float_key(gf, p + "final_logit_softcapping", 30.0 if arch == "gemma2" else 0.0,
-                                      zero_ok=True)
-        if arch == "gemma2":
-            hp.attn_softcap = _float_key(gf, p + "attn_logit_softcapping", 50.0, zero_ok=True)
-            window = _int_key(gf, p + "attention.sliding_window", 4096, lo=0, hi=MAX_N_CTX)
-            pattern = 2
-            hp.freq_base_swa = _float_key(gf, p + "rope.freq_base_swa", hp.freq_base)
-            hp.freq_scale_swa = hp.freq_scale
-        else:
-            window = _int_key(gf, p + "attention.sliding_window", 0, lo=0, hi=MAX_N_CTX)
-            pattern = 6
-            hp.freq_base_swa = _float_key(gf, p + "rope.freq_base_swa", 10000.0)
-            hp.freq_scale_swa = 1.0
-        key = p + "attention.sliding_window_pattern"
-        if key in gf.kv:
-            v = gf.kv[key]
-            if isinstance(v, np.ndarray):
-                if v.shape != (L,) or v.dtype.kind not in "biu":
-                    raise ValueError(f"{key}: a per-layer array needs one bool per layer (block_count = {L}), "
-                                     f"found {gf.value_type(key)} of {v.size}")
-                swa = tuple(bool(b) for b in v.tolist())
-            else:
-                pattern = _int_key(gf, key, lo=0, hi=MAX_LAYERS)
-                swa = None
-        else:
-            swa = None
-        if swa is None:   # llama.cpp set_swa_pattern(n): layer il is SWA iff il % n < n - 1 (n = 0: all)
-            swa = tuple(pattern == 0 or il % pattern < pattern - 1 for il in range(L))
-        if window > 0:
-            hp.swa_window, hp.swa_layers = window, swa
-    elif arch == "granite":
-        hp.emb_scale = _float_key(gf, p + "embedding_scale", 0.0, zero_ok=True)
-        hp.residual_scale = _float_key(gf, p + "residual_scale", 0.0, zero_ok=True)
-        hp.logit_scale = _float_key(gf, p + "logit_scale", 0.0, zero_ok=True)
-        a = _float_key(gf, p + "attention.scale", 0.0, zero_ok=True)
-        if a:
-            hp.kq_scale = a
-    elif arch == "smollm3":
-        hp.nope_layers = tuple((il + 1) % _SMOLLM3_NOPE_STEP == 0 for il in range(L))
+class Keys:
+    """The typed, range-checked reads of one architecture's "<arch>.<suffix>" keys, for its
+    hparams hook (cpufuse/llama/arch/*.py): each bad value raises ValueError naming the key."""
+    MAX_LAYERS, MAX_N_CTX, MAX_DIM = MAX_LAYERS, MAX_N_CTX, MAX_DIM
+
+    def __init__(self, gf, arch):
+        self.gf, self.p = gf, arch + "."
+
+    def key(self, suffix):
+        return self.p + suffix
+
+    def has(self, suffix):
+        return self.p + suffix in self.gf.kv
+
+    def value(self, suffix):
+        return self.gf.kv[self.p + suffix]
+
+    def type(self, suffix):
+        return self.gf.value_type(self.p + suffix)
+
+    def int(self, suffix, default=_MISSING, lo=1, hi=MAX_DIM):
+        """an integer in [lo, hi] (default when absent; ValueError when absent without one)"""
+        return _int_key(self.gf, self.p + suffix, default, lo=lo, hi=hi)
+
+    def float(self, suffix, default=_MISSING, hi=None, zero_ok=False):
+        """a finite number > 0 (<= hi; zero_ok: 0 allowed, llama.cpp's 'not set')"""
+        return _float_key(self.gf, self.p + suffix, default, hi=hi, zero_ok=zero_ok)
 
 
-def _arch(gf):
+def _arch_name(gf):
     arch = _str_key(gf, "general.architecture")
-    if arch not in SUPPORTED_ARCHS:
-        raise ValueError(f"architecture {arch!r} is not supported by cpufuse.llama "
-                         f"(supported: {', '.join(SUPPORTED_ARCHS)})")
+    _arch.get(arch)    # ValueError naming it and the supported ones
     return arch
 
 
@@ -284,7 +257,8 @@ def _check_special_ids(gf, n_vocab):
 def read_hparams(gf):
     """The HParams of a GGUFFile: its architecture (refused unless supported), vocabulary size
     and special token ids checked, then every hyperparameter key."""
-    _arch(gf)
+    _arch_name(gf)
     n_vocab = _vocab_size(gf)
     _check_special_ids(gf, n_vocab)
     return HParams.from_gguf(gf, n_vocab)
+

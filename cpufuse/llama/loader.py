@@ -1,6 +1,7 @@
-"""The weights of a GGUF decoder model: every tensor the forward pass reads, checked against the
-hyperparameters, as views of the memory-mapped file (2-D weights as cpufuse.QTensor, 1-D vectors
-as float32 copies), then optionally repacked for the kernels.
+"""The weights of a GGUF decoder model: every tensor its architecture declares (the tensor list of
+its module in cpufuse/llama/arch/), checked against the hyperparameters, as views of the
+memory-mapped file (weights as cpufuse.QTensor, 1-D vectors as float32 copies), then optionally
+repacked for the kernels.
 
     w = load_weights(gf, hp, n_ctx)        # Weights: tok_embd, output, layers[i].wq, ...
     repack_weights(w, gf, isa, progress)   # P16 panels, the file pages released
@@ -10,6 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from cpufuse.quant.types import QTensor, dequantize
+
+from .arch import get as get_arch
+from .arch.spec import Dims
 
 __all__ = ["Layer", "Weights", "load_weights", "repack_weights"]
 
@@ -29,15 +33,18 @@ def _aligned_bytes(t):
 
 
 def _weight(t, shape):
-    """The 2-D weight `t` (ne = [n_in, n_out]) as a QTensor over its bytes in the mapped file,
-    checked against the expected (n_out, n_in). The one place a weight becomes a QTensor (a
-    load-time layout change, such as repacking, belongs here)."""
-    n_out, n_in = shape
-    if t.ne != (n_in, n_out):
-        raise ValueError(f"tensor {t.name}: ne = {list(t.ne)}, expected [{n_in}, {n_out}] "
-                         f"(numpy shape ({n_out}, {n_in}) = (n_out, n_in))")
+    """The weight `t` (ne = shape reversed) as a QTensor over its bytes in the mapped file, checked
+    against the expected numpy shape ((n_out, n_in) for a matrix). The one place a weight becomes a
+    QTensor (a load-time layout change, such as repacking, belongs here)."""
+    if t.ne != tuple(reversed(shape)):
+        if len(shape) == 2:
+            n_out, n_in = shape
+            raise ValueError(f"tensor {t.name}: ne = {list(t.ne)}, expected [{n_in}, {n_out}] "
+                             f"(numpy shape ({n_out}, {n_in}) = (n_out, n_in))")
+        raise ValueError(f"tensor {t.name}: ne = {list(t.ne)}, expected {list(reversed(shape))} "
+                         f"(numpy shape {tuple(shape)})")
     try:
-        return QTensor(_aligned_bytes(t), t.type_id, (n_out, n_in))
+        return QTensor(_aligned_bytes(t), t.type_id, tuple(shape))
     except NotImplementedError as e:
         raise NotImplementedError(f"tensor {t.name}: {e}") from None
 
@@ -53,108 +60,76 @@ def _vector(t, n):
     return np.ascontiguousarray(a.reshape(n), dtype=F32)
 
 
-class Layer:
-    """One block's tensors (None where the architecture has none)."""
-    __slots__ = ("attn_norm", "wq", "wk", "wv", "bq", "bk", "bv", "wo", "bo", "q_norm", "k_norm",
-                 "ffn_norm", "wg", "wu", "wd", "bd", "post_attn_norm", "post_ffn_norm")
+class _Tensors:
+    """Attributes named by an architecture's tensor declarations (arch/spec.py's T.field); a
+    field the architecture does not declare reads as None."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
 
 
-class Weights:
+class Layer(_Tensors):
+    """One block's tensors: wq, wk, wv, wo, wg, wu, wd (QTensor), attn_norm, ffn_norm, bq, ...
+    (float32 vectors), as the architecture declares them (None where absent)."""
+
+
+class Weights(_Tensors):
     """The model-level tensors and the layers. output is token_embd when tied (no output.weight);
     n_logits = output's rows; rope_freqs: the RoPE frequency factors, or None."""
-    __slots__ = ("tok_embd", "output_norm", "output", "tied", "output_bias", "n_logits", "rope_freqs", "layers")
+
+
+def _read(tensors, specs, prefix, obj):
+    """read the declared tensors `specs` (arch/spec.py's T) of one layer (prefix "blk.{i}.") or
+    of the model (prefix "") into obj's fields"""
+    for s in specs:
+        name = prefix + s.name
+        t = tensors.get(name)
+        if s.refuse:
+            if t is not None:
+                raise ValueError(f"tensor {name}: {s.refuse}")
+            continue
+        if (s.unless and prefix + s.unless in tensors) or (s.requires and prefix + s.requires not in tensors):
+            continue
+        if t is None:
+            if not s.optional:
+                raise ValueError(f"GGUF is missing the tensor {name}")
+            for f in s.fields:
+                setattr(obj, f, None)
+            continue
+        v = _weight(t, s.shape) if len(s.shape) >= 2 else _vector(t, s.shape[0])
+        if not s.split:
+            setattr(obj, s.field, v)
+            continue
+        r = 0
+        for f, rows in s.split:   # consecutive row ranges: views of the same bytes
+            part = QTensor(v.raw[r:r + rows], v.qtype, (rows,) + v.shape[1:]) if len(s.shape) >= 2 else v[r:r + rows]
+            setattr(obj, f, part)
+            r += rows
 
 
 def load_weights(gf, hp, n_ctx):
-    """Every tensor the forward pass reads, checked against the hyperparameters: 2-D weights as
-    QTensor views of the mapped file (`_weight`), 1-D vectors as float32 copies (`_vector`).
-    A tensor the architecture does not use is ignored. n_ctx: the context size (phi3's LongRoPE
-    factors depend on it)."""
+    """Every tensor the architecture declares (cpufuse/llama/arch/), checked against the
+    hyperparameters: weights as QTensor views of the mapped file (`_weight`), 1-D vectors as
+    float32 copies (`_vector`). A tensor the architecture does not declare is ignored. n_ctx: the
+    context size (phi3's LongRoPE factors depend on it)."""
+    spec = get_arch(hp.arch)
+    model_specs, layer_specs = spec.tensors(Dims.of(hp))
     out = Weights()
-    tensors = gf.tensors
-
-    def tensor(name, required):
-        t = tensors.get(name)
-        if t is None and required:
-            raise ValueError(f"GGUF is missing the tensor {name}")
-        return t
-
-    def qt(name, shape, required=True):
-        t = tensor(name, required)
-        return None if t is None else _weight(t, shape)
-
-    def vec(name, n, required=True):
-        t = tensor(name, required)
-        return None if t is None else _vector(t, n)
-
-    E, H, Hkv, D, FF, V = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.n_vocab
-    out.tok_embd = qt("token_embd.weight", (V, E))
-    out.output_norm = vec("output_norm.weight", E)
-    out.output = qt("output.weight", (V, E), required=False)
+    _read(gf.tensors, model_specs, "", out)
     out.tied = out.output is None
     if out.tied:
         out.output = out.tok_embd
-    out.output_bias = vec("output.bias", V, required=False)
     out.n_logits = out.output.n_out
-    out.rope_freqs = vec("rope_freqs.weight", hp.n_rot // 2, required=False)
-    if hp.arch == "phi3" and "rope_factors_long.weight" in tensors:
-        # LongRoPE: per-dimension frequency factors, the long ones when the context exceeds the
-        # original one (llama.cpp build_rope_factors: n_ctx_per_seq > n_ctx_orig_yarn)
-        which = "long" if n_ctx > hp.n_ctx_orig else "short"
-        out.rope_freqs = vec(f"rope_factors_{which}.weight", hp.n_rot // 2)
-
     layers = []
     for i in range(hp.n_layer):
-        b = f"blk.{i}."
         L = Layer()
-        L.attn_norm = vec(b + "attn_norm.weight", E)
-        if b + "attn_qkv.weight" in tensors:   # fused QKV: three row ranges of one tensor
-            w = qt(b + "attn_qkv.weight", ((H + 2 * Hkv) * D, E))
-            raw = w.raw
-            L.wq = QTensor(raw[:H * D], w.qtype, (H * D, E))
-            L.wk = QTensor(raw[H * D:(H + Hkv) * D], w.qtype, (Hkv * D, E))
-            L.wv = QTensor(raw[(H + Hkv) * D:], w.qtype, (Hkv * D, E))
-            bqkv = vec(b + "attn_qkv.bias", (H + 2 * Hkv) * D, required=False)
-            if bqkv is not None:
-                L.bq, L.bk, L.bv = bqkv[:H * D], bqkv[H * D:(H + Hkv) * D], bqkv[(H + Hkv) * D:]
-            else:
-                L.bq = L.bk = L.bv = None
-        else:
-            L.wq = qt(b + "attn_q.weight", (H * D, E))
-            L.wk = qt(b + "attn_k.weight", (Hkv * D, E))
-            L.wv = qt(b + "attn_v.weight", (Hkv * D, E))
-            L.bq = vec(b + "attn_q.bias", H * D, required=False)
-            L.bk = vec(b + "attn_k.bias", Hkv * D, required=False)
-            L.bv = vec(b + "attn_v.bias", Hkv * D, required=False)
-        L.wo = qt(b + "attn_output.weight", (E, H * D))
-        L.bo = vec(b + "attn_output.bias", E, required=False)
-        if hp.qk_norm:
-            L.q_norm = vec(b + "attn_q_norm.weight", D)
-            L.k_norm = vec(b + "attn_k_norm.weight", D)
-        else:
-            L.q_norm = L.k_norm = None
-        L.ffn_norm = vec(b + "ffn_norm.weight", E)
-        if hp.post_norms:   # gemma: the branch outputs' norms (weights with the +1 already in)
-            L.post_attn_norm = vec(b + "post_attention_norm.weight", E)
-            L.post_ffn_norm = vec(b + "post_ffw_norm.weight", E)
-        else:
-            L.post_attn_norm = L.post_ffn_norm = None
-        if b + "ffn_gate.weight" not in tensors and b + "ffn_up.weight" in tensors and \
-                tensors[b + "ffn_up.weight"].ne == (E, 2 * FF):
-            # phi3: one ffn_up of 2*n_ff rows, the gate first (llama.cpp LLM_FFN_SWIGLU on the halves)
-            w = qt(b + "ffn_up.weight", (2 * FF, E))
-            L.wg = QTensor(w.raw[:FF], w.qtype, (FF, E))
-            L.wu = QTensor(w.raw[FF:], w.qtype, (FF, E))
-        else:
-            L.wg = qt(b + "ffn_gate.weight", (FF, E))
-            L.wu = qt(b + "ffn_up.weight", (FF, E))
-        L.wd = qt(b + "ffn_down.weight", (E, FF))
-        L.bd = vec(b + "ffn_down.bias", E, required=False)
-        for nm in ("ffn_gate.bias", "ffn_up.bias"):
-            if b + nm in tensors:
-                raise ValueError(f"tensor {b + nm}: FFN gate/up biases are not supported")
+        _read(gf.tensors, layer_specs, f"blk.{i}.", L)
         layers.append(L)
     out.layers = layers
+    if spec.finish is not None:
+        spec.finish(out, hp, n_ctx)
     return out
 
 
@@ -170,8 +145,9 @@ def repack_weights(w, gf, isa=None, progress=None):
         return p
     n = len(w.layers) + 1
     for i, L in enumerate(w.layers):
-        for k in ("wq", "wk", "wv", "wo", "wg", "wu", "wd"):
-            setattr(L, k, rp(getattr(L, k)))
+        for k, t in list(vars(L).items()):
+            if isinstance(t, QTensor):
+                setattr(L, k, rp(t))
         if progress is not None:
             progress(i + 1, n)
     if w.tied:

@@ -10,10 +10,14 @@ multiple of 256: use `kquant_dims()`). gguf-py cannot quantize K-quants, so Q4_K
 random bytes with the f16 super-block scales set to give the wanted weight spread (any byte pattern
 is a valid block); Q2_K, Q3_K and the IQ4 types come from cpufuse.reference.quant's quantizers.
 """
+import pathlib
+
 import numpy as np
 
 import gguf
 
+from .arch import REGISTRY, SUPPORTED
+from .arch.spec import Dims
 from .tokenizer import bytes_to_unicode
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -71,61 +75,56 @@ def _kquant_random(rng, qtype, n_out, n_in, std):
     return raw.reshape(n_out, nb * tsz)
 
 
-def _add_weight(w, rng, name, n_out, n_in, qtype, std):
+def _add_weight(w, rng, name, n_out, n_in, qtype, std, lead=()):
+    """a random weight of n_out rows of n_in; lead: leading dims (stacked experts) that split the
+    rows, e.g. (n_expert,) writes (n_expert, n_out / n_expert, n_in)"""
+    def add(a, raw_dtype=None):   # a: (n_out, n_in elements or row bytes)
+        a = a.reshape(tuple(lead) + (n_out // int(np.prod(lead, dtype=np.int64)), a.shape[-1]))
+        w.add_tensor(name, a, raw_dtype=raw_dtype)
     if qtype in ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"):   # cpufuse's own test quantizers
         from ..reference.quant import quantize_weight
         a = (rng.standard_normal((n_out, n_in)) * std).astype(np.float32)
-        w.add_tensor(name, np.ascontiguousarray(quantize_weight(a, qtype).raw),
-                     raw_dtype=gguf.GGMLQuantizationType[qtype])
+        add(np.ascontiguousarray(quantize_weight(a, qtype).raw), gguf.GGMLQuantizationType[qtype])
         return
     if qtype in ("Q4_K", "Q6_K"):
-        w.add_tensor(name, _kquant_random(rng, qtype, n_out, n_in, std),
-                     raw_dtype=gguf.GGMLQuantizationType[qtype])
+        add(_kquant_random(rng, qtype, n_out, n_in, std), gguf.GGMLQuantizationType[qtype])
         return
     a = (rng.standard_normal((n_out, n_in)) * std).astype(np.float32)
     if qtype == "F32":
-        w.add_tensor(name, a)
+        add(a)
     elif qtype == "F16":
-        w.add_tensor(name, a.astype(np.float16))
+        add(a.astype(np.float16))
     else:
         qt = gguf.GGMLQuantizationType[qtype]
-        w.add_tensor(name, gguf.quants.quantize(a, qt), raw_dtype=qt)
+        add(gguf.quants.quantize(a, qt), qt)
 
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "gemma2", "phi3", "smollm3", "granite")
-GEMMA_SPECIALS = ["<start_of_turn>", "<end_of_turn>"]
+ARCHS = SUPPORTED   # every architecture of the registry (cpufuse/llama/arch/)
 
 
 def model_dims(arch, dims=None):
-    """DEFAULT_DIMS (6 layers for gemma3) with `dims` applied, and "head_dim" and "n_rot" filled in
-    (head_dim n_embd / n_head, n_rot the head dim, half of it for phi3)"""
+    """DEFAULT_DIMS with the architecture's tiny overrides (gemma3: 6 layers) and `dims` applied,
+    and "head_dim" and "n_rot" filled in (head_dim n_embd / n_head, n_rot the architecture's
+    fraction of the head dim: all of it, half for phi3)"""
+    a = REGISTRY.get(arch)
     d = dict(DEFAULT_DIMS)
-    if arch == "gemma3":
-        d["n_layer"] = 6
+    d.update(a.tiny_dims if a else {})
     d.update(dims or {})
     d["head_dim"] = d.get("head_dim") or d["n_embd"] // d["n_head"]
-    d["n_rot"] = d.get("n_rot") or (d["head_dim"] // 2 if arch == "phi3" else d["head_dim"])
+    d["n_rot"] = d.get("n_rot") or int(d["head_dim"] * (a.tiny_rot if a else 1.0))
     return d
 
 
 def arch_key_values(arch, d, arch_keys=None):
     """{suffix: value} of the "<arch>.<suffix>" keys beyond the common ones: key/value_length when the
-    head dim is not n_embd / n_head, then the arch's (tiny) defaults, then arch_keys (None drops one)"""
+    head dim is not n_embd / n_head, then the arch's tiny defaults (its module's tiny_keys), then
+    arch_keys (None drops one)"""
     akeys = {}
     if d["head_dim"] != d["n_embd"] // d["n_head"]:
         akeys["attention.key_length"] = d["head_dim"]
         akeys["attention.value_length"] = d["head_dim"]
-    if arch in ("gemma2", "gemma3"):
-        akeys["attention.sliding_window"] = 4
-    if arch == "gemma2":
-        akeys["attn_logit_softcapping"] = 50.0
-        akeys["final_logit_softcapping"] = 30.0
-    if arch == "phi3":
-        akeys["rope.scaling.original_context_length"] = 64
-        akeys["rope.scaling.attn_factor"] = 1.19
-    if arch == "granite":
-        akeys.update({"embedding_scale": 12.0, "residual_scale": 0.22, "attention.scale": 0.0078125,
-                      "logit_scale": 8.0})
+    if arch in REGISTRY:
+        akeys.update(REGISTRY[arch].tiny_keys)
     akeys.update(arch_keys or {})
     return {k: v for k, v in akeys.items() if v is not None}
 
@@ -156,50 +155,56 @@ def add_model_keys(w, arch, d, name, n_ctx_train, freq_base, eps, arch_keys=None
     w.add_rope_dimension_count(d["n_rot"])
 
 
+def _dims(d, n_vocab):
+    return Dims(d["n_embd"], d["n_head"], d["n_head_kv"], d["head_dim"], d["n_ff"], n_vocab, d["n_rot"],
+                d["n_layer"])
+
+
+def _init(t):
+    """tiny.py's kind of random values for the declared tensor t"""
+    if t.init:
+        return t.init
+    if len(t.shape) >= 2:
+        return "w"
+    return "bias" if t.name.endswith(".bias") else "norm"
+
+
 def tensor_plan(arch, d, n_vocab, tied=True, biases=None, fused_qkv=False):
-    """The model's tensors in file order, [(name, kind, n_out, n_in)]: kind "w" a 2-D weight (n_out
-    rows of n_in), "norm" a norm weight, "bias" a bias, "rope_long"/"rope_short" phi3's LongRoPE
-    factors (the last four 1-D: n_in values, n_out = 1). d: model_dims(arch, ...); biases None:
-    qwen2's Q/K/V biases; phi3 has fused attn_qkv (Q, K, V rows at offsets 0, H*D, (H+Hkv)*D) and
-    one ffn_up (the gate's n_ff rows, then up's)."""
-    E, L, H, Hkv, FF, D = (d[k] for k in ("n_embd", "n_layer", "n_head", "n_head_kv", "n_ff", "head_dim"))
-    fused_qkv = fused_qkv or arch == "phi3"
-    biases = arch == "qwen2" if biases is None else biases
-    out = []
-    if arch == "phi3":
-        out += [("rope_factors_long.weight", "rope_long", 1, d["n_rot"] // 2),
-                ("rope_factors_short.weight", "rope_short", 1, d["n_rot"] // 2)]
-    out += [("token_embd.weight", "w", n_vocab, E), ("output_norm.weight", "norm", 1, E)]
-    if not tied:
-        out.append(("output.weight", "w", n_vocab, E))
-    for i in range(L):
-        b = f"blk.{i}."
-        out.append((b + "attn_norm.weight", "norm", 1, E))
-        if fused_qkv:
-            out.append((b + "attn_qkv.weight", "w", (H + 2 * Hkv) * D, E))
-        else:
-            out += [(b + "attn_q.weight", "w", H * D, E), (b + "attn_k.weight", "w", Hkv * D, E),
-                    (b + "attn_v.weight", "w", Hkv * D, E)]
-        if biases:
-            out += [(b + "attn_q.bias", "bias", 1, H * D), (b + "attn_k.bias", "bias", 1, Hkv * D),
-                    (b + "attn_v.bias", "bias", 1, Hkv * D)]
-        if arch in ("qwen3", "gemma3"):
-            out += [(b + "attn_q_norm.weight", "norm", 1, D), (b + "attn_k_norm.weight", "norm", 1, D)]
-        out.append((b + "attn_output.weight", "w", E, H * D))
-        if arch in ("gemma2", "gemma3"):
-            out += [(b + "post_attention_norm.weight", "norm", 1, E), (b + "post_ffw_norm.weight", "norm", 1, E)]
-        out.append((b + "ffn_norm.weight", "norm", 1, E))
-        if arch == "phi3":
-            out.append((b + "ffn_up.weight", "w", 2 * FF, E))
-        else:
-            out += [(b + "ffn_gate.weight", "w", FF, E), (b + "ffn_up.weight", "w", FF, E)]
-        out.append((b + "ffn_down.weight", "w", E, FF))
+    """[(name, kind, n_out, n_in)] of _plan: a weight of any rank as n_out = the product of its
+    leading dims (the docstring of _plan says which tensors)"""
+    return [(name, kind, int(np.prod(shape[:-1], dtype=np.int64)), shape[-1])
+            for name, kind, shape in _plan(arch, d, n_vocab, tied, biases, fused_qkv)]
+
+
+def _plan(arch, d, n_vocab, tied=True, biases=None, fused_qkv=False):
+    """The model's tensors in file order, [(name, kind, shape)]: the tensors the architecture
+    declares (cpufuse/llama/arch/, llama's for a name not in the registry) that these options
+    select, with their declared numpy shapes. kind "w" a weight (any rank), "norm" a norm weight,
+    "bias" a bias, "rope_long"/"rope_short" phi3's LongRoPE factors (the last four 1-D).
+    d: model_dims(arch, ...); biases None: the arch's default (qwen2's Q/K/V biases); fused_qkv:
+    one attn_qkv (Q, K, V rows at offsets 0, H*D, (H+Hkv)*D), phi3's default."""
+    a = REGISTRY.get(arch, REGISTRY["llama"])
+    on = {"untied": not tied,
+          "biases": a.tiny_options.get("biases", False) if biases is None else biases,
+          "fused_qkv": fused_qkv or a.tiny_options.get("fused_qkv", False)}
+
+    def written(t):
+        if t.tiny is None or t.refuse:
+            return False
+        if not t.tiny:
+            return True
+        return not on[t.tiny[1:]] if t.tiny.startswith("!") else on[t.tiny]
+
+    model, layer = a.tensors(_dims(d, n_vocab))
+    out = [(t.name, _init(t), tuple(t.shape)) for t in model if written(t)]
+    for i in range(d["n_layer"]):
+        out += [(f"blk.{i}." + t.name, _init(t), tuple(t.shape)) for t in layer if written(t)]
     return out
 
 
 def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qtype="F16",
                     n_ctx_train=512, freq_base=10000.0, eps=1e-5, chat_template=None, biases=None,
-                    dims=None, extra=None, fused_qkv=False, arch_keys=None):
+                    dims=None, extra=None, fused_qkv=False, arch_keys=None, split_max_tensors=0):
     """Write a tiny model and return its path (str). biases: None = the arch's default (qwen2 has
     Q/K/V biases). extra: callable(writer) to add keys. dims: DEFAULT_DIMS overrides, plus
     "head_dim" (written as attention.key_length/value_length when it is not n_embd / n_head) and
@@ -211,15 +216,16 @@ def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qty
     sliding_window 4, the Gemma turn tokens), gemma2 (post norms, softcaps 50/30, window 4),
     phi3 (fused attn_qkv and ffn_up, LongRoPE factors, partial rotary n_rot = head_dim / 2),
     smollm3, granite (embedding/residual/attention/logit scales). arch_keys: {key suffix: value}
-    written as "<arch>.<suffix>" (overriding these defaults; None drops the key)."""
+    written as "<arch>.<suffix>" (overriding these defaults; None drops the key).
+    split_max_tensors > 0: a split GGUF (gguf-py's writer: PATHSTEM-00001-of-0000N.gguf, ...) of
+    at most that many tensors a part; the first part's path is returned."""
     d = model_dims(arch, dims)
-    gemma = arch in ("gemma2", "gemma3")
+    a = REGISTRY.get(arch, REGISTRY["llama"])
     rng = np.random.default_rng(seed)
     tokens, types, merges = tiny_vocab()
-    if gemma:
-        tokens, types = tokens + GEMMA_SPECIALS, types + [3] * len(GEMMA_SPECIALS)
+    tokens, types = tokens + list(a.tiny_tokens), types + [3] * len(a.tiny_tokens)
     path = str(path)
-    w = gguf.GGUFWriter(path, arch)
+    w = gguf.GGUFWriter(pathlib.Path(path), arch, split_max_tensors=split_max_tensors)
     add_model_keys(w, arch, d, "tiny-test", n_ctx_train, freq_base, eps, arch_keys)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
@@ -227,16 +233,18 @@ def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qty
     w.add_token_types(types)
     w.add_token_merges(merges)
     w.add_bos_token_id(tokens.index("<|endoftext|>"))
-    w.add_eos_token_id(tokens.index("<|endoftext|>" if gemma else "<|im_end|>"))
+    w.add_eos_token_id(tokens.index(a.tiny_eos))
     w.add_add_bos_token(False)
     if chat_template:
         w.add_chat_template(chat_template)
     if extra is not None:
         extra(w)
-    for name, kind, n_out, n_in in tensor_plan(arch, d, len(tokens), tied, biases, fused_qkv):
+    for name, kind, shape in _plan(arch, d, len(tokens), tied, biases, fused_qkv):
+        n_in = shape[-1]
         if kind == "w":
             emb = name == "token_embd.weight"
-            _add_weight(w, rng, name, n_out, n_in, embd_qtype if emb else qtype, 1.0 if emb else 1.0 / np.sqrt(n_in))
+            _add_weight(w, rng, name, int(np.prod(shape[:-1], dtype=np.int64)), n_in,
+                        embd_qtype if emb else qtype, 1.0 if emb else 1.0 / np.sqrt(n_in), lead=shape[:-2])
         elif kind == "norm":
             w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n_in)).astype(np.float32))
         elif kind == "bias":
@@ -247,4 +255,4 @@ def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qty
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
+    return str(w.format_shard_names(pathlib.Path(path))[0])

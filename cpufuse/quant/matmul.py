@@ -66,6 +66,9 @@ def _check_residual(r, shape):
 def _check_w(w, name):
     if not isinstance(w, QTensor):
         raise TypeError(f"{name} must be a cpufuse.QTensor, got {type(w).__name__}")
+    if w.n_expert:
+        raise ValueError(f"{name} must be a 2-D QTensor (n_out, n_in), got a 3-D expert tensor {w.shape}: "
+                         f"take one expert ({name}[e]) or route rows with Graph.qmatmul_id")
     return w
 
 

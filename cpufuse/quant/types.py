@@ -106,17 +106,21 @@ _U8 = np.dtype(np.uint8)
 
 
 def _check_shape(shape):
+    """(n_expert, n_out, n_in): n_expert 0 for a 2-D shape (n_out, n_in), else its leading dimension"""
     if not isinstance(shape, (tuple, list)):
-        raise TypeError(f"shape must be a tuple (n_out, n_in) of 2 ints, got {type(shape).__name__}")
-    if len(shape) != 2:
-        raise ValueError(f"shape must be (n_out, n_in), 2 ints, got {len(shape)} values: {tuple(shape)!r}")
+        raise TypeError(f"shape must be a tuple (n_out, n_in) or (n_expert, n_out, n_in) of ints, got "
+                        f"{type(shape).__name__}")
+    if len(shape) not in (2, 3):
+        raise ValueError(f"shape must be (n_out, n_in) or (n_expert, n_out, n_in), got {len(shape)} values: "
+                         f"{tuple(shape)!r}")
     for v in shape:
         if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-            raise TypeError(f"shape must be a tuple (n_out, n_in) of 2 ints, got {tuple(shape)!r}")
-    n_out, n_in = int(shape[0]), int(shape[1])
-    if n_out <= 0 or n_in <= 0:
-        raise ValueError(f"shape: n_out and n_in must be positive, got {(n_out, n_in)}")
-    return n_out, n_in
+            raise TypeError(f"shape must be a tuple (n_out, n_in) or (n_expert, n_out, n_in) of ints, got "
+                            f"{tuple(shape)!r}")
+    dims = tuple(int(v) for v in shape)
+    if min(dims) <= 0:
+        raise ValueError(f"shape: every dimension must be positive, got {dims}")
+    return (0,) + dims if len(dims) == 2 else dims
 
 
 def _check_raw(raw, t):
@@ -316,43 +320,49 @@ def _dequant_fields(n, f):
 # ------------------------------------------------------------------------------------------------
 
 class QTensor:
-    """A weight matrix (n_out, n_in) held as its GGUF bytes, without copying them.
+    """A weight matrix (n_out, n_in), or a stack of n_expert of them (n_expert, n_out, n_in), held
+    as its GGUF bytes, without copying them.
 
     raw: the bytes as a C-contiguous numpy array of any shape: uint8 for every type, or float32
     (F32), float16/uint16 (F16), uint16 (BF16), e.g. `gguf.GGUFReader(path).tensors[i].data`
-    (a memmap works). qtype: anything `resolve_qtype` accepts. shape: (n_out, n_in), numpy order.
-    `.raw` is a read-only 2-D uint8 view (n_out, row_bytes) of the caller's buffer; the caller's
-    array and its flags are left untouched.
+    (a memmap works). qtype: anything `resolve_qtype` accepts. shape: (n_out, n_in) or
+    (n_expert, n_out, n_in), numpy order. `.raw` is a read-only uint8 view of the caller's buffer,
+    (n_out, row_bytes) or (n_expert, n_out, row_bytes); the caller's array and its flags are left
+    untouched. A 3-D tensor (n_expert > 0; 0 for a 2-D one) is a stack of contiguous 2-D slabs,
+    expert e's being `qt[e]` (`qt.expert(e)`), a 2-D QTensor over the same bytes; `repack` lays out
+    each slab as a 2-D weight would be, and the result still indexes per expert.
     """
     __slots__ = ("raw", "qtype", "type_id", "shape", "n_out", "n_in", "block_size", "type_size",
-                 "row_bytes", "nbytes", "vec_dot_type", "layout", "_c")
+                 "row_bytes", "nbytes", "vec_dot_type", "layout", "_c", "n_expert", "_experts")
 
     def __init__(self, raw, qtype, shape):
         t = resolve_qtype(qtype)
-        n_out, n_in = _check_shape(shape)
+        n_exp, n_out, n_in = _check_shape(shape)
         row_bytes = _row_bytes(t, n_in)
         flat = _check_raw(raw, t)
-        want = n_out * row_bytes
+        want = max(n_exp, 1) * n_out * row_bytes
         if flat.size != want:
-            raise ValueError(f"raw: a {t.name} tensor of shape ({n_out}, {n_in}) needs {want} bytes "
-                             f"({n_out} rows x {row_bytes}), got {flat.size} bytes (raw shape {raw.shape}, "
-                             f"dtype {raw.dtype})")
-        v = flat.reshape(n_out, row_bytes)
+            sh = (n_exp, n_out, n_in) if n_exp else (n_out, n_in)
+            raise ValueError(f"raw: a {t.name} tensor of shape {sh} needs {want} bytes "
+                             f"({max(n_exp, 1) * n_out} rows x {row_bytes}), got {flat.size} bytes (raw shape "
+                             f"{raw.shape}, dtype {raw.dtype})")
+        v = flat.reshape(((n_exp,) if n_exp else ()) + (n_out, row_bytes))
         v.flags.writeable = False                # on our view only
-        s = object.__setattr__
-        s(self, "raw", v)
-        s(self, "qtype", t.name)
-        s(self, "type_id", t.type_id)
-        s(self, "shape", (n_out, n_in))
-        s(self, "n_out", n_out)
-        s(self, "n_in", n_in)
-        s(self, "block_size", t.block_size)
-        s(self, "type_size", t.type_size)
-        s(self, "row_bytes", row_bytes)
-        s(self, "nbytes", want)
-        s(self, "vec_dot_type", t.vec_dot_type)
-        s(self, "layout", "gguf")
-        s(self, "_c", None)  # raw as the kernels see it (pointers, span, geometry number): quant.matmul._wptr
+        self._set(raw=v, qtype=t.name, type_id=t.type_id, shape=((n_exp,) if n_exp else ()) + (n_out, n_in),
+                  n_out=n_out, n_in=n_in, block_size=t.block_size, type_size=t.type_size, row_bytes=row_bytes,
+                  nbytes=want, vec_dot_type=t.vec_dot_type, layout="gguf", n_expert=n_exp, _experts=None,
+                  _c=None)  # _c: raw as the kernels see it (pointers, span, geometry number): quant.matmul._wptr
+
+    def _set(self, **fields):
+        for k, v in fields.items():
+            object.__setattr__(self, k, v)
+
+    def _like(self, **fields):
+        """a new QTensor with this one's fields but `fields` (no cached views)"""
+        q = object.__new__(QTensor)
+        q._set(**{k: getattr(self, k) for k in QTensor.__slots__})
+        q._set(_c=None, _experts=None, **fields)
+        return q
 
     def __setattr__(self, name, value):
         raise AttributeError(f"QTensor is immutable (cannot set {name!r})")
@@ -360,15 +370,51 @@ class QTensor:
     def __delattr__(self, name):
         raise AttributeError(f"QTensor is immutable (cannot delete {name!r})")
 
+    def expert(self, e):
+        """expert e's weight of a 3-D tensor: a 2-D QTensor (n_out, n_in) over the same bytes (GGUF rows
+        or P16 panels), made once per expert (the same object on every call)"""
+        if not self.n_expert:
+            raise TypeError(f"expert: a 2-D QTensor {self.shape} has no expert dimension")
+        if isinstance(e, (bool, np.bool_)) or not isinstance(e, numbers.Integral):
+            raise TypeError(f"expert index must be an int, got {type(e).__name__}")
+        e = int(e)
+        if not -self.n_expert <= e < self.n_expert:
+            raise IndexError(f"expert index {e} is out of range for {self.n_expert} experts")
+        e %= self.n_expert
+        if self._experts is None:
+            self._set(_experts=[None] * self.n_expert)
+        if self._experts[e] is None:
+            if self.layout == "gguf":
+                raw, nb = self.raw[e], self.n_out * self.row_bytes
+            else:   # a slab of P16 panels, at the start of expert e's (64-byte aligned) stride
+                nb = self.nbytes // self.n_expert
+                n_panels = (self.n_out + PANEL - 1) // PANEL
+                raw = self.raw[e, :nb].reshape(n_panels, nb // n_panels)
+            self._experts[e] = self._like(raw=raw, shape=(self.n_out, self.n_in), nbytes=nb, n_expert=0)
+        return self._experts[e]
+
+    def __getitem__(self, e):
+        return self.expert(e)
+
+    def __len__(self):
+        if not self.n_expert:
+            raise TypeError("len() of a 2-D QTensor (it has no expert dimension)")
+        return self.n_expert
+
     def dequantize(self):
-        """A new float32 array (n_out, n_in), bit-identical to gguf.quants.dequantize."""
+        """A new float32 array (n_out, n_in), or (n_expert, n_out, n_in), bit-identical to
+        gguf.quants.dequantize."""
+        if self.n_expert:
+            return np.stack([self.expert(e).dequantize() for e in range(self.n_expert)])
         return dequantize(self.gguf_bytes(), self.qtype, self.n_in)
 
     def gguf_bytes(self):
-        """The weight's GGUF rows, (n_out, row_bytes) uint8: `raw` itself for the GGUF layout, a new
-        array unpacked from the panels for a repacked tensor."""
+        """The weight's GGUF rows, (n_out, row_bytes) uint8 (a 3-D tensor: (n_expert, n_out, row_bytes)):
+        `raw` itself for the GGUF layout, a new array unpacked from the panels for a repacked tensor."""
         if self.layout == "gguf":
             return self.raw
+        if self.n_expert:
+            return np.stack([self.expert(e).gguf_bytes() for e in range(self.n_expert)])
         from .. import _backend
         out = np.empty((self.n_out, self.row_bytes), np.uint8)
         ffi, lib = _backend.ffi, _backend.lib
@@ -386,7 +432,9 @@ class QTensor:
         kernels then run without repacking on every call; results are bit-identical to the GGUF
         layout's on every path. Returns self when there is nothing to gain: float types (F32, F16,
         BF16), an already repacked tensor, isa="numba" (Numba reads GGUF rows), or no native
-        extension. isa: None = the ISA in force (cpufuse.use_isa, CPUFUSE_ISA, else the best)."""
+        extension. isa: None = the ISA in force (cpufuse.use_isa, CPUFUSE_ISA, else the best).
+        A 3-D tensor repacks each expert's slab as its 2-D weight, into one buffer (n_expert, stride)
+        whose rows start 64-byte aligned; `.expert(e)` of the result is expert e's repacked weight."""
         from .. import _backend, _dispatch
         isa = _dispatch.resolve(isa)
         if (self.layout != "gguf" or self.block_size == 1 or isa == "numba" or _backend.lib is None):
@@ -394,24 +442,22 @@ class QTensor:
         ffi, lib = _backend.ffi, _backend.lib
         nbytes = int(lib.cf_p16_bytes(self.type_id, self.n_out, self.n_in))
         n_panels = (self.n_out + PANEL - 1) // PANEL
-        buf = _aligned_empty(nbytes, 64).reshape(n_panels, nbytes // n_panels)
-        rc = lib.cf_repack_p16(self.type_id, self.n_out, self.n_in, ffi.from_buffer(self.raw), self.row_bytes,
-                               ffi.from_buffer(buf, require_writable=True), 0, n_panels)
-        if rc:  # pragma: no cover
-            raise RuntimeError(f"cf_repack_p16 failed for {self.qtype}")
+        n_e = max(self.n_expert, 1)
+        stride = (nbytes + 63) // 64 * 64
+        buf = _aligned_empty(stride * n_e, 64).reshape(n_e, stride)
+        for e in range(n_e):
+            src = self.raw[e] if self.n_expert else self.raw
+            rc = lib.cf_repack_p16(self.type_id, self.n_out, self.n_in, ffi.from_buffer(src), self.row_bytes,
+                                   ffi.from_buffer(buf[e], require_writable=True), 0, n_panels)
+            if rc:  # pragma: no cover
+                raise RuntimeError(f"cf_repack_p16 failed for {self.qtype}")
         buf.flags.writeable = False
-        q = object.__new__(QTensor)
-        for k in QTensor.__slots__:
-            if k not in ("raw", "layout", "_c"):
-                object.__setattr__(q, k, getattr(self, k))
-        object.__setattr__(q, "raw", buf)
-        object.__setattr__(q, "layout", "p16")
-        object.__setattr__(q, "_c", None)
-        return q
+        raw = buf if self.n_expert else buf[0, :nbytes].reshape(n_panels, nbytes // n_panels)
+        return self._like(raw=raw, layout="p16", nbytes=nbytes * n_e)
 
     def __repr__(self):
         lay = "" if self.layout == "gguf" else f", layout={self.layout}"
-        return (f"QTensor({self.qtype}, shape=({self.n_out}, {self.n_in}), {self.nbytes} bytes, "
+        return (f"QTensor({self.qtype}, shape={self.shape}, {self.nbytes} bytes, "
                 f"vec_dot_type={self.vec_dot_type}{lay})")
 
 

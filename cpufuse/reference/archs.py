@@ -10,17 +10,18 @@ The command line checks a real file: greedy tokens from cpufuse, then this refer
 each of them (teacher forced), top-1 agreement and the reference's top-1/top-2 margin where they
 differ (not a test: the suite never downloads; docs/architectures.md).
 
-Per layer (each architecture's deltas in the comments): pre-norm RMSNorm, Q/K/V, the per-head
-Q/K norms, RoPE, causal (and sliding-window) softmax attention with the q.k scale and the optional
-logit softcap, the output projection, the optional post-norm or residual scale, the residual add,
-then the same for the gated FFN (SiLU or tanh-GELU gate); the final norm, the head (token_embd
-when output.weight is absent), the logit scale and the final softcap.
+Per layer (each architecture's deltas in the comments): pre-norm RMSNorm (none on olmo2), Q/K/V,
+the Q/K norms (per head; olmo2: over the full projection), RoPE, causal (and sliding-window)
+softmax attention with the q.k scale and the optional logit softcap, the output projection, the
+optional post-norm or residual scale, the residual add, then the same for the gated FFN (SiLU or
+tanh-GELU gate); the final norm, the head (token_embd when output.weight is absent), the logit
+scale and the final softcap.
 """
 import math
 
 import numpy as np
 
-_NEOX = {"qwen2", "qwen3", "gemma3", "gemma2", "phi3"}
+_NEOX = {"qwen2", "qwen3", "gemma3", "gemma2", "phi3", "olmo2"}
 
 
 class _File:
@@ -92,11 +93,13 @@ def _rope(x, pos, n_rot, neox, base, scale, factors, mscale):
 _CACHE = {}
 
 
-def ref_logits(path, tokens, n_ctx=None, gelu="tanh", keep=False):
+def ref_logits(path, tokens, n_ctx=None, gelu="tanh", keep=False, hidden=False):
     """(len(tokens), n_vocab) float64 logits of every position; n_ctx: the context size the model
     runs with (phi3 picks its long or short RoPE factors by it; default context_length).
     gelu: "tanh" (the formula) or "f16_table" (llama.cpp's CPU table, to measure what it changes).
-    keep: keep the dequantized file in memory for the next call on the same path."""
+    keep: keep the dequantized file in memory for the next call on the same path.
+    hidden: return the (len(tokens), n_embd) hidden states after output_norm (the embeddings)
+    instead of the logits."""
     f = _CACHE.get(path) or _File(path)
     if keep:
         _CACHE[path] = f
@@ -112,6 +115,7 @@ def ref_logits(path, tokens, n_ctx=None, gelu="tanh", keep=False):
     mscale = f.a("rope.scaling.attn_factor", 1.0)
     n_ctx_train = f.a("context_length")
     gemma = arch in ("gemma2", "gemma3")
+    olmo2 = arch == "olmo2"    # no pre-norms; Q/K norms over the full width; post-norms (as gemma)
     tokens = np.asarray(tokens)
     n = len(tokens)
     pos = np.arange(n, dtype=np.float64)
@@ -144,7 +148,7 @@ def ref_logits(path, tokens, n_ctx=None, gelu="tanh", keep=False):
     causal = pos[None, :] <= pos[:, None]
     for il in range(L):
         b = f"blk.{il}."
-        h = _rms(x, T[b + "attn_norm.weight"], eps)
+        h = x if olmo2 else _rms(x, T[b + "attn_norm.weight"], eps)
         if b + "attn_qkv.weight" in T:
             qkv = h @ T[b + "attn_qkv.weight"].T
             q, k, v = qkv[:, :H * D], qkv[:, H * D:(H + Hkv) * D], qkv[:, (H + Hkv) * D:]
@@ -158,8 +162,10 @@ def ref_logits(path, tokens, n_ctx=None, gelu="tanh", keep=False):
                     k = k + T[b + "attn_k.bias"]
                 else:
                     v = v + T[b + "attn_v.bias"]
+        if olmo2:   # over the whole projection, before the split into heads
+            q, k = _rms(q, T[b + "attn_q_norm.weight"], eps), _rms(k, T[b + "attn_k_norm.weight"], eps)
         q, k, v = q.reshape(n, H, D), k.reshape(n, Hkv, D), v.reshape(n, Hkv, D)
-        if b + "attn_q_norm.weight" in T:
+        if b + "attn_q_norm.weight" in T and not olmo2:
             q = _rms(q, T[b + "attn_q_norm.weight"], eps)
             k = _rms(k, T[b + "attn_k_norm.weight"], eps)
         if not nope[il]:
@@ -183,12 +189,12 @@ def ref_logits(path, tokens, n_ctx=None, gelu="tanh", keep=False):
         a = out.reshape(n, H * D) @ T[b + "attn_output.weight"].T
         if b + "attn_output.bias" in T:
             a = a + T[b + "attn_output.bias"]
-        if gemma:
+        if gemma or olmo2:
             a = _rms(a, T[b + "post_attention_norm.weight"], eps)
         if arch == "granite" and f.a("residual_scale"):
             a = a * f.a("residual_scale")
         x = x + a
-        h = _rms(x, T[b + "ffn_norm.weight"], eps)
+        h = x if olmo2 else _rms(x, T[b + "ffn_norm.weight"], eps)
         if b + "ffn_gate.weight" in T:
             gt, up = h @ T[b + "ffn_gate.weight"].T, h @ T[b + "ffn_up.weight"].T
         else:   # phi3: one ffn_up, the gate's rows first
@@ -196,12 +202,14 @@ def ref_logits(path, tokens, n_ctx=None, gelu="tanh", keep=False):
             gt, up = gu[:, :gu.shape[1] // 2], gu[:, gu.shape[1] // 2:]
         act = (_gelu_f16_table if gelu == "f16_table" else _gelu) if gemma else _silu
         y = (act(gt) * up) @ T[b + "ffn_down.weight"].T
-        if gemma:
+        if gemma or olmo2:
             y = _rms(y, T[b + "post_ffw_norm.weight"], eps)
         if arch == "granite" and f.a("residual_scale"):
             y = y * f.a("residual_scale")
         x = x + y
     x = _rms(x, T["output_norm.weight"], eps)
+    if hidden:
+        return x
     logits = x @ T.get("output.weight", T["token_embd.weight"]).T
     if arch == "granite" and f.a("logit_scale"):
         logits = logits / f.a("logit_scale")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 import uuid
 from typing import Optional
@@ -58,7 +59,7 @@ class _Server(Responses):
     """the endpoints (request parsing, checks, submission); the response shapes are Responses'"""
 
     def __init__(self, engine, drain: float = 0.0, sampling: Optional[SamplingParams] = None,
-                 limits: Optional[Limits] = None):
+                 limits: Optional[Limits] = None, pooling=None, slot_save_path=None):
         self.loader = engine if (callable(engine) and not hasattr(engine, "submit")) else None
         self.engine = None if self.loader is not None else engine     # None while the model loads
         self.load_error: Optional[str] = None
@@ -66,6 +67,9 @@ class _Server(Responses):
         self.draining = False                # shutdown began: new requests get 503 (guard.drain)
         self.open = 0                        # HTTP requests open (guard.Guard counts them)
         self.limits = Limits() if limits is None else limits
+        self.embeddings_arg = None           # create_app's embeddings: the pooling is set once the model is there
+        self.pooling = pooling          # /v1/embeddings: a pooling name, or None (not served)
+        self.slot_save_path = slot_save_path   # /slots/{id}?action=...: a directory, or None (not served)
         self.drain = drain
         self.defaults = SamplingParams() if sampling is None else sampling
         self.created = int(time.time())
@@ -308,7 +312,7 @@ class _Server(Responses):
 
 
 def create_app(engine, drain: float = 0.0, sampling: Optional[SamplingParams] = None,
-               limits: Optional[Limits] = None):
+               limits: Optional[Limits] = None, embeddings=None, slot_save_path=None):
     """The ASGI app serving `engine`: an Engine, or a callable that makes one (the model then
     loads in a thread at startup while /health says "loading"). Lifespan: engine.start() at
     startup; at shutdown engine.stop(drain) (queued requests cancelled, running ones given `drain`
@@ -316,9 +320,20 @@ def create_app(engine, drain: float = 0.0, sampling: Optional[SamplingParams] = 
     `sampling`: the values of the sampling fields a request leaves out (default: OpenAI's,
     SamplingParams()). `limits` (cpufuse.serve.guard.Limits): API keys, queue, body size and
     timeout. Every request is logged in one line to the logger "cpufuse.serve" (INFO; GET
-    requests at DEBUG); a stream's line is written when the stream ends. The Starlette app is
-    `app.app`; the server object `app.state.server` (both also on the returned app)."""
-    srv = _Server(engine, drain, sampling, limits)
+    requests at DEBUG); a stream's line is written when the stream ends. embeddings: None or
+    False (POST /v1/embeddings answers 501), True (served, pooled by the model's pooling_type), or a
+    pooling name ("mean", "cls", "last", "none"): cpufuse.serve.embeddings (checked against the
+    model when it is there: a ValueError here, or a load failure for a loader). slot_save_path: None
+    (POST /slots/{id} answers 501) or a directory for llama-server's slot save / restore
+    (cpufuse.serve.slots). The Starlette app is `app.app`; the server object `app.state.server`."""
+    from . import embeddings as emb
+    from .slots import slot_action
+    if slot_save_path is not None and not os.path.isdir(slot_save_path):
+        raise ValueError(f"slot_save_path must be an existing directory, got {slot_save_path!r}")
+    srv = _Server(engine, drain, sampling, limits, None, slot_save_path)
+    srv.embeddings_arg = embeddings
+    if srv.engine is not None:
+        _configure(srv, srv.engine)
 
     def endpoint(fn):
         async def wrapped(request: Request):
@@ -384,7 +399,10 @@ def create_app(engine, drain: float = 0.0, sampling: Optional[SamplingParams] = 
         Route("/metrics", endpoint(srv.metrics), methods=["GET"]),
         Route("/tokenize", endpoint(srv.tokenize), methods=["POST"]),
         Route("/detokenize", endpoint(srv.detokenize), methods=["POST"]),
-    ]
+    ] + [Route(p, endpoint(lambda r, f=f: f(srv, r)), methods=["POST"])
+         for p, f in (("/v1/embeddings", emb.embeddings), ("/embeddings", emb.embeddings),
+                      ("/v1/rerank", emb.rerank), ("/rerank", emb.rerank), ("/v1/reranking", emb.rerank),
+                      ("/slots/{id}", slot_action))]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: not_found, Exception: server_error})
     app.state.server = srv
@@ -405,10 +423,18 @@ def _slots(engine) -> int:
     return len(slots) if isinstance(slots, list) else int(engine.parallel)
 
 
+def _configure(srv, engine) -> None:
+    """what create_app checks against the model: the embeddings' pooling (ValueError)"""
+    if srv.embeddings_arg is not None and srv.embeddings_arg is not False:
+        from cpufuse.llama.embedding import pooling_name
+        srv.pooling = pooling_name(None if srv.embeddings_arg is True else srv.embeddings_arg, engine.model)
+
+
 def _load(srv) -> None:
     """the loader thread: make the engine, start it, publish it (or record why it failed)"""
     try:
         e = srv.loader()
+        _configure(srv, e)
         e.start()
     except BaseException as e:  # noqa: BLE001 -- reported on /health, in the log and to the CLI
         srv.load_error = f"{type(e).__name__}: {e}"

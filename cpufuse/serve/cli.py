@@ -70,6 +70,14 @@ def build_parser():
                         "with the reason (504, or a last SSE error event) (default: no limit)")
     ap.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     llama_cli.add_sampling_args(ap, "sampling (the defaults of a request that does not set the field)")
+    llama_cli.add_spec_args(ap)
+    g = ap.add_argument_group("embeddings")
+    g.add_argument("--embeddings", action="store_true", help="serve POST /v1/embeddings (L2-normalized vectors)")
+    ap.add_argument("--slot-save-path", default=None, metavar="DIR",
+                    help="serve llama-server's POST /slots/{id}?action=save|restore|erase with files in DIR")
+    g.add_argument("--pooling", choices=("none", "mean", "cls", "last", "rank"), default=None,
+                   help="how a text's token vectors become one (default: the model file's pooling_type, else none, "
+                        "which /v1/embeddings refuses: give mean, cls or last for a chat model)")
     return ap
 
 
@@ -124,12 +132,14 @@ def main(argv=None):
         llama_cli.check_sampling(args)
         path = llama_cli.model_path(args)
         n_ctx = llama_cli.context(args, path, n_seq=args.parallel if args.engine == "batch" else 1)
+        draft = llama_cli.make_draft(args)       # loaded with the model (speculative decoding per sequence)
     except llama_cli.CLIError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.code
     except KeyboardInterrupt:
         return 130
     kw = {"chunk": args.chunk, "step_tokens": args.batch_tokens} if args.engine == "batch" else {}
+    kw["draft"] = draft
 
     def load():
         e = ENGINES[args.engine](path, n_ctx=n_ctx, n_threads=args.threads, kv_dtype=args.kv,
@@ -141,10 +151,16 @@ def main(argv=None):
     if not _loopback(args.host) and not lim.api_keys:
         print(f"warning: --host {args.host} is not a loopback address and no --api-key is set: anyone who can "
               "reach the port can use the model", file=sys.stderr, flush=True)
+    try:
+        app = create_app(load, sampling=sampling_defaults(args), limits=lim,
+                         embeddings=(args.pooling or True) if args.embeddings else None,
+                         slot_save_path=args.slot_save_path)
+    except (ValueError, NotImplementedError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"cpufuse serve: loading {os.path.basename(path)}, listening on http://{args.host}:{args.port}/v1",
           file=sys.stderr, flush=True)
     _request_log(args.log_level)
-    app = create_app(load, sampling=sampling_defaults(args), limits=lim)
     srv = app.state.server
     server = _uvicorn_server()(app, args)
 

@@ -94,8 +94,8 @@ enum {
 #define QM_LEN (QM_W0 + 3 * QW_LEN)
 
 /* plan executor opcodes (cf_plan_run, native/kernels/graph.inc) */
-enum { OP_ADD = 1, OP_MUL = 2, OP_SCALE = 3, OP_SILU = 4, OP_SWIGLU = 5, OP_RMS_NORM = 6, OP_SOFTMAX = 7, OP_FLASH_ATTN = 8, OP_COPY = 9, OP_GEMM = 10, OP_QMM = 11, OP_ROPE = 12, OP_CACHE_WRITE = 13, OP_KV_WRITE = 14, OP_ATTN_SEQS = 15, OP_GATHER_ROWS = 16, OP_GELU = 17, OP_GEGLU = 18, OP_SOFTCAP = 19, OP_END };
-#define CF_PLAN_NARGS { 0, R_ADD_NARGS, R_MUL_NARGS, R_SCALE_NARGS, R_SILU_NARGS, R_SWIGLU_NARGS, R_RMS_NORM_NARGS, R_SOFTMAX_NARGS, R_FLASH_ATTN_NARGS, R_COPY_NARGS, R_GEMM_NARGS, R_QMM_NARGS, R_ROPE_NARGS, R_CACHE_WRITE_NARGS, R_KV_WRITE_NARGS, R_ATTN_SEQS_NARGS, R_GATHER_ROWS_NARGS, R_GELU_NARGS, R_GEGLU_NARGS, R_SOFTCAP_NARGS }
+enum { OP_ADD = 1, OP_MUL = 2, OP_SCALE = 3, OP_SILU = 4, OP_SWIGLU = 5, OP_RMS_NORM = 6, OP_SOFTMAX = 7, OP_FLASH_ATTN = 8, OP_COPY = 9, OP_GEMM = 10, OP_QMM = 11, OP_ROPE = 12, OP_CACHE_WRITE = 13, OP_KV_WRITE = 14, OP_ATTN_SEQS = 15, OP_GATHER_ROWS = 16, OP_GELU = 17, OP_GEGLU = 18, OP_SOFTCAP = 19, OP_QMM_ID = 20, OP_TOPK = 21, OP_TAKE = 22, OP_SIGMOID = 23, OP_WSUM = 24, OP_END };
+#define CF_PLAN_NARGS { 0, R_ADD_NARGS, R_MUL_NARGS, R_SCALE_NARGS, R_SILU_NARGS, R_SWIGLU_NARGS, R_RMS_NORM_NARGS, R_SOFTMAX_NARGS, R_FLASH_ATTN_NARGS, R_COPY_NARGS, R_GEMM_NARGS, R_QMM_NARGS, R_ROPE_NARGS, R_CACHE_WRITE_NARGS, R_KV_WRITE_NARGS, R_ATTN_SEQS_NARGS, R_GATHER_ROWS_NARGS, R_GELU_NARGS, R_GEGLU_NARGS, R_SOFTCAP_NARGS, R_QMM_ID_NARGS, R_TOPK_NARGS, R_TAKE_NARGS, R_SIGMOID_NARGS, R_WSUM_NARGS }
 /* each record's arguments: R_<OP>_<FIELD> indexes args = the record after [op, nargs] */
 /* OP_ADD [n, a, b, nb, y]: y = a + b, b tiled by modulo of its length nb */
 enum { R_ADD_N, R_ADD_A, R_ADD_B, R_ADD_NB, R_ADD_Y, R_ADD_NARGS };
@@ -135,7 +135,17 @@ enum { R_GELU_N, R_GELU_A, R_GELU_Y, R_GELU_NARGS };
 enum { R_GEGLU_N, R_GEGLU_G, R_GEGLU_U, R_GEGLU_NB, R_GEGLU_Y, R_GEGLU_NARGS };
 /* OP_SOFTCAP [n, a, f_inv, f_c, y]: y = c * tanh(a * inv), inv = 1/c */
 enum { R_SOFTCAP_N, R_SOFTCAP_A, R_SOFTCAP_F_INV, R_SOFTCAP_F_C, R_SOFTCAP_Y, R_SOFTCAP_NARGS };
+/* OP_QMM_ID [desc, x, ids, w0, w1, n_exp, n, k, y]: y[r, j] = x[r] . W[ids[r, j]]^T: desc a QM_* template (every expert's geometry), w0/w1 the first of n_exp pointer-table entries (expert e's weight at ptrs[w0 + e]; w1: up, EPI 1/3, or -1) */
+enum { R_QMM_ID_DESC, R_QMM_ID_X, R_QMM_ID_IDS, R_QMM_ID_W0, R_QMM_ID_W1, R_QMM_ID_N_EXP, R_QMM_ID_N, R_QMM_ID_K, R_QMM_ID_Y, R_QMM_ID_NARGS };
+/* OP_TOPK [n, c, k, x, idx]: idx[r] = the k largest of x[r]'s c values, largest first (ties: lower index; NaN last) */
+enum { R_TOPK_N, R_TOPK_C, R_TOPK_K, R_TOPK_X, R_TOPK_IDX, R_TOPK_NARGS };
+/* OP_TAKE [n, c, k, x, idx, y]: y[r, j] = x[r, idx[r, j]] (idx in [0, c)) */
+enum { R_TAKE_N, R_TAKE_C, R_TAKE_K, R_TAKE_X, R_TAKE_IDX, R_TAKE_Y, R_TAKE_NARGS };
+/* OP_SIGMOID [n, a, y]: y = 1 / (1 + exp(-a)) */
+enum { R_SIGMOID_N, R_SIGMOID_A, R_SIGMOID_Y, R_SIGMOID_NARGS };
+/* OP_WSUM [n, k, m, y, w, out]: out[r] = sum over j in order of w[r, j] * y[r, j, :] */
+enum { R_WSUM_N, R_WSUM_K, R_WSUM_M, R_WSUM_Y, R_WSUM_W, R_WSUM_OUT, R_WSUM_NARGS };
 /* the executor's dispatch: X(NAME, name) per record, OP_<NAME> run by graph.inc's plan_<name> */
-#define CF_PLAN_OPS(X) X(ADD, add) X(MUL, mul) X(SCALE, scale) X(SILU, silu) X(SWIGLU, swiglu) X(RMS_NORM, rms_norm) X(SOFTMAX, softmax) X(FLASH_ATTN, flash_attn) X(COPY, copy) X(GEMM, gemm) X(QMM, qmm) X(ROPE, rope) X(CACHE_WRITE, cache_write) X(KV_WRITE, kv_write) X(ATTN_SEQS, attn_seqs) X(GATHER_ROWS, gather_rows) X(GELU, gelu) X(GEGLU, geglu) X(SOFTCAP, softcap)
+#define CF_PLAN_OPS(X) X(ADD, add) X(MUL, mul) X(SCALE, scale) X(SILU, silu) X(SWIGLU, swiglu) X(RMS_NORM, rms_norm) X(SOFTMAX, softmax) X(FLASH_ATTN, flash_attn) X(COPY, copy) X(GEMM, gemm) X(QMM, qmm) X(ROPE, rope) X(CACHE_WRITE, cache_write) X(KV_WRITE, kv_write) X(ATTN_SEQS, attn_seqs) X(GATHER_ROWS, gather_rows) X(GELU, gelu) X(GEGLU, geglu) X(SOFTCAP, softcap) X(QMM_ID, qmm_id) X(TOPK, topk) X(TAKE, take) X(SIGMOID, sigmoid) X(WSUM, wsum)
 
 #endif
