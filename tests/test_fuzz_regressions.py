@@ -32,3 +32,11 @@ def test_template_container_repetition_is_bounded_by_its_text():
             render_chat(template, msgs * 4, time_limit=1.0)
     assert time.perf_counter() - t0 < 2.0
     assert render_chat("{{ messages * 2 }}", [{"role": "user", "content": "hi"}]).count("'hi'") == 2
+
+
+def test_template_repetition_of_many_small_items_is_quick():
+    """build/fuzz/template/timeout-b1632c30...: {{ messages * 100000 }} of one short message is
+    within the size limit; checking its text size walks the one dict once, not 100000 times"""
+    t0 = time.perf_counter()
+    out = render_chat("{{ messages * 100000 }}", [{"role": "user", "content": "x" * 16}], time_limit=1.0)
+    assert out.count("x" * 16) == 100000 and time.perf_counter() - t0 < 1.0

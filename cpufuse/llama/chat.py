@@ -105,23 +105,27 @@ def _check_size(v, what):
     return v
 
 
-def _content_size(v, budget):
+def _content_size(v, budget, memo=None):
     """characters of the strings inside v plus one per item, counted until past budget (a
-    container's text can be far larger than its len: [messages] * 10000)"""
-    n, stack = 0, [v]
-    while stack and n <= budget:
-        x = stack.pop()
-        if isinstance(x, (str, bytes)):
-            n += len(x)
-        elif isinstance(x, dict):
-            n += len(x)
-            stack.extend(x.keys())
-            stack.extend(x.values())
-        elif isinstance(x, (list, tuple, set, frozenset)):
-            n += len(x)
-            stack.extend(x)
-        else:
-            n += 1
+    container's text can be far larger than its len: [messages] * 10000); a container met again
+    (a repetition holds the same objects) is counted from memo, not walked again"""
+    if isinstance(v, (str, bytes)):
+        return len(v)
+    if not isinstance(v, (list, tuple, dict, set, frozenset)):
+        return 1
+    memo = {} if memo is None else memo
+    k = id(v)
+    if k in memo:
+        return memo[k]
+    memo[k] = budget + 1                     # a container inside itself counts as too big
+    n, prev, prev_n = len(v), None, 0
+    for x in (list(v.keys()) + list(v.values()) if isinstance(v, dict) else v):
+        if x is not prev:
+            prev, prev_n = x, _content_size(x, budget, memo)
+        n += prev_n
+        if n > budget:
+            break
+    memo[k] = n
     return n
 
 
