@@ -52,6 +52,16 @@ REPLIES = {
          '{"name": "get_weather", "argu', None, [SUM]),
         ('The answer is 3. {"a": 1} is a JSON object.', 'The answer is 3. {"a": 1} is a JSON object.', None),
         ('A file: {"name": "x.txt", "size": 3}', 'A file: {"name": "x.txt", "size": 3}', None),     # no arguments
+        # Qwen2.5-Coder-1.5B-Instruct Q4_K_M through the server (auto, default sampling, seed 4: 3 of 8
+        # replies): the call in doubled braces, as its template's `{"name": <function-name>, ...}`
+        ('{{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}}', None,
+         [("get_weather", {"city": "Paris", "unit": "celsius"})]),
+        ('{{"name": "get_weather", "arguments": {"city": "Cairo", "unit": "celsius"}}}}', None,   # seed 101
+         [("get_weather", {"city": "Cairo", "unit": "celsius"})]),
+        ('<tool_call>\n{{"name": "get_weather", "arguments": {"city": "Paris"}}}\n</tool_call>', None, [PARIS]),
+        ('Ok {{"name": "get_weather", "arguments": {"city": "Paris"}} and', "Ok {and", [PARIS]),   # not doubled
+        ('{{"name": "add", "arguments": {"a": 1, "b": 2}}}\n{{"name": "get_weather", "arguments": {"city": "Pa',
+         None, [SUM]),
     ],
     "llama3": [
         ('{"name": "get_weather", "parameters": {"city": "Paris"}}', None, [PARIS]),

@@ -120,6 +120,14 @@ class HParams:
     freq_base_swa: float = 10000.0    # RoPE base and scale of the SWA layers
     freq_scale_swa: float = 1.0
     nope_layers: tuple = ()           # per layer: True = no RoPE (smollm3)
+    # mixtures of experts (arch/_moe.py reads their keys; 0: a dense model)
+    n_expert: int = 0                 # experts per layer
+    n_expert_used: int = 0            # experts each token is routed to (top-k)
+    n_ff_exp: int = 0                 # an expert's feed-forward length
+    n_ff_shexp: int = 0               # the shared expert's feed-forward length (0: none)
+    expert_gating: str = "softmax"    # "softmax", "sigmoid" or "softmax_weight" (softmax over the top-k logits)
+    expert_weights_norm: bool = False  # renormalise the k weights to sum 1 (norm_w)
+    expert_weights_scale: float = 0.0  # multiply the k weights (0: unset)
     pooling_type: int = -1            # <arch>.pooling_type (embeddings: 0 none, 1 mean, 2 cls, 3 last, 4 rank); -1 unset
 
     def __post_init__(self):

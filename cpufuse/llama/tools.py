@@ -17,8 +17,11 @@ True allows several (not with a named tool_choice).
 
 Arguments: a tool's `parameters` schema is closed as llama.cpp's schema-to-grammar closes it: an
 object schema with `properties` and no `additionalProperties` takes only the listed properties
-(`additionalProperties: true` or a schema allows more); this holds in the grammar and in the check
-of a parsed call.
+(`additionalProperties: true` or a schema allows more). This holds where the grammar constrains
+the call: "required", a named function, and "auto" from the format's opening on (hermes:
+`<tool_call>`). Under "auto" a call written in another form the parser reads (hermes: a fenced or
+bare JSON object, which is what Qwen2.5-Coder-1.5B writes) is not constrained, and its arguments
+are taken as written: only the function's name and that they are an object are checked.
 """
 from __future__ import annotations
 
@@ -99,8 +102,9 @@ _W = None          # in an opening pattern: any whitespace
 # the openings of a call in streamed text, per format: sequences of literals and _W; a text that
 # is a prefix of one is held back, one that has it all starts the calls
 _OPENINGS = {
-    "hermes": [(fence, _W if fence else "", tag, _W if (fence or tag) else "", "{", _W, '"name"') for fence in ("", "```\n", "```json\n", "```xml\n")
-               for tag in _HERMES_TAGS] + [("<function=",), ('<function name="',)],
+    "hermes": [(fence, _W if fence else "", tag, _W if (fence or tag) else "", "{", _W, dbl, _W, '"name"')
+               for fence in ("", "```\n", "```json\n", "```xml\n") for tag in _HERMES_TAGS
+               for dbl in ("", "{")] + [("<function=",), ('<function name="',)],
     "llama3": [("<|python_tag|>",), ("{", _W, '"name"'), ("{", _W, '"type"')],
     "mistral": [("[TOOL_CALLS]",)],
     "granite": [("<|tool_call|>",)],

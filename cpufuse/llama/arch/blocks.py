@@ -111,11 +111,12 @@ def scaled_add(cx, x, branch, s, name):
     return cx.g.add(x, branch, name=name)
 
 
-def pre_norm_layer(cx, li, L, x, **attn):
-    """llama's block: x + attn(norm(x)), then + ffn(norm(.)); attn: attention()'s options"""
+def pre_norm_layer(cx, li, L, x, ffn_block=None, **attn):
+    """llama's block: x + attn(norm(x)), then + ffn(norm(.)); ffn_block: the FFN (cx, li, L, h) ->
+    node (default ffn; the MoE archs' _moe.moe_block); attn: attention()'s options"""
     p = f"l{li}."
     r = add(cx, x, attention(cx, li, L, cx.norm(x, L.attn_norm, p + "attn_norm"), **attn), p + "res")
-    return add(cx, r, ffn(cx, li, L, cx.norm(r, L.ffn_norm, p + "ffn_norm")), p + "out")
+    return add(cx, r, (ffn_block or ffn)(cx, li, L, cx.norm(r, L.ffn_norm, p + "ffn_norm")), p + "out")
 
 
 def embed_scale(cx, s):
