@@ -20,8 +20,8 @@ Arguments: a tool's `parameters` schema is closed as llama.cpp's schema-to-gramm
 object schema with `properties` and no `additionalProperties` takes only the listed properties
 (`additionalProperties: true` or a schema allows more). This holds where the grammar constrains
 the call: "required", a named function, and "auto" from the call's opening on. Hermes under
-"auto" opens a call with `<tool_call>` anywhere, and (as llama.cpp's Hermes handler) with a JSON
-object that starts `{"name": "<listed function>"`: bare or in doubled braces `{{"name": ...}}` at
+"auto" opens a call with `<tool_call>` anywhere, and (llama.cpp's Hermes handler: bare or fenced,
+at the start) with a JSON object that starts `{"name": "<listed function>"`: bare or in doubled braces `{{"name": ...}}` at
 the start of the reply, or in a ```json / ``` fence anywhere; from there the function's arguments,
 the closing (`}`, fence) and parallel_tool_calls are enforced (several calls: the same form again).
 Other forms the parser reads (the other wrapper tags, a bare object after text, "arguments"
