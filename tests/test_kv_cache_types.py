@@ -38,8 +38,16 @@ def _rounder(tk, tv):
     return f
 
 
+@pytest.fixture(scope="module")
+def path64(tmp_path_factory):   # head_dim 64: two blocks per head, GQA 2
+    return str(write_tiny_gguf(tmp_path_factory.mktemp("kvt") / "m64.gguf", qtype="F16", arch="qwen2",
+                               dims=dict(n_embd=256, n_layer=2, n_head=4, n_head_kv=2, n_ff=96)))
+
+
 @pytest.mark.parametrize("tk,tv", PAIRS)
-def test_quantized_cache_logits_match_reference(path, tk, tv):
+@pytest.mark.parametrize("which", ["path", "path64"])
+def test_quantized_cache_logits_match_reference(request, which, tk, tv):
+    path = request.getfixturevalue(which)
     m = Model.load(path, n_ctx=64, act="f32", type_k=tk, type_v=tv, n_threads=2)
     got = m.logits(PROMPT)
     want = ref_logits(path, PROMPT, kv_round=_rounder(tk, tv))

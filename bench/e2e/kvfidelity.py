@@ -43,9 +43,11 @@ def compare(base, other):
 
 
 def teacher_forced(path, ids, ctx, n_eval, kv_type, threads, n_batch):
-    """logits (n_eval, n_vocab) of positions ctx - n_eval .. ctx - 1 with a kv_type cache, and seconds"""
+    """logits (n_eval, n_vocab) of positions ctx - n_eval .. ctx - 1 with a kv_type cache ("T" for K and V,
+    or "TK/TV"), the seconds it took and the cache's bytes"""
     from cpufuse.llama.model import Model
-    m = Model.load(path, n_ctx=ctx, n_threads=threads, type_k=kv_type, type_v=kv_type, n_batch=n_batch)
+    tk, _, tv = kv_type.partition("/")
+    m = Model.load(path, n_ctx=ctx, n_threads=threads, type_k=tk, type_v=tv or tk, n_batch=n_batch)
     t0 = time.perf_counter()
     m.eval(ids[:ctx - n_eval])
     out = m.eval(ids[ctx - n_eval:ctx], logits_all=True)
@@ -58,7 +60,7 @@ def main(argv=None):
     ap.add_argument("--text", default=None, help="a UTF-8 text file (default: the repository's Python sources)")
     ap.add_argument("--ctx", default="4096,16384", help="contexts in tokens, comma-separated")
     ap.add_argument("--n-eval", type=int, default=256, help="positions scored at the end of each context")
-    ap.add_argument("--types", default="q8_0,q4_0", help="cache types compared against f16")
+    ap.add_argument("--types", default="q8_0,q4_0", help="cache types compared against f16: T (K and V) or TK/TV")
     ap.add_argument("-t", "--threads", type=int, default=None)
     ap.add_argument("--n-batch", type=int, default=512)
     ap.add_argument("--json", default=None, help="also write the results to this file")
@@ -78,7 +80,7 @@ def main(argv=None):
     rows = []
     print(f"{os.path.basename(path)}: {len(ids)} tokens of text, last {a.n_eval} positions of each context scored, "
           f"threads {a.threads or 'default'}")
-    print(f"{'ctx':>6} {'type':>5} {'top-1 agree':>11} {'mean KL':>10} {'top-1 acc':>9} {'KV MiB':>8} {'s':>7}")
+    print(f"{'ctx':>6} {'type':>9} {'top-1 agree':>11} {'mean KL':>10} {'top-1 acc':>9} {'KV MiB':>8} {'s':>7}")
     for C in ctxs:
         base, dt, kvb = teacher_forced(path, ids, C, a.n_eval, "f16", a.threads, a.n_batch)
         nxt = np.asarray(ids[C - a.n_eval + 1:C + 1])
@@ -91,7 +93,7 @@ def main(argv=None):
             rows.append({"ctx": C, "type": t, "top1_agree": agree, "kl": kl, "top1_acc": acc(lg), "kv_bytes": kvb,
                          "s": dt})
         for r in rows[-1 - len(types):]:
-            print(f"{r['ctx']:>6} {r['type']:>5} {r['top1_agree']:>11.4f} {r['kl']:>10.6f} {r['top1_acc']:>9.4f} "
+            print(f"{r['ctx']:>6} {r['type']:>9} {r['top1_agree']:>11.4f} {r['kl']:>10.6f} {r['top1_acc']:>9.4f} "
                   f"{r['kv_bytes'] / 2**20:>8.1f} {r['s']:>7.1f}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
