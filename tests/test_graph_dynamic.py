@@ -185,3 +185,36 @@ def test_dim_is_affine():
     for bad in (lambda: n * m, lambda: n / 2, lambda: float(n), lambda: (n + 1) // 2):
         with pytest.raises(GraphError, match="not affine"):
             bad()
+
+@pytest.mark.parametrize("kt", ["q8_0", "q4_0"])
+def test_quantized_kv_write_and_attn_seqs(isa, kt, rng):
+    """kv_write into q8_0 / q4_0 cells writes kvquant.quantize's bytes (C and Numba: ties, zeros, a
+    block of one sign, outliers); attn_seqs reads them as flash_attn(k_type=, v_type=) of each sequence"""
+    from cpufuse.ops import kvquant
+    Dq, n = 64, 6
+    rb = kvquant.row_bytes(kt, Dq)
+    kc, vc = np.zeros((NCELL, HKV, rb), np.uint8), np.zeros((NCELL, HKV, rb), np.uint8)
+    g = Graph()
+    q, k, v = g.input("q", (n, H, Dq)), g.input("k", (n, HKV, Dq)), g.input("v", (n, HKV, Dq))
+    cells, seqs = g.input("cells", (n,), np.int32), g.input("seqs", (2, 4), np.int32)
+    kw, vw = g.kv_write(k, kc, cells, kv_type=kt), g.kv_write(v, vc, cells, kv_type=kt)
+    g.output(g.attn_seqs(q, kw, vw, seqs, scale=0.125))
+    plan = g.compile(isa=isa)
+    K = rng.standard_normal((n, HKV, Dq)).astype(np.float32)
+    K[0, 0, :32] = 0.0
+    K[1, 0, :32] = np.abs(K[1, 0, :32])
+    K[2, 1, 5] = 40.0                                   # an outlier (Qwen's K has them)
+    K[3, 0, :32] = np.round(K[3, 0, :32] * 4) / 4       # exact quarter steps: rounding ties
+    V = rng.standard_normal((n, HKV, Dq)).astype(np.float32)
+    Q = rng.standard_normal((n, H, Dq)).astype(np.float32)
+    C = np.array([0, 1, 2, 64, 65, 66], np.int32)
+    S = np.array([[0, 0, 3, 0], [64, 3, 3, 0]], np.int32)
+    (A,) = plan.run(q=Q, k=K, v=V, cells=C, seqs=S, copy=True)
+    assert np.array_equal(kc[C], kvquant.quantize(K, kt)) and np.array_equal(vc[C], kvquant.quantize(V, kt))
+    m = np.zeros((1, 1, 3, 3), np.float16)
+    m[0, 0][np.triu_indices(3, 1)] = -np.inf
+    for c0, r0 in ((0, 0), (64, 3)):
+        want = cpufuse.flash_attn(Q[r0:r0 + 3].transpose(1, 0, 2)[None], kc[c0:c0 + 3].transpose(1, 0, 2)[None],
+                                  vc[c0:c0 + 3].transpose(1, 0, 2)[None], m, scale=0.125, isa=isa, k_type=kt,
+                                  v_type=kt)[0]
+        assert np.array_equal(A[r0:r0 + 3], want)
