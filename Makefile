@@ -13,7 +13,8 @@ all: test
 # The venv holds the build tools and what the suite imports (pyproject.toml's test extra: the
 # llama and serve groups, pytest, hypothesis, the openai client); test-asan uses it without the build.
 DEPS := setuptools wheel "cffi>=1.15" numpy numba pytest pytest-benchmark hypothesis \
-	gguf tokenizers jinja2 huggingface_hub llguidance uvicorn starlette "pydantic>=2" openai httpx jsonschema
+	gguf tokenizers jinja2 huggingface_hub llguidance uvicorn starlette "pydantic>=2" openai httpx jsonschema \
+	"ray[serve]>=2.50"
 $(VENV)/.ok: pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip

@@ -12,6 +12,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 pytest.importorskip("starlette", reason="the serve extra (pip install cpufuse[serve]) is not installed")
 openai = pytest.importorskip("openai", reason="the openai client (test extra) is not installed")
 httpx = pytest.importorskip("httpx")
+if "libasan" in os.environ.get("LD_PRELOAD", ""):   # before importing ray: its extensions are not ASan-clean
+    pytest.skip("not under make test-asan: the ASan preload would reach Ray's own processes", allow_module_level=True)
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install cpufuse[ray])")
 pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pip install cpufuse[ray])")
 
