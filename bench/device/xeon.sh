@@ -25,6 +25,8 @@
 #            rounds, PP (128,512).                                                           ~5 min
 #   moe      MoE shapes (MOE_MODELS: granite-1b-a400m:q8_0 olmoe-1b-7b:q4_k) at MOE_THREADS (16), with
 #            ik_llama.cpp where .dev has its source; setup without the 1B files on a fresh machine. ~5-9 min
+#   depth    1B Q4_0 at DEPTH_THREADS (16) at DEPTHS (0,4096,16384) of cache, K/V types DEPTH_CTK (f16 q8_0),
+#            against llama-bench -fa 1 -d with the same types.                                ~4-8 min
 #   ab       A/B of the trees AB_TREES (".dev/ab/base .": a base tree the caller put in .dev/ab/base,
 #            e.g. `git archive HEAD`, and this one; setup builds every .dev/ab/*/ tree too): builds
 #            the trees and the 1B AB_TYPES files when missing (no peers; ~2 min on a fresh machine),
@@ -116,7 +118,7 @@ big() {  # written only when missing: the given bench.e2e.bigmodels arguments
 IK=(--ik-llama-src "$IKSRC" --pp 128,512)
 case "$PHASE" in
   ab) wheels || exit 1 ;;
-  moe) have_cpufuse && [ -x "$LB" ] || SETUP_1B=0 setup || exit 1 ;;
+  moe|depth) have_cpufuse && [ -x "$LB" ] || SETUP_1B=0 setup || exit 1 ;;
   throttle) "$PY" -m bench.throttle --md "$OUT/throttle.md" --json "$OUT/throttle.json"; exit ;;
   setup|1b|1b-more|8b|t16|scale|profile|ik16|ik8b|ik1|ik8b1|q8t16) [ "$PHASE" = setup ] || ready || exit 1 ;;
   *) sed -n '2,/^# Results/p' "$0"; exit 2 ;;
@@ -185,6 +187,11 @@ case "$PHASE" in
     for mt in ${MOE_MODELS:-granite-1b-a400m:q8_0 olmoe-1b-7b:q4_k}; do
       e2e "moe-${mt%%:*}-t${MOE_THREADS:-16}" --models "${mt%%:*}" --types "${mt##*:}" --threads "${MOE_THREADS:-16}" \
         --rounds "${ROUNDS:-1}" --ik-llama-src "$IKSRC" --engines "${MOE_ENGINES:-cpufuse,llamacpp-fa-off,llamacpp-fa-on,ik-fa-on}"
+    done ;;
+  depth)  # issue 42: 1B Q4_0 at DEPTH_THREADS (16) after DEPTHS tokens of cache, for each K/V type of DEPTH_CTK
+    for ct in ${DEPTH_CTK:-f16 q8_0}; do
+      e2e "depth-$ct-t${DEPTH_THREADS:-16}" --models 1b --types q4_0 --threads "${DEPTH_THREADS:-16}" --rounds 1 \
+        --depth "${DEPTHS:-0,4096,16384}" --ctk "$ct" --engines "${DEPTH_ENGINES:-cpufuse,llamacpp-fa-on}"
     done ;;
   scale) e2e scale --models 1b --types q4_0 --threads 2,8 --rounds 2 ;;   # 1/4/16 come from 1b and t16
   profile)
