@@ -23,6 +23,8 @@
 #   ik8b1    8B Q4_0 written, at 1 thread, 2 rounds, pp128, flash attention on for both peers. ~8-9 min
 #   q8t16    bench/e2e/profile.py on 1B Q8_0 at 16 threads, then 1B Q8_0 at 16 threads, ROUNDS (3)
 #            rounds, PP (128,512).                                                           ~5 min
+#   moe      MoE shapes (MOE_MODELS: granite-1b-a400m:q8_0 olmoe-1b-7b:q4_k) at MOE_THREADS (16), with
+#            ik_llama.cpp where .dev has its source; setup without the 1B files on a fresh machine. ~5-9 min
 #   ab       A/B of the trees AB_TREES (".dev/ab/base .": a base tree the caller put in .dev/ab/base,
 #            e.g. `git archive HEAD`, and this one; setup builds every .dev/ab/*/ tree too): builds
 #            the trees and the 1B AB_TYPES files when missing (no peers; ~2 min on a fresh machine),
@@ -84,6 +86,7 @@ setup() {
   have_cpufuse || { say "cpufuse did not build:"; tail -30 "$OUT/build-cpufuse.log"; return 1; }
   [ -x "$LB" ] || { say "llama-bench did not build:"; tail -30 "$OUT/build-llama-bench.log"; return 1; }
   say "builds ready"
+  [ "${SETUP_1B:-1}" = 0 ] && return 0
   "$PY" -m bench.e2e.bigmodels --models 1b --types all > "$OUT/bigmodels.log" 2>&1 || { tail -20 "$OUT/bigmodels.log"; return 1; }
   say "1B files ready"
 }
@@ -113,6 +116,7 @@ big() {  # written only when missing: the given bench.e2e.bigmodels arguments
 IK=(--ik-llama-src "$IKSRC" --pp 128,512)
 case "$PHASE" in
   ab) wheels || exit 1 ;;
+  moe) have_cpufuse && [ -x "$LB" ] || SETUP_1B=0 setup || exit 1 ;;
   throttle) "$PY" -m bench.throttle --md "$OUT/throttle.md" --json "$OUT/throttle.json"; exit ;;
   setup|1b|1b-more|8b|t16|scale|profile|ik16|ik8b|ik1|ik8b1|q8t16) [ "$PHASE" = setup ] || ready || exit 1 ;;
   *) sed -n '2,/^# Results/p' "$0"; exit 2 ;;
@@ -176,6 +180,11 @@ case "$PHASE" in
           say "round $r $ty $tag: $(grep -E '^\| [0-9]+ \|' "$OUT/ab-$ty-$tag-r$r.md" | head -1)"
         done
       done
+    done ;;
+  moe)  # issue 41: the MoE shapes at MOE_THREADS (16), each file written on first use
+    for mt in ${MOE_MODELS:-granite-1b-a400m:q8_0 olmoe-1b-7b:q4_k}; do
+      e2e "moe-${mt%%:*}-t${MOE_THREADS:-16}" --models "${mt%%:*}" --types "${mt##*:}" --threads "${MOE_THREADS:-16}" \
+        --rounds "${ROUNDS:-1}" --ik-llama-src "$IKSRC" --engines "${MOE_ENGINES:-cpufuse,llamacpp-fa-off,llamacpp-fa-on,ik-fa-on}"
     done ;;
   scale) e2e scale --models 1b --types q4_0 --threads 2,8 --rounds 2 ;;   # 1/4/16 come from 1b and t16
   profile)
