@@ -16,7 +16,7 @@
 #   profile  bench/e2e/profile.py on 1B Q4_0 at 16 and 1 thread.                             ~1-2 min
 #   throttle bench.throttle (E1 throttled read probe, E4 page size, E8 clock), 1 thread.   ~1 min
 #   With .dev/ik_llama.cpp-pruned.tar.gz carried, setup also builds ik_llama.cpp's llama-bench, and
-#   these phases add its column (-rtr 1; pp128 and pp512):
+#   these phases add its column (-rtr 1 -fmoe 1; pp128 and pp512):
 #   ik16     1B Q8_0, the mix and Q4_K at 16 threads, 2 rounds.                             ~6 min
 #   ik8b     8B Q4_0 written, at 16 threads, 2 rounds.                                      ~5 min
 #   ik1      1B Q8_0, the mix and Q4_K at 1 thread, 1 round, flash attention on for ik.     ~7 min

@@ -18,6 +18,8 @@ KEYS = (f"pp{PP}", f"tg{TG}")
 ENGINES = ("cpufuse", "llamacpp-fa-off", "llamacpp-fa-on", "ik-fa-off", "ik-fa-on")
 LABEL = {"cpufuse": "cpufuse", "cpufuse-unfused": "cpufuse fusion=False", "llamacpp-fa-off": "llama.cpp FA off",
          "llamacpp-fa-on": "llama.cpp FA on", "ik-fa-off": "ik_llama.cpp FA off", "ik-fa-on": "ik_llama.cpp FA on"}
+# ik_llama.cpp's llama-bench: run-time repack, and its fused MoE gate/up (-fmoe; no effect on dense files)
+IK_FLAGS = ["-rtr", "1", "-fmoe", "1"]
 BEST = {"llamacpp-best": "llama.cpp", "ik-best": "ik_llama.cpp"}   # the peers' better FA setting per cell
 RSS = ("maxrss_kb", "rss_after_import_kb", "rss_after_load_kb")
 IK_CMAKE = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TESTS=OFF",
@@ -188,7 +190,7 @@ def run(args, files, engines, keys, reps, write):
                                      depth=depth, type_k=ctk, type_v=ctv)
             else:
                 res, err = run_llama_bench(ik if e.startswith("ik") else exe, f["path"], t, e.endswith("on"),
-                                           args.reps_pp, t == 1, args.timeout, ["-rtr", "1"] * e.startswith("ik")
+                                           args.reps_pp, t == 1, args.timeout, IK_FLAGS * e.startswith("ik")
                                            + ["-d", str(depth), "-ctk", ctk, "-ctv", ctv], pp or (PP,))
             if res and "version" in res:
                 peer_info.update({"ik_version": res["version"]} if e.startswith("ik") else
@@ -352,7 +354,7 @@ def write_md(R, md_path, png_path=None):
           "A row `name @D` is at depth D: pp appends its prompt to a cache filled with D tokens (untimed), tg "
           "decodes after them (llama-bench `-d D`); n_ctx grows to hold them."]
     if ik:
-        L += [f"- ik_llama.cpp {peer.get('ik_version', '')}: `{R.get('ik_llama_bench')} ... -rtr 1`, built from "
+        L += [f"- ik_llama.cpp {peer.get('ik_version', '')}: `{R.get('ik_llama_bench')} ... {' '.join(IK_FLAGS)}`, built from "
               "IK_LLAMA_SRC with cmake " + " ".join(IK_CMAKE) + "."]
     L += ["- 1 thread: the engine's process under `taskset -c 0`; more threads: unpinned.", ""] + footer(R)
     if png_path:

@@ -93,7 +93,7 @@ def test_big_report_handles_partial_results(tmp_path):
 
 
 FAKE_LLAMA_BENCH = """#!/bin/sh
-case "$*" in *"-rtr 1"*) ;; *) exit 3;; esac
+case "$*" in *"-rtr 1 -fmoe 1"*) ;; *) exit 3;; esac
 case "$*" in *"-fa 1"*) ts=30;; *) ts=25;; esac
 echo "[{\\"build_commit\\": \\"ik0\\", \\"n_prompt\\": 512, \\"n_gen\\": 0, \\"samples_ts\\": [$ts]},"
 echo " {\\"build_commit\\": \\"ik0\\", \\"n_prompt\\": 0, \\"n_gen\\": 128, \\"avg_ts\\": 10}]"
@@ -107,10 +107,10 @@ def test_big_ik_llama_peer(tmp_path):
     exe.write_text(FAKE_LLAMA_BENCH)
     exe.chmod(0o755)
     exe = str(exe)
-    assert big.run_llama_bench(exe, "x.gguf", 1, True, 1, False)[1].startswith("exit 3")   # no -rtr 1
-    on, err = big.run_llama_bench(exe, "x.gguf", 1, True, 1, False, extra=["-rtr", "1"])
+    assert big.run_llama_bench(exe, "x.gguf", 1, True, 1, False)[1].startswith("exit 3")   # no -rtr 1 -fmoe 1
+    on, err = big.run_llama_bench(exe, "x.gguf", 1, True, 1, False, extra=big.IK_FLAGS)
     assert err is None and on["wall"] == {"pp512": [30.0], "tg128": [10.0]} and "ik0" in on["version"]
-    off = big.run_llama_bench(exe, "x.gguf", 1, False, 1, False, extra=["-rtr", "1"])[0]
+    off = big.run_llama_bench(exe, "x.gguf", 1, False, 1, False, extra=big.IK_FLAGS)[0]
     cf = {"wall": {"pp512": [60.0], "tg128": [12.0]}, "logits_finite": True}
     raw = {NAME: {"cpufuse": {"1": [cf]}, "llamacpp-fa-off": {"1": [off]}, "llamacpp-fa-on": {"1": []},
                   "ik-fa-off": {"1": [off]}, "ik-fa-on": {"1": [on]}, "probe": {"1": []}}}
@@ -119,7 +119,7 @@ def test_big_ik_llama_peer(tmp_path):
     big.write_md(_report(S, FILE, threads=[1], peer_kind="llama-bench", peer={"ik_version": on["version"]},
                          ik_llama_bench=exe), str(tmp_path / "r.md"))
     text = (tmp_path / "r.md").read_text()
-    assert "| pp512 ik_llama.cpp | **pp ratio ik** |" in text and "-rtr 1" in text
+    assert "| pp512 ik_llama.cpp | **pp ratio ik** |" in text and "-rtr 1 -fmoe 1" in text
     assert "| 1b-Q4_0 | 1 | 60.00 | 25.00 (FA off) | **2.40×** | 30.00 (FA on) | **2.00×** |" in text
 
 
