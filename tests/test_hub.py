@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _tiny_gguf import write_tiny_gguf  # noqa: E402
 
 from cpufuse.llama import hub  # noqa: E402
+from cpufuse.llama.gguf_split import split_paths  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -157,8 +158,8 @@ def test_parse_hf_and_the_quant_pick():
         hub._pick_gguf(files, "Q2_K", "r")
     with pytest.raises(ValueError, match="no .gguf"):
         hub._pick_gguf(["README.md"], None, "r")
-    with pytest.raises(NotImplementedError, match="split GGUF"):
-        hub._pick_gguf(["m-Q4_K_M-00001-of-00002.gguf"], None, "r")
+    # a split GGUF: its first part, whichever part matched first
+    assert hub._pick_gguf(["m-Q4_K_M-00002-of-00002.gguf"], None, "r") == "m-Q4_K_M-00001-of-00002.gguf"
 
 
 def test_models_command_lists_size_licence_and_presence():
@@ -229,7 +230,11 @@ class _HF(http.server.BaseHTTPRequestHandler):
 def hf_server(tmp_path):
     q8 = open(write_tiny_gguf(tmp_path / "q8.gguf", qtype="Q8_0"), "rb").read()
     q4 = open(write_tiny_gguf(tmp_path / "q4.gguf", qtype="Q4_0"), "rb").read()
-    _HF.repos = {"tiny/Tiny-GGUF": {"README.md": b"hi", "tiny-Q8_0.gguf": q8, "tiny-Q4_0.gguf": q4}}
+    (tmp_path / "split").mkdir()
+    first = write_tiny_gguf(tmp_path / "split" / "tiny-Q8_0.gguf", qtype="Q8_0", split_max_tensors=8)
+    split = {os.path.basename(p): open(p, "rb").read() for p in split_paths(first)}
+    _HF.repos = {"tiny/Tiny-GGUF": {"README.md": b"hi", "tiny-Q8_0.gguf": q8, "tiny-Q4_0.gguf": q4},
+                 "tiny/Split-GGUF": dict(split, **{"README.md": b"hi"})}
     _HF.log = []
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _HF)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
@@ -238,7 +243,7 @@ def hf_server(tmp_path):
     env.update(HF_ENDPOINT=f"http://127.0.0.1:{srv.server_address[1]}", HF_HUB_OFFLINE="0",
                HF_HOME=str(tmp_path / "hf"), HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_XET="1",
                NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
-    yield env, {"q8": q8, "q4": q4}, srv
+    yield env, {"q8": q8, "q4": q4, "split": split}, srv
     srv.shutdown()
 
 
@@ -278,6 +283,13 @@ def test_hf_unknown_repo_is_one_line(hf_server):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+def _python(env, code):
+    """the stdout lines of `python -c code` (which must succeed)"""
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
 def test_llama_from_pretrained_against_the_local_endpoint(hf_server):
     env, blobs, _ = hf_server
     pytest.importorskip("huggingface_hub")
@@ -289,12 +301,28 @@ def test_llama_from_pretrained_against_the_local_endpoint(hf_server):
             "except ValueError as e:\n    print('several:', e)\n"
             "try:\n    Llama.from_pretrained('tiny/Tiny-GGUF', filename='*Q2_K*')\n"
             "except ValueError as e:\n    print('none:', e)\n")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    out = r.stdout.splitlines()
+    out = _python(env, code)
     assert open(out[0], "rb").read() == blobs["q8"] and out[1] == "text_completion"
     assert out[2].startswith("several:") and "tiny-Q4_0.gguf" in out[2] and "tiny-Q8_0.gguf" in out[2]
     assert out[3].startswith("none:") and "matches '*Q2_K*'" in out[3]
+
+
+def test_hf_split_gguf_downloads_every_part(hf_server):
+    env, blobs, _ = hf_server
+    pytest.importorskip("huggingface_hub")
+    names = sorted(blobs["split"])
+    assert len(names) == 3
+    code = ("from cpufuse.llama import Llama, hub\n"
+            "p = hub.resolve(hf='tiny/Split-GGUF:Q8_0'); print(p)\n"
+            "llm = Llama.from_pretrained('tiny/Split-GGUF', filename='*Q8_0*.gguf', n_ctx=64, verbose=False)\n"
+            "print(llm.model_path)\n"
+            "print(llm('hello', max_tokens=3, temperature=0)['object'])\n"
+            "print(len(hub.hf_file('tiny/Split-GGUF', '*00002-of-00003.gguf', additional_files=['README.md'])))\n")
+    out = _python(env, code)
+    assert os.path.basename(out[0]) == names[0] and out[1] == out[0] and out[2] == "text_completion"
+    for n in names:        # every part lies beside the first
+        assert open(os.path.join(os.path.dirname(out[0]), n), "rb").read() == blobs["split"][n]
+    assert any(p.endswith("/README.md") for p in _HF.log)
 
 
 def test_progress_lines():

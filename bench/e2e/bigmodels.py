@@ -1,5 +1,6 @@
-"""Synthetic GGUFs with real model shapes (Llama 3, Gemma 3, Phi-4-mini), for the end-to-end
-benchmark (bench/README.md, "bench.e2e.bigmodels")."""
+"""Synthetic GGUFs with real model shapes (Llama 3, Gemma 3, Phi-4-mini; the mixtures of experts
+granite-3.1-1b-a400m, OLMoE-1B-7B, Qwen3-30B-A3B), for the end-to-end benchmark (bench/README.md,
+"bench.e2e.bigmodels")."""
 import argparse
 import concurrent.futures
 import itertools
@@ -12,12 +13,12 @@ import time
 
 import numpy as np
 
-from cpufuse.llama.tiny import add_model_keys, model_dims, tensor_plan
+from cpufuse.llama.tiny import add_model_keys, model_dims, planned_tensors
 from cpufuse.quant.types import QTYPES
 
 from ..report import save
 
-GEN_VERSION = 2   # 2: the tensors in tiny.py's tensor_plan order
+GEN_VERSION = 2   # 2: the tensors in tiny.py's tensor_plan order (stacked experts 3-D)
 DEFAULT_DIR = os.path.join(os.path.expanduser("~"), ".cache", "cpufuse-bench")
 
 SHAPES = {
@@ -34,7 +35,23 @@ SHAPES = {
                       arch_keys={"rope.scaling.original_context_length": 4096,
                                  "rope.scaling.attn_factor": math.sqrt(1 + math.log(32) / math.log(4096)),
                                  "attention.sliding_window": 262144}),
+    # mixtures of experts (shapes from the published configs; docs/moe.md): n_expert experts of n_ff_exp,
+    # n_expert_used per token. The routers (ffn_gate_inp) are F32 as llama.cpp's quantizer keeps them.
+    "granite-1b-a400m": dict(name="granite-3.1-1b-a400m", arch="granitemoe", n_embd=1024, n_layer=24, n_ff=512,
+                             n_head=16, n_head_kv=8, n_vocab=49155, tied=True, n_ctx_train=131072,
+                             freq_base=10000.0, eps=1e-6, n_expert=32, n_expert_used=8, n_ff_exp=512,
+                             arch_keys={"embedding_scale": 12.0, "residual_scale": 0.22,
+                                        "attention.scale": 0.015625, "logit_scale": 6.0}),
+    "olmoe-1b-7b": dict(name="OLMoE-1B-7B", arch="olmoe", n_embd=2048, n_layer=16, n_ff=1024, n_head=16,
+                        n_head_kv=16, n_vocab=50304, tied=False, n_ctx_train=4096, freq_base=10000.0, eps=1e-5,
+                        n_expert=64, n_expert_used=8, n_ff_exp=1024),
+    "qwen3-30b-a3b": dict(name="Qwen3-30B-A3B", arch="qwen3moe", n_embd=2048, n_layer=48, n_ff=6144, n_head=32,
+                          n_head_kv=4, head_dim=128, n_vocab=151936, tied=False, n_ctx_train=40960,
+                          freq_base=1000000.0, eps=1e-6, n_expert=128, n_expert_used=8, n_ff_exp=768),
 }
+# Qwen3-30B-A3B with its first 8 of 48 layers (3.4 GB at Q4_K_M instead of 18.6): a quick file to check
+# load-time memory per layer on a small machine (docs/moe.md extrapolates the full model from it)
+SHAPES["qwen3-30b-a3b-8l"] = dict(SHAPES["qwen3-30b-a3b"], name="Qwen3-30B-A3B (8 of 48 layers)", n_layer=8)
 TYPES = ("q4_0", "q4_k", "q6_k", "q8_0", "q4_k_m")
 
 # block size, bytes per block and GGUF type number of the block types used here; the llama_ftype numbers
@@ -53,44 +70,61 @@ def file_name(shape, qtype, pure=False):
     return f"{'' if 'arch' in SHAPES[shape] else 'llama-'}{shape}-shapes-{qtype.upper()}{'-pure' if pure else ''}.gguf"
 
 
-def tensor_type(shape, qtype, role, pure=False):
-    """the GGML type llama.cpp's quantizer gives a 2-D weight of `role` ('token_embd', 'output', 'attn_q', ...)"""
+def _more_bits(layer, n_layer):
+    """llama-quant.cpp's use_more_bits: the layers Q4_K_M gives Q6_K ffn_down (a mixture's ffn_down_exps)"""
+    return layer < n_layer // 8 or layer >= 7 * n_layer // 8 or (layer - n_layer // 8) % 3 == 2
+
+
+def tensor_type(shape, qtype, role, pure=False, layer=None):
+    """the GGML type llama.cpp's quantizer gives a 2-D weight of `role` ('token_embd', 'output', 'attn_q', ...)
+    (layer: its block, for a mixture's ffn_down_exps; the router ffn_gate_inp stays F32)"""
+    if role == "ffn_gate_inp":
+        return "F32"
     base = "Q4_K" if qtype == "q4_k_m" else qtype.upper()
+    if role == "ffn_down_exps":
+        return "Q6_K" if not pure and qtype == "q4_k_m" and _more_bits(layer, SHAPES[shape]["n_layer"]) else base
     if not pure and (role == "output" or role == "token_embd" and SHAPES[shape]["tied"]):
         return "Q8_0" if base == "Q8_0" else "Q6_K"
     return "Q6_K" if not pure and qtype == "q4_k_m" and role == "ffn_down" else base
 
 
 def tensors(shape, qtype, pure=False):
-    """[(name, kind, n_out, n_in, type)] in file order: tiny.py's tensor_plan at the real dims, after
-    llama3's rope_freqs; kind 'w' (a 2-D weight; K-quants replaced on rows not a multiple of 256) or 'f32'"""
+    """[(name, kind, n_out, n_in, type, lead)] in file order: tiny.py's planned tensors at the real dims,
+    after llama3's rope_freqs; kind 'w' (a weight; K-quants replaced on rows not a multiple of 256) or 'f32';
+    a stacked expert weight (n_expert, rows, n_in) has n_out = n_expert * rows and lead (n_expert,)"""
     s, d = SHAPES[shape], dims(shape)
-    out = [] if "arch" in s else [("rope_freqs.weight", "f32", 1, d["head_dim"] // 2, "F32")]
-    for name, kind, n_out, n_in in tensor_plan(s.get("arch", "llama"), d, s["n_vocab"], s["tied"]):
-        if kind != "w":
-            out.append((name, "f32", 1, n_in, "F32"))
+    out = [] if "arch" in s else [("rope_freqs.weight", "f32", 1, d["head_dim"] // 2, "F32", ())]
+    for name, kind, shp in planned_tensors(s.get("arch", "llama"), d, s["n_vocab"], s["tied"]):
+        n_out, n_in, lead = int(np.prod(shp[:-1], dtype=np.int64)), shp[-1], tuple(shp[:-2])
+        if kind not in ("w", "router"):
+            out.append((name, "f32", 1, n_in, "F32", ()))
             continue
-        t = tensor_type(shape, qtype, name.split(".")[-2], pure)
-        out.append((name, "w", n_out, n_in, KQUANT_FALLBACK.get(t, t) if n_in % 256 else t))
+        part = name.split(".")
+        t = tensor_type(shape, qtype, part[-2], pure, int(part[1]) if part[0] == "blk" else None)
+        out.append((name, "w", n_out, n_in, KQUANT_FALLBACK.get(t, t) if n_in % 256 else t, lead))
     return out
 
 
 def nbytes(kind, n_out, n_in, t):
-    return 4 * n_out * n_in if kind == "f32" else n_out * (n_in // QK[t]) * BLOCK_BYTES[t]
+    return 4 * n_out * n_in if kind == "f32" or t == "F32" else n_out * (n_in // QK[t]) * BLOCK_BYTES[t]
 
 
 def work(shape, qtype, pure=False):
     """What one token costs: decode weight bytes streamed (every layer matrix and the output matrix; an
-    untied token_embd is one row a token) and the int8 MACs of the matmuls"""
-    ws = [(n_out * n_in, t, nbytes(kind, n_out, n_in, t)) for name, kind, n_out, n_in, t in tensors(shape, qtype, pure)
-          if kind == "w" and (name != "token_embd.weight" or SHAPES[shape]["tied"])]
+    untied token_embd is one row a token; of a mixture's stacked experts, the n_expert_used it picks)
+    and the int8 MACs of the matmuls"""
+    s = SHAPES[shape]
+    act = s.get("n_expert_used", 1) / s.get("n_expert", 1)
+    ws = [(n_out * n_in * (act if lead else 1), t, nbytes(kind, n_out, n_in, t) * (act if lead else 1))
+          for name, kind, n_out, n_in, t, lead in tensors(shape, qtype, pure)
+          if kind == "w" and (name != "token_embd.weight" or s["tied"])]
     types = {t: sum(b for _, u, b in ws if u == t) for t in dict.fromkeys(t for _, t, _ in ws)}
     return {"weight_bytes_per_token": sum(b for *_, b in ws), "matmul_macs_per_token": sum(m for m, *_ in ws),
             "bytes_by_type": types}
 
 
 def file_bytes(shape, qtype, pure=False):
-    return sum(nbytes(k, o, i, t) for _, k, o, i, t in tensors(shape, qtype, pure))
+    return sum(nbytes(k, o, i, t) for _, k, o, i, t, _ in tensors(shape, qtype, pure))
 
 
 def _f16_col(buf, off):
@@ -173,7 +207,8 @@ KQUANT_FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}
 def dims(shape):
     """cpufuse/llama/tiny.py's model_dims of a shape (head_dim and n_rot filled in)"""
     s = SHAPES[shape]
-    keys = ("n_embd", "n_layer", "n_ff", "n_head", "n_head_kv", "head_dim", "n_rot")
+    keys = ("n_embd", "n_layer", "n_ff", "n_head", "n_head_kv", "head_dim", "n_rot", "n_expert", "n_expert_used",
+            "n_ff_exp", "n_ff_shexp")
     return model_dims(s.get("arch", "llama"), {k: s[k] for k in keys if k in s})
 
 
@@ -230,19 +265,24 @@ def write(path, shape, qtype, pure=False, seed=0, log=print):
                    ("token_types", types), ("token_merges", merges), ("bos_token_id", s["n_vocab"] - 256),
                    ("eos_token_id", s["n_vocab"] - 256 + 9), ("add_bos_token", True)):   # <|begin_of_text|>, <|eot_id|>
         getattr(w, "add_" + key)(v)
-    for name, kind, n_out, n_in, t in plan:
+    for name, kind, n_out, n_in, t, lead in plan:
         nb = nbytes(kind, n_out, n_in, t)
         if kind == "f32":
             w.add_tensor_info(name, (n_in,), np.dtype(np.float32), nb)
+        elif t == "F32":   # a router
+            w.add_tensor_info(name, (n_out, n_in), np.dtype(np.float32), nb)
         else:
-            w.add_tensor_info(name, (n_out, nb // n_out), np.dtype(np.uint8), nb,
+            rows = n_out // int(np.prod(lead, dtype=np.int64))
+            w.add_tensor_info(name, lead + (rows, nb // n_out), np.dtype(np.uint8), nb,
                               raw_dtype=gguf.GGMLQuantizationType(GGML_TYPE[t]))
     for part in ("header", "kv_data", "ti_data"):
         getattr(w, f"write_{part}_to_file")()
     rng = np.random.default_rng([seed, GEN_VERSION, list(SHAPES).index(shape), TYPES.index(qtype)])
 
     def make(item):
-        name, kind, n_out, n_in, t = item
+        name, kind, n_out, n_in, t, _ = item
+        if kind != "f32" and t == "F32":   # a router: N(0, 1/n_in) rows
+            return (rng.standard_normal((n_out, n_in), np.float32) / np.float32(math.sqrt(n_in)))
         if kind != "f32":
             return random_blocks(t, n_out, n_in, rng)
         if name.startswith("rope_factors_"):

@@ -43,9 +43,11 @@ def worker(job):
         prompt = _profiled(lambda: m.eval(toks[:n_prompt]))
         decode = _profiled(lambda: [m.eval([t]) for t in toks[n_prompt:n_prompt + steps]])
         res["fused" if fusion else "unfused"] = {"prompt": prompt, "decode": decode}
-        ws = [w for L in m.layers for w in (getattr(L, s, None) for s in type(L).__slots__) if hasattr(w, "n_in")]
-        res["weight_bytes"] = sum(w.nbytes for w in ws) + m.output.nbytes     # streamed per decode token
-        res["macs"] = sum(w.n_in * w.n_out for w in ws)                         # per prompt token (no output)
+        # streamed per decode token; of a mixture's stacked experts, the n_expert_used a token picks
+        ws = [w for L in m.layers for w in vars(L).values() if hasattr(w, "n_in")]
+        act = [m.hparams.n_expert_used / m.hparams.n_expert if w.n_expert else 1 for w in ws]
+        res["weight_bytes"] = sum(w.nbytes * a for w, a in zip(ws, act)) + m.output.nbytes
+        res["macs"] = sum(w.n_in * w.n_out * max(w.n_expert, 1) * a for w, a in zip(ws, act))   # per prompt token
         m = None    # noqa: F841 (the next model loads without this one)
     return res
 

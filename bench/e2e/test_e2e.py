@@ -164,3 +164,26 @@ def test_smoke_constrained_ab():
     out = _smoke("bench.e2e.serve", "--constrained-ab", "--models", "smollm2", "--clients", "2", "--max-tokens", "4",
                  "--rounds", "1", "--threads", "1")
     assert "throughput constrained / plain" in out and "2 sequences" in out
+
+
+def test_moe_shapes_sizes_types_and_a_small_file(tmp_path, monkeypatch):
+    """the MoE shapes: file sizes of the published files, active bytes per token, the Q4_K_M rule for
+    ffn_down_exps, F32 routers; a small granitemoe-shaped file written the same way loads and runs"""
+    assert abs(bm.file_bytes("granite-1b-a400m", "q8_0") / 1e9 - 1.42) < 0.02
+    assert abs(bm.file_bytes("qwen3-30b-a3b", "q4_k_m") / 1e9 - 18.6) < 0.2
+    w = bm.work("qwen3-30b-a3b", "q4_k_m")
+    assert abs(w["matmul_macs_per_token"] / 1e9 - 3.04) < 0.05   # the 3B active of "A3B"
+    assert bm.tensor_type("qwen3-30b-a3b", "q4_k_m", "ffn_down_exps", layer=0) == "Q6_K"
+    assert bm.tensor_type("qwen3-30b-a3b", "q4_k_m", "ffn_down_exps", layer=6) == "Q4_K"
+    assert bm.tensor_type("olmoe-1b-7b", "q4_k", "ffn_gate_inp") == "F32"
+    t = {r[0]: r for r in bm.tensors("olmoe-1b-7b", "q4_k")}
+    assert t["blk.0.ffn_gate_exps.weight"][2:] == (64 * 1024, 2048, "Q4_K", (64,))
+    monkeypatch.setitem(bm.SHAPES, "tiny-moe", dict(bm.SHAPES["granite-1b-a400m"], n_embd=256, n_layer=2, n_ff=256,
+                                                    n_head=4, n_head_kv=2, n_vocab=1300, n_expert=4,
+                                                    n_expert_used=2, n_ff_exp=256))
+    p = bm.write(str(tmp_path / "m.gguf"), "tiny-moe", "q4_k_m", log=lambda m: None)
+    assert os.path.getsize(p) > bm.file_bytes("tiny-moe", "q4_k_m")
+    from cpufuse.llama import Model
+    m = Model.load(p, n_ctx=64)
+    assert m.hparams.n_expert == 4 and m.layers[1].wd_exps.shape == (4, 256, 256)
+    assert np.isfinite(m.logits([1, 2, 3, 4])).all()

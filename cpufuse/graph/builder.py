@@ -406,6 +406,19 @@ class Graph:
             raise GraphError(f"wsum {nm!r}: w must have y's shape without its last axis, got y {y.shape}, w {w.shape}")
         return self._add("wsum", [y, w], {}, y.shape[:-2] + (y.shape[-1],), F32, name)
 
+    def normw(self, x, floor=0.0, scale=0.0, name=None):
+        """The MoE weights' renormalisation and scale over the last axis of x (..., k) float32:
+        y = x / max(sum_j x[..., j], floor) when floor > 0 (the sum in double, rounded to f32, as
+        ggml's sum_rows), then y * scale when scale is not 0 (llama.cpp's norm_w floor is
+        6.103515625e-5)."""
+        nm = self._name("normw", name)
+        self._f32(x, "normw", nm)
+        floor, scale = float(floor), float(scale)
+        if not (math.isfinite(floor) and floor >= 0 and math.isfinite(scale)) or len(x.shape) < 1:
+            raise GraphError(f"normw {nm!r}: floor must be finite and >= 0 and scale finite, got floor={floor}, "
+                             f"scale={scale} (x {x.shape})")
+        return self._add("normw", [x], {"floor": floor, "scale": scale}, x.shape, F32, name)
+
     def output(self, *nodes):
         for n in nodes:
             if not isinstance(n, Node) or not any(n is m for m in self.nodes):

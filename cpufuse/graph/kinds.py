@@ -484,6 +484,9 @@ SIGMOID = Kind("SIGMOID", "n a y", "y = 1 / (1 + exp(-a))", ("sigmoid",),
                lambda st, L: _moe.lower_sigmoid(st, L, SIGMOID), _moe.run_sigmoid)
 WSUM = Kind("WSUM", "n k m y w out", "out[r] = sum over j in order of w[r, j] * y[r, j, :]", ("wsum",),
             lambda st, L: _moe.lower_wsum(st, L, WSUM), _moe.run_wsum)
+NORMW = Kind("NORMW", "n k f_floor f_scale x y", "y[r] = x[r] / max(sum of x[r]'s k values (in double, rounded to "
+             "f32), floor) (floor 0: no division), then * scale (0: none): the MoE weights' norm_w and scale",
+             ("normw",), lambda st, L: _moe.lower_normw(st, L, NORMW), _moe.run_normw)
 
 RECORDS = tuple(ROWS)
 KIND = {s: row for row in ROWS for s in row.steps}   # step kind -> its row

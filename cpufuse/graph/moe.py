@@ -11,6 +11,8 @@ Semantics (docs/semantics.md, "Routed matmul and gating"):
   take        y[r, j] = x[r, idx[r, j]] (the values of a top-k, or other probabilities at its ids).
   sigmoid     1 / (1 + exp(-x)) in f32.
   wsum        out[r] = sum_j f32(w[r, j] * y[r, j, :]), accumulated in slot order j = 0..k-1.
+  normw       y[r] = x[r] / max(f32(sum_j x[r, j] in double), floor), then * scale (ggml's sum_rows,
+              clamp, div, scale of build_moe_ffn's norm_w and expert_weights_scale).
 """
 import math
 
@@ -145,3 +147,29 @@ def run_wsum(st, X):
     for j in range(1, w.shape[-1]):
         acc = acc + y[..., j, :] * w[..., j:j + 1]
     np.copyto(out, acc)
+
+
+def lower_normw(st, L, row):
+    x, out = st.ins[0], st.outs[0]
+    if not (_contig(x) and _contig(out)):
+        return None
+    n, k = _rows_of(x)
+    p = st.params
+    return row.pack(n=n, k=k, f_floor=L.fparam(p["floor"]), f_scale=L.fparam(p["scale"]), x=L.slot(x),
+                    y=L.slot(out)), None
+
+
+def normw(x, floor, scale):
+    """normw's float32 result (the numba step and the tests' exact model of the C kernel)"""
+    x = np.asarray(x, np.float32)
+    y = x
+    if floor:
+        s = x.astype(np.float64).sum(axis=-1, keepdims=True).astype(np.float32)  # ggml_vec_sum_f32: double
+        y = x / np.where(s < np.float32(floor), np.float32(floor), s)
+    if scale:
+        y = y * np.float32(scale)
+    return y.astype(np.float32)
+
+
+def run_normw(st, X):
+    np.copyto(X.a(st.outs[0]), normw(X.a(st.ins[0]), st.params["floor"], st.params["scale"]))

@@ -14,6 +14,9 @@ def __getattr__(name):  # lazy: `cpufuse.llama.Model` without importing the mode
     if name == "Llama":         # llama-cpp-python's high-level API (cpufuse.llama.api)
         from .api import Llama
         return Llama
+    if name in ("LlamaPromptLookupDecoding", "LlamaDraftModel", "DraftModel"):   # speculative decoding
+        from . import speculative
+        return getattr(speculative, name)
     if name == "LlamaGrammar":  # llama-cpp-python's grammar object (cpufuse.llama.guide)
         from .guide import LlamaGrammar
         return LlamaGrammar

@@ -16,13 +16,17 @@ tool_choice (also functions / function_call; streamed or not) and logit_bias, bu
 server builds them (cpufuse.llama.guide). Where cpufuse differs, it says so instead of guessing:
 - `model_path` may also be a model name (`python -m cpufuse models`) or a Hugging Face
   repository `org/repo[:QUANT]`;
+- `embedding=True` enables `embed`/`create_embedding` (pooling from the file or `pooling_type`;
+  cpufuse.llama.embedding); generation still works on such a Llama;
+- `draft_model` (LlamaPromptLookupDecoding, or cpufuse's DraftModel: a smaller model) changes no
+  token: greedy or seeded output is the same as without it (cpufuse.llama.speculative);
 - the RNG is numpy's, so a seed reproduces cpufuse's own output, not llama.cpp's;
 - with stream=True, a chunk's logprobs are those of the tokens sampled since the previous chunk
   (a token whose text is still held back, e.g. as the start of a possible stop string, comes with
   a later chunk);
 - constructor options that change nothing on a CPU (n_gpu_layers, use_mmap, flash_attn, ...)
   are accepted; options for what cpufuse does not have (lora_path, rope and yarn overrides,
-  chat_format, a chat_handler, embedding=True, ...) raise NotImplementedError when set; an
+  chat_format, a chat_handler, ...) raise NotImplementedError when set; an
   unknown keyword is a TypeError. Per call, samplers cpufuse does not have (mirostat, typical_p
   < 1, tfs_z < 1) and suffix raise NotImplementedError naming the argument;
 - logits_processor gets the row after logit_bias and a grammar's mask (llama-cpp-python: before);
@@ -51,9 +55,9 @@ _CTOR_NEUTRAL = {"n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "rpc_
                  "n_parts", "f16_kv"}   # the last two: older releases' options, which LangChain still passes
 # ... and those that would change them: refused unless left at their default
 _CTOR_REFUSED = {"lora_base": None, "lora_path": None, "lora_scale": 1.0, "rope_scaling_type": -1,
-                 "pooling_type": -1, "yarn_ext_factor": -1.0,
+                 "yarn_ext_factor": -1.0,
                  "yarn_attn_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0, "yarn_orig_ctx": 0,
-                 "embedding": False, "chat_format": None, "chat_handler": None, "draft_model": None,
+                 "chat_format": None, "chat_handler": None,
                  "tokenizer": None, "type_k": None, "type_v": None,
                  "kv_overrides": None,                              # would change the model's metadata
                  "last_n_tokens_size": PENALTY_LAST_N}             # the repeat penalty's window
@@ -107,6 +111,9 @@ class Llama:
         from . import hub
         from .model import Model
         rope = {k: kwargs.pop(k) for k in ("rope_freq_base", "rope_freq_scale") if k in kwargs}
+        draft = kwargs.pop("draft_model", None)   # speculative decoding (cpufuse.llama.speculative)
+        self._embedding = bool(kwargs.pop("embedding", False))    # embeddings (cpufuse.llama.embedding)
+        self._pooling = kwargs.pop("pooling_type", -1)
         for k, v in kwargs.items():
             if k in _CTOR_REFUSED:
                 _refuse(k, v, _CTOR_REFUSED[k])
@@ -131,22 +138,26 @@ class Llama:
         self.n_threads = n_threads
         self._seed = seed
         self._rng = None if seed is None or seed == LLAMA_DEFAULT_SEED else np.random.default_rng(seed)
+        from .speculative import check_draft
+        self.draft_model = check_draft(draft, self._model)
+        if self._embedding:
+            from .embedding import pooling_name
+            pooling_name(self._pooling, self._model)      # a bad pooling_type fails here
 
     # ----------------------------------------------------------------------------- construction
     @classmethod
     def from_pretrained(cls, repo_id: str, filename: Optional[str], additional_files=None, local_dir=None,
                         local_dir_use_symlinks="auto", cache_dir=None, **kwargs) -> "Llama":
-        """Download `filename` (a name or a glob: exactly one file must match) from the Hugging Face
-        repository `repo_id` into huggingface_hub's cache, and load it."""
+        """Download `filename` (a name or a glob: exactly one file must match, or the parts of one
+        split GGUF, which are all downloaded) and the files `additional_files` matches from the
+        Hugging Face repository `repo_id` into huggingface_hub's cache, and load it."""
         from . import hub
-        if additional_files:
-            raise NotImplementedError("additional_files (split GGUFs) are not supported: cpufuse reads one file")
         if local_dir is not None or cache_dir is not None:
             raise NotImplementedError("local_dir and cache_dir are not supported: files go to huggingface_hub's "
                                       "cache (HF_HUB_CACHE moves it)")
         if filename is None:
             raise ValueError("filename: expected a file name or glob pattern of a .gguf in the repository, got None")
-        return cls(model_path=hub.hf_file(repo_id, filename), **kwargs)
+        return cls(model_path=hub.hf_file(repo_id, filename, additional_files), **kwargs)
 
     # ----------------------------------------------------------------------------------- basics
     @property
@@ -197,10 +208,71 @@ class Llama:
         ids = self._model.token_ids(tokens, "tokens")
         return b"".join(tok.token_to_piece(t, special=special) for t in ids)
 
-    def create_embedding(self, *a, **k):
-        raise NotImplementedError("embeddings are not supported by cpufuse's Llama")
+    # ------------------------------------------------ low level and saved state (cpufuse.llama.state)
+    @property
+    def n_tokens(self) -> int:
+        """tokens in the context (evaluated)"""
+        return self._model.n_past
 
-    embed = create_embedding
+    @property
+    def input_ids(self) -> np.ndarray:
+        return np.array(self._model._cached[:self._model.n_past], np.intc)
+
+    def eval(self, tokens) -> None:
+        """Evaluate `tokens` after those in the context (n_tokens grows by len(tokens))."""
+        self._last = self._model.eval(tokens)
+
+    def sample(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
+               temp: float = 0.80, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
+               presence_penalty: float = 0.0, tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_eta: float = 0.1,
+               mirostat_tau: float = 5.0, penalize_nl: bool = True, logits_processor=None, grammar=None,
+               idx=None) -> int:
+        """A token from the last eval's logits (cpufuse's sampler chain; penalties over the last 64
+        input ids). grammar, logits_processor and idx are not supported here (NotImplementedError)."""
+        from .state import llama_sample
+        for k, v in (("typical_p", typical_p), ("tfs_z", tfs_z), ("mirostat_mode", mirostat_mode)):
+            _refuse(k, v, _CALL_REFUSED[k])
+        for k, v in (("logits_processor", logits_processor), ("grammar", grammar), ("idx", idx)):
+            if v is not None:
+                raise NotImplementedError(f"sample({k}=...) is not supported by cpufuse's Llama")
+        return llama_sample(self, getattr(self, "_last", None), temp, top_k, top_p, min_p, repeat_penalty,
+                            frequency_penalty, presence_penalty, self._call_seed(None))
+
+    def save_state(self):
+        """llama-cpp-python's LlamaState of the context: its tokens and KV cells (llama_state bytes)"""
+        from .state import llama_save
+        return llama_save(self, getattr(self, "_last", None), self._seed)
+
+    def load_state(self, state) -> None:
+        """Restore a save_state() of this model (checked: ValueError on another model's); the
+        context continues bit for bit"""
+        from .state import llama_load
+        self._last, seed = llama_load(self, state)
+        self.set_seed(seed)
+
+    def pooling_type(self) -> int:
+        """llama.cpp's LLAMA_POOLING_TYPE_* of the embeddings (the model's unless pooling_type was given)"""
+        from .embedding import POOLING, pooling_name
+        return POOLING[pooling_name(self._pooling, self._model)]
+
+    def embed(self, input: Union[str, List[str]], normalize: bool = False, truncate: bool = True,
+              return_count: bool = False):
+        """The embedding of a str (a list of floats; with pooling none, one list per token), or a
+        list of them for a list of str; normalize=True: L2 (cpufuse.llama.embedding)."""
+        from .embedding import llama_embed
+        if not self._embedding:
+            raise RuntimeError("Llama model must be created with embedding=True to call this method")
+        out, n = llama_embed(self._model, self._pooling, input, 2 if normalize else -1, truncate,
+                             lambda b: self.tokenize(b))
+        return (out, n) if return_count else out
+
+    def create_embedding(self, input: Union[str, List[str]], model: Optional[str] = None) -> Dict[str, Any]:
+        """OpenAI's embeddings response for a str or a list of str (not normalized, as
+        llama-cpp-python's)"""
+        embeds, n = self.embed(input if isinstance(input, list) else [input], return_count=True)
+        return {"object": "list", "data": [{"object": "embedding", "embedding": e, "index": i}
+                                           for i, e in enumerate(embeds)],
+                "model": model or self.model_path, "usage": {"prompt_tokens": n, "total_tokens": n}}
 
     # ---------------------------------------------------------------------------- completions
     def __call__(self, prompt, *args, **kwargs):
@@ -360,7 +432,7 @@ class Llama:
         if n_logprobs is not None:
             sampler = rec = _RecordingSampler(sampler, n_logprobs)
         out = self._model.generate(ids if prompt is None else prompt, max_tokens=int(max_tokens), stream=stream,
-                                   stop=stop, sampler=sampler, **extra)
+                                   stop=stop, sampler=sampler, draft=self.draft_model, **extra)
         if stream:
             out.records = rec.records if rec is not None else None
             return out

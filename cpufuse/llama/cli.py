@@ -54,6 +54,41 @@ def add_run_args(ap):
     ap.add_argument("--kv", choices=("f16", "f32"), default="f16", help="KV cache type (default f16)")
 
 
+def add_spec_args(ap):
+    g = ap.add_argument_group("speculative decoding (changes no token)")
+    g.add_argument("--lookup", type=int, default=None, metavar="N",
+                   help="draft up to N tokens by n-gram lookup in the context (prompt lookup)")
+    g.add_argument("--draft", "-md", "--model-draft", dest="draft", default=None, metavar="MODEL",
+                   help="a smaller draft model with the same tokenizer (a GGUF path or a model name)")
+    g.add_argument("--draft-max", type=int, default=16, metavar="N",
+                   help="with --draft: the most tokens drafted per step (default 16)")
+    g.add_argument("--draft-p-min", type=float, default=0.75, metavar="P",
+                   help="with --draft: stop drafting below this top-token probability (default 0.75)")
+
+
+def make_draft(args, target=None):
+    """the draft the --lookup / --draft flags ask for (None: neither); bound to (loaded for and
+    checked against) the target Model when one is given"""
+    from .speculative import DraftModel, LlamaPromptLookupDecoding, check_draft
+    if args.lookup is not None and args.draft is not None:
+        raise CLIError("give --lookup or --draft, not both", 2)
+    try:
+        if args.lookup is not None:
+            if args.lookup < 1:
+                raise CLIError(f"--lookup must be >= 1, got {args.lookup}", 2)
+            draft = LlamaPromptLookupDecoding(num_pred_tokens=args.lookup)
+        elif args.draft is None:
+            return None
+        else:
+            if args.draft_max < 1:
+                raise CLIError(f"--draft-max must be >= 1, got {args.draft_max}", 2)
+            draft = DraftModel(hub.resolve(args.draft), num_pred_tokens=args.draft_max, p_min=args.draft_p_min,
+                               kv_dtype=args.kv)
+        return draft if target is None else check_draft(draft, target)
+    except (OSError, ValueError, TypeError, NotImplementedError, hub.NotInstalled) as e:
+        raise CLIError(f"--draft {args.draft}: {e}" if args.draft else str(e), 2) from None
+
+
 def add_sampling_args(ap, what="sampling"):
     d = SAMPLING_DEFAULTS
     g = ap.add_argument_group(what)
@@ -133,7 +168,7 @@ def auto_n_ctx(path, n_seq=1, kv="f16", mem=None):
     mem = _mem_available() if mem is None else mem
     if mem:
         per_tok = 2 * hp.n_layer * hp.n_head_kv * hp.head_dim * (2 if kv == "f16" else 4) * n_seq
-        budget = (mem - os.path.getsize(path)) // 2
+        budget = (mem - sum(p.file_size for p in gf.parts)) // 2
         cap = max(512, (budget // per_tok) // 256 * 256) if budget > 0 else 512
         n = min(n, cap)
     return n
@@ -202,6 +237,7 @@ def build_parser():
     add_run_args(ap)
     ap.add_argument("--act", choices=("q8", "f32"), default=None, help="matmul activation mode (default q8)")
     add_sampling_args(ap)
+    add_spec_args(ap)
     return ap
 
 
@@ -218,11 +254,13 @@ def main(argv=None):
         check_sampling(args)
         path = model_path(args)
         model = load(args, path, act=args.act)
+        draft = make_draft(args, model)
         prompt = args.prompt
         if args.chat:
             prompt = ([{"role": "system", "content": args.system}] if args.system else []) + \
                      [{"role": "user", "content": args.prompt}]
-        it = model.generate(prompt, max_tokens=args.n_predict, stream=True, stop=args.stop, **sampling_kwargs(args))
+        it = model.generate(prompt, max_tokens=args.n_predict, stream=True, stop=args.stop, draft=draft,
+                            **sampling_kwargs(args))
         out = sys.stdout
         if not args.chat:
             out.write(args.prompt)
@@ -244,7 +282,8 @@ def main(argv=None):
     r = it.result
     print(f"prompt: {r.prompt_eval_tokens} tokens, {r.prompt_time * 1e3:.1f} ms{_rate(r.prompt_eval_tokens, r.prompt_time)}"
           f" | decode: {r.decode_tokens} tokens, {r.decode_time * 1e3:.1f} ms{_rate(r.decode_tokens, r.decode_time)}"
-          f" | stop: {r.stop_reason}", file=sys.stderr)
+          f" | stop: {r.stop_reason}"
+          + (f" | drafted {r.draft_tokens}, accepted {r.draft_accepted}" if r.draft_tokens else ""), file=sys.stderr)
     return 0
 
 
@@ -263,9 +302,40 @@ def build_chat_parser():
     ap.add_argument("--system", default=None, help="system message")
     ap.add_argument("-n", "--n-predict", type=int, default=-1,
                     help="max tokens per reply (default -1: until the model ends it or the context is full)")
+    ap.add_argument("--resume", default=None, metavar="FILE",
+                    help="keep the conversation in FILE (its KV state) and FILE.json (its messages) after each "
+                         "reply, and reopen it from there without evaluating it again")
     add_run_args(ap)
     add_sampling_args(ap)
+    add_spec_args(ap)
     return ap
+
+
+def resume_load(model, path):
+    """the messages of a --resume FILE (and its KV state into the model), or None when there is none"""
+    import json
+    if not os.path.exists(path + ".json"):
+        return None
+    try:
+        with open(path + ".json", encoding="utf-8") as f:
+            msgs = json.load(f)
+        if not (isinstance(msgs, list) and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                               and isinstance(m.get("content"), str) for m in msgs)):
+            raise ValueError("expected a list of {'role': str, 'content': str} messages")
+        n = model.load_kv(path)
+    except (OSError, ValueError) as e:
+        raise CLIError(f"--resume {path}: {e}", 2) from None
+    print(f"(resumed {len(msgs)} messages, {n} tokens from {path})", file=sys.stderr)
+    return msgs
+
+
+def resume_save(model, path, messages):
+    """write the KV state and the messages of --resume FILE (each through a temporary file)"""
+    import json
+    model.save_kv(path)
+    with open(path + ".json.tmp", "w", encoding="utf-8") as f:
+        json.dump(messages, f, ensure_ascii=False)
+    os.replace(path + ".json.tmp", path + ".json")
 
 
 def _line_buffer():
@@ -285,6 +355,8 @@ def chat_main(argv=None):
         check_sampling(args)
         path = model_path(args)
         model = load(args, path)
+        draft = make_draft(args, model)
+        resumed = resume_load(model, args.resume) if args.resume else None
     except CLIError as e:
         return _fail(e)
     except KeyboardInterrupt:
@@ -298,7 +370,7 @@ def chat_main(argv=None):
             pass
         print(f"{os.path.basename(path)}, context {model.n_ctx} tokens. {CHAT_HELP}.", file=sys.stderr)
     first = [{"role": "system", "content": args.system}] if args.system else []
-    messages = list(first)
+    messages = list(first) if resumed is None else resumed
     out = sys.stdout
     max_tokens = model.n_ctx if args.n_predict < 0 else args.n_predict
     while True:
@@ -330,7 +402,7 @@ def chat_main(argv=None):
         messages.append({"role": "user", "content": line})
         it = None
         try:
-            it = model.generate(messages, max_tokens=max_tokens, stream=True, **sampling_kwargs(args))
+            it = model.generate(messages, max_tokens=max_tokens, stream=True, draft=draft, **sampling_kwargs(args))
             for piece in it:
                 out.write(piece)
                 out.flush()
@@ -349,6 +421,8 @@ def chat_main(argv=None):
         out.write("\n")
         out.flush()
         messages.append({"role": "assistant", "content": it.result.text})
+        if args.resume:
+            resume_save(model, args.resume, messages)
         if it.result.stop_reason == "context":
             print("(the context is full: /reset starts a new conversation)", file=sys.stderr)
     return 0

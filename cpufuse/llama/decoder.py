@@ -39,40 +39,47 @@ F32 = np.float32
 ARCHS = {name: a.forward for name, a in REGISTRY.items()}
 
 
-def build(model, n, m, n_groups):
+def build(model, n, m, n_groups, hidden=False):
     """The decoder graph of `model` for a batch of n tokens, m logits rows and n_groups sequences:
-    the inputs, then its architecture's forward (cpufuse/llama/arch/), whose output is the logits."""
+    the inputs, then its architecture's forward (cpufuse/llama/arch/), whose output is the logits.
+    hidden: the output is the m rows' hidden states after output_norm, (m, n_embd) (the
+    embeddings), and the lm head is not built (blocks.head)."""
     hp = model.hparams
     g = Graph()
     x = g.input("x", (n, hp.n_embd))
     pos = g.input("pos", (n,), np.int32)
     kv = model.kv.graph_inputs(g, n, n_groups)
     idx = g.input("idx", (m,), np.int32)
-    g.output(REGISTRY[hp.arch].forward(Ctx(g, model, n, x, pos, idx, kv)))
+    cx = Ctx(g, model, n, x, pos, idx, kv, hidden=hidden)
+    y = REGISTRY[hp.arch].forward(cx)
+    if hidden and cx.hidden_out is None:
+        raise NotImplementedError(f"{hp.arch}: its forward does not end in blocks.head, so it has no hidden-state output")
+    g.output(cx.hidden_out if hidden else y)
     return g
 
 
 class Decoder:
-    """Compiled decoder plans of one model, by capacity: (n tokens, m logits rows, n_groups)."""
+    """Compiled decoder plans of one model, by capacity: (n tokens, m logits rows, n_groups), and
+    by output (logits, or with hidden the hidden states: build)."""
 
     def __init__(self, model, fusion=None, isa=None):
         self.model, self.fusion, self.isa = model, fusion, isa
         self.plans = {}
 
-    def plan(self, n_cap, m_cap, n_groups):
-        key = (n_cap, m_cap, n_groups)
+    def plan(self, n_cap, m_cap, n_groups, hidden=False):
+        key = (n_cap, m_cap, n_groups) + (("hidden",) if hidden else ())
         dp = self.plans.get(key)
         if dp is None:
             dp = self.plans[key] = DynamicPlan(
-                lambda n, m: build(self.model, n, m, n_groups), {"n": n_cap, "m": m_cap},
+                lambda n, m: build(self.model, n, m, n_groups, hidden), {"n": n_cap, "m": m_cap},
                 fusion=self.fusion, isa=self.isa)
         return dp
 
-    def run(self, cap, x, pos, idx, cells, n_threads=None):
+    def run(self, cap, x, pos, idx, cells, n_threads=None, hidden=False):
         """Logits (len(idx), n_vocab) of a batch, on the plan of capacity cap = (n, m, n_groups);
         the plan's buffer, valid until its next run. cells: the batch's KV cell inputs
-        (KVCache.batch_inputs)."""
-        dp = self.plan(*cap)
+        (KVCache.batch_inputs). hidden: the hidden states (len(idx), n_embd) instead (build)."""
+        dp = self.plan(*cap, hidden=hidden)
         n, m = x.shape[0], idx.shape[0]
         return dp.run({"n": n, "m": m}, n_threads=n_threads, x=x, pos=pos, idx=idx, **cells)[0]
 
@@ -131,9 +138,10 @@ class Batch:
     def __len__(self):
         return len(self.tokens)
 
-    def run(self, decoder, cap, n_threads=None):
+    def run(self, decoder, cap, n_threads=None, hidden=False):
         """Logits (len(idx), n_vocab) of the rows asked for: the plan's buffer (valid until its next
-        run). cap = (n_tokens, n_logits, n_groups) capacities of the plan to use."""
+        run). cap = (n_tokens, n_logits, n_groups) capacities of the plan to use. hidden: their
+        hidden states after output_norm (len(idx), n_embd) instead (the embeddings)."""
         n, m, g = len(self.tokens), len(self.idx), len(self.seqs)
         if n == 0 or n > cap[0] or m > cap[1] or g > cap[2]:
             raise ValueError(f"batch: {n} tokens, {m} logits rows, {g} sequences do not fit the capacity {cap}")
@@ -142,5 +150,5 @@ class Batch:
         idx = self.idx or [n - 1]   # a plan computes >= 1 logits row: one nobody asked for
         cells = self.m.kv.batch_inputs(self.seqs, n, cap[2])
         out = decoder.run(cap, x, np.asarray(self.pos, np.int32), np.asarray(idx, np.int32), cells,
-                          n_threads=n_threads)
+                          n_threads=n_threads, hidden=hidden)
         return out[:m]

@@ -28,6 +28,8 @@ class GenerationResult:
     stop_token: Optional[int] = None
     prompt_ids: List[int] = field(default_factory=list)
     tool_calls: Optional[List[dict]] = None    # generate(tools=...): the calls parsed from the text
+    draft_tokens: int = 0             # speculative decoding (generate(draft=...)): ids drafted ...
+    draft_accepted: int = 0           # ... and how many of them the target kept
 
     @property
     def prompt_tps(self):
@@ -68,9 +70,13 @@ class Streamer:
         self._gen.close()
 
 
-def decode(model, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stops=()):
+def decode(model, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stops=(), draft=None):
     """The generation loop. Every step that touches the cache runs under the lock, bumps the
-    model's epoch and remembers it; a step that finds another epoch was interrupted."""
+    model's epoch and remembers it; a step that finds another epoch was interrupted.
+    draft: None, or a draft (cpufuse.llama.speculative): each step then verifies the drafted ids
+    in one batch and queues the ids it sampled; the same ids come out (see speculative.py), and
+    the cache is rewound at the end to what plain decoding leaves."""
+    from collections import deque
     from .stops import StopMatcher
     from .tokenizer import StreamDecoder
     eog = model.eog_ids if stop_at_eog else frozenset()
@@ -86,7 +92,7 @@ def decode(model, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stops=()):
             m = min(len(c), len(ids) - 1)
             while keep < m and c[keep] == ids[keep]:
                 keep += 1
-            keep = model.kv.reusable(keep, len(c))
+            keep = model.kv.reusable(keep, max(len(c), getattr(model, "_spec_written", 0)))   # speculative.written
         model._n_past = keep
         del model._cached[keep:]
         sampler.accept_prompt(ids)
@@ -95,6 +101,7 @@ def decode(model, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stops=()):
         t_prompt = time.perf_counter() - t0
         tok = sampler.sample(logits) if max_tokens else None
     out, t_dec, n_dec = [], 0.0, 0
+    queued, n_draft, n_acc, cap = deque(), 0, 0, 1 << 30
     stop, stop_tok = "length", None
     text_parts = []
     for i in range(max_tokens):
@@ -117,16 +124,29 @@ def decode(model, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stops=()):
                 raise RuntimeError("this stream was interrupted by another generate(), eval(), logits() or "
                                    "reset() call on the same Model, which changed its KV cache; start a new "
                                    "generate() (a Model holds one sequence)")
-            if model._n_past >= model.n_ctx:
+            if len(ids) + n_dec >= model.n_ctx:     # the tokens plain decoding has evaluated
                 stop = "context"
                 break
             t0 = time.perf_counter()
-            logits = model._eval([tok])
+            if draft is None:
+                tok = sampler.sample(model._eval([tok]))
+            else:
+                if not queued:
+                    from .speculative import speculate
+                    got, nd, na = speculate(model, tok, sampler, draft, ids + out, min(cap, max_tokens - 2 - i))
+                    queued.extend(got)
+                    n_draft, n_acc = n_draft + nd, n_acc + na
+                    cap = 2 * cap if na == nd else na + 1   # fewer drafts after a rejection, more after none
+                tok = queued.popleft()
             t_dec += time.perf_counter() - t0
             n_dec += 1
-            tok = sampler.sample(logits)
             model._epoch += 1
             epoch = model._epoch
+    if queued:
+        with model._lock:          # ids sampled ahead of a stop: forget them, as plain decoding never saw them
+            if model._epoch == epoch:
+                from .speculative import rewind
+                rewind(model, min(model._n_past, len(ids) + n_dec))
     if dec is not None and stop != "stop":
         s, hit = sm.push(dec.flush())
         if hit:
@@ -139,5 +159,5 @@ def decode(model, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stops=()):
     return GenerationResult(tokens=out, text="".join(text_parts), prompt_tokens=len(ids),
                             prompt_eval_tokens=len(ids) - keep, prompt_time=t_prompt,
                             decode_tokens=n_dec, decode_time=t_dec, stop_reason=stop, stop_token=stop_tok,
-                            prompt_ids=list(ids))
+                            prompt_ids=list(ids), draft_tokens=n_draft, draft_accepted=n_acc)
 

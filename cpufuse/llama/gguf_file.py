@@ -168,11 +168,16 @@ class _Cursor:
 class GGUFFile:
     """A GGUF file, parsed and checked (see the module docstring). Attributes: path, version,
     file_size, alignment, data_offset (where the data section starts), kv (key -> value, in file
-    order), tensors (name -> GGUFTensor, in file order)."""
+    order), tensors (name -> GGUFTensor, in file order), parts (the part files: [self] unless split).
 
-    def __init__(self, path):
+    split=True: a file with split.count > 1 is the first part of a split GGUF, and the other parts'
+    tensors join its own (cpufuse.llama.gguf_split, every part checked); False reads this file
+    alone."""
+
+    def __init__(self, path, split=True):
         path = os.fspath(path)
         self.path = path
+        self.parts = [self]
         st = os.stat(path)        # FileNotFoundError as usual; checked before open (a FIFO blocks open)
         _check_regular(st, path)
         flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -192,6 +197,9 @@ class GGUFFile:
         self.file_size = size
         self._mm = mm
         self._parse(mm, size)
+        if split and "split.count" in self.kv:
+            from .gguf_split import join
+            join(self)
 
     # ---------------------------------------------------------------------------------- parsing
     def _parse(self, mm, size):
@@ -357,6 +365,13 @@ class GGUFFile:
         """Drop the pages wholly inside `arr` (a view of this file's mapping, e.g. a weight that was
         just repacked into its own memory) from the process's resident memory (madvise DONTNEED;
         they stay in the page cache and fault back in if read again). No-op elsewhere."""
+        if len(self.parts) > 1:
+            for p in self.parts:
+                p._release(arr)      # a no-op unless arr lies in its mapping
+            return
+        self._release(arr)
+
+    def _release(self, arr):
         if not hasattr(self._mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
             return
         base = np.frombuffer(self._mm, dtype=np.uint8).ctypes.data
@@ -390,7 +405,8 @@ class GGUFFile:
 
     def __repr__(self):
         return (f"GGUFFile({os.path.basename(self.path)!r}, v{self.version}, {len(self.kv)} keys, "
-                f"{len(self.tensors)} tensors, {self.file_size} bytes)")
+                f"{len(self.tensors)} tensors, {self.file_size} bytes"
+                f"{f', {len(self.parts)} parts' if len(self.parts) > 1 else ''})")
 
 
 def _read_strings(c, n, what):

@@ -120,6 +120,15 @@ class HParams:
     freq_base_swa: float = 10000.0    # RoPE base and scale of the SWA layers
     freq_scale_swa: float = 1.0
     nope_layers: tuple = ()           # per layer: True = no RoPE (smollm3)
+    # mixtures of experts (arch/_moe.py reads their keys; 0: a dense model)
+    n_expert: int = 0                 # experts per layer
+    n_expert_used: int = 0            # experts each token is routed to (top-k)
+    n_ff_exp: int = 0                 # an expert's feed-forward length
+    n_ff_shexp: int = 0               # the shared expert's feed-forward length (0: none)
+    expert_gating: str = "softmax"    # "softmax", "sigmoid" or "softmax_weight" (softmax over the top-k logits)
+    expert_weights_norm: bool = False  # renormalise the k weights to sum 1 (norm_w)
+    expert_weights_scale: float = 0.0  # multiply the k weights (0: unset)
+    pooling_type: int = -1            # <arch>.pooling_type (embeddings: 0 none, 1 mean, 2 cls, 3 last, 4 rank); -1 unset
 
     def __post_init__(self):
         self.swa_layers = tuple(self.swa_layers) or (False,) * self.n_layer
@@ -177,7 +186,8 @@ class HParams:
                  freq_base=freq_base, freq_scale=freq_scale, rope_mode=spec.rope,
                  rope_scaling=scaling, ext_factor=ext_factor, attn_factor=attn_factor,
                  n_ctx_orig=n_ctx_orig, kq_scale=1.0 / math.sqrt(d_k),
-                 swa_layers=(False,) * n_layer, nope_layers=(False,) * n_layer)
+                 swa_layers=(False,) * n_layer, nope_layers=(False,) * n_layer,
+                 pooling_type=_int_key(gf, p + "pooling_type", -1, lo=0, hi=4))
         if spec.hparams is not None:
             spec.hparams(Keys(gf, arch), hp)
         return hp
@@ -259,3 +269,4 @@ def read_hparams(gf):
     n_vocab = _vocab_size(gf)
     _check_special_ids(gf, n_vocab)
     return HParams.from_gguf(gf, n_vocab)
+

@@ -424,10 +424,25 @@ def _pick_gguf(files, quant, repo_id):
             raise ValueError(f"no .gguf in {repo_id!r} matches the quantization {quant!r}; its GGUF files: "
                              f"{', '.join(ggufs[:12])}{' ...' if len(ggufs) > 12 else ''}")
         hits = ggufs
-    f = hits[0]
-    if re.search(r"-\d{5}-of-\d{5}\.gguf$", f):
-        raise NotImplementedError(f"{f} is one shard of a split GGUF; cpufuse reads single-file GGUFs")
-    return f
+    return _first_part(hits[0])
+
+
+def _first_part(f):
+    """a split GGUF's part name -> its first part's name (other names: themselves)"""
+    from .gguf_split import split_paths
+    return split_paths(f)[0]
+
+
+def _download_all(repo_id, f, files):
+    """download `f` and, for a split GGUF's first part, every other part (each must be listed in
+    the repository's `files`); returns f's local path (the parts lie beside it)"""
+    from .gguf_split import split_paths
+    parts = split_paths(f)
+    missing = [p for p in parts if p not in files]
+    if missing:
+        raise ValueError(f"{f} is part of a split GGUF whose parts {', '.join(missing)} are not in {repo_id!r}")
+    paths = [_download(repo_id, p) for p in parts]
+    return paths[0]
 
 
 def _download(repo_id, filename):
@@ -458,7 +473,7 @@ def hf_resolve(spec) -> str:
         if hit:
             return hit
         raise
-    return _download(repo_id, _pick_gguf(files, quant, repo_id))
+    return _download_all(repo_id, _pick_gguf(files, quant, repo_id), files)
 
 
 def _cached_pick(repo_id, quant):
@@ -478,8 +493,10 @@ def _cached_pick(repo_id, quant):
     return None
 
 
-def hf_file(repo_id, filename) -> str:
-    """Llama.from_pretrained's download: the one file of `repo_id` matching the glob `filename`."""
+def hf_file(repo_id, filename, additional_files=()) -> str:
+    """Llama.from_pretrained's download: the one file of `repo_id` matching the glob `filename`
+    (several parts of one split GGUF count as one: every part is downloaded), and each file that a
+    glob of `additional_files` matches (llama-cpp-python's argument, e.g. a split's other parts)."""
     if not isinstance(repo_id, str) or not _HF_RE.match(repo_id):
         raise ValueError(f"repo_id: expected 'org/repo', got {repo_id!r}")
     if not isinstance(filename, str) or not filename:
@@ -492,14 +509,23 @@ def hf_file(repo_id, filename) -> str:
             if hit:
                 return hit
         raise
+    extra = []
+    for pat in additional_files or ():
+        got = [f for f in files if fnmatch.fnmatch(f, pat)]
+        if not got:
+            raise ValueError(f"additional_files: no file in {repo_id!r} matches {pat!r}")
+        extra += got
     hits = [f for f in files if fnmatch.fnmatch(f, filename)]
     if not hits:
         raise ValueError(f"no file in {repo_id!r} matches {filename!r}; its files: "
                          f"{', '.join(sorted(files)[:12])}{' ...' if len(files) > 12 else ''}")
-    if len(hits) > 1:
+    if len({_first_part(f) for f in hits}) > 1:
         raise ValueError(f"several files in {repo_id!r} match {filename!r}: {', '.join(sorted(hits))}; "
                          "name one")
-    return _download(repo_id, hits[0])
+    path = _download_all(repo_id, _first_part(hits[0]), files)
+    for f in extra:
+        _download(repo_id, f)
+    return path
 
 
 # ------------------------------------------------------------------------------------------------

@@ -128,17 +128,43 @@ def load_weights(gf, hp, n_ctx):
         _read(gf.tensors, layer_specs, f"blk.{i}.", L)
         layers.append(L)
     out.layers = layers
+    # a mixture's stacked experts are views of the mapped file until repack_weights repacks them
+    out.experts_mapped = any(isinstance(t, QTensor) and t.n_expert for L in layers for t in vars(L).values())
     if spec.finish is not None:
         spec.finish(out, hp, n_ctx)
     return out
 
 
+def _mem_available():
+    """MemAvailable of /proc/meminfo in bytes (None where there is none)"""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+MEM_MARGIN = 1 << 30   # what repacking leaves free for the KV cache, scratch and the rest
+
+
 def repack_weights(w, gf, isa=None, progress=None):
     """Repack every quantized matmul weight for the kernels (QTensor.repack) and drop the file
     pages it came from (the token embedding stays mapped for its row lookups; a tied output
-    gets its own repacked copy)."""
+    gets its own repacked copy). A mixture's stacked expert weights (3-D) are repacked expert by
+    expert, unless all the weights would not fit the memory available (MemAvailable less
+    MEM_MARGIN): then they stay mapped from the file (w.experts_mapped True; the same results
+    bit for bit, docs/moe.md)."""
+    quant = [t for L in w.layers for t in vars(L).values() if isinstance(t, QTensor) and t.block_size > 1]
+    avail = _mem_available()
+    w.experts_mapped = bool(avail is not None and any(t.n_expert for t in quant)
+                            and sum(t.nbytes for t in quant) > avail - MEM_MARGIN)
 
     def rp(t):
+        if t.n_expert and w.experts_mapped:
+            return t
         p = t.repack(isa=isa)
         if p is not t:
             gf.release(t.raw)

@@ -99,7 +99,9 @@ class Model:
         angle chain (bit-compatible with llama.cpp) instead of cpufuse's float64 angles.
         isa: force a cpufuse ISA for every kernel (None = auto). repack: lay the quantized
         weights out for the kernels (QTensor.repack: P16 panels, the same results bit for bit) and
-        release the file pages they were read from; False keeps them in the memory-mapped file.
+        release the file pages they were read from; False keeps them in the memory-mapped file. A
+        mixture of experts whose weights would not fit the available memory keeps its stacked
+        experts mapped even with repack (experts_mapped; docs/moe.md).
         fusion: False (or CPUFUSE_DISABLE_FUSION=1 with None) runs every op of the decoder graph as
         its own kernel. n_seq: KV slots (sequences held at once; the server's --parallel).
         progress: None, or a callable(done, total) called as the weights are repacked, layer by
@@ -377,6 +379,22 @@ class Model:
             out = self._forward(tokens[s:s + B])
         return out[0]
 
+    def save_kv(self, path):
+        """Write slot 0's tokens and KV cells to `path` (cpufuse.llama.state: the format, and the
+        checks load_kv makes). Returns the bytes written."""
+        from .state import save_file
+        with self._lock:
+            return save_file(self, path)
+
+    def load_kv(self, path):
+        """Restore a save_kv file of this model into slot 0 (the file is untrusted input: a
+        ValueError names what does not match); the next eval continues bit for bit as if the
+        saved sequence had never stopped. Returns the number of tokens restored."""
+        from .state import load_file
+        with self._lock:
+            self._epoch += 1
+            return len(load_file(self, path))
+
     def logits(self, tokens):
         """(len(tokens), n_vocab) float32 logits of every position, from an empty cache."""
         tokens = self.token_ids(tokens, "tokens")
@@ -408,7 +426,7 @@ class Model:
     def generate(self, prompt, max_tokens=128, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
                  repeat_penalty=1.0, seed=None, stream=False, penalty_last_n=64, stop_at_eog=True,
                  reuse_cache=True, sampler=None, stop=None, response_format=None, grammar=None, tools=None,
-                 tool_choice=None, parallel_tool_calls=None, logit_bias=None):
+                 tool_choice=None, parallel_tool_calls=None, logit_bias=None, draft=None):
         """Generate up to max_tokens after `prompt` (text; token ids; or chat messages rendered with
         the GGUF chat template and tokenized with special=True). Sampling is llama.cpp's common
         chain (penalties, top-k, top-p, min-p, temperature, dist; see cpufuse.llama.sampling);
@@ -427,6 +445,10 @@ class Model:
         rendered with them and the result's .tool_calls holds the calls parsed from the text (a stream's
         .tool_spec is the ToolSpec, for cpufuse.llama.tools.ToolStream).
 
+        draft: speculative decoding, which changes no token (cpufuse.llama.speculative): None, an
+        int N (prompt lookup of up to N tokens), a LlamaPromptLookupDecoding or a DraftModel. The
+        result's draft_tokens / draft_accepted count the drafted and accepted ids.
+
         Threads: a call waits while another call on this Model runs. A stream computes each token
         under the model's lock and releases it before yielding the text; if another call changes
         the KV cache between two of its tokens, the stream raises RuntimeError on its next step.
@@ -435,6 +457,9 @@ class Model:
         from .stops import check_stop
         max_tokens = _int_arg(max_tokens, "max_tokens", 0, 1 << 31)
         stop = check_stop(stop)
+        if draft is not None:
+            from .speculative import check_draft
+            draft = check_draft(draft, self)
         if sampler is None:
             sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                               repeat_penalty=repeat_penalty, penalty_last_n=penalty_last_n, seed=seed)
@@ -450,7 +475,7 @@ class Model:
             raise ValueError("empty prompt")
         if len(ids) > self.n_ctx:
             raise ValueError(f"context overflow: the prompt has {len(ids)} tokens > n_ctx = {self.n_ctx}")
-        gen = decode(self, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stop)
+        gen = decode(self, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stop, draft)
         if spec is not None:
             from .guide import with_tool_calls
             gen = with_tool_calls(gen, spec, self.tokenizer)

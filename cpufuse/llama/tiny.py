@@ -10,6 +10,8 @@ multiple of 256: use `kquant_dims()`). gguf-py cannot quantize K-quants, so Q4_K
 random bytes with the f16 super-block scales set to give the wanted weight spread (any byte pattern
 is a valid block); Q2_K, Q3_K and the IQ4 types come from cpufuse.reference.quant's quantizers.
 """
+import pathlib
+
 import numpy as np
 
 import gguf
@@ -151,11 +153,18 @@ def add_model_keys(w, arch, d, name, n_ctx_train, freq_base, eps, arch_keys=None
     w.add_rope_freq_base(freq_base)
     w.add_layer_norm_rms_eps(eps)
     w.add_rope_dimension_count(d["n_rot"])
+    if d.get("n_expert"):   # a mixture of experts (arch/_moe.py); arch_keys may override each
+        given = arch_key_values(arch, d, arch_keys)
+        for k, v in (("expert_count", d["n_expert"]), ("expert_used_count", d["n_expert_used"]),
+                     ("expert_feed_forward_length", d["n_ff_exp"]),
+                     ("expert_shared_feed_forward_length", d.get("n_ff_shexp"))):
+            if v and k not in given and (arch_keys or {}).get(k, 0) is not None:
+                w.add_uint32(f"{arch}.{k}", v)
 
 
 def _dims(d, n_vocab):
     return Dims(d["n_embd"], d["n_head"], d["n_head_kv"], d["head_dim"], d["n_ff"], n_vocab, d["n_rot"],
-                d["n_layer"])
+                d["n_layer"], d.get("n_expert", 0), d.get("n_ff_exp", 0), d.get("n_ff_shexp", 0))
 
 
 def _init(t):
@@ -167,24 +176,34 @@ def _init(t):
     return "bias" if t.name.endswith(".bias") else "norm"
 
 
-def tensor_plan(arch, d, n_vocab, tied=True, biases=None, fused_qkv=False):
+def tensor_plan(arch, d, n_vocab, tied=True, biases=None, fused_qkv=False, options=None):
     """[(name, kind, n_out, n_in)] of _plan: a weight of any rank as n_out = the product of its
     leading dims (the docstring of _plan says which tensors)"""
     return [(name, kind, int(np.prod(shape[:-1], dtype=np.int64)), shape[-1])
-            for name, kind, shape in _plan(arch, d, n_vocab, tied, biases, fused_qkv)]
+            for name, kind, shape in _plan(arch, d, n_vocab, tied, biases, fused_qkv, options)]
 
 
-def _plan(arch, d, n_vocab, tied=True, biases=None, fused_qkv=False):
+def planned_tensors(arch, d, n_vocab, tied=True, biases=None, fused_qkv=False, options=None):
+    """[(name, kind, numpy shape)] of the tensors write_tiny_gguf writes (_plan), for writers of
+    other sizes (bench/e2e/bigmodels.py)"""
+    return _plan(arch, d, n_vocab, tied, biases, fused_qkv, options)
+
+
+def _plan(arch, d, n_vocab, tied=True, biases=None, fused_qkv=False, options=None):
     """The model's tensors in file order, [(name, kind, shape)]: the tensors the architecture
     declares (cpufuse/llama/arch/, llama's for a name not in the registry) that these options
     select, with their declared numpy shapes. kind "w" a weight (any rank), "norm" a norm weight,
     "bias" a bias, "rope_long"/"rope_short" phi3's LongRoPE factors (the last four 1-D).
     d: model_dims(arch, ...); biases None: the arch's default (qwen2's Q/K/V biases); fused_qkv:
-    one attn_qkv (Q, K, V rows at offsets 0, H*D, (H+Hkv)*D), phi3's default."""
+    one attn_qkv (Q, K, V rows at offsets 0, H*D, (H+Hkv)*D), phi3's default. options: {name: bool}
+    of the MoE options "moe_bias" (router bias and selection bias) and "shexp" (granitemoe's optional
+    shared expert; on by default). kind "router": a weight tiny.py writes in F32 (ffn_gate_inp)."""
     a = REGISTRY.get(arch, REGISTRY["llama"])
     on = {"untied": not tied,
           "biases": a.tiny_options.get("biases", False) if biases is None else biases,
-          "fused_qkv": fused_qkv or a.tiny_options.get("fused_qkv", False)}
+          "fused_qkv": fused_qkv or a.tiny_options.get("fused_qkv", False),
+          "moe_bias": a.tiny_options.get("moe_bias", False), "shexp": a.tiny_options.get("shexp", True)}
+    on.update(options or {})
 
     def written(t):
         if t.tiny is None or t.refuse:
@@ -202,7 +221,7 @@ def _plan(arch, d, n_vocab, tied=True, biases=None, fused_qkv=False):
 
 def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qtype="F16",
                     n_ctx_train=512, freq_base=10000.0, eps=1e-5, chat_template=None, biases=None,
-                    dims=None, extra=None, fused_qkv=False, arch_keys=None):
+                    dims=None, extra=None, fused_qkv=False, arch_keys=None, split_max_tensors=0, options=None):
     """Write a tiny model and return its path (str). biases: None = the arch's default (qwen2 has
     Q/K/V biases). extra: callable(writer) to add keys. dims: DEFAULT_DIMS overrides, plus
     "head_dim" (written as attention.key_length/value_length when it is not n_embd / n_head) and
@@ -214,14 +233,20 @@ def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qty
     sliding_window 4, the Gemma turn tokens), gemma2 (post norms, softcaps 50/30, window 4),
     phi3 (fused attn_qkv and ffn_up, LongRoPE factors, partial rotary n_rot = head_dim / 2),
     smollm3, granite (embedding/residual/attention/logit scales). arch_keys: {key suffix: value}
-    written as "<arch>.<suffix>" (overriding these defaults; None drops the key)."""
+    written as "<arch>.<suffix>" (overriding these defaults; None drops the key). The MoE
+    architectures (qwen3moe, qwen2moe, olmoe, granitemoe) take dims "n_expert", "n_expert_used",
+    "n_ff_exp", "n_ff_shexp" and options (_plan); their routers are written in F32 (as llama.cpp's
+    quantizer keeps ffn_gate_inp), their stacked experts as 3-D tensors.
+
+    split_max_tensors > 0: a split GGUF (gguf-py's writer: PATHSTEM-00001-of-0000N.gguf, ...) of
+    at most that many tensors a part; the first part's path is returned."""
     d = model_dims(arch, dims)
     a = REGISTRY.get(arch, REGISTRY["llama"])
     rng = np.random.default_rng(seed)
     tokens, types, merges = tiny_vocab()
     tokens, types = tokens + list(a.tiny_tokens), types + [3] * len(a.tiny_tokens)
     path = str(path)
-    w = gguf.GGUFWriter(path, arch)
+    w = gguf.GGUFWriter(pathlib.Path(path), arch, split_max_tensors=split_max_tensors)
     add_model_keys(w, arch, d, "tiny-test", n_ctx_train, freq_base, eps, arch_keys)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
@@ -235,12 +260,12 @@ def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qty
         w.add_chat_template(chat_template)
     if extra is not None:
         extra(w)
-    for name, kind, shape in _plan(arch, d, len(tokens), tied, biases, fused_qkv):
+    for name, kind, shape in _plan(arch, d, len(tokens), tied, biases, fused_qkv, options):
         n_in = shape[-1]
-        if kind == "w":
+        if kind in ("w", "router"):
             emb = name == "token_embd.weight"
             _add_weight(w, rng, name, int(np.prod(shape[:-1], dtype=np.int64)), n_in,
-                        embd_qtype if emb else qtype, 1.0 if emb else 1.0 / np.sqrt(n_in), lead=shape[:-2])
+                        "F32" if kind == "router" else embd_qtype if emb else qtype, 1.0 if emb else 1.0 / np.sqrt(n_in), lead=shape[:-2])
         elif kind == "norm":
             w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n_in)).astype(np.float32))
         elif kind == "bias":
@@ -251,4 +276,4 @@ def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qty
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
+    return str(w.format_shard_names(pathlib.Path(path))[0])

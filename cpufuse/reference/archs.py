@@ -21,7 +21,9 @@ import math
 
 import numpy as np
 
-_NEOX = {"qwen2", "qwen3", "gemma3", "gemma2", "phi3", "olmo2"}
+from .moe_ffn import ref_moe_ffn
+
+_NEOX = {"qwen2", "qwen3", "gemma3", "gemma2", "phi3", "olmo2", "qwen3moe", "qwen2moe", "olmoe"}
 
 
 class _File:
@@ -93,11 +95,13 @@ def _rope(x, pos, n_rot, neox, base, scale, factors, mscale):
 _CACHE = {}
 
 
-def ref_logits(path, tokens, n_ctx=None, gelu="tanh", keep=False):
+def ref_logits(path, tokens, n_ctx=None, gelu="tanh", keep=False, hidden=False):
     """(len(tokens), n_vocab) float64 logits of every position; n_ctx: the context size the model
     runs with (phi3 picks its long or short RoPE factors by it; default context_length).
     gelu: "tanh" (the formula) or "f16_table" (llama.cpp's CPU table, to measure what it changes).
-    keep: keep the dequantized file in memory for the next call on the same path."""
+    keep: keep the dequantized file in memory for the next call on the same path.
+    hidden: return the (len(tokens), n_embd) hidden states after output_norm (the embeddings)
+    instead of the logits."""
     f = _CACHE.get(path) or _File(path)
     if keep:
         _CACHE[path] = f
@@ -114,6 +118,8 @@ def ref_logits(path, tokens, n_ctx=None, gelu="tanh", keep=False):
     n_ctx_train = f.a("context_length")
     gemma = arch in ("gemma2", "gemma3")
     olmo2 = arch == "olmo2"    # no pre-norms; Q/K norms over the full width; post-norms (as gemma)
+    full_qk = arch in ("olmo2", "olmoe")   # Q/K norms over the full projection width
+    granite = arch in ("granite", "granitemoe")
     tokens = np.asarray(tokens)
     n = len(tokens)
     pos = np.arange(n, dtype=np.float64)
@@ -129,7 +135,7 @@ def ref_logits(path, tokens, n_ctx=None, gelu="tanh", keep=False):
     qscale = 1.0 / math.sqrt(D)
     if gemma and ((arch == "gemma2" and L == 46) or (arch == "gemma3" and L == 62)):
         qscale = 1.0 / math.sqrt(E // H)
-    if arch == "granite" and f.a("attention.scale"):
+    if granite and f.a("attention.scale"):
         qscale = f.a("attention.scale")
     attn_cap = f.a("attn_logit_softcapping", 50.0) if arch == "gemma2" else 0.0
     final_cap = f.a("final_logit_softcapping", 30.0 if arch == "gemma2" else 0.0) if gemma else 0.0
@@ -141,7 +147,7 @@ def ref_logits(path, tokens, n_ctx=None, gelu="tanh", keep=False):
     x = T["token_embd.weight"][tokens]
     if gemma:
         x = x * math.sqrt(E)
-    if arch == "granite" and f.a("embedding_scale"):
+    if granite and f.a("embedding_scale"):
         x = x * f.a("embedding_scale")
     causal = pos[None, :] <= pos[:, None]
     for il in range(L):
@@ -160,10 +166,10 @@ def ref_logits(path, tokens, n_ctx=None, gelu="tanh", keep=False):
                     k = k + T[b + "attn_k.bias"]
                 else:
                     v = v + T[b + "attn_v.bias"]
-        if olmo2:   # over the whole projection, before the split into heads
+        if full_qk:   # over the whole projection, before the split into heads
             q, k = _rms(q, T[b + "attn_q_norm.weight"], eps), _rms(k, T[b + "attn_k_norm.weight"], eps)
         q, k, v = q.reshape(n, H, D), k.reshape(n, Hkv, D), v.reshape(n, Hkv, D)
-        if b + "attn_q_norm.weight" in T and not olmo2:
+        if b + "attn_q_norm.weight" in T and not full_qk:
             q = _rms(q, T[b + "attn_q_norm.weight"], eps)
             k = _rms(k, T[b + "attn_k_norm.weight"], eps)
         if not nope[il]:
@@ -189,25 +195,30 @@ def ref_logits(path, tokens, n_ctx=None, gelu="tanh", keep=False):
             a = a + T[b + "attn_output.bias"]
         if gemma or olmo2:
             a = _rms(a, T[b + "post_attention_norm.weight"], eps)
-        if arch == "granite" and f.a("residual_scale"):
+        if granite and f.a("residual_scale"):
             a = a * f.a("residual_scale")
         x = x + a
         h = x if olmo2 else _rms(x, T[b + "ffn_norm.weight"], eps)
-        if b + "ffn_gate.weight" in T:
-            gt, up = h @ T[b + "ffn_gate.weight"].T, h @ T[b + "ffn_up.weight"].T
-        else:   # phi3: one ffn_up, the gate's rows first
-            gu = h @ T[b + "ffn_up.weight"].T
-            gt, up = gu[:, :gu.shape[1] // 2], gu[:, gu.shape[1] // 2:]
-        act = (_gelu_f16_table if gelu == "f16_table" else _gelu) if gemma else _silu
-        y = (act(gt) * up) @ T[b + "ffn_down.weight"].T
+        if b + "ffn_gate_inp.weight" in T:   # a mixture of experts (reference/moe_ffn.py)
+            y = ref_moe_ffn(f, b, h)
+        else:
+            if b + "ffn_gate.weight" in T:
+                gt, up = h @ T[b + "ffn_gate.weight"].T, h @ T[b + "ffn_up.weight"].T
+            else:   # phi3: one ffn_up, the gate's rows first
+                gu = h @ T[b + "ffn_up.weight"].T
+                gt, up = gu[:, :gu.shape[1] // 2], gu[:, gu.shape[1] // 2:]
+            act = (_gelu_f16_table if gelu == "f16_table" else _gelu) if gemma else _silu
+            y = (act(gt) * up) @ T[b + "ffn_down.weight"].T
         if gemma or olmo2:
             y = _rms(y, T[b + "post_ffw_norm.weight"], eps)
-        if arch == "granite" and f.a("residual_scale"):
+        if granite and f.a("residual_scale"):
             y = y * f.a("residual_scale")
         x = x + y
     x = _rms(x, T["output_norm.weight"], eps)
+    if hidden:
+        return x
     logits = x @ T.get("output.weight", T["token_embd.weight"]).T
-    if arch == "granite" and f.a("logit_scale"):
+    if granite and f.a("logit_scale"):
         logits = logits / f.a("logit_scale")
     if final_cap:
         logits = final_cap * np.tanh(logits / final_cap)

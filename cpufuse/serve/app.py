@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 import uuid
 from typing import Optional
@@ -56,8 +57,11 @@ def _error_response(e: APIError) -> JSONResponse:
 class _Server(Responses):
     """the endpoints (request parsing, checks, submission); the response shapes are Responses'"""
 
-    def __init__(self, engine, drain: float = 0.0, sampling: Optional[SamplingParams] = None):
+    def __init__(self, engine, drain: float = 0.0, sampling: Optional[SamplingParams] = None, pooling=None,
+                 slot_save_path=None):
         self.engine = engine
+        self.pooling = pooling          # /v1/embeddings: a pooling name, or None (not served)
+        self.slot_save_path = slot_save_path   # /slots/{id}?action=...: a directory, or None (not served)
         self.drain = drain
         self.defaults = SamplingParams() if sampling is None else sampling
         self.created = int(time.time())
@@ -265,13 +269,26 @@ class _Server(Responses):
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-def create_app(engine, drain: float = 0.0, sampling: Optional[SamplingParams] = None) -> Starlette:
+def create_app(engine, drain: float = 0.0, sampling: Optional[SamplingParams] = None,
+               embeddings=None, slot_save_path=None) -> Starlette:
     """The Starlette app serving `engine`. Lifespan: engine.start() at startup; at shutdown
     engine.stop(drain) (queued requests cancelled, running ones given `drain` seconds).
     `sampling`: the values of the sampling fields a request leaves out (default: OpenAI's,
     SamplingParams()). Every request is logged in one line to the logger "cpufuse.serve" (INFO;
-    GET requests at DEBUG); a stream's line is written when the stream ends."""
-    srv = _Server(engine, drain, sampling)
+    GET requests at DEBUG); a stream's line is written when the stream ends. embeddings: None or
+    False (POST /v1/embeddings answers 501), True (served, pooled by the model's pooling_type), or a
+    pooling name ("mean", "cls", "last", "none"): cpufuse.serve.embeddings. slot_save_path: None
+    (POST /slots/{id} answers 501) or a directory for llama-server's slot save / restore
+    (cpufuse.serve.slots)."""
+    from . import embeddings as emb
+    from .slots import slot_action
+    pooling = None
+    if embeddings is not None and embeddings is not False:
+        from cpufuse.llama.embedding import pooling_name
+        pooling = pooling_name(None if embeddings is True else embeddings, engine.model)
+    if slot_save_path is not None and not os.path.isdir(slot_save_path):
+        raise ValueError(f"slot_save_path must be an existing directory, got {slot_save_path!r}")
+    srv = _Server(engine, drain, sampling, pooling, slot_save_path)
 
     def endpoint(fn):
         async def wrapped(request: Request):
@@ -330,7 +347,10 @@ def create_app(engine, drain: float = 0.0, sampling: Optional[SamplingParams] = 
         Route("/metrics", endpoint(srv.metrics), methods=["GET"]),
         Route("/tokenize", endpoint(srv.tokenize), methods=["POST"]),
         Route("/detokenize", endpoint(srv.detokenize), methods=["POST"]),
-    ]
+    ] + [Route(p, endpoint(lambda r, f=f: f(srv, r)), methods=["POST"])
+         for p, f in (("/v1/embeddings", emb.embeddings), ("/embeddings", emb.embeddings),
+                      ("/v1/rerank", emb.rerank), ("/rerank", emb.rerank), ("/v1/reranking", emb.rerank),
+                      ("/slots/{id}", slot_action))]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: not_found, Exception: server_error})
     app.state.server = srv

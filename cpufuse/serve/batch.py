@@ -30,12 +30,13 @@ import os
 import time
 from typing import List, Optional
 
-from .engine import Engine, FinishEvent, Handle, TokenEvent, deliver, make_sampler, token_logprobs
+from .engine import Engine, EngineStopped, FinishEvent, Handle, TokenEvent, deliver, make_sampler, token_logprobs
 
 __all__ = ["BatchEngine", "SerialEngine"]
 
 DEFAULT_CHUNK = 128   # prompt chunk (tokens), aligned to absolute positions
 DEFAULT_STEP_TOKENS = 128   # prompt tokens per step at most, besides the decoding sequences
+_WAIT = object()            # a job that cannot run yet (_run_jobs)
 
 
 @dataclasses.dataclass
@@ -44,10 +45,11 @@ class _Slot:
     tokens: List[int] = dataclasses.field(default_factory=list)   # ids whose K/V the slot holds (positions 0..)
     busy: bool = False
     last_used: float = 0.0
+    written: int = 0            # positions written past `tokens` (rejected drafts), for the rings' reuse
 
 
 class _Seq:
-    __slots__ = ("h", "slot", "prompt", "done", "last", "n_gen", "sampler", "cached")
+    __slots__ = ("h", "slot", "prompt", "done", "last", "n_gen", "sampler", "cached", "spec_cap")
 
     def __init__(self, h, slot, done):
         self.h, self.slot = h, slot
@@ -58,6 +60,7 @@ class _Seq:
         self.sampler = make_sampler(h.request.sampling, h.request.constraint)
         self.sampler.accept_prompt(self.prompt)
         self.cached = done
+        self.spec_cap = 1 << 30     # the most ids to draft next (speculative decoding; adapts)
 
     @property
     def decoding(self):
@@ -74,11 +77,14 @@ class BatchEngine(Engine):
     most prompt tokens evaluated per step besides the decoding sequences (>= chunk); mask_thread:
     fill the grammar masks of constrained sequences in a worker thread during the decoder step
     (False: before it, on the engine thread; the tokens are the same); slots: how many of the
-    model's KV slots to use (None: all n_seq), the most sequences run at once."""
+    model's KV slots to use (None: all n_seq), the most sequences run at once. draft: speculative
+    decoding per sequence (cpufuse.llama.speculative: an int N for prompt lookup of N ids, a
+    LlamaPromptLookupDecoding or a DraftModel): each decoding sequence's drafted ids join the step
+    as one-row groups, and the tokens are the same as without it (docs/speculative.md)."""
 
     def __init__(self, model, model_name: Optional[str] = None, chunk: int = DEFAULT_CHUNK,
                  step_tokens: Optional[int] = DEFAULT_STEP_TOKENS, mask_thread: bool = True,
-                 slots: Optional[int] = None):
+                 slots: Optional[int] = None, draft=None):
         name = model_name or os.path.splitext(os.path.basename(getattr(model, "path", "model")))[0]
         tok = model.tokenizer
         parallel = int(model.n_seq if slots is None else slots)
@@ -94,25 +100,112 @@ class BatchEngine(Engine):
         self.model, self.model_path = model, getattr(model, "path", name)
         self.chunk = int(chunk)
         self.step_tokens = max(self.chunk, int(step_tokens or self.chunk))
-        self.cap = (self.step_tokens + parallel, parallel, parallel)
+        from cpufuse.llama.speculative import check_draft
+        self.draft = check_draft(draft, model)
+        # a decoding sequence's step: its last token and up to draft_max drafted ids, one row each
+        self.draft_max = 0 if self.draft is None else min(getattr(self.draft, "num_pred_tokens", 16),
+                                                          model.n_batch - 1)
+        rows = parallel * (1 + self.draft_max)
+        self.cap = (self.step_tokens + rows, rows, rows)
         self.slots = [_Slot(i) for i in range(parallel)]
         self.seqs: List[_Seq] = []
         self._pool = None                  # the mask worker thread (made on the first constrained step)
         self.mask_thread = bool(mask_thread)   # False: the grammar masks are filled before the step, serially
+        self._jobs = []                    # (future, fn): embeddings and slot actions (_job)
 
     @classmethod
     def load(cls, path: str, n_ctx: int = 2048, n_threads: Optional[int] = None, kv_dtype: str = "f16",
              model_name: Optional[str] = None, parallel: int = 4, chunk: int = DEFAULT_CHUNK,
              step_tokens: Optional[int] = DEFAULT_STEP_TOKENS, **load_kw):
         from cpufuse.llama import Model
+        draft = load_kw.pop("draft", None)
         m = Model.load(path, n_ctx=n_ctx, n_threads=n_threads, kv_dtype=kv_dtype, n_seq=parallel, **load_kw)
-        return cls(m, model_name=model_name, chunk=chunk, step_tokens=step_tokens)
+        return cls(m, model_name=model_name, chunk=chunk, step_tokens=step_tokens, draft=draft)
 
     # ------------------------------------------------------------------ engine thread
     def stop(self, drain: float = 0.0) -> None:
         super().stop(drain)
         if self._pool is not None:
             self._pool.shutdown(wait=False)
+        with self._lock:
+            jobs, self._jobs = self._jobs, []
+        for fut, *_ in jobs:
+            fut.set_exception(EngineStopped("the engine stopped"))
+
+    def _job(self, fn):
+        """a concurrent.futures.Future of fn() run on the engine thread between steps (fn returns
+        _WAIT to be tried again after the next step)"""
+        import concurrent.futures
+        fut = concurrent.futures.Future()
+        with self._lock:
+            if self._stopping or self._thread is None:
+                raise EngineStopped("the engine is not running")
+            self._jobs.append((fut, fn))
+            self._wake.notify()
+        return fut
+
+    def embed(self, ids, pooling, norm=2):
+        """A Future of the embedding of the token ids `ids` (checked by the caller: in range, 1..n_ctx
+        of them), computed on the engine thread in the least recently used free KV slot between
+        steps (cpufuse.llama.embedding.pooled; pooling: a name, not "rank")."""
+        from cpufuse.llama.embedding import pooled
+
+        def run():
+            free = [s for s in self.slots if not s.busy]
+            if not free:
+                return _WAIT
+            slot = min(free, key=lambda s: s.last_used)
+            slot.tokens = []      # its cells hold this input, cut into other chunks: never a prompt-cache hit
+            slot.last_used = time.monotonic()
+            return pooled(self.model, slot.index, ids, pooling, norm)
+        return self._job(run)
+
+    def slot_action(self, index, action, path=None):
+        """A Future of llama-server's slot action on KV slot `index` (on the engine thread): "save"
+        its evaluated tokens and cells to `path`, "restore" them from `path` (the file checked
+        against the model: cpufuse.llama.state), or "erase" them. The result is llama-server's
+        counts ({"n_saved", "n_written"}, {"n_restored", "n_read"} or {"n_erased"}); a slot that
+        runs a request is a ValueError."""
+        from cpufuse.llama import state
+        if action not in ("save", "restore", "erase"):
+            raise ValueError(f"action must be 'save', 'restore' or 'erase', got {action!r}")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self.slots):
+            raise ValueError(f"slot id must be in [0, {len(self.slots)}), got {index!r}")
+
+        def run():
+            s = self.slots[index]
+            if s.busy:
+                raise ValueError(f"slot {index} is running a request")
+            if action == "save":
+                return {"n_saved": len(s.tokens),
+                        "n_written": state.save_file(self.model, path, state.dump(self.model, index, s.tokens))}
+            if action == "restore":
+                toks = state.load_file(self.model, path, index)
+                s.tokens, s.written, s.last_used = toks, 0, time.monotonic()
+                return {"n_restored": len(toks), "n_read": os.path.getsize(path)}
+            n, s.tokens = len(s.tokens), []
+            return {"n_erased": n}
+        return self._job(run)
+
+    def _run_jobs(self):
+        """the waiting jobs, in order (the first that must wait holds the rest back)"""
+        while True:
+            with self._lock:
+                if not self._jobs:
+                    return
+                fut, fn = self._jobs[0]
+            try:
+                r = fn()
+            except Exception as e:  # noqa: BLE001 -- this job fails, the engine goes on
+                r = e
+            if r is _WAIT:
+                return
+            with self._lock:
+                self._jobs.pop(0)
+            if isinstance(r, Exception):
+                fut.set_exception(r)
+            else:
+                fut.set_result(r)
 
     def _cancel_running(self) -> None:
         for s in list(self.seqs):
@@ -161,7 +254,7 @@ class BatchEngine(Engine):
             best, best_n = None, -1
             for s in free:
                 n = self._shared(s.tokens, prompt)
-                n = self.model.kv.reusable(n, len(s.tokens))   # 0 where a sliding-window ring moved on
+                n = self.model.kv.reusable(n, max(len(s.tokens), s.written))   # 0 where a ring moved on
                 if n > best_n or (n == best_n and s.last_used < best.last_used):
                     best, best_n = s, n
             src, src_n = None, best_n
@@ -190,11 +283,12 @@ class BatchEngine(Engine):
         self.model.reset()     # the Model's own API (slot 0) forgets its cache: the engine owns every slot
         while True:
             with self._lock:
-                while not self._queue and not self.seqs and not self._stopping:
+                while not self._queue and not self.seqs and not self._stopping and not self._jobs:
                     self._wake.wait()
                 if self._stopping and not self.seqs and not self._queue:
                     return
             self._admit()
+            self._run_jobs()
             for s in [s for s in self.seqs if s.h.cancelled]:
                 self._release(s)
                 self._finish(s.h, "cancelled", s.n_gen, s.cached)
@@ -214,10 +308,13 @@ class BatchEngine(Engine):
         b = Batch(m)
         owners = []
         dec = [s for s in self.seqs if s.decoding]
-        for s in dec:                       # every decoding sequence: its next token
-            b.add(s.slot.index, [s.last], s.pos, logits=True)
+        for s in dec:                       # every decoding sequence: its next token (and drafts)
+            d = self._drafts(s)
+            for i, t in enumerate([s.last] + d):    # one-row groups: each row's attention is a decode step's
+                b.add(s.slot.index, [t], s.pos + i, logits=True)
+            s.slot.written = max(s.slot.written, s.pos + 1 + len(d))
             s.slot.tokens.append(s.last)
-            owners.append(s)
+            owners.append((s, d))
         budget = self.step_tokens
         for s in self.seqs:              # prompt chunks, oldest request first, within the budget
             if s.decoding:
@@ -231,14 +328,14 @@ class BatchEngine(Engine):
             budget -= end - s.done
             s.done = end
             if last:
-                owners.append(s)
+                owners.append((s, []))
         if not len(b):
             return
         # the grammar masks of this step's samples only depend on tokens already consumed: fill
         # them in a worker thread while the decoder runs (llguidance and cffi release the GIL);
         # those that sample() is likely to need (GuidedSampler.mask_ahead: greedy ones check the
         # top token first and want the mask only after a refusal)
-        guided = [s.sampler for s in owners if getattr(s.sampler, "mask_ahead", False)]
+        guided = [s.sampler for s, _ in owners if getattr(s.sampler, "mask_ahead", False)]
         if guided and not self.mask_thread:
             _fill_masks(guided)
             guided = []
@@ -251,36 +348,62 @@ class BatchEngine(Engine):
         self._count(steps=1)
         self._set(batch_size=len(b.seqs))
         events = []
-        for i, s in enumerate(owners):
-            row = logits[i].copy()
-            r = s.h.request
-            try:
-                tok = s.sampler.sample(row)
-            except Exception as e:  # noqa: BLE001 -- this request fails (its grammar), the others go on
-                self._release(s)
-                events.append((s.h, self._finish(s.h, "error", s.n_gen, s.cached, deliver_now=False,
-                                                  error=f"{type(e).__name__}: {e}")))
-                continue
-            if tok in r.stop_ids:
-                self._release(s)
-                events.append((s.h, self._finish(s.h, "stop", s.n_gen, s.cached, deliver_now=False)))
-                continue
-            if r.logprobs is None:
-                ev = TokenEvent(tok)
-            else:
-                lp, top = token_logprobs(row, tok, r.logprobs)
-                ev = TokenEvent(tok, lp, top)
-            s.n_gen += 1
-            s.last = tok
-            self._count(generated_tokens=1)
-            events.append((s.h, ev))
-            if s.n_gen >= r.max_tokens:
-                self._release(s)
-                events.append((s.h, self._finish(s.h, "length", s.n_gen, s.cached, deliver_now=False)))
-            elif getattr(s.sampler, "done", False):   # the grammar is complete: only a stop id can follow
-                self._release(s)
-                events.append((s.h, self._finish(s.h, "stop", s.n_gen, s.cached, deliver_now=False)))
+        i = 0
+        for s, d in owners:
+            for j in range(len(d) + 1):      # the rows in order while the drafts match what is sampled
+                tok = self._take(s, logits[i + j], events)
+                if tok is None or j == len(d) or tok != d[j]:
+                    break
+                s.slot.tokens.append(tok)    # an accepted draft: its K/V is in the slot
+            if d:
+                s.spec_cap = 2 * s.spec_cap if j == len(d) else j + 1
+                self._count(draft_tokens=len(d), draft_accepted=j)
+            i += len(d) + 1
         deliver(events)
+
+    def _drafts(self, s):
+        """the ids drafted after s.last (none without a draft, under a constraint, or without room)"""
+        r = s.h.request
+        k = min(self.draft_max, s.spec_cap, r.max_tokens - s.n_gen - 1, self.n_ctx - 1 - s.pos)
+        if self.draft is None or k <= 0 or r.constraint is not None:
+            return []
+        from cpufuse.llama.speculative import draft_ids
+        return draft_ids(self.draft, s.slot.tokens + [s.last], k, self.model.n_vocab)
+
+    def _take(self, s, row, events):
+        """sample s's next token from its logits row, record its event (and its finish); returns
+        the token, or None when s finished without one (a stop id, an error)"""
+        row = row.copy()
+        r = s.h.request
+        try:
+            tok = s.sampler.sample(row)
+        except Exception as e:  # noqa: BLE001 -- this request fails (its grammar), the others go on
+            self._release(s)
+            events.append((s.h, self._finish(s.h, "error", s.n_gen, s.cached, deliver_now=False,
+                                              error=f"{type(e).__name__}: {e}")))
+            return None
+        if tok in r.stop_ids:
+            self._release(s)
+            events.append((s.h, self._finish(s.h, "stop", s.n_gen, s.cached, deliver_now=False)))
+            return None
+        if r.logprobs is None:
+            ev = TokenEvent(tok)
+        else:
+            lp, top = token_logprobs(row, tok, r.logprobs)
+            ev = TokenEvent(tok, lp, top)
+        s.n_gen += 1
+        s.last = tok
+        self._count(generated_tokens=1)
+        events.append((s.h, ev))
+        if s.n_gen >= r.max_tokens:
+            self._release(s)
+            events.append((s.h, self._finish(s.h, "length", s.n_gen, s.cached, deliver_now=False)))
+            return None
+        if getattr(s.sampler, "done", False):   # the grammar is complete: only a stop id can follow
+            self._release(s)
+            events.append((s.h, self._finish(s.h, "stop", s.n_gen, s.cached, deliver_now=False)))
+            return None
+        return tok
 
     def _mask_pool(self):
         if self._pool is None:
@@ -305,18 +428,19 @@ class SerialEngine(BatchEngine):
     `Model.generate(prompt_ids, reuse_cache=False, sampler=make_sampler(params))`'s. `parallel`
     is reported only."""
 
-    def __init__(self, model, model_name: Optional[str] = None, parallel: int = 1):
+    def __init__(self, model, model_name: Optional[str] = None, parallel: int = 1, draft=None):
         if int(parallel) < 1:
             raise ValueError(f"parallel must be >= 1, got {parallel!r}")
-        super().__init__(model, model_name, chunk=model.n_batch, step_tokens=model.n_batch, slots=1)
+        super().__init__(model, model_name, chunk=model.n_batch, step_tokens=model.n_batch, slots=1, draft=draft)
         self.parallel = int(parallel)
 
     @classmethod
     def load(cls, path: str, n_ctx: int = 2048, n_threads: Optional[int] = None, kv_dtype: str = "f16",
              model_name: Optional[str] = None, parallel: int = 1, **load_kw) -> "SerialEngine":
         from cpufuse.llama import Model
+        draft = load_kw.pop("draft", None)
         return cls(Model.load(path, n_ctx=n_ctx, n_threads=n_threads, kv_dtype=kv_dtype, **load_kw),
-                   model_name=model_name, parallel=parallel)
+                   model_name=model_name, parallel=parallel, draft=draft)
 
     def _shared(self, tokens, prompt):
         return 0               # no prompt cache: nothing is reused, lent or waited for

@@ -50,6 +50,14 @@ def build_parser():
                     help="seconds open requests get to finish on shutdown (default 10)")
     ap.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     llama_cli.add_sampling_args(ap, "sampling (the defaults of a request that does not set the field)")
+    llama_cli.add_spec_args(ap)
+    g = ap.add_argument_group("embeddings")
+    g.add_argument("--embeddings", action="store_true", help="serve POST /v1/embeddings (L2-normalized vectors)")
+    ap.add_argument("--slot-save-path", default=None, metavar="DIR",
+                    help="serve llama-server's POST /slots/{id}?action=save|restore|erase with files in DIR")
+    g.add_argument("--pooling", choices=("none", "mean", "cls", "last", "rank"), default=None,
+                   help="how a text's token vectors become one (default: the model file's pooling_type, else none, "
+                        "which /v1/embeddings refuses: give mean, cls or last for a chat model)")
     return ap
 
 
@@ -69,6 +77,7 @@ def main(argv=None):
         llama_cli.check_sampling(args)
         path = llama_cli.model_path(args)
         n_ctx = llama_cli.context(args, path, n_seq=args.parallel if args.engine == "batch" else 1)
+        draft = llama_cli.make_draft(args)       # loaded with the model (speculative decoding per sequence)
     except llama_cli.CLIError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.code
@@ -76,6 +85,7 @@ def main(argv=None):
         return 130
     try:
         kw = {"chunk": args.chunk, "step_tokens": args.batch_tokens} if args.engine == "batch" else {}
+        kw["draft"] = draft
         engine = ENGINES[args.engine](path, n_ctx=n_ctx, n_threads=args.threads, kv_dtype=args.kv,
                                       model_name=args.alias, parallel=args.parallel,
                                       progress=llama_cli.LoadProgress(os.path.basename(path)), **kw)
@@ -89,7 +99,14 @@ def main(argv=None):
           f"engine {type(engine).__name__} (parallel {engine.parallel}) on http://{args.host}:{args.port}/v1",
           file=sys.stderr, flush=True)
     _request_log(args.log_level)
-    config = uvicorn.Config(create_app(engine, sampling=sampling_defaults(args)), host=args.host, port=args.port,
+    try:
+        app = create_app(engine, sampling=sampling_defaults(args),
+                         embeddings=(args.pooling or True) if args.embeddings else None,
+                         slot_save_path=args.slot_save_path)
+    except (ValueError, NotImplementedError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    config = uvicorn.Config(app, host=args.host, port=args.port,
                             loop="asyncio", log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=args.shutdown_timeout)
     try:

@@ -156,6 +156,8 @@ class EngineStats:
     prompt_tokens: int = 0                   # prompt tokens of the requests started
     cached_prompt_tokens: int = 0
     generated_tokens: int = 0
+    draft_tokens: int = 0                    # speculative decoding: ids drafted, and those accepted
+    draft_accepted: int = 0
     steps: int = 0                           # decode steps (one token for each running sequence)
     queue_depth: int = 0                     # gauges: requests waiting
     active: int = 0                          # sequences running (prefill or decode)
@@ -310,7 +312,7 @@ class Engine:
         self._thread: Optional[threading.Thread] = None
         self._ids = itertools.count(1)
         self._c = dict(requests_submitted=0, prompt_tokens=0, cached_prompt_tokens=0, generated_tokens=0,
-                       steps=0, active=0, batch_size=0)
+                       draft_tokens=0, draft_accepted=0, steps=0, active=0, batch_size=0)
         self._finished = collections.Counter()
 
     # ------------------------------------------------------------------ lifespan

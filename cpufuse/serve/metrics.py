@@ -40,6 +40,8 @@ class Metrics:
         metric("prompt_tokens_cached_total", "counter", "prompt tokens served from the prompt cache",
                [({}, s.cached_prompt_tokens)])
         metric("generation_tokens_total", "counter", "tokens generated", [({}, s.generated_tokens)])
+        metric("draft_tokens_total", "counter", "ids drafted (speculative decoding)", [({}, s.draft_tokens)])
+        metric("draft_tokens_accepted_total", "counter", "drafted ids accepted", [({}, s.draft_accepted)])
         metric("decode_steps_total", "counter", "engine decode steps", [({}, s.steps)])
         metric("requests_waiting", "gauge", "requests queued, not started (queue depth)", [({}, s.queue_depth)])
         metric("requests_running", "gauge", "sequences running (active)", [({}, s.active)])

@@ -94,8 +94,8 @@ enum {
 #define QM_LEN (QM_W0 + 3 * QW_LEN)
 
 /* plan executor opcodes (cf_plan_run, native/kernels/graph.inc) */
-enum { OP_ADD = 1, OP_MUL = 2, OP_SCALE = 3, OP_SILU = 4, OP_SWIGLU = 5, OP_RMS_NORM = 6, OP_SOFTMAX = 7, OP_FLASH_ATTN = 8, OP_COPY = 9, OP_GEMM = 10, OP_QMM = 11, OP_ROPE = 12, OP_CACHE_WRITE = 13, OP_KV_WRITE = 14, OP_ATTN_SEQS = 15, OP_GATHER_ROWS = 16, OP_GELU = 17, OP_GEGLU = 18, OP_SOFTCAP = 19, OP_QMM_ID = 20, OP_TOPK = 21, OP_TAKE = 22, OP_SIGMOID = 23, OP_WSUM = 24, OP_END };
-#define CF_PLAN_NARGS { 0, R_ADD_NARGS, R_MUL_NARGS, R_SCALE_NARGS, R_SILU_NARGS, R_SWIGLU_NARGS, R_RMS_NORM_NARGS, R_SOFTMAX_NARGS, R_FLASH_ATTN_NARGS, R_COPY_NARGS, R_GEMM_NARGS, R_QMM_NARGS, R_ROPE_NARGS, R_CACHE_WRITE_NARGS, R_KV_WRITE_NARGS, R_ATTN_SEQS_NARGS, R_GATHER_ROWS_NARGS, R_GELU_NARGS, R_GEGLU_NARGS, R_SOFTCAP_NARGS, R_QMM_ID_NARGS, R_TOPK_NARGS, R_TAKE_NARGS, R_SIGMOID_NARGS, R_WSUM_NARGS }
+enum { OP_ADD = 1, OP_MUL = 2, OP_SCALE = 3, OP_SILU = 4, OP_SWIGLU = 5, OP_RMS_NORM = 6, OP_SOFTMAX = 7, OP_FLASH_ATTN = 8, OP_COPY = 9, OP_GEMM = 10, OP_QMM = 11, OP_ROPE = 12, OP_CACHE_WRITE = 13, OP_KV_WRITE = 14, OP_ATTN_SEQS = 15, OP_GATHER_ROWS = 16, OP_GELU = 17, OP_GEGLU = 18, OP_SOFTCAP = 19, OP_QMM_ID = 20, OP_TOPK = 21, OP_TAKE = 22, OP_SIGMOID = 23, OP_WSUM = 24, OP_NORMW = 25, OP_END };
+#define CF_PLAN_NARGS { 0, R_ADD_NARGS, R_MUL_NARGS, R_SCALE_NARGS, R_SILU_NARGS, R_SWIGLU_NARGS, R_RMS_NORM_NARGS, R_SOFTMAX_NARGS, R_FLASH_ATTN_NARGS, R_COPY_NARGS, R_GEMM_NARGS, R_QMM_NARGS, R_ROPE_NARGS, R_CACHE_WRITE_NARGS, R_KV_WRITE_NARGS, R_ATTN_SEQS_NARGS, R_GATHER_ROWS_NARGS, R_GELU_NARGS, R_GEGLU_NARGS, R_SOFTCAP_NARGS, R_QMM_ID_NARGS, R_TOPK_NARGS, R_TAKE_NARGS, R_SIGMOID_NARGS, R_WSUM_NARGS, R_NORMW_NARGS }
 /* each record's arguments: R_<OP>_<FIELD> indexes args = the record after [op, nargs] */
 /* OP_ADD [n, a, b, nb, y]: y = a + b, b tiled by modulo of its length nb */
 enum { R_ADD_N, R_ADD_A, R_ADD_B, R_ADD_NB, R_ADD_Y, R_ADD_NARGS };
@@ -145,7 +145,9 @@ enum { R_TAKE_N, R_TAKE_C, R_TAKE_K, R_TAKE_X, R_TAKE_IDX, R_TAKE_Y, R_TAKE_NARG
 enum { R_SIGMOID_N, R_SIGMOID_A, R_SIGMOID_Y, R_SIGMOID_NARGS };
 /* OP_WSUM [n, k, m, y, w, out]: out[r] = sum over j in order of w[r, j] * y[r, j, :] */
 enum { R_WSUM_N, R_WSUM_K, R_WSUM_M, R_WSUM_Y, R_WSUM_W, R_WSUM_OUT, R_WSUM_NARGS };
+/* OP_NORMW [n, k, f_floor, f_scale, x, y]: y[r] = x[r] / max(sum of x[r]'s k values (in double, rounded to f32), floor) (floor 0: no division), then * scale (0: none): the MoE weights' norm_w and scale */
+enum { R_NORMW_N, R_NORMW_K, R_NORMW_F_FLOOR, R_NORMW_F_SCALE, R_NORMW_X, R_NORMW_Y, R_NORMW_NARGS };
 /* the executor's dispatch: X(NAME, name) per record, OP_<NAME> run by graph.inc's plan_<name> */
-#define CF_PLAN_OPS(X) X(ADD, add) X(MUL, mul) X(SCALE, scale) X(SILU, silu) X(SWIGLU, swiglu) X(RMS_NORM, rms_norm) X(SOFTMAX, softmax) X(FLASH_ATTN, flash_attn) X(COPY, copy) X(GEMM, gemm) X(QMM, qmm) X(ROPE, rope) X(CACHE_WRITE, cache_write) X(KV_WRITE, kv_write) X(ATTN_SEQS, attn_seqs) X(GATHER_ROWS, gather_rows) X(GELU, gelu) X(GEGLU, geglu) X(SOFTCAP, softcap) X(QMM_ID, qmm_id) X(TOPK, topk) X(TAKE, take) X(SIGMOID, sigmoid) X(WSUM, wsum)
+#define CF_PLAN_OPS(X) X(ADD, add) X(MUL, mul) X(SCALE, scale) X(SILU, silu) X(SWIGLU, swiglu) X(RMS_NORM, rms_norm) X(SOFTMAX, softmax) X(FLASH_ATTN, flash_attn) X(COPY, copy) X(GEMM, gemm) X(QMM, qmm) X(ROPE, rope) X(CACHE_WRITE, cache_write) X(KV_WRITE, kv_write) X(ATTN_SEQS, attn_seqs) X(GATHER_ROWS, gather_rows) X(GELU, gelu) X(GEGLU, geglu) X(SOFTCAP, softcap) X(QMM_ID, qmm_id) X(TOPK, topk) X(TAKE, take) X(SIGMOID, sigmoid) X(WSUM, wsum) X(NORMW, normw)
 
 #endif

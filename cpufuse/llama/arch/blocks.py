@@ -21,8 +21,10 @@ class Ctx:
     its K/V writes and attention read, and its ring size (0: n_ctx cells per sequence), from the
     KV cache (cpufuse.llama.kv, KVCache.graph_inputs)."""
 
-    def __init__(self, g, model, n, x, pos, idx, kv):
+    def __init__(self, g, model, n, x, pos, idx, kv, hidden=False):
         self.g, self.m, self.hp, self.n = g, model, model.hparams, n
+        self.hidden = hidden      # build the embeddings' output (head: the normed rows, no lm head)
+        self.hidden_out = None
         self.x, self.pos, self.idx = x, pos, idx
         self.kv = kv
         self.layers = model.layers
@@ -109,11 +111,12 @@ def scaled_add(cx, x, branch, s, name):
     return cx.g.add(x, branch, name=name)
 
 
-def pre_norm_layer(cx, li, L, x, **attn):
-    """llama's block: x + attn(norm(x)), then + ffn(norm(.)); attn: attention()'s options"""
+def pre_norm_layer(cx, li, L, x, ffn_block=None, **attn):
+    """llama's block: x + attn(norm(x)), then + ffn(norm(.)); ffn_block: the FFN (cx, li, L, h) ->
+    node (default ffn; the MoE archs' _moe.moe_block); attn: attention()'s options"""
     p = f"l{li}."
     r = add(cx, x, attention(cx, li, L, cx.norm(x, L.attn_norm, p + "attn_norm"), **attn), p + "res")
-    return add(cx, r, ffn(cx, li, L, cx.norm(r, L.ffn_norm, p + "ffn_norm")), p + "out")
+    return add(cx, r, (ffn_block or ffn)(cx, li, L, cx.norm(r, L.ffn_norm, p + "ffn_norm")), p + "out")
 
 
 def embed_scale(cx, s):
@@ -125,4 +128,7 @@ def head(cx, h):
     """the logits of the rows asked for (idx): the final norm, then the lm head (+ bias)"""
     g, m = cx.g, cx.m
     hn = cx.norm(g.gather_rows(h, cx.idx, name="last"), m.output_norm, "output_norm")
+    if cx.hidden:       # the embeddings: these rows are the graph's output (decoder.build); no lm head
+        cx.hidden_out = hn
+        return hn
     return cx.linear(hn, m.output, m.output_bias, "output")

@@ -16,14 +16,15 @@ def hparams(keys, hp):
         hp.kq_scale = a
 
 
-def forward(cx):
+def forward(cx, ffn_block=blocks.ffn):
+    """ffn_block: the FFN block (granitemoe: the routed experts)"""
     hp, s = cx.hp, cx.hp.residual_scale
     x = blocks.embed_scale(cx, hp.emb_scale)
     for li, L in enumerate(cx.layers):
         p = f"l{li}."
         r = blocks.scaled_add(cx, x, blocks.attention(cx, li, L, cx.norm(x, L.attn_norm, p + "attn_norm")), s,
                               p + "res")
-        x = blocks.scaled_add(cx, r, blocks.ffn(cx, li, L, cx.norm(r, L.ffn_norm, p + "ffn_norm")), s, p + "out")
+        x = blocks.scaled_add(cx, r, ffn_block(cx, li, L, cx.norm(r, L.ffn_norm, p + "ffn_norm")), s, p + "out")
     y = blocks.head(cx, x)
     if hp.logit_scale:
         y = cx.g.scale(y, float(np.float32(1.0) / np.float32(hp.logit_scale)), name="logit_scale")

@@ -17,7 +17,8 @@ __all__ = ["T", "Arch", "Dims", "head_tensors", "qkv_tensors", "out_tensors", "q
 
 class Dims(NamedTuple):
     """The sizes tensor shapes are written in: n_embd, heads, kv heads, head dim, n_ff, n_vocab,
-    rotary dims, layers"""
+    rotary dims, layers; mixtures of experts: experts, an expert's n_ff, the shared expert's n_ff
+    (0 when none)"""
     E: int
     H: int
     Hkv: int
@@ -26,10 +27,14 @@ class Dims(NamedTuple):
     V: int
     rot: int
     L: int
+    X: int = 0
+    FX: int = 0
+    FS: int = 0
 
     @classmethod
     def of(cls, hp):
-        return cls(hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.n_vocab, hp.n_rot, hp.n_layer)
+        return cls(hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.n_vocab, hp.n_rot, hp.n_layer,
+                   hp.n_expert, hp.n_ff_exp, hp.n_ff_shexp)
 
 
 @dataclass(frozen=True)
