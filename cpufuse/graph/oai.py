@@ -27,7 +27,7 @@ def swiglu_oai(g, u):
     lim = np.float32(LIMIT)
     x = np.where(g > lim, lim, g)                      # NaN: g (a comparison with NaN is false)
     y = np.where(u < -lim, -lim, np.where(u > lim, lim, u))
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):   # exp overflow; -inf / inf = NaN as in C
         s = x / (np.float32(1.0) + np.exp(-(np.float32(ALPHA) * x)))
     return (s * (y + np.float32(1.0))).astype(np.float32)
 
@@ -54,7 +54,7 @@ def lower_add_id(st, L, row):
 
 
 def run_add_id(st, X):
-    a, b, ids = X.a(st.ins[0]), X.a(st.ins[1]), X.a(st.ins[2])
+    a, b, ids = X.a(st.ins[0]), X.a(st.ins[1]), X.a(st.ins[2]).astype(np.intp)   # (as moe.run_take reads ids)
     if ids.size and (ids.min() < 0 or ids.max() >= b.shape[0]):
         raise GraphError(f"run: add_id {st.outs[0].name!r}: ids of {st.ins[2].name!r} must be in [0, {b.shape[0]}), "
                          f"got {ids[(ids < 0) | (ids >= b.shape[0])][:5].tolist()}")
