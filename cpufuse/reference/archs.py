@@ -106,6 +106,9 @@ def ref_logits(path, tokens, n_ctx=None, gelu="tanh", keep=False, hidden=False):
     if keep:
         _CACHE[path] = f
     arch, T = f.arch, f.t
+    if arch == "gpt-oss":   # its own forward (reference/gptoss.py)
+        from .gptoss import ref_gptoss_logits
+        return ref_gptoss_logits(f, tokens, hidden=hidden)
     E, L, H = f.a("embedding_length"), f.a("block_count"), f.a("attention.head_count")
     Hkv = f.a("attention.head_count_kv", H)
     D = f.a("attention.key_length", E // H)

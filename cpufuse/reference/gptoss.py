@@ -66,10 +66,10 @@ def ref_experts(f, b, h):
     return out, ids, margin
 
 
-def ref_gptoss_logits(path, tokens, routes=None):
+def ref_gptoss_logits(path, tokens, routes=None, hidden=False):
     """(len(tokens), n_vocab) float64 logits of every position; routes: a list that receives each
-    layer's (ids, margin)"""
-    f = _File(path)
+    layer's (ids, margin); path: a file path or an archs._File; hidden: the rows after output_norm"""
+    f = path if isinstance(path, _File) else _File(path)
     T = f.t
     E, L, H = f.a("embedding_length"), f.a("block_count"), f.a("attention.head_count")
     Hkv = f.a("attention.head_count_kv", H)
@@ -111,4 +111,6 @@ def ref_gptoss_logits(path, tokens, routes=None):
             routes.append((ids, margin))
         x = x + y
     x = _rms(x, T["output_norm.weight"], eps)
+    if hidden:
+        return x
     return x @ T.get("output.weight", T["token_embd.weight"]).T
