@@ -135,3 +135,45 @@ def test_gptoss_numba_matches_reference(tmp_path):
     ref = _ref(p)
     m = Model.load(p, n_ctx=64, act="f32", kv_dtype="f32", n_threads=2, isa="numba")
     _close(m.logits(TOKENS), ref, 2e-5)
+
+
+def test_harmony_template_renders_and_tokenizes(tmp_path):
+    """the harmony chat format as a gpt-oss file's Jinja renders it (tests/_chat_templates.py's
+    GPT_OSS: system header, tools as a TypeScript namespace, a tool call on the commentary channel
+    ending in <|call|>, the tool's result, final answers, the generation prompt), and the rendered
+    prompt's markers tokenized as single special tokens by a tiny gpt-oss file's tokenizer"""
+    from _chat_templates import GPT_OSS
+    from cpufuse.llama.chat import chat_prompt, render_chat
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    msgs = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+                "name": "get_weather", "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "name": "get_weather", "content": "18 C, sunny"},
+            {"role": "assistant", "content": "It is 18 C and sunny."},
+            {"role": "user", "content": "Thanks!"}]
+    out = render_chat(GPT_OSS, msgs, tools=tools)
+    want = ("<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: "
+            "2024-06\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included "
+            "for every message.\nCalls to these tools must go to the commentary channel: 'functions'.<|end|>"
+            "<|start|>developer<|message|># Tools\n\n## functions\n\nnamespace functions {\n\n// Weather of a city\n"
+            'type get_weather = (_: {"type": "object", "properties": {"city": {"type": "string"}}}) => any;\n\n'
+            "} // namespace functions<|end|>"
+            "<|start|>user<|message|>Weather in Paris?<|end|>"
+            '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}'
+            "<|call|>"
+            '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"18 C, sunny"<|end|>'
+            "<|start|>assistant<|channel|>final<|message|>It is 18 C and sunny.<|end|>"
+            "<|start|>user<|message|>Thanks!<|end|>"
+            "<|start|>assistant")
+    assert out == want
+    p = write_tiny_gguf(tmp_path / "gptoss-chat.gguf", qtype="F32", arch="gpt-oss", chat_template=GPT_OSS)
+    m = Model.load(p, n_ctx=64)
+    tok = m.tokenizer
+    assert chat_prompt(tok, msgs, tools=tools) == want
+    ids = tok.tokenize(want, add_bos=False, special=True)
+    specials = {t: tok.tokenize(t, add_bos=False, special=True) for t in
+                ("<|start|>", "<|message|>", "<|end|>", "<|channel|>", "<|call|>", "<|constrain|>")}
+    assert all(len(v) == 1 for v in specials.values())
+    assert ids.count(specials["<|start|>"][0]) == 8 and ids.count(specials["<|call|>"][0]) == 1
+    assert tok.detokenize(ids, special=True) == want

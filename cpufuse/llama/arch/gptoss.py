@@ -96,4 +96,4 @@ ARCH = Arch("gpt-oss", rank=30, rope="neox", forward=forward, layer_tensors=laye
             tiny_keys={"attention.sliding_window": 3, "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
                        "rope.scaling.original_context_length": 16},
             tiny_options={"biases": True}, tiny_tokens=("<|start|>", "<|message|>", "<|end|>", "<|return|>",
-                                                        "<|channel|>", "<|call|>"), tiny_eos="<|return|>")
+                                                        "<|channel|>", "<|call|>", "<|constrain|>"), tiny_eos="<|return|>")
