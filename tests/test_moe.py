@@ -98,11 +98,12 @@ def test_moe_quantized_experts_match_reference(tmp_path, monkeypatch, arch, qtyp
     _close(m.logits(TOKENS), ref, 2e-5)
 
 
-@pytest.mark.parametrize("arch", MOE_ARCHS)
-def test_moe_bit_identical_threads_and_batches(tmp_path, arch):
+@pytest.mark.parametrize("arch,qtype", [(a, "Q4_0") for a in MOE_ARCHS] + [("qwen3moe", "Q4_K")])
+def test_moe_bit_identical_threads_and_batches(tmp_path, arch, qtype):
     """the same bits for 1, 2 and 3 threads, with and without repacking, and for a sequence alone
     or beside others in one multi-slot Batch (its rows grouped with theirs by expert)"""
-    p = _tiny(tmp_path, arch, qtype="Q4_0")
+    kq = {"n_embd": 256, "n_ff": 256, "n_head": 8, "n_ff_exp": 256, "n_expert": 8, "n_expert_used": 3}
+    p = _tiny(tmp_path, arch, qtype=qtype, dims=kq if qtype == "Q4_K" else None)
     runs = []
     for nt in (1, 2, 3):
         m = Model.load(p, n_ctx=64, n_batch=8, n_threads=nt)

@@ -266,8 +266,9 @@ def write_tiny_gguf(path, qtype="F16", arch="llama", seed=0, tied=True, embd_qty
         n_in = shape[-1]
         if kind in ("w", "router"):
             emb = name == "token_embd.weight"
-            _add_weight(w, rng, name, int(np.prod(shape[:-1], dtype=np.int64)), n_in,
-                        "F32" if kind == "router" else embd_qtype if emb else qtype, 1.0 if emb else 1.0 / np.sqrt(n_in), lead=shape[:-2])
+            t = "F32" if kind == "router" else embd_qtype if emb else qtype
+            _add_weight(w, rng, name, int(np.prod(shape[:-1], dtype=np.int64)), n_in, t,
+                        1.0 if emb else 1.0 / np.sqrt(n_in), lead=shape[:-2])
         elif kind == "norm":
             w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n_in)).astype(np.float32))
         elif kind == "bias":
