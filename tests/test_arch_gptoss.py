@@ -53,6 +53,40 @@ def test_add_id_op(isa, rng):
         plan.run(copy=True, a=A, ids=np.full((n, k), nb, np.int32))
 
 
+def test_attn_seqs_sinks(isa, rng):
+    """attn_seqs with a sink logit per head: each sequence gets flash_attn with those sinks alone (bit
+    for bit) and the float64 attention with exp(sink) in the denominator; sinks of -inf change nothing"""
+    from cpufuse import flash_attn
+    from cpufuse.reference.ops import flash_attn as fa64
+    H, HKV, D, NC, n = 4, 2, 16, 64, 7
+    kc, vc = np.zeros((NC, HKV, D), np.float32), np.zeros((NC, HKV, D), np.float32)
+    sk = np.array([0.5, -1.0, 3.0, -np.inf], np.float32)
+    g = Graph()
+    q, k, v = g.input("q", (n, H, D)), g.input("k", (n, HKV, D)), g.input("v", (n, HKV, D))
+    cells, seqs = g.input("cells", (n,), np.int32), g.input("seqs", (2, 4), np.int32)
+    kw, vw = g.kv_write(k, kc, cells), g.kv_write(v, vc, cells)
+    g.output(g.attn_seqs(q, kw, vw, seqs, scale=0.25, sinks=g.constant(sk, "sinks")),
+             g.attn_seqs(q, kw, vw, seqs, scale=0.25, sinks=g.constant(np.full(H, -np.inf, np.float32), "none")),
+             g.attn_seqs(q, kw, vw, seqs, scale=0.25))
+    Q, K, V = (rng.standard_normal((n, h, D)).astype(np.float32) for h in (H, HKV, HKV))
+    S = np.array([[0, 0, 4, 0], [32, 4, 3, 0]], np.int32)       # two sequences prefilling 4 and 3 tokens
+    a, none, plain = g.compile(isa=isa).run(copy=True, q=Q, k=K, v=V, cells=np.array([0, 1, 2, 3, 32, 33, 34], np.int32),
+                                            seqs=S)
+    assert np.array_equal(none, plain)
+    for cell0, r0, nr, pos0 in S:
+        m = np.zeros((1, 1, nr, nr), np.float16)
+        m[0, 0][np.triu(np.ones((nr, nr), bool), 1)] = -np.inf
+        args = (Q[r0:r0 + nr].transpose(1, 0, 2)[None], kc[cell0:cell0 + nr].transpose(1, 0, 2)[None],
+                vc[cell0:cell0 + nr].transpose(1, 0, 2)[None], m)
+        alone = flash_attn(*args, scale=0.25, sinks=sk, isa=isa)[0]
+        assert np.array_equal(a[r0:r0 + nr], alone)
+        ref = fa64(*(x.astype(np.float64) for x in args), scale=0.25, sinks=sk.astype(np.float64))[0]
+        assert np.allclose(a[r0:r0 + nr], ref, atol=1e-5)
+    assert not np.allclose(a, plain)
+    with pytest.raises(GraphError, match="sinks"):
+        g.attn_seqs(q, kw, vw, seqs, scale=0.25, sinks=g.constant(sk[:3], "bad"))
+
+
 def _tiny(tmp_path, qtype="F32", seed=0):
     return write_tiny_gguf(tmp_path / f"gptoss-{qtype}-{seed}.gguf", qtype=qtype, arch="gpt-oss", seed=seed,
                            embd_qtype="F32" if qtype == "F32" else "F16")
