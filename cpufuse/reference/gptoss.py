@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from .archs import _File, _rms
+from .gguf_ref import RefFile as _File, rms as _rms
 
 ALPHA, LIMIT = 1.702, 7.0
 
@@ -68,7 +68,7 @@ def ref_experts(f, b, h):
 
 def ref_gptoss_logits(path, tokens, routes=None, hidden=False):
     """(len(tokens), n_vocab) float64 logits of every position; routes: a list that receives each
-    layer's (ids, margin); path: a file path or an archs._File; hidden: the rows after output_norm"""
+    layer's (ids, margin); path: a file path or a gguf_ref.RefFile; hidden: the rows after output_norm"""
     f = path if isinstance(path, _File) else _File(path)
     T = f.t
     E, L, H = f.a("embedding_length"), f.a("block_count"), f.a("attention.head_count")
