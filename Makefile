@@ -6,7 +6,7 @@ PIN     ?= taskset -c 0
 # Old-OpenBLAS tuning variables slow a current numpy's BLAS: unset them for benchmarks only.
 BENCHENV := env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE
 
-.PHONY: all venv build test generate test-fast test-asan fuzz bench bench-quick bench-scaling bench-peers peer-venv bench-e2e bench-serve llama-bench info neon-test serve clean
+.PHONY: all venv build test generate test-fast test-asan fuzz fuzz-gguf soak test-ray bench bench-quick bench-scaling bench-peers peer-venv bench-e2e bench-serve llama-bench info neon-test serve clean
 
 all: test
 
@@ -65,10 +65,39 @@ test-asan: venv
 # threads, then a forked child). FUZZ_EXAMPLES=n for a shorter or longer run.
 FUZZ_EXAMPLES ?= 10000
 PROPS := tests/test_props_ops.py tests/test_props_quant.py tests/test_props_rope_graph.py
-fuzz: build
+fuzz: build fuzz-gguf
 	@$(VPY) -c "import hypothesis" 2>/dev/null || $(VPY) -m pip install -q hypothesis
 	CPUFUSE_HYPOTHESIS=fuzz CPUFUSE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(VPY) -m pytest -q -W ignore::RuntimeWarning --durations=0 $(PROPS)
 	CPUFUSE_SOAK_SECONDS=20 $(VPY) -m pytest -q tests/test_soak.py
+
+# Coverage-guided fuzzing of the untrusted inputs (tests/fuzz_inputs.py, atheris): FUZZ_RUNS mutated
+# GGUF files through GGUFFile and Model.load (seeds: tiny files of every architecture and several
+# types), then the tokenizer and the chat-template renderer. Fails on a crash (an exception other
+# than the documented refusals), a hang over 2 s or memory past the bound; the input is saved under
+# build/fuzz/<target>/ (make it a test in tests/test_fuzz_regressions.py). About 30 min at 10^5.
+FUZZ_RUNS ?= 100000
+FUZZ_FLAGS = -timeout=2 -rss_limit_mb=4096 -print_final_stats=1
+fuzz-gguf: build
+	@$(VPY) -c "import atheris" 2>/dev/null || $(VPY) -m pip install -q "atheris>=2.3"
+	$(VPY) tests/fuzz_inputs.py gguf -runs=$(FUZZ_RUNS) $(FUZZ_FLAGS)
+	$(VPY) tests/fuzz_inputs.py tokenizer -runs=$(FUZZ_RUNS) $(FUZZ_FLAGS)
+	$(VPY) tests/fuzz_inputs.py template -runs=$(FUZZ_RUNS) $(FUZZ_FLAGS)
+
+# The Ray Serve replicas' test (tests/test_serve_ray.py; in `make test` too, skipped there unless
+# ray is installed): installs ray[serve] (large, so not in DEPS) and runs it.
+test-ray: build
+	@$(VPY) -c "import ray.serve" 2>/dev/null || $(VPY) -m pip install -q "ray[serve]>=2.50"
+	$(VPY) -m pytest -q tests/test_serve_ray.py
+
+# The server soak (tests/soak_serve.py, outside `make test`): python -m cpufuse serve on a tiny GGUF,
+# SOAK_CLIENTS clients (streams, whole replies, disconnects, bad and oversized requests) for
+# SOAK_SECONDS (30 min; `make soak SOAK_SECONDS=120` for the 2-minute version); fails unless every
+# accepted request completed or ended with a reason, no slot leaked, and the RSS stayed within 5%
+# after the warm-up.
+SOAK_SECONDS ?= 1800
+SOAK_CLIENTS ?= 64
+soak: build
+	$(VPY) tests/soak_serve.py --seconds $(SOAK_SECONDS) --clients $(SOAK_CLIENTS)
 
 info: build
 	$(VPY) -m cpufuse info

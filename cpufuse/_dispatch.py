@@ -8,6 +8,7 @@ import contextvars
 import importlib.util
 import numbers
 import os
+import warnings
 
 from . import _backend
 from ._isa import ALL_ISAS
@@ -84,7 +85,8 @@ def resolve(isa):
 
 # ------------------------------------------------------------------------------------------------
 # threads: per-call n_threads= > set_num_threads() > CPUFUSE_NUM_THREADS > the cores this process
-# may run on (its CPU affinity, not the machine's core count)
+# may run on (its CPU affinity, not the machine's core count) less the load other processes put on
+# them (docs/notes.md "Threads on a busy machine")
 
 def _affinity_cores():
     try:
@@ -93,15 +95,46 @@ def _affinity_cores():
         return max(1, os.cpu_count() or 1)
 
 
+def _others_load():
+    """Runnable tasks of other processes, system-wide: the smaller of the 1-minute load average and
+    the runnable count now less this process (so a load that just ended, or one that just began,
+    does not count alone). 0 where /proc is missing."""
+    try:
+        with open("/proc/loadavg") as f:
+            fields = f.read().split()
+        load1, running = float(fields[0]), int(fields[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(0.0, min(load1, running - 1))
+
+
+def default_threads(cores=None, load=None, machine=None):
+    """The default thread count: the cores this process may run on, less their share of the other
+    processes' load (the load is system-wide: it is scaled by cores / the machine's CPUs), at least 1.
+    A busy core runs a second thread at half speed and stalls a team of threads that waits on it, so
+    a thread per busy core costs more than it brings."""
+    cores = _affinity_cores() if cores is None else cores
+    load = _others_load() if load is None else load
+    machine = max(cores, os.cpu_count() or cores) if machine is None else machine
+    return max(1, cores - int(load * cores / machine + 0.5))
+
+
 # More threads than this is a mistake (a unit error, a negative number wrapped around), not a
 # machine: the native pool runs at most CF_MAX_THREADS = 256 workers, and a count past 2^31 would
 # not even fit the C int it is passed as.
 MAX_THREADS = 1024
+CORES = _affinity_cores()
+_warned = []
 
 
 def _check_threads(n, source):
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 1 <= n <= MAX_THREADS:
         raise ValueError(f"{source} must be an integer >= 1 and <= {MAX_THREADS}, got {n!r}")
+    if n > CORES and not _warned:
+        _warned.append(n)
+        warnings.warn(f"cpufuse: {source}={int(n)} is more threads than the {CORES} cores this process may run "
+                      f"on; the extra threads only take turns on those cores (this warning is shown once)",
+                      RuntimeWarning, stacklevel=3)
     return int(n)
 
 
@@ -109,10 +142,13 @@ def _initial_threads():
     env = os.environ.get("CPUFUSE_NUM_THREADS", "").strip()
     if env:
         try:
-            return _check_threads(int(env), "CPUFUSE_NUM_THREADS")
+            n = int(env)
         except ValueError:
-            raise ValueError(f"CPUFUSE_NUM_THREADS must be an integer >= 1 and <= {MAX_THREADS}, got {env!r}") from None
-    return _affinity_cores()
+            n = None
+        if n is None or not 1 <= n <= MAX_THREADS:
+            raise ValueError(f"CPUFUSE_NUM_THREADS must be an integer >= 1 and <= {MAX_THREADS}, got {env!r}")
+        return _check_threads(n, "CPUFUSE_NUM_THREADS")
+    return default_threads()
 
 
 _threads = [_initial_threads()]
@@ -131,6 +167,6 @@ def threads(n):
     """Hot path: the per-call keyword or the default."""
     if n is None:
         return _threads[0]
-    if type(n) is int and 1 <= n <= MAX_THREADS:
+    if type(n) is int and 1 <= n <= CORES:
         return n
     return _check_threads(n, "n_threads")

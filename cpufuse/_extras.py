@@ -2,6 +2,7 @@
 
     cpufuse[llama]  gguf, tokenizers, jinja2             (cpufuse.llama: models, tokenizer, chat)
     cpufuse[serve]  the llama group + uvicorn, starlette, pydantic   (cpufuse.serve, `serve`)
+    cpufuse[ray]    the serve group + ray[serve]          (cpufuse.serve.ray: replicas on Ray Serve)
 
 `require(extra)` is called where a group is first needed (the import of cpufuse.llama, of
 cpufuse.serve); it checks that the modules the code imports can be found, without importing them.
@@ -15,6 +16,7 @@ import importlib.util
 EXTRAS = {
     "llama": ("gguf", "tokenizers", "jinja2"),
     "serve": ("gguf", "tokenizers", "jinja2", "uvicorn", "starlette", "pydantic"),
+    "ray": ("gguf", "tokenizers", "jinja2", "uvicorn", "starlette", "pydantic", "ray"),
 }
 
 

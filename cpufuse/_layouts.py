@@ -119,7 +119,7 @@ RN = Layout("RN", "rms_norm (cpufuse.ops.norms -> cf_rms_norm_f32, native/kernel
 FA = Layout("FA", "flash_attn (cpufuse.ops.attention -> cf_flash_attn_f32, native/kernels/flash_attn.inc)", [
     ("S HQ N DK HK HV T DV", "q (S, Hq, N, DK), k (S, Hk, T, DK), v (S, Hv, T, DV)"),
     ("QS0 QS1 QS2 KS0 KS1 KS2 VS0 VS1 VS2", "q, k, v strides for S, H, row"),
-    ("KF16 VF16", "k, v element: 0 float32, 1 float16"),
+    ("KF16 VF16", "k, v element: 0 float32, 1 float16, 2 q8_0, 3 q4_0 (uint8 blocks, strides in bytes)"),
     ("MS MH MS0 MS1 MS2 MKIND", "mask dims (S, H), strides (S, H, row), MASK_KIND"),
     ("OS0 OS1 OS2", "out (S, N, Hq, DV) strides for S, N, Hq"),
     ("STRATEGY CHUNK QTILE", "FA_STRATEGY, split-KV chunk, query rows per tile"),

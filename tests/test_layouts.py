@@ -302,6 +302,34 @@ def test_no_bare_type_ids():
     assert not found, f"type ids written as numbers (use the names of cpufuse/quant/types.py): {found}"
 
 
+def _qrows():
+    """the rows of native/kernels/qrows.h: [(type, hdr, codes, flags, panel, xrows)]"""
+    text = read("native", "kernels", "qrows.h")
+    body = text[text.index("#define CF_QROWS(X)"):text.index("/* clang-format on */")]
+    rows = re.findall(r"X\((\w+),\s*(\w+),\s*(\w+),\s*([\w |]+?),\s*(\w+(?:\([^)]*\))?),\s*(\w+)\)", body)
+    assert len(rows) == body.count("X("), "a row the pattern does not read"
+    return rows
+
+
+def test_quant_rows_are_the_table():
+    """native/kernels/qrows.h has one row per quantized type of cpufuse/quant/types.py (in its order),
+    each naming decoders that exist; and the kernels name no quantized type outside the rows: a type's
+    behaviour is its row, not a test of its id (the float types F32/F16/BF16 are not rows)"""
+    rows = _qrows()
+    assert [r[0] for r in rows] == [t.name for t in QUANT]
+    quant = read("native", "kernels", "quant.inc")
+    for name, hdr, codes, flags, panel, xrows in rows:
+        assert f"CF_FN(hdr_{hdr})(" in quant and f"CF_FN(codes_{codes})(" in quant, name
+        assert re.fullmatch(r"(LEG\(\d+, \d+, \d+\)|K45\(\d\)|Q6K|Q2K|Q3K|IQ4NL|IQ4XS|MXFP4)", panel), (name, panel)
+        assert xrows in ("NONE", "Q8", "IQ4") and all(f in ("0", "QR_SPLIT", "QR_MIN", "QR_MADD", "QR_MIN16", "QR_U8")
+                                                      for f in flags.replace(" ", "").split("|")), name
+    names = "|".join(t.name for t in QUANT)
+    for f in ("quant.inc", "qpanel.inc", "qamx.inc", "getrows.inc"):
+        found = re.findall(rf"\b(?:t|type)\s*[!=]=\s*GT_(?:{names})\b|case\s+GT_(?:{names})\s*:",
+                           re.sub(r"/\*.*?\*/", "", read("native", "kernels", f), flags=re.S))
+        assert not found, (f, found)
+
+
 @pytest.mark.skipif(_backend.lib is None, reason="native extension not built")
 @pytest.mark.parametrize("isa", _registry.NATIVE)
 def test_c_quant_traits_match_table(isa):

@@ -16,6 +16,7 @@ pytest.importorskip("starlette", reason="the serve extra (pip install cpufuse[se
 openai = pytest.importorskip("openai", reason="the openai client (test extra) is not installed")
 httpx = pytest.importorskip("httpx")
 
+from _serving import free_port  # noqa: E402
 from _tiny_gguf import write_tiny_gguf  # noqa: E402
 from cpufuse.llama import Model  # noqa: E402
 from cpufuse.llama.chat import chat_prompt  # noqa: E402
@@ -28,12 +29,6 @@ TEMPLATE = ("{% for message in messages %}{% if message['role'] == 'tool' %}"
             "{{ raise_exception('this template has no tool role') }}{% endif %}"
             "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endfor %}"
             "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

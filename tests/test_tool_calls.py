@@ -52,6 +52,16 @@ REPLIES = {
          '{"name": "get_weather", "argu', None, [SUM]),
         ('The answer is 3. {"a": 1} is a JSON object.', 'The answer is 3. {"a": 1} is a JSON object.', None),
         ('A file: {"name": "x.txt", "size": 3}', 'A file: {"name": "x.txt", "size": 3}', None),     # no arguments
+        # Qwen2.5-Coder-1.5B-Instruct Q4_K_M through the server (auto, default sampling, seed 4: 3 of 8
+        # replies): the call in doubled braces, as its template's `{"name": <function-name>, ...}`
+        ('{{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}}', None,
+         [("get_weather", {"city": "Paris", "unit": "celsius"})]),
+        ('{{"name": "get_weather", "arguments": {"city": "Cairo", "unit": "celsius"}}}}', None,   # seed 101
+         [("get_weather", {"city": "Cairo", "unit": "celsius"})]),
+        ('<tool_call>\n{{"name": "get_weather", "arguments": {"city": "Paris"}}}\n</tool_call>', None, [PARIS]),
+        ('Ok {{"name": "get_weather", "arguments": {"city": "Paris"}} and', "Ok {and", [PARIS]),   # not doubled
+        ('{{"name": "add", "arguments": {"a": 1, "b": 2}}}\n{{"name": "get_weather", "arguments": {"city": "Pa',
+         None, [SUM]),
     ],
     "llama3": [
         ('{"name": "get_weather", "parameters": {"city": "Paris"}}', None, [PARIS]),
@@ -188,6 +198,77 @@ def test_closed_parameters_hold_in_the_grammar():
     assert m.validate_tokens(ids) < len(ids)
     del llg
 
+
+
+@pytest.fixture(scope="module")
+def tiny_tok(tmp_path_factory):
+    pytest.importorskip("llguidance")
+    from _tiny_gguf import write_tiny_gguf  # a tokenizer with every byte
+    from cpufuse.llama import Model
+    p = write_tiny_gguf(tmp_path_factory.mktemp("tok") / "t.gguf", tied=False)
+    return Model.load(p, n_ctx=64, n_threads=1).tokenizer
+
+
+def _takes(constraint, tok, text):
+    """whether the grammar takes the whole text and may end there"""
+    m = constraint.matcher()
+    ids = tok.tokenize(text, add_bos=False)
+    return m.validate_tokens(ids) == len(ids) and m.consume_tokens(ids) and m.is_accepting()
+
+
+PARIS_TOKYO = ('{"name": "get_weather", "arguments": {"city": "Paris"}}',
+               '{"name": "get_weather", "arguments": {"city": "Tokyo"}}')
+# hermes under "auto": the JSON forms the lazy grammar triggers on (beside <tool_call>), valid calls
+JSON_CALLS = [
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}',                        # bare
+    '\n{"name": "add", "arguments": {"a": 1, "b": 2}}',
+    '{{"name": "get_weather", "arguments": {"city": "Paris"}}}',                      # doubled braces
+    '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```',         # fenced
+    'Sure:\n```json\n{\n  "name": "add",\n  "arguments": {"a": 1, "b": 2}\n}\n```',
+    '```\n{{"name": "add", "arguments": {"a": 1, "b": 2}}}\n```',
+    '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>',
+]
+# once triggered, the arguments are enforced: an array for a string, an invented key, a string for
+# an integer, a missing required key, a stray brace, text after the call
+JSON_BAD = [
+    '{"name": "get_weather", "arguments": {"city": ["Paris", "Tokyo"]}}',
+    '{{"name": "get_weather", "arguments": {"city": ["Paris", "Tokyo"]}}}',
+    '```json\n{"name": "get_weather", "arguments": {"city": "Paris", "country": "FR"}}\n```',
+    'Sure:\n```json\n{"name": "add", "arguments": {"a": 1, "b": "2"}}\n```',
+    '{"name": "add", "arguments": {"a": 1}}',
+    '{{"name": "get_weather", "arguments": {"city": "Cairo"}}}}',
+    '{"name": "get_weather", "arguments": {"city": "Paris"}} Done.',
+    '{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}',
+]
+# not a call's opening (or not a listed function, or not at the start for the bare form): free text
+JSON_FREE = ["Hello world", 'A file: {"name": "x.txt", "size": 3}', '{"name": "rm", "arguments": {"x": [1]}}',
+             '```json\n{"name": "x.txt"}\n```',
+             '{"arguments": {"city": ["a"]}, "name": "get_weather"}', "```python\nprint(1)\n```"]
+
+
+def test_auto_grammar_triggers_on_the_json_forms_qwen_writes(tiny_tok):
+    for parallel in (False, True):
+        spec = ToolSpec(TOOLS, "auto", parallel_tool_calls=parallel, tokenizer=tiny_tok, fmt="hermes")
+        c = spec.constraint()
+        for text in JSON_CALLS:
+            assert _takes(c, tiny_tok, text), (parallel, text)
+            assert len(spec.parse(text)[1]) == 1, text
+        for text in JSON_BAD:
+            assert not _takes(c, tiny_tok, text), (parallel, text)
+        for text in JSON_FREE:
+            assert _takes(c, tiny_tok, text), (parallel, text)
+            assert spec.parse(text)[1] is None, text
+        # a bare object after text is read as a call but not constrained (only the start triggers)
+        late = 'Here: {"name": "get_weather", "arguments": {"city": ["a"]}}'
+        assert _takes(c, tiny_tok, late) and _calls(spec.parse(late)[1]) == [("get_weather", {"city": ["a"]})]
+        # parallel_tool_calls: a second call in the same form only when allowed
+        for two in ("\n".join(PARIS_TOKYO), "\n".join(f"```json\n{t}\n```" for t in PARIS_TOKYO)):
+            assert _takes(c, tiny_tok, two) is parallel, (parallel, two)
+            if parallel:
+                assert _calls(spec.parse(two)[1]) == [PARIS, ("get_weather", {"city": "Tokyo"})]
+    # the other formats keep their own openings: a bare object is free text for phi4
+    phi4 = ToolSpec(TOOLS, "auto", tokenizer=tiny_tok, fmt="phi4").constraint()
+    assert _takes(phi4, tiny_tok, JSON_BAD[0])
 
 HISTORY = [
     {"role": "user", "content": "What is the weather in Paris?"},

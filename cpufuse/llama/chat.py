@@ -105,6 +105,38 @@ def _check_size(v, what):
     return v
 
 
+def _content_size(v, budget, memo=None):
+    """characters of the strings inside v plus one per item, counted until past budget (a
+    container's text can be far larger than its len: [messages] * 10000); a container met again
+    (a repetition holds the same objects) is counted from memo, not walked again"""
+    if isinstance(v, (str, bytes)):
+        return len(v)
+    if not isinstance(v, (list, tuple, dict, set, frozenset)):
+        return 1
+    memo = {} if memo is None else memo
+    k = id(v)
+    if k in memo:
+        return memo[k]
+    memo[k] = budget + 1                     # a container inside itself counts as too big
+    n, prev, prev_n = len(v), None, 0
+    for x in (list(v.keys()) + list(v.values()) if isinstance(v, dict) else v):
+        if x is not prev:
+            prev, prev_n = x, _content_size(x, budget, memo)
+        n += prev_n
+        if n > budget:
+            break
+    memo[k] = n
+    return n
+
+
+def _finalize(v):
+    """every {{ }} value before it becomes text: a container's text is bounded too"""
+    lim = _LIMITS.get()
+    if lim is not None and isinstance(v, (list, tuple, dict, set, frozenset)):
+        _too_big(_content_size(v, lim[1]), "an output value's text")
+    return v
+
+
 def _check_width_args(args, kwargs, what):
     for a in list(args) + list(kwargs.values()):
         if isinstance(a, int) and not isinstance(a, bool):
@@ -183,8 +215,11 @@ def _environment():
             _tick()
             if operator == "*":
                 for a, b in ((left, right), (right, left)):
-                    if isinstance(a, _SIZED) and isinstance(b, int):
-                        _too_big(len(a) * b, "a repetition")
+                    if isinstance(a, _SIZED) and isinstance(b, int) and not isinstance(b, bool):
+                        lim = _LIMITS.get()
+                        size = len(a) if isinstance(a, (str, bytes)) or lim is None else \
+                            _content_size(a, lim[1] // max(1, b) + 1)
+                        _too_big(size * b, "a repetition")
             elif operator == "**" and type(left) is int and type(right) is int and right > 0 and abs(left) > 1:
                 bits = right * math.log2(abs(left))
                 if bits > 64 * 1024:
@@ -203,6 +238,7 @@ def _environment():
         lstrip_blocks=True,
         optimized=False,            # no constant folding: it would run filters at compile time, unlimited
         extensions=[_GenerationTagIgnored, jinja2.ext.loopcontrols],
+        finalize=_finalize,
     )
     env.filters["tojson"] = _tojson
     for fname, f in list(env.filters.items()):
@@ -210,6 +246,9 @@ def _environment():
     env.filters["cf_loop_guard"] = jinja2.pass_context(_loop_guard)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    # jinja2's lipsum(n) makes n paragraphs in one call, past the clock checks (the fuzzer's find:
+    # lipsum(5011) ran 4 s); no chat template uses it
+    del env.globals["lipsum"]
     return env
 
 

@@ -6,7 +6,7 @@ context, thread and sampling arguments defined here (`add_model_args`, `add_run_
     MODEL | -m MODEL | -hf ORG/REPO[:QUANT]   a GGUF path, a model name (python -m cpufuse models),
                                              or a Hugging Face repository; default qwen2.5-coder-1.5b
     -c N        context size (default: the model's own, capped so the KV cache fits in memory)
-    -t N        threads (default: cpufuse's default, the cores this process may use)
+    -t N        threads (default: cpufuse's default, the cores this process may use less their load)
     --temp 0.8 --top-k 40 --top-p 0.95 --min-p 0.05 --repeat-penalty 1.0 --seed S   (llama.cpp's)
 
 The text goes to stdout as it is generated; the timing line (prompt and decode tokens/s) goes to
@@ -50,7 +50,7 @@ def add_run_args(ap):
     ap.add_argument("-c", "--ctx-size", "--ctx", "--n-ctx", dest="ctx", type=int, default=None, metavar="N",
                     help="context size in tokens (default: the model's own, capped so the KV cache fits in "
                          "memory; 0 = the model's own, uncapped)")
-    ap.add_argument("-t", "--threads", type=int, default=None, help="threads (default: the cores this process may use)")
+    ap.add_argument("-t", "--threads", type=int, default=None, help="threads (default: the cores this process may use, less their load; more than the cores warns)")
     ap.add_argument("--kv", choices=("f16", "f32"), default="f16", help="KV cache type (default f16)")
 
 
@@ -99,6 +99,14 @@ def add_sampling_args(ap, what="sampling"):
     g.add_argument("--repeat-penalty", type=float, default=d["repeat_penalty"],
                    help=f"over the last 64 tokens, 1 = off (default {d['repeat_penalty']})")
     g.add_argument("--seed", type=int, default=None, help="RNG seed (default: random)")
+
+
+def add_context_args(ap):
+    """what a generation does when it fills the cache (generate and chat)"""
+    ap.add_argument("--context-shift", action="store_true",
+                    help="when the cache is full, keep the first --keep tokens, drop half of the rest and go on "
+                         "(llama.cpp's --context-shift); default: stop (stop_reason \"context\")")
+    ap.add_argument("--keep", type=int, default=0, metavar="N", help="tokens a context shift keeps (default 0)")
 
 
 def check_sampling(args):
@@ -228,6 +236,7 @@ def build_parser():
                                  description=f"Generate text with a GGUF model ({', '.join(SUPPORTED_ARCHS)}) on "
                                              "cpufuse kernels, streamed to stdout.")
     add_model_args(ap)
+    add_context_args(ap)
     ap.add_argument("-p", "--prompt", required=True, help="prompt text (the user message with --chat)")
     ap.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     ap.add_argument("--system", default=None, help="system message (with --chat)")
@@ -260,6 +269,7 @@ def main(argv=None):
             prompt = ([{"role": "system", "content": args.system}] if args.system else []) + \
                      [{"role": "user", "content": args.prompt}]
         it = model.generate(prompt, max_tokens=args.n_predict, stream=True, stop=args.stop, draft=draft,
+                            context_shift=args.context_shift, n_keep=args.keep,
                             **sampling_kwargs(args))
         out = sys.stdout
         if not args.chat:
@@ -299,6 +309,7 @@ def build_chat_parser():
                                  description="Chat with a GGUF model on stdin/stdout: one user message per line, "
                                              "the reply streamed back. " + CHAT_HELP + ".")
     add_model_args(ap)
+    add_context_args(ap)
     ap.add_argument("--system", default=None, help="system message")
     ap.add_argument("-n", "--n-predict", type=int, default=-1,
                     help="max tokens per reply (default -1: until the model ends it or the context is full)")
@@ -402,7 +413,8 @@ def chat_main(argv=None):
         messages.append({"role": "user", "content": line})
         it = None
         try:
-            it = model.generate(messages, max_tokens=max_tokens, stream=True, draft=draft, **sampling_kwargs(args))
+            it = model.generate(messages, max_tokens=max_tokens, stream=True, draft=draft,
+                                context_shift=args.context_shift, n_keep=args.keep, **sampling_kwargs(args))
             for piece in it:
                 out.write(piece)
                 out.flush()

@@ -70,12 +70,14 @@ class Streamer:
         self._gen.close()
 
 
-def decode(model, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stops=(), draft=None):
+def decode(model, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stops=(), draft=None, shift=None):
     """The generation loop. Every step that touches the cache runs under the lock, bumps the
     model's epoch and remembers it; a step that finds another epoch was interrupted.
     draft: None, or a draft (cpufuse.llama.speculative): each step then verifies the drafted ids
     in one batch and queues the ids it sampled; the same ids come out (see speculative.py), and
-    the cache is rewound at the end to what plain decoding leaves."""
+    the cache is rewound at the end to what plain decoding leaves. A full cache stops it ("context"),
+    or, without a draft, shift (a callable: Model.shift_context, returning the positions it
+    dropped) shifts the context."""
     from collections import deque
     from .stops import StopMatcher
     from .tokenizer import StreamDecoder
@@ -103,6 +105,7 @@ def decode(model, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stops=(), 
     out, t_dec, n_dec = [], 0.0, 0
     queued, n_draft, n_acc, cap = deque(), 0, 0, 1 << 30
     stop, stop_tok = "length", None
+    shifted = 0                             # positions context shifts dropped
     text_parts = []
     for i in range(max_tokens):
         if tok in eog:
@@ -124,9 +127,11 @@ def decode(model, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stops=(), 
                 raise RuntimeError("this stream was interrupted by another generate(), eval(), logits() or "
                                    "reset() call on the same Model, which changed its KV cache; start a new "
                                    "generate() (a Model holds one sequence)")
-            if len(ids) + n_dec >= model.n_ctx:     # the tokens plain decoding has evaluated
-                stop = "context"
-                break
+            if len(ids) + n_dec - shifted >= model.n_ctx:     # the tokens plain decoding has evaluated
+                if shift is None or draft is not None or model.kv.ring_cells:
+                    stop = "context"
+                    break
+                shifted += shift()
             t0 = time.perf_counter()
             if draft is None:
                 tok = sampler.sample(model._eval([tok]))

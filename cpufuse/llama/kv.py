@@ -227,6 +227,23 @@ class KVCache:
                 else:
                     arr[dst * N:dst * N + n] = arr[src * N:src * N + n]
 
+    def shift(self, slot, n_keep, n_discard, n_past, rotate):
+        """Context shift (llama.cpp's --context-shift) of slot `slot` holding n_past positions: drop
+        positions [n_keep, n_keep + n_discard), move the later ones down by n_discard, and re-rotate
+        their K by -n_discard positions with rotate(k rows as float32 (n, n_head_kv, head_dim),
+        delta) -> float32 (RoPE is additive in the angle). Not with rings (ValueError)."""
+        if self.ring_cells:
+            raise ValueError("a context shift needs plain cells: this cache has sliding-window rings")
+        slot = self._slot(slot, "slot")
+        a = slot * self.n_ctx
+        src, dst, n = a + n_keep + n_discard, a + n_keep, n_past - n_keep - n_discard
+        if n <= 0 or n_discard <= 0:
+            return
+        for li in range(self.n_layer):
+            k = self.k[li][src:src + n].astype(np.float32)
+            self.k[li][dst:dst + n] = rotate(k, -n_discard)
+            self.v[li][dst:dst + n] = self.v[li][src:src + n].copy()
+
     def _slot_rows(self, slot, n):
         """per layer, the cell indices of positions [0, n) of slot (rings: those a ring holds after
         exactly n positions), in position order"""

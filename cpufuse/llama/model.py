@@ -51,6 +51,7 @@ Anything else is refused with a ValueError naming the architecture.
 """
 from __future__ import annotations
 
+import math
 import operator
 import os
 import threading
@@ -58,6 +59,7 @@ import threading
 import numpy as np
 
 from cpufuse import _backend, _dispatch, _registry
+from cpufuse.ops.rope import rope
 from cpufuse.quant.types import dequantize
 
 from .decoder import Batch, Decoder, Step
@@ -272,6 +274,30 @@ class Model:
             self._n_past = 0
             self._cached = []        # the token ids whose K/V are in the cache, in order
 
+    def shift_context(self, n_keep=0):
+        """llama.cpp's context shift on the full cache: keep the first n_keep positions, drop half of the
+        rest (n_discard = (n_past - n_keep) // 2), move the later cells down and re-rotate their K by
+        -n_discard positions (RoPE with unit magnitude: the angle is linear in the position, YaRN's
+        ramp included). Returns n_discard. ValueError where it cannot apply: a cache with
+        sliding-window rings, or n_keep >= n_past - 1."""
+        n_keep = _int_arg(n_keep, "n_keep", 0, self.n_ctx)
+        with self._lock:
+            n_past = self._n_past
+            n_discard = (n_past - n_keep) // 2
+            if n_discard < 1:
+                raise ValueError(f"context shift: n_keep={n_keep} leaves nothing to drop of {n_past} positions")
+            kw = dict(self.rope_kw, attn_factor=1.0)
+            if kw["ext_factor"] != 0.0:   # rope_yarn multiplies by 1 + 0.1 ln(1/freq_scale): undo it
+                kw["attn_factor"] = 1.0 / (1.0 + 0.1 * math.log(1.0 / kw["freq_scale"]))
+
+            def rotate(k, delta):
+                return rope(k, np.full(len(k), delta, np.int32), **kw)
+            self.kv.shift(0, n_keep, n_discard, n_past, rotate)
+            self._epoch += 1
+            self._n_past = n_past - n_discard
+            del self._cached[n_keep:n_keep + n_discard]
+            return n_discard
+
     def embed(self, ids, out=None):
         """The token-embedding rows of `ids` (GET_ROWS: only these rows are dequantized), as
         float32 (len(ids), n_embd), written into `out` when given. The ids' range is not checked
@@ -426,7 +452,8 @@ class Model:
     def generate(self, prompt, max_tokens=128, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
                  repeat_penalty=1.0, seed=None, stream=False, penalty_last_n=64, stop_at_eog=True,
                  reuse_cache=True, sampler=None, stop=None, response_format=None, grammar=None, tools=None,
-                 tool_choice=None, parallel_tool_calls=None, logit_bias=None, draft=None):
+                 tool_choice=None, parallel_tool_calls=None, logit_bias=None, draft=None, context_shift=False,
+                 n_keep=0):
         """Generate up to max_tokens after `prompt` (text; token ids; or chat messages rendered with
         the GGUF chat template and tokenized with special=True). Sampling is llama.cpp's common
         chain (penalties, top-k, top-p, min-p, temperature, dist; see cpufuse.llama.sampling);
@@ -475,7 +502,11 @@ class Model:
             raise ValueError("empty prompt")
         if len(ids) > self.n_ctx:
             raise ValueError(f"context overflow: the prompt has {len(ids)} tokens > n_ctx = {self.n_ctx}")
-        gen = decode(self, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stop, draft)
+        if not isinstance(context_shift, bool):
+            raise TypeError(f"context_shift must be a bool, got {type(context_shift).__name__}")
+        n_keep = _int_arg(n_keep, "n_keep", 0, self.n_ctx)
+        shift = (lambda: self.shift_context(n_keep)) if context_shift else None
+        gen = decode(self, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stop, draft, shift)
         if spec is not None:
             from .guide import with_tool_calls
             gen = with_tool_calls(gen, spec, self.tokenizer)

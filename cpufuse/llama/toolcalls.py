@@ -14,7 +14,10 @@ Formats (what the reply holds; detection as llama.cpp's, in this order):
   hermes    `<tool_call>` (Hermes 2/3 Pro, Qwen 2.5/3, SmolLM3): as llama.cpp's Hermes parser, a
             call is `{"name": ..., "arguments": {...}}` bare or wrapped in one of <tool_call>,
             <function_call>, <tool>, <tools>, <response>, <json>, <xml>, <JSON> (closed by the
-            matching end tag), optionally inside a ```json / ```xml fence, or
+            matching end tag), optionally inside a ```json / ```xml fence, also in doubled braces
+            `{{"name": ..., "arguments": {...}}}` (Qwen2.5-Coder-1.5B writes it, at times with a
+            stray `}` more, also taken: its template shows the call as `{"name": <function-name>,
+            ...}`; cpufuse only), or
             `<function=NAME>{...}</function>` / `<function name="NAME">{...}</function>`
   llama3    `<|start_header_id|>ipython<|end_header_id|>` (Llama 3.1-3.3):
             `{"type": "function", "name": ..., "parameters": {...}}` ("type" optional; "arguments"
@@ -102,9 +105,11 @@ def _skip_ws(text: str, i: int) -> int:
 _HERMES_OPEN = re.compile(
     r'(```(?:xml|json)?\n\s*)?'
     r'(<tool_call>|<function_call>|<tool>|<tools>|<response>|<json>|<xml>|<JSON>)?'
+    r'(\s*\{(?=\s*\{\s*"name"))?'              # {{"name": ...}}: the call in doubled braces
     r'(\s*\{\s*"name")'
     r'|<function=([^>]+)>'
     r'|<function name="([^"]+)">')
+_CLOSE_BRACE = re.compile(r'(?:\s*\})+')        # the doubled brace, and any stray one after it
 
 
 def _parse_hermes(text: str):
@@ -114,10 +119,10 @@ def _parse_hermes(text: str):
         if m is None:
             break
         start = m.start()
-        if m.group(3) is not None:
-            got = _json_at(text, m.start(3))
+        if m.group(4) is not None:
+            got = _json_at(text, m.start(4))
             if got is None:                         # not JSON, or cut short
-                if _could_be_cut(text, m.start(3)):
+                if _could_be_cut(text, m.start(4)):
                     content.append(text[pos:start])
                     return "".join(content), calls, True
                 content.append(text[pos:m.end()])
@@ -130,8 +135,14 @@ def _parse_hermes(text: str):
                 pos = m.end()
                 continue
             close = "</" + m.group(2)[1:] if m.group(2) else ""
+            if m.group(3):                          # the doubled brace closes after the call
+                b = _CLOSE_BRACE.match(text, end)
+                if b is None:                       # not doubled after all: what precedes is text
+                    start, close = m.start(4), ""
+                else:
+                    end = b.end()
         else:
-            name = m.group(4) or m.group(5)
+            name = m.group(5) or m.group(6)
             got = _json_at(text, m.end())
             if got is None or not isinstance(got[0], dict):
                 if got is None and _could_be_cut(text, m.end()):
@@ -145,7 +156,7 @@ def _parse_hermes(text: str):
         j = _skip_ws(text, end)
         if close and text.startswith(close, j):
             j = _skip_ws(text, j + len(close))
-        if m.group(1) and text.startswith("```", j):
+        if m.group(1) and start == m.start() and text.startswith("```", j):
             j = _skip_ws(text, j + 3)
         content.append(text[pos:start])
         calls.append(call)

@@ -10,15 +10,23 @@ generic, chosen from the chat template's text as llama-server chooses them).
 
 tool_choice: "none" (tools described, nothing constrained or parsed), "auto" (free text; a call
 is read in any form its format's parser accepts, and once the format's own opening appears,
-e.g. <tool_call>, the call is constrained by a lazy grammar; generic: the JSON reply), "required"
+e.g. <tool_call>, the call is constrained by a lazy grammar; hermes also triggers on the JSON
+forms Qwen2.5-Coder writes, see below; generic: the JSON reply), "required"
 (a call, fully constrained) or {"type": "function", "function": {"name": ...}} (exactly one call
 of that function). parallel_tool_calls defaults to False, as llama-server: one call at most;
 True allows several (not with a named tool_choice).
 
 Arguments: a tool's `parameters` schema is closed as llama.cpp's schema-to-grammar closes it: an
 object schema with `properties` and no `additionalProperties` takes only the listed properties
-(`additionalProperties: true` or a schema allows more); this holds in the grammar and in the check
-of a parsed call.
+(`additionalProperties: true` or a schema allows more). This holds where the grammar constrains
+the call: "required", a named function, and "auto" from the call's opening on. Hermes under
+"auto" opens a call with `<tool_call>` anywhere, and (llama.cpp's Hermes handler: bare or fenced,
+at the start) with a JSON object that starts `{"name": "<listed function>"`: bare or in doubled braces `{{"name": ...}}` at
+the start of the reply, or in a ```json / ``` fence anywhere; from there the function's arguments,
+the closing (`}`, fence) and parallel_tool_calls are enforced (several calls: the same form again).
+Other forms the parser reads (the other wrapper tags, a bare object after text, "arguments"
+before "name") are not constrained: their arguments are taken as written, only the function's
+name and that they are an object are checked.
 """
 from __future__ import annotations
 
@@ -95,12 +103,17 @@ def _call_text(fmt: str, name: str, args: Any) -> str:
 
 
 _HERMES_TAGS = ("", "<tool_call>", "<function_call>", "<tool>", "<tools>", "<response>", "<json>", "<xml>", "<JSON>")
+# hermes under "auto": the JSON forms of a call the lazy grammar also triggers on, besides
+# <tool_call>: (fence, doubled braces, anywhere in the reply rather than only at its start)
+_JSON_FORMS = [("", False, False), ("", True, False)] + [(f, d, True) for f in ("```json\n", "```\n")
+                                                         for d in (False, True)]
 _W = None          # in an opening pattern: any whitespace
 # the openings of a call in streamed text, per format: sequences of literals and _W; a text that
 # is a prefix of one is held back, one that has it all starts the calls
 _OPENINGS = {
-    "hermes": [(fence, _W if fence else "", tag, _W if (fence or tag) else "", "{", _W, '"name"') for fence in ("", "```\n", "```json\n", "```xml\n")
-               for tag in _HERMES_TAGS] + [("<function=",), ('<function name="',)],
+    "hermes": [(fence, _W if fence else "", tag, _W if (fence or tag) else "", "{", _W, dbl, _W, '"name"')
+               for fence in ("", "```\n", "```json\n", "```xml\n") for tag in _HERMES_TAGS
+               for dbl in ("", "{")] + [("<function=",), ('<function name="',)],
     "llama3": [("<|python_tag|>",), ("{", _W, '"name"'), ("{", _W, '"type"')],
     "mistral": [("[TOOL_CALLS]",)],
     "granite": [("<|tool_call|>",)],
@@ -306,7 +319,30 @@ class ToolSpec:
                 lines += [f"first: TEXT {trig_tok} {rest}"]
             else:
                 lines += [f"trig[lazy]: TEXT {trig_tok}", f"first: trig {rest}"]
+        if self.format == "hermes" and not forced:
+            lines[1] += "".join(f" | {r}" for r in self._json_forms(lines))
         return llg.LLMatcher.grammar_from_lark("\n".join(lines))
+
+    def _json_forms(self, lines: List[str]) -> List[str]:
+        """hermes under "auto": the calls written as a JSON object without <tool_call> (module
+        docstring), as rules appended to `lines`; returns the alternatives of `start`. Each form
+        and function has a lazy trigger that ends after the function's name, so the arguments
+        after it follow that function's schema; the bare and doubled forms trigger only at the
+        start of the reply (as llama.cpp's), a fence anywhere."""
+        ws, sp = JSON_WHITESPACE, r"[ \t\n]*"
+        alts = []
+        for k, f in enumerate(self.functions):
+            lines.append(f'args{k}: /{ws},{ws}"arguments"{ws}:{ws}/ {_inline(f["parameters"])} /{ws}\\}}/')
+        for j, (fence, dbl, anywhere) in enumerate(_JSON_FORMS):
+            close = (f" /{ws}\\}}/" if dbl else "") + (f" /{sp}```/" if fence else "")
+            head = fence.replace("\n", r"\n") + sp + r"\{" + (sp + r"\{" if dbl else "") + sp + '"name"' + sp + ":" + sp
+            for k, f in enumerate(self.functions):
+                name = _lit(json.dumps(f["name"], ensure_ascii=False))
+                lines += [f"t{j}_{k}[lazy]: {'TEXT ' if anywhere else ''}/{sp}{head}/ {name}",
+                          f"n{j}_{k}: /{sp}{head}/ {name}"]
+                alts.append(f"t{j}_{k} args{k}{close}" + (f" more{j}*" if self.parallel else ""))
+            lines.append(f"more{j}: " + " | ".join(f"n{j}_{k} args{k}{close}" for k in range(len(self.functions))))
+        return alts
 
     def constraint(self) -> Optional[Constraint]:
         g = self.grammar()

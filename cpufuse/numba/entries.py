@@ -7,7 +7,8 @@ every ISA. Calls of at most NB_SMALL elements take the serial twins (no parallel
 thread count is set by the registry's lookup (_registry.kernel(op, "numba", n_threads))."""
 import numpy as np
 
-from .._layouts import QM, QW, RP
+from .._layouts import FA, QM, QW, RP
+from ..ops import kvquant
 from . import kernels, quant
 from . import rope as _rope
 
@@ -51,10 +52,36 @@ def rms_norm_rows(rows, n, x, w, eps, y, nth):
     return 0
 
 
+I8 = np.zeros((1, 1, 1, 1), np.int8)
+QTYPE = {v: k for k, v in kvquant.CODE.items()}
+
+
+def _codes(blocks, kv_type, D):
+    """quantized rows (uint8 blocks) -> (int8 codes (..., D), f32 block scales (..., D / 32))"""
+    blk = blocks.reshape(blocks.shape[:-1] + (D // 32, kvquant.QUANT[kv_type]))
+    d = np.ascontiguousarray(blk[..., :2]).view(np.float16)[..., 0].astype(F32)
+    if kv_type == "q8_0":
+        c = np.ascontiguousarray(blk[..., 2:]).view(np.int8)
+    else:
+        c = (np.concatenate([blk[..., 2:] & 15, blk[..., 2:] >> 4], axis=-1).astype(np.int16) - 8).astype(np.int8)
+    return c.reshape(blocks.shape[:-1] + (D,)), d
+
+
 def flash_attn(d, q, k, v, mask, slopes, sinks, scale, softcap, out, nth):
-    kernels.flash_attn(q, k.astype(F32) if k.dtype != F32 else k, v.astype(F32) if v.dtype != F32 else v,
+    kt, vt = QTYPE[d[FA.KF16]], QTYPE[d[FA.VF16]]
+    kq = kt in kvquant.QUANT
+    if kq:   # int8 dots: Q as Q8_0 (docs/semantics.md §4), K's codes and scales unpacked
+        qc, qd = _codes(kvquant.quantize(q, "q8_0"), "q8_0", q.shape[3])
+        kc, kd = _codes(k, kt, q.shape[3])
+        k = D32
+    else:
+        qc, qd, kc, kd = I8, D32, I8, D32
+        k = k.astype(F32) if k.dtype != F32 else k
+    if vt in kvquant.QUANT:
+        v = kvquant.dequantize(v, vt, d[FA.DV])   # exact f32 values
+    kernels.flash_attn(q, k, v.astype(F32) if v.dtype != F32 else v,
                        D32 if mask is None else mask.astype(F32), _mkind(mask), _or(slopes, D1), slopes is not None,
-                       _or(sinks, D1), sinks is not None, scale, softcap, out)
+                       _or(sinks, D1), sinks is not None, scale, softcap, out, kq, qc, qd, kc, kd)
     return 0
 
 

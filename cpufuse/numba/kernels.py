@@ -111,10 +111,14 @@ rms_norm_serial = _serial(_rms_norm, "rms_norm_serial")
 
 
 @nb.njit(**_PJIT)
-def flash_attn(q, k, v, mf, mkind, slopes, have_slopes, sinks, have_sinks, scale, softcap, out):
-    """Per-row online softmax (docs/semantics.md §4) over f32 K/V (f16 K/V are widened by the caller)."""
+def flash_attn(q, k, v, mf, mkind, slopes, have_slopes, sinks, have_sinks, scale, softcap, out, kq, qc, qd, kc, kd):
+    """Per-row online softmax (docs/semantics.md §4) over f32 K/V (f16 K/V are widened by the caller).
+    kq: a quantized K, given as int8 codes kc and block scales kd, scored against Q's Q8_0 codes qc and
+    scales qd by int32 block dots."""
     S, Hq, N, DK = q.shape
-    Hk, T, Hv, DV = k.shape[1], k.shape[2], v.shape[1], v.shape[3]
+    Hk, T, Hv, DV = k.shape[1], v.shape[2], v.shape[1], v.shape[3]
+    if kq:
+        Hk = kc.shape[1]
     mS, mH = mf.shape[0], mf.shape[1]
     sc = np.float32(scale / softcap) if softcap != 0.0 else np.float32(scale)
     cap = np.float32(softcap)
@@ -136,8 +140,15 @@ def flash_attn(q, k, v, mf, mkind, slopes, have_slopes, sinks, have_sinks, scale
                         if a == -np.inf:
                             continue
                     dot = np.float32(0.0)
-                    for i in range(DK):
-                        dot += q[s, h, n, i] * k[s, kh, t, i]
+                    if kq:
+                        for b in range(DK // 32):
+                            isum = 0
+                            for i in range(32 * b, 32 * b + 32):
+                                isum += np.int32(qc[s, h, n, i]) * np.int32(kc[s, kh, t, i])
+                            dot += np.float32(isum) * (kd[s, kh, t, b] * qd[s, h, n, b])
+                    else:
+                        for i in range(DK):
+                            dot += q[s, h, n, i] * k[s, kh, t, i]
                     z = dot * sc
                     if softcap != 0.0:
                         z = cap * np.float32(math.tanh(z))

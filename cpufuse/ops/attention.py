@@ -6,6 +6,7 @@ import numpy as np
 
 from .. import _dispatch, _registry
 from .._layouts import FA, FA_STRATEGY
+from . import kvquant
 from .binder import Binder, In, Out, Param
 from .checks import (
     F16, F32, _aligned, _check_f32, _check_last_axis, _check_mask_sinks, _check_no_overlap, _check_out, _geom4,
@@ -88,9 +89,25 @@ _FA = Binder("flash_attn", (In("q", F32), In("k", F32, F16), In("v", F32, F16), 
 _fast = _FA.fast
 
 
+def _check_qkv(a, name, kv_type, D):
+    """a quantized K or V: uint8 (S, H, T, D / 32 * bytes per block), rows unit-stride"""
+    if not isinstance(a, _ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray of uint8 blocks ({name[0]}_type={kv_type!r}), "
+                        f"got {type(a).__name__}")
+    if a.dtype != np.uint8:
+        raise TypeError(f"{name} must be uint8 blocks for {name[0]}_type={kv_type!r}, got {a.dtype}")
+    if a.ndim != 4:
+        raise ValueError(f"{name} must be 4-D (S, H, T, blocks), got shape {a.shape}")
+    if D % 32 or a.shape[3] != kvquant.row_bytes(kv_type, D):
+        raise ValueError(f"{name} rows must hold {D} values as {kv_type} ({name[0]}_type): a head size that is a "
+                         f"multiple of 32 and {kvquant.row_bytes(kv_type, D) if D % 32 == 0 else '-'} bytes a row, "
+                         f"got head size {D} and {a.shape[3]} bytes")
+    _check_last_axis(a, name)
+
+
 def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=None, out=None,
                isa=None, strategy=None, chunk=DEFAULT_SPLIT_CHUNK, q_tile=64, fused=True,
-               ggml_compat=False, n_threads=None):
+               ggml_compat=False, n_threads=None, k_type=None, v_type=None, dv=None):
     """ggml flash_attn_ext (docs/semantics.md §4): softmax(q·kᵀ·scale [softcap] + slope·mask)·v per query row.
 
     q: float32 (S, Hq, N, DK); k: float16/float32 (S, Hk, T, DK); v: float16/float32 (S, Hv, T, DV);
@@ -101,22 +118,46 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
     strategy: None (auto), "rows", "tiled" or "split"; chunk: split-KV chunk (fixed, deterministic).
     fused=False runs the unfused chain (score matrix, softmax, matmul). ggml_compat=True rounds Q
     to f16 when K is f16, as upstream's reference path does.
+    k_type / v_type "q8_0" or "q4_0": k (S, Hk, T, DK / 32 * 34 or 18) / v (S, Hv, T, DV / 32 * ...) are uint8
+    blocks (cpufuse.ops.kvquant.quantize), DK and DV multiples of 32 (dv= gives DV; default DK). Scores
+    are int8 dot products of Q quantized to Q8_0 with the K codes, V rows are dequantized exactly
+    (docs/semantics.md §4). "f16"/"f32" (or None) mean the float arrays as above.
     """
-    r = _fast(q, k, v, mask, sinks, out, scale, softcap, max_bias, strategy, chunk, q_tile, fused, ggml_compat, isa,
-              n_threads)
-    if r is not None:
-        return r[0]
+    kt = None if k_type is None else kvquant.check_kv_type(k_type, "k_type")
+    vt = None if v_type is None else kvquant.check_kv_type(v_type, "v_type")
+    kq, vq = kt in kvquant.QUANT, vt in kvquant.QUANT
+    if not (kq or vq):
+        r = _fast(q, k, v, mask, sinks, out, scale, softcap, max_bias, strategy, chunk, q_tile, fused, ggml_compat,
+                  isa, n_threads)
+        if r is not None:
+            return r[0]
     isa_arg, scale_arg, softcap_arg, strategy_arg, chunk_arg, q_tile_arg = isa, scale, softcap, strategy, chunk, q_tile
     plain = type(scale) is float and type(softcap) is float  # a plan passes them to the kernel as given
     isa = _dispatch.resolve(isa)
     _check_f32(q, "q")
     if q.ndim != 4:
         raise ValueError(f"q must be 4-D (S, Hq, N, DK), got shape {q.shape}")
-    _check_kv(k, "k")
-    _check_kv(v, "v")
     S, Hq, N, DK = q.shape
+    if dv is not None and (isinstance(dv, bool) or not isinstance(dv, int) or dv < 1):
+        raise ValueError(f"dv must be a positive int (V's head size, for a quantized v), got {dv!r}")
+    DVq = DK if dv is None else dv
+    for a, nm, t, quant, D in ((k, "k", kt, kq, DK), (v, "v", vt, vq, DVq)):
+        if quant:
+            _check_qkv(a, nm, t, D)
+        else:
+            _check_kv(a, nm)
+            if t is not None and a.dtype != (F16 if t == "f16" else F32):
+                raise TypeError(f"{nm} must be {'float16' if t == 'f16' else 'float32'} for {nm}_type={t!r}, got {a.dtype}")
+    if kq or vq:
+        if not fused:
+            raise ValueError("fused=False (the unfused chain) takes float K/V only, got "
+                             f"k_type={k_type!r}, v_type={v_type!r}")
+        if ggml_compat:
+            raise ValueError("ggml_compat=True takes float K/V only (it rounds Q to f16 for an f16 K)")
     Sk, Hk, T, DKk = k.shape
     Sv, Hv, Tv, DV = v.shape
+    DKk = DK if kq else DKk
+    DV = DVq if vq else DV
     if Sk != S or Sv != S:
         raise ValueError(f"k and v must have q's sequence count S={S}, got k {Sk}, v {Sv}")
     if DKk != DK:
@@ -143,7 +184,10 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
     if out is not None:
         _check_out(out, oshape)
         _check_no_overlap(out, (("q", q), ("k", k), ("v", v), ("mask", mask), ("sinks", sinks)))
-    if plain and mask is None and sinks is None and max_bias == 0.0 and not ggml_compat and S * Hq * N * T * DK * DV:
+    kcode = kvquant.CODE[kt] if kq else int(k.dtype == F16)
+    vcode = kvquant.CODE[vt] if vq else int(v.dtype == F16)
+    if plain and not (kq or vq) and mask is None and sinks is None and max_bias == 0.0 and not ggml_compat and \
+            S * Hq * N * T * DK * DV:
         made = _plan(isa, fused, q.shape, k.shape, v.shape, k.dtype == F16, v.dtype == F16, strategy, chunk, q_tile,
                      n_threads)
         r = _FA.plan(made, q, k, v, mask, sinks, out, scale_arg, softcap_arg, max_bias, strategy_arg, chunk_arg,
@@ -164,11 +208,14 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
     # the descriptor depends only on geometry and options: decode calls repeat it, so it is kept
     conv = _registry.convention(isa)
     P = conv.operand
-    dkey = (conv.arrays, q.shape, q.strides, k.shape, k.strides, k.dtype.char, v.shape, v.strides, v.dtype.char,
+    dkey = (conv.arrays, q.shape, q.strides, k.shape, k.strides, kcode, v.shape, v.strides, vcode, DV,
             out.strides, None if m4 is None else (m4.shape, m4.strides, mkind), strategy, chunk, q_tile)
+    kg, vg = _geom4(k), _geom4(v)
+    if vq:   # the descriptor's DV is the values a row holds, not its bytes
+        vg = ((vg[0][0], vg[0][1], vg[0][2], DV), vg[1])
     dp = _FA.descriptor(dkey, lambda: conv.desc(fa_desc(
-        _geom4(q), _geom4(k), _geom4(v), _geom4(out), _geom4(m4) if m4 is not None else None, mkind, k.dtype == F16,
-        v.dtype == F16, strategy, chunk, q_tile)))
+        _geom4(q), kg, vg, _geom4(out), _geom4(m4) if m4 is not None else None, mkind, kcode, vcode,
+        strategy, chunk, q_tile)))
     if _kernel("flash_attn" if fused else "flash_attn_unfused", isa, n_threads)(
             dp, P(q), P(k), P(v), P(m4), P(slopes), P(sinks), scale, softcap, P(out), n_th):
         raise MemoryError("flash_attn: could not allocate scratch memory")

@@ -41,6 +41,7 @@ from starlette.routing import Route
 from cpufuse.llama.chat import TemplateError, chat_prompt
 
 from .engine import EngineRequest, EngineStopped, SamplingParams
+from .guard import Guard, Limits
 from .metrics import Metrics, log_line
 from .protocol import APIError, ChatRequest, CompletionRequest, ValidationError, error_body, validation_message
 from .responses import Responses, SSEResponse
@@ -51,15 +52,22 @@ log = logging.getLogger("cpufuse.serve")   # one line per request (python -m cpu
 
 
 def _error_response(e: APIError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers or None)
 
 
 class _Server(Responses):
     """the endpoints (request parsing, checks, submission); the response shapes are Responses'"""
 
-    def __init__(self, engine, drain: float = 0.0, sampling: Optional[SamplingParams] = None, pooling=None,
-                 slot_save_path=None):
-        self.engine = engine
+    def __init__(self, engine, drain: float = 0.0, sampling: Optional[SamplingParams] = None,
+                 limits: Optional[Limits] = None, pooling=None, slot_save_path=None):
+        self.loader = engine if (callable(engine) and not hasattr(engine, "submit")) else None
+        self.engine = None if self.loader is not None else engine     # None while the model loads
+        self.load_error: Optional[str] = None
+        self.on_load_error = None            # called with the exception when the loader fails (the CLI exits)
+        self.draining = False                # shutdown began: new requests get 503 (guard.drain)
+        self.open = 0                        # HTTP requests open (guard.Guard counts them)
+        self.limits = Limits() if limits is None else limits
+        self.embeddings_arg = None           # create_app's embeddings: the pooling is set once the model is there
         self.pooling = pooling          # /v1/embeddings: a pooling name, or None (not served)
         self.slot_save_path = slot_save_path   # /slots/{id}?action=...: a directory, or None (not served)
         self.drain = drain
@@ -146,11 +154,41 @@ class _Server(Responses):
         except ValueError as e:        # engine.check_request: the prompt's token ids are checked there
             raise APIError(str(e), param=getattr(e, "param", None)) from None
 
+    def check_queue(self, n: int) -> None:
+        """503 + Retry-After when n more requests would make more than max_queue wait for a slot"""
+        mq = self.limits.max_queue
+        if mq is None:
+            return
+        s = self.engine.stats()
+        waiting = max(0, s.queue_depth + s.active + n - _slots(self.engine))
+        if waiting > mq:
+            raise APIError(f"the server is busy: {s.queue_depth} request(s) wait for a slot and the queue holds "
+                           f"{mq} (--max-queue); retry later", status=503, type="unavailable_error",
+                           code="queue_full", headers={"Retry-After": "1"})
+
     # ------------------------------------------------------------------ endpoints
     async def health(self, request: Request):
-        if self.engine.running:
-            return JSONResponse({"status": "ok"})
-        return JSONResponse(error_body("the engine is not running", "unavailable_error", None, 503), status_code=503)
+        """llama-server's states: loading (503), ok, busy (every slot taken; 503 with
+        ?fail_on_no_slot=1), and 503 once the server stops or the model failed to load"""
+        e = self.engine
+        if e is None:
+            if self.load_error is not None:
+                return JSONResponse(error_body(f"the model failed to load: {self.load_error}", "unavailable_error",
+                                               None, 503), status_code=503)
+            return JSONResponse(error_body("Loading model", "unavailable_error", None, 503), status_code=503,
+                                headers={"Retry-After": "5"})
+        if self.draining or not e.running:
+            return JSONResponse(error_body("the server is shutting down" if self.draining else
+                                           "the engine is not running", "unavailable_error", None, 503),
+                                status_code=503)
+        s = e.stats()
+        idle = max(0, _slots(e) - s.active)
+        if idle == 0 or s.queue_depth:
+            body = {"status": "busy", "slots_idle": idle, "slots_processing": s.active,
+                    "requests_waiting": s.queue_depth}
+            fail = request.query_params.get("fail_on_no_slot", "") not in ("", "0", "false")
+            return JSONResponse(body, status_code=503 if fail else 200)
+        return JSONResponse({"status": "ok"})
 
     async def models(self, request: Request):
         e = self.engine
@@ -193,7 +231,11 @@ class _Server(Responses):
         return await self.respond(request, req, ereqs, chat=False)
 
     async def respond(self, request: Request, req, ereqs, chat: bool, spec=None):
-        st = request.state.cf_log = {"t0": time.perf_counter()}
+        t0 = getattr(request.state, "cf_t0", None) or time.perf_counter()
+        st = request.state.cf_log = {"t0": t0}
+        if self.limits.timeout is not None:
+            st["deadline"], st["timeout"] = t0 + self.limits.timeout, self.limits.timeout
+        self.check_queue(len(ereqs))
         handles = []
         try:
             for e in ereqs:
@@ -270,29 +312,32 @@ class _Server(Responses):
 
 
 def create_app(engine, drain: float = 0.0, sampling: Optional[SamplingParams] = None,
-               embeddings=None, slot_save_path=None) -> Starlette:
-    """The Starlette app serving `engine`. Lifespan: engine.start() at startup; at shutdown
-    engine.stop(drain) (queued requests cancelled, running ones given `drain` seconds).
+               limits: Optional[Limits] = None, embeddings=None, slot_save_path=None):
+    """The ASGI app serving `engine`: an Engine, or a callable that makes one (the model then
+    loads in a thread at startup while /health says "loading"). Lifespan: engine.start() at
+    startup; at shutdown engine.stop(drain) (queued requests cancelled, running ones given `drain`
+    seconds); cpufuse.serve.guard.drain is the graceful shutdown the CLI runs on SIGTERM/Ctrl-C.
     `sampling`: the values of the sampling fields a request leaves out (default: OpenAI's,
-    SamplingParams()). Every request is logged in one line to the logger "cpufuse.serve" (INFO;
-    GET requests at DEBUG); a stream's line is written when the stream ends. embeddings: None or
+    SamplingParams()). `limits` (cpufuse.serve.guard.Limits): API keys, queue, body size and
+    timeout. Every request is logged in one line to the logger "cpufuse.serve" (INFO; GET
+    requests at DEBUG); a stream's line is written when the stream ends. embeddings: None or
     False (POST /v1/embeddings answers 501), True (served, pooled by the model's pooling_type), or a
-    pooling name ("mean", "cls", "last", "none"): cpufuse.serve.embeddings. slot_save_path: None
+    pooling name ("mean", "cls", "last", "none"): cpufuse.serve.embeddings (checked against the
+    model when it is there: a ValueError here, or a load failure for a loader). slot_save_path: None
     (POST /slots/{id} answers 501) or a directory for llama-server's slot save / restore
-    (cpufuse.serve.slots)."""
+    (cpufuse.serve.slots). The Starlette app is `app.app`; the server object `app.state.server`."""
     from . import embeddings as emb
     from .slots import slot_action
-    pooling = None
-    if embeddings is not None and embeddings is not False:
-        from cpufuse.llama.embedding import pooling_name
-        pooling = pooling_name(None if embeddings is True else embeddings, engine.model)
     if slot_save_path is not None and not os.path.isdir(slot_save_path):
         raise ValueError(f"slot_save_path must be an existing directory, got {slot_save_path!r}")
-    srv = _Server(engine, drain, sampling, pooling, slot_save_path)
+    srv = _Server(engine, drain, sampling, limits, None, slot_save_path)
+    srv.embeddings_arg = embeddings
+    if srv.engine is not None:
+        _configure(srv, srv.engine)
 
     def endpoint(fn):
         async def wrapped(request: Request):
-            t0 = time.perf_counter()
+            t0 = request.state.cf_t0 = time.perf_counter()
             reason = None
             try:
                 resp = await fn(request)
@@ -331,11 +376,18 @@ def create_app(engine, drain: float = 0.0, sampling: Optional[SamplingParams] = 
 
     @asynccontextmanager
     async def lifespan(app):
-        engine.start()
+        loading = None
+        if srv.engine is not None:
+            srv.engine.start()
+        else:
+            loading = asyncio.ensure_future(run_in_threadpool(_load, srv))
         try:
             yield
         finally:
-            await run_in_threadpool(engine.stop, drain)
+            if loading is not None and not loading.done():
+                await asyncio.wait({loading})
+            if srv.engine is not None:
+                await run_in_threadpool(srv.engine.stop, drain)
 
     routes = [
         Route("/health", endpoint(srv.health), methods=["GET"]),
@@ -354,4 +406,40 @@ def create_app(engine, drain: float = 0.0, sampling: Optional[SamplingParams] = 
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: not_found, Exception: server_error})
     app.state.server = srv
-    return app
+    return _GuardedApp(app, srv)
+
+
+class _GuardedApp(Guard):
+    """the Starlette app behind the guard; `state` and `app` reach through"""
+
+    def __init__(self, app, srv):
+        super().__init__(app, srv, srv.limits)
+        self.state = app.state
+
+
+def _slots(engine) -> int:
+    """the sequences an engine runs at once (a SerialEngine reports `parallel` but has one slot)"""
+    slots = getattr(engine, "slots", None)
+    return len(slots) if isinstance(slots, list) else int(engine.parallel)
+
+
+def _configure(srv, engine) -> None:
+    """what create_app checks against the model: the embeddings' pooling (ValueError)"""
+    if srv.embeddings_arg is not None and srv.embeddings_arg is not False:
+        from cpufuse.llama.embedding import pooling_name
+        srv.pooling = pooling_name(None if srv.embeddings_arg is True else srv.embeddings_arg, engine.model)
+
+
+def _load(srv) -> None:
+    """the loader thread: make the engine, start it, publish it (or record why it failed)"""
+    try:
+        e = srv.loader()
+        _configure(srv, e)
+        e.start()
+    except BaseException as e:  # noqa: BLE001 -- reported on /health, in the log and to the CLI
+        srv.load_error = f"{type(e).__name__}: {e}"
+        log.error(f"the model failed to load: {srv.load_error}")
+        if srv.on_load_error is not None:
+            srv.on_load_error(e)
+        return
+    srv.engine = e

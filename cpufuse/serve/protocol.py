@@ -17,10 +17,12 @@ class APIError(Exception):
     """An error answered as OpenAI's {"error": {message, type, param, code}} with an HTTP status."""
 
     def __init__(self, message: str, status: int = 400, type: str = "invalid_request_error",
-                 param: Optional[str] = None, code: Optional[str] = None, extra: Optional[dict] = None):
+                 param: Optional[str] = None, code: Optional[str] = None, extra: Optional[dict] = None,
+                 headers: Optional[dict] = None):
         super().__init__(message)
         self.message, self.status, self.type, self.param, self.code = message, status, type, param, code
         self.extra = extra or {}
+        self.headers = headers or {}         # e.g. Retry-After of a 503
 
     def body(self) -> dict:
         return error_body(self.message, self.type, self.param, self.code, self.extra)

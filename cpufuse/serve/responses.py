@@ -66,6 +66,29 @@ class SSEResponse(Response):
 
 
 
+async def _deadline(handle, st):
+    """the handle's events until st["deadline"] (perf_counter seconds, if set): past it, APIError
+    504 naming the --timeout (the caller's finally cancels the request in the engine)"""
+    deadline = st.get("deadline")
+    if deadline is None:
+        async for ev in handle:
+            yield ev
+        return
+    while True:
+        left = deadline - time.perf_counter()
+        try:
+            if left <= 0:
+                raise asyncio.TimeoutError
+            ev = await asyncio.wait_for(handle.__anext__(), left)
+        except StopAsyncIteration:
+            return
+        except asyncio.TimeoutError:
+            raise APIError(f"the request took longer than the server's timeout of {st['timeout']:g} s "
+                           f"(--timeout) and was ended", status=504, type="timeout_error",
+                           code="timeout") from None
+        yield ev
+
+
 class Responses:
     """the token loop and the response shapes (a mixin: needs self.engine)"""
 
@@ -77,7 +100,7 @@ class Responses:
         n_tokens = 0
         st = {} if st is None else st
         try:
-            async for ev in handle:
+            async for ev in _deadline(handle, st):
                 if "t_first" not in st:
                     st["t_first"] = time.perf_counter()
                 if isinstance(ev, FinishEvent):

@@ -30,7 +30,7 @@ enum {
 enum {
   FA_S, FA_HQ, FA_N, FA_DK, FA_HK, FA_HV, FA_T, FA_DV, /* q (S, Hq, N, DK), k (S, Hk, T, DK), v (S, Hv, T, DV) */
   FA_QS0, FA_QS1, FA_QS2, FA_KS0, FA_KS1, FA_KS2, FA_VS0, FA_VS1, FA_VS2, /* q, k, v strides for S, H, row */
-  FA_KF16, FA_VF16, /* k, v element: 0 float32, 1 float16 */
+  FA_KF16, FA_VF16, /* k, v element: 0 float32, 1 float16, 2 q8_0, 3 q4_0 (uint8 blocks, strides in bytes) */
   FA_MS, FA_MH, FA_MS0, FA_MS1, FA_MS2, FA_MKIND, /* mask dims (S, H), strides (S, H, row), MASK_KIND */
   FA_OS0, FA_OS1, FA_OS2, /* out (S, N, Hq, DV) strides for S, N, Hq */
   FA_STRATEGY, FA_CHUNK, FA_QTILE, /* FA_STRATEGY, split-KV chunk, query rows per tile */

@@ -15,6 +15,36 @@ typedef struct { __m256 lo, hi; } p16f;
 #define P16_MR 4
 #define P16_XR 8 /* the multi-row hooks' tiles of two activation groups (IQ4_NL, IQ4_XS, Q8_0) */
 #define P16_Q8_UNSIGNED 0
+/* The multi-row steps below (Q3_K's, Q4_K's, IQ4's, Q8_0's) each have two forms with the same exact
+ * int32 sums: a C function of intrinsics (one a debugger steps through) and an inline-assembly string
+ * that fixes the instruction order. P16_ASM_<STEP> 1 compiles the assembly; the defaults keep it only
+ * where the A/B of docs/notes.md ("AVX2 multi-row steps: C or assembly") measured that it pays
+ * (Q3_K's and Q4_K's steps, where GCC's own order of the C form spills). A build may set them, or all
+ * at once with -DP16_AVX2_ASM=0 or 1. */
+#ifdef P16_AVX2_ASM
+#define P16_ASM_Q3K P16_AVX2_ASM
+#define P16_ASM_K4 P16_AVX2_ASM
+#define P16_ASM_IQ4 P16_AVX2_ASM
+#define P16_ASM_Q8 P16_AVX2_ASM
+#endif
+#ifndef P16_ASM_Q3K
+#define P16_ASM_Q3K 1
+#endif
+#ifndef P16_ASM_K4
+#define P16_ASM_K4 1
+#endif
+#ifndef P16_ASM_IQ4
+#define P16_ASM_IQ4 0
+#endif
+#ifndef P16_ASM_Q8
+#define P16_ASM_Q8 0
+#endif
+/* the 4 bytes at p broadcast to every 32-bit lane */
+static inline __m256i p16_bcast4(const uint8_t *p) {
+  int32_t v;
+  memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
 
 static inline uint32_t p16_rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static inline p16c pc_load(const uint8_t *p) {
@@ -226,6 +256,20 @@ static inline p16i pi_q3k_row(p16i acc, const uint8_t *v, const uint8_t *hv, int
 _Static_assert(P16_MR == 4, "the assembly step holds 4 rows");
 /* acc[m] (one half, 8 columns) += s * (off[m] + the row-m sum of the 4 chunks at v + 64c with the 4 codes
  * of row m at a + 32m + 4c); off[m] & 0xffff == off[m] */
+#if !P16_ASM_Q3K
+static inline __attribute__((always_inline)) void p16_rows_sub(__m256i *acc, const uint8_t *v, const uint8_t *a,
+                                                               __m256i s, const int32_t *off) {
+  __m256i p[P16_MR];
+  for (int c = 0; c < 4; c++) {
+    const __m256i w = _mm256_loadu_si256((const __m256i *)(v + 64 * c));
+    for (int m = 0; m < P16_MR; m++) {
+      const __m256i t = _mm256_maddubs_epi16(w, p16_bcast4(a + 32 * m + 4 * c));
+      p[m] = _mm256_add_epi16(c ? p[m] : _mm256_set1_epi32(off[m]), t);
+    }
+  }
+  for (int m = 0; m < P16_MR; m++) acc[m] = _mm256_add_epi32(acc[m], _mm256_madd_epi16(p[m], s));
+}
+#else
 static inline __attribute__((always_inline)) void p16_rows_sub(__m256i *acc, const uint8_t *v, const uint8_t *a,
                                                                __m256i s, const int32_t *off) {
   __m256i p0, p1, p2, p3, w, t;
@@ -236,6 +280,7 @@ static inline __attribute__((always_inline)) void p16_rows_sub(__m256i *acc, con
           : [v] "r"(v), [a] "r"(a), [s] "x"(s), [o] "r"(off), "m"(*(const uint8_t(*)[256])v),
             "m"(*(const uint8_t(*)[128])a), "m"(*(const int32_t(*)[4])off));
 }
+#endif
 /* Q3_K: isc[m] = S_s of row m; the codes of sub-block j at v + 256j, its scale bytes at sc + 16j (the
  * scale sc_j - 32), row m's offset term of j at off[P16_MR j + m] as its low 16 bits (off & 0xffff), row
  * m's codes of 32-element block b of the super-block at a + astep b + 32m */
@@ -277,6 +322,23 @@ static inline void pi_q3k_rows(p16i *isc, const uint8_t *v, const uint8_t *a, in
             "m"(*(const uint8_t(*)[128])a))
 /* acc[m] (one half) += s * (row m's dot of the 32 codes at a + 32m with the nibbles of the 8 chunks at
  * v + 64c: the low ones if !hi, else the high ones) */
+#if !P16_ASM_K4
+static inline __attribute__((always_inline)) void p16_k4_rows_sub(__m256i *acc, const uint8_t *v, const uint8_t *a,
+                                                                  __m256i s, int hi) {
+  __m256i p[P16_MR];
+  const __m256i m0f = _mm256_set1_epi8(15);
+  for (int c = 0; c < 8; c++) {
+    __m256i w = _mm256_loadu_si256((const __m256i *)(v + 64 * c));
+    if (hi) w = _mm256_srli_epi16(w, 4);
+    w = _mm256_and_si256(w, m0f);
+    for (int m = 0; m < P16_MR; m++) {
+      const __m256i t = _mm256_maddubs_epi16(w, p16_bcast4(a + 32 * m + 4 * c));
+      p[m] = c ? _mm256_add_epi16(p[m], t) : t;
+    }
+  }
+  for (int m = 0; m < P16_MR; m++) acc[m] = _mm256_add_epi32(acc[m], _mm256_madd_epi16(p[m], s));
+}
+#else
 static inline __attribute__((always_inline)) void p16_k4_rows_sub(__m256i *acc, const uint8_t *v, const uint8_t *a,
                                                                   __m256i s, int hi) {
   __m256i p0, p1, p2, p3, w, t;
@@ -286,6 +348,7 @@ static inline __attribute__((always_inline)) void p16_k4_rows_sub(__m256i *acc, 
   else
     P16_K4_ASM("");
 }
+#endif
 #define P16_K4_ROWS 1
 /* Q4_K: isc[m] += the super-block's scaled sums S_s of row m; the record of sub-blocks 2g, 2g + 1 at
  * rec + 512 g, the scale bytes of sub-block j at sc + 16 j, row m's codes of sub-block j at a[j] + 32 m */
@@ -328,9 +391,33 @@ static inline void pi_k4_rows(p16i *isc, const uint8_t *rec, const uint8_t *cons
             [aq] "=&x"(aq), [t] "=&x"(t) __VA_ARGS__                                                         \
           : [v] "r"(v), [a0] "r"(a0), [a1] "r"(a1), [tab] "x"(tab), [s] "x"(s), [m0f] "x"(m0f),               \
             "m"(*(const uint8_t(*)[256])v), "m"(*(const uint8_t(*)[128])a0), "m"(*(const uint8_t(*)[128])a1))
+/* i[m] += s * (|q| . sign(q) (the 4 codes of row m at offset o)) for nr rows: rows 0..3 at a0 + 32m,
+ * 4..7 at a1 + 32(m - 4) */
+static inline __attribute__((always_inline)) void p16_qrows_step(int nr, __m256i *i, __m256i q, __m256i aq,
+                                                                 const uint8_t *a0, const uint8_t *a1, int o,
+                                                                 __m256i s) {
+  for (int m = 0; m < nr; m++) {
+    const __m256i t = _mm256_sign_epi8(p16_bcast4((m < 4 ? a0 + 32 * m : a1 + 32 * (m - 4)) + o), q);
+    i[m] = _mm256_add_epi32(i[m], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, t), s));
+  }
+}
 /* i[m] (one half: 8 columns) += s * (the dot of row m's 32 codes at a0 + 32m (rows 4..7: a1 + 32 (m - 4))
  * with the block's values: the 4 nibble chunks at v + 64c, low nibbles elements 4c.., high 16 + 4c..;
  * tab: the 16 values) */
+#if !P16_ASM_IQ4
+static inline __attribute__((always_inline)) void p16_iq4_rows_h(int nr, __m256i *i, const uint8_t *v,
+                                                                 const uint8_t *a0, const uint8_t *a1, __m256i tab,
+                                                                 __m256i s) {
+  const __m256i m0f = _mm256_set1_epi8(15);
+  for (int c = 0; c < 4; c++) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)(v + 64 * c));
+    for (int h = 0; h < 2; h++) {
+      const __m256i q = _mm256_shuffle_epi8(tab, _mm256_and_si256(h ? _mm256_srli_epi16(raw, 4) : raw, m0f));
+      p16_qrows_step(nr, i, q, _mm256_sign_epi8(q, q), a0, a1, 16 * h + 4 * c, s);
+    }
+  }
+}
+#else
 static inline __attribute__((always_inline)) void p16_iq4_rows_h(int nr, __m256i *i, const uint8_t *v,
                                                                  const uint8_t *a0, const uint8_t *a1, __m256i tab,
                                                                  __m256i s) {
@@ -341,6 +428,7 @@ static inline __attribute__((always_inline)) void p16_iq4_rows_h(int nr, __m256i
   else
     P16_IQ_ASM(P16_IQ_R4, );
 }
+#endif
 #define P16_IQ4_ROWS 1
 /* Q8_0's multi-row tiles (qpanel.inc's P16_Q8_ROWS hook), as the IQ4 ones above: per chunk of 4 codes
  * the stored bytes (q + 128) are XORed back to q and |q| formed once for the rows; each row adds
@@ -356,6 +444,16 @@ static inline __attribute__((always_inline)) void p16_iq4_rows_h(int nr, __m256i
             "m"(*(const uint8_t(*)[512])v), "m"(*(const uint8_t(*)[128])a0), "m"(*(const uint8_t(*)[128])a1))
 /* i[m] (one half) += the dot of row m's 32 codes (at a0 + 32m; rows 4..7 at a1 + 32(m - 4)) with the 8
  * chunks of stored codes at v + 64g */
+#if !P16_ASM_Q8
+static inline __attribute__((always_inline)) void p16_q8_rows_h(int nr, __m256i *i, const uint8_t *v,
+                                                                const uint8_t *a0, const uint8_t *a1) {
+  const __m256i x80 = _mm256_set1_epi8((char)0x80), s = _mm256_set1_epi16(1);
+  for (int c = 0; c < 8; c++) {
+    const __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(v + 64 * c)), x80);
+    p16_qrows_step(nr, i, q, _mm256_sign_epi8(q, q), a0, a1, 4 * c, s);
+  }
+}
+#else
 static inline __attribute__((always_inline)) void p16_q8_rows_h(int nr, __m256i *i, const uint8_t *v,
                                                                 const uint8_t *a0, const uint8_t *a1) {
   __m256i q, aq, t;
@@ -365,6 +463,7 @@ static inline __attribute__((always_inline)) void p16_q8_rows_h(int nr, __m256i 
   else
     P16_Q8_ASM(P16_IQ_R4, );
 }
+#endif
 #define P16_Q8_ROWS 1
 /* the two 8-column halves of an IQ4 (q8 = 0) or Q8_0 (q8 = 1) step for nr = 4 or 8 rows: acc[m] += s * the
  * dots of the block at v with the codes at a0, a1; s from ps_u8 (NULL: 1); tab: IQ4's values */

@@ -6,13 +6,21 @@
  * job), and joined on a counter. Both sides wait by spinning with the CPU's pause hint for a
  * bounded time, then sleeping on a condition variable; a sleeper is woken only if one exists (a
  * seq_cst count of sleepers read after the store: no lost wake-up, no syscall when nobody
- * sleeps). The spin budget is what a team changes: inside one (cf_team_begin .. cf_team_end,
- * e.g. one compiled plan run) the team's workers spin up to TEAM_SPIN_NS between the plan's steps,
- * so back-to-back kernels cost about a microsecond of synchronization; outside, a worker spins
- * IDLE_SPIN_NS (back-to-back calls from Python) and then sleeps. The sleep fallback keeps a
- * machine with more threads than free cores (a shared VM) from waiting on a thread that is not
- * running. Waiting threads also prefetch the weights their next chunk reads when a decode step
- * names them (cf_pool_hints, below). Compiled with the baseline flags. */
+ * sleeps). Inside a team (cf_team_begin .. cf_team_end, e.g. one compiled plan run) a worker spins
+ * up to TEAM_SPIN_NS between the plan's steps, so back-to-back kernels cost about a microsecond of
+ * synchronization; outside, IDLE_SPIN_NS (back-to-back calls from Python), then it sleeps.
+ *
+ * A machine that is not idle: a spinning thread holds a core that a preempted team member (or
+ * another process) could run on, so the spin budgets adapt. Each waiting thread keeps its own
+ * budget: a wait that the spin covered doubles it (up to the limit above), a wait that ran it out
+ * and had to sleep quarters it (down to MIN_SPIN_NS). On a quiet machine the steps of a plan follow
+ * each other within microseconds and the budgets stay at their limits; on a busy one the waits are
+ * long, the budgets collapse and the team sleeps instead of spinning against its own members. A team
+ * larger than the cores this process may run on (sched_getaffinity, read when a team or job starts)
+ * spins not at all: its threads take turns on the cores, and a spinner only delays the thread it
+ * waits for. None of this changes which chunk a thread runs or what a chunk computes. Waiting
+ * threads also prefetch the weights their next chunk reads when a decode step names them
+ * (cf_pool_hints, below). Compiled with the baseline flags. */
 #define _GNU_SOURCE
 #include "../kernels/pool.h"
 #include "../cdef.h"
@@ -25,6 +33,7 @@
 #define TEAM_SPIN_NS 2000000ull /* a team's workers between jobs: 2 ms */
 #define IDLE_SPIN_NS 50000ull   /* a worker between jobs outside a team */
 #define JOIN_SPIN_NS 200000ull  /* the caller waiting for the workers of its job */
+#define MIN_SPIN_NS 20000ull    /* the least an adapted budget falls to (a few wake-up latencies) */
 
 static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER; /* one parallel job (or team) at a time */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -46,6 +55,7 @@ static struct {
   atomic_int team;      /* 0, or the team size while a team is active */
   atomic_int sleepers;  /* workers asleep on cv_start (or about to be) */
   atomic_int joiner;    /* the caller is asleep on cv_done (or about to be) */
+  atomic_int oversub;   /* the team or job has more threads than this process's cores: no spinning */
   unsigned long long seq;
 } job;
 
@@ -61,6 +71,27 @@ static uint64_t now_ns(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+/* the cores this process may run on (its affinity mask, at least 1), read again after 100 ms */
+static int affinity_cpus(void) {
+  static _Thread_local uint64_t when;
+  static _Thread_local int cpus;
+  const uint64_t t = now_ns();
+  if (!cpus || t - when > 100000000ull) {
+    cpu_set_t set;
+    cpus = sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0 ? CPU_COUNT(&set)
+                                                                              : CF_MAX_THREADS; /* unknown */
+    when = t;
+  }
+  return cpus;
+}
+
+/* A thread's adapted spin budget (see the top): `spun` is the budget's state, `cap` the limit now. */
+static inline uint64_t budget_of(uint64_t spun, uint64_t cap) { return spun < cap ? spun : cap; }
+static inline uint64_t adapt(uint64_t spun, uint64_t cap, int slept) {
+  if (slept) return spun / 4 > MIN_SPIN_NS ? spun / 4 : MIN_SPIN_NS;
+  return spun * 2 < cap ? spun * 2 : cap;
 }
 
 /* Prefetch hints (cf_pool_hints): per thread up to two byte ranges, the weights its first chunk of a
@@ -181,16 +212,21 @@ static void *worker(void *arg) {
   const int tid = ((int *)arg)[0];
   unsigned long long seen = spawn[tid].word0;
   int worked = 1;
+  uint64_t spun = TEAM_SPIN_NS; /* this worker's adapted budget */
   for (;;) {
     const int member = tid < atomic_load_explicit(&job.team, memory_order_relaxed);
-    unsigned long long w = spin_for_job(tid, seen, member ? TEAM_SPIN_NS : (worked ? IDLE_SPIN_NS : 0));
-    if (w == seen) { /* sleep until a new job (the publisher wakes sleepers after its store) */
+    const uint64_t cap = atomic_load_explicit(&job.oversub, memory_order_relaxed) ? 0
+                         : member ? TEAM_SPIN_NS : (worked ? IDLE_SPIN_NS : 0);
+    unsigned long long w = spin_for_job(tid, seen, budget_of(spun, cap));
+    const int slept = w == seen;
+    if (slept) { /* sleep until a new job (the publisher wakes sleepers after its store) */
       pthread_mutex_lock(&mu);
       atomic_fetch_add(&job.sleepers, 1);
       while ((w = atomic_load(&job.word)) == seen) pthread_cond_wait(&cv_start, &mu);
       atomic_fetch_sub(&job.sleepers, 1);
       pthread_mutex_unlock(&mu);
     }
+    if (member && cap) spun = adapt(spun, TEAM_SPIN_NS, slept); /* learn from the team's waits only */
     seen = w;
     worked = tid <= ACTIVE(w);
     if (!worked) continue;
@@ -216,6 +252,7 @@ static void pool_after_fork_child(void) {
   atomic_store(&job.team, 0);
   atomic_store(&job.sleepers, 0);
   atomic_store(&job.joiner, 0);
+  atomic_store(&job.oversub, 0);
 }
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 static void register_atfork(void) { pthread_atfork(NULL, NULL, pool_after_fork_child); }
@@ -245,6 +282,7 @@ int cf_team_begin(int nth) {
   pthread_mutex_lock(&mu);
   nth = ensure_workers(nth);
   pthread_mutex_unlock(&mu);
+  atomic_store(&job.oversub, nth > affinity_cpus());
   atomic_store(&job.team, nth);
   in_team = 1;
   return 1;
@@ -271,6 +309,7 @@ static void parallel_for(int nth, int64_t nchunks, cf_task_fn fn, void *ctx, int
       pthread_mutex_lock(&mu);
       nth = ensure_workers(nth);
       pthread_mutex_unlock(&mu);
+      atomic_store(&job.oversub, nth > affinity_cpus());
     } else {
       nth = 1;
     }
@@ -295,20 +334,25 @@ static void parallel_for(int nth, int64_t nchunks, cf_task_fn fn, void *ctx, int
     pthread_mutex_unlock(&mu);
   }
   run_chunks(0);
-  /* join: spin, then sleep until the last worker signals */
+  /* join: spin (this thread's adapted budget), then sleep until the last worker signals */
+  static __thread uint64_t join_spun = JOIN_SPIN_NS;
   if (atomic_load_explicit(&job.remaining, memory_order_acquire) > 0) {
+    const uint64_t budget = atomic_load_explicit(&job.oversub, memory_order_relaxed) ? 0 : join_spun;
     const uint64_t t0 = now_ns();
+    int slept = 0;
     for (unsigned i = 1; atomic_load_explicit(&job.remaining, memory_order_acquire) > 0; i++) {
       if (!hint_step(0)) cpu_relax();
-      if (!(i & 63) && now_ns() - t0 > JOIN_SPIN_NS) {
+      if (!budget || (!(i & 63) && now_ns() - t0 > budget)) {
         pthread_mutex_lock(&mu);
         atomic_store(&job.joiner, 1);
         while (atomic_load(&job.remaining) > 0) pthread_cond_wait(&cv_done, &mu);
         atomic_store(&job.joiner, 0);
         pthread_mutex_unlock(&mu);
+        slept = 1;
         break;
       }
     }
+    if (budget) join_spun = adapt(join_spun, JOIN_SPIN_NS, slept);
   }
   if (r0) {
     atomic_fetch_add(&prof_region_ns, now_ns() - r0);

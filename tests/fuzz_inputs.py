@@ -1,0 +1,223 @@
+"""Coverage-guided fuzzing (atheris, libFuzzer's engine) of the untrusted inputs: GGUF files
+(`GGUFFile` and `Model.load`), the tokenizer (text, invalid UTF-8, token ids) and the chat-template
+renderer (malicious templates, huge messages). `make fuzz-gguf` runs all three.
+
+    python tests/fuzz_inputs.py gguf|tokenizer|template [libFuzzer flags: -runs=N -timeout=2 ...]
+
+The gguf and tokenizer targets accept only the documented refusals: ValueError (GGUF errors, bad
+arguments; UnicodeError is one), TypeError and NotImplementedError (a type or architecture cpufuse
+does not run), and the tokenizer's IndexError for a token id outside the vocabulary; anything else is a crash, which libFuzzer saves as crash-<sha1> and then stops. A
+template may fail with any exception but MemoryError (the server answers those 400), within its
+time limit (1 s here) and a memory bound. A run over `-timeout` seconds is a hang. The gguf target also
+bounds memory: the peak RSS while one file loads (VmHWM, reset per input through
+/proc/self/clear_refs) must stay under 4 x the file size + 128 MiB.
+
+The corpus starts from tiny valid files (cpufuse/llama/tiny.py): every architecture, F16, Q8_0,
+Q4_0, Q4_K and Q6_K weights, written into build/fuzz/<target>/seeds (made once); libFuzzer adds
+what it finds to build/fuzz/<target>/corpus. A crash found here becomes a regression test in
+tests/test_fuzz_regressions.py.
+"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+import atheris  # noqa: E402
+
+with atheris.instrument_imports(include=["cpufuse.llama.gguf_file", "cpufuse.llama.hparams", "cpufuse.llama.loader",
+                                         "cpufuse.llama.tokenizer", "cpufuse.llama.chat", "cpufuse.llama.model",
+                                         "jinja2"]):
+    import jinja2.sandbox  # noqa: E402,F401 -- imported here to be instrumented (the renderer imports it lazily)
+    from cpufuse.llama import Model  # noqa: E402
+    from cpufuse.llama.chat import TemplateError, render_chat  # noqa: E402
+    from cpufuse.llama.gguf_file import GGUFFile  # noqa: E402
+    from cpufuse.llama.tokenizer import Tokenizer  # noqa: E402
+from cpufuse.llama.tiny import ARCHS, kquant_dims, write_tiny_gguf  # noqa: E402
+
+EXPECTED = (ValueError, TypeError, NotImplementedError, TemplateError)
+TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K", "Q6_K")
+MEM_SLACK = 128 << 20
+SCRATCH = os.path.join("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp", f"cpufuse-fuzz-{os.getpid()}.gguf")
+TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+            "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def _status_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1])
+    return 0
+
+
+def _reset_peak():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+# ------------------------------------------------------------------------------------ gguf
+def gguf_seeds(d):
+    for arch in ARCHS:
+        for qt in TYPES:
+            dims = kquant_dims() if qt in ("Q4_K", "Q6_K") else None
+            if arch == "gemma3" and dims:
+                dims = dict(dims, n_layer=6)
+            write_tiny_gguf(os.path.join(d, f"{arch}-{qt}.gguf"), qtype=qt, arch=arch, seed=1, dims=dims,
+                            chat_template=TEMPLATE if qt == "F16" else None)
+
+
+def gguf_one(data: bytes):
+    with open(SCRATCH, "wb") as f:
+        f.write(data)
+    peak_ok = _reset_peak()
+    base = _status_kib("VmRSS:")
+    try:
+        f = GGUFFile(SCRATCH)
+        for k in list(f.kv):
+            f.value_type(k)
+        for t in f.tensors.values():
+            t.data[:16].tobytes()
+        del f
+        m = Model.load(SCRATCH, n_ctx=16, n_batch=8, n_threads=1)
+        m.logits([0, 1, 2])
+        try:
+            tok = m.tokenizer
+        except RuntimeError as e:            # documented: a model whose tokenizer metadata is unusable
+            if "no usable tokenizer" not in str(e):
+                raise
+        else:
+            tok.detokenize(tok.tokenize("Hello, world! \u00e9\u4e2d", add_bos=False))
+        del m
+    except EXPECTED:
+        pass
+    if peak_ok:
+        grew = (_status_kib("VmHWM:") - base) << 10
+        if grew > 4 * len(data) + MEM_SLACK:
+            raise MemoryError(f"loading a {len(data)}-byte file raised the peak RSS by {grew >> 20} MiB")
+
+
+# ------------------------------------------------------------------------------------ tokenizer
+_TOK = {}
+
+
+def _tokenizer():
+    if "t" not in _TOK:
+        import tempfile
+        p = write_tiny_gguf(os.path.join(tempfile.mkdtemp(prefix="cpufuse-fuzz-"), "tok.gguf"), chat_template=TEMPLATE)
+        _TOK["t"] = Tokenizer.from_gguf(p)
+    return _TOK["t"]
+
+
+def tokenizer_seeds(d):
+    """an input: 1 byte (the mode, mod 4: bytes, text with specials, text with lone surrogates,
+    token ids), then the text or the ids (2 bytes each, less 100)"""
+    for i, s in enumerate([b"Hello, world!", "\u00e9\u4e2d\U0001f600 <|im_start|>user\n".encode(), b"\xff\xfe\xc3(",
+                           b"a" * 2000, b"   \t\n\n  ", "<|endoftext|><|im_end|>".encode(), bytes(range(256))]):
+        for mode in range(4):
+            with open(os.path.join(d, f"seed{i}-{mode}"), "wb") as f:
+                f.write(bytes([mode]) + s)
+
+
+def tokenizer_one(data: bytes):
+    tok = _tokenizer()
+    mode = data[0] % 4 if data else 0
+    rest = data[1:]
+    try:
+        if mode == 0:                          # invalid UTF-8 as bytes
+            ids = tok.tokenize(rest, add_bos=False, special=False)
+        elif mode == 1:                        # text, specials parsed
+            ids = tok.tokenize(rest.decode("utf-8", "replace"), add_bos=True, special=True)
+        elif mode == 2:                        # lone surrogates and the like
+            ids = tok.tokenize(rest.decode("utf-8", "surrogateescape"), add_bos=None, special=False)
+        else:                                  # arbitrary ids, in range or not
+            ids = [int.from_bytes(rest[i:i + 2], "little") - 100 for i in range(0, len(rest) - 1, 2)]
+        tok.detokenize(ids, special=bool(mode & 1))
+        for t in ids[:8]:
+            tok.token_to_piece(t, special=True)
+    except EXPECTED:
+        pass
+    except IndexError as e:                    # the tokenizer's refusal of an id outside the vocabulary
+        if mode != 3 or "out of range" not in str(e):
+            raise
+
+
+# ------------------------------------------------------------------------------------ template
+TEMPLATE_SEEDS = [
+    TEMPLATE,
+    "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+    "{{ 'a' * 1000000000 }}",
+    "{{ messages[0]['content'] * 100000 }}{{ raise_exception('no') }}",
+    "{% set ns = namespace(x='') %}{% for m in messages %}{% set ns.x = ns.x ~ m.content ~ ns.x %}{% endfor %}{{ ns.x }}",
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ messages|tojson(indent=1000000) }}{{ 'x'|center(1000000000) }}",
+    "{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}",
+    "{{ strftime_now('%Y-%m-%d') }}{% generation %}{{ bos_token }}{% endgeneration %}",
+    "{{ (messages|map(attribute='content')|join('')|length) }}{{ range(10)|list }}{{ lipsum(1000) }}",
+]
+
+
+def template_seeds(d):
+    """an input: 1 byte (the number of messages, mod 4), 3 bytes (each message's size, mod 2^20),
+    then the template (UTF-8; invalid bytes become lone surrogates)"""
+    for i, s in enumerate(TEMPLATE_SEEDS):
+        for n, size in ((1, 16), (3, 1 << 16)):
+            with open(os.path.join(d, f"seed{i}-{n}"), "wb") as f:
+                f.write(bytes([n]) + size.to_bytes(3, "little") + s.encode())
+
+
+def template_one(data: bytes):
+    n = data[0] % 4 if data else 0
+    size = int.from_bytes(data[1:4], "little") % (1 << 20)
+    tpl = data[4:].decode("utf-8", "surrogateescape")
+    msgs = [{"role": ("system", "user", "assistant", "tool")[i % 4], "content": ("x\u00e9{{" * (size // 4))[:size]}
+            for i in range(n)]
+    peak_ok = _reset_peak()
+    base = _status_kib("VmRSS:")
+    try:
+        render_chat(tpl, msgs, add_generation_prompt=True, bos_token="<s>", eos_token="</s>", time_limit=1.0)
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001 -- a template that fails on these messages: the server's 400
+        pass
+    if peak_ok:
+        grew = (_status_kib("VmHWM:") - base) << 10
+        if grew > 8 * (len(data) + n * size) + 2 * MEM_SLACK:
+            raise MemoryError(f"rendering a {len(tpl)}-character template raised the peak RSS by {grew >> 20} MiB")
+
+
+TARGETS = {"gguf": (gguf_one, gguf_seeds), "tokenizer": (tokenizer_one, tokenizer_seeds),
+           "template": (template_one, template_seeds)}
+
+
+def main():
+    if len(sys.argv) < 2 or sys.argv[1] not in TARGETS:
+        print(__doc__)
+        return 2
+    name = sys.argv[1]
+    one, seeds = TARGETS[name]
+    base = os.path.join(ROOT, "build", "fuzz", name)
+    seed_dir, corpus = os.path.join(base, "seeds"), os.path.join(base, "corpus")
+    os.makedirs(corpus, exist_ok=True)
+    if not os.path.isdir(seed_dir):
+        os.makedirs(seed_dir + ".tmp", exist_ok=True)
+        seeds(seed_dir + ".tmp")
+        os.rename(seed_dir + ".tmp", seed_dir)
+    flags = [a for a in sys.argv[2:]]
+    if not any(a.startswith("-artifact_prefix=") for a in flags):
+        flags.append(f"-artifact_prefix={base}/")
+    try:
+        atheris.Setup([sys.argv[0]] + flags + [corpus, seed_dir], one)
+        atheris.Fuzz()
+    finally:
+        if os.path.exists(SCRATCH):
+            os.unlink(SCRATCH)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""cpufuse.serve.ray: two replicas of the tiny model on a local Ray cluster (one thread each) behind
+Ray Serve's HTTP proxy: both answer, the same request and seed give the same tokens from either,
+a shared prefix goes to the replica holding it, streams work through the openai client. Skipped
+with the reason where ray is not installed or cannot start."""
+import concurrent.futures
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+pytest.importorskip("starlette", reason="the serve extra (pip install cpufuse[serve]) is not installed")
+openai = pytest.importorskip("openai", reason="the openai client (test extra) is not installed")
+httpx = pytest.importorskip("httpx")
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install cpufuse[ray])")
+pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pip install cpufuse[ray])")
+
+from _serving import free_port  # noqa: E402
+from _tiny_gguf import write_tiny_gguf  # noqa: E402
+from cpufuse.serve.ray import app_options, build_app, prefix_hashes, prompt_text  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+            "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def test_app_options_name_the_bad_argument():
+    assert app_options({"model": "m.gguf", "num_replicas": "2"})["num_replicas"] == 2
+    for args, word in (({}, "model"), ({"model": "m", "replicas": "2"}, "replicas"),
+                       ({"model": "m", "num_cpus": "two"}, "num_cpus"), ({"model": "m", "parallel": "0"}, "parallel"),
+                       ({"model": "m", "router": "random"}, "router")):
+        with pytest.raises(ValueError, match=word):
+            app_options(args)
+    assert prompt_text("/v1/completions", b'{"prompt": "abc"}') == "abc"
+    assert prompt_text("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}]}') == "user\nhi\n"
+    assert prompt_text("/v1/models", b"") == "" and prompt_text("/v1/completions", b"\xff") == ""
+    a, b = prefix_hashes("x" * 64 * 3), prefix_hashes("x" * 64 * 2 + "y" * 64)
+    assert len(a) == 3 and a[:2] == b[:2] and a[2] != b[2] and prefix_hashes("short") == []
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory):
+    gguf = write_tiny_gguf(tmp_path_factory.mktemp("ray") / "tiny.gguf", tied=False, n_ctx_train=512,
+                           chat_template=TEMPLATE)
+    if "libasan" in os.environ.get("LD_PRELOAD", ""):
+        pytest.skip("not under make test-asan: the ASan preload would reach Ray's own processes")
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    try:
+        ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                 runtime_env={"env_vars": {"PYTHONPATH": path}})
+    except Exception as e:  # noqa: BLE001 -- no cluster can start on this machine
+        pytest.skip(f"a local Ray cluster cannot start here: {type(e).__name__}: {e}")
+    from ray import serve
+    port = free_port()
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app({"model": gguf, "num_replicas": "2", "num_cpus": "1", "parallel": "2",
+                             "n_ctx": "256", "chunk": "8"}), name="cpufuse", route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _complete(url, body):
+    r = httpx.post(url + "/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.headers["x-cpufuse-replica"], r.json()["choices"][0]["text"], r.json()["usage"]
+
+
+def test_two_replicas_answer_alike(url):
+    body = {"prompt": "hi there", "max_tokens": 12, "temperature": 0.9, "seed": 7, "ignore_eos": True}
+    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+        out = list(ex.map(lambda _: _complete(url, body), range(24)))
+    replicas = {r for r, _, _ in out}
+    assert len(replicas) == 2, f"one replica took every request: {replicas}"
+    assert len({(t, u["completion_tokens"]) for _, t, u in out}) == 1, "the replicas' tokens differ"
+    # a shared prefix (three blocks) goes to the replica that took it first
+    prefix = "You are a helpful assistant. " * 8
+    seen = {_complete(url, {"prompt": prefix + f"question {i}", "max_tokens": 2})[0] for i in range(6)}
+    assert len(seen) == 1, seen
+    # the OpenAI routes through the proxy: models, a chat stream
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+    assert client.models.list().data[0].id == "tiny"
+    chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=5, temperature=0, stream=True))
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
