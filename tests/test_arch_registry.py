@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _docs_table():
     text = open(os.path.join(ROOT, "docs", "architectures.md"), encoding="utf-8").read()
-    return re.findall(r"^\| `([a-z0-9_]+)` \|", text, re.M)
+    return re.findall(r"^\| `([a-z0-9_-]+)` \|", text, re.M)
 
 
 def test_docs_list_is_the_registry():
@@ -30,7 +30,7 @@ def _lists(text):
     """every run of three or more registered names separated by commas or "and" in text"""
     name = "`?(?:" + "|".join(map(re.escape, sorted(SUPPORTED, key=len, reverse=True))) + r")\b`?"
     run = re.compile(rf"\b{name}(?:(?:,\s+(?:and\s+)?|\s+and\s+){name}){{2,}}")
-    return [re.findall(r"[a-z0-9_]+", m.group(0).replace("and", " ")) for m in run.finditer(text)]
+    return [re.findall(r"[a-z0-9_-]+", m.group(0).replace("and", " ")) for m in run.finditer(text)]
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/kernels.md"])

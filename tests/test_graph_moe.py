@@ -36,7 +36,7 @@ def stacked(qtype, n_exp, n_out, n_in, rng):
 
 
 # -- QTensor with an expert dimension ------------------------------------------------------------
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K", "F32"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K", "F32", "MXFP4"])
 def test_qtensor_3d_views_and_repack(rng, qtype):
     w3, ws = stacked(qtype, 5, 40, 256, rng)
     assert w3.shape == (5, 40, 256) and w3.n_expert == 5 and len(w3) == 5 and (w3.n_out, w3.n_in) == (40, 256)
@@ -110,7 +110,7 @@ def routing(rng, n, k, n_exp, skip=()):
     return np.stack([rng.choice(pool, k, replace=False) for _ in range(n)]).astype(I32)
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K", "Q6_K", "F16"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K", "Q6_K", "F16", "MXFP4"])
 @pytest.mark.parametrize("repack", [False, True])
 def test_qmatmul_id_against_float64(qisa, rng, qtype, repack):
     n_exp, N, K, k = 6, 48, 256, 2

@@ -320,7 +320,7 @@ def test_quant_rows_are_the_table():
     quant = read("native", "kernels", "quant.inc")
     for name, hdr, codes, flags, panel, xrows in rows:
         assert f"CF_FN(hdr_{hdr})(" in quant and f"CF_FN(codes_{codes})(" in quant, name
-        assert re.fullmatch(r"(LEG\(\d+, \d+, \d+\)|K45\(\d\)|Q6K|Q2K|Q3K|IQ4NL|IQ4XS)", panel), (name, panel)
+        assert re.fullmatch(r"(LEG\(\d+, \d+, \d+\)|K45\(\d\)|Q6K|Q2K|Q3K|IQ4NL|IQ4XS|MXFP4)", panel), (name, panel)
         assert xrows in ("NONE", "Q8", "IQ4") and all(f in ("0", "QR_SPLIT", "QR_MIN", "QR_MADD", "QR_MIN16", "QR_U8")
                                                       for f in flags.replace(" ", "").split("|")), name
     names = "|".join(t.name for t in QUANT)

@@ -122,7 +122,7 @@ def trained_vocab():
     return tokens, types, merges
 
 
-PRES = ["smollm", "llama-bpe", "qwen2", "gpt-2", "default"]
+PRES = ["smollm", "llama-bpe", "qwen2", "gpt-2", "default", "gpt-4o"]
 
 
 @pytest.fixture(scope="module")
@@ -353,6 +353,8 @@ SPLIT_EXPECT = {
     "gpt-2": ["I", "'", "M", " 12345", " abc", "\n\n ", " x"],
     # default: punctuation runs, GPT-2 regex, \p{N}+, then [0-9]{3}
     "default": ["I", "'", "M", " ", "123", "45", " abc", "\n\n ", " x"],
+    # o200k (gpt-4o): upper-case letters then a contraction in any case, \p{N}{1,3}, \s*[\r\n]+
+    "gpt-4o": ["I'M", " ", "123", "45", " abc", "\n\n", " ", " x"],
 }
 
 
@@ -361,6 +363,17 @@ def test_pre_tokenizer_splits(toks, pre):
     got = [p for p, _ in toks[pre]._hf.pre_tokenizer.pre_tokenize_str(SPLIT_TEXT)]
     want = ["".join(B2U[b] for b in piece.encode()) for piece in SPLIT_EXPECT[pre]]
     assert got == want
+
+
+def test_o200k_splits(toks):
+    """the o200k regex's case-aware words (lower after upper, upper runs with their contraction),
+    punctuation taking a trailing slash run, contractions in any case, letters with marks"""
+    text = "HelloWorld don't CAN'T/path\nJSONParser x//\n\tcafé ÉCOLE 1234567"
+    want = ["Hello", "World", " don't", " CAN'T", "/path", "\n", "JSONParser", " x", "//\n", "\tcafé", " ÉCOLE",
+            " ", "123", "456", "7"]
+    got = [p for p, _ in toks["gpt-4o"]._hf.pre_tokenizer.pre_tokenize_str(text)]
+    assert got == ["".join(B2U[b] for b in piece.encode()) for piece in want]
+    assert toks["gpt-4o"].detokenize(toks["gpt-4o"].tokenize(text, special=False)) == text
 
 
 @pytest.fixture(scope="module")

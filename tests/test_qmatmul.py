@@ -78,7 +78,7 @@ def test_noncontiguous_x_and_out(isa, qtype, rng):
 @pytest.mark.parametrize("act", ["f32", "q8"])
 def test_threads_bit_identical(isa, act, rng):
     for qtype, rows in [("Q4_K", 1), ("Q4_1", 5), ("Q8_0", 33), ("IQ4_NL", 3), ("IQ4_XS", 1), ("Q2_K", 6),
-                        ("Q3_K", 9)]:
+                        ("Q3_K", 9), ("MXFP4", 4)]:
         n_in = 512 if _block(qtype) == 256 else 160
         w = _weight(qtype, 70, n_in, rng)
         x = rng.standard_normal((rows, n_in)).astype(np.float32)

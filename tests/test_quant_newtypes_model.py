@@ -1,5 +1,5 @@
 """cpufuse.llama.Model on tiny GGUF models whose 2-D weights are Q2_K, Q3_K, IQ4_NL or IQ4_XS (the
-types of issue 29): logits against the float64 reference forward of tests/test_llama_model.py, and
+types of issue 29) or MXFP4 (gpt-oss's experts' type, here on a dense model): logits against the float64 reference forward of tests/test_llama_model.py, and
 the decoder plan equal to the op-by-op forward bit for bit, repacked or not."""
 import numpy as np
 import pytest
@@ -14,14 +14,14 @@ from cpufuse.llama.gguf_file import GGUFFile  # noqa: E402
 from cpufuse.llama.model import Model  # noqa: E402
 from cpufuse.reference import nmse  # noqa: E402
 
-TYPES = ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
+TYPES = ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4")
 _PATHS = {}
 
 
 def _tiny(tmp_path_factory, qtype):
     if qtype not in _PATHS:
         d = tmp_path_factory.mktemp("tiny_newtypes")
-        kw = {} if qtype == "IQ4_NL" else {"dims": kquant_dims()}
+        kw = {} if qtype in ("IQ4_NL", "MXFP4") else {"dims": kquant_dims()}
         _PATHS[qtype] = write_tiny_gguf(str(d / f"tiny_{qtype}.gguf"), qtype=qtype, **kw)
     return _PATHS[qtype]
 

@@ -41,7 +41,7 @@ def q4k_bytes(rng, n_out=2, n_in=512):
 def test_table_matches_gguf():
     vdt = {"F32": None, "F16": None, "BF16": None, "Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0",
            "Q4_1": "Q8_1", "Q5_1": "Q8_1", "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K",
-           "Q2_K": "Q8_K", "Q3_K": "Q8_K", "IQ4_NL": "Q8_0", "IQ4_XS": "Q8_K"}
+           "Q2_K": "Q8_K", "Q3_K": "Q8_K", "IQ4_NL": "Q8_0", "IQ4_XS": "Q8_K", "MXFP4": "Q8_0"}
     assert set(ALL) == set(vdt)
     for name in ALL:
         t = qtypes.QTYPES[name]
@@ -62,7 +62,7 @@ def test_resolve_every_supported_by_each_form():
 
 
 @pytest.mark.parametrize("spec,name", [("IQ3_S", "IQ3_S"), ("iq2_xs", "IQ2_XS"), ("TQ1_0", "TQ1_0"),
-                                       ("MXFP4", "MXFP4"), ("Q8_1", "Q8_1"), ("q8_k", "Q8_K"), (19, "IQ1_S"),
+                                       ("NVFP4", "NVFP4"), ("Q8_1", "Q8_1"), ("q8_k", "Q8_K"), (19, "IQ1_S"),
                                        (G.IQ2_XXS, "IQ2_XXS"), (G.Q8_K, "Q8_K")])
 def test_resolve_unsupported_names_the_type(spec, name):
     with pytest.raises(NotImplementedError, match=name):
@@ -591,3 +591,36 @@ def test_ref_matmul_errors(rng):
         qref.ref_matmul_q8(np.zeros((1, 64)), qt)
     with pytest.raises(TypeError, match="qt must be a QTensor"):
         qref.ref_matmul_f32(np.zeros((1, 64), f32), qt.raw)
+
+
+def test_mxfp4_every_exponent_and_code_bit_identical_to_gguf():
+    """MXFP4: every E8M0 byte (0 and 1 give subnormal scales, 255 gives 2^127) with every code in
+    both nibbles decodes as gguf-py does, bit for bit; the values are table * 2^(e - 128) exactly"""
+    e = np.repeat(np.arange(256, dtype=np.uint8), 2)
+    qs = np.zeros((512, 16), np.uint8)
+    codes = np.arange(16, dtype=np.uint8)
+    qs[0::2] = codes | (codes[::-1] << np.uint8(4))
+    qs[1::2] = codes[::-1] | (codes << np.uint8(4))
+    raw = np.concatenate([e[:, None], qs], axis=1).reshape(16, -1)
+    ours = qtypes.dequantize(raw, "MXFP4", 32 * 32)
+    ref = gguf_dequantize(raw, G.MXFP4).reshape(ours.shape)
+    assert bits_equal(ours, ref)
+    kv = qtypes.KVALUES_MXFP4.astype(np.float64)
+    blk = ours.reshape(512, 32)
+    for b in (0, 1, 2, 3, 256, 510, 511):   # f32 of the exact value (inf past 2^128 at e = 255)
+        want = np.concatenate([kv[qs[b] & 15], kv[qs[b] >> 4]]) * 2.0 ** (int(e[b]) - 128)
+        with np.errstate(over="ignore"):
+            assert np.array_equal(blk[b], want.astype(np.float32)), b
+    assert qtypes.e8m0_half(0) == np.float32(2.0 ** -128) and qtypes.e8m0_half(255) == np.float32(2.0 ** 127)
+
+
+def test_mxfp4_quantize_roundtrip():
+    """gguf-py's MXFP4 quantizer's output (the test files' weights) decodes back within the format's
+    error: nearest table value at scale 2^(floor(log2 max) - 2)"""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((4, 64)).astype(np.float32)
+    qt = qref.quantize_weight(w, "MXFP4")
+    assert qt.qtype == "MXFP4" and qt.raw.shape == (4, 34)
+    back = qtypes.dequantize(qt.raw, "MXFP4", 64)
+    assert bits_equal(back, gguf_dequantize(qt.raw, G.MXFP4).reshape(4, 64))
+    assert nmse(back, w) < 0.02

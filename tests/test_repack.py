@@ -9,7 +9,7 @@ from cpufuse import _backend
 from cpufuse.reference import quant as qref
 from cpufuse.quant.types import QTYPES, QTensor
 
-QUANT = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
+QUANT = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4")
 
 
 def _k(qt):
@@ -238,6 +238,10 @@ def _p16_bit_map(qt):
         half(208, 0), q6k(32)
     elif qt == "IQ4_NL":
         half(0, 0), chunks(2, 4, 32)
+    elif qt == "MXFP4":                      # e (byte 0) of row n at panel byte n, then the nibble chunks
+        for n in range(16):
+            put(n, 0, n, 0, 0, 8)
+        chunks(1, 4, 16)
     elif qt == "IQ4_XS":                     # ls_j: low 4 bits in scales_l (byte 4 + j//2), high 2 in scales_h
         half(0, 0), chunks(8, 32, 128)
         for n in range(16):

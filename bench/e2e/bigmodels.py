@@ -1,6 +1,6 @@
 """Synthetic GGUFs with real model shapes (Llama 3, Gemma 3, Phi-4-mini; the mixtures of experts
-granite-3.1-1b-a400m, OLMoE-1B-7B, Qwen3-30B-A3B), for the end-to-end benchmark (bench/README.md,
-"bench.e2e.bigmodels")."""
+granite-3.1-1b-a400m, OLMoE-1B-7B, Qwen3-30B-A3B, gpt-oss-20b), for the end-to-end benchmark
+(bench/README.md, "bench.e2e.bigmodels")."""
 import argparse
 import concurrent.futures
 import itertools
@@ -52,14 +52,23 @@ SHAPES = {
 # Qwen3-30B-A3B with its first 8 of 48 layers (3.4 GB at Q4_K_M instead of 18.6): a quick file to check
 # load-time memory per layer on a small machine (docs/moe.md extrapolates the full model from it)
 SHAPES["qwen3-30b-a3b-8l"] = dict(SHAPES["qwen3-30b-a3b"], name="Qwen3-30B-A3B (8 of 48 layers)", n_layer=8)
-TYPES = ("q4_0", "q4_k", "q6_k", "q8_0", "q4_k_m")
+# gpt-oss-20b (its config.json: 24 layers, d 2880, 64 / 8 heads of 64, 32 experts of 2880, top-4, window
+# 128 on alternate layers, YaRN factor 32 over 4096); the released GGUFs are "mxfp4": MXFP4 experts,
+# Q8_0 elsewhere (about 12 GB)
+SHAPES["gpt-oss-20b"] = dict(name="gpt-oss-20b", arch="gpt-oss", n_embd=2880, n_layer=24, n_ff=2880, n_head=64,
+                             n_head_kv=8, head_dim=64, n_vocab=201088, tied=False, n_ctx_train=131072,
+                             freq_base=150000.0, eps=1e-5, n_expert=32, n_expert_used=4, n_ff_exp=2880,
+                             arch_keys={"attention.sliding_window": 128, "rope.scaling.type": "yarn",
+                                        "rope.scaling.factor": 32.0, "rope.scaling.original_context_length": 4096})
+TYPES = ("q4_0", "q4_k", "q6_k", "q8_0", "q4_k_m", "mxfp4")
 
 # block size, bytes per block and GGUF type number of the block types used here; the llama_ftype numbers
-_BLOCK_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q6_K", "Q5_0")
+_BLOCK_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q6_K", "Q5_0", "MXFP4")
 QK = {t: QTYPES[t].block_size for t in _BLOCK_TYPES}
 BLOCK_BYTES = {t: QTYPES[t].type_size for t in _BLOCK_TYPES}
 GGML_TYPE = {t: QTYPES[t].type_id for t in _BLOCK_TYPES}
-FTYPE = {"q4_0": 2, "q8_0": 7, "q4_k": 14, "q4_k_m": 15, "q6_k": 18}   # llama_ftype (q4_k = Q4_K_S)
+FTYPE = {"q4_0": 2, "q8_0": 7, "q4_k": 14, "q4_k_m": 15, "q6_k": 18, "mxfp4": 38}   # llama_ftype (q4_k = Q4_K_S;
+# mxfp4 = MXFP4_MOE)
 
 
 def models_dir(path=None):
@@ -77,9 +86,12 @@ def _more_bits(layer, n_layer):
 
 def tensor_type(shape, qtype, role, pure=False, layer=None):
     """the GGML type llama.cpp's quantizer gives a 2-D weight of `role` ('token_embd', 'output', 'attn_q', ...)
-    (layer: its block, for a mixture's ffn_down_exps; the router ffn_gate_inp stays F32)"""
+    (layer: its block, for a mixture's ffn_down_exps; the router ffn_gate_inp stays F32; "mxfp4": the
+    stacked experts MXFP4, everything else Q8_0)"""
     if role == "ffn_gate_inp":
         return "F32"
+    if qtype == "mxfp4":
+        return "MXFP4" if role.endswith("_exps") else "Q8_0"
     base = "Q4_K" if qtype == "q4_k_m" else qtype.upper()
     if role == "ffn_down_exps":
         return "Q6_K" if not pure and qtype == "q4_k_m" and _more_bits(layer, SHAPES[shape]["n_layer"]) else base
@@ -100,7 +112,8 @@ def tensors(shape, qtype, pure=False):
             out.append((name, "f32", 1, n_in, "F32", ()))
             continue
         part = name.split(".")
-        t = tensor_type(shape, qtype, part[-2], pure, int(part[1]) if part[0] == "blk" else None)
+        t = "F32" if part[-1] == "bias" else \
+            tensor_type(shape, qtype, part[-2], pure, int(part[1]) if part[0] == "blk" else None)
         out.append((name, "w", n_out, n_in, KQUANT_FALLBACK.get(t, t) if n_in % 256 else t, lead))
     return out
 
@@ -147,7 +160,8 @@ def _rms(*ranges):
 # RMS of the code part of one weight, per type (uniform random codes): Q4_0 (q - 8), Q8_0 q,
 # Q4_K sc*(q - 7.5) with sc uniform in 32..63, Q6_K sc*(q - 32) with |sc| uniform in 32..95
 CODE_RMS = {"Q4_0": _rms(np.arange(16) - 8), "Q8_0": _rms(np.arange(-128, 128)), "Q5_0": _rms(np.arange(32) - 16),
-            "Q4_K": _rms(np.arange(32, 64), np.arange(16) - 7.5), "Q6_K": _rms(np.arange(32, 96), np.arange(64) - 32)}
+            "Q4_K": _rms(np.arange(32, 64), np.arange(16) - 7.5), "Q6_K": _rms(np.arange(32, 96), np.arange(64) - 32),
+            "MXFP4": _rms(np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12]))}
 
 
 def random_blocks(t, n_out, n_in, rng):
@@ -160,7 +174,10 @@ def random_blocks(t, n_out, n_in, rng):
     buf = words.view(np.uint8)[:nb * bs].reshape(nb, bs)
     d0 = 1.0 / (math.sqrt(n_in) * CODE_RMS[t])
     pick = rng.bit_generator.random_raw(nb // 8 + 1).view(np.uint8)[:nb]   # a random byte per block picks its scale
-    if t in ("Q4_0", "Q8_0", "Q5_0"):
+    if t == "MXFP4":   # E8M0 scales 2^(e - 128) about d0, two apart by the picked byte's low bit
+        e0 = int(round(128 + math.log2(d0)))
+        buf[:, 0] = (e0 - (pick & 1)).astype(np.uint8)
+    elif t in ("Q4_0", "Q8_0", "Q5_0"):
         _f16_col(buf, 0)[:] = _d_table(d0, True)[pick]
     elif t == "Q4_K":
         tab = _d_table(d0, False)

@@ -297,7 +297,7 @@ class Graph:
         return self._add("kv_write", [src, cells], {"cache": cache, "kv_type": kv_type},
                          cache.shape[:2] + src.shape[2:], cache.dtype, name)
 
-    def attn_seqs(self, q, k, v, seqs, scale, softcap=0.0, window=0, ring=0, name=None):
+    def attn_seqs(self, q, k, v, seqs, scale, softcap=0.0, window=0, ring=0, sinks=None, name=None):
         """Attention of a batch that mixes sequences, each over exactly its own KV cells. q (n_tokens,
         n_heads, head_dim) float32; k, v: kv_write (or cache_write) nodes, i.e. KV caches (n_cells,
         n_kv_heads, head_dim) with n_heads a multiple of n_kv_heads (GQA); seqs an int32 input node
@@ -310,7 +310,8 @@ class Graph:
         p - window + 1 .. p only (T counts from the group's first visible position). ring > 0 (with a
         window): each sequence's cells are a ring of `ring` cells from cell0, position p in cell
         cell0 + p % ring (a sliding-window layer's cache of window + batch cells); a group whose
-        visible keys wrap around is attended over a contiguous copy of them.
+        visible keys wrap around is attended over a contiguous copy of them. sinks: a float32 node
+        (n_heads,), each head's sink logit (gpt-oss: it adds exp(sink) to the softmax denominator).
         Output (n_tokens, n_heads, head_dim) float32 (rows of no group are left as they were)."""
         nm = self._name("attn_seqs", name)
         self._f32(q, "attn_seqs", nm)
@@ -331,7 +332,12 @@ class Graph:
                 (ring and not (window and window <= ring <= k.shape[0])):
             raise GraphError(f"attn_seqs {nm!r}: ring must be 0 or an integer in [window, n_cells] with a "
                              f"window > 0, got ring={ring!r}, window={window!r}, n_cells={k.shape[0]}")
-        return self._add("attn_seqs", [q, k, v, seqs], {"scale": float(scale), "softcap": float(softcap),
+        if sinks is not None:
+            self._f32(sinks, "attn_seqs", nm)
+            if sinks.shape != (q.shape[1],):
+                raise GraphError(f"attn_seqs {nm!r}: sinks must be ({q.shape[1]},) (one per head), got {sinks.shape}")
+        return self._add("attn_seqs", [q, k, v, seqs] + ([sinks] if sinks is not None else []),
+                         {"scale": float(scale), "softcap": float(softcap),
                                                         "window": int(window), "ring": int(ring)},
                          q.shape, F32, name)
 
@@ -431,6 +437,29 @@ class Graph:
             raise GraphError(f"normw {nm!r}: floor must be finite and >= 0 and scale finite, got floor={floor}, "
                              f"scale={scale} (x {x.shape})")
         return self._add("normw", [x], {"floor": floor, "scale": scale}, x.shape, F32, name)
+
+    def swiglu_oai(self, g, u, name=None):
+        """gpt-oss's GLU: x = min(g, 7), y = clamp(u, -7, 7), x * sigmoid(1.702 x) * (y + 1), elementwise
+        in float32 (g and u of one shape; graph/oai.py)"""
+        nm = self._name("swiglu_oai", name)
+        self._f32(g, "swiglu_oai", nm)
+        self._f32(u, "swiglu_oai", nm)
+        if g.shape != u.shape:
+            raise GraphError(f"swiglu_oai {nm!r}: g {g.shape} and u {u.shape} must have one shape")
+        return self._add("swiglu_oai", [g, u], {}, g.shape, F32, name)
+
+    def add_id(self, a, b, ids, name=None):
+        """y[r, j, :] = a[r, j, :] + b[ids[r, j], :] (ggml's add_id: the per-expert bias after a routed
+        matmul): a (n, k, m) float32, b (n_b, m) float32, ids an int32 node (n, k); an id outside
+        [0, n_b) is a GraphError at run time"""
+        nm = self._name("add_id", name)
+        self._f32(a, "add_id", nm)
+        self._f32(b, "add_id", nm)
+        if len(a.shape) != 3 or len(b.shape) != 2 or b.shape[1] != a.shape[2]:
+            raise GraphError(f"add_id {nm!r}: a must be (n, k, m) and b (n_b, m), got {a.shape} and {b.shape}")
+        if not isinstance(ids, Node) or ids.dtype != I32 or ids.shape != a.shape[:2]:
+            raise GraphError(f"add_id {nm!r}: ids must be an int32 node of shape {a.shape[:2]}, got {ids!r}")
+        return self._add("add_id", [a, b, ids], {}, a.shape, F32, name)
 
     def output(self, *nodes):
         for n in nodes:

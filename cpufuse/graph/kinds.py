@@ -26,7 +26,7 @@ from .._layouts import CP, RPF, Record
 from ..ops import attention as _attn, checks as _checks, kvquant, norms as _norms, rope as _rope
 from ..ops import softmax as _softmax
 from .ir import F16, GraphError, Node, _is_contig, _view_root, same_over_sizes
-from . import moe as _moe
+from . import moe as _moe, oai as _oai
 
 ROWS = []   # in opcode order
 
@@ -380,7 +380,7 @@ def _run_kv_write(st, X):
 
 
 def _lower_attn_seqs(st, L):
-    q, kc, vc, seqs = st.ins
+    q, kc, vc, seqs = st.ins[:4]
     out = st.outs[0]
     if not (_contig(q) and _contig(out)):
         return None
@@ -390,7 +390,7 @@ def _lower_attn_seqs(st, L):
                           vf16=_kv_code(vc), split_min_t=_attn.SPLIT_MIN_T, tiled_min_n=_attn.TILED_MIN_N,
                           chunk=_attn.DEFAULT_SPLIT_CHUNK, f_scale=L.fparam(st.params["scale"]),
                           f_softcap=L.fparam(st.params["softcap"]), swa=st.params["window"],
-                          ring=st.params["ring"]), None
+                          ring=st.params["ring"], sinks=L.slot(st.ins[4] if len(st.ins) > 4 else None)), None
 
 
 def _run_attn_seqs(st, X):
@@ -420,8 +420,9 @@ def _run_attn_seqs(st, X):
         V = vc[rows].transpose(1, 0, 2)[None]
         Q = q[r0:r0 + nr].transpose(1, 0, 2)[None]
         o = _attn.flash_attn(Q, K, V, mask, scale=st.params["scale"], softcap=st.params["softcap"],
-                             isa=X.isa, n_threads=X.nth, k_type=st.ins[1].params.get("kv_type"),
-                             v_type=st.ins[2].params.get("kv_type"), dv=q.shape[2])
+                             sinks=X.a(st.ins[4]) if len(st.ins) > 4 else None, isa=X.isa, n_threads=X.nth,
+                             k_type=st.ins[1].params.get("kv_type"), v_type=st.ins[2].params.get("kv_type"),
+                             dv=q.shape[2])
         out[r0:r0 + nr] = o[0]
 
 
@@ -472,7 +473,7 @@ KV_WRITE = Kind("KV_WRITE", "n src cache cells n_cells row f16",
                 "(0 f32, 1 f16, 2 q8_0, 3 q4_0 blocks)", ("kv_write",),
                 _lower_kv_write, _run_kv_write, explains=True)
 ATTN_SEQS = Kind("ATTN_SEQS", "q k v seqs ngroups out n h hkv d n_cells kf16 vf16 split_min_t tiled_min_n chunk "
-                 "f_scale f_softcap swa ring", "attention of each sequence over its own KV cells (kf16, vf16: the "
+                 "f_scale f_softcap swa ring sinks", "attention of each sequence over its own KV cells (kf16, vf16: the "
                  "cells' type codes, as KV_WRITE's f16; swa > 0: a sliding "
                  "window of swa positions; ring > 0: a sequence's cells are a ring of that many)", ("attn_seqs",),
                  _lower_attn_seqs, _run_attn_seqs, explains=True)
@@ -498,6 +499,12 @@ WSUM = Kind("WSUM", "n k m y w out", "out[r] = sum over j in order of w[r, j] * 
 NORMW = Kind("NORMW", "n k f_floor f_scale x y", "y[r] = x[r] / max(sum of x[r]'s k values (in double, rounded to "
              "f32), floor) (floor 0: no division), then * scale (0: none): the MoE weights' norm_w and scale",
              ("normw",), lambda st, L: _moe.lower_normw(st, L, NORMW), _moe.run_normw)
+
+# gpt-oss (oai.py; native/kernels/oai.inc)
+SWIGLU_OAI = Kind("SWIGLU_OAI", "n g u y", "y = x * sigmoid(1.702 x) * (clamp(u, -7, 7) + 1), x = min(g, 7)",
+                  ("swiglu_oai",), lambda st, L: _oai.lower_swiglu_oai(st, L, SWIGLU_OAI), _oai.run_swiglu_oai)
+ADD_ID = Kind("ADD_ID", "n k m a b ids n_b y", "y[r, j] = a[r, j] + b[ids[r, j]] (ids in [0, n_b))", ("add_id",),
+              lambda st, L: _oai.lower_add_id(st, L, ADD_ID), _oai.run_add_id, explains=True)
 
 RECORDS = tuple(ROWS)
 KIND = {s: row for row in ROWS for s in row.steps}   # step kind -> its row

@@ -139,6 +139,8 @@ def add_model_keys(w, arch, d, name, n_ctx_train, freq_base, eps, arch_keys=None
             w.add_array(key, list(v))
         elif isinstance(v, bool):
             w.add_bool(key, v)
+        elif isinstance(v, str):
+            w.add_string(key, v)
         elif isinstance(v, int):
             w.add_uint32(key, v)
         else:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import warnings
 
 __all__ = ["bytes_to_unicode", "decode_bpe_text", "build_hf", "PRE_FAMILIES", "FAMILY_FLAGS",
-           "PRE_FLAG_OVERRIDES", "GPT2_REGEX", "LLAMA3_REGEX", "QWEN2_REGEX", "DEFAULT_REGEXES"]
+           "PRE_FLAG_OVERRIDES", "GPT2_REGEX", "LLAMA3_REGEX", "QWEN2_REGEX", "O200K_REGEX", "DEFAULT_REGEXES"]
 
 # ---------------------------------------------------------------------------------------------
 # Pre-tokenizer regexes (docs/semantics.md §10)
@@ -19,6 +19,15 @@ LLAMA3_REGEX = (
 QWEN2_REGEX = (
     r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|"
     r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# o200k (gpt-4o, gpt-oss; llama.cpp's pre-tokenizer "gpt-4o"): a word is an optional non-letter,
+# upper-case-ish letters then lower-case-ish ones (or the reverse), with a contraction in any case;
+# digits in runs of up to 3; punctuation runs may take trailing newlines and slashes
+_O200K_CONTR = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+O200K_REGEX = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+" + _O200K_CONTR + "|"
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*" + _O200K_CONTR + "|"
+    r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 DEFAULT_REGEXES = (
     r"[\p{P}\$\+<=>\^~\|]+",
@@ -34,6 +43,7 @@ FAMILY_FLAGS = {
     "qwen2": dict(add_bos=False, add_eos=False, ignore_merges=False, clean_spaces=False),
     "smollm": dict(add_bos=False, add_eos=False, ignore_merges=False, clean_spaces=False),
     "gpt-2": dict(add_bos=False, add_eos=False, ignore_merges=False, clean_spaces=True),
+    "gpt-4o": dict(add_bos=False, add_eos=False, ignore_merges=False, clean_spaces=False),
     "default": dict(add_bos=False, add_eos=False, ignore_merges=False, clean_spaces=True),
 }
 PRE_FAMILIES = {
@@ -48,6 +58,8 @@ PRE_FAMILIES = {
     # GPT-2 regex only
     "gpt-2": "gpt-2", "phi-2": "gpt-2", "gigachat": "gpt-2", "a.x-4.0": "gpt-2",
     "mellum": "gpt-2", "exaone4": "gpt-2",
+    # the o200k regex (gpt-oss)
+    "gpt-4o": "gpt-4o",
     # default (also used when `pre` is missing)
     "default": "default",
 }
@@ -143,6 +155,8 @@ def build_hf(vocab: dict, merges: list, family: str, ignore_merges: bool):
         pre = pre_tokenizers.Sequence([split(LLAMA3_REGEX), byte_level_noregex])
     elif fam == "qwen2":
         pre = pre_tokenizers.Sequence([split(QWEN2_REGEX), byte_level_noregex])
+    elif fam == "gpt-4o":
+        pre = pre_tokenizers.Sequence([split(O200K_REGEX), byte_level_noregex])
     elif fam == "gpt-2":
         pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     elif fam == "default":

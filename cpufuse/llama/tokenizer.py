@@ -6,8 +6,8 @@ class), tok_bpe.py (byte-level BPE) and tok_spm.py (SentencePiece).
 
 Supported: byte-level BPE vocabularies (``tokenizer.ggml.model == "gpt2"``) whose pre-tokenizer
 (``tokenizer.ggml.pre``) is one of the families in ``PRE_FAMILIES``: ``smollm``, ``llama-bpe``
-(llama3 and aliases), ``qwen2`` (and aliases), ``gpt-2`` (and aliases), ``default`` (also a
-missing ``pre``); and SentencePiece vocabularies (``tokenizer.ggml.model == "llama"``) through a
+(llama3 and aliases), ``qwen2`` (and aliases), ``gpt-2`` (and aliases), ``gpt-4o`` (the o200k
+regex: gpt-oss), ``default`` (also a missing ``pre``); and SentencePiece vocabularies (``tokenizer.ggml.model == "llama"``) through a
 pure-Python port of llama.cpp's score-heap SPM session (space prefix, ``▁`` escaping,
 ``<0xXX>`` byte fallback). Other models / pre-tokenizers raise ``NotImplementedError``.
 

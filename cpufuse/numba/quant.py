@@ -15,7 +15,8 @@ then dotted with each activation row of the task (`_rowdot`), in float64:
      Q4_K/Q5_K:       y = sum_b d_a*(d_w*sum_j sc_j*I_j - dmin_w*sum_j m_j*(bs_2j + bs_2j+1))
      Q6_K, Q3_K:      y = sum_b d_a*d_w*sum_j sc_j*I_j  (signed codes, 16 sub-blocks)
      Q2_K:            y = sum_b d_a*(d_w*sum_j sc_j*I_j - dmin_w*sum_j m_j*bs_j)  (16 sub-blocks)
-     IQ4_NL:          as Q4_0, codes = the table values; IQ4_XS: as Q4_K without the mins
+     IQ4_NL, MXFP4:   as Q4_0, codes = the table values (MXFP4: d_w = 2^(e-128)); IQ4_XS: as Q4_K
+                      without the mins
    in f64 (d_w*d_a and m_w*s_a are exact there, a product with an integer sum rounds at most
    once), accumulated in f64 in block order.
 The f64 sum is rounded to f32 once per output, so both modes sit within about one f32 rounding
@@ -43,7 +44,7 @@ import numba as nb
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ..quant.types import ACT_QTYPES, CODE_OFFSET, KVALUES_IQ4NL, QTYPES
+from ..quant.types import ACT_QTYPES, CODE_OFFSET, KVALUES_IQ4NL, KVALUES_MXFP4, QTYPES
 from .qact import _prologue
 from .qlow import _JIT, _PJIT, F32, _copy16, _cvt16, _fdot8, _h2f, _idot, _nib16, _rd16
 
@@ -58,11 +59,12 @@ _QB = {n: t.type_size for n, t in list(QTYPES.items()) + list(ACT_QTYPES.items()
 GT_F32, GT_F16, GT_BF16 = _ID["F32"], _ID["F16"], _ID["BF16"]
 GT_Q4_0, GT_Q4_1, GT_Q5_0, GT_Q5_1, GT_Q8_0 = _ID["Q4_0"], _ID["Q4_1"], _ID["Q5_0"], _ID["Q5_1"], _ID["Q8_0"]
 GT_Q2_K, GT_Q3_K, GT_Q4_K, GT_Q5_K, GT_Q6_K = _ID["Q2_K"], _ID["Q3_K"], _ID["Q4_K"], _ID["Q5_K"], _ID["Q6_K"]
-GT_IQ4_NL, GT_IQ4_XS = _ID["IQ4_NL"], _ID["IQ4_XS"]
+GT_IQ4_NL, GT_IQ4_XS, GT_MXFP4 = _ID["IQ4_NL"], _ID["IQ4_XS"], _ID["MXFP4"]
 QA_Q8_0, QA_Q8_1, QA_Q8_K = (ACT_QTYPES[n].type_id for n in ("Q8_0", "Q8_1", "Q8_K"))
 QB_Q4_0, QB_Q4_1, QB_Q5_0, QB_Q5_1, QB_Q8_0 = _QB["Q4_0"], _QB["Q4_1"], _QB["Q5_0"], _QB["Q5_1"], _QB["Q8_0"]
 QB_Q2_K, QB_Q3_K, QB_Q4_K, QB_Q5_K, QB_Q6_K = _QB["Q2_K"], _QB["Q3_K"], _QB["Q4_K"], _QB["Q5_K"], _QB["Q6_K"]
 QB_IQ4_NL, QB_IQ4_XS, QB_Q8_1, QB_Q8_K = _QB["IQ4_NL"], _QB["IQ4_XS"], _QB["Q8_1"], _QB["Q8_K"]
+QB_MXFP4 = _QB["MXFP4"]
 OFF_Q4_0, OFF_Q5_0, OFF_Q6_K = CODE_OFFSET["Q4_0"], CODE_OFFSET["Q5_0"], CODE_OFFSET["Q6_K"]
 _BLK = np.zeros(max(_ID.values()) + 1, np.int64)
 for _t in QTYPES.values():
@@ -71,6 +73,7 @@ _VEC_DOT = {t.type_id: ACT_QTYPES[t.vec_dot_type].type_id for t in QTYPES.values
 
 # IQ4_NL / IQ4_XS code -> value (ggml's kvalues_iq4nl)
 _KV = KVALUES_IQ4NL
+_KV_MX = KVALUES_MXFP4   # MXFP4's: the doubled E2M1 values
 
 # --------------------------------------------------------------------------------------------
 # weight rows
@@ -164,6 +167,17 @@ def _unpack(t, tof32, wb, K, wq, sd, sm, ssc, smn, wf, hb):
                 v = wb[o + 2 + i]
                 wq[e + i] = _KV[v & 15]
                 wq[e + 16 + i] = _KV[v >> 4]
+            if tof32:
+                _cvt16(wq, e, 2, sd[b], F32(-0.0), wf)
+    elif t == GT_MXFP4:  # f32(2^(e-128)) * value, the codes index _KV_MX
+        for b in range(K // 32):
+            o = QB_MXFP4 * b
+            e = 32 * b
+            sd[b] = np.float32(math.ldexp(1.0, np.int64(wb[o]) - 128))  # exact (subnormal for e < 2)
+            for i in range(16):
+                v = wb[o + 1 + i]
+                wq[e + i] = _KV_MX[v & 15]
+                wq[e + 16 + i] = _KV_MX[v >> 4]
             if tof32:
                 _cvt16(wq, e, 2, sd[b], F32(-0.0), wf)
     elif t == GT_IQ4_XS:  # f32(d*(ls-32)) * value

@@ -33,6 +33,7 @@ _TABLE = (
     QType("Q3_K", 11, 256, 110, "Q8_K"),
     QType("IQ4_NL", 20, 32, 18, "Q8_0"),
     QType("IQ4_XS", 23, 256, 136, "Q8_K"),
+    QType("MXFP4", 39, 32, 17, "Q8_0"),
 )
 # the activation block types of the vec_dots (what act="q8" quantizes x to; not weight types here)
 ACT_QTYPES = {t.name: t for t in (QType("Q8_0", 8, 32, 34, None), QType("Q8_1", 9, 32, 36, None),
@@ -50,7 +51,7 @@ _UNSUPPORTED = {
     18: "IQ3_XXS", 19: "IQ1_S", 21: "IQ3_S", 22: "IQ2_S", 24: "I8",
     25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 31: "Q4_0_4_4", 32: "Q4_0_4_8",
     33: "Q4_0_8_8", 34: "TQ1_0", 35: "TQ2_0", 36: "IQ4_NL_4_4", 37: "IQ4_NL_4_8", 38: "IQ4_NL_8_8",
-    39: "MXFP4", 40: "NVFP4", 41: "Q1_0", 42: "Q2_0",
+    40: "NVFP4", 41: "Q1_0", 42: "Q2_0",
 }
 _UNSUPPORTED_NAMES = {n: i for i, n in _UNSUPPORTED.items()}
 
@@ -171,6 +172,16 @@ def _nibbles(qs):
 
 # IQ4_NL / IQ4_XS: a 4-bit code is an index into this table (ggml's kvalues_iq4nl)
 KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+# MXFP4: a 4-bit code (E2M1) indexes the doubled E2M1 values, scaled by half the E8M0 scale
+KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
+
+
+def e8m0_half(e):
+    """E8M0 exponent bytes -> float32 2^(e - 128) (exact: subnormal for e < 2), ggml's
+    e8m0_to_fp32_half"""
+    e = np.asarray(e, np.uint8).astype(np.uint32)
+    bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23))
+    return bits.astype(np.uint32).view(np.float32)
 
 _BIT32 = np.arange(32, dtype=np.uint32)
 _BIT8 = np.arange(8, dtype=np.uint8)
@@ -202,6 +213,7 @@ def unpack_blocks(raw, qtype, n_in):
       Q3_K:             q int8 (..., 16, 16) in -4..3, sc int8 (..., 16) in -32..31, d float32
       IQ4_NL:           q int8 (..., 32) the table values (KVALUES_IQ4NL), d float32
       IQ4_XS:           q int8 (..., 8, 32) table values, sc int8 (..., 8) in -32..31, d float32
+      MXFP4:            q int8 (..., 32) the table values (KVALUES_MXFP4), d float32 2^(e - 128)
     Float types have no blocks: ValueError.
     """
     t = resolve_qtype(qtype)
@@ -261,6 +273,8 @@ def unpack_blocks(raw, qtype, n_in):
         return {"q": q, "sc": sc.astype(np.int8), "d": _h2f(b, 108)}
     if n == "IQ4_NL":
         return {"q": KVALUES_IQ4NL[_nibbles(b[..., 2:18])], "d": _h2f(b, 0)}
+    if n == "MXFP4":
+        return {"q": KVALUES_MXFP4[_nibbles(b[..., 1:17])], "d": e8m0_half(b[..., 0])}
     if n == "IQ4_XS":
         qs = b[..., 8:136].reshape(lead + (8, 16))
         q = KVALUES_IQ4NL[_nibbles(qs)]
@@ -299,7 +313,7 @@ def dequantize(raw, qtype, n_in):
 
 def _dequant_fields(n, f):
     d = f["d"]
-    if n in ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL"):
+    if n in ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "MXFP4"):
         x = f["q"].astype(np.float32) * d[..., None]
     elif n in ("Q4_1", "Q5_1"):
         x = d[..., None] * f["q"].astype(np.float32) + f["m"][..., None]
@@ -530,7 +544,10 @@ def generate():
            *_wrap("#define CF_QUANT_TYPES(X) ", [f"X({t.name})" for t in quant], " ", "", " \\"),
            "/* IQ4_NL / IQ4_XS: a 4-bit code indexes this table (KVALUES_IQ4NL), and its unsigned form v + 128 */",
            *_wrap("#define CF_KV_IQ4NL {", [str(int(v)) for v in KVALUES_IQ4NL], ", ", "}", " \\"),
-           *_wrap("#define CF_KV_IQ4NL_U8 {", [str(int(v) + 128) for v in KVALUES_IQ4NL], ", ", "}", " \\"), "",
+           *_wrap("#define CF_KV_IQ4NL_U8 {", [str(int(v) + 128) for v in KVALUES_IQ4NL], ", ", "}", " \\"),
+           "/* MXFP4: a 4-bit code indexes this table (KVALUES_MXFP4), and its unsigned form v + 128 */",
+           *_wrap("#define CF_KV_MXFP4 {", [str(int(v)) for v in KVALUES_MXFP4], ", ", "}", " \\"),
+           *_wrap("#define CF_KV_MXFP4_U8 {", [str(int(v) + 128) for v in KVALUES_MXFP4], ", ", "}", " \\"), "",
            "#if defined(__GNUC__)",
            "#define CF_QT_FN static inline __attribute__((always_inline))",
            "#else",

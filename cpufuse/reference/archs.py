@@ -21,39 +21,11 @@ import math
 
 import numpy as np
 
+from .gguf_ref import RefFile as _File, rms as _rms
+from .gptoss import ref_gptoss_logits
 from .moe_ffn import ref_moe_ffn
 
 _NEOX = {"qwen2", "qwen3", "gemma3", "gemma2", "phi3", "olmo2", "qwen3moe", "qwen2moe", "olmoe"}
-
-
-class _File:
-    def __init__(self, path):
-        import gguf
-        self.r = gguf.GGUFReader(path)
-        self.arch = self.get("general.architecture")
-        self.t = {}
-        for t in self.r.tensors:
-            a = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64)
-            shape = tuple(int(x) for x in reversed(t.shape.tolist()))   # numpy order: (n_out, n_in)
-            self.t[t.name] = a.reshape(shape)
-
-    def get(self, key, default=None):
-        f = self.r.fields.get(key)
-        if f is None:
-            return default
-        if len(f.data) == 1 and f.types[0] != 9:   # a scalar (9 = array)
-            v = f.parts[f.data[0]]
-            if f.types[0] == 8:                    # string
-                return bytes(v).decode()
-            return v[0].item()
-        return [f.parts[i][0].item() if f.types[-1] != 8 else bytes(f.parts[i]).decode() for i in f.data]
-
-    def a(self, key, default=None):
-        return self.get(f"{self.arch}.{key}", default)
-
-
-def _rms(x, w, eps):
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
 def _gelu(x):
@@ -106,6 +78,8 @@ def ref_logits(path, tokens, n_ctx=None, gelu="tanh", keep=False, hidden=False):
     if keep:
         _CACHE[path] = f
     arch, T = f.arch, f.t
+    if arch == "gpt-oss":   # its own forward (reference/gptoss.py)
+        return ref_gptoss_logits(f, tokens, hidden=hidden)
     E, L, H = f.a("embedding_length"), f.a("block_count"), f.a("attention.head_count")
     Hkv = f.a("attention.head_count_kv", H)
     D = f.a("attention.key_length", E // H)

@@ -149,7 +149,7 @@ def ref_matmul_q8(x, qt):
       Q4_K/Q5_K:      d_a*(d_w*sum_j sc_j*I_j - dmin_w*sum_j m_j*(bsums[2j]+bsums[2j+1]))
       Q6_K, Q3_K:     d_a*d_w*sum_j sc_j*I_j (signed codes, 16-element sub-blocks)
       Q2_K:           d_a*(d_w*sum_j sc_j*I_j - dmin_w*sum_j m_j*bsums[j]) (16-element sub-blocks)
-      IQ4_NL:         d_w*d_a*I (I over the table values of the codes)
+      IQ4_NL, MXFP4:  d_w*d_a*I (I over the table values of the codes; MXFP4 d_w = 2^(e-128))
       IQ4_XS:         d_a*d_w*sum_j sc_j*I_j (table values, 8 sub-blocks, sc_j in -32..31)
     summed over blocks. F32/F16/BF16 weights: ref_matmul_f32. Returns float64 (rows, n_out), or
     (n_out,) for 1-D x."""
@@ -513,6 +513,11 @@ def random_blocks(qtype, n_out, n_in, rng, d_range=(1e-3, 1e-2)):
         else:
             b[0, 2:8] = 0x00                                              # all scales -32
             b[0, 8:] = np.tile(np.array([0x0F, 0xF0], np.uint8), 64)
+    elif n == "MXFP4":   # E8M0 scales 2^(e-128) about d_range; block 0: codes 12 / -12; block 1: e = 0
+        b[:, 0] = np.clip(np.round(np.log2(np.maximum(np.abs(d), 1e-30)) + 127), 1, 254).astype(np.uint8)
+        b[0, 1:17] = np.tile(np.array([0x77, 0xFF], np.uint8), 8)
+        if nbk > 1:
+            b[1, 0] = 0
     elif n == "Q6_K":
         b[:, 208:210] = _f16_bytes(d)
         b[0, 0:192] = np.tile(np.array([0xFF, 0x00], np.uint8), 96)      # q = 31 / -32 alternating

@@ -94,8 +94,8 @@ enum {
 #define QM_LEN (QM_W0 + 3 * QW_LEN)
 
 /* plan executor opcodes (cf_plan_run, native/kernels/graph.inc) */
-enum { OP_ADD = 1, OP_MUL = 2, OP_SCALE = 3, OP_SILU = 4, OP_SWIGLU = 5, OP_RMS_NORM = 6, OP_SOFTMAX = 7, OP_FLASH_ATTN = 8, OP_COPY = 9, OP_GEMM = 10, OP_QMM = 11, OP_ROPE = 12, OP_CACHE_WRITE = 13, OP_KV_WRITE = 14, OP_ATTN_SEQS = 15, OP_GATHER_ROWS = 16, OP_GELU = 17, OP_GEGLU = 18, OP_SOFTCAP = 19, OP_QMM_ID = 20, OP_TOPK = 21, OP_TAKE = 22, OP_SIGMOID = 23, OP_WSUM = 24, OP_NORMW = 25, OP_END };
-#define CF_PLAN_NARGS { 0, R_ADD_NARGS, R_MUL_NARGS, R_SCALE_NARGS, R_SILU_NARGS, R_SWIGLU_NARGS, R_RMS_NORM_NARGS, R_SOFTMAX_NARGS, R_FLASH_ATTN_NARGS, R_COPY_NARGS, R_GEMM_NARGS, R_QMM_NARGS, R_ROPE_NARGS, R_CACHE_WRITE_NARGS, R_KV_WRITE_NARGS, R_ATTN_SEQS_NARGS, R_GATHER_ROWS_NARGS, R_GELU_NARGS, R_GEGLU_NARGS, R_SOFTCAP_NARGS, R_QMM_ID_NARGS, R_TOPK_NARGS, R_TAKE_NARGS, R_SIGMOID_NARGS, R_WSUM_NARGS, R_NORMW_NARGS }
+enum { OP_ADD = 1, OP_MUL = 2, OP_SCALE = 3, OP_SILU = 4, OP_SWIGLU = 5, OP_RMS_NORM = 6, OP_SOFTMAX = 7, OP_FLASH_ATTN = 8, OP_COPY = 9, OP_GEMM = 10, OP_QMM = 11, OP_ROPE = 12, OP_CACHE_WRITE = 13, OP_KV_WRITE = 14, OP_ATTN_SEQS = 15, OP_GATHER_ROWS = 16, OP_GELU = 17, OP_GEGLU = 18, OP_SOFTCAP = 19, OP_QMM_ID = 20, OP_TOPK = 21, OP_TAKE = 22, OP_SIGMOID = 23, OP_WSUM = 24, OP_NORMW = 25, OP_SWIGLU_OAI = 26, OP_ADD_ID = 27, OP_END };
+#define CF_PLAN_NARGS { 0, R_ADD_NARGS, R_MUL_NARGS, R_SCALE_NARGS, R_SILU_NARGS, R_SWIGLU_NARGS, R_RMS_NORM_NARGS, R_SOFTMAX_NARGS, R_FLASH_ATTN_NARGS, R_COPY_NARGS, R_GEMM_NARGS, R_QMM_NARGS, R_ROPE_NARGS, R_CACHE_WRITE_NARGS, R_KV_WRITE_NARGS, R_ATTN_SEQS_NARGS, R_GATHER_ROWS_NARGS, R_GELU_NARGS, R_GEGLU_NARGS, R_SOFTCAP_NARGS, R_QMM_ID_NARGS, R_TOPK_NARGS, R_TAKE_NARGS, R_SIGMOID_NARGS, R_WSUM_NARGS, R_NORMW_NARGS, R_SWIGLU_OAI_NARGS, R_ADD_ID_NARGS }
 /* each record's arguments: R_<OP>_<FIELD> indexes args = the record after [op, nargs] */
 /* OP_ADD [n, a, b, nb, y]: y = a + b, b tiled by modulo of its length nb */
 enum { R_ADD_N, R_ADD_A, R_ADD_B, R_ADD_NB, R_ADD_Y, R_ADD_NARGS };
@@ -125,8 +125,8 @@ enum { R_ROPE_DESC, R_ROPE_X, R_ROPE_POS, R_ROPE_FF, R_ROPE_Y, R_ROPE_POS0, R_RO
 enum { R_CACHE_WRITE_N, R_CACHE_WRITE_SRC, R_CACHE_WRITE_CACHE, R_CACHE_WRITE_POS0, R_CACHE_WRITE_N_CTX, R_CACHE_WRITE_T, R_CACHE_WRITE_F16, R_CACHE_WRITE_NARGS };
 /* OP_KV_WRITE [n, src, cache, cells, n_cells, row, f16]: row i of src into cache cell cells[i] (distinct, < n_cells); f16: the cells' type code (0 f32, 1 f16, 2 q8_0, 3 q4_0 blocks) */
 enum { R_KV_WRITE_N, R_KV_WRITE_SRC, R_KV_WRITE_CACHE, R_KV_WRITE_CELLS, R_KV_WRITE_N_CELLS, R_KV_WRITE_ROW, R_KV_WRITE_F16, R_KV_WRITE_NARGS };
-/* OP_ATTN_SEQS [q, k, v, seqs, ngroups, out, n, h, hkv, d, n_cells, kf16, vf16, split_min_t, tiled_min_n, chunk, f_scale, f_softcap, swa, ring]: attention of each sequence over its own KV cells (kf16, vf16: the cells' type codes, as KV_WRITE's f16; swa > 0: a sliding window of swa positions; ring > 0: a sequence's cells are a ring of that many) */
-enum { R_ATTN_SEQS_Q, R_ATTN_SEQS_K, R_ATTN_SEQS_V, R_ATTN_SEQS_SEQS, R_ATTN_SEQS_NGROUPS, R_ATTN_SEQS_OUT, R_ATTN_SEQS_N, R_ATTN_SEQS_H, R_ATTN_SEQS_HKV, R_ATTN_SEQS_D, R_ATTN_SEQS_N_CELLS, R_ATTN_SEQS_KF16, R_ATTN_SEQS_VF16, R_ATTN_SEQS_SPLIT_MIN_T, R_ATTN_SEQS_TILED_MIN_N, R_ATTN_SEQS_CHUNK, R_ATTN_SEQS_F_SCALE, R_ATTN_SEQS_F_SOFTCAP, R_ATTN_SEQS_SWA, R_ATTN_SEQS_RING, R_ATTN_SEQS_NARGS };
+/* OP_ATTN_SEQS [q, k, v, seqs, ngroups, out, n, h, hkv, d, n_cells, kf16, vf16, split_min_t, tiled_min_n, chunk, f_scale, f_softcap, swa, ring, sinks]: attention of each sequence over its own KV cells (kf16, vf16: the cells' type codes, as KV_WRITE's f16; swa > 0: a sliding window of swa positions; ring > 0: a sequence's cells are a ring of that many) */
+enum { R_ATTN_SEQS_Q, R_ATTN_SEQS_K, R_ATTN_SEQS_V, R_ATTN_SEQS_SEQS, R_ATTN_SEQS_NGROUPS, R_ATTN_SEQS_OUT, R_ATTN_SEQS_N, R_ATTN_SEQS_H, R_ATTN_SEQS_HKV, R_ATTN_SEQS_D, R_ATTN_SEQS_N_CELLS, R_ATTN_SEQS_KF16, R_ATTN_SEQS_VF16, R_ATTN_SEQS_SPLIT_MIN_T, R_ATTN_SEQS_TILED_MIN_N, R_ATTN_SEQS_CHUNK, R_ATTN_SEQS_F_SCALE, R_ATTN_SEQS_F_SOFTCAP, R_ATTN_SEQS_SWA, R_ATTN_SEQS_RING, R_ATTN_SEQS_SINKS, R_ATTN_SEQS_NARGS };
 /* OP_GATHER_ROWS [m, src, idx, dst, row, n_src]: dst[j] = src[idx[j]] */
 enum { R_GATHER_ROWS_M, R_GATHER_ROWS_SRC, R_GATHER_ROWS_IDX, R_GATHER_ROWS_DST, R_GATHER_ROWS_ROW, R_GATHER_ROWS_N_SRC, R_GATHER_ROWS_NARGS };
 /* OP_GELU [n, a, y]: y = gelu(a), the tanh form */
@@ -147,7 +147,11 @@ enum { R_SIGMOID_N, R_SIGMOID_A, R_SIGMOID_Y, R_SIGMOID_NARGS };
 enum { R_WSUM_N, R_WSUM_K, R_WSUM_M, R_WSUM_Y, R_WSUM_W, R_WSUM_OUT, R_WSUM_NARGS };
 /* OP_NORMW [n, k, f_floor, f_scale, x, y]: y[r] = x[r] / max(sum of x[r]'s k values (in double, rounded to f32), floor) (floor 0: no division), then * scale (0: none): the MoE weights' norm_w and scale */
 enum { R_NORMW_N, R_NORMW_K, R_NORMW_F_FLOOR, R_NORMW_F_SCALE, R_NORMW_X, R_NORMW_Y, R_NORMW_NARGS };
+/* OP_SWIGLU_OAI [n, g, u, y]: y = x * sigmoid(1.702 x) * (clamp(u, -7, 7) + 1), x = min(g, 7) */
+enum { R_SWIGLU_OAI_N, R_SWIGLU_OAI_G, R_SWIGLU_OAI_U, R_SWIGLU_OAI_Y, R_SWIGLU_OAI_NARGS };
+/* OP_ADD_ID [n, k, m, a, b, ids, n_b, y]: y[r, j] = a[r, j] + b[ids[r, j]] (ids in [0, n_b)) */
+enum { R_ADD_ID_N, R_ADD_ID_K, R_ADD_ID_M, R_ADD_ID_A, R_ADD_ID_B, R_ADD_ID_IDS, R_ADD_ID_N_B, R_ADD_ID_Y, R_ADD_ID_NARGS };
 /* the executor's dispatch: X(NAME, name) per record, OP_<NAME> run by graph.inc's plan_<name> */
-#define CF_PLAN_OPS(X) X(ADD, add) X(MUL, mul) X(SCALE, scale) X(SILU, silu) X(SWIGLU, swiglu) X(RMS_NORM, rms_norm) X(SOFTMAX, softmax) X(FLASH_ATTN, flash_attn) X(COPY, copy) X(GEMM, gemm) X(QMM, qmm) X(ROPE, rope) X(CACHE_WRITE, cache_write) X(KV_WRITE, kv_write) X(ATTN_SEQS, attn_seqs) X(GATHER_ROWS, gather_rows) X(GELU, gelu) X(GEGLU, geglu) X(SOFTCAP, softcap) X(QMM_ID, qmm_id) X(TOPK, topk) X(TAKE, take) X(SIGMOID, sigmoid) X(WSUM, wsum) X(NORMW, normw)
+#define CF_PLAN_OPS(X) X(ADD, add) X(MUL, mul) X(SCALE, scale) X(SILU, silu) X(SWIGLU, swiglu) X(RMS_NORM, rms_norm) X(SOFTMAX, softmax) X(FLASH_ATTN, flash_attn) X(COPY, copy) X(GEMM, gemm) X(QMM, qmm) X(ROPE, rope) X(CACHE_WRITE, cache_write) X(KV_WRITE, kv_write) X(ATTN_SEQS, attn_seqs) X(GATHER_ROWS, gather_rows) X(GELU, gelu) X(GEGLU, geglu) X(SOFTCAP, softcap) X(QMM_ID, qmm_id) X(TOPK, topk) X(TAKE, take) X(SIGMOID, sigmoid) X(WSUM, wsum) X(NORMW, normw) X(SWIGLU_OAI, swiglu_oai) X(ADD_ID, add_id)
 
 #endif

@@ -15,14 +15,14 @@
  *   PANEL  the q8-mode tile family on P16 panels (qpanel.inc): LEG(bits, qs, qh) the 32-element legacy
  *          blocks (code bits, byte offsets of the code chunks and of the 5th-bit planes in a panel
  *          block), K45(bits) (Q4_K / Q5_K's code bits), Q6K (these three: one row x several panels
- *          at once), Q2K, Q3K, IQ4NL, IQ4XS (one panel at a time; Q3K with a decoded form,
- *          p16_q3k_dec)
+ *          at once), Q2K, Q3K, IQ4NL, IQ4XS, MXFP4 (one panel at a time; Q3K with a decoded form,
+ *          p16_q3k_dec; MXFP4: IQ4NL's tile with its own table and E8M0 scales, no AMX tiles)
  *   XROWS  the ISA hook of its P16_XR-row (two activation groups) tile, where the ISA defines it:
  *          NONE, Q8 (P16_Q8_ROWS), IQ4 (P16_IQ4_ROWS)
  *
  * The offset the q8 activations' offset term removes (p16_offset) is the code offset of
  * cpufuse/quant/types.py (Q4_0, Q5_0), or 128 for the types whose panels store unsigned codes where
- * the ISA dots them so (Q8_0 and IQ4_NL: QR_U8). */
+ * the ISA dots them so (Q8_0, IQ4_NL and MXFP4: QR_U8). */
 #ifndef CF_QROWS_H
 #define CF_QROWS_H
 
@@ -41,11 +41,12 @@ enum { QR_SPLIT = 1, QR_MIN = 2, QR_MADD = 4, QR_MIN16 = 8, QR_U8 = 16 };
   X(Q2_K,   Q2_K,   Q2_K,   QR_SPLIT | QR_MIN16, Q2K,             NONE)             \
   X(Q3_K,   Q3_K,   Q3_K,   QR_SPLIT,            Q3K,             NONE)             \
   X(IQ4_NL, d,      IQ4_NL, QR_U8,               IQ4NL,           IQ4)              \
-  X(IQ4_XS, IQ4_XS, IQ4_XS, 0,                   IQ4XS,           IQ4)
+  X(IQ4_XS, IQ4_XS, IQ4_XS, 0,                   IQ4XS,           IQ4)              \
+  X(MXFP4,  MXFP4,  MXFP4,  QR_U8,               MXFP4,           IQ4)
 /* clang-format on */
 
 /* the panel families (QP_<PANEL>) and a legacy family's parameters (0 for the others) */
-enum { QP_NONE, QP_LEG, QP_K45, QP_Q6K, QP_Q2K, QP_Q3K, QP_IQ4NL, QP_IQ4XS };
+enum { QP_NONE, QP_LEG, QP_K45, QP_Q6K, QP_Q2K, QP_Q3K, QP_IQ4NL, QP_IQ4XS, QP_MXFP4 };
 #define QP_KIND_LEG(bits, qs, qh) QP_LEG
 #define QP_KIND_K45(bits) QP_K45
 #define QP_KIND_Q6K QP_Q6K
@@ -53,6 +54,7 @@ enum { QP_NONE, QP_LEG, QP_K45, QP_Q6K, QP_Q2K, QP_Q3K, QP_IQ4NL, QP_IQ4XS };
 #define QP_KIND_Q3K QP_Q3K
 #define QP_KIND_IQ4NL QP_IQ4NL
 #define QP_KIND_IQ4XS QP_IQ4XS
+#define QP_KIND_MXFP4 QP_MXFP4
 #define QP_BITS_LEG(bits, qs, qh) bits
 #define QP_QS_LEG(bits, qs, qh) qs
 #define QP_QH_LEG(bits, qs, qh) qh
@@ -62,18 +64,21 @@ enum { QP_NONE, QP_LEG, QP_K45, QP_Q6K, QP_Q2K, QP_Q3K, QP_IQ4NL, QP_IQ4XS };
 #define QP_BITS_Q3K 0
 #define QP_BITS_IQ4NL 0
 #define QP_BITS_IQ4XS 0
+#define QP_BITS_MXFP4 0
 #define QP_QS_K45(bits) 0
 #define QP_QS_Q6K 0
 #define QP_QS_Q2K 0
 #define QP_QS_Q3K 0
 #define QP_QS_IQ4NL 0
 #define QP_QS_IQ4XS 0
+#define QP_QS_MXFP4 0
 #define QP_QH_K45(bits) 0
 #define QP_QH_Q6K 0
 #define QP_QH_Q2K 0
 #define QP_QH_Q3K 0
 #define QP_QH_IQ4NL 0
 #define QP_QH_IQ4XS 0
+#define QP_QH_MXFP4 0
 
 /* a row's column as a function of the type id (always inlined: callers pass a constant t, and the
  * switch folds to the value) */

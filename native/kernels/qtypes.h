@@ -8,22 +8,26 @@
 
 /* the weight types by ggml / GGUF type id */
 enum { GT_F32 = 0, GT_F16 = 1, GT_BF16 = 30, GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 7, GT_Q8_0 = 8,
-       GT_Q4_K = 12, GT_Q5_K = 13, GT_Q6_K = 14, GT_Q2_K = 10, GT_Q3_K = 11, GT_IQ4_NL = 20, GT_IQ4_XS = 23 };
+       GT_Q4_K = 12, GT_Q5_K = 13, GT_Q6_K = 14, GT_Q2_K = 10, GT_Q3_K = 11, GT_IQ4_NL = 20, GT_IQ4_XS = 23,
+       GT_MXFP4 = 39 };
 /* the activation types of the vec_dots (what q8 mode quantizes x to), by ggml id; QA_F32: f32 */
 enum { QA_F32 = 0, QA_Q8_0 = 8, QA_Q8_1 = 9, QA_Q8_K = 15 };
 /* elements (QK_) and bytes (QB_) per block, of every type above */
 enum { QK_F32 = 1, QK_F16 = 1, QK_BF16 = 1, QK_Q4_0 = 32, QK_Q4_1 = 32, QK_Q5_0 = 32, QK_Q5_1 = 32,
        QK_Q8_0 = 32, QK_Q4_K = 256, QK_Q5_K = 256, QK_Q6_K = 256, QK_Q2_K = 256, QK_Q3_K = 256,
-       QK_IQ4_NL = 32, QK_IQ4_XS = 256, QK_Q8_1 = 32, QK_Q8_K = 256 };
+       QK_IQ4_NL = 32, QK_IQ4_XS = 256, QK_MXFP4 = 32, QK_Q8_1 = 32, QK_Q8_K = 256 };
 enum { QB_F32 = 4, QB_F16 = 2, QB_BF16 = 2, QB_Q4_0 = 18, QB_Q4_1 = 20, QB_Q5_0 = 22, QB_Q5_1 = 24,
        QB_Q8_0 = 34, QB_Q4_K = 144, QB_Q5_K = 176, QB_Q6_K = 210, QB_Q2_K = 84, QB_Q3_K = 110, QB_IQ4_NL = 18,
-       QB_IQ4_XS = 136, QB_Q8_1 = 36, QB_Q8_K = 292 };
+       QB_IQ4_XS = 136, QB_MXFP4 = 17, QB_Q8_1 = 36, QB_Q8_K = 292 };
 /* X(T) for every quantized weight type T, in the table's order */
 #define CF_QUANT_TYPES(X) X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(Q8_0) X(Q4_K) X(Q5_K) X(Q6_K) X(Q2_K) X(Q3_K) \
-                          X(IQ4_NL) X(IQ4_XS)
+                          X(IQ4_NL) X(IQ4_XS) X(MXFP4)
 /* IQ4_NL / IQ4_XS: a 4-bit code indexes this table (KVALUES_IQ4NL), and its unsigned form v + 128 */
 #define CF_KV_IQ4NL {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}
 #define CF_KV_IQ4NL_U8 {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241}
+/* MXFP4: a 4-bit code indexes this table (KVALUES_MXFP4), and its unsigned form v + 128 */
+#define CF_KV_MXFP4 {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12}
+#define CF_KV_MXFP4_U8 {128, 129, 130, 131, 132, 134, 136, 140, 128, 127, 126, 125, 124, 122, 120, 116}
 
 #if defined(__GNUC__)
 #define CF_QT_FN static inline __attribute__((always_inline))
@@ -34,7 +38,7 @@ enum { QB_F32 = 4, QB_F16 = 2, QB_BF16 = 2, QB_Q4_0 = 18, QB_Q4_1 = 20, QB_Q5_0 
 CF_QT_FN int cf_qtype_block(int64_t t) {
   switch (t) {
     case GT_F32: case GT_F16: case GT_BF16: return 1;
-    case GT_Q4_0: case GT_Q4_1: case GT_Q5_0: case GT_Q5_1: case GT_Q8_0: case GT_IQ4_NL: return 32;
+    case GT_Q4_0: case GT_Q4_1: case GT_Q5_0: case GT_Q5_1: case GT_Q8_0: case GT_IQ4_NL: case GT_MXFP4: return 32;
     case GT_Q4_K: case GT_Q5_K: case GT_Q6_K: case GT_Q2_K: case GT_Q3_K: case GT_IQ4_XS: return 256;
     default: return 0;
   }
@@ -55,13 +59,14 @@ CF_QT_FN int64_t cf_qtype_bytes(int64_t t) {
     case GT_Q2_K: return 84;
     case GT_Q3_K: return 110;
     case GT_IQ4_XS: return 136;
+    case GT_MXFP4: return 17;
     default: return 0;
   }
 }
 /* the activation type of a weight type's vec_dot (QA_F32 for the float types) */
 CF_QT_FN int cf_qtype_act(int64_t t) {
   switch (t) {
-    case GT_Q4_0: case GT_Q5_0: case GT_Q8_0: case GT_IQ4_NL: return QA_Q8_0;
+    case GT_Q4_0: case GT_Q5_0: case GT_Q8_0: case GT_IQ4_NL: case GT_MXFP4: return QA_Q8_0;
     case GT_Q4_1: case GT_Q5_1: return QA_Q8_1;
     case GT_Q4_K: case GT_Q5_K: case GT_Q6_K: case GT_Q2_K: case GT_Q3_K: case GT_IQ4_XS: return QA_Q8_K;
     default: return QA_F32;

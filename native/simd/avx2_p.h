@@ -511,6 +511,8 @@ static inline p16f pf_h16(const uint8_t *p) {
   p16f r = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)))};
   return r;
 }
+static inline p16f pf_bits(p16i a) { p16f r = {_mm256_castsi256_ps(a.lo), _mm256_castsi256_ps(a.hi)}; return r; }
+static inline p16f pf_loadf(const float *p) { p16f r = {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; return r; }
 static inline p16f pf_mul(p16f a, p16f b) { p16f r = {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; return r; }
 static inline p16f pf_fma(p16f a, p16f b, p16f c) { p16f r = {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; return r; }
 static inline p16f pf_neg(p16f a) {

@@ -76,6 +76,8 @@ static inline p16f pf_zero(void) { return _mm512_setzero_ps(); }
 static inline p16f pf_set1(float v) { return _mm512_set1_ps(v); }
 static inline p16f pf_cvt(p16i a) { return _mm512_cvtepi32_ps(a); }
 static inline p16f pf_h16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline p16f pf_bits(p16i a) { return _mm512_castsi512_ps(a); }
+static inline p16f pf_loadf(const float *p) { return _mm512_loadu_ps(p); }
 static inline p16f pf_mul(p16f a, p16f b) { return _mm512_mul_ps(a, b); }
 static inline p16f pf_fma(p16f a, p16f b, p16f c) { return _mm512_fmadd_ps(a, b, c); }
 static inline p16f pf_neg(p16f a) { return _mm512_xor_ps(a, _mm512_set1_ps(-0.0f)); }

@@ -339,6 +339,16 @@ static inline p16f pf_h16(const uint8_t *p) { /* 16 f16 -> f32 (exact) */
   p16f r = {{vcvt_f32_f16(vget_low_f16(a)), vcvt_high_f32_f16(a), vcvt_f32_f16(vget_low_f16(b)), vcvt_high_f32_f16(b)}};
   return r;
 }
+static inline p16f pf_bits(p16i a) {
+  p16f r;
+  for (int q = 0; q < 4; q++) r.val[q] = vreinterpretq_f32_s32(a.val[q]);
+  return r;
+}
+static inline p16f pf_loadf(const float *p) {
+  p16f r;
+  for (int q = 0; q < 4; q++) r.val[q] = vld1q_f32(p + 4 * q);
+  return r;
+}
 static inline p16f pf_mul(p16f a, p16f b) {
   for (int q = 0; q < 4; q++) a.val[q] = vmulq_f32(a.val[q], b.val[q]);
   return a;

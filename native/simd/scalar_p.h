@@ -81,6 +81,8 @@ static inline p16f pf_h16(const uint8_t *p) {
   for (int n = 0; n < 16; n++) { uint16_t h; memcpy(&h, p + 2 * n, 2); r.v[n] = cf_h2f(h); }
   return r;
 }
+static inline p16f pf_bits(p16i a) { p16f r; memcpy(r.v, a.v, sizeof r.v); return r; }
+static inline p16f pf_loadf(const float *p) { p16f r; memcpy(r.v, p, sizeof r.v); return r; }
 static inline p16f pf_mul(p16f a, p16f b) { for (int n = 0; n < 16; n++) a.v[n] *= b.v[n]; return a; }
 /* no FMA on the scalar path: a*b rounded, then + c rounded (-ffp-contract=off) */
 static inline p16f pf_fma(p16f a, p16f b, p16f c) { for (int n = 0; n < 16; n++) c.v[n] = a.v[n] * b.v[n] + c.v[n]; return c; }

@@ -379,6 +379,10 @@ INL void xfer_panel(int64_t t, int dir, const panel *P, uint8_t *p) {
       case GT_Q4_0: case GT_IQ4_NL: /* (d, qs[16]): d | 4 code chunks */
         PAIRS(f_half(dir, a, b, m, 0, q); f_chunks(dir, a, b, m, 2, 4, 4, 0, 0, q + 32));
         break;
+      case GT_MXFP4: /* (e, qs[16]): e (16 bytes) | 4 code chunks */
+        ROWS(f_bytes16(dir, r, 0, 1, q));
+        PAIRS(f_chunks(dir, a, b, m, 1, 4, 4, 0, 0, q + 16));
+        break;
       case GT_Q4_1: /* (d, m, qs[16]): d | m | 4 code chunks */
         PAIRS(f_half(dir, a, b, m, 0, q); f_half(dir, a, b, m, 2, q + 32);
               f_chunks(dir, a, b, m, 4, 4, 4, 0, 0, q + 64));

@@ -77,9 +77,10 @@ static const tinfo TYPES[] = {
     T(F32, F32), T(F16, F32), T(BF16, F32), T(Q4_0, Q8_0),
     T(Q4_1, Q8_1), T(Q5_0, Q8_0), T(Q5_1, Q8_1), T(Q8_0, Q8_0),
     T(Q4_K, Q8_K), T(Q5_K, Q8_K), T(Q6_K, Q8_K), T(Q2_K, Q8_K),
-    T(Q3_K, Q8_K), T(IQ4_NL, Q8_0), T(IQ4_XS, Q8_K)};
+    T(Q3_K, Q8_K), T(IQ4_NL, Q8_0), T(IQ4_XS, Q8_K), T(MXFP4, Q8_0)};
 #undef T
 static const int KV_IQ4NL[16] = CF_KV_IQ4NL;
+static const int KV_MXFP4[16] = CF_KV_MXFP4;
 #define NTYPES ((int)(sizeof TYPES / sizeof TYPES[0]))
 static int64_t row_bytes(const tinfo *t, int64_t K) { return K / t->blk * t->bytes; }
 
@@ -115,6 +116,7 @@ static uint8_t *gen_weights(const tinfo *t, int64_t N, int64_t K, int subn) {
       case GT_Q2_K: wr16(p + 80, rscale(subn)); wr16(p + 82, rscale(subn)); break;
       case GT_Q3_K: wr16(p + 108, rscale(subn)); break;
       case GT_IQ4_NL: case GT_IQ4_XS: wr16(p, rscale(subn)); break;
+      case GT_MXFP4: p[0] = (uint8_t)(subn ? (int)(urand() * 2.0) : 118 + (int)(urand() * 8.0)); break;
     }
   }
   return w;
@@ -183,6 +185,7 @@ static void decode_row(const tinfo *t, const uint8_t *row, int64_t K, int *q, do
           break;
         }
         case GT_IQ4_NL: qq = KV_IQ4NL[e < 16 ? b[2 + e] & 15 : b[2 + e - 16] >> 4]; s = h2d(rd16(b)); break;
+        case GT_MXFP4: qq = KV_MXFP4[e < 16 ? b[1 + e] & 15 : b[1 + e - 16] >> 4]; s = ldexp(1.0, b[0] - 128); break;
         case GT_IQ4_XS: {
           const int j = e / 32, l = e % 32, sh = rd16(b + 2);
           const int ls = ((b[4 + j / 2] >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4);

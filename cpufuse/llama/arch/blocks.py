@@ -59,12 +59,12 @@ def swa_layer(cx, li):
     return 0, cx.rope_kw
 
 
-def attention(cx, li, L, h, qk_norm=None, rope=True, rope_kw=None, window=0, softcap=0.0):
+def attention(cx, li, L, h, qk_norm=None, rope=True, rope_kw=None, window=0, softcap=0.0, sinks=None):
     """self-attention of layer li on h: Q/K/V (+ biases), the Q/K RMSNorms (qk_norm "head": per
     head before RoPE, qwen3/gemma3; "full": over the whole projection, olmo2), RoPE (rope=False:
     none, smollm3's NoPE layers; rope_kw: the layer's own base/scale), the K/V cell writes,
-    attention per sequence (a sliding window when window > 0, the logit softcap when > 0), the
-    output projection"""
+    attention per sequence (a sliding window when window > 0, the logit softcap when > 0; sinks:
+    one sink logit per head, gpt-oss), the output projection"""
     g, hp, n, p = cx.g, cx.hp, cx.n, f"l{li}."
     H, Hkv, D = hp.n_head, hp.n_head_kv, hp.head_dim
     q = cx.linear(h, L.wq, L.bq, p + "q")
@@ -81,7 +81,8 @@ def attention(cx, li, L, h, qk_norm=None, rope=True, rope_kw=None, window=0, sof
     kw = g.kv_write(cx.rope(k3, p + "rope_k", rope_kw) if rope else k3, kc, cells, kv_type=qk, name=p + "k_cache")
     vw = g.kv_write(g.reshape(v, (n, Hkv, D)), vc, cells, kv_type=qv, name=p + "v_cache")
     a = g.attn_seqs(cx.rope(q3, p + "rope_q", rope_kw) if rope else q3, kw, vw, seqs, scale=hp.kq_scale,
-                    softcap=softcap, window=window, ring=ring, name=p + "attn")
+                    softcap=softcap, window=window, ring=ring,
+                    sinks=None if sinks is None else cx.c(sinks, p + "sinks"), name=p + "attn")
     return cx.linear(g.reshape(a, (n, H * D)), L.wo, L.bo, p + "o")
 
 
