@@ -103,3 +103,19 @@ def test_bad_quantized_input(rng):
         cpufuse.flash_attn(q, kb, v, scale=0.1, k_type="q8_0", dv=0)
     with pytest.raises(ValueError, match="multiple of 32"):
         kvquant.quantize(np.ones((2, 40), np.float32), "q8_0")
+
+
+def test_cache_type_arguments_never_reuse_a_cached_binding():
+    """flash_attn's cached binding does not key on k_type/v_type/dv: a call naming one is checked in full
+    each time, so a float K that contradicts k_type is refused even after an identical call succeeded"""
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 2, 3, 32)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 5, 32)).astype(np.float32)
+    v = rng.standard_normal((1, 2, 5, 32)).astype(np.float32)
+    a = cpufuse.flash_attn(q, k, v, scale=0.2)
+    a2 = cpufuse.flash_attn(q, k, v, scale=0.2)
+    assert np.array_equal(a, a2)
+    np.testing.assert_array_equal(cpufuse.flash_attn(q, k, v, scale=0.2, k_type="f32", v_type="f32"), a)
+    for _ in range(2):
+        with pytest.raises(TypeError, match="k_type"):
+            cpufuse.flash_attn(q, k, v, scale=0.2, k_type="f16")

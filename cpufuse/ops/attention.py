@@ -126,7 +126,7 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
     kt = None if k_type is None else kvquant.check_kv_type(k_type, "k_type")
     vt = None if v_type is None else kvquant.check_kv_type(v_type, "v_type")
     kq, vq = kt in kvquant.QUANT, vt in kvquant.QUANT
-    if not (kq or vq):
+    if k_type is None and v_type is None and dv is None:   # the cached binding keys on none of the three
         r = _fast(q, k, v, mask, sinks, out, scale, softcap, max_bias, strategy, chunk, q_tile, fused, ggml_compat,
                   isa, n_threads)
         if r is not None:
