@@ -188,10 +188,14 @@ def run(args, files, engines, keys, reps, write):
                 res, err = speed_job(e, f["path"], toks, t, pp, reps, args.peer_python, args.timeout,
                                      **({"pp_warm": args.pp_warm} if getattr(args, "pp_warm", None) else {}),
                                      depth=depth, type_k=ctk, type_v=ctv)
+            elif e.startswith("ik") and depth:   # ik_llama.cpp's llama-bench has no -d
+                res, err = None, "ik_llama.cpp's llama-bench takes no -d (depth); its column is empty at depth > 0"
             else:
+                extra = ["-d", str(depth)] * (not e.startswith("ik"))
+                extra += ["-ctk", ctk, "-ctv", ctv] if (ctk, ctv) != ("f16", "f16") else []
                 res, err = run_llama_bench(ik if e.startswith("ik") else exe, f["path"], t, e.endswith("on"),
                                            args.reps_pp, t == 1, args.timeout, IK_FLAGS * e.startswith("ik")
-                                           + ["-d", str(depth), "-ctk", ctk, "-ctv", ctv], pp or (PP,))
+                                           + extra, pp or (PP,))
             if res and "version" in res:
                 peer_info.update({"ik_version": res["version"]} if e.startswith("ik") else
                                  {"version": res["version"], "system_info": res.get("system_info", ""),
