@@ -218,6 +218,25 @@ def test_kv_fidelity_compare():
     assert agree == 0.5 and kl > 0
 
 
+def test_kv_fidelity_one_pass(tmp_path):
+    """the one pass up to the largest context scores each context as a pass of that length alone"""
+    from bench.e2e import kvfidelity as kf
+    from cpufuse.llama.tiny import write_tiny_gguf
+    path = write_tiny_gguf(str(tmp_path / "m.gguf"), qtype="Q8_0", arch="qwen2", seed=3,
+                           dims=dict(n_embd=128, n_head=4, n_head_kv=2, n_ff=96))
+    ids = np.random.default_rng(0).integers(0, 100, 50).tolist()
+    one, secs, kvb = kf.teacher_forced("cpufuse", path, ids, [24, 48], 8, "q8_0/q4_0", 1, 16)
+    assert sorted(one) == [24, 48] and one[24].shape[0] == 8 and secs[48] >= secs[24] and kvb > 0
+    for C in (24, 48):
+        alone, _, _ = kf.teacher_forced("cpufuse", path, ids, [C], 8, "q8_0/q4_0", 1, 16)
+        assert np.array_equal(alone[C], one[C])
+    rows = kf.score("cpufuse", path, ids, [24, 48], 8, ["q8_0"], 1, 16, log=lambda s: None)
+    assert [(r["ctx"], r["type"]) for r in rows] == [(24, "f16"), (24, "q8_0"), (48, "f16"), (48, "q8_0")]
+    assert rows[0]["kl"] == 0 and 0 <= rows[1]["kl"] < 0.1 and 0 <= rows[3]["top1_agree"] <= 1
+    with pytest.raises(SystemExit, match="n-eval"):
+        kf.main(["--model", path, "--ctx", "24,28", "--n-eval", "8"])
+
+
 def test_reports_at_depth(tmp_path):
     from bench.e2e import model
     run = lambda pp, tg: {"wall": {"pp512": [pp], "tg128": [tg]}, "logits_finite": True}  # noqa: E731
