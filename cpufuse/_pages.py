@@ -11,7 +11,9 @@ the sizes, the alignment and the kernel (docs/benchmarks.md, "Huge pages for the
 `arena()` opens a scope (Model.load's repack runs in one) whose `empty` calls carve 64-byte aligned
 buffers out of 2 MiB-aligned anonymous mappings (chunks of CHUNK bytes; a larger buffer gets its own),
 madvised MADV_HUGEPAGE as a whole: every 2 MiB of panels is one huge page, and a chunk wastes at most
-the rest of its last huge page. Outside an arena, `empty` maps a buffer of HUGE_MIN bytes or more on
+the rest of its last huge page. A fault takes a huge page only if a free 2 MiB block is at hand (on a
+busy VM 542 of 663 MiB did once), so at the scope's end MADV_COLLAPSE (Linux 6.1+) asks the kernel to
+move what landed on 4 KiB pages onto huge ones. Outside an arena, `empty` maps a buffer of HUGE_MIN bytes or more on
 its own, madvising only its whole 2 MiB extents (no page past its end is touched); smaller ones are
 numpy arrays as before. A chunk is unmapped when the last array in it is freed.
 
@@ -32,6 +34,7 @@ CHUNK = 256 << 20       # an arena's mapping (virtual: only what is written beco
 HUGE_MIN = HUGE         # outside an arena, buffers from this size get their own mapping
 ALIGN = 64
 ENV = "CPUFUSE_HUGEPAGES"
+MADV_COLLAPSE = getattr(mmap, "MADV_COLLAPSE", 25)     # Linux 6.1's value (Python 3.13 names it)
 THP_DIR = "/sys/kernel/mm/transparent_hugepage"
 
 _arena = contextvars.ContextVar("cpufuse_pages_arena", default=None)
@@ -95,6 +98,7 @@ class _Arena:
     def __init__(self):
         self.lock = threading.Lock()
         self.mm, self.pos, self.end = None, 0, 0
+        self.chunks = []    # [mapping, offset of its first 2 MiB boundary, end of what was handed out]
 
     def empty(self, nbytes):
         with self.lock:
@@ -105,19 +109,35 @@ class _Arena:
                     return None
                 self.mm, self.pos = m
                 self.end = self.pos + size
+                self.chunks.append([self.mm, self.pos, self.pos])
             a = np.frombuffer(self.mm, np.uint8, nbytes, self.pos)
             self.pos = -(-(self.pos + nbytes) // ALIGN) * ALIGN
+            self.chunks[-1][2] = self.pos
             return a
+
+    def collapse(self):
+        """MADV_COLLAPSE what was handed out (written by now): where a fault got 4 KiB pages, because no
+        free 2 MiB block was at hand then, the kernel copies them into huge pages now (Linux 6.1+;
+        elsewhere, or when it cannot, nothing happens)"""
+        if not wanted() or thp()["enabled"] not in ("always", "madvise"):
+            return
+        for mm, off, end in self.chunks:
+            try:
+                mm.madvise(MADV_COLLAPSE, off, -(-(end - off) // HUGE) * HUGE)
+            except (OSError, ValueError):
+                pass
 
 
 @contextlib.contextmanager
 def arena():
     """A scope in which `empty` packs buffers into shared 2 MiB-aligned huge-page chunks."""
-    tok = _arena.set(_Arena())
+    a = _Arena()
+    tok = _arena.set(a)
     try:
         yield
     finally:
         _arena.reset(tok)
+    a.collapse()
 
 
 def empty(nbytes):
@@ -138,3 +158,33 @@ def empty(nbytes):
         off = (-base.ctypes.data) % ALIGN
         a = base[off:off + nbytes]
     return a
+
+
+def coverage(arrays):
+    """(bytes of the arrays' mappings on huge pages, bytes of the arrays) from /proc/self/smaps: each
+    mapping that holds an array counts min(its AnonHugePages, the arrays' bytes in it); (0, n) where
+    smaps cannot be read. For the benchmarks: how many of the panels a load got on huge pages."""
+    spans = sorted((a.ctypes.data, a.ctypes.data + a.nbytes) for a in arrays if a.nbytes)
+    total = sum(hi - lo for lo, hi in spans)
+    vmas, cur = [], None
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split(None, 1)[0]
+                if "-" in head and not head.endswith(":"):
+                    cur = [int(x, 16) for x in head.split("-")] + [0]
+                    vmas.append(cur)
+                elif head == "AnonHugePages:" and cur is not None:
+                    cur[2] = int(line.split()[1]) << 10
+    except OSError:
+        return 0, total
+    huge, i = 0, 0
+    for lo, hi, h in vmas:      # both sorted by address
+        while i < len(spans) and spans[i][1] <= lo:
+            i += 1
+        inside, j = 0, i
+        while j < len(spans) and spans[j][0] < hi:
+            inside += min(hi, spans[j][1]) - max(lo, spans[j][0])
+            j += 1
+        huge += min(h, inside)
+    return huge, total

@@ -42,6 +42,28 @@ def vma(addr):
     return None
 
 
+def vmstat():
+    """the kernel's counters of huge pages it could not give: fault fallbacks and failed collapses"""
+    try:
+        with open("/proc/vmstat") as f:
+            v = dict(line.split() for line in f)
+    except OSError:
+        return 0
+    return sum(int(v.get(k, 0)) for k in ("thp_fault_fallback", "thp_collapse_alloc_failed"))
+
+
+def no_huge_page_at_hand(before, what):
+    """skip (rather than fail) where the kernel said it had no free 2 MiB block: a busy machine's state"""
+    if vmstat() > before:
+        pytest.skip(f"{what}: the kernel had no free 2 MiB block (thp_fault_fallback or "
+                    "thp_collapse_alloc_failed rose); the advice is checked by the other tests")
+
+
+def thp_faults_possible():
+    t = _pages.thp()
+    return t["enabled"] in ("always", "madvise") and t["defrag"] in ("always", "madvise", "defer+madvise")
+
+
 @pytest.fixture
 def mode(monkeypatch):
     def set_mode(v):
@@ -101,15 +123,45 @@ def test_the_advice_each_setting_asks_for(mode, setting, flag):
 @needs_advice
 def test_huge_pages_are_taken(mode):
     t = _pages.thp()
-    if t["enabled"] not in ("always", "madvise") or t["defrag"] not in ("always", "madvise", "defer+madvise"):
+    if not thp_faults_possible():
         pytest.skip(f"THP enabled {t['enabled']}, defrag {t['defrag']}: a fault need not get a huge page")
     for setting, want in (("1", True), ("0", False)):
         mode(setting)
+        before = vmstat()
         with _pages.arena():
             a = _pages.empty(8 << 20)
-        a[:] = 1
+            a[:] = 1
         _, huge = vma(a.ctypes.data)
+        if want and huge < 2048:
+            no_huge_page_at_hand(before, "8 MiB madvised MADV_HUGEPAGE")
         assert (huge >= 2048) == want, (setting, huge)
+
+
+def _kernel_at_least(major, minor):
+    try:
+        return tuple(int(x) for x in os.uname().release.split(".")[:2]) >= (major, minor)
+    except ValueError:
+        return False
+
+
+@needs_advice
+def test_collapse_moves_4k_faults_onto_huge_pages(mode, monkeypatch):
+    """a chunk whose faults got 4 KiB pages (here: no MADV_HUGEPAGE before them) is collapsed onto huge
+    pages when the arena closes, its bytes unchanged"""
+    t = _pages.thp()
+    if t["enabled"] != "madvise" or not _kernel_at_least(6, 1):
+        pytest.skip(f"THP {t['enabled']}, kernel {os.uname().release}: needs `madvise` and MADV_COLLAPSE (6.1)")
+    mode("1")
+    monkeypatch.setattr(_pages, "_advice", lambda huge: None)
+    before = vmstat()
+    with _pages.arena():
+        a = _pages.empty(6 << 20)
+        a[:] = np.arange(a.size, dtype=np.uint64).astype(np.uint8)
+        assert vma(a.ctypes.data)[1] == 0
+    if vma(a.ctypes.data)[1] < 2048:
+        no_huge_page_at_hand(before, "MADV_COLLAPSE")
+    assert vma(a.ctypes.data)[1] >= 2048
+    assert np.array_equal(a, np.arange(a.size, dtype=np.uint64).astype(np.uint8))
 
 
 @needs_advice
@@ -150,9 +202,32 @@ def test_info_reports_huge_pages():
     h = cpufuse.info()["huge_pages"]
     assert set(h) == {"enabled", "defrag", "madvise", "env", "used"}
     assert h["enabled"] in (None, "always", "madvise", "never")
-    for setting, word in (("0", "off"), ("1", "on" if h["enabled"] in ("always", "madvise") and h["madvise"] else "off")):
+    on = "on" if h["enabled"] in ("always", "madvise") and h["madvise"] else "off"
+    for setting, word in (("0", "off"), ("1", on)):
         r = subprocess.run([sys.executable, "-m", "cpufuse", "info"], capture_output=True, text=True, timeout=120,
                            env=clean_env(CPUFUSE_HUGEPAGES=setting), cwd=os.path.dirname(__file__))
         assert r.returncode == 0, r.stderr
         assert f"huge pages       : {word} for the repacked weights" in r.stdout, r.stdout
         assert f"CPUFUSE_HUGEPAGES = {setting})" in r.stdout
+
+
+@needs_advice
+def test_coverage_counts_the_arrays_huge_bytes(mode):
+    mode("0")
+    with _pages.arena():
+        small = _pages.empty(5 << 20)
+    small[:] = 1
+    assert _pages.coverage([small]) == (0, small.nbytes)
+    assert _pages.coverage([]) == (0, 0)
+    if not thp_faults_possible():
+        return
+    mode("1")
+    before = vmstat()
+    with _pages.arena():
+        a, b = _pages.empty(6 << 20), _pages.empty(100)
+        a[:] = 1
+    huge, total = _pages.coverage([a, b])
+    assert total == a.nbytes + 100 and huge <= total
+    if huge < _pages.HUGE:
+        no_huge_page_at_hand(before, "6 MiB madvised MADV_HUGEPAGE")
+    assert huge >= _pages.HUGE

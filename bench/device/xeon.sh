@@ -32,6 +32,11 @@
 #            the trees and the 1B AB_TYPES files when missing (no peers; ~2 min on a fresh machine),
 #            then bench/e2e/profile.py (plus AB_ARGS) at AB_THREADS (16) threads on 1B AB_TYPES
 #            ("q8_0 q4_0"), the trees alternating, AB_ROUNDS (3) rounds.                   ~1-2 min
+#   thp      issue 42: the repacked panels on 4 KiB pages (CPUFUSE_HUGEPAGES=0) against 2 MiB (=1), in one
+#            process per thread count (bench.e2e.thp: AnonHugePages after each load, decode rounds alternating,
+#            the read probe over the same panels), at THP_THREADS (1,16; 1 pinned to core 0), ROUNDS (6), on
+#            the one-type (--pure) 1B THP_TYPES (q4_0 q8_0) files, written on first use; then llama-bench
+#            at 1 thread (core 0) on the same files; THP settings, numpy's madvise: thp-machine.txt.  ~4 min
 # Results: $OUT/ (e2e-big-<phase>.md/.json/.png and logs).
 set -uo pipefail
 PHASE="${1:-}"
@@ -118,7 +123,7 @@ big() {  # written only when missing: the given bench.e2e.bigmodels arguments
 IK=(--ik-llama-src "$IKSRC" --pp 128,512)
 case "$PHASE" in
   ab) wheels || exit 1 ;;
-  moe|depth) have_cpufuse && [ -x "$LB" ] || SETUP_1B=0 setup || exit 1 ;;
+  moe|depth|thp) have_cpufuse && [ -x "$LB" ] || SETUP_1B=0 setup || exit 1 ;;
   throttle) "$PY" -m bench.throttle --md "$OUT/throttle.md" --json "$OUT/throttle.json"; exit ;;
   setup|1b|1b-more|8b|t16|scale|profile|ik16|ik8b|ik1|ik8b1|q8t16) [ "$PHASE" = setup ] || ready || exit 1 ;;
   *) sed -n '2,/^# Results/p' "$0"; exit 2 ;;
@@ -192,6 +197,21 @@ case "$PHASE" in
     for ct in ${DEPTH_CTK:-f16 q8_0}; do
       e2e "depth-$ct-t${DEPTH_THREADS:-16}" --models 1b --types q4_0 --threads "${DEPTH_THREADS:-16}" --rounds 1 \
         --depth "${DEPTHS:-0,4096,16384}" --ctk "$ct" --engines "${DEPTH_ENGINES:-cpufuse,llamacpp-fa-on}"
+    done ;;
+  thp)  # issue 42: page size of the repacked panels, A/B in one process; llama.cpp at 1 thread beside it
+    THP_TYPES="${THP_TYPES:-q4_0 q8_0}"
+    big --models 1b --types "$(echo $THP_TYPES | tr ' ' ,)" --pure
+    { uname -r; for f in enabled defrag khugepaged/defrag; do echo "thp $f: $(cat /sys/kernel/mm/transparent_hugepage/$f)"; done
+      "$PY" -c "import numpy as n; c = getattr(n, '_core', None) or n.core; print('numpy', n.__version__, 'madvise_hugepage', c.multiarray._get_madvise_hugepage())"
+      grep -iE 'huge|MemFree|MemAvailable' /proc/meminfo; cat /proc/buddyinfo; "$PY" -m cpufuse info | grep -i huge; } > "$OUT/thp-machine.txt" 2>&1
+    cat "$OUT/thp-machine.txt"
+    for ty in $THP_TYPES; do
+      [ "$(left)" -gt 60 ] || break
+      f="$CPUFUSE_BENCH_MODELS/$("$PY" -c "from bench.e2e.bigmodels import file_name; print(file_name('1b', '$ty', True))")"
+      timeout "$(left)" "$PY" -m bench.e2e.thp "$f" --threads "${THP_THREADS:-1,16}" --rounds "${ROUNDS:-6}" \
+        --md "$OUT/thp-1b-$ty-pure.md" --json "$OUT/thp-1b-$ty-pure.json" 2>&1 | grep -E '^\| |^Per round|^THP'
+      [ "$(left)" -gt 40 ] || break
+      timeout "$(left)" taskset -c 0 "$LB" -m "$f" -t 1 -p 0 -n 32 -r 3 -o md 2>/dev/null | tee "$OUT/thp-1b-$ty-pure-llamabench-t1.md" | grep -E 'tg32'
     done ;;
   scale) e2e scale --models 1b --types q4_0 --threads 2,8 --rounds 2 ;;   # 1/4/16 come from 1b and t16
   profile)

@@ -2,9 +2,9 @@
 twice, its panels on 4 KiB pages (CPUFUSE_HUGEPAGES=0) and on 2 MiB pages (=1, the default); then
 decode rounds on the two alternating, and the read probe over the very same panel buffers (and over a
 buffer of ones the same size, on the same pages), so the page size's effect on the stream shows apart
-from the kernels. AnonHugePages (/proc/self/smaps_rollup) after each load proves which pages were taken.
-Each thread count runs in its own process (1 thread pinned to core 0; --here: in this process, pinned
-by the caller, e.g. `taskset -c 1`)."""
+from the kernels. The AnonHugePages (/proc/self/smaps) of the panels' mappings after each load show
+which pages were taken. Each thread count runs in its own process (1 thread pinned to core 0; --here:
+in this process, pinned by the caller, e.g. `taskset -c 1`)."""
 import argparse
 import ctypes
 import os
@@ -92,7 +92,8 @@ def worker(job):
                 ones[mode] = _pages.empty(nb // 4 * 4).view(np.float32)
             ones[mode][:] = 1.0
             models[mode] = m, ps, spans(ps)
-            res["modes"][mode] = {"panel_bytes": nb, "huge_kib_after_load": h1 - h0, "decode_ms": [], "cpu_ms": [],
+            res["modes"][mode] = {"panel_bytes": nb, "huge_kib_after_load": h1 - h0,
+                                  "panel_huge_bytes": _pages.coverage(ps)[0], "decode_ms": [], "cpu_ms": [],
                                   "probe_panels_gbps": [], "probe_ones_gbps": [], "probe_panels_cpu_gbps": [],
                                   "probe_ones_cpu_gbps": []}
     finally:
@@ -129,6 +130,12 @@ FIELDS = ("decode_ms", "cpu_ms", "probe_panels_gbps", "probe_ones_gbps", "probe_
           "probe_ones_cpu_gbps")
 
 
+def _rounds(r):
+    m0, m1, t = r["modes"]["0"], r["modes"]["1"], r["threads"]
+    return f"{t}T " + ", ".join(f"({a:.1f}, {b:.1f} | {c / t:.1f}, {d / t:.1f})" for a, b, c, d in
+                                zip(m0["decode_ms"], m1["decode_ms"], m0["cpu_ms"], m1["cpu_ms"]))
+
+
 def markdown(model, R, n_prompt, steps, rounds):
     L = [f"# Huge pages for the repacked panels: `{model}` (`python -m bench.e2e.thp`)", "",
          f"One process per thread count; the model loaded twice (CPUFUSE_HUGEPAGES=0: 4 KiB pages, =1: 2 MiB), "
@@ -143,7 +150,7 @@ def markdown(model, R, n_prompt, steps, rounds):
             s, d = r["modes"][mode], med[mode]
             gbs = s["panel_bytes"] / d["decode_ms"] / 1e6
             rows.append([r["threads"], "2 MiB" if mode == "1" else "4 KiB",
-                         f"{s['huge_kib_after_load'] / 1024:.0f} / {s['panel_bytes'] / 2**20:.0f}",
+                         f"{s['panel_huge_bytes'] / 2**20:.0f} / {s['panel_bytes'] / 2**20:.0f}",
                          f"{d['decode_ms']:.2f} / {d['cpu_ms'] / r['threads']:.2f}", f"{1e3 / d['decode_ms']:.1f}",
                          f"{gbs:.1f}", f"{d['probe_panels_gbps']:.1f} / {d['probe_panels_cpu_gbps']:.1f}",
                          f"{d['probe_ones_gbps']:.1f} / {d['probe_ones_cpu_gbps']:.1f}",
@@ -152,7 +159,7 @@ def markdown(model, R, n_prompt, steps, rounds):
         rows.append([r["threads"], "**2M ÷ 4K**", "", f"**{x['decode_ms']:.3f}× / {x['cpu_ms']:.3f}×**", "", "",
                      f"{x['probe_panels_gbps']:.3f}× / {x['probe_panels_cpu_gbps']:.3f}×",
                      f"{x['probe_ones_gbps']:.3f}× / {x['probe_ones_cpu_gbps']:.3f}×", ""])
-    L += table(["threads", "pages", "AnonHugePages after load, MiB / panel MiB", "decode ms / token, wall / CPU",
+    L += table(["threads", "pages", "panel MiB on huge pages / panel MiB", "decode ms / token, wall / CPU",
                 "tok/s", "decode GB/s (panels)", "probe GB/s, panels, wall / CPU", "probe GB/s, ones, wall / CPU",
                 "decode ÷ probe (ones, wall)"], rows, "---:")
     t = R[0]["thp"] if R else {}
@@ -160,11 +167,7 @@ def markdown(model, R, n_prompt, steps, rounds):
           "OS threads in the process after the rounds: " + ", ".join(f"{r['os_threads']} at {r['threads']}T" for r in R)
           + " (1 thread: cf_parallel_for runs the chunks in the caller, no pool worker exists). "
           "Speed-ups read 2 MiB over 4 KiB (> 1: huge pages faster).", "",
-          "Per round, decode ms / token (4 KiB, 2 MiB), wall | CPU: " + "; ".join(
-              f"{r['threads']}T " + ", ".join(f"({a:.1f}, {b:.1f} | {c / r['threads']:.1f}, {d / r['threads']:.1f})"
-                                              for a, b, c, d in zip(r["modes"]["0"]["decode_ms"], r["modes"]["1"]["decode_ms"],
-                                                                    r["modes"]["0"]["cpu_ms"], r["modes"]["1"]["cpu_ms"]))
-              for r in R)]
+          "Per round, decode ms / token (4 KiB, 2 MiB), wall | CPU: " + "; ".join(_rounds(r) for r in R)]
     return "\n".join(L) + "\n"
 
 
