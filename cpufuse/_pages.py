@@ -79,6 +79,8 @@ def thp():
 def _map(nbytes, huge_from, huge_len):
     """(the mapping, the offset of its first 2 MiB boundary): an anonymous mapping of nbytes + HUGE
     bytes, [off + huge_from, + huge_len) madvised by CPUFUSE_HUGEPAGES; None where mmap fails"""
+    if not hasattr(mmap, "MAP_PRIVATE"):    # Windows: numpy's memory
+        return None
     try:
         mm = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20))
     except (OSError, ValueError):
