@@ -32,6 +32,9 @@
 #            the trees and the 1B AB_TYPES files when missing (no peers; ~2 min on a fresh machine),
 #            then bench/e2e/profile.py (plus AB_ARGS) at AB_THREADS (16) threads on 1B AB_TYPES
 #            ("q8_0 q4_0"), the trees alternating, AB_ROUNDS (3) rounds.                   ~1-2 min
+#   replicas issue 44: throughput of 1 plain `cpufuse serve` of 16 threads against 2 of 8 threads each
+#            (pinned to separate cores, round-robin clients; bench.e2e.replicas --plain) on 1B Q4_0,
+#            REP_ALTERNATE (2) runs of each, alternating; needs .whl/serve (prepare.sh).       ~4-6 min
 #   thp      issue 42: the repacked panels on 4 KiB pages (CPUFUSE_HUGEPAGES=0) against 2 MiB (=1), in one
 #            process per thread count (bench.e2e.thp: AnonHugePages after each load, decode rounds alternating,
 #            the read probe over the same panels), at THP_THREADS (1,16; 1 pinned to core 0), ROUNDS (6), on
@@ -123,6 +126,12 @@ big() {  # written only when missing: the given bench.e2e.bigmodels arguments
 IK=(--ik-llama-src "$IKSRC" --pp 128,512)
 case "$PHASE" in
   ab) wheels || exit 1 ;;
+  replicas)
+    [ -d .whl/serve ] || { say "no .whl/serve: run bench/device/prepare.sh here"; exit 1; }
+    "$PY" -c "import starlette, uvicorn, pydantic, httpx" 2>/dev/null ||
+      "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-serve .whl/serve/*.whl
+    export PYTHONPATH="$PYTHONPATH:/tmp/site-serve"
+    have_cpufuse && [ -x "$LB" ] || SETUP_1B=0 setup || exit 1 ;;
   moe|depth|thp) have_cpufuse && [ -x "$LB" ] || SETUP_1B=0 setup || exit 1 ;;
   throttle) "$PY" -m bench.throttle --md "$OUT/throttle.md" --json "$OUT/throttle.json"; exit ;;
   setup|1b|1b-more|8b|t16|scale|profile|ik16|ik8b|ik1|ik8b1|q8t16) [ "$PHASE" = setup ] || ready || exit 1 ;;
@@ -198,6 +207,12 @@ case "$PHASE" in
       e2e "depth-$ct-t${DEPTH_THREADS:-16}" --models 1b --types q4_0 --threads "${DEPTH_THREADS:-16}" --rounds 1 \
         --depth "${DEPTHS:-0,4096,16384}" --ctk "$ct" --engines "${DEPTH_ENGINES:-cpufuse,llamacpp-fa-on}"
     done ;;
+  replicas)
+    big --models 1b --types q4_0
+    f="$("$PY" -c "import os; from bench.e2e import bigmodels as b; print(os.path.join(b.models_dir(), b.file_name('1b', 'q4_0')))")"
+    timeout "$(left)" "$PY" -m bench.e2e.replicas "$f" --plain --threads "${REP_THREADS:-16}" --replicas 2 --parallel 8 \
+      --clients "${REP_CLIENTS:-16}" --rounds 1 --max-tokens "${REP_TOKENS:-64}" --alternate "${REP_ALTERNATE:-2}" \
+      --json "$OUT/replicas.json" 2>&1 | tee "$OUT/replicas.log" ;;
   thp)  # issue 42: page size of the repacked panels, A/B in one process; llama.cpp at 1 thread beside it
     THP_TYPES="${THP_TYPES:-q4_0 q8_0}"
     big --models 1b --types "$(echo $THP_TYPES | tr ' ' ,)" --pure
@@ -207,7 +222,7 @@ case "$PHASE" in
     cat "$OUT/thp-machine.txt"
     for ty in $THP_TYPES; do
       [ "$(left)" -gt 60 ] || break
-      f="$CPUFUSE_BENCH_MODELS/$("$PY" -c "from bench.e2e.bigmodels import file_name; print(file_name('1b', '$ty', True))")"
+      f="$("$PY" -c "import os; from bench.e2e import bigmodels as b; print(os.path.join(b.models_dir(), b.file_name('1b', '$ty', True)))")"
       timeout "$(left)" "$PY" -m bench.e2e.thp "$f" --threads "${THP_THREADS:-1,16}" --rounds "${ROUNDS:-6}" \
         --md "$OUT/thp-1b-$ty-pure.md" --json "$OUT/thp-1b-$ty-pure.json" 2>&1 | grep -E '^\| |^Per round|^THP'
       [ "$(left)" -gt 40 ] || break
