@@ -40,6 +40,7 @@
 #            the read probe over the same panels), at THP_THREADS (1,16; 1 pinned to core 0), ROUNDS (6), on
 #            the one-type (--pure) 1B THP_TYPES (q4_0 q8_0) files, written on first use; then llama-bench
 #            at 1 thread (core 0) on the same files; THP settings, numpy's madvise: thp-machine.txt.  ~4 min
+#            THP_8B=1 adds the one-type 8B Q4_0 at 16 threads (written on first use).       +3-4 min
 # Results: $OUT/ (e2e-big-<phase>.md/.json/.png and logs).
 set -uo pipefail
 PHASE="${1:-}"
@@ -214,8 +215,8 @@ case "$PHASE" in
       --clients "${REP_CLIENTS:-16}" --rounds 1 --max-tokens "${REP_TOKENS:-64}" --alternate "${REP_ALTERNATE:-2}" \
       --json "$OUT/replicas.json" 2>&1 | tee "$OUT/replicas.log" ;;
   thp)  # issue 42: page size of the repacked panels, A/B in one process; llama.cpp at 1 thread beside it
-    THP_TYPES="${THP_TYPES:-q4_0 q8_0}"
-    big --models 1b --types "$(echo $THP_TYPES | tr ' ' ,)" --pure
+    THP_TYPES="${THP_TYPES-q4_0 q8_0}"   # THP_TYPES= (empty) with THP_8B=1: the 8B file only
+    [ -z "$THP_TYPES" ] || big --models 1b --types "$(echo $THP_TYPES | tr ' ' ,)" --pure
     { uname -r; for f in enabled defrag khugepaged/defrag; do echo "thp $f: $(cat /sys/kernel/mm/transparent_hugepage/$f)"; done
       "$PY" -c "import numpy as n; c = getattr(n, '_core', None) or n.core; print('numpy', n.__version__, 'madvise_hugepage', c.multiarray._get_madvise_hugepage())"
       grep -iE 'huge|MemFree|MemAvailable' /proc/meminfo; cat /proc/buddyinfo; "$PY" -m cpufuse info | grep -i huge; } > "$OUT/thp-machine.txt" 2>&1
@@ -227,7 +228,13 @@ case "$PHASE" in
         --md "$OUT/thp-1b-$ty-pure.md" --json "$OUT/thp-1b-$ty-pure.json" 2>&1 | grep -E '^\| |^Per round|^THP'
       [ "$(left)" -gt 40 ] || break
       timeout "$(left)" taskset -c 0 "$LB" -m "$f" -t 1 -p 0 -n 32 -r 3 -o md 2>/dev/null | tee "$OUT/thp-1b-$ty-pure-llamabench-t1.md" | grep -E 'tg32'
-    done ;;
+    done
+    if [ "${THP_8B:-0}" = 1 ] && [ "$(left)" -gt 150 ]; then   # 8B Q4_0 one-type at 16 threads (a 4.3 GB file)
+      big --models 8b --types q4_0 --pure
+      f="$("$PY" -c "import os; from bench.e2e import bigmodels as b; print(os.path.join(b.models_dir(), b.file_name('8b', 'q4_0', True)))")"
+      timeout "$(left)" "$PY" -m bench.e2e.thp "$f" --threads 16 --rounds "${ROUNDS:-6}" --md "$OUT/thp-8b-q4_0-pure.md" \
+        --json "$OUT/thp-8b-q4_0-pure.json" 2>&1 | grep -E '^\| |^Per round'
+    fi ;;
   scale) e2e scale --models 1b --types q4_0 --threads 2,8 --rounds 2 ;;   # 1/4/16 come from 1b and t16
   profile)
     for t in 16 1; do
