@@ -148,6 +148,16 @@ def test_bad_context_arguments(path):
         eng.stop()
 
 
+def test_serve_checks_keep_before_loading(path, capsys):
+    from cpufuse.serve import cli as serve_cli
+    assert serve_cli.main([path, "-c", "32", "--context-shift", "--keep", "31"]) == 2
+    assert "--keep must be in [0, -c - 2 = 30]" in capsys.readouterr().err
+    assert serve_cli.main([path, "--keep", "-1"]) == 2
+    assert "--keep must be" in capsys.readouterr().err
+    a = serve_cli.build_parser().parse_args([path, "--context-shift", "--keep", "4"])
+    assert (a.context_shift, a.keep) == (True, 4)
+
+
 # ---------------------------------------------------------------------------------- HTTP
 def _sse(resp):
     out = []

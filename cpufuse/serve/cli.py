@@ -135,6 +135,10 @@ def main(argv=None):
         path = llama_cli.model_path(args)
         n_ctx = llama_cli.context(args, path, n_seq=args.parallel if args.engine == "batch" else 1)
         draft = llama_cli.make_draft(args)       # loaded with the model (speculative decoding per sequence)
+        if args.keep < 0 or (n_ctx and args.keep > n_ctx - 2):
+            raise llama_cli.CLIError(f"--keep must be in [0, -c - 2 = {n_ctx - 2}] (a context shift keeps --keep "
+                                     f"tokens and drops half of the rest), got {args.keep}" if n_ctx else
+                                     f"--keep must be >= 0, got {args.keep}", 2)
     except llama_cli.CLIError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.code
