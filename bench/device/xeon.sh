@@ -35,8 +35,9 @@
 #            ("q8_0 q4_0"), the trees alternating, AB_ROUNDS (3) rounds.                   ~1-2 min
 #   contended  issue 42 item 5: decode (tg CONT_TG, 64) of the one-type 1B Q4_0 file (written when missing)
 #            at each engine's default thread count, quiet and beside NCPU/2 busy-loop processes,
-#            alternating, CONT_ROUNDS (4) rounds; cpufuse against llama-bench (no -t); each engine's
-#            contended/quiet ratio (python -m bench.e2e --contended).                    ~2-3 min
+#            alternating, CONT_ROUNDS (4) rounds, the competitors running CONT_SETTLE (20) s before
+#            each contended phase (cpufuse's default reads the 1-minute load average); cpufuse against
+#            llama-bench (no -t); each engine's contended/quiet ratio (bench.e2e --contended). ~3-4 min
 #   replicas issue 44: throughput of 1 plain `cpufuse serve` of 16 threads against 2 of 8 threads each
 #            (pinned to separate cores, round-robin clients; bench.e2e.replicas --plain) on 1B Q4_0,
 #            REP_ALTERNATE (2) runs of each, alternating; needs .whl/serve (prepare.sh).       ~4-6 min
@@ -214,7 +215,7 @@ case "$PHASE" in
     big --models 1b --types q4_0 --pure
     uptime
     timeout "$(left)" "$PY" -m bench.e2e --contended --model "$CPUFUSE_BENCH_MODELS/llama-1b-shapes-Q4_0-pure.gguf" \
-      --tg "${CONT_TG:-64}" --rounds "${CONT_ROUNDS:-4}" --llama-bench "$LB" --json "$OUT/e2e-contended.json" \
+      --tg "${CONT_TG:-64}" --rounds "${CONT_ROUNDS:-4}" --settle "${CONT_SETTLE:-20}" --llama-bench "$LB" --json "$OUT/e2e-contended.json" \
       --md "$OUT/e2e-contended.md" 2>&1 | tee "$OUT/e2e-contended.log" ;;
   replicas)
     big --models 1b --types q4_0
