@@ -133,9 +133,9 @@ case "$PHASE" in
       "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-serve .whl/serve/*.whl
     export PYTHONPATH="$PYTHONPATH:/tmp/site-serve"
     have_cpufuse && [ -x "$LB" ] || SETUP_1B=0 setup || exit 1 ;;
-  moe|depth) have_cpufuse && [ -x "$LB" ] || SETUP_1B=0 setup || exit 1 ;;
+  moe|depth|contended) have_cpufuse && [ -x "$LB" ] || SETUP_1B=0 setup || exit 1 ;;
   throttle) "$PY" -m bench.throttle --md "$OUT/throttle.md" --json "$OUT/throttle.json"; exit ;;
-  setup|1b|1b-more|8b|t16|scale|profile|ik16|ik8b|ik1|ik8b1|q8t16|contended) [ "$PHASE" = setup ] || ready || exit 1 ;;
+  setup|1b|1b-more|8b|t16|scale|profile|ik16|ik8b|ik1|ik8b1|q8t16) [ "$PHASE" = setup ] || ready || exit 1 ;;
   *) sed -n '2,/^# Results/p' "$0"; exit 2 ;;
 esac
 case "$PHASE" in
