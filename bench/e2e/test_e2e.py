@@ -234,6 +234,35 @@ def test_reports_at_depth(tmp_path):
     assert "| tg 128 @4096 | 1 | 9" in md
 
 
+FAKE_DEFAULT_LLAMA_BENCH = """#!/bin/sh
+case "$*" in *" -t "*|*" -fa "*) exit 4;; esac
+case "$*" in *"-p 0 -n 2 "*) ;; *) exit 5;; esac
+echo "[{\\"build_commit\\": \\"c0\\", \\"n_prompt\\": 0, \\"n_gen\\": 2, \\"n_threads\\": 7, \\"samples_ts\\": [20, 22]}]"
+"""
+
+
+def test_contended_case(tmp_path):
+    """--contended: competitors start and stop; the fake llama-bench runs at its defaults (no -t, no -fa),
+    cpufuse at its own; the report has each engine's ratio and the verdict"""
+    from bench import threads
+    from bench.e2e import contended
+    from cpufuse.llama.tiny import write_tiny_gguf
+    assert contended.llamacpp_default_threads() >= 1
+    with contended.Competitors(1) as c:
+        (p,) = c.procs
+        assert p.poll() is None
+    assert p.poll() is not None and c.procs == []
+    exe = tmp_path / "llama-bench"
+    exe.write_text(FAKE_DEFAULT_LLAMA_BENCH)
+    exe.chmod(0o755)
+    model = write_tiny_gguf(tmp_path / "m.gguf", qtype="Q8_0")
+    threads.run_module("bench.e2e", "--contended", "--model", str(model), "--tg", "2", "--rounds", "2", "--settle",
+                       "0", "--llama-bench", str(exe), "--json", str(tmp_path / "c.json"), "--md", str(tmp_path / "c.md"))
+    md = (tmp_path / "c.md").read_text()
+    assert "| llama.cpp (llama-bench (build c0, ?)) | 7 / 7 | 21.00 | 21.00 | **1.000** | 1.000, 1.000 |" in md, md
+    assert "| cpufuse | " in md and "the target (no worse) is **" in md and "Failures" not in md
+
+
 def test_smoke_thp(tmp_path):
     """bench.e2e.thp on a tiny Q4_0 model: both page modes, the table and the per-round line"""
     from cpufuse.llama.tiny import write_tiny_gguf
