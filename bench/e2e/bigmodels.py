@@ -49,6 +49,11 @@ SHAPES = {
                           n_head_kv=4, head_dim=128, n_vocab=151936, tied=False, n_ctx_train=40960,
                           freq_base=1000000.0, eps=1e-6, n_expert=128, n_expert_used=8, n_ff_exp=768),
 }
+# Qwen2.5-Coder-1.5B-Instruct (its config.json; Q/K/V biases): bench.e2e.spec --replay times its speculative
+# decoding's recorded decoder calls on this file where the real one cannot be copied
+SHAPES["qwen2.5-coder-1.5b"] = dict(name="Qwen2.5-Coder-1.5B", arch="qwen2", n_embd=1536, n_layer=28, n_ff=8960,
+                                    n_head=12, n_head_kv=2, n_vocab=151936, tied=True, n_ctx_train=32768,
+                                    freq_base=1000000.0, eps=1e-6)
 # Qwen3-30B-A3B with its first 8 of 48 layers (3.4 GB at Q4_K_M instead of 18.6): a quick file to check
 # load-time memory per layer on a small machine (docs/moe.md extrapolates the full model from it)
 SHAPES["qwen3-30b-a3b-8l"] = dict(SHAPES["qwen3-30b-a3b"], name="Qwen3-30B-A3B (8 of 48 layers)", n_layer=8)

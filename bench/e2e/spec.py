@@ -125,9 +125,77 @@ def run_one(model, draft, text, n_predict, spec_first):
     (a, ca), (b, cb) = got["plain"], got["spec"]
     if a.tokens != b.tokens:
         raise AssertionError(f"speculative output differs from plain decoding on {text[:40]!r}")
-    return {"tokens": len(a.tokens), "plain_s": a.decode_time, "spec_s": b.decode_time, "plain_cpu": ca,
+    tr = trace(draft, model, model.prompt_ids(p), a, n_predict)
+    if (sum(k for k, _ in tr), sum(x for _, x in tr)) != (b.draft_tokens, b.draft_accepted):
+        print(f"warning: the trace of {text[:40]!r} does not add up to the run's counts", flush=True)
+    return {"trace": tr, "tokens": len(a.tokens), "plain_s": a.decode_time, "spec_s": b.decode_time, "plain_cpu": ca,
             "spec_cpu": cb, "drafted": b.draft_tokens, "accepted": b.draft_accepted, "verify_steps": b.draft_steps,
             "decode_steps": a.decode_tokens, "ids": model.prompt_ids(p), "out": a.tokens}
+
+
+def trace(draft, model, ids, res, max_tokens):
+    """the (drafted, accepted) count of every decoder call of a speculative generation, replayed
+    from the plain one's tokens (the same loop as cpufuse.llama.generate.decode: the outputs are
+    the same, so the drafts are too; the caller checks the totals against the run's)"""
+    from cpufuse.llama.speculative import draft_ids, next_cap
+    seq = list(res.tokens) + ([res.stop_token] if res.stop_token is not None else [])
+    steps, cap, i = [], 1 << 30, 0
+    while i < res.decode_tokens:
+        lim = min(cap, max_tokens - 2 - i, model.n_ctx - len(ids) - i - 1, model.n_batch - 1)
+        d = draft_ids(draft, ids + seq[:i + 1], lim, model.n_vocab)
+        a = 0
+        while a < len(d) and i + 1 + a < len(seq) and d[a] == seq[i + 1 + a]:
+            a += 1
+        steps.append((len(d), a))
+        cap = next_cap(cap, len(d), a)
+        i += a + 1
+    return steps
+
+
+def replay(args, path, traces):
+    """--replay: the decoder calls of recorded traces (trace()) on `path` (a file of the same
+    shapes, e.g. random weights: only the time is measured), against as many plain decode steps,
+    alternated; a greedy sample of every row used, as the real loop"""
+    import numpy as np
+    from cpufuse.llama import Model
+    from cpufuse.llama.sampling import Sampler
+    from cpufuse.llama.speculative import rewind, verify
+    res = {"model": os.path.basename(path), "replayed": args.replay, "runs": []}
+    for nt in [int(t) for t in args.threads.split(",")]:
+        m = Model.load(path, n_ctx=args.n_ctx, n_threads=nt)
+        smp = Sampler(temperature=0)
+        rng = np.random.default_rng(0)
+        for kind in dict.fromkeys(t["kind"] for t in traces):
+            tp = ts = 0.0
+            n = calls = 0
+            for j, t in enumerate(x for x in traces if x["kind"] == kind):
+                m.reset()
+                toks = [int(v) for v in rng.integers(10, m.n_vocab - 10, t["prompt"] + 1)]
+                with m._lock:
+                    m._eval(toks[:-1])
+                    base = m._n_past
+                    for how in (("spec", "plain") if j % 2 else ("plain", "spec")):
+                        rewind(m, base)
+                        t0 = time.perf_counter()
+                        steps = [(0, 0)] * t["decode_steps"] if how == "plain" else t["steps"]
+                        for k, a in steps:
+                            rows = m._eval([toks[-1]])[None] if k == 0 else verify(m, [toks[-1]] * (k + 1))
+                            for r in range(a + 1):
+                                smp.sample(rows[r])
+                            rewind(m, m._n_past - k + a)
+                        dt = time.perf_counter() - t0
+                        if how == "plain":
+                            tp += dt
+                        else:
+                            ts += dt
+                n += t["decode_steps"]
+                calls += len(t["steps"])
+            s = {"threads": nt, "prompts": kind, "tokens": n, "calls": calls, "plain_tps": n / tp, "spec_tps": n / ts,
+                 "speedup": tp / ts}
+            res["runs"].append(s)
+            print(f"{res['model']} t={nt} {kind:12s} replay of {args.replay}: {n} tokens in {calls} calls, plain "
+                  f"{s['plain_tps']:.1f} tok/s, speculative {s['spec_tps']:.1f} tok/s ({s['speedup']:.2f}x)", flush=True)
+    return res
 
 
 def summary(rows):
@@ -194,8 +262,20 @@ def main(argv=None):
                                                  "plain and prompt-lookup decoding on the same prompts")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--md", default=None, help="write the table as markdown here")
+    ap.add_argument("--replay", default=None, help="an --out JSON: time its traces' decoder calls on --model "
+                                                   "(same shapes; random weights do) instead of generating")
     args = ap.parse_args(argv)
     path = hub.resolve(args.model)
+    if args.replay:
+        with open(args.replay) as f:
+            traces = [t for r in json.load(f)["runs"] for t in r.get("traces", [])]
+        if not traces:
+            ap.error(f"--replay: {args.replay} holds no traces (write one with --out)")
+        res = replay(args, path, traces)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(res, f, indent=1)
+        return 0
     sets = {"code-editing": CODE_PROMPTS, "chat": CHAT_PROMPTS}
     kinds = args.kinds.split(",")
     if any(k not in sets for k in kinds):
@@ -216,7 +296,9 @@ def main(argv=None):
             t0 = time.perf_counter()
             rows = [run_one(m, draft, p, args.n_predict, i % 2 == 1) for i, p in enumerate(sets[kind])]
             s = summary(rows)
-            s.update(threads=nt, prompts=kind, how=how, wall_s=time.perf_counter() - t0)
+            s.update(threads=nt, prompts=kind, how=how, wall_s=time.perf_counter() - t0,
+                     traces=[{"kind": kind, "prompt": len(r["ids"]), "decode_steps": r["decode_steps"],
+                              "steps": r["trace"]} for r in rows])
             print(f"{res['model']} t={nt} {kind:12s} {how}: {s['tokens']} tokens, plain {s['plain_tps']:.1f} tok/s, "
                   f"speculative {s['spec_tps']:.1f} tok/s ({s['speedup']:.2f}x wall, {s['speedup_cpu']:.2f}x CPU s), "
                   f"accepted {s['accepted']}/{s['drafted']} drafted ({100 * s['accept_rate']:.0f}%), "
