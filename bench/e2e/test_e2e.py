@@ -231,3 +231,24 @@ def test_reports_at_depth(tmp_path):
     assert "| 1b-Q4_0 @4096 | 1 |" in text and "types q8_0/q8_0" in text
     md = "\n".join(model.speed_md(dict(R, peer_skipped="none")))
     assert "| tg 128 @4096 | 1 | 9" in md
+
+
+def test_spec_bench_trace_and_replay(tmp_path, capsys):
+    """bench.e2e.spec on a tiny model: the speculative tokens are the plain ones (it raises otherwise),
+    each trace adds up to the run's drafted / accepted counts, and --replay times the traces"""
+    import json
+    from bench.e2e import spec
+    from cpufuse.llama.tiny import write_tiny_gguf
+    path = write_tiny_gguf(str(tmp_path / "m.gguf"), arch="qwen2")
+    out, rep = str(tmp_path / "out.json"), str(tmp_path / "rep.json")
+    assert spec.main(["--model", path, "--n-predict", "24", "--lookup", "7", "--out", out]) == 0
+    assert "warning" not in capsys.readouterr().out
+    runs = json.load(open(out))["runs"]
+    assert [r["prompts"] for r in runs] == ["code-editing", "chat"]
+    for r in runs:
+        steps = [s for t in r["traces"] for s in t["steps"]]
+        assert (sum(k for k, _ in steps), sum(a for _, a in steps)) == (r["drafted"], r["accepted"])
+        assert len(steps) == r["calls"] and all(0 <= a <= k <= 7 for k, a in steps)
+    assert spec.main(["--model", path, "--replay", out, "--out", rep]) == 0
+    assert [(r["prompts"], r["tokens"]) for r in json.load(open(rep))["runs"]] == \
+        [(r["prompts"], r["tokens"]) for r in runs]
