@@ -304,7 +304,12 @@ def main(argv=None):
                   f"accepted {s['accepted']}/{s['drafted']} drafted ({100 * s['accept_rate']:.0f}%), "
                   f"{s['tokens_per_verify']:.2f} tokens per verification", flush=True)
             if args.peer and not args.draft:
-                s["peer"] = p = peer(args.peer, path, nt, args, rows, m.eog_ids)
+                try:
+                    s["peer"] = p = peer(args.peer, path, nt, args, rows, m.eog_ids)
+                except (OSError, subprocess.CalledProcessError) as e:
+                    print(f"  llama-cpp-python t={nt} {kind}: failed ({e}); its columns are left out", flush=True)
+                    res["runs"].append(s)
+                    continue
                 print(f"  llama-cpp-python t={nt} {kind}: plain {p['plain_tps']:.1f} tok/s, lookup {p['spec_tps']:.1f} "
                       f"tok/s ({p['speedup']:.2f}x wall, {p['speedup_cpu']:.2f}x CPU s); its lookup output = its plain "
                       f"on {p['same_as_its_plain']}/{p['prompts']}, its plain = cpufuse's on "

@@ -13,8 +13,10 @@ from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
 job = json.load(open(sys.argv[1]))
 kw = dict(n_ctx=job.get("n_ctx", 2048), n_threads=job["threads"], n_threads_batch=job["threads"], verbose=False)
+# logits_all=True: with a draft model llama-cpp-python 0.3.36 keeps every row's logits but sizes its
+# scores buffer by logits_all as given (n_batch rows), so past n_batch tokens it fails (a ValueError)
 llms = {"plain": Llama(job["model"], **kw),
-        "lookup": Llama(job["model"], draft_model=LlamaPromptLookupDecoding(
+        "lookup": Llama(job["model"], logits_all=True, draft_model=LlamaPromptLookupDecoding(
             max_ngram_size=job["ngram"], num_pred_tokens=job["lookup"]), **kw)}
 
 
