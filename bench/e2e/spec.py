@@ -166,7 +166,7 @@ def replay(args, path, traces):
         smp = Sampler(temperature=0)
         rng = np.random.default_rng(0)
         for kind in dict.fromkeys(t["kind"] for t in traces):
-            tp = ts = 0.0
+            tp = ts = cp = cs = 0.0
             n = calls = 0
             for j, t in enumerate(x for x in traces if x["kind"] == kind):
                 m.reset()
@@ -176,25 +176,26 @@ def replay(args, path, traces):
                     base = m._n_past
                     for how in (("spec", "plain") if j % 2 else ("plain", "spec")):
                         rewind(m, base)
-                        t0 = time.perf_counter()
+                        t0, c0 = time.perf_counter(), time.process_time()
                         steps = [(0, 0)] * t["decode_steps"] if how == "plain" else t["steps"]
                         for k, a in steps:
                             rows = m._eval([toks[-1]])[None] if k == 0 else verify(m, [toks[-1]] * (k + 1))
                             for r in range(a + 1):
                                 smp.sample(rows[r])
                             rewind(m, m._n_past - k + a)
-                        dt = time.perf_counter() - t0
+                        dt, dc = time.perf_counter() - t0, time.process_time() - c0
                         if how == "plain":
-                            tp += dt
+                            tp, cp = tp + dt, cp + dc
                         else:
-                            ts += dt
+                            ts, cs = ts + dt, cs + dc
                 n += t["decode_steps"]
                 calls += len(t["steps"])
             s = {"threads": nt, "prompts": kind, "tokens": n, "calls": calls, "plain_tps": n / tp, "spec_tps": n / ts,
-                 "speedup": tp / ts}
+                 "speedup": tp / ts, "speedup_cpu": cp / cs}
             res["runs"].append(s)
             print(f"{res['model']} t={nt} {kind:12s} replay of {args.replay}: {n} tokens in {calls} calls, plain "
-                  f"{s['plain_tps']:.1f} tok/s, speculative {s['spec_tps']:.1f} tok/s ({s['speedup']:.2f}x)", flush=True)
+                  f"{s['plain_tps']:.1f} tok/s, speculative {s['spec_tps']:.1f} tok/s ({s['speedup']:.2f}x wall, "
+                  f"{s['speedup_cpu']:.2f}x CPU s)", flush=True)
     return res
 
 
