@@ -32,6 +32,9 @@
 #            the trees and the 1B AB_TYPES files when missing (no peers; ~2 min on a fresh machine),
 #            then bench/e2e/profile.py (plus AB_ARGS) at AB_THREADS (16) threads on 1B AB_TYPES
 #            ("q8_0 q4_0"), the trees alternating, AB_ROUNDS (3) rounds.                   ~1-2 min
+#   replicas issue 44: throughput of 1 plain `cpufuse serve` of 16 threads against 2 of 8 threads each
+#            (pinned to separate cores, round-robin clients; bench.e2e.replicas --plain) on 1B Q4_0,
+#            REP_ALTERNATE (2) runs of each, alternating; needs .whl/serve (prepare.sh).       ~4-6 min
 # Results: $OUT/ (e2e-big-<phase>.md/.json/.png and logs).
 set -uo pipefail
 PHASE="${1:-}"
@@ -118,6 +121,12 @@ big() {  # written only when missing: the given bench.e2e.bigmodels arguments
 IK=(--ik-llama-src "$IKSRC" --pp 128,512)
 case "$PHASE" in
   ab) wheels || exit 1 ;;
+  replicas)
+    [ -d .whl/serve ] || { say "no .whl/serve: run bench/device/prepare.sh here"; exit 1; }
+    "$PY" -c "import starlette, uvicorn, pydantic, httpx" 2>/dev/null ||
+      "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-serve .whl/serve/*.whl
+    export PYTHONPATH="$PYTHONPATH:/tmp/site-serve"
+    have_cpufuse && [ -x "$LB" ] || SETUP_1B=0 setup || exit 1 ;;
   moe|depth) have_cpufuse && [ -x "$LB" ] || SETUP_1B=0 setup || exit 1 ;;
   throttle) "$PY" -m bench.throttle --md "$OUT/throttle.md" --json "$OUT/throttle.json"; exit ;;
   setup|1b|1b-more|8b|t16|scale|profile|ik16|ik8b|ik1|ik8b1|q8t16) [ "$PHASE" = setup ] || ready || exit 1 ;;
@@ -193,6 +202,12 @@ case "$PHASE" in
       e2e "depth-$ct-t${DEPTH_THREADS:-16}" --models 1b --types q4_0 --threads "${DEPTH_THREADS:-16}" --rounds 1 \
         --depth "${DEPTHS:-0,4096,16384}" --ctk "$ct" --engines "${DEPTH_ENGINES:-cpufuse,llamacpp-fa-on}"
     done ;;
+  replicas)
+    big --models 1b --types q4_0
+    f="$("$PY" -c "import os; from bench.e2e import bigmodels as b; print(os.path.join(b.models_dir(), b.file_name('1b', 'q4_0')))")"
+    timeout "$(left)" "$PY" -m bench.e2e.replicas "$f" --plain --threads "${REP_THREADS:-16}" --replicas 2 --parallel 8 \
+      --clients "${REP_CLIENTS:-16}" --rounds 1 --max-tokens "${REP_TOKENS:-64}" --alternate "${REP_ALTERNATE:-2}" \
+      --json "$OUT/replicas.json" 2>&1 | tee "$OUT/replicas.log" ;;
   scale) e2e scale --models 1b --types q4_0 --threads 2,8 --rounds 2 ;;   # 1/4/16 come from 1b and t16
   profile)
     for t in 16 1; do
