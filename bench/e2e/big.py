@@ -112,8 +112,9 @@ def failure_text(cmd, p, timeout=300):
         text = (v.stderr + v.stdout).strip() or text
     except (OSError, subprocess.TimeoutExpired):
         pass
-    why = [ln.strip() for ln in text.splitlines() if any(w in ln.lower() for w in WHY_WORDS)]
-    return " | ".join(dict.fromkeys(why))[-600:] if why else text[-600:]
+    why = list(dict.fromkeys(ln.strip() for ln in text.splitlines() if any(w in ln.lower() for w in WHY_WORDS)))
+    specific = [ln for ln in why if "failed to load model" not in ln]   # the reason before the generic line
+    return " | ".join(specific[-3:] or why[-2:])[-400:] if why else text[-400:]
 
 
 def run_llama_bench(exe, path, threads, fa, reps, pin, timeout=1800, extra=(), pp=(PP,), tg=TG):
