@@ -390,7 +390,8 @@ def write_md(R, md_path, png_path=None):
           f"{R['reps'][pps[0]]} timed eval(s) per process; {tg_key(keys)} after 16 untimed steps, "
           f"{R['reps'][tg_key(keys)]} timed "
           f"run(s) per process. cpufuse: `Model.load(path, n_ctx={R['n_ctx']}, n_threads=k)`.",
-          f"- llama.cpp: `{R.get('llama_bench')} -m FILE -p {','.join(k[2:] for k in pps)} -n {tg_key(keys)[2:]} -t k -fa 0|1 -r R "
+          f"- llama.cpp: `{R.get('llama_bench')} -m FILE -p {','.join(k[2:] for k in pps)} -n {tg_key(keys)[2:]} "
+          "-t k -fa 0|1 -r R "
           "-o json`" if lb else
           "- llama.cpp: llama-cpp-python (bench/e2e/peer.py), `Llama(n_ctx=1024, n_batch=512, n_threads=k, "
           "n_threads_batch=k, flash_attn=…)`.",
