@@ -34,7 +34,7 @@ with atheris.instrument_imports(include=["cpufuse.llama.gguf_file", "cpufuse.lla
     from cpufuse.llama.chat import TemplateError, render_chat  # noqa: E402
     from cpufuse.llama.gguf_file import GGUFFile  # noqa: E402
     from cpufuse.llama.tokenizer import Tokenizer  # noqa: E402
-from cpufuse.llama.tiny import ARCHS, kquant_dims, write_tiny_gguf  # noqa: E402
+from cpufuse.llama.tiny import ARCHS, kquant_dims, model_dims, write_tiny_gguf  # noqa: E402
 
 EXPECTED = (ValueError, TypeError, NotImplementedError, TemplateError)
 TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K", "Q6_K")
@@ -66,8 +66,10 @@ def gguf_seeds(d):
     for arch in ARCHS:
         for qt in TYPES:
             dims = kquant_dims() if qt in ("Q4_K", "Q6_K") else None
-            if arch == "gemma3" and dims:
-                dims = dict(dims, n_layer=6)
+            if dims:                           # the architecture's own sizes, K-quant ready
+                d0 = model_dims(arch, None)
+                dims.update({k: 256 for k in ("n_ff_exp", "n_ff_shexp") if d0.get(k)})
+                dims["n_layer"] = max(dims["n_layer"], d0["n_layer"])
             write_tiny_gguf(os.path.join(d, f"{arch}-{qt}.gguf"), qtype=qt, arch=arch, seed=1, dims=dims,
                             chat_template=TEMPLATE if qt == "F16" else None)
 
@@ -201,7 +203,7 @@ def main():
         return 2
     name = sys.argv[1]
     one, seeds = TARGETS[name]
-    base = os.path.join(ROOT, "build", "fuzz", name)
+    base = os.path.join(os.environ.get("CPUFUSE_FUZZ_DIR") or os.path.join(ROOT, "build", "fuzz"), name)
     seed_dir, corpus = os.path.join(base, "seeds"), os.path.join(base, "corpus")
     os.makedirs(corpus, exist_ok=True)
     if not os.path.isdir(seed_dir):
