@@ -90,22 +90,23 @@ fuzz-gguf: build
 	$(VPY) tests/fuzz_inputs.py tokenizer -runs=$(FUZZ_RUNS) $(FUZZ_FLAGS)
 	$(VPY) tests/fuzz_inputs.py template -runs=$(FUZZ_RUNS) $(FUZZ_FLAGS)
 
-# The same three fuzzers on test-asan's tree and extension (native kernels under ASan + UBSan): gcc's
-# libasan is preloaded and atheris runs its own libFuzzer; a sanitizer report aborts the run and
-# libFuzzer saves the input. The preloaded libasan provides the coverage callbacks atheris would
-# register with libFuzzer, so here libFuzzer mutates without coverage feedback ("Coverage symbols
-# are being provided by a library other than libFuzzer"): its inputs are mutations of fuzz-gguf's
-# corpus (build/fuzz, shared; run fuzz-gguf first to grow it). FUZZ_RUNS GGUF inputs (10^5),
-# ASAN_FUZZ_RUNS tokenizer and template inputs (10^4); fails on a crash, a hang over -timeout or
-# any sanitizer report (FUZZ_FLAGS="-timeout=20 ..." on a loaded machine).
+# The same three fuzzers on test-asan's tree and extension (native kernels under ASan + UBSan, gcc's
+# libasan preloaded). The preloaded libasan provides the coverage callbacks atheris would register
+# with libFuzzer, so libFuzzer would get no coverage and keep no seed; the targets run in
+# tests/fuzz_inputs.py's --mutate mode instead: mutations of fuzz-gguf's corpus and seeds
+# (build/fuzz, shared; run fuzz-gguf first to grow the corpus), no coverage feedback. FUZZ_RUNS GGUF
+# inputs (10^5), ASAN_FUZZ_RUNS tokenizer and template inputs (10^4); fails on a crash (saved as
+# build/fuzz/<target>/crash-<sha1>), a hang over ASAN_FUZZ_TIMEOUT seconds or any sanitizer report
+# (the input then is build/fuzz/<target>/current-input).
 ASAN_FUZZ_RUNS ?= 10000
+ASAN_FUZZ_TIMEOUT ?= 2
 ASAN_FUZZ = cd $(ASAN_ABS)/tree && $(ASAN_ENV) CPUFUSE_FUZZ_DIR=$(abspath build/fuzz) $(abspath $(VPY)) tests/fuzz_inputs.py
 fuzz-asan: venv
 	@$(VPY) -c "import atheris" 2>/dev/null || $(VPY) -m pip install -q "atheris>=2.3"
 	$(ASAN_TREE)
-	{ $(ASAN_FUZZ) gguf -runs=$(FUZZ_RUNS) $(FUZZ_FLAGS) && \
-	  $(ASAN_FUZZ) tokenizer -runs=$(ASAN_FUZZ_RUNS) $(FUZZ_FLAGS) && \
-	  $(ASAN_FUZZ) template -runs=$(ASAN_FUZZ_RUNS) $(FUZZ_FLAGS); echo $$? > $(ASAN_ABS)/fuzz.rc; } 2>&1 | tee $(ASAN_DIR)/fuzz.log
+	{ $(ASAN_FUZZ) gguf --mutate -runs=$(FUZZ_RUNS) -timeout=$(ASAN_FUZZ_TIMEOUT) && \
+	  $(ASAN_FUZZ) tokenizer --mutate -runs=$(ASAN_FUZZ_RUNS) -timeout=$(ASAN_FUZZ_TIMEOUT) && \
+	  $(ASAN_FUZZ) template --mutate -runs=$(ASAN_FUZZ_RUNS) -timeout=$(ASAN_FUZZ_TIMEOUT); echo $$? > $(ASAN_ABS)/fuzz.rc; } 2>&1 | tee $(ASAN_DIR)/fuzz.log
 	$(call ASAN_REPORTS,$(ASAN_DIR)/fuzz.log)
 	@test "$$(cat $(ASAN_DIR)/fuzz.rc)" = 0 && echo "fuzz-asan: no crash, no hang, no sanitizer report"
 
