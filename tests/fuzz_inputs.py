@@ -28,11 +28,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-import atheris  # noqa: E402
-
-with atheris.instrument_imports(include=["cpufuse.llama.gguf_file", "cpufuse.llama.hparams", "cpufuse.llama.loader",
-                                         "cpufuse.llama.tokenizer", "cpufuse.llama.chat", "cpufuse.llama.model",
-                                         "jinja2"]):
+MUTATE = "--mutate" in sys.argv   # no coverage: no atheris, no instrumentation (mutate_loop)
+if MUTATE:
+    import contextlib
+    atheris = None
+    instrumented = contextlib.nullcontext()
+else:
+    import atheris  # noqa: E402
+    instrumented = atheris.instrument_imports(include=[
+        "cpufuse.llama.gguf_file", "cpufuse.llama.hparams", "cpufuse.llama.loader", "cpufuse.llama.tokenizer",
+        "cpufuse.llama.chat", "cpufuse.llama.model", "jinja2"])
+with instrumented:
     import jinja2.sandbox  # noqa: E402,F401 -- imported here to be instrumented (the renderer imports it lazily)
     from cpufuse.llama import Model  # noqa: E402
     from cpufuse.llama.chat import TemplateError, render_chat  # noqa: E402
