@@ -125,3 +125,21 @@ def test_a_replica_killed_mid_load_loses_no_request(url):
     retried = [r for r in out if r.headers.get("x-cpufuse-retries")]
     assert retried, "the killed replica had no request in flight: nothing was retried"
     assert all(r.headers["x-cpufuse-replica"] != victim for r in retried)
+
+
+def test_a_stream_whose_replica_dies_ends_with_the_reason(url):
+    """a stream already under way cannot be sent again: it ends with an SSE error event naming the
+    cause, then [DONE] (16 choices of 200 tokens keep it running while its replica is killed)"""
+    import json
+    body = {"prompt": "count", "max_tokens": 200, "n": 16, "temperature": 0.8, "seed": 5, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        first = next(x for x in lines if x.startswith("data: "))
+        assert json.loads(first[6:])["choices"]
+        ray.kill(_replica_actor(r.headers["x-cpufuse-replica"]), no_restart=True)
+        data = [x[6:] for x in lines if x.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    err = json.loads(data[-2])["error"]
+    assert err["code"] == "replica_died" and "died" in err["message"], err
