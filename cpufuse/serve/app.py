@@ -19,6 +19,8 @@ Decisions (docs/serve.md has the full list):
   `context_length_exceeded` with OpenAI's message; without max_tokens the completion may use the
   rest of the context; an engine with context_shift (serve --context-shift) takes any max_tokens
   and only a prompt that fills the context is the 400;
+- no request field is silently ignored: an unknown one is a 400 naming it, on every route
+  (cpufuse.serve.protocol);
 - a client that disconnects, streaming or not, has its request cancelled in the engine;
 - a request the engine cannot start now waits in its queue (no capacity error).
 """
