@@ -15,6 +15,14 @@ for spec in cffi==2.1.1 pycparser==3.12 gguf==0.19.0; do
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "$spec"
 done
+# the server's pure-Python stack (and httpx for the load driver) for xeon.sh's `replicas` phase, ~4 MB
+if [ ! -f .whl/serve/.done ]; then
+  mkdir -p .whl/serve
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl/serve \
+    annotated-types anyio certifi click h11 httpcore httpx idna jinja2 markupsafe pydantic pydantic_core sniffio \
+    starlette typing_extensions typing-inspection uvicorn python-multipart && touch .whl/serve/.done
+fi
 TAR=.dev/llama.cpp-0.3.36-pruned.tar.gz
 [ -f "$TAR" ] || bash bench/llama_bench_build.sh --prune "$ROOT/$TAR" --prune-only
 du -sh .whl .dev

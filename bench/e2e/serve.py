@@ -78,12 +78,14 @@ async def one_request(http, url, model, endpoint, text, max_tokens, extra=None):
 
 
 async def load_level(url, model, endpoint, n_clients, rounds, max_tokens, extra=None):
-    """n_clients clients at once, each sending `rounds` requests back to back: the level's figures"""
+    """n_clients clients at once, each sending `rounds` requests back to back: the level's figures.
+    `url` may be a list of replicas' URLs: client i sends to url[i % len(url)] (a round-robin router)"""
+    urls = [url] if isinstance(url, str) else list(url)
     import httpx
     limits = httpx.Limits(max_connections=n_clients + 2, max_keepalive_connections=n_clients + 2)
     async with httpx.AsyncClient(timeout=None, limits=limits) as http:
         async def client(i):
-            return [await one_request(http, url, model, endpoint, f"Request {i}.{r}: write a long, detailed story "
+            return [await one_request(http, urls[i % len(urls)], model, endpoint, f"Request {i}.{r}: write a long, detailed story "
                                       f"about {TOPICS[(i + r) % len(TOPICS)]}, with many characters.", max_tokens, extra)
                     for r in range(rounds)]
         t0 = time.perf_counter()
@@ -103,14 +105,17 @@ async def load_level(url, model, endpoint, n_clients, rounds, max_tokens, extra=
 
 
 async def drive(url, endpoint, clients, rounds, max_tokens, extra=None, model=None):
-    """a short warm-up request (compiles, faults the weights in), then each level: (model, [level rows])"""
+    """a short warm-up request (compiles, faults the weights in), then each level: (model, [level rows]).
+    `url` may be a list of replicas' URLs (each is warmed up; clients are spread round-robin)"""
     import httpx
-    url = url.rstrip("/").removesuffix("/v1")
+    urls = [u.rstrip("/").removesuffix("/v1") for u in ([url] if isinstance(url, str) else url)]
     async with httpx.AsyncClient(timeout=None) as http:
-        r = await http.get(url + "/v1/models")
-        r.raise_for_status()
-        model = model or r.json()["data"][0]["id"]
-        await one_request(http, url, model, endpoint, "Hello.", 8, extra)
+        for u in urls:
+            r = await http.get(u + "/v1/models")
+            r.raise_for_status()
+            model = model or r.json()["data"][0]["id"]
+            await one_request(http, u, model, endpoint, "Hello.", 8, extra)
+    url = urls[0] if len(urls) == 1 else urls
     out = []
     for n in clients:
         out.append(res := await load_level(url, model, endpoint, n, rounds, max_tokens, extra))

@@ -17,7 +17,8 @@ Decisions (docs/serve.md has the full list):
   served model;
 - a prompt that with max_tokens (max_completion_tokens) exceeds the context is a 400
   `context_length_exceeded` with OpenAI's message; without max_tokens the completion may use the
-  rest of the context;
+  rest of the context; an engine with context_shift (serve --context-shift) takes any max_tokens
+  and only a prompt that fills the context is the 400;
 - a client that disconnects, streaming or not, has its request cancelled in the engine;
 - a request the engine cannot start now waits in its queue (no capacity error).
 """
@@ -104,6 +105,9 @@ class _Server(Responses):
                            f"resulted in {n_prompt} tokens ({n_prompt} {where[1]}), which leaves no room for "
                            f"the completion. Please reduce the length of {where[2]}.",
                            param=where[0], code="context_length_exceeded", extra=extra)
+        if getattr(self.engine, "context_shift", False):
+            self.context_check(n_prompt, None, chat)      # the prompt must leave room; the rest shifts
+            return limit
         if n_prompt + limit > n_ctx:
             raise APIError(f"This model's maximum context length is {n_ctx} tokens. However, you requested "
                            f"{n_prompt + limit} tokens ({n_prompt} {where[1]}, {limit} in the completion). "
