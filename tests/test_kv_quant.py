@@ -155,7 +155,8 @@ def test_tiled_quantized_cache_matches_reference_and_rows(native_isa, kt, vt, N,
         assert_bit_identical(base, cpufuse.flash_attn(q, kb, vb, m, strategy="tiled", n_threads=nt, **call),
                              f"tiled {kt}/{vt} {nt} threads")
     # f16 K: only tiles whose groups all hold >= 8 rows (4 heads a query) take the GEMM for every row
-    tiles = [qt for qt in (64, 5, 17, 32, 40) if kt in TYPES or (qt >= 8 and (N % (qt // 4) == 0 or N % (qt // 4) >= 2))]
+    tiles = [qt for qt in (64, 5, 17, 32, 40)
+             if kt in TYPES or (qt >= 8 and (N % (qt // 4) == 0 or N % (qt // 4) >= 2))]
     outs = [cpufuse.flash_attn(q, kb, vb, m, strategy="tiled", q_tile=qt, **call) for qt in tiles]
     for qt, o in zip(tiles[1:], outs[1:]):
         assert_bit_identical(outs[0], o, f"tiled {kt}/{vt} q_tile={qt} against {tiles[0]}")
