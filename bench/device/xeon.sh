@@ -25,6 +25,9 @@
 #            rounds, PP (128,512).                                                           ~5 min
 #   moe      MoE shapes (MOE_MODELS: granite-1b-a400m:q8_0 olmoe-1b-7b:q4_k) at MOE_THREADS (16), with
 #            ik_llama.cpp where .dev has its source; setup without the 1B files on a fresh machine. ~5-9 min
+#   moeprof  bench/e2e/moeprof.py (the routed matmul's phases, a 16-worker schedule of its tasks) on
+#            granite-1b-a400m Q8_0 at MOEPROF_THREADS (16,1), pp64 and pp512 and 16 decode steps, 3 rounds
+#            (the file written on first use, ~1 min; no peers; builds only cpufuse).         ~3-4 min
 #   depth    1B Q4_0 at DEPTH_THREADS (16) at DEPTHS (0,4096,16384) of cache, K/V types DEPTH_CTK (f16 q8_0),
 #            against llama-bench -fa 1 -d with the same types; DEPTH_PURE=1: the one-type file
 #            (Q4_0 head too; written when missing).                                           ~4-8 min
@@ -133,6 +136,9 @@ big() {  # written only when missing: the given bench.e2e.bigmodels arguments
 IK=(--ik-llama-src "$IKSRC" --pp 128,512)
 case "$PHASE" in
   ab) wheels || exit 1 ;;
+  moeprof) wheels || exit 1
+    have_cpufuse || "$PY" setup.py -q build_ext --inplace > "$OUT/build-cpufuse.log" 2>&1 ||
+      { tail -30 "$OUT/build-cpufuse.log"; exit 1; } ;;
   replicas)
     [ -d .whl/serve ] || { say "no .whl/serve: run bench/device/prepare.sh here"; exit 1; }
     "$PY" -c "import starlette, uvicorn, pydantic, httpx" 2>/dev/null ||
@@ -209,6 +215,11 @@ case "$PHASE" in
       e2e "moe-${mt%%:*}-t${MOE_THREADS:-16}" --models "${mt%%:*}" --types "${mt##*:}" --threads "${MOE_THREADS:-16}" \
         --rounds "${ROUNDS:-1}" --ik-llama-src "$IKSRC" --engines "${MOE_ENGINES:-cpufuse,llamacpp-fa-off,llamacpp-fa-on,ik-fa-on}"
     done ;;
+  moeprof)  # issue 41: where the routed matmul's time goes at 16 threads
+    big --models granite-1b-a400m --types q8_0
+    timeout "$(left)" "$PY" -m bench.e2e.moeprof "$CPUFUSE_BENCH_MODELS/granite-1b-a400m-shapes-Q8_0.gguf" --prompt 64,512 --decode 16 --threads "${MOEPROF_THREADS:-16,1}" \
+      --rounds 3 > "$OUT/moeprof-granite-q8_0.md" 2>&1
+    tail -25 "$OUT/moeprof-granite-q8_0.md" ;;
   depth)  # issue 42: 1B Q4_0 at DEPTH_THREADS (16) after DEPTHS tokens of cache, for each K/V type of DEPTH_CTK
     PURE=()
     [ "${DEPTH_PURE:-0}" = 1 ] && PURE=(--pure) && big --models 1b --types q4_0 --pure
