@@ -11,7 +11,7 @@
     with cpufuse.use_isa("scalar"): ...                       # or isa="avx2", or CPUFUSE_ISA=numba
     print(cpufuse.info())
 """
-from . import _backend, _dispatch
+from . import _backend, _dispatch, _pages
 from ._dispatch import AVAILABLE as _AVAILABLE
 from ._dispatch import get_num_threads, set_num_threads, use_isa
 from ._isa import ALL_ISAS
@@ -53,4 +53,5 @@ def info():
         "isa": cur,
         "num_threads": _dispatch.get_num_threads(),
         "build_flags": {isa: _backend.build_info(isa) for isa in _backend.COMPILED},
+        "huge_pages": _pages.thp(),
     }

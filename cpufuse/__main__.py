@@ -61,6 +61,10 @@ def main(argv=None):
     ov = i["override"]
     print(f"  override         : {ov['source'] + ' = ' + ov['isa'] if ov['source'] else 'none (CPUFUSE_ISA unset)'}")
     print(f"  ISA in force     : {i['isa']} (every op: {', '.join(cpufuse.OPS)})")
+    h = i["huge_pages"]
+    print(f"  huge pages       : {'on' if h['used'] else 'off'} for the repacked weights (THP "
+          f"{h['enabled'] or 'unavailable'}, defrag {h['defrag'] or '-'}; CPUFUSE_HUGEPAGES "
+          f"{'unset' if h['env'] is None else '= ' + h['env']})")
     for isa, flags in i["build_flags"].items():
         print(f"  build[{isa}]: {flags}")
     return 0

@@ -32,6 +32,38 @@ def live(app, log_level="warning"):
         t.join(30)
 
 
+def collect(handle):
+    """(token ids, the FinishEvent) of an engine handle consumed without a loop"""
+    from cpufuse.serve.engine import TokenEvent
+    toks, fin = [], None
+    for ev in handle:
+        if isinstance(ev, TokenEvent):
+            toks.append(ev.token)
+        else:
+            fin = ev
+    return toks, fin
+
+
+@contextlib.contextmanager
+def request_log():
+    """the lines of the server's request log (logger cpufuse.serve, at INFO) while the block runs"""
+    import logging
+    lines = []
+
+    class Lines(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+    log, h = logging.getLogger("cpufuse.serve"), Lines()
+    level = log.level
+    log.addHandler(h)
+    log.setLevel(logging.INFO)
+    try:
+        yield lines
+    finally:
+        log.removeHandler(h)
+        log.setLevel(level)
+
+
 def until(cond, timeout=20, what="the condition"):
     """poll cond() every 10 ms until it is true; AssertionError after `timeout` seconds"""
     t0 = time.time()

@@ -150,7 +150,8 @@ def test_the_three_commands_share_the_model_context_thread_and_sampling_flags():
     from cpufuse.serve import cli as serve_cli
     parsers = {"generate": cli.build_parser(), "chat": cli.build_chat_parser(), "serve": serve_cli.build_parser()}
     shared = ("-m", "--model", "-hf", "-c", "--ctx-size", "-t", "--threads", "--temp", "--top-k", "--top-p",
-              "--min-p", "--seed", "--repeat-penalty", "--kv", "-ctk", "--cache-type-k", "-ctv", "--cache-type-v")
+              "--min-p", "--seed", "--repeat-penalty", "--kv", "-ctk", "--cache-type-k", "-ctv", "--cache-type-v",
+              "--context-shift", "--keep")
     defaults = {}
     for name, ap in parsers.items():
         opts = {o: a for a in ap._actions for o in a.option_strings}

@@ -924,6 +924,26 @@ def test_threads_do_not_change_results(isa, rng, small_weights):
     assert_bit_identical(a, b)
 
 
+def test_elementwise_threads(isa, rng):
+    """add, mul and scale on a prompt's activations run in chunks of whole broadcast periods over the
+    threads: every thread count gives numpy's f32 result (same shape, a row tiled, in place)"""
+    n, d = 130, 1000                      # 130,000 elements: the parallel path (from 65,536)
+    A, B, R = U(rng, (n, d)), U(rng, (n, d)), U(rng, (d,))
+    g = Graph()
+    a, b, r = g.input("a", (n, d)), g.input("b", (n, d)), g.input("r", (d,))
+    s = g.add(a, b)
+    t = g.mul(s, r)
+    u = g.scale(t, 0.37)
+    g.output(g.add(u, r), g.mul(a, b))
+    want1 = ((A + B) * R) * np.float32(0.37) + R
+    for fusion in (True, False):
+        p = g.compile(fusion=fusion, isa=isa)
+        for nth in (1, 2, 5):
+            o1, o2 = p.run(copy=True, n_threads=nth, a=A, b=B, r=R)
+            assert_bit_identical(o1, want1, f"fusion={fusion} n_threads={nth}")
+            assert_bit_identical(o2, A * B, f"fusion={fusion} n_threads={nth}")
+
+
 # ------------------------------------------------------------------------------------------------
 # errors
 

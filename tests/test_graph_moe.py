@@ -169,6 +169,29 @@ def test_qmatmul_id_gate_up(qisa, rng, glu):
             assert np.array_equal(y[r, j], fn(X[r:r + 1], wg[e], wu[e], isa=qisa)[0])
 
 
+def test_qmatmul_id_decode_threads(qisa, rng):
+    """decode: each expert is chunked for its share of the threads (wide chunks of 4 panels a pass once
+    the k experts together give each thread two), which changes no result; gate/up and down shapes"""
+    n_exp, N, K, k = 8, 256, 256, 4
+    wg, _ = stacked("Q8_0", n_exp, N, K, rng)
+    wu, _ = stacked("Q8_0", n_exp, N, K, rng)
+    wg, wu = wg.repack(isa=qisa), wu.repack(isa=qisa)
+    for n in (1, 2):
+        X = rng.standard_normal((n, K)).astype(np.float32)
+        ids = routing(rng, n, k, n_exp)
+        for up in (None, wu):
+            plan = routed_plan(wg, n, k, up=up, isa=qisa)
+            outs = [plan.run(copy=True, n_threads=nth, x=X, ids=ids)[0] for nth in (1, 2, 5, 8, 16)]
+            for o in outs[1:]:
+                assert np.array_equal(o, outs[0]), f"n={n} up={up is not None}: differs across thread counts"
+            for r in range(n):
+                for j in range(k):
+                    e = int(ids[r, j])
+                    alone = (cpufuse.matmul(X[r:r + 1], wg[e], isa=qisa) if up is None else
+                             cpufuse.matmul_swiglu(X[r:r + 1], wg[e], wu[e], isa=qisa))[0]
+                    assert np.array_equal(outs[0][r, j], alone), (n, r, j)
+
+
 def test_qmatmul_id_bad_ids(qisa, rng):
     w, _ = stacked("Q8_0", 3, 16, 64, rng)
     p = routed_plan(w, 2, 2, isa=qisa)
@@ -273,6 +296,26 @@ def test_wsum_slot_order(isa, rng):
     assert_nmse(mref.ref_wsum(Y, W), out, 1e-12)
     with pytest.raises(GraphError, match="wsum"):
         g.wsum(y, g.input("w2", (n, k + 1)))
+
+
+@pytest.mark.parametrize("isa", _isas())
+def test_topk_wsum_threads(isa, rng):
+    """top-k and the weighted sum over a prompt's rows split in row chunks: the same for every thread count"""
+    n, c, k, m = 203, 33, 5, 70
+    X = rng.standard_normal((n, c)).astype(np.float32)
+    Y = rng.standard_normal((n, k, m)).astype(np.float32)
+    W = rng.uniform(0, 1, (n, k)).astype(np.float32)
+    g = Graph()
+    x, y, w = g.input("x", X.shape), g.input("y", Y.shape), g.input("w", W.shape)
+    g.output(g.topk(x, k), g.wsum(y, w))
+    p = g.compile(isa=isa)
+    acc = Y[:, 0] * W[:, :1]
+    for j in range(1, k):
+        acc = acc + Y[:, j] * W[:, j:j + 1]
+    for nth in (1, 2, 7):
+        ids, out = p.run(copy=True, n_threads=nth, x=X, y=Y, w=W)
+        assert np.array_equal(ids, mref.ref_topk(X, k)), nth
+        assert np.array_equal(out, acc), nth
 
 
 def test_gating_errors():

@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from _serving import collect as _collect
 from _tiny_gguf import write_tiny_gguf
 
 from cpufuse.llama import Model
@@ -27,14 +28,6 @@ def _engine(path, parallel=4, chunk=8, n_ctx=160, step_tokens=None):
     return eng
 
 
-def _collect(h):
-    toks, fin = [], None
-    for ev in h:
-        if isinstance(ev, TokenEvent):
-            toks.append(ev.token)
-        else:
-            fin = ev
-    return toks, fin
 
 
 def _requests(rng, n):

@@ -25,16 +25,31 @@
 #            rounds, PP (128,512).                                                           ~5 min
 #   moe      MoE shapes (MOE_MODELS: granite-1b-a400m:q8_0 olmoe-1b-7b:q4_k) at MOE_THREADS (16), with
 #            ik_llama.cpp where .dev has its source; setup without the 1B files on a fresh machine. ~5-9 min
+#   moeprof  bench/e2e/moeprof.py (the routed matmul's phases, a 16-worker schedule of its tasks) on
+#            granite-1b-a400m Q8_0 at MOEPROF_THREADS (16,1), pp64 and pp512 and 16 decode steps, 3 rounds
+#            (the file written on first use, ~1 min; no peers; builds only cpufuse).         ~3-4 min
 #   depth    1B Q4_0 at DEPTH_THREADS (16) at DEPTHS (0,4096,16384) of cache, K/V types DEPTH_CTK (f16 q8_0),
-#            against llama-bench -fa 1 -d with the same types.                                ~4-8 min
+#            against llama-bench -fa 1 -d with the same types; DEPTH_PURE=1: the one-type file
+#            (Q4_0 head too; written when missing).                                           ~4-8 min
 #   ab       A/B of the trees AB_TREES (".dev/ab/base .": a base tree the caller put in .dev/ab/base,
 #            e.g. `git archive HEAD`, and this one; setup builds every .dev/ab/*/ tree too): builds
 #            the trees and the 1B AB_TYPES files when missing (no peers; ~2 min on a fresh machine),
 #            then bench/e2e/profile.py (plus AB_ARGS) at AB_THREADS (16) threads on 1B AB_TYPES
 #            ("q8_0 q4_0"), the trees alternating, AB_ROUNDS (3) rounds.                   ~1-2 min
+#   contended  issue 42 item 5: decode (tg CONT_TG, 64) of the one-type 1B Q4_0 file (written when missing)
+#            at each engine's default thread count, quiet and beside NCPU/2 busy-loop processes,
+#            alternating, CONT_ROUNDS (4) rounds, the competitors running CONT_SETTLE (20) s before
+#            each contended phase (cpufuse's default reads the 1-minute load average); cpufuse against
+#            llama-bench (no -t); each engine's contended/quiet ratio (bench.e2e --contended). ~3-4 min
 #   replicas issue 44: throughput of 1 plain `cpufuse serve` of 16 threads against 2 of 8 threads each
 #            (pinned to separate cores, round-robin clients; bench.e2e.replicas --plain) on 1B Q4_0,
 #            REP_ALTERNATE (2) runs of each, alternating; needs .whl/serve (prepare.sh).       ~4-6 min
+#   thp      issue 42: the repacked panels on 4 KiB pages (CPUFUSE_HUGEPAGES=0) against 2 MiB (=1), in one
+#            process per thread count (bench.e2e.thp: AnonHugePages after each load, decode rounds alternating,
+#            the read probe over the same panels), at THP_THREADS (1,16; 1 pinned to core 0), ROUNDS (6), on
+#            the one-type (--pure) 1B THP_TYPES (q4_0 q8_0) files, written on first use; then llama-bench
+#            at 1 thread (core 0) on the same files; THP settings, numpy's madvise: thp-machine.txt.  ~4 min
+#            THP_8B=1 adds the one-type 8B Q4_0 at 16 threads (written on first use).       +3-4 min
 # Results: $OUT/ (e2e-big-<phase>.md/.json/.png and logs).
 set -uo pipefail
 PHASE="${1:-}"
@@ -121,13 +136,16 @@ big() {  # written only when missing: the given bench.e2e.bigmodels arguments
 IK=(--ik-llama-src "$IKSRC" --pp 128,512)
 case "$PHASE" in
   ab) wheels || exit 1 ;;
+  moeprof) wheels || exit 1
+    have_cpufuse || "$PY" setup.py -q build_ext --inplace > "$OUT/build-cpufuse.log" 2>&1 ||
+      { tail -30 "$OUT/build-cpufuse.log"; exit 1; } ;;
   replicas)
     [ -d .whl/serve ] || { say "no .whl/serve: run bench/device/prepare.sh here"; exit 1; }
     "$PY" -c "import starlette, uvicorn, pydantic, httpx" 2>/dev/null ||
       "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-serve .whl/serve/*.whl
     export PYTHONPATH="$PYTHONPATH:/tmp/site-serve"
     have_cpufuse && [ -x "$LB" ] || SETUP_1B=0 setup || exit 1 ;;
-  moe|depth) have_cpufuse && [ -x "$LB" ] || SETUP_1B=0 setup || exit 1 ;;
+  moe|depth|contended|thp) have_cpufuse && [ -x "$LB" ] || SETUP_1B=0 setup || exit 1 ;;
   throttle) "$PY" -m bench.throttle --md "$OUT/throttle.md" --json "$OUT/throttle.json"; exit ;;
   setup|1b|1b-more|8b|t16|scale|profile|ik16|ik8b|ik1|ik8b1|q8t16) [ "$PHASE" = setup ] || ready || exit 1 ;;
   *) sed -n '2,/^# Results/p' "$0"; exit 2 ;;
@@ -197,17 +215,52 @@ case "$PHASE" in
       e2e "moe-${mt%%:*}-t${MOE_THREADS:-16}" --models "${mt%%:*}" --types "${mt##*:}" --threads "${MOE_THREADS:-16}" \
         --rounds "${ROUNDS:-1}" --ik-llama-src "$IKSRC" --engines "${MOE_ENGINES:-cpufuse,llamacpp-fa-off,llamacpp-fa-on,ik-fa-on}"
     done ;;
+  moeprof)  # issue 41: where the routed matmul's time goes at 16 threads
+    big --models granite-1b-a400m --types q8_0
+    timeout "$(left)" "$PY" -m bench.e2e.moeprof "$CPUFUSE_BENCH_MODELS/granite-1b-a400m-shapes-Q8_0.gguf" --prompt 64,512 --decode 16 --threads "${MOEPROF_THREADS:-16,1}" \
+      --rounds 3 > "$OUT/moeprof-granite-q8_0.md" 2>&1
+    tail -25 "$OUT/moeprof-granite-q8_0.md" ;;
   depth)  # issue 42: 1B Q4_0 at DEPTH_THREADS (16) after DEPTHS tokens of cache, for each K/V type of DEPTH_CTK
+    PURE=()
+    [ "${DEPTH_PURE:-0}" = 1 ] && PURE=(--pure) && big --models 1b --types q4_0 --pure
     for ct in ${DEPTH_CTK:-f16 q8_0}; do
-      e2e "depth-$ct-t${DEPTH_THREADS:-16}" --models 1b --types q4_0 --threads "${DEPTH_THREADS:-16}" --rounds 1 \
-        --depth "${DEPTHS:-0,4096,16384}" --ctk "$ct" --engines "${DEPTH_ENGINES:-cpufuse,llamacpp-fa-on}"
+      e2e "depth-$ct-t${DEPTH_THREADS:-16}${PURE:+-pure}" --models 1b --types q4_0 --threads "${DEPTH_THREADS:-16}" \
+        --rounds 1 --depth "${DEPTHS:-0,4096,16384}" --ctk "$ct" --engines "${DEPTH_ENGINES:-cpufuse,llamacpp-fa-on}" \
+        "${PURE[@]}"
     done ;;
+  contended)  # issue 42 item 5: default thread counts, quiet against NCPU/2 competitors
+    big --models 1b --types q4_0 --pure
+    uptime
+    timeout "$(left)" "$PY" -m bench.e2e --contended --model "$CPUFUSE_BENCH_MODELS/llama-1b-shapes-Q4_0-pure.gguf" \
+      --tg "${CONT_TG:-64}" --rounds "${CONT_ROUNDS:-4}" --settle "${CONT_SETTLE:-20}" --llama-bench "$LB" --json "$OUT/e2e-contended.json" \
+      --md "$OUT/e2e-contended.md" 2>&1 | tee "$OUT/e2e-contended.log" ;;
   replicas)
     big --models 1b --types q4_0
     f="$("$PY" -c "import os; from bench.e2e import bigmodels as b; print(os.path.join(b.models_dir(), b.file_name('1b', 'q4_0')))")"
     timeout "$(left)" "$PY" -m bench.e2e.replicas "$f" --plain --threads "${REP_THREADS:-16}" --replicas 2 --parallel 8 \
       --clients "${REP_CLIENTS:-16}" --rounds 1 --max-tokens "${REP_TOKENS:-64}" --alternate "${REP_ALTERNATE:-2}" \
       --json "$OUT/replicas.json" 2>&1 | tee "$OUT/replicas.log" ;;
+  thp)  # issue 42: page size of the repacked panels, A/B in one process; llama.cpp at 1 thread beside it
+    THP_TYPES="${THP_TYPES-q4_0 q8_0}"   # THP_TYPES= (empty) with THP_8B=1: the 8B file only
+    [ -z "$THP_TYPES" ] || big --models 1b --types "$(echo $THP_TYPES | tr ' ' ,)" --pure
+    { uname -r; for f in enabled defrag khugepaged/defrag; do echo "thp $f: $(cat /sys/kernel/mm/transparent_hugepage/$f)"; done
+      "$PY" -c "import numpy as n; c = getattr(n, '_core', None) or n.core; print('numpy', n.__version__, 'madvise_hugepage', c.multiarray._get_madvise_hugepage())"
+      grep -iE 'huge|MemFree|MemAvailable' /proc/meminfo; cat /proc/buddyinfo; "$PY" -m cpufuse info | grep -i huge; } > "$OUT/thp-machine.txt" 2>&1
+    cat "$OUT/thp-machine.txt"
+    for ty in $THP_TYPES; do
+      [ "$(left)" -gt 60 ] || break
+      f="$("$PY" -c "import os; from bench.e2e import bigmodels as b; print(os.path.join(b.models_dir(), b.file_name('1b', '$ty', True)))")"
+      timeout "$(left)" "$PY" -m bench.e2e.thp "$f" --threads "${THP_THREADS:-1,16}" --rounds "${ROUNDS:-6}" \
+        --md "$OUT/thp-1b-$ty-pure.md" --json "$OUT/thp-1b-$ty-pure.json" 2>&1 | grep -E '^\| |^Per round|^THP'
+      [ "$(left)" -gt 40 ] || break
+      timeout "$(left)" taskset -c 0 "$LB" -m "$f" -t 1 -p 0 -n 32 -r 3 -o md 2>/dev/null | tee "$OUT/thp-1b-$ty-pure-llamabench-t1.md" | grep -E 'tg32'
+    done
+    if [ "${THP_8B:-0}" = 1 ] && [ "$(left)" -gt 150 ]; then   # 8B Q4_0 one-type at 16 threads (a 4.3 GB file)
+      big --models 8b --types q4_0 --pure
+      f="$("$PY" -c "import os; from bench.e2e import bigmodels as b; print(os.path.join(b.models_dir(), b.file_name('8b', 'q4_0', True)))")"
+      timeout "$(left)" "$PY" -m bench.e2e.thp "$f" --threads 16 --rounds "${ROUNDS:-6}" --md "$OUT/thp-8b-q4_0-pure.md" \
+        --json "$OUT/thp-8b-q4_0-pure.json" 2>&1 | grep -E '^\| |^Per round'
+    fi ;;
   scale) e2e scale --models 1b --types q4_0 --threads 2,8 --rounds 2 ;;   # 1/4/16 come from 1b and t16
   profile)
     for t in 16 1; do

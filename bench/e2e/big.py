@@ -118,12 +118,12 @@ def failure_text(cmd, p, timeout=300):
 
 
 def run_llama_bench(exe, path, threads, fa, reps, pin, timeout=1800, extra=(), pp=(PP,), tg=TG):
-    """llama-bench (llama.cpp's or ik_llama.cpp's) for the prompt sizes pp (default 512) and tg128, flash
-    attention on or off: ({"wall": {"pp512": [tok/s per run], "tg128": [...]}, "raw": its records, "version"},
-    None) or (None, why)"""
-    cmd = (["taskset", "-c", "0"] if pin else []) + [exe, "-m", path, "-p", ",".join(map(str, pp)), "-n", str(tg),
-                                                     "-t", str(threads),
-                                                     "-fa", str(int(fa)), "-r", str(reps), "-o", "json", *extra]
+    """llama-bench (llama.cpp's or ik_llama.cpp's) for the prompt sizes pp (default 512; () for none) and tg
+    (default 128), flash attention on or off (None: its default), at `threads` (None: its default):
+    ({"wall": {"pp512": [tok/s per run], "tg128": [...]}, "raw": its records, "version"}, None) or (None, why)"""
+    cmd = (["taskset", "-c", "0"] if pin else []) + [exe, "-m", path, "-p", ",".join(map(str, pp)) or "0",
+                                                     "-n", str(tg), "-r", str(reps), "-o", "json", *extra]
+    cmd += ([] if threads is None else ["-t", str(threads)]) + ([] if fa is None else ["-fa", str(int(fa))])
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=bench_env())
         recs = json.loads(p.stdout) if not p.returncode else None
@@ -488,6 +488,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.e2e.big", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="1b", help="comma list of " + ",".join(bigmodels.SHAPES) + " (default 1b)")
     ap.add_argument("--types", default="all", help="comma list of " + ",".join(bigmodels.TYPES) + ", or all (default)")
+    ap.add_argument("--pure", action="store_true", help="the one-type files (every 2-D weight of the type, the head "
+                    "included: bench.e2e.bigmodels --pure) instead of the real-shape mix")
     run_args(ap, ENGINES, 1800)
     ap.add_argument("--pp", default=str(PP), help=f"comma list of prompt lengths (default {PP}; e.g. 128,512)")
     ap.add_argument("--reps-pp", type=int, default=1, help="timed evals per prompt length and process (default 1)")
@@ -513,8 +515,8 @@ def main(argv=None):
     if args.rounds < 1:
         raise SystemExit("--rounds must be >= 1")
     os.makedirs(os.path.dirname(os.path.abspath(args.md)), exist_ok=True)
-    files = [{"shape": shape, "type": qt, "path": (path := bigmodels.ensure(shape, qt, args.dir)),
-              "bytes": os.path.getsize(path), "work": bigmodels.work(shape, qt)}
+    files = [{"shape": shape, "type": qt, "path": (path := bigmodels.ensure(shape, qt, args.dir, pure=args.pure)),
+              "bytes": os.path.getsize(path), "work": bigmodels.work(shape, qt, args.pure)}
              for shape in bigmodels.parse_list(args.models, list(bigmodels.SHAPES), "models")
              for qt in bigmodels.parse_list(args.types, list(bigmodels.TYPES), "types")]
     try:

@@ -263,9 +263,26 @@ def main(argv=None):
     run_args(ap, ENGINES, 900)
     ap.add_argument("--reps-pp128", type=int, default=3)
     ap.add_argument("--reps-pp512", type=int, default=2)
+    g = ap.add_argument_group("the contended case (bench/e2e/contended.py)")
+    g.add_argument("--contended", action="store_true", help="decode at each engine's default thread count, quiet "
+                   "and beside one busy-loop process per two cores, alternating; each engine's contended/quiet ratio")
+    g.add_argument("--tg", type=int, default=32, help="with --contended: tokens decoded per timed run (default 32)")
+    g.add_argument("--tg-reps", type=int, default=1, help="with --contended: timed runs per process (default 1)")
+    g.add_argument("--settle", type=float, default=5.0,
+                   help="with --contended: seconds the competitors run before a contended phase (default 5)")
     for name, default in (("json", "e2e.json"), ("fidelity-json", "e2e-fidelity.json"), ("md", "e2e.md")):
-        ap.add_argument(f"--{name}", default=os.path.join(RESULTS, default))
+        ap.add_argument(f"--{name}", default=None, help=f"default bench/results/{default} "
+                        f"({default.replace('.', '-contended.')} with --contended)" if name != "fidelity-json" else None)
     ap.set_defaults(ik_llama_src=None, dir=None, pp_warm=None, read_mib=0)
     args = ap.parse_args(argv)
+    for name, default in (("json", "e2e.json"), ("fidelity_json", "e2e-fidelity.json"), ("md", "e2e.md")):
+        if getattr(args, name) is None:
+            setattr(args, name, os.path.join(RESULTS, default.replace(".", "-contended.") if args.contended
+                                             and name != "fidelity_json" else default))
     args.reps_pp = args.reps_pp512
+    if args.contended:
+        from .contended import run as contended
+        if args.tg < 1 or args.tg_reps < 1 or args.settle < 0:
+            ap.error("--tg and --tg-reps must be >= 1, --settle >= 0")
+        return contended(args)
     (fidelity if args.fidelity else speed)(args)

@@ -1,6 +1,7 @@
 """The model, peer and serving benches: the synthetic files' pieces (bigmodels.py), the shared helpers, the
 real-shape summary and report, and smoke runs of the entry points on SmolLM2 at the smallest settings
 (CPUFUSE_BENCH_SMOKE=0 skips them; the llama.cpp columns skip without the peer venv)."""
+import json
 import os
 
 import numpy as np
@@ -255,3 +256,45 @@ def test_reports_at_depth(tmp_path):
     assert "| 1b-Q4_0 @4096 | 1 |" in text and "types q8_0/q8_0" in text
     md = "\n".join(model.speed_md(dict(R, peer_skipped="none")))
     assert "| tg 128 @4096 | 1 | 9" in md
+
+
+FAKE_DEFAULT_LLAMA_BENCH = """#!/bin/sh
+case "$*" in *" -t "*|*" -fa "*) exit 4;; esac
+case "$*" in *"-p 0 -n 2 "*) ;; *) exit 5;; esac
+echo "[{\\"build_commit\\": \\"c0\\", \\"n_prompt\\": 0, \\"n_gen\\": 2, \\"n_threads\\": 7, \\"samples_ts\\": [20, 22]}]"
+"""
+
+
+def test_contended_case(tmp_path):
+    """--contended: competitors start and stop; the fake llama-bench runs at its defaults (no -t, no -fa),
+    cpufuse at its own; the report has each engine's ratio and the verdict"""
+    from bench import threads
+    from bench.e2e import contended
+    from cpufuse.llama.tiny import write_tiny_gguf
+    assert contended.llamacpp_default_threads() >= 1
+    with contended.Competitors(1) as c:
+        (p,) = c.procs
+        assert p.poll() is None
+    assert p.poll() is not None and c.procs == []
+    exe = tmp_path / "llama-bench"
+    exe.write_text(FAKE_DEFAULT_LLAMA_BENCH)
+    exe.chmod(0o755)
+    model = write_tiny_gguf(tmp_path / "m.gguf", qtype="Q8_0")
+    threads.run_module("bench.e2e", "--contended", "--model", str(model), "--tg", "2", "--rounds", "2", "--settle",
+                       "0", "--llama-bench", str(exe), "--json", str(tmp_path / "c.json"), "--md", str(tmp_path / "c.md"))
+    md = (tmp_path / "c.md").read_text()
+    assert "| llama.cpp (llama-bench (build c0, ?)) | 7 / 7 | 21.00 | 21.00 | **1.000** | 1.000, 1.000 |" in md, md
+    assert "| cpufuse | " in md and "the target (no worse) is **" in md and "Failures" not in md
+
+
+def test_smoke_thp(tmp_path):
+    """bench.e2e.thp on a tiny Q4_0 model: both page modes, the table and the per-round line"""
+    from cpufuse.llama.tiny import write_tiny_gguf
+    from bench import threads
+    path = write_tiny_gguf(tmp_path / "q4.gguf", qtype="Q4_0")
+    threads.run_module("bench.e2e.thp", str(path), "--rounds", "2", "--steps", "2", "--prompt", "2",
+                       "--md", str(tmp_path / "t.md"), "--json", str(tmp_path / "t.json"))
+    md = (tmp_path / "t.md").read_text()
+    assert "| 1 | 4 KiB |" in md and "| 1 | 2 MiB |" in md and "**2M ÷ 4K**" in md and "Per round" in md
+    R = json.loads((tmp_path / "t.json").read_text())
+    assert [len(R[0]["modes"][m]["decode_ms"]) for m in ("0", "1")] == [2, 2]

@@ -117,11 +117,11 @@ def add_sampling_args(ap, what="sampling"):
     g.add_argument("--seed", type=int, default=None, help="RNG seed (default: random)")
 
 
-def add_context_args(ap):
-    """what a generation does when it fills the cache (generate and chat)"""
+def add_context_args(ap, stop='stop_reason "context"'):
+    """what a generation does when it fills the cache (generate, chat and serve)"""
     ap.add_argument("--context-shift", action="store_true",
                     help="when the cache is full, keep the first --keep tokens, drop half of the rest and go on "
-                         "(llama.cpp's --context-shift); default: stop (stop_reason \"context\")")
+                         f"(llama.cpp's --context-shift); default: stop ({stop})")
     ap.add_argument("--keep", type=int, default=0, metavar="N", help="tokens a context shift keeps (default 0)")
 
 

@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 
+from cpufuse import _pages
 from cpufuse.quant.types import QTensor, dequantize
 
 from .arch import get as get_arch
@@ -174,18 +175,19 @@ def repack_weights(w, gf, isa=None, progress=None):
         if p is not t:
             gf.release(t.raw)
         return p
-    n = len(w.layers) + 1
-    for i, L in enumerate(w.layers):
-        for k, t in list(vars(L).items()):
-            if isinstance(t, QTensor):
-                setattr(L, k, rp(t))
+    with _pages.arena():    # the panels packed into 2 MiB-aligned huge-page chunks (cpufuse/_pages.py)
+        n = len(w.layers) + 1
+        for i, L in enumerate(w.layers):
+            for k, t in list(vars(L).items()):
+                if isinstance(t, QTensor):
+                    setattr(L, k, rp(t))
+            if progress is not None:
+                progress(i + 1, n)
+        if w.tied:
+            w.output = w.tok_embd.repack(isa=isa)
+            if w.output is not w.tok_embd:
+                gf.release(w.tok_embd.raw)   # the rows a batch needs fault back in
+        else:
+            w.output = rp(w.output)
         if progress is not None:
-            progress(i + 1, n)
-    if w.tied:
-        w.output = w.tok_embd.repack(isa=isa)
-        if w.output is not w.tok_embd:
-            gf.release(w.tok_embd.raw)   # the rows a batch needs fault back in
-    else:
-        w.output = rp(w.output)
-    if progress is not None:
-        progress(n, n)
+            progress(n, n)

@@ -287,21 +287,27 @@ class Model:
         sliding-window rings, or n_keep >= n_past - 1."""
         n_keep = _int_arg(n_keep, "n_keep", 0, self.n_ctx)
         with self._lock:
-            n_past = self._n_past
-            n_discard = (n_past - n_keep) // 2
-            if n_discard < 1:
-                raise ValueError(f"context shift: n_keep={n_keep} leaves nothing to drop of {n_past} positions")
-            kw = dict(self.rope_kw, attn_factor=1.0)
-            if kw["ext_factor"] != 0.0:   # rope_yarn multiplies by 1 + 0.1 ln(1/freq_scale): undo it
-                kw["attn_factor"] = 1.0 / (1.0 + 0.1 * math.log(1.0 / kw["freq_scale"]))
-
-            def rotate(k, delta):
-                return rope(k, np.full(len(k), delta, np.int32), **kw)
-            self.kv.shift(0, n_keep, n_discard, n_past, rotate)
+            n_discard = self.shift_slot(0, n_keep, self._n_past)
             self._epoch += 1
-            self._n_past = n_past - n_discard
+            self._n_past -= n_discard
             del self._cached[n_keep:n_keep + n_discard]
             return n_discard
+
+    def shift_slot(self, slot, n_keep, n_past):
+        """shift_context's cell work on KV slot `slot` holding n_past positions, for an owner of the
+        slots (the server's BatchEngine): the Model's own sequence state is not touched. Returns
+        n_discard = (n_past - n_keep) // 2; ValueError when that is 0 or the cache has rings."""
+        n_discard = (n_past - n_keep) // 2
+        if n_discard < 1:
+            raise ValueError(f"context shift: n_keep={n_keep} leaves nothing to drop of {n_past} positions")
+        kw = dict(self.rope_kw, attn_factor=1.0)
+        if kw["ext_factor"] != 0.0:   # rope_yarn multiplies by 1 + 0.1 ln(1/freq_scale): undo it
+            kw["attn_factor"] = 1.0 / (1.0 + 0.1 * math.log(1.0 / kw["freq_scale"]))
+
+        def rotate(k, delta):
+            return rope(k, np.full(len(k), delta, np.int32), **kw)
+        self.kv.shift(slot, n_keep, n_discard, n_past, rotate)
+        return n_discard
 
     def embed(self, ids, out=None):
         """The token-embedding rows of `ids` (GET_ROWS: only these rows are dequantized), as

@@ -449,7 +449,7 @@ class QTensor:
         extension. isa: None = the ISA in force (cpufuse.use_isa, CPUFUSE_ISA, else the best).
         A 3-D tensor repacks each expert's slab as its 2-D weight, into one buffer (n_expert, stride)
         whose rows start 64-byte aligned; `.expert(e)` of the result is expert e's repacked weight."""
-        from .. import _backend, _dispatch
+        from .. import _backend, _dispatch, _pages
         isa = _dispatch.resolve(isa)
         if (self.layout != "gguf" or self.block_size == 1 or isa == "numba" or _backend.lib is None):
             return self
@@ -458,7 +458,7 @@ class QTensor:
         n_panels = (self.n_out + PANEL - 1) // PANEL
         n_e = max(self.n_expert, 1)
         stride = (nbytes + 63) // 64 * 64
-        buf = _aligned_empty(stride * n_e, 64).reshape(n_e, stride)
+        buf = _pages.empty(stride * n_e).reshape(n_e, stride)   # 64-byte aligned, on huge pages
         for e in range(n_e):
             src = self.raw[e] if self.n_expert else self.raw
             rc = lib.cf_repack_p16(self.type_id, self.n_out, self.n_in, ffi.from_buffer(src), self.row_bytes,
@@ -476,13 +476,6 @@ class QTensor:
 
 
 PANEL = 16  # weight rows per panel of the P16 layout
-
-
-def _aligned_empty(nbytes, align):
-    """uint8 array of nbytes whose data address is a multiple of align (a view into a larger buffer)"""
-    base = np.empty(nbytes + align, np.uint8)
-    off = (-base.ctypes.data) % align
-    return base[off:off + nbytes]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -20,6 +20,15 @@ slot. A request whose prefix a running sequence is still evaluating waits until 
 then copies it: the n choices of one request (n > 1) evaluate their prompt once. The memory
 budget is the slots: parallel * n_ctx cells, allocated once.
 
+Context: a sequence holds at most n_ctx positions (its slot's cells). By default (as llama-server)
+a request asks for no more (Engine.check_request) and one that fills the context ends with
+"length". With context_shift=True a decoding sequence whose next token would not fit shifts its
+slot (Model.shift_slot, llama.cpp's --context-shift: keep n_keep, drop half of the rest, re-rotate
+K) and goes on: its tokens are those of Model.generate(context_shift=True, n_keep=) alone, since
+the shift happens at the same token and moves the same cells. The shifted cells are no longer
+what evaluating their tokens writes, so the prompt cache (and a slot save) reuses only the first
+n_keep tokens of a shifted slot.
+
 Cancellation (`Handle.cancel`, a client that disconnects, a stop string) is seen at the start of
 the next step: the sequence is dropped and its slot freed within one step.
 """
@@ -46,10 +55,19 @@ class _Slot:
     busy: bool = False
     last_used: float = 0.0
     written: int = 0            # positions written past `tokens` (rejected drafts), for the rings' reuse
+    exact: Optional[int] = None  # after a context shift: the leading tokens whose cells evaluation wrote
+
+    def cached(self):
+        """the tokens a later request may reuse (not the cells a context shift moved)"""
+        return self.tokens if self.exact is None else self.tokens[:self.exact]
+
+    def reset(self, tokens=()):
+        self.tokens, self.exact, self.written = list(tokens), None, 0
 
 
 class _Seq:
-    __slots__ = ("h", "slot", "prompt", "done", "last", "n_gen", "sampler", "cached", "spec_cap")
+    __slots__ = ("h", "slot", "prompt", "done", "last", "n_gen", "sampler", "cached", "spec_cap", "shifted",
+                 "n_shift")
 
     def __init__(self, h, slot, done):
         self.h, self.slot = h, slot
@@ -61,6 +79,8 @@ class _Seq:
         self.sampler.accept_prompt(self.prompt)
         self.cached = done
         self.spec_cap = 1 << 30     # the most ids to draft next (speculative decoding; adapts)
+        self.shifted = 0            # positions context shifts dropped
+        self.n_shift = 0            # context shifts
 
     @property
     def decoding(self):
@@ -68,7 +88,7 @@ class _Seq:
 
     @property
     def pos(self):              # position of the next token to evaluate
-        return len(self.prompt) + self.n_gen - 1 if self.decoding else self.done
+        return len(self.prompt) + self.n_gen - 1 - self.shifted if self.decoding else self.done
 
 
 class BatchEngine(Engine):
@@ -80,11 +100,13 @@ class BatchEngine(Engine):
     model's KV slots to use (None: all n_seq), the most sequences run at once. draft: speculative
     decoding per sequence (cpufuse.llama.speculative: an int N for prompt lookup of N ids, a
     LlamaPromptLookupDecoding or a DraftModel): each decoding sequence's drafted ids join the step
-    as one-row groups, and the tokens are the same as without it (docs/speculative.md)."""
+    as one-row groups, and the tokens are the same as without it (docs/speculative.md).
+    context_shift: a sequence that fills its slot shifts it, keeping the first n_keep positions
+    (see the module docstring); False: requests fit the context (llama-server's default)."""
 
     def __init__(self, model, model_name: Optional[str] = None, chunk: int = DEFAULT_CHUNK,
                  step_tokens: Optional[int] = DEFAULT_STEP_TOKENS, mask_thread: bool = True,
-                 slots: Optional[int] = None, draft=None):
+                 slots: Optional[int] = None, draft=None, context_shift: bool = False, n_keep: int = 0):
         name = model_name or os.path.splitext(os.path.basename(getattr(model, "path", "model")))[0]
         tok = model.tokenizer
         parallel = int(model.n_seq if slots is None else slots)
@@ -98,6 +120,15 @@ class BatchEngine(Engine):
             raise ValueError(f"chunk must be <= the model's n_batch ({model.n_batch}) for its sliding-window "
                              f"layers' KV rings (window + n_batch cells), got {chunk!r}")
         self.model, self.model_path = model, getattr(model, "path", name)
+        if not isinstance(context_shift, bool):
+            raise TypeError(f"context_shift must be a bool, got {type(context_shift).__name__}")
+        if isinstance(n_keep, bool) or not isinstance(n_keep, int) or not 0 <= n_keep <= model.n_ctx - 2:
+            raise ValueError(f"n_keep must be an int in [0, n_ctx - 2 = {model.n_ctx - 2}] (a shift keeps n_keep "
+                             f"positions and drops half of the rest), got {n_keep!r}")
+        if context_shift and model.kv.ring_cells:
+            raise ValueError("context_shift: this model's KV cache has sliding-window rings, which hold the last "
+                             "window positions only and cannot shift; serve it without --context-shift")
+        self.context_shift, self.n_keep = context_shift, n_keep
         self.chunk = int(chunk)
         self.step_tokens = max(self.chunk, int(step_tokens or self.chunk))
         from cpufuse.llama.speculative import check_draft
@@ -118,9 +149,9 @@ class BatchEngine(Engine):
              model_name: Optional[str] = None, parallel: int = 4, chunk: int = DEFAULT_CHUNK,
              step_tokens: Optional[int] = DEFAULT_STEP_TOKENS, **load_kw):
         from cpufuse.llama import Model
-        draft = load_kw.pop("draft", None)
+        kw = {k: load_kw.pop(k) for k in ("draft", "context_shift", "n_keep") if k in load_kw}
         m = Model.load(path, n_ctx=n_ctx, n_threads=n_threads, kv_dtype=kv_dtype, n_seq=parallel, **load_kw)
-        return cls(m, model_name=model_name, chunk=chunk, step_tokens=step_tokens, draft=draft)
+        return cls(m, model_name=model_name, chunk=chunk, step_tokens=step_tokens, **kw)
 
     # ------------------------------------------------------------------ engine thread
     def stop(self, drain: float = 0.0) -> None:
@@ -155,7 +186,7 @@ class BatchEngine(Engine):
             if not free:
                 return _WAIT
             slot = min(free, key=lambda s: s.last_used)
-            slot.tokens = []      # its cells hold this input, cut into other chunks: never a prompt-cache hit
+            slot.reset()          # its cells hold this input, cut into other chunks: never a prompt-cache hit
             slot.last_used = time.monotonic()
             return pooled(self.model, slot.index, ids, pooling, norm)
         return self._job(run)
@@ -176,14 +207,17 @@ class BatchEngine(Engine):
             s = self.slots[index]
             if s.busy:
                 raise ValueError(f"slot {index} is running a request")
-            if action == "save":
-                return {"n_saved": len(s.tokens),
-                        "n_written": state.save_file(self.model, path, state.dump(self.model, index, s.tokens))}
+            if action == "save":       # (a shifted slot: the tokens before its shifted cells)
+                toks = s.cached()
+                return {"n_saved": len(toks),
+                        "n_written": state.save_file(self.model, path, state.dump(self.model, index, toks))}
             if action == "restore":
                 toks = state.load_file(self.model, path, index)
-                s.tokens, s.written, s.last_used = toks, 0, time.monotonic()
+                s.reset(toks)
+                s.last_used = time.monotonic()
                 return {"n_restored": len(toks), "n_read": os.path.getsize(path)}
-            n, s.tokens = len(s.tokens), []
+            n = len(s.tokens)
+            s.reset()
             return {"n_erased": n}
         return self._job(run)
 
@@ -253,13 +287,13 @@ class BatchEngine(Engine):
             prompt = h.request.prompt_ids
             best, best_n = None, -1
             for s in free:
-                n = self._shared(s.tokens, prompt)
+                n = self._shared(s.cached(), prompt)
                 n = self.model.kv.reusable(n, max(len(s.tokens), s.written))   # 0 where a ring moved on
                 if n > best_n or (n == best_n and s.last_used < best.last_used):
                     best, best_n = s, n
             src, src_n = None, best_n
             for q in (self.seqs if self._lends() else ()):   # running sequences: their evaluated tokens
-                n = self._shared(q.slot.tokens, prompt)
+                n = self._shared(q.slot.cached(), prompt)
                 if n > src_n:
                     src, src_n = q.slot, n
             best.busy = True
@@ -267,7 +301,7 @@ class BatchEngine(Engine):
                 self.model.kv.copy_prefix(src.index, best.index, src_n, len(src.tokens))
                 best.tokens = list(src.tokens[:src_n])
                 best_n = src_n
-            best.tokens = best.tokens[:best_n]
+            best.tokens, best.exact = best.tokens[:best_n], None
             seq = _Seq(h, best, best_n)
             h.cached_tokens = best_n
             self.seqs.append(seq)
@@ -309,6 +343,8 @@ class BatchEngine(Engine):
         owners = []
         dec = [s for s in self.seqs if s.decoding]
         for s in dec:                       # every decoding sequence: its next token (and drafts)
+            if s.pos >= self.n_ctx:         # only with context_shift (else check_request bounds it)
+                self._shift(s)
             d = self._drafts(s)
             for i, t in enumerate([s.last] + d):    # one-row groups: each row's attention is a decode step's
                 b.add(s.slot.index, [t], s.pos + i, logits=True)
@@ -361,6 +397,25 @@ class BatchEngine(Engine):
             i += len(d) + 1
         deliver(events)
 
+    def _shift(self, s):
+        """llama.cpp's context shift of s's slot, whose n_ctx positions are all evaluated"""
+        slot, k = s.slot, self.n_keep
+        n = self.model.shift_slot(slot.index, k, s.pos)
+        del slot.tokens[k:k + n]
+        slot.exact = k if slot.exact is None else min(slot.exact, k)
+        slot.written = max(0, slot.written - n)
+        s.shifted += n
+        s.n_shift += 1
+        self._count(context_shifts=1)
+
+    def _detail(self, s, reason):
+        """the FinishEvent's detail (the request log's words)"""
+        if s.n_shift:
+            return f"{s.n_shift} context shift{'s' if s.n_shift > 1 else ''}"
+        if reason == "length" and len(s.prompt) + s.n_gen >= self.n_ctx:
+            return f"context full: n_ctx {self.n_ctx}"
+        return None
+
     def _drafts(self, s):
         """the ids drafted after s.last (none without a draft, under a constraint, or without room)"""
         r = s.h.request
@@ -384,7 +439,8 @@ class BatchEngine(Engine):
             return None
         if tok in r.stop_ids:
             self._release(s)
-            events.append((s.h, self._finish(s.h, "stop", s.n_gen, s.cached, deliver_now=False)))
+            events.append((s.h, self._finish(s.h, "stop", s.n_gen, s.cached, deliver_now=False,
+                                              detail=self._detail(s, "stop"))))
             return None
         if r.logprobs is None:
             ev = TokenEvent(tok)
@@ -397,11 +453,13 @@ class BatchEngine(Engine):
         events.append((s.h, ev))
         if s.n_gen >= r.max_tokens:
             self._release(s)
-            events.append((s.h, self._finish(s.h, "length", s.n_gen, s.cached, deliver_now=False)))
+            events.append((s.h, self._finish(s.h, "length", s.n_gen, s.cached, deliver_now=False,
+                                              detail=self._detail(s, "length"))))
             return None
         if getattr(s.sampler, "done", False):   # the grammar is complete: only a stop id can follow
             self._release(s)
-            events.append((s.h, self._finish(s.h, "stop", s.n_gen, s.cached, deliver_now=False)))
+            events.append((s.h, self._finish(s.h, "stop", s.n_gen, s.cached, deliver_now=False,
+                                              detail=self._detail(s, "stop"))))
             return None
         return tok
 
@@ -428,19 +486,21 @@ class SerialEngine(BatchEngine):
     `Model.generate(prompt_ids, reuse_cache=False, sampler=make_sampler(params))`'s. `parallel`
     is reported only."""
 
-    def __init__(self, model, model_name: Optional[str] = None, parallel: int = 1, draft=None):
+    def __init__(self, model, model_name: Optional[str] = None, parallel: int = 1, draft=None,
+                 context_shift: bool = False, n_keep: int = 0):
         if int(parallel) < 1:
             raise ValueError(f"parallel must be >= 1, got {parallel!r}")
-        super().__init__(model, model_name, chunk=model.n_batch, step_tokens=model.n_batch, slots=1, draft=draft)
+        super().__init__(model, model_name, chunk=model.n_batch, step_tokens=model.n_batch, slots=1, draft=draft,
+                         context_shift=context_shift, n_keep=n_keep)
         self.parallel = int(parallel)
 
     @classmethod
     def load(cls, path: str, n_ctx: int = 2048, n_threads: Optional[int] = None, kv_dtype: str = "f16",
              model_name: Optional[str] = None, parallel: int = 1, **load_kw) -> "SerialEngine":
         from cpufuse.llama import Model
-        draft = load_kw.pop("draft", None)
+        kw = {k: load_kw.pop(k) for k in ("draft", "context_shift", "n_keep") if k in load_kw}
         return cls(Model.load(path, n_ctx=n_ctx, n_threads=n_threads, kv_dtype=kv_dtype, **load_kw),
-                   model_name=model_name, parallel=parallel, draft=draft)
+                   model_name=model_name, parallel=parallel, **kw)
 
     def _shared(self, tokens, prompt):
         return 0               # no prompt cache: nothing is reused, lent or waited for

@@ -2,6 +2,7 @@
 
     python -m cpufuse serve [MODEL | -m MODEL | -hf ORG/REPO[:QUANT]] [--host 127.0.0.1] [--port 8080]
                             [--parallel N] [-c N] [-t T] [--alias NAME] [--kv T] [-ctk T] [-ctv T]
+                            [--context-shift [--keep N]]
                             [--temp ... --top-k ... --top-p ... --min-p ... --repeat-penalty ... --seed ...]
                             [--api-key KEY | --api-key-file FILE] [--protect-metrics] [--max-queue N]
                             [--max-body BYTES] [--timeout S] [--shutdown-timeout S]
@@ -43,6 +44,7 @@ def build_parser():
                     help="sequences run at once, each with its own KV slot of --n-ctx cells (default 8; "
                          "more requests wait in a queue; the serial engine runs one at a time)")
     llama_cli.add_run_args(ap)
+    llama_cli.add_context_args(ap, 'finish_reason "length"; prompt + max_tokens must fit -c, else 400')
     ap.add_argument("--engine", choices=sorted(ENGINES), default="batch",
                     help="batch = continuous batching, every running sequence in one decoder call per step "
                          "(default); serial = one request at a time, FIFO")
@@ -133,13 +135,17 @@ def main(argv=None):
         path = llama_cli.model_path(args)
         n_ctx = llama_cli.context(args, path, n_seq=args.parallel if args.engine == "batch" else 1)
         draft = llama_cli.make_draft(args)       # loaded with the model (speculative decoding per sequence)
+        if args.keep < 0 or (n_ctx and args.keep > n_ctx - 2):
+            raise llama_cli.CLIError(f"--keep must be in [0, -c - 2 = {n_ctx - 2}] (a context shift keeps --keep "
+                                     f"tokens and drops half of the rest), got {args.keep}" if n_ctx else
+                                     f"--keep must be >= 0, got {args.keep}", 2)
     except llama_cli.CLIError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.code
     except KeyboardInterrupt:
         return 130
     kw = {"chunk": args.chunk, "step_tokens": args.batch_tokens} if args.engine == "batch" else {}
-    kw["draft"] = draft
+    kw.update(draft=draft, context_shift=args.context_shift, n_keep=args.keep)
     kw.update(llama_cli.kv_types(args))     # -ctk / -ctv
 
     def load():

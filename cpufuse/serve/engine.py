@@ -21,7 +21,8 @@ Read-only attributes
     an `EngineRequest`: prompt token ids, max_tokens, `SamplingParams`, logprobs (None, or the number
     of top alternatives, 0 = the chosen token's only) and stop token ids. It raises `RequestError`
     (a `ValueError` whose `param` names the field) for a request no engine state can run (empty
-    prompt, an id outside [0, n_vocab), max_tokens < 1, len(prompt) + max_tokens > n_ctx) and
+    prompt, an id outside [0, n_vocab), max_tokens < 1, len(prompt) + max_tokens > n_ctx; with
+    `context_shift`, len(prompt) >= n_ctx) and
     `EngineStopped` once `stop()` has begun. This is the one check of the prompt's token ids on
     the server's path (the HTTP layer relies on it; the model does not check again).
     A request that cannot run now waits in the queue: there is no capacity error.
@@ -34,9 +35,11 @@ Events
     a consumer that stops early (a stop string) still knows it. A sampled stop id ends the
     sequence with "stop" and is not delivered (nor counted). finish_reason is
       "stop"       a stop token id was sampled (or the request's grammar is complete);
-      "length"     max_tokens tokens were generated;
+      "length"     max_tokens tokens were generated (`detail` says when the context was full);
       "cancelled"  `Handle.cancel()` or `stop()` ended it;
       "error"      the engine failed on this request (`error` holds the message).
+    `detail` (None or a few words for the request log) says more: "context full: n_ctx N" when
+    "length" came at the end of the context, "N context shifts" when the sequence shifted.
     Text is not the engine's business: detokenization and stop STRINGS are done by the server on
     the token stream; it calls `Handle.cancel()` when a stop string matches.
 
@@ -64,6 +67,15 @@ Sampling and determinism
     exactly `Model.generate(prompt_ids, reuse_cache=False, sampler=make_sampler(params))`'s tokens.
     logprobs are taken from the raw model logits (log-softmax before penalties, filters and
     temperature; `token_logprobs`), as vLLM reports them by default, also under a constraint.
+
+Context beyond the cache
+    `context_shift` False (the default, as llama-server's): a sequence never holds more than n_ctx
+    tokens (submit checks prompt + max_tokens). True: max_tokens may go past the context; a
+    decoding sequence whose next token would not fit shifts its slot as llama.cpp's
+    --context-shift does (`Model.shift_slot`: the first `n_keep` positions stay, half of the rest
+    is dropped, the later K rows re-rotated) and goes on. Its tokens are those of
+    `Model.generate(..., context_shift=True, n_keep=n_keep)` alone. The prompt must still be
+    shorter than n_ctx.
 
 Constraints and logit bias
     `EngineRequest.constraint` (a `cpufuse.llama.constrain.Constraint`) and
@@ -144,6 +156,7 @@ class FinishEvent:
     completion_tokens: int
     cached_tokens: int = 0                   # prompt tokens whose KV came from a cache
     error: Optional[str] = None
+    detail: Optional[str] = None             # for the request log: "context full: n_ctx N", "N context shifts"
 
 
 Event = Union[TokenEvent, FinishEvent]
@@ -159,6 +172,7 @@ class EngineStats:
     draft_tokens: int = 0                    # speculative decoding: ids drafted, and those accepted
     draft_accepted: int = 0
     steps: int = 0                           # decode steps (one token for each running sequence)
+    context_shifts: int = 0                  # context shifts (context_shift=True)
     queue_depth: int = 0                     # gauges: requests waiting
     active: int = 0                          # sequences running (prefill or decode)
     batch_size: int = 0                      # sequences in the last decode step
@@ -305,6 +319,7 @@ class Engine:
         self.eog_ids = frozenset(eog_ids)
         self.parallel = int(parallel)
         self.chat_template = chat_template
+        self.context_shift, self.n_keep = False, 0   # a subclass that can shift sets them
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._queue: collections.deque = collections.deque()
@@ -312,7 +327,7 @@ class Engine:
         self._thread: Optional[threading.Thread] = None
         self._ids = itertools.count(1)
         self._c = dict(requests_submitted=0, prompt_tokens=0, cached_prompt_tokens=0, generated_tokens=0,
-                       draft_tokens=0, draft_accepted=0, steps=0, active=0, batch_size=0)
+                       draft_tokens=0, draft_accepted=0, steps=0, context_shifts=0, active=0, batch_size=0)
         self._finished = collections.Counter()
 
     # ------------------------------------------------------------------ lifespan
@@ -364,7 +379,11 @@ class Engine:
             raise RequestError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {self.n_vocab})", "prompt")
         if int(request.max_tokens) < 1:
             raise RequestError(f"max_tokens must be >= 1, got {request.max_tokens}", "max_tokens")
-        if len(ids) + int(request.max_tokens) > self.n_ctx:
+        if self.context_shift:
+            if len(ids) >= self.n_ctx:
+                raise RequestError(f"the prompt ({len(ids)} tokens) does not fit the context ({self.n_ctx} "
+                                   f"tokens): it must be shorter", "prompt")
+        elif len(ids) + int(request.max_tokens) > self.n_ctx:
             raise RequestError(f"the prompt ({len(ids)} tokens) plus max_tokens ({request.max_tokens}) "
                                f"exceeds the context ({self.n_ctx} tokens)", "max_tokens")
         if request.logprobs is not None and not 0 <= int(request.logprobs) <= self.n_vocab:
@@ -394,8 +413,8 @@ class Engine:
 
     # ------------------------------------------------------------------ accounting
     def _finish(self, h: Handle, reason: str, n_gen: int, cached: int = 0, error: Optional[str] = None,
-                deliver_now: bool = True) -> FinishEvent:
-        ev = FinishEvent(reason, len(h.request.prompt_ids), n_gen, cached, error)
+                deliver_now: bool = True, detail: Optional[str] = None) -> FinishEvent:
+        ev = FinishEvent(reason, len(h.request.prompt_ids), n_gen, cached, error, detail)
         with self._lock:
             self._finished[reason] += 1
         if deliver_now:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["Metrics", "log_line"]
+__all__ = ["Metrics", "log_line", "log_user"]
 
 
 class Metrics:
@@ -43,6 +43,7 @@ class Metrics:
         metric("draft_tokens_total", "counter", "ids drafted (speculative decoding)", [({}, s.draft_tokens)])
         metric("draft_tokens_accepted_total", "counter", "drafted ids accepted", [({}, s.draft_accepted)])
         metric("decode_steps_total", "counter", "engine decode steps", [({}, s.steps)])
+        metric("context_shifts_total", "counter", "context shifts (--context-shift)", [({}, s.context_shifts)])
         metric("requests_waiting", "gauge", "requests queued, not started (queue depth)", [({}, s.queue_depth)])
         metric("requests_running", "gauge", "sequences running (active)", [({}, s.active)])
         metric("batch_size", "gauge", "sequences in the last decode step", [({}, s.batch_size)])
@@ -52,10 +53,19 @@ class Metrics:
 
 
 
+def log_user(st: dict, *ids) -> None:
+    """a request's `user` (and `safety_identifier`) go into its log line"""
+    who = [x for x in ids if x]
+    if who:
+        st["user"] = " / ".join(who)
+
+
 def log_line(method, path, status, st, reason=None) -> str:
     """llama-server's kind of request line: status, the reason of an error, tokens, timings"""
     now = time.perf_counter()
     parts = [f"{method} {path} {status}"]
+    if st.get("user"):
+        parts.append(f"user {st['user']!r}")
     if reason:
         parts.append(reason)
     u = st.get("usage")
@@ -64,8 +74,9 @@ def log_line(method, path, status, st, reason=None) -> str:
         ttft, gen = (tf - st["t0"]) * 1e3, (now - tf) * 1e3
         c = u["completion_tokens"]
         rate = f", {(c - 1) / (gen / 1e3):.1f} tok/s" if c > 1 and gen > 0 else ""
+        why = f" ({st['finish_detail']})" if st.get("finish_detail") else ""
         parts.append(f"prompt {u['prompt_tokens']} tok ({u['prompt_tokens_details']['cached_tokens']} cached), "
-                     f"completion {c} tok, {st.get('finish')}")
+                     f"completion {c} tok, {st.get('finish')}{why}")
         parts.append(f"first token {ttft:.1f} ms, generation {gen:.1f} ms{rate}")
     if "t0" in st:
         parts.append(f"total {(now - st['t0']) * 1e3:.1f} ms")

@@ -112,7 +112,8 @@ class Responses:
                     text, rel = asm.finish()
                     if text or rel:
                         yield ("text", text, rel)
-                    st.update(finish=ev.finish_reason, usage=self.usage(ev.prompt_tokens, n_tokens, ev.cached_tokens))
+                    st.update(finish=ev.finish_reason, finish_detail=ev.detail,
+                              usage=self.usage(ev.prompt_tokens, n_tokens, ev.cached_tokens))
                     yield ("end", ev.finish_reason, st["usage"])
                     return
                 n_tokens += 1

@@ -30,6 +30,7 @@ void cf_parallel_for_hinted(int nth, int64_t nchunks, cf_task_fn fn, void *ctx);
 void cf_pool_profile(int on, uint64_t *out);
 int cf_prof_on(void);
 uint64_t cf_now_ns(void);
+uint64_t cf_thread_cpu_ns(void); /* this thread's CPU time (profiling: not counting time other processes hold the core) */
 void cf_prof_add(int slot, uint64_t ns);
 #define CF_MAX_THREADS 256
 #endif

@@ -162,6 +162,11 @@ static atomic_int prof_on;
 static atomic_ullong prof_busy_ns, prof_region_ns, prof_regions, prof_slot[CF_PROF_SLOTS];
 int cf_prof_on(void) { return atomic_load_explicit(&prof_on, memory_order_relaxed); }
 uint64_t cf_now_ns(void) { return now_ns(); }
+uint64_t cf_thread_cpu_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
 void cf_prof_add(int slot, uint64_t ns) {
   if (slot >= 0 && slot < CF_PROF_SLOTS) atomic_fetch_add_explicit(&prof_slot[slot], ns, memory_order_relaxed);
 }
