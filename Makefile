@@ -6,7 +6,7 @@ PIN     ?= taskset -c 0
 # Old-OpenBLAS tuning variables slow a current numpy's BLAS: unset them for benchmarks only.
 BENCHENV := env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE
 
-.PHONY: all venv build test generate test-fast test-asan fuzz fuzz-gguf soak test-ray bench bench-quick bench-scaling bench-peers peer-venv bench-e2e bench-serve llama-bench info neon-test serve clean
+.PHONY: all venv build test generate test-fast test-asan fuzz fuzz-gguf fuzz-asan soak test-ray bench bench-quick bench-scaling bench-peers peer-venv bench-e2e bench-serve llama-bench info neon-test serve clean
 
 all: test
 
@@ -51,14 +51,20 @@ ASAN_ABS  = $(abspath $(ASAN_DIR))
 ASAN_ENV  = env LD_PRELOAD=$$($(CC) -print-file-name=libasan.so) PYTHONPATH=$(ASAN_ABS)/tree \
 	ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1:log_path=$(ASAN_ABS)/logs/asan \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$(ASAN_ABS)/logs/ubsan
-test-asan: venv
+define ASAN_TREE
 	rm -rf $(ASAN_DIR)/tree $(ASAN_DIR)/logs && mkdir -p $(ASAN_DIR)/tree $(ASAN_DIR)/logs
 	git ls-files -z -co --exclude-standard | tar --null --ignore-failed-read -T - -cf - | tar -xf - -C $(ASAN_DIR)/tree
 	cd $(ASAN_DIR)/tree && CPUFUSE_SANITIZE=1 $(abspath $(VPY)) setup.py -q build_ext --inplace
 	cd $(ASAN_DIR)/tree && $(ASAN_ENV) $(abspath $(VPY)) -m cpufuse info | grep "SANITIZE_ADDRESS"
+endef
+define ASAN_REPORTS
+	@if ls $(ASAN_DIR)/logs/* >/dev/null 2>&1 || grep -qE "ERROR: [A-Za-z]+Sanitizer|runtime error:" $(1); then \
+		echo "$@: sanitizer reports (in $(ASAN_DIR)/logs):"; head -c 30000 $(ASAN_DIR)/logs/* 2>/dev/null; exit 1; fi
+endef
+test-asan: venv
+	$(ASAN_TREE)
 	cd $(ASAN_DIR)/tree && { $(ASAN_ENV) $(abspath $(VPY)) -m pytest -q -p no:cacheprovider --capture=sys --durations=10 tests; echo $$? > ../pytest.rc; } 2>&1 | tee ../pytest.log
-	@if ls $(ASAN_DIR)/logs/* >/dev/null 2>&1 || grep -qE "ERROR: [A-Za-z]+Sanitizer|runtime error:" $(ASAN_DIR)/pytest.log; then \
-		echo "test-asan: sanitizer reports (in $(ASAN_DIR)/logs):"; head -c 30000 $(ASAN_DIR)/logs/* 2>/dev/null; exit 1; fi
+	$(call ASAN_REPORTS,$(ASAN_DIR)/pytest.log)
 	@test "$$(cat $(ASAN_DIR)/pytest.rc)" = 0 && echo "test-asan: passed, no sanitizer report"
 
 # Property tests at 10^4 examples per op (CPUFUSE_HYPOTHESIS=fuzz, tests/conftest.py; failures are
@@ -83,6 +89,26 @@ fuzz-gguf: build
 	$(VPY) tests/fuzz_inputs.py gguf -runs=$(FUZZ_RUNS) $(FUZZ_FLAGS)
 	$(VPY) tests/fuzz_inputs.py tokenizer -runs=$(FUZZ_RUNS) $(FUZZ_FLAGS)
 	$(VPY) tests/fuzz_inputs.py template -runs=$(FUZZ_RUNS) $(FUZZ_FLAGS)
+
+# The same three fuzzers on test-asan's tree and extension (native kernels under ASan + UBSan, gcc's
+# libasan preloaded). The preloaded libasan provides the coverage callbacks atheris would register
+# with libFuzzer, so libFuzzer would get no coverage and keep no seed; the targets run in
+# tests/fuzz_inputs.py's --mutate mode instead: mutations of fuzz-gguf's corpus and seeds
+# (build/fuzz, shared; run fuzz-gguf first to grow the corpus), no coverage feedback. FUZZ_RUNS GGUF
+# inputs (10^5), ASAN_FUZZ_RUNS tokenizer and template inputs (10^4); fails on a crash (saved as
+# build/fuzz/<target>/crash-<sha1>), a hang over ASAN_FUZZ_TIMEOUT seconds or any sanitizer report
+# (the input then is build/fuzz/<target>/current-input).
+ASAN_FUZZ_RUNS ?= 10000
+ASAN_FUZZ_TIMEOUT ?= 2
+ASAN_FUZZ = cd $(ASAN_ABS)/tree && $(ASAN_ENV) CPUFUSE_FUZZ_DIR=$(abspath build/fuzz) $(abspath $(VPY)) tests/fuzz_inputs.py
+fuzz-asan: venv
+	@$(VPY) -c "import atheris" 2>/dev/null || $(VPY) -m pip install -q "atheris>=2.3"
+	$(ASAN_TREE)
+	{ $(ASAN_FUZZ) gguf --mutate -runs=$(FUZZ_RUNS) -timeout=$(ASAN_FUZZ_TIMEOUT) && \
+	  $(ASAN_FUZZ) tokenizer --mutate -runs=$(ASAN_FUZZ_RUNS) -timeout=$(ASAN_FUZZ_TIMEOUT) && \
+	  $(ASAN_FUZZ) template --mutate -runs=$(ASAN_FUZZ_RUNS) -timeout=$(ASAN_FUZZ_TIMEOUT); echo $$? > $(ASAN_ABS)/fuzz.rc; } 2>&1 | tee $(ASAN_DIR)/fuzz.log
+	$(call ASAN_REPORTS,$(ASAN_DIR)/fuzz.log)
+	@test "$$(cat $(ASAN_DIR)/fuzz.rc)" = 0 && echo "fuzz-asan: no crash, no hang, no sanitizer report"
 
 # The Ray Serve replicas' test (tests/test_serve_ray.py; in `make test` too, skipped there unless
 # ray is installed): installs ray[serve] (large, so not in DEPS) and runs it.

@@ -3,6 +3,10 @@
 renderer (malicious templates, huge messages). `make fuzz-gguf` runs all three.
 
     python tests/fuzz_inputs.py gguf|tokenizer|template [libFuzzer flags: -runs=N -timeout=2 ...]
+    python tests/fuzz_inputs.py gguf|tokenizer|template --mutate [-runs=N -timeout=S -max_total_time=S]
+
+--mutate mutates the corpus and seeds without coverage feedback (make fuzz-asan, where libFuzzer
+gets no coverage: mutate_loop).
 
 The gguf and tokenizer targets accept only the documented refusals: ValueError (GGUF errors, bad
 arguments; UnicodeError is one), TypeError and NotImplementedError (a type or architecture cpufuse
@@ -24,17 +28,23 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-import atheris  # noqa: E402
-
-with atheris.instrument_imports(include=["cpufuse.llama.gguf_file", "cpufuse.llama.hparams", "cpufuse.llama.loader",
-                                         "cpufuse.llama.tokenizer", "cpufuse.llama.chat", "cpufuse.llama.model",
-                                         "jinja2"]):
+MUTATE = "--mutate" in sys.argv   # no coverage: no atheris, no instrumentation (mutate_loop)
+if MUTATE:
+    import contextlib
+    atheris = None
+    instrumented = contextlib.nullcontext()
+else:
+    import atheris  # noqa: E402
+    instrumented = atheris.instrument_imports(include=[
+        "cpufuse.llama.gguf_file", "cpufuse.llama.hparams", "cpufuse.llama.loader", "cpufuse.llama.tokenizer",
+        "cpufuse.llama.chat", "cpufuse.llama.model", "jinja2"])
+with instrumented:
     import jinja2.sandbox  # noqa: E402,F401 -- imported here to be instrumented (the renderer imports it lazily)
     from cpufuse.llama import Model  # noqa: E402
     from cpufuse.llama.chat import TemplateError, render_chat  # noqa: E402
     from cpufuse.llama.gguf_file import GGUFFile  # noqa: E402
     from cpufuse.llama.tokenizer import Tokenizer  # noqa: E402
-from cpufuse.llama.tiny import ARCHS, kquant_dims, write_tiny_gguf  # noqa: E402
+from cpufuse.llama.tiny import ARCHS, kquant_dims, model_dims, write_tiny_gguf  # noqa: E402
 
 EXPECTED = (ValueError, TypeError, NotImplementedError, TemplateError)
 TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K", "Q6_K")
@@ -66,8 +76,10 @@ def gguf_seeds(d):
     for arch in ARCHS:
         for qt in TYPES:
             dims = kquant_dims() if qt in ("Q4_K", "Q6_K") else None
-            if arch == "gemma3" and dims:
-                dims = dict(dims, n_layer=6)
+            if dims:                           # the architecture's own sizes, K-quant ready
+                d0 = model_dims(arch, None)
+                dims.update({k: 256 for k in ("n_ff_exp", "n_ff_shexp") if d0.get(k)})
+                dims["n_layer"] = max(dims["n_layer"], d0["n_layer"])
             write_tiny_gguf(os.path.join(d, f"{arch}-{qt}.gguf"), qtype=qt, arch=arch, seed=1, dims=dims,
                             chat_template=TEMPLATE if qt == "F16" else None)
 
@@ -191,6 +203,100 @@ def template_one(data: bytes):
             raise MemoryError(f"rendering a {len(tpl)}-character template raised the peak RSS by {grew >> 20} MiB")
 
 
+# ------------------------------------------------------------------------------------ --mutate
+INTERESTING = (0, 1, 2, 0x7F, 0x80, 0xFF, 0x7FFF, 0xFFFF, 2 ** 31 - 1, 2 ** 31, 2 ** 32 - 1, 2 ** 63 - 1,
+               2 ** 64 - 1, 0x7FC00000, 0x7F800000, 0xFF800000)
+
+
+def mutate(rng, data: bytes) -> bytes:
+    """1-6 random edits, placed within the first 64 B-64 KiB (headers, metadata, tensor infos)
+    most of the time: bit flips, interesting bytes and 2/4/8-byte integers, deletions,
+    insertions, copies, truncation"""
+    b = bytearray(data)
+    for _ in range(rng.randint(1, 6)):
+        if not b:
+            b += rng.randbytes(rng.randint(1, 64))
+            continue
+        n = len(b)
+        i = rng.randrange(n if rng.random() < 0.25 else min(n, 1 << rng.randint(6, 16)))
+        op = rng.randrange(8)
+        if op == 0:
+            b[i] ^= 1 << rng.randrange(8)
+        elif op == 1:
+            b[i] = rng.choice((0, 1, 0x7F, 0x80, 0xFF))
+        elif op == 2:
+            w = rng.choice((2, 4, 8))
+            v = rng.choice(INTERESTING + (rng.getrandbits(8 * w),)) % (1 << 8 * w)
+            b[i:i + w] = v.to_bytes(w, "little")[:len(b[i:i + w])]
+        elif op == 3:
+            del b[i:i + rng.randint(1, 256)]
+        elif op == 4:
+            b[i:i] = rng.randbytes(rng.randint(1, 64))
+        elif op == 5:
+            j = rng.randrange(n)
+            b[i:i] = b[j:j + rng.randint(1, 256)]
+        elif op == 6:
+            del b[i:]
+        else:
+            w = rng.choice((4, 8))     # add or subtract a little from an integer
+            v = (int.from_bytes(b[i:i + w].ljust(w, b"\0"), "little") + rng.randint(-16, 16)) % (1 << 8 * w)
+            b[i:i + w] = v.to_bytes(w, "little")[:len(b[i:i + w])]
+    return bytes(b)
+
+
+def mutate_loop(name, one, base, dirs, flags):
+    """--mutate: mutation without coverage feedback, for runs where libFuzzer gets none (make
+    fuzz-asan: the preloaded libasan takes atheris's coverage callbacks, and libFuzzer would then
+    drop every seed). Each input is a mutation of a file of `dirs` (the corpus fuzz-gguf grew and
+    the seeds), written to <base>/current-input before it runs, so a sanitizer abort or a hang
+    leaves it there. Flags: -runs=N, -timeout=S (a hang: the traceback, exit 1), -max_total_time=S,
+    -seed=N. A crash is saved as <base>/crash-<sha1> and ends the run (exit 1)."""
+    import faulthandler
+    import hashlib
+    import random
+    import time
+    opt = {k: float(v) for k, v in (a.lstrip("-").split("=", 1) for a in flags if "=" in a)}
+    runs, timeout = int(opt.get("runs", 100000)), opt.get("timeout", 2.0)
+    max_time, seed = opt.get("max_total_time", 0.0), int(opt.get("seed", time.time_ns() % (1 << 32)))
+    files = sorted(os.path.join(d, f) for d in dirs for f in os.listdir(d))
+    pool = []
+    for f in files:
+        with open(f, "rb") as fh:
+            pool.append(fh.read())
+    rng = random.Random(seed)
+    current = os.path.join(base, "current-input")
+    print(f"{name} --mutate: {len(pool)} files, seed {seed}, {runs} runs, timeout {timeout:g} s", flush=True)
+    t0 = time.time()
+    done = 0
+    try:
+        for done in range(1, runs + 1):
+            data = mutate(rng, rng.choice(pool))
+            with open(current, "wb") as fh:
+                fh.write(data)
+            faulthandler.dump_traceback_later(timeout, exit=True)
+            try:
+                one(data)
+            except BaseException:
+                crash = os.path.join(base, "crash-" + hashlib.sha1(data).hexdigest())
+                with open(crash, "wb") as fh:
+                    fh.write(data)
+                print(f"crash after {done} runs; the input is {crash}", flush=True)
+                raise
+            finally:
+                faulthandler.cancel_dump_traceback_later()
+            if done % 1000 == 0:
+                el = time.time() - t0
+                print(f"#{done} {done / el:.1f} runs/s", flush=True)
+            if max_time and time.time() - t0 > max_time:
+                break
+    finally:
+        if os.path.exists(SCRATCH):
+            os.unlink(SCRATCH)
+    el = time.time() - t0
+    print(f"Done {done} runs in {el:.0f} s ({done / max(el, 1e-9):.1f} runs/s): no crash, no hang", flush=True)
+    return 0
+
+
 TARGETS = {"gguf": (gguf_one, gguf_seeds), "tokenizer": (tokenizer_one, tokenizer_seeds),
            "template": (template_one, template_seeds)}
 
@@ -201,7 +307,7 @@ def main():
         return 2
     name = sys.argv[1]
     one, seeds = TARGETS[name]
-    base = os.path.join(ROOT, "build", "fuzz", name)
+    base = os.path.join(os.environ.get("CPUFUSE_FUZZ_DIR") or os.path.join(ROOT, "build", "fuzz"), name)
     seed_dir, corpus = os.path.join(base, "seeds"), os.path.join(base, "corpus")
     os.makedirs(corpus, exist_ok=True)
     if not os.path.isdir(seed_dir):
@@ -209,6 +315,8 @@ def main():
         seeds(seed_dir + ".tmp")
         os.rename(seed_dir + ".tmp", seed_dir)
     flags = [a for a in sys.argv[2:]]
+    if "--mutate" in flags:
+        return mutate_loop(name, one, base, [corpus, seed_dir], [a for a in flags if a != "--mutate"])
     if not any(a.startswith("-artifact_prefix=") for a in flags):
         flags.append(f"-artifact_prefix={base}/")
     try:

@@ -90,7 +90,8 @@ def body(rng, chat, stream):
 
 
 BAD = [b"{not json", b"[1]", b'{"prompt": "x", "temperature": 9}', b'{"prompt": [1, 99999999]}',
-       b'{"messages": "nope"}', b'{"prompt": "x", "n": 999}', b'{"prompt": "x", "max_tokens": 100000}']
+       b'{"messages": "nope"}', b'{"prompt": "x", "n": 999}', b'{"prompt": "x", "max_tokens": 100000}',
+       b'{"prompt": "x", "frobnicate": 1}']
 
 
 def client(url, seed, t_end, tally: Tally):

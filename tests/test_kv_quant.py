@@ -119,3 +119,60 @@ def test_cache_type_arguments_never_reuse_a_cached_binding():
     for _ in range(2):
         with pytest.raises(TypeError, match="k_type"):
             cpufuse.flash_attn(q, k, v, scale=0.2, k_type="f16")
+
+
+def _blocks(x, t):
+    return kvquant.quantize(x, t) if t in TYPES else x.astype(np.float16)
+
+
+# q8_0 and q4_0 for K and for V separately, and both
+TILED_PAIRS = [("q8_0", "f16"), ("q4_0", "f16"), ("f16", "q8_0"), ("f16", "q4_0"), ("q8_0", "q4_0"), ("q4_0", "q8_0")]
+
+
+@pytest.mark.parametrize("kt,vt", TILED_PAIRS)
+@pytest.mark.parametrize("N,T", [(13, 63), (9, 65), (37, 130), (64, 200), (17, 1100)])
+def test_tiled_quantized_cache_matches_reference_and_rows(native_isa, kt, vt, N, T, rng):
+    """The tiled strategy over a quantized cache (the int8 score GEMM on packed K codes, the V GEMM on
+    dequantized rows): float64 reference at odd sizes, KV lengths on and across block boundaries, -inf
+    masks (a causal diagonal, a band, a row with its own tail). With a quantized K the scores are exact
+    int32 block dots, so a row's result is the same bit for bit in every tile and in the rows strategy;
+    with an f16 K, in every tile of 8 rows or more. Every thread count gives the same bits."""
+    Hq, Hk, DK, DV = 8, 2, 64, 96
+    q = rng.uniform(-2, 2, (2, Hq, N, DK)).astype(np.float32)
+    k = rng.standard_normal((2, Hk, T, DK)).astype(np.float32)
+    v = rng.standard_normal((2, Hk, T, DV)).astype(np.float32)
+    m = np.zeros((1, 1, N, T), np.float16)
+    m[0, 0] = np.where(np.arange(T)[None, :] <= T - N + np.arange(N)[:, None], 0.0, -np.inf)   # causal at the end
+    m[..., 3:T // 3] = -np.inf
+    m[0, 0, 1, T // 2:] = -np.inf
+    kb, vb = _blocks(k, kt), _blocks(v, vt)
+    call = dict(scale=0.125, k_type=kt, v_type=vt, dv=DV, isa=native_isa)
+    want = _expect(q, kb, kt, vb, vt, DK, DV, m)
+    base = cpufuse.flash_attn(q, kb, vb, m, strategy="tiled", **call)
+    assert_nmse(want, base, 1e-10)
+    assert_nmse(_expect(q, kb, kt, vb, vt, DK, DV), cpufuse.flash_attn(q, kb, vb, strategy="tiled", **call), 1e-10)
+    for nt in (2, 3):
+        assert_bit_identical(base, cpufuse.flash_attn(q, kb, vb, m, strategy="tiled", n_threads=nt, **call),
+                             f"tiled {kt}/{vt} {nt} threads")
+    # f16 K: only tiles whose groups all hold >= 8 rows (4 heads a query) take the GEMM for every row
+    tiles = [qt for qt in (64, 5, 17, 32, 40)
+             if kt in TYPES or (qt >= 8 and (N % (qt // 4) == 0 or N % (qt // 4) >= 2))]
+    outs = [cpufuse.flash_attn(q, kb, vb, m, strategy="tiled", q_tile=qt, **call) for qt in tiles]
+    for qt, o in zip(tiles[1:], outs[1:]):
+        assert_bit_identical(outs[0], o, f"tiled {kt}/{vt} q_tile={qt} against {tiles[0]}")
+    if kt in TYPES:
+        assert_bit_identical(base, cpufuse.flash_attn(q, kb, vb, m, strategy="rows", **call), f"rows {kt}/{vt}")
+
+
+@pytest.mark.parametrize("kt,vt", [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("f16", "q8_0")])
+def test_tiled_masked_garbage_never_leaks(native_isa, kt, vt, rng):
+    """NaN K scales and inf V scales at excluded positions of a tiled call: finite output, the reference"""
+    q, k, v, m = _case(rng, S=1, N=11, T=150)
+    kb, vb = _blocks(k, kt), _blocks(v, vt)
+    if kt in TYPES:
+        kb[0, :, 40:90, :2] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)
+    vb[0, :, 40:90, :2] = np.frombuffer(np.float16(np.inf).tobytes(), np.uint8)
+    got = cpufuse.flash_attn(q, kb, vb, m, scale=0.125, k_type=kt, v_type=vt, dv=96, isa=native_isa,
+                             strategy="tiled")
+    assert np.isfinite(got).all()
+    assert_nmse(_expect(q, kb, kt, vb, vt, 64, 96, m), got, 1e-10)

@@ -1,7 +1,8 @@
 """cpufuse.serve.ray: two replicas of the tiny model on a local Ray cluster (one thread each) behind
 Ray Serve's HTTP proxy: both answer, the same request and seed give the same tokens from either,
-a shared prefix goes to the replica holding it, streams work through the openai client. Skipped
-with the reason where ray is not installed or cannot start."""
+a shared prefix goes to the replica holding it, streams work through the openai client, and a
+replica killed under load loses no request. Skipped with the reason where ray is not installed or
+cannot start, and under make test-asan."""
 import concurrent.futures
 import os
 import sys
@@ -87,3 +88,58 @@ def test_two_replicas_answer_alike(url):
     chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
                                                  max_tokens=5, temperature=0, stream=True))
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def _replica_actor(replica_id):
+    """the Ray actor of the Serve replica whose unique id is `replica_id` (X-Cpufuse-Replica)"""
+    for a in ray.util.list_named_actors(all_namespaces=True):
+        if a["name"].startswith("SERVE_REPLICA::") and a["name"].endswith("#" + replica_id):
+            return ray.get_actor(a["name"], namespace=a["namespace"])
+    raise AssertionError(f"no replica actor {replica_id}: {ray.util.list_named_actors(all_namespaces=True)}")
+
+
+def test_a_replica_killed_mid_load_loses_no_request(url):
+    """16 requests at once (8 a replica, 2 running and 6 queued in each engine); when the first
+    answer comes, its replica is killed. Ray's router retries what it had not handed to a replica
+    yet; the ingress sends again what the dead replica had accepted (nothing of those replies had
+    reached the client). Every request gets a whole answer, and the same one (same seed)."""
+    body = {"prompt": "count", "max_tokens": 160, "temperature": 0.8, "seed": 11, "ignore_eos": True}
+    first = concurrent.futures.Future()
+
+    def one(_):
+        r = httpx.post(url + "/v1/completions", json=body, timeout=120)
+        try:
+            first.set_result(r.headers.get("x-cpufuse-replica"))
+        except concurrent.futures.InvalidStateError:    # another answer came first
+            pass
+        return r
+    with concurrent.futures.ThreadPoolExecutor(16) as ex:
+        futs = [ex.submit(one, i) for i in range(16)]
+        victim = first.result(timeout=120)
+        ray.kill(_replica_actor(victim), no_restart=True)
+        out = [f.result() for f in futs]
+    assert [r.status_code for r in out] == [200] * 16, [r.text for r in out if r.status_code != 200]
+    texts = {r.json()["choices"][0]["text"] for r in out}
+    assert len(texts) == 1, "a retried request gave other tokens"
+    assert all(r.json()["usage"]["completion_tokens"] == 160 for r in out)
+    retried = [r for r in out if r.headers.get("x-cpufuse-retries")]
+    assert retried, "the killed replica had no request in flight: nothing was retried"
+    assert all(r.headers["x-cpufuse-replica"] != victim for r in retried)
+
+
+def test_a_stream_whose_replica_dies_ends_with_the_reason(url):
+    """a stream already under way cannot be sent again: it ends with an SSE error event naming the
+    cause, then [DONE] (16 choices of 200 tokens keep it running while its replica is killed)"""
+    import json
+    body = {"prompt": "count", "max_tokens": 200, "n": 16, "temperature": 0.8, "seed": 5, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        first = next(x for x in lines if x.startswith("data: "))
+        assert json.loads(first[6:])["choices"]
+        ray.kill(_replica_actor(r.headers["x-cpufuse-replica"]), no_restart=True)
+        data = [x[6:] for x in lines if x.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    err = json.loads(data[-2])["error"]
+    assert err["code"] == "replica_died" and "died" in err["message"], err

@@ -126,11 +126,19 @@ def test_bad_drafts_are_cut_or_refused(models):
 
 def test_prompt_lookup():
     d = LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=3)
-    assert list(d(np.array([1, 2, 3, 4, 5, 9, 2, 3]))) == [4, 5, 9]       # the bigram (2, 3)
-    assert list(d(np.array([1, 2, 3, 4, 7, 3]))) == [4, 7, 3]              # no bigram: the unigram 3
+    assert list(d(np.array([1, 2, 3, 4, 5, 9, 2, 3]))) == [4]             # (2, 3) matches: L = 2, 1 token
+    assert list(d(np.array([1, 2, 3, 4, 7, 3]))) == []                     # only the last token matches
     assert list(d(np.array([1, 2, 3]))) == []
     assert list(d(np.array([5]))) == []
-    assert list(LlamaPromptLookupDecoding(num_pred_tokens=10)(np.array([1, 2, 1, 2]))) == [1, 2]
+    assert list(d(np.array([], np.int64))) == []
+    assert list(LlamaPromptLookupDecoding(num_pred_tokens=10)(np.array([1, 2, 1, 2]))) == [1]
+    assert list(d(np.array([1, 2, 5, 1, 2, 6, 1, 2]))) == [6]              # equal matches: the most recent
+    assert list(d(np.array([7, 1, 2, 5, 8, 1, 2, 6, 7, 1, 2]))) == [5, 8, 1]   # the longer match, L = 3
+    copy = list(range(10, 40)) + [99] + list(range(10, 20))              # a copy in progress: L = 10
+    for n in (1, 3, 10, 15, 30):
+        assert list(LlamaPromptLookupDecoding(num_pred_tokens=n)(np.array(copy))) == copy[10:10 + n]
+    assert [len(LlamaPromptLookupDecoding(num_pred_tokens=99)(np.array(copy[:31 + L]))) for L in range(1, 7)] == \
+        [0, 1, 3, 7, 15, 31]                                               # 2 ** (L - 1) - 1 tokens
 
 
 def test_draft_model(models):

@@ -36,6 +36,9 @@
 #            the trees and the 1B AB_TYPES files when missing (no peers; ~2 min on a fresh machine),
 #            then bench/e2e/profile.py (plus AB_ARGS) at AB_THREADS (16) threads on 1B AB_TYPES
 #            ("q8_0 q4_0"), the trees alternating, AB_ROUNDS (3) rounds.                   ~1-2 min
+#   spec     issue 43: bench.e2e.spec --replay of the VM's speculative traces (SPEC_TRACE) on a random-weight
+#            file of Qwen2.5-Coder-1.5B's shapes (written first, ~1 GB; the real one is not on the device), at
+#            SPEC_THREADS (1,16); needs only .whl.                                             ~4-6 min
 #   contended  issue 42 item 5: decode (tg CONT_TG, 64) of the one-type 1B Q4_0 file (written when missing)
 #            at each engine's default thread count, quiet and beside NCPU/2 busy-loop processes,
 #            alternating, CONT_ROUNDS (4) rounds, the competitors running CONT_SETTLE (20) s before
@@ -147,6 +150,10 @@ case "$PHASE" in
     have_cpufuse && [ -x "$LB" ] || SETUP_1B=0 setup || exit 1 ;;
   moe|depth|contended|thp) have_cpufuse && [ -x "$LB" ] || SETUP_1B=0 setup || exit 1 ;;
   throttle) "$PY" -m bench.throttle --md "$OUT/throttle.md" --json "$OUT/throttle.json"; exit ;;
+  spec)
+    wheels || exit 1
+    have_cpufuse || "$PY" setup.py -q build_ext --inplace > "$OUT/build-cpufuse.log" 2>&1
+    have_cpufuse || { say "cpufuse did not build:"; tail -30 "$OUT/build-cpufuse.log"; exit 1; } ;;
   setup|1b|1b-more|8b|t16|scale|profile|ik16|ik8b|ik1|ik8b1|q8t16) [ "$PHASE" = setup ] || ready || exit 1 ;;
   *) sed -n '2,/^# Results/p' "$0"; exit 2 ;;
 esac
@@ -240,6 +247,11 @@ case "$PHASE" in
     timeout "$(left)" "$PY" -m bench.e2e.replicas "$f" --plain --threads "${REP_THREADS:-16}" --replicas 2 --parallel 8 \
       --clients "${REP_CLIENTS:-16}" --rounds 1 --max-tokens "${REP_TOKENS:-64}" --alternate "${REP_ALTERNATE:-2}" \
       --json "$OUT/replicas.json" 2>&1 | tee "$OUT/replicas.log" ;;
+  spec)  # issue 43: the decoder calls of the VM's real runs (traces), timed on the same shapes
+    big --models qwen2.5-coder-1.5b --types q4_k_m
+    f="$("$PY" -c "import os; from bench.e2e import bigmodels as b; print(os.path.join(b.models_dir(), b.file_name('qwen2.5-coder-1.5b', 'q4_k_m')))")"
+    timeout "$(left)" "$PY" -m bench.e2e.spec --model "$f" --replay "${SPEC_TRACE:-bench/results/vm-s9/spec-qwen2.5-coder-1.5b-t1.json}" \
+      --threads "${SPEC_THREADS:-1,16}" --out "$OUT/spec-replay.json" 2>&1 | tee "$OUT/spec-replay.log" ;;
   thp)  # issue 42: page size of the repacked panels, A/B in one process; llama.cpp at 1 thread beside it
     THP_TYPES="${THP_TYPES-q4_0 q8_0}"   # THP_TYPES= (empty) with THP_8B=1: the 8B file only
     [ -z "$THP_TYPES" ] || big --models 1b --types "$(echo $THP_TYPES | tr ' ' ,)" --pure

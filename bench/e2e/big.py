@@ -21,7 +21,8 @@ LABEL = {"cpufuse": "cpufuse", "cpufuse-unfused": "cpufuse fusion=False", "llama
 # ik_llama.cpp's llama-bench: run-time repack, and its fused MoE gate/up (-fmoe; no effect on dense files)
 IK_FLAGS = ["-rtr", "1", "-fmoe", "1"]
 BEST = {"llamacpp-best": "llama.cpp", "ik-best": "ik_llama.cpp"}   # the peers' better FA setting per cell
-RSS = ("maxrss_kb", "rss_after_import_kb", "rss_after_load_kb")
+RSS = ("maxrss_kb", "rss_after_import_kb", "rss_after_load_kb", "mem_available_before_load_kb",
+       "mem_available_after_load_kb", "mem_available_end_kb", "rss_anon_end_kb", "rss_file_end_kb")
 IK_CMAKE = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TESTS=OFF",
             "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF"]
 BUILD_HINT = {"llama-cpp-python": "make bench-e2e builds its venv (PEER_VENV; --peer-python PATH)",
@@ -55,16 +56,18 @@ TEXT = (
 
 
 def bench_tokens(path, n):
-    from cpufuse.llama import Model
-    ids = Model.load(path, n_ctx=1).tokenizer.tokenize(TEXT, add_bos=False)   # Model.tokenize bounds text by n_ctx
+    """n token ids of TEXT, repeated; the file's tokenizer only (loading the model here would hold a second
+    copy of its weights beside the engine's process)"""
+    from cpufuse.llama.tokenizer import Tokenizer
+    ids = Tokenizer.from_gguf(path).tokenize(TEXT, add_bos=False)
     return (ids * (n // len(ids) + 1))[:n]
 
 
-def speed_job(engine, path, toks, t, pp, reps, peer, timeout=900, **extra):
+def speed_job(engine, path, toks, t, pp, reps, peer, timeout=900, tg=TG, **extra):
     """one engine's speed process at t threads (1: pinned): cpufuse here, llama.cpp in the peer's venv"""
     job = {"job": "speed", "worker": "big", "engine": engine, "model": path, "tokens": toks, "threads": t,
-           "pp": list(pp), "tg": TG, "reps": reps, "n_ctx": N_CTX, "flash_attn": engine.endswith("fa-on"), **extra}
-    job["n_ctx"] = max(N_CTX, job.get("depth", 0) + max(pp) + TG + 16)
+           "pp": list(pp), "tg": tg, "reps": reps, "n_ctx": N_CTX, "flash_attn": engine.endswith("fa-on"), **extra}
+    job["n_ctx"] = max(N_CTX, job.get("depth", 0) + max(pp) + tg + 16)
     if engine.startswith("llamacpp"):
         return run_job(job, peer, [os.path.join(HERE, "peer.py")], t == 1, t, timeout)
     return run_job(job, pin=t == 1, threads=t, timeout=timeout)
@@ -74,19 +77,44 @@ def worker(job):
     """a speed job's cpufuse engine, timed as bench/e2e/peer.py times llama.cpp; or the probes at
     job["threads"] threads: DRAM read bandwidth, the int8 and FMA peaks"""
     if job.get("job") == "speed":
-        from .peer import speed
+        from .peer import _rss_kb, speed
+
+        from cpufuse.llama.loader import mem_available
+        mem = {"mem_available_before_load_kb": (mem_available() or 0) >> 10}
 
         def load():
             from cpufuse.llama import Model
             m = Model.load(job["model"], n_ctx=job["n_ctx"], n_threads=int(job["threads"]),
                            fusion=job["engine"] == "cpufuse", type_k=job.get("type_k", "f16"),
-                           type_v=job.get("type_v", "f16"))
+                           type_v=job.get("type_v", "f16"), repack=job.get("repack", True))
+            mem.update(mem_available_after_load_kb=(mem_available() or 0) >> 10,
+                       experts_mapped=bool(getattr(m, "experts_mapped", False)))
             return m.reset, m.eval
-        return speed(job, load)
+        res = speed(job, load)
+        return dict(res, **mem, mem_available_end_kb=(mem_available() or 0) >> 10,
+                    rss_anon_end_kb=_rss_kb("RssAnon:"), rss_file_end_kb=_rss_kb("RssFile:"))
     from .. import threads as threads_mod
     n, isa = int(job["threads"]), threads_mod.best_isa()
     return {"isa": isa, "threads": n, "read": threads_mod.read_bw_stats(n, nbytes=job["read_mib"] << 20, isa=isa),
             "int8": isa and threads_mod.int8_peak_stats(isa, n), "fma": isa and threads_mod.fma_peak_stats(isa, n)}
+
+
+# the lines of a failing llama-bench's verbose log that say why (the loader's "error loading model: ...")
+WHY_WORDS = ("error", "failed", "unknown", "wrong", "missing", "invalid", "not found", "unsupported", "exception")
+
+
+def failure_text(cmd, p, timeout=300):
+    """why a llama-bench run failed: it logs nothing but "failed to load model" unless verbose (-v), so a
+    failed run is repeated with -v and the log lines that name an error are kept (else the output's tail)"""
+    text = (p.stderr or p.stdout).strip()
+    try:
+        v = subprocess.run(cmd + ["-v"], capture_output=True, text=True, timeout=timeout, env=bench_env())
+        text = (v.stderr + v.stdout).strip() or text
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    why = list(dict.fromkeys(ln.strip() for ln in text.splitlines() if any(w in ln.lower() for w in WHY_WORDS)))
+    specific = [ln for ln in why if "failed to load model" not in ln]   # the reason before the generic line
+    return " | ".join(specific[-3:] or why[-2:])[-400:] if why else text[-400:]
 
 
 def run_llama_bench(exe, path, threads, fa, reps, pin, timeout=1800, extra=(), pp=(PP,), tg=TG):
@@ -104,7 +132,7 @@ def run_llama_bench(exe, path, threads, fa, reps, pin, timeout=1800, extra=(), p
     except ValueError:
         return None, f"unreadable output: {p.stdout[-300:]}"
     if recs is None:
-        return None, f"exit {p.returncode}: {(p.stderr or p.stdout).strip()[-600:]}"
+        return None, f"exit {p.returncode}: {failure_text(cmd, p, timeout)}"
     wall = {(f"pp{r['n_prompt']}" if r.get("n_prompt") and not r.get("n_gen") else f"tg{r['n_gen']}"):
             [float(x) for x in r.get("samples_ts", [])] or [float(r["avg_ts"])] for r in recs}
     keep = ("build_commit", "build_number", "cpu_info", "backends", "n_threads", "flash_attn", "type_k", "type_v",
@@ -140,6 +168,7 @@ def run(args, files, engines, keys, reps, write):
     every round (a run stopped by a time limit leaves its results) and at the end. bench.e2e's runner too."""
     from .. import threads as threads_mod
     threads, pp = parse_threads(args.threads), [int(k[2:]) for k in keys if k.startswith("pp")]
+    tg = int(tg_key(keys)[2:])
     ctk, ctv = getattr(args, "ctk", "f16"), getattr(args, "ctv", None) or getattr(args, "ctk", "f16")
     files = [dict(f, depth=d) for f in files for d in parse_depths(getattr(args, "depth", "0"))]
     exe = os.path.abspath(os.path.expanduser(args.llama_bench)) if args.llama_bench else None
@@ -170,6 +199,7 @@ def run(args, files, engines, keys, reps, write):
                "busy_cores": busy, "seconds": time.time() - t_start, "rounds": args.rounds, "threads": threads,
                "keys": keys, "reps": reps, "cache_types": [ctk, ctv], "pp_warm": getattr(args, "pp_warm", None),
                "read_mib": getattr(args, "read_mib", 1024), "n_ctx": N_CTX,
+               "no_repack": bool(getattr(args, "no_repack", False)),
                "peer_kind": peer_kind, "llama_bench": exe, "ik_llama_bench": ik,
                "ik_skipped": why_ik if args.ik_llama_src else None, "peer": peer_info, "peer_skipped": why_peer,
                "errors": errors, "files": done, "summary": summarize(done, raw, threads, engines, keys), "raw": raw}
@@ -179,14 +209,15 @@ def run(args, files, engines, keys, reps, write):
 
     for f in files:
         name, depth = fname(f), f.get("depth", 0)
-        toks = bench_tokens(f["path"], depth + max(pp) + TG + 8)
+        toks = bench_tokens(f["path"], depth + max(pp) + tg + 8)
 
         def one(e, t):
             if e == "probe":
                 return run_job({"worker": "big", "threads": t, "read_mib": args.read_mib}, pin=t == 1, threads=t)
             if e.startswith("cpufuse") or not exe and e.startswith("llamacpp"):
-                res, err = speed_job(e, f["path"], toks, t, pp, reps, args.peer_python, args.timeout,
+                res, err = speed_job(e, f["path"], toks, t, pp, reps, args.peer_python, args.timeout, tg,
                                      **({"pp_warm": args.pp_warm} if getattr(args, "pp_warm", None) else {}),
+                                     **({"repack": False} if getattr(args, "no_repack", False) else {}),
                                      depth=depth, type_k=ctk, type_v=ctv)
             elif e.startswith("ik") and depth:   # ik_llama.cpp's llama-bench has no -d
                 res, err = None, "ik_llama.cpp's llama-bench takes no -d (depth); its column is empty at depth > 0"
@@ -195,7 +226,7 @@ def run(args, files, engines, keys, reps, write):
                 extra += ["-ctk", ctk, "-ctv", ctv] if (ctk, ctv) != ("f16", "f16") else []
                 res, err = run_llama_bench(ik if e.startswith("ik") else exe, f["path"], t, e.endswith("on"),
                                            args.reps_pp, t == 1, args.timeout, IK_FLAGS * e.startswith("ik")
-                                           + extra, pp or (PP,))
+                                           + extra, pp or (PP,), tg)
             if res and "version" in res:
                 peer_info.update({"ik_version": res["version"]} if e.startswith("ik") else
                                  {"version": res["version"], "system_info": res.get("system_info", ""),
@@ -241,7 +272,9 @@ def summarize(files, raw, threads, engines, keys=KEYS):
                         if rs[0].get("perf"):
                             d[e][k]["internal_median"] = median([median(r["perf"][k]) for r in rs])
                     d[e].update(logits_finite=all(r.get("logits_finite", True) for r in rs),
-                                **{k[:-3] + "_mib": median([r[k] / 1024 for r in rs if k in r]) for k in RSS})
+                                **{k[:-3] + "_mib": median([r[k] / 1024 for r in rs if k in r]) for k in RSS},
+                                **({"experts_mapped": any(r["experts_mapped"] for r in rs)}
+                                   if "experts_mapped" in rs[0] else {}))
             for best in BEST:
                 for key in keys:
                     cands = [(d[e][key]["median"], e) for e in (best[:-4] + "fa-off", best[:-4] + "fa-on")
@@ -250,7 +283,7 @@ def summarize(files, raw, threads, engines, keys=KEYS):
                         d.setdefault(best, {})[key] = dict(zip(("median", "which"), max(cands)))
             for e in ("cpufuse", *BEST) if w else ():
                 de = d.get(e, {})
-                tg, pp = (de.get(k, {}).get("median") for k in (f"tg{TG}", prompt_key(keys)))
+                tg, pp = (de.get(k, {}).get("median") for k in (tg_key(keys), prompt_key(keys)))
                 if tg:
                     de["decode_gbps"] = w["weight_bytes_per_token"] * tg / 1e9
                     de["decode_pct_read"] = d.get("read_gbps") and 100 * de["decode_gbps"] / d["read_gbps"]
@@ -258,6 +291,11 @@ def summarize(files, raw, threads, engines, keys=KEYS):
                     de["prompt_gmacs"] = w["matmul_macs_per_token"] * pp / 1e9
                     de["prompt_pct_int8"] = d.get("int8_gmacs") and 100 * de["prompt_gmacs"] / d["int8_gmacs"]
     return S
+
+
+def tg_key(keys):
+    """the decode key of the run (tg128 unless --tg)"""
+    return next((k for k in keys if k.startswith("tg")), f"tg{TG}")
 
 
 def prompt_key(keys):
@@ -341,6 +379,7 @@ def write_md(R, md_path, png_path=None):
           "of flash attention off / on; ratio = cpufuse / peer)", ""]
     L += table(["file", "threads"] + head, rows)
     L += [""] + spread_line(cells)
+    L += memory_lines(R, threads)
     bad = [f"{n} × {t} {e}" for n in S for t in S[n] for e in ENGINES
            if isinstance(S[n][t].get(e), dict) and S[n][t][e].get("logits_finite") is False]
     L += [("Logits: **non-finite values** in " + ", ".join(bad)) if bad else
@@ -348,9 +387,11 @@ def write_md(R, md_path, png_path=None):
            + (" (llama-bench reads none)." if lb else "."))]
     L += ["", "## Settings (bench/README.md, \"bench.e2e.big\")", "",
           f"- {', '.join(pps)} after an untimed warm-up eval of {R['pp_warm']} tokens (llama-bench: a full pp512), "
-          f"{R['reps'][pps[0]]} timed eval(s) per process; tg128 after 16 untimed steps, {R['reps'][f'tg{TG}']} timed "
+          f"{R['reps'][pps[0]]} timed eval(s) per process; {tg_key(keys)} after 16 untimed steps, "
+          f"{R['reps'][tg_key(keys)]} timed "
           f"run(s) per process. cpufuse: `Model.load(path, n_ctx={R['n_ctx']}, n_threads=k)`.",
-          f"- llama.cpp: `{R.get('llama_bench')} -m FILE -p {','.join(k[2:] for k in pps)} -n 128 -t k -fa 0|1 -r R "
+          f"- llama.cpp: `{R.get('llama_bench')} -m FILE -p {','.join(k[2:] for k in pps)} -n {tg_key(keys)[2:]} "
+          "-t k -fa 0|1 -r R "
           "-o json`" if lb else
           "- llama.cpp: llama-cpp-python (bench/e2e/peer.py), `Llama(n_ctx=1024, n_batch=512, n_threads=k, "
           "n_threads_batch=k, flash_attn=…)`.",
@@ -367,6 +408,27 @@ def write_md(R, md_path, png_path=None):
     save(md_path, "\n".join(L))
 
 
+def memory_lines(R, threads):
+    """cpufuse's memory per file and thread count (median over rounds): RSS after load, the peak (VmHWM),
+    MemAvailable before and after load and at the end, and whether the experts stayed mapped"""
+    S, rows = R["summary"], []
+    for f in R["files"]:
+        for t in threads:
+            c = S[fname(f)].get(str(t), {}).get("cpufuse", {})
+            if c.get("maxrss_mib") is not None:
+                rows.append([short(f["path"], f.get("depth", 0)), t] + [fmt(c.get(k) and c[k] / 1024, 2) for k in (
+                    "rss_after_load_mib", "maxrss_mib", "rss_anon_end_mib", "rss_file_end_mib",
+                    "mem_available_before_load_mib", "mem_available_after_load_mib", "mem_available_end_mib")]
+                            + [{True: "yes", False: "no"}.get(c.get("experts_mapped"), "–")])
+    if not rows:
+        return []
+    return (["", f"## Memory (cpufuse, GiB, median over rounds; repack={not R.get('no_repack')})", ""]
+            + table(["file", "threads", "RSS after load", "peak RSS (VmHWM)", "at the end: anonymous", "file pages",
+                     "MemAvailable before load", "after load", "at the end", "experts mapped"], rows)
+            + ["", "RSS counts the file's mapped pages a run touched (reclaimable page cache) as well as anonymous "
+               "memory; MemAvailable is the machine's, other processes included.", ""])
+
+
 COLOURS = ["#6d4c41", "#00838f", "#ad1457", "#827717", "#4527a0", "#ef6c00", "#546e7a", "#2e7d32"]
 
 
@@ -377,9 +439,9 @@ def plot(R, path):
     if why:
         return why
     from matplotlib.ticker import FuncFormatter
-    S, threads, pk = R["summary"], R["threads"], prompt_key(R.get("keys", KEYS))
+    S, threads, pk, tk = R["summary"], R["threads"], prompt_key(R.get("keys", KEYS)), tg_key(R.get("keys", KEYS))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
-    for ax, key, title in ((axes[0], pk, f"prompt, {pk}"), (axes[1], f"tg{TG}", f"decode, tg{TG}")):
+    for ax, key, title in ((axes[0], pk, f"prompt, {pk}"), (axes[1], tk, f"decode, {tk}")):
         for i, f in enumerate(R["files"]):
             name = fname(f)
             for e, ls, mk in (("cpufuse", "-", "o"), ("llamacpp-best", "--", "s"), ("ik-best", ":", "^")):
@@ -431,7 +493,10 @@ def main(argv=None):
     run_args(ap, ENGINES, 1800)
     ap.add_argument("--pp", default=str(PP), help=f"comma list of prompt lengths (default {PP}; e.g. 128,512)")
     ap.add_argument("--reps-pp", type=int, default=1, help="timed evals per prompt length and process (default 1)")
-    ap.add_argument("--reps-tg", type=int, default=1, help="timed tg128 runs per process (default 1)")
+    ap.add_argument("--tg", type=int, default=TG, help=f"decode steps of the tg run (default {TG})")
+    ap.add_argument("--reps-tg", type=int, default=1, help="timed tg runs per process (default 1)")
+    ap.add_argument("--no-repack", action="store_true", help="cpufuse: Model.load(repack=False), every weight "
+                    "mapped from the file (docs/moe.md, \"Memory\")")
     ap.add_argument("--pp-warm", type=int, default=64, help="tokens of the untimed warm-up prompt, which pages in "
                     "every weight (default 64; llama-bench's warm-up is always a full pp512)")
     ap.add_argument("--read-mib", type=int, default=1024, help="the DRAM read probe's buffer (MiB, default 1024)")
@@ -458,9 +523,11 @@ def main(argv=None):
         pps = sorted({int(p) for p in args.pp.split(",")})
     except ValueError:
         raise SystemExit(f"--pp must be a comma list of prompt lengths, got {args.pp!r}")
-    if not pps or min(pps) < 1 or max(pps) + TG + 8 > N_CTX:
-        raise SystemExit(f"--pp: prompt lengths must be 1..{N_CTX - TG - 8}, got {args.pp!r}")
-    keys = tuple(f"pp{p}" for p in pps) + (f"tg{TG}",)
+    if not 1 <= args.tg <= N_CTX // 2:
+        raise SystemExit(f"--tg: decode steps must be 1..{N_CTX // 2}, got {args.tg}")
+    if not pps or min(pps) < 1 or max(pps) + args.tg + 8 > N_CTX:
+        raise SystemExit(f"--pp: prompt lengths must be 1..{N_CTX - args.tg - 8}, got {args.pp!r}")
+    keys = tuple(f"pp{p}" for p in pps) + (f"tg{args.tg}",)
     run(args, files, ENGINES, keys, {**{k: args.reps_pp for k in keys[:-1]}, keys[-1]: args.reps_tg},
         lambda out, final: write_md(out, args.md, args.png if final else None))
 

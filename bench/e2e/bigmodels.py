@@ -40,6 +40,7 @@ SHAPES = {
     "granite-1b-a400m": dict(name="granite-3.1-1b-a400m", arch="granitemoe", n_embd=1024, n_layer=24, n_ff=512,
                              n_head=16, n_head_kv=8, n_vocab=49155, tied=True, n_ctx_train=131072,
                              freq_base=10000.0, eps=1e-6, n_expert=32, n_expert_used=8, n_ff_exp=512,
+                             n_ff_shexp=0,   # no shared expert (granitemoe's tiny files have one)
                              arch_keys={"embedding_scale": 12.0, "residual_scale": 0.22,
                                         "attention.scale": 0.015625, "logit_scale": 6.0}),
     "olmoe-1b-7b": dict(name="OLMoE-1B-7B", arch="olmoe", n_embd=2048, n_layer=16, n_ff=1024, n_head=16,
@@ -49,6 +50,11 @@ SHAPES = {
                           n_head_kv=4, head_dim=128, n_vocab=151936, tied=False, n_ctx_train=40960,
                           freq_base=1000000.0, eps=1e-6, n_expert=128, n_expert_used=8, n_ff_exp=768),
 }
+# Qwen2.5-Coder-1.5B-Instruct (its config.json; Q/K/V biases): bench.e2e.spec --replay times its speculative
+# decoding's recorded decoder calls on this file where the real one cannot be copied
+SHAPES["qwen2.5-coder-1.5b"] = dict(name="Qwen2.5-Coder-1.5B", arch="qwen2", n_embd=1536, n_layer=28, n_ff=8960,
+                                    n_head=12, n_head_kv=2, n_vocab=151936, tied=True, n_ctx_train=32768,
+                                    freq_base=1000000.0, eps=1e-6)
 # Qwen3-30B-A3B with its first 8 of 48 layers (3.4 GB at Q4_K_M instead of 18.6): a quick file to check
 # load-time memory per layer on a small machine (docs/moe.md extrapolates the full model from it)
 SHAPES["qwen3-30b-a3b-8l"] = dict(SHAPES["qwen3-30b-a3b"], name="Qwen3-30B-A3B (8 of 48 layers)", n_layer=8)
@@ -174,9 +180,10 @@ def random_blocks(t, n_out, n_in, rng):
     buf = words.view(np.uint8)[:nb * bs].reshape(nb, bs)
     d0 = 1.0 / (math.sqrt(n_in) * CODE_RMS[t])
     pick = rng.bit_generator.random_raw(nb // 8 + 1).view(np.uint8)[:nb]   # a random byte per block picks its scale
-    if t == "MXFP4":   # E8M0 scales 2^(e - 128) about d0, two apart by the picked byte's low bit
-        e0 = int(round(128 + math.log2(d0)))
-        buf[:, 0] = (e0 - (pick & 1)).astype(np.uint8)
+    if t == "MXFP4":   # E8M0 scales 2^(e - 128): 2^lo or 2^(lo + 1) about d0, the larger with the share p
+        lo = math.floor(math.log2(d0))          # that makes the mean square d0^2: p 4^(lo+1) + (1-p) 4^lo
+        p_hi = (d0 * d0 / 4.0 ** lo - 1) / 3
+        buf[:, 0] = (128 + lo + (pick < round(256 * p_hi))).astype(np.uint8)
     elif t in ("Q4_0", "Q8_0", "Q5_0"):
         _f16_col(buf, 0)[:] = _d_table(d0, True)[pick]
     elif t == "Q4_K":

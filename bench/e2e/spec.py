@@ -1,48 +1,102 @@
-"""Speculative decoding in cpufuse.llama: accepted-token rate and decode speedup on code-editing
-prompts (the answer repeats much of the prompt) and on plain chat, greedy, against plain decoding
-of the same model in the same run; each speculative output is checked to be the plain one token
-for token (bench/README.md, "bench.e2e.spec").
+"""Speculative decoding in cpufuse.llama: accepted-token rate, tokens per verification and decode
+speedup on code-editing prompts (the answer repeats much of the prompt) and on plain chat, greedy,
+against plain decoding of the same model in the same run; each speculative output is checked to be
+the plain one token for token (bench/README.md, "bench.e2e.spec").
 
-    python -m bench.e2e.spec --model qwen2.5-coder-1.5b --threads 1,16 --lookup 10
+    python -m bench.e2e.spec --model qwen2.5-coder-1.5b --threads 1,2 --lookup 15 --peer .venv-llama/bin/python
     python -m bench.e2e.spec --model M.gguf --draft SMALL.gguf --draft-max 16
     python -m bench.e2e.spec --model tiny.gguf --n-predict 32      # a sanity run
 
-The llama.cpp comparison (llama-server --lookup / --model-draft on the same prompts) is not run
-here; measure it in the same session when reporting a speedup against it.
+--peer PYTHON runs llama-cpp-python (bench/e2e/spec_peer.py, in its own process, after cpufuse's
+prompts of each kind) on the same token ids: plain greedy decoding, then its Python prompt lookup
+(llama_cpp.llama_speculative.LlamaPromptLookupDecoding with the same --lookup and --ngram). That is
+llama-cpp-python's lookup, not llama-server's --lookup / --model-draft (not built here).
 """
 import argparse
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 
-CODE = '''def mean(xs):
-    total = 0
-    for x in xs:
-        total = total + x
-    return total / len(xs)
+CODE = '''import json
+import os
 
 
-def variance(xs):
-    m = mean(xs)
-    total = 0
-    for x in xs:
-        total = total + (x - m) ** 2
-    return total / len(xs)
+class Inventory:
+    def __init__(self, path):
+        self.path = path
+        self.items = {}
+        if os.path.exists(path):
+            with open(path) as f:
+                self.items = json.load(f)
+
+    def add(self, name, count, price):
+        if count <= 0:
+            raise ValueError("count must be positive")
+        item = self.items.get(name)
+        if item is None:
+            self.items[name] = {"count": count, "price": price}
+        else:
+            item["count"] = item["count"] + count
+            item["price"] = price
+
+    def remove(self, name, count):
+        item = self.items.get(name)
+        if item is None or item["count"] < count:
+            raise KeyError(name)
+        item["count"] = item["count"] - count
+        if item["count"] == 0:
+            del self.items[name]
+
+    def total_value(self):
+        total = 0
+        for name in self.items:
+            item = self.items[name]
+            total = total + item["count"] * item["price"]
+        return total
+
+    def cheapest(self, n):
+        names = sorted(self.items, key=lambda name: self.items[name]["price"])
+        return names[:n]
+
+    def save(self):
+        with open(self.path, "w") as f:
+            json.dump(self.items, f, indent=2)
+
+
+def load_prices(path):
+    prices = {}
+    with open(path) as f:
+        for line in f:
+            name, price = line.strip().split(",")
+            prices[name] = float(price)
+    return prices
+
+
+def update_prices(inventory, prices):
+    changed = 0
+    for name in prices:
+        if name in inventory.items:
+            inventory.items[name]["price"] = prices[name]
+            changed = changed + 1
+    return changed
 '''
 
+EDIT = " Reply with the whole code only.\n\n"
 CODE_PROMPTS = [
-    "Rename the variable `total` to `acc` everywhere in this Python code. Reply with the whole code only.\n\n" + CODE,
-    "Add type hints (list[float] -> float) to both functions in this code. Reply with the whole code only.\n\n"
-    + CODE,
-    "Add a docstring to each function of this code, changing nothing else. Reply with the whole code only.\n\n"
-    + CODE,
+    "Rename the variable `item` to `entry` everywhere in this Python code." + EDIT + CODE,
+    "Add type hints to every function and method of this Python code." + EDIT + CODE,
+    "Add a one-line docstring to every function and method of this Python code, changing nothing else." + EDIT + CODE,
+    "Use augmented assignment (such as `x += y`) wherever this Python code can, changing nothing else." + EDIT + CODE,
 ]
 CHAT_PROMPTS = [
     "What is the capital of France? Answer in two sentences.",
     "Write a short poem about the sea.",
     "Give me three tips for learning to cook.",
 ]
+PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spec_peer.py")
 
 
 def _prompt(model, text):
@@ -51,25 +105,144 @@ def _prompt(model, text):
     return text
 
 
-def run_one(model, draft, text, n_predict):
+def _timed(model, p, n_predict, draft):
+    """generate after the prompt is cached (only its last token is evaluated again): the result
+    and the CPU seconds of the call (this process: every thread)"""
+    c0 = time.process_time()
+    r = model.generate(p, max_tokens=n_predict, temperature=0, reuse_cache=True, draft=draft)
+    return r, time.process_time() - c0
+
+
+def run_one(model, draft, text, n_predict, spec_first):
+    """plain and speculative decoding of one prompt, in the order spec_first says (alternated by
+    the caller), after one evaluation of the prompt"""
     p = _prompt(model, text)
     model.reset()
-    a = model.generate(p, max_tokens=n_predict, temperature=0, reuse_cache=False)
-    model.reset()
-    b = model.generate(p, max_tokens=n_predict, temperature=0, reuse_cache=False, draft=draft)
+    model.generate(p, max_tokens=1, temperature=0, reuse_cache=False)
+    got = {}
+    for how in (("spec", "plain") if spec_first else ("plain", "spec")):
+        got[how] = _timed(model, p, n_predict, draft if how == "spec" else None)
+    (a, ca), (b, cb) = got["plain"], got["spec"]
     if a.tokens != b.tokens:
         raise AssertionError(f"speculative output differs from plain decoding on {text[:40]!r}")
-    return {"tokens": len(a.tokens), "plain_s": a.decode_time, "spec_s": b.decode_time,
-            "drafted": b.draft_tokens, "accepted": b.draft_accepted, "decode_steps": a.decode_tokens}
+    tr = trace(draft, model, model.prompt_ids(p), a, n_predict)
+    if (sum(k for k, _ in tr), sum(x for _, x in tr)) != (b.draft_tokens, b.draft_accepted):
+        print(f"warning: the trace of {text[:40]!r} does not add up to the run's counts", flush=True)
+    return {"trace": tr, "tokens": len(a.tokens), "plain_s": a.decode_time, "spec_s": b.decode_time, "plain_cpu": ca,
+            "spec_cpu": cb, "drafted": b.draft_tokens, "accepted": b.draft_accepted, "verify_steps": b.draft_steps,
+            "decode_steps": a.decode_tokens, "ids": model.prompt_ids(p), "out": a.tokens}
+
+
+def trace(draft, model, ids, res, max_tokens):
+    """the (drafted, accepted) count of every decoder call of a speculative generation, replayed
+    from the plain one's tokens (the same loop as cpufuse.llama.generate.decode: the outputs are
+    the same, so the drafts are too; the caller checks the totals against the run's)"""
+    from cpufuse.llama.speculative import draft_ids, next_cap
+    seq = list(res.tokens) + ([res.stop_token] if res.stop_token is not None else [])
+    steps, cap, i = [], 1 << 30, 0
+    while i < res.decode_tokens:
+        lim = min(cap, max_tokens - 2 - i, model.n_ctx - len(ids) - i - 1, model.n_batch - 1)
+        d = draft_ids(draft, ids + seq[:i + 1], lim, model.n_vocab)
+        a = 0
+        while a < len(d) and i + 1 + a < len(seq) and d[a] == seq[i + 1 + a]:
+            a += 1
+        steps.append((len(d), a))
+        cap = next_cap(cap, len(d), a)
+        i += a + 1
+    return steps
+
+
+def replay(args, path, traces):
+    """--replay: the decoder calls of recorded traces (trace()) on `path` (a file of the same
+    shapes, e.g. random weights: only the time is measured), against as many plain decode steps,
+    alternated; a greedy sample of every row used, as the real loop"""
+    import numpy as np
+    from cpufuse.llama import Model
+    from cpufuse.llama.sampling import Sampler
+    from cpufuse.llama.speculative import rewind, verify
+    res = {"model": os.path.basename(path), "replayed": args.replay, "runs": []}
+    for nt in [int(t) for t in args.threads.split(",")]:
+        m = Model.load(path, n_ctx=args.n_ctx, n_threads=nt)
+        smp = Sampler(temperature=0)
+        rng = np.random.default_rng(0)
+        for kind in dict.fromkeys(t["kind"] for t in traces):
+            tp = ts = cp = cs = 0.0
+            n = calls = 0
+            for j, t in enumerate(x for x in traces if x["kind"] == kind):
+                m.reset()
+                toks = [int(v) for v in rng.integers(10, m.n_vocab - 10, t["prompt"] + 1)]
+                with m._lock:
+                    m._eval(toks[:-1])
+                    base = m._n_past
+                    for how in (("spec", "plain") if j % 2 else ("plain", "spec")):
+                        rewind(m, base)
+                        t0, c0 = time.perf_counter(), time.process_time()
+                        steps = [(0, 0)] * t["decode_steps"] if how == "plain" else t["steps"]
+                        for k, a in steps:
+                            rows = m._eval([toks[-1]])[None] if k == 0 else verify(m, [toks[-1]] * (k + 1))
+                            for r in range(a + 1):
+                                smp.sample(rows[r])
+                            rewind(m, m._n_past - k + a)
+                        dt, dc = time.perf_counter() - t0, time.process_time() - c0
+                        if how == "plain":
+                            tp, cp = tp + dt, cp + dc
+                        else:
+                            ts, cs = ts + dt, cs + dc
+                n += t["decode_steps"]
+                calls += len(t["steps"])
+            s = {"threads": nt, "prompts": kind, "tokens": n, "calls": calls, "plain_tps": n / tp, "spec_tps": n / ts,
+                 "speedup": tp / ts, "speedup_cpu": cp / cs}
+            res["runs"].append(s)
+            print(f"{res['model']} t={nt} {kind:12s} replay of {args.replay}: {n} tokens in {calls} calls, plain "
+                  f"{s['plain_tps']:.1f} tok/s, speculative {s['spec_tps']:.1f} tok/s ({s['speedup']:.2f}x wall, "
+                  f"{s['speedup_cpu']:.2f}x CPU s)", flush=True)
+    return res
 
 
 def summary(rows):
     n = sum(r["decode_steps"] for r in rows)
-    ps, ss = sum(r["plain_s"] for r in rows), sum(r["spec_s"] for r in rows)
-    d, acc = sum(r["drafted"] for r in rows), sum(r["accepted"] for r in rows)
-    return {"tokens": n, "plain_tps": n / ps if ps else float("nan"), "spec_tps": n / ss if ss else float("nan"),
-            "speedup": ps / ss if ss else float("nan"), "drafted": d, "accepted": acc,
-            "accept_rate": acc / d if d else float("nan")}
+    S = {k: sum(r[k] for r in rows) for k in ("plain_s", "spec_s", "plain_cpu", "spec_cpu", "drafted", "accepted",
+                                              "verify_steps")}
+    d, acc, v = S["drafted"], S["accepted"], S["verify_steps"]
+    nan = float("nan")
+    return {"tokens": n, "plain_tps": n / S["plain_s"], "spec_tps": n / S["spec_s"],
+            "speedup": S["plain_s"] / S["spec_s"], "speedup_cpu": S["plain_cpu"] / S["spec_cpu"],
+            "drafted": d, "accepted": acc, "accept_rate": acc / d if d else nan, "verify_steps": v,
+            "tokens_per_verify": (acc + v) / v if v else nan, "calls": n - acc}
+
+
+def peer(python, path, nt, args, rows, eog):
+    """llama-cpp-python's plain and lookup decoding of the same prompt ids (spec_peer.py)"""
+    job = {"model": path, "threads": nt, "lookup": args.lookup, "ngram": args.ngram, "max_tokens": args.n_predict,
+           "n_ctx": args.n_ctx, "eog": sorted(eog), "prompts": [r["ids"] for r in rows]}
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "job.json"), "w") as f:
+            json.dump(job, f)
+        subprocess.run([python, PEER, os.path.join(d, "job.json"), os.path.join(d, "out.json")], check=True)
+        with open(os.path.join(d, "out.json")) as f:
+            res = json.load(f)
+    t = {h: sum(len(x[h]["tokens"]) - 1 for x in res) for h in ("plain", "lookup")}
+    s = {h: sum(x[h]["wall_s"] for x in res) for h in ("plain", "lookup")}
+    c = {h: sum(x[h]["cpu_s"] for x in res) for h in ("plain", "lookup")}
+    return {"plain_tps": t["plain"] / s["plain"], "spec_tps": t["lookup"] / s["lookup"],
+            "speedup": (t["lookup"] / s["lookup"]) / (t["plain"] / s["plain"]),
+            "speedup_cpu": (t["lookup"] / c["lookup"]) / (t["plain"] / c["plain"]),
+            "same_as_its_plain": sum(x["plain"]["tokens"] == x["lookup"]["tokens"] for x in res),
+            "same_as_cpufuse": sum(x["plain"]["tokens"] == r["out"] for x, r in zip(res, rows)), "prompts": len(res)}
+
+
+def markdown(res):
+    L = ["| threads | prompts | tokens | accepted / drafted | tokens per verification | decoder calls | "
+         "plain tok/s | speculative tok/s | speedup (wall) | speedup (CPU s) | llama-cpp-python plain / lookup tok/s | "
+         "its speedup (wall) | its speedup (CPU s) |", "|" + "---|" * 13]
+    for s in res["runs"]:
+        p = s.get("peer")
+        pc = (f"{p['plain_tps']:.1f} / {p['spec_tps']:.1f} | {p['speedup']:.2f}x | {p['speedup_cpu']:.2f}x" if p
+              else "– | – | –")
+        L.append(f"| {s['threads']} | {s['prompts']} | {s['tokens']} | {s['accepted']} / {s['drafted']} "
+                 f"({100 * s['accept_rate']:.0f}%) | {s['tokens_per_verify']:.2f} | {s['calls']} | {s['plain_tps']:.1f} | "
+                 f"{s['spec_tps']:.1f} | {s['speedup']:.2f}x | {s['speedup_cpu']:.2f}x | {pc} |")
+    return "\n".join(L) + "\n"
 
 
 def main(argv=None):
@@ -78,16 +251,36 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.e2e.spec", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="a GGUF path or a model name")
     ap.add_argument("--threads", default="1", help="comma-separated thread counts (default 1)")
-    ap.add_argument("--lookup", type=int, default=10, help="prompt lookup: tokens drafted per step (default 10)")
-    ap.add_argument("--ngram", type=int, default=3, help="prompt lookup: the longest n-gram matched (default 3)")
+    ap.add_argument("--lookup", type=int, default=15, help="prompt lookup: the most tokens drafted per step (default 15)")
+    ap.add_argument("--ngram", type=int, default=2, help="prompt lookup: max_ngram_size (default 2)")
     ap.add_argument("--draft", default=None, help="a draft model instead of prompt lookup")
     ap.add_argument("--draft-max", type=int, default=16)
     ap.add_argument("--draft-p-min", type=float, default=0.75)
     ap.add_argument("--n-predict", type=int, default=256)
     ap.add_argument("--n-ctx", type=int, default=2048)
+    ap.add_argument("--kinds", default="code-editing,chat", help="which prompt sets (default code-editing,chat)")
+    ap.add_argument("--peer", default=None, help="llama-cpp-python's python (e.g. .venv-llama/bin/python): its "
+                                                 "plain and prompt-lookup decoding on the same prompts")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--md", default=None, help="write the table as markdown here")
+    ap.add_argument("--replay", default=None, help="an --out JSON: time its traces' decoder calls on --model "
+                                                   "(same shapes; random weights do) instead of generating")
     args = ap.parse_args(argv)
     path = hub.resolve(args.model)
+    if args.replay:
+        with open(args.replay) as f:
+            traces = [t for r in json.load(f)["runs"] for t in r.get("traces", [])]
+        if not traces:
+            ap.error(f"--replay: {args.replay} holds no traces (write one with --out)")
+        res = replay(args, path, traces)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(res, f, indent=1)
+        return 0
+    sets = {"code-editing": CODE_PROMPTS, "chat": CHAT_PROMPTS}
+    kinds = args.kinds.split(",")
+    if any(k not in sets for k in kinds):
+        ap.error(f"--kinds: expected a comma-separated subset of {sorted(sets)}, got {args.kinds!r}")
     res = {"model": os.path.basename(path), "n_predict": args.n_predict, "runs": []}
     for nt in [int(t) for t in args.threads.split(",")]:
         m = Model.load(path, n_ctx=args.n_ctx, n_threads=nt)
@@ -98,19 +291,38 @@ def main(argv=None):
             how = f"draft {os.path.basename(draft.model.path)} max {args.draft_max}"
         else:
             draft = LlamaPromptLookupDecoding(max_ngram_size=args.ngram, num_pred_tokens=args.lookup)
-            how = f"lookup {args.lookup} (n-gram <= {args.ngram})"
-        run_one(m, draft, CHAT_PROMPTS[0], 8)          # warm-up: the plans compile
-        for kind, prompts in (("code-editing", CODE_PROMPTS), ("chat", CHAT_PROMPTS)):
+            how = f"lookup {args.lookup}"
+        run_one(m, draft, CHAT_PROMPTS[0], 8, False)          # warm-up: the plans compile
+        for kind in kinds:
             t0 = time.perf_counter()
-            s = summary([run_one(m, draft, p, args.n_predict) for p in prompts])
-            s.update(threads=nt, prompts=kind, how=how, wall_s=time.perf_counter() - t0)
-            res["runs"].append(s)
+            rows = [run_one(m, draft, p, args.n_predict, i % 2 == 1) for i, p in enumerate(sets[kind])]
+            s = summary(rows)
+            s.update(threads=nt, prompts=kind, how=how, wall_s=time.perf_counter() - t0,
+                     traces=[{"kind": kind, "prompt": len(r["ids"]), "decode_steps": r["decode_steps"],
+                              "steps": r["trace"]} for r in rows])
             print(f"{res['model']} t={nt} {kind:12s} {how}: {s['tokens']} tokens, plain {s['plain_tps']:.1f} tok/s, "
-                  f"speculative {s['spec_tps']:.1f} tok/s ({s['speedup']:.2f}x), accepted {s['accepted']}/"
-                  f"{s['drafted']} drafted ({100 * s['accept_rate']:.0f}%)", flush=True)
+                  f"speculative {s['spec_tps']:.1f} tok/s ({s['speedup']:.2f}x wall, {s['speedup_cpu']:.2f}x CPU s), "
+                  f"accepted {s['accepted']}/{s['drafted']} drafted ({100 * s['accept_rate']:.0f}%), "
+                  f"{s['tokens_per_verify']:.2f} tokens per verification", flush=True)
+            if args.peer and not args.draft:
+                try:
+                    s["peer"] = p = peer(args.peer, path, nt, args, rows, m.eog_ids)
+                except (OSError, subprocess.CalledProcessError) as e:
+                    print(f"  llama-cpp-python t={nt} {kind}: failed ({e}); its columns are left out", flush=True)
+                    res["runs"].append(s)
+                    continue
+                print(f"  llama-cpp-python t={nt} {kind}: plain {p['plain_tps']:.1f} tok/s, lookup {p['spec_tps']:.1f} "
+                      f"tok/s ({p['speedup']:.2f}x wall, {p['speedup_cpu']:.2f}x CPU s); its lookup output = its plain "
+                      f"on {p['same_as_its_plain']}/{p['prompts']}, its plain = cpufuse's on "
+                      f"{p['same_as_cpufuse']}/{p['prompts']}", flush=True)
+            res["runs"].append(s)
+    print(markdown(res))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(markdown(res))
     return 0
 
 

@@ -179,6 +179,8 @@ def test_moe_shapes_sizes_types_and_a_small_file(tmp_path, monkeypatch):
     assert bm.tensor_type("olmoe-1b-7b", "q4_k", "ffn_gate_inp") == "F32"
     t = {r[0]: r for r in bm.tensors("olmoe-1b-7b", "q4_k")}
     assert t["blk.0.ffn_gate_exps.weight"][2:] == (64 * 1024, 2048, "Q4_K", (64,))
+    # granite-3.1-1b-a400m has no shared expert (ik_llama.cpp's granitemoe loader refuses a file with one)
+    assert not [n for n, *_ in bm.tensors("granite-1b-a400m", "q8_0") if "shexp" in n]
     monkeypatch.setitem(bm.SHAPES, "tiny-moe", dict(bm.SHAPES["granite-1b-a400m"], n_embd=256, n_layer=2, n_ff=256,
                                                     n_head=4, n_head_kv=2, n_vocab=1300, n_expert=4,
                                                     n_expert_used=2, n_ff_exp=256))
@@ -188,6 +190,28 @@ def test_moe_shapes_sizes_types_and_a_small_file(tmp_path, monkeypatch):
     m = Model.load(p, n_ctx=64)
     assert m.hparams.n_expert == 4 and m.layers[1].wd_exps.shape == (4, 256, 256)
     assert np.isfinite(m.logits([1, 2, 3, 4])).all()
+    import gguf
+    keys = gguf.GGUFReader(p).fields
+    assert "granitemoe.expert_count" in keys and "granitemoe.expert_shared_feed_forward_length" not in keys
+
+
+QUIET_FAILING_BENCH = """#!/bin/sh
+case "$*" in *" -v"*) echo "llama_model_load: error loading model: done_getting_tensors: wrong number of \
+tensors; expected 314, got 242" >&2;; esac
+echo "main: error: failed to load model 'x.gguf'" >&2
+exit 1
+"""
+
+
+def test_failing_peer_reports_the_loader_error(tmp_path):
+    """llama-bench logs nothing but "failed to load model" unless -v: the run is repeated verbose and the
+    loader's error line is the reported reason"""
+    exe = tmp_path / "llama-bench"
+    exe.write_text(QUIET_FAILING_BENCH)
+    exe.chmod(0o755)
+    res, err = big.run_llama_bench(str(exe), "x.gguf", 1, False, 1, False, extra=big.IK_FLAGS, tg=4)
+    assert res is None and err == ("exit 1: llama_model_load: error loading model: done_getting_tensors: wrong "
+                                   "number of tensors; expected 314, got 242")
 
 
 def test_speed_at_depth_fills_the_cache_then_times_the_chunk():
@@ -251,6 +275,27 @@ def test_reports_at_depth(tmp_path):
     assert "| 1b-Q4_0 @4096 | 1 |" in text and "types q8_0/q8_0" in text
     md = "\n".join(model.speed_md(dict(R, peer_skipped="none")))
     assert "| tg 128 @4096 | 1 | 9" in md
+
+
+def test_spec_bench_trace_and_replay(tmp_path, capsys):
+    """bench.e2e.spec on a tiny model: the speculative tokens are the plain ones (it raises otherwise),
+    each trace adds up to the run's drafted / accepted counts, and --replay times the traces"""
+    import json
+    from bench.e2e import spec
+    from cpufuse.llama.tiny import write_tiny_gguf
+    path = write_tiny_gguf(str(tmp_path / "m.gguf"), arch="qwen2")
+    out, rep = str(tmp_path / "out.json"), str(tmp_path / "rep.json")
+    assert spec.main(["--model", path, "--n-predict", "24", "--lookup", "7", "--out", out]) == 0
+    assert "warning" not in capsys.readouterr().out
+    runs = json.load(open(out))["runs"]
+    assert [r["prompts"] for r in runs] == ["code-editing", "chat"]
+    for r in runs:
+        steps = [s for t in r["traces"] for s in t["steps"]]
+        assert (sum(k for k, _ in steps), sum(a for _, a in steps)) == (r["drafted"], r["accepted"])
+        assert len(steps) == r["calls"] and all(0 <= a <= k <= 7 for k, a in steps)
+    assert spec.main(["--model", path, "--replay", out, "--out", rep]) == 0
+    assert [(r["prompts"], r["tokens"]) for r in json.load(open(rep))["runs"]] == \
+        [(r["prompts"], r["tokens"]) for r in runs]
 
 
 FAKE_DEFAULT_LLAMA_BENCH = """#!/bin/sh

@@ -30,6 +30,7 @@ class GenerationResult:
     tool_calls: Optional[List[dict]] = None    # generate(tools=...): the calls parsed from the text
     draft_tokens: int = 0             # speculative decoding (generate(draft=...)): ids drafted ...
     draft_accepted: int = 0           # ... and how many of them the target kept
+    draft_steps: int = 0              # ... in how many decoder calls (one verification each)
 
     @property
     def prompt_tps(self):
@@ -103,7 +104,7 @@ def decode(model, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stops=(), 
         t_prompt = time.perf_counter() - t0
         tok = sampler.sample(logits) if max_tokens else None
     out, t_dec, n_dec = [], 0.0, 0
-    queued, n_draft, n_acc, cap = deque(), 0, 0, 1 << 30
+    queued, n_draft, n_acc, n_ver, cap = deque(), 0, 0, 0, 1 << 30
     stop, stop_tok = "length", None
     shifted = 0                             # positions context shifts dropped
     text_parts = []
@@ -137,11 +138,11 @@ def decode(model, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stops=(), 
                 tok = sampler.sample(model._eval([tok]))
             else:
                 if not queued:
-                    from .speculative import speculate
+                    from .speculative import next_cap, speculate
                     got, nd, na = speculate(model, tok, sampler, draft, ids + out, min(cap, max_tokens - 2 - i))
                     queued.extend(got)
-                    n_draft, n_acc = n_draft + nd, n_acc + na
-                    cap = 2 * cap if na == nd else na + 1   # fewer drafts after a rejection, more after none
+                    n_draft, n_acc, n_ver = n_draft + nd, n_acc + na, n_ver + (nd > 0)
+                    cap = next_cap(cap, nd, na)     # fewer drafts after a rejection, more after none
                 tok = queued.popleft()
             t_dec += time.perf_counter() - t0
             n_dec += 1
@@ -164,5 +165,6 @@ def decode(model, ids, max_tokens, sampler, stop_at_eog, reuse_cache, stops=(), 
     return GenerationResult(tokens=out, text="".join(text_parts), prompt_tokens=len(ids),
                             prompt_eval_tokens=len(ids) - keep, prompt_time=t_prompt,
                             decode_tokens=n_dec, decode_time=t_dec, stop_reason=stop, stop_token=stop_tok,
-                            prompt_ids=list(ids), draft_tokens=n_draft, draft_accepted=n_acc)
+                            prompt_ids=list(ids), draft_tokens=n_draft, draft_accepted=n_acc,
+                            draft_steps=n_ver)
 

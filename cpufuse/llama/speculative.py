@@ -22,7 +22,7 @@ rings (gemma), the cells a rejected draft overwrote belong to positions at least
 k back, outside every later query's window.
 
 Drafts:
-    LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=10)  n-gram lookup in the context
+    LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=10)  lookup in the context
                                                                      (llama-cpp-python's class)
     DraftModel(path_or_model, num_pred_tokens=8, p_min=0.75)         a smaller model with the
                                                                      same vocabulary, greedy
@@ -40,7 +40,7 @@ from .decoder import Batch
 from .kv import int_arg as _pos_int
 
 __all__ = ["LlamaDraftModel", "LlamaPromptLookupDecoding", "DraftModel", "speculate", "verify", "draft_ids", "rewind", "written",
-           "check_draft"]
+           "check_draft", "next_cap", "longest_match"]
 
 VOCAB_MAX_DIFF = 128       # llama.cpp's allowed vocabulary size difference of draft and target
 
@@ -57,9 +57,21 @@ class LlamaDraftModel:
 
 
 class LlamaPromptLookupDecoding(LlamaDraftModel):
-    """Prompt lookup (llama-cpp-python's class, the same arguments): find the context's last
-    n-gram (max_ngram_size tokens, then fewer, down to 1) earlier in the context, and propose the
-    num_pred_tokens tokens that followed its first occurrence. No second model."""
+    """Prompt lookup (llama-cpp-python's class and arguments; no second model): find where the
+    context's last tokens occurred before, and propose what followed. cpufuse chooses the match
+    and the draft's length by how far back the match goes (docs/speculative.md):
+
+    - the occurrence whose preceding tokens match the context's furthest back (up to MATCH_MAX
+      tokens: L), the most recent among equals: when the answer copies a passage, that is the
+      place it copies from, step after step;
+    - up to 2 ** (L - 1) - 1 tokens (1, 3, 7, 15, ... rows beside the last token: whole matmul
+      row tiles), at most num_pred_tokens; none when only the last token matches (L = 1), where
+      a draft is accepted too rarely to pay for its verification.
+
+    max_ngram_size is llama-cpp-python's n-gram size (checked): the choice above looks further
+    back than any n-gram, so it gives the same drafts for every max_ngram_size."""
+
+    MATCH_MAX = 64
 
     def __init__(self, max_ngram_size=2, num_pred_tokens=10):
         self.max_ngram_size = _pos_int(max_ngram_size, "max_ngram_size", 1, 64)
@@ -67,20 +79,31 @@ class LlamaPromptLookupDecoding(LlamaDraftModel):
 
     def __call__(self, input_ids, /, **kwargs):
         ids = np.asarray(input_ids, dtype=np.int64).reshape(-1)
-        n = ids.shape[0]
-        for size in range(min(self.max_ngram_size, n - 1), 0, -1):
-            tail = ids[n - size:]
-            win = np.lib.stride_tricks.sliding_window_view(ids[:n - 1], size)   # starts 0 .. n-1-size
-            hits = np.nonzero(np.all(win == tail, axis=1))[0]
-            for h in hits:
-                s = int(h) + size
-                if s < n:           # a continuation exists (the final n-gram itself is excluded above)
-                    return ids[s:min(s + self.num_pred_tokens, n)]
-        return ids[:0]
+        j, L = longest_match(ids, self.MATCH_MAX)
+        if L < 2:
+            return ids[:0]
+        return ids[j:j + min(self.num_pred_tokens, (1 << min(L - 1, 20)) - 1)]
 
     def __repr__(self):
         return (f"LlamaPromptLookupDecoding(max_ngram_size={self.max_ngram_size}, "
                 f"num_pred_tokens={self.num_pred_tokens})")
+
+
+def longest_match(ids, max_len):
+    """(j, L): ids[j - L:j] == ids[n - L:] (n = len(ids), j < n) with the largest L <= max_len,
+    the largest j among equals; (0, 0) when the last id does not occur before"""
+    n = ids.shape[0]
+    c = np.flatnonzero(ids[:n - 1] == ids[n - 1]) + 1 if n > 1 else ids[:0]
+    if c.size == 0:
+        return 0, 0
+    L = 1
+    while L < max_len:
+        c2 = c[c > L]                              # ids[j - 1 - L] exists
+        c2 = c2[ids[c2 - 1 - L] == ids[n - 1 - L]]
+        if c2.size == 0:
+            break
+        c, L = c2, L + 1
+    return int(c[-1]), L
 
 
 class DraftModel(LlamaDraftModel):
@@ -191,6 +214,16 @@ def verify(model, toks):
     model._n_past = base + len(toks)
     model._cached.extend(int(t) for t in toks)
     return rows
+
+
+def next_cap(cap, drafted, accepted):
+    """the most ids to draft at the next step, after a step that drafted `drafted` ids and kept
+    `accepted` of them: one more than were kept after a rejection; after none, 2 * drafted + 1
+    (1, 3, 7, 15: the verification's rows then fill the matmul's row tiles); unchanged when
+    nothing was drafted"""
+    if not drafted:
+        return cap
+    return 2 * drafted + 1 if accepted == drafted else accepted + 1
 
 
 def draft_ids(draft, context, k, n_vocab):

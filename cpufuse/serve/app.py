@@ -19,6 +19,8 @@ Decisions (docs/serve.md has the full list):
   `context_length_exceeded` with OpenAI's message; without max_tokens the completion may use the
   rest of the context; an engine with context_shift (serve --context-shift) takes any max_tokens
   and only a prompt that fills the context is the 400;
+- no request field is silently ignored: an unknown one is a 400 naming it, on every route
+  (cpufuse.serve.protocol);
 - a client that disconnects, streaming or not, has its request cancelled in the engine;
 - a request the engine cannot start now waits in its queue (no capacity error).
 """
@@ -43,8 +45,9 @@ from cpufuse.llama.chat import TemplateError, chat_prompt
 
 from .engine import EngineRequest, EngineStopped, SamplingParams
 from .guard import Guard, Limits
-from .metrics import Metrics, log_line
-from .protocol import APIError, ChatRequest, CompletionRequest, ValidationError, error_body, validation_message
+from .metrics import Metrics, log_line, log_user
+from .protocol import (APIError, ChatRequest, CompletionRequest, ValidationError, check_fields, error_body,
+                       validation_error)
 from .responses import Responses, SSEResponse
 
 __all__ = ["create_app"]
@@ -88,8 +91,7 @@ class _Server(Responses):
         try:
             req = model.model_validate(obj)
         except ValidationError as e:
-            msg, param = validation_message(e)
-            raise APIError(msg, param=param) from None
+            raise validation_error(e) from None
         req.check()
         return req
 
@@ -237,6 +239,7 @@ class _Server(Responses):
     async def respond(self, request: Request, req, ereqs, chat: bool, spec=None):
         t0 = getattr(request.state, "cf_t0", None) or time.perf_counter()
         st = request.state.cf_log = {"t0": t0}
+        log_user(st, req.user, getattr(req, "safety_identifier", None))
         if self.limits.timeout is not None:
             st["deadline"], st["timeout"] = t0 + self.limits.timeout, self.limits.timeout
         self.check_queue(len(ereqs))
@@ -264,7 +267,7 @@ class _Server(Responses):
 
     # ------------------------------------------------------------------ llama-server's token routes
     async def tokenize(self, request: Request):
-        obj = await self.json_object(request)
+        obj = await self.json_object(request, ("content", "add_special", "parse_special", "with_pieces"))
         content = obj.get("content")
         if not isinstance(content, str):
             raise APIError(f"content must be a string, got {type(content).__name__}", param="content")
@@ -290,7 +293,7 @@ class _Server(Responses):
         return JSONResponse({"tokens": out})
 
     async def detokenize(self, request: Request):
-        obj = await self.json_object(request)
+        obj = await self.json_object(request, ("tokens",))
         ids = obj.get("tokens", [])
         n_vocab = self.engine.n_vocab
         if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
@@ -301,13 +304,15 @@ class _Server(Responses):
         text = await run_in_threadpool(self.engine.tokenizer.detokenize, ids, True)
         return JSONResponse({"content": text})
 
-    async def json_object(self, request: Request) -> dict:
+    async def json_object(self, request: Request, fields) -> dict:
+        """the body, a JSON object whose keys are among `fields` (else a 400 naming the others)"""
         try:
             obj = json.loads(await request.body())
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise APIError(f"the request body is not valid JSON: {e}") from None
         if not isinstance(obj, dict):
             raise APIError(f"the request body must be a JSON object, got {type(obj).__name__}")
+        check_fields(obj, fields)
         return obj
 
     async def metrics(self, request: Request):

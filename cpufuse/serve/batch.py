@@ -392,7 +392,8 @@ class BatchEngine(Engine):
                     break
                 s.slot.tokens.append(tok)    # an accepted draft: its K/V is in the slot
             if d:
-                s.spec_cap = 2 * s.spec_cap if j == len(d) else j + 1
+                from cpufuse.llama.speculative import next_cap
+                s.spec_cap = next_cap(s.spec_cap, len(d), j)
                 self._count(draft_tokens=len(d), draft_accepted=j)
             i += len(d) + 1
         deliver(events)

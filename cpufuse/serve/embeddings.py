@@ -7,9 +7,9 @@ KV slot, between the generation steps, one input after another (not in the same 
 other requests). Vectors are L2-normalized, as llama-server's /v1/embeddings. Pooling "none" is
 refused (400), as llama-server refuses it on its OpenAI-compatible route.
 
-Request: input (a string, an array of strings, an array of token ids, or an array of such arrays;
+Request (any other field is a 400): input (a string, an array of strings, an array of token ids, or an array of such arrays;
 nothing empty), encoding_format ("float", or "base64": the float32 little-endian bytes),
-dimensions (only n_embd: there is no truncation). Strings are tokenized with the model's special
+dimensions (only n_embd: there is no truncation), model (not checked), user (logged). Strings are tokenized with the model's special
 tokens (BOS/EOS as its file says) and special-token text parsed, as llama-server does.
 """
 from __future__ import annotations
@@ -23,9 +23,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from .engine import EngineStopped
+from .metrics import log_user
 from .protocol import APIError
 
 __all__ = ["embeddings", "rerank"]
+
+
+def _log_state(request: Request) -> dict:
+    st = getattr(request.state, "cf_log", None)
+    if st is None:
+        st = request.state.cf_log = {"t0": request.state.cf_t0}
+    return st
 
 
 def _inputs(obj, n_vocab):
@@ -56,7 +64,11 @@ async def embeddings(srv, request: Request):
     if pooling is None:
         raise APIError("this server does not serve embeddings: start it with --embeddings", status=501,
                        type="not_supported_error")
-    obj = await srv.json_object(request)
+    obj = await srv.json_object(request, ("input", "model", "encoding_format", "dimensions", "user"))
+    user = obj.get("user")
+    if user is not None and not isinstance(user, str):
+        raise APIError(f"user must be a string, got {type(user).__name__}", param="user")
+    log_user(_log_state(request), user)
     if pooling == "none":
         raise APIError("pooling 'none' is not OpenAI-compatible (one vector per token): start the server with "
                        "--pooling mean, cls or last")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["Metrics", "log_line"]
+__all__ = ["Metrics", "log_line", "log_user"]
 
 
 class Metrics:
@@ -53,10 +53,19 @@ class Metrics:
 
 
 
+def log_user(st: dict, *ids) -> None:
+    """a request's `user` (and `safety_identifier`) go into its log line"""
+    who = [x for x in ids if x]
+    if who:
+        st["user"] = " / ".join(who)
+
+
 def log_line(method, path, status, st, reason=None) -> str:
     """llama-server's kind of request line: status, the reason of an error, tokens, timings"""
     now = time.perf_counter()
     parts = [f"{method} {path} {status}"]
+    if st.get("user"):
+        parts.append(f"user {st['user']!r}")
     if reason:
         parts.append(reason)
     u = st.get("usage")

@@ -1,7 +1,11 @@
 """Request models (pydantic) for the OpenAI-compatible endpoints, and OpenAI's error object.
 
-Unknown fields are accepted and ignored (clients send `user`, `metadata`, `store`...); every
-optional field accepts null. Values OpenAI rejects are rejected here with a 400.
+No field is silently ignored: an unknown field is a 400 naming it (OpenAI's "Unrecognized request
+argument supplied"), and a field OpenAI defines that cpufuse cannot honour is a 400 saying so unless
+it is null. A few OpenAI fields are accepted with a documented meaning here (`user` and
+`safety_identifier` are logged; `metadata`, `store: false`, `service_tier` "auto"/"default",
+`prompt_cache_key`, `prompt_cache_retention: "in_memory"`, `modalities: ["text"]`: docs/serve.md).
+Every optional field accepts null. Values OpenAI rejects are rejected here with a 400.
 """
 from __future__ import annotations
 
@@ -9,8 +13,8 @@ from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-__all__ = ["ChatRequest", "CompletionRequest", "APIError", "error_body", "validation_message",
-           "ValidationError"]
+__all__ = ["ChatRequest", "CompletionRequest", "APIError", "error_body", "validation_error",
+           "ValidationError", "check_fields", "unrecognized"]
 
 
 class APIError(Exception):
@@ -34,34 +38,71 @@ def error_body(message, type="invalid_request_error", param=None, code=None, ext
     return {"error": err}
 
 
-def validation_message(e: ValidationError) -> tuple:
-    """(message, param) from a pydantic ValidationError: its first error, located."""
-    errs = e.errors(include_url=False)
-    if not errs:
-        return str(e), None
-    first = errs[0]
-    loc = [str(x) for x in first.get("loc", ()) if not str(x).startswith(("function-", "union["))]
+def unrecognized(names) -> APIError:
+    """the 400 of unknown request fields: OpenAI's wording, `param` the (first) field"""
+    names = list(names)
+    word = "argument" if len(names) == 1 else "arguments"
+    return APIError(f"Unrecognized request {word} supplied: {', '.join(names)}", param=names[0],
+                    code="unknown_parameter")
+
+
+def check_fields(obj: dict, allowed) -> None:
+    """APIError(400) naming the keys of a JSON body that are not in `allowed` (routes without a
+    pydantic model: /tokenize, /detokenize, /v1/embeddings, /slots)"""
+    unknown = [k for k in obj if k not in allowed]
+    if unknown:
+        raise unrecognized(unknown)
+
+
+def _param(err) -> str:
+    loc = [str(x) for x in err.get("loc", ()) if not str(x).startswith(("function-", "union["))]
     # drop pydantic's union branch names ('str', 'list[str]', ...) from the location
     loc = [x for x in loc if not any(c in x for c in "[]") and x not in ("str", "int", "list")]
-    param = ".".join(loc) or None
+    return ".".join(loc)
+
+
+def validation_error(e: ValidationError) -> APIError:
+    """the 400 of a pydantic ValidationError: the unknown fields if there are any (a field unknown
+    inside a union member is reported once), else its first error, located."""
+    errs = e.errors(include_url=False)
+    if not errs:
+        return APIError(str(e))
+    extra = list(dict.fromkeys(_param(x) for x in errs if x.get("type") == "extra_forbidden"))
+    if extra:
+        return unrecognized(extra)
+    first = errs[0]
+    param = _param(first) or None
     msg = first.get("msg", "invalid value")
     more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
-    return (f"{param}: {msg}{more}" if param else f"{msg}{more}"), param
+    return APIError(f"{param}: {msg}{more}" if param else f"{msg}{more}", param=param)
 
 
 MAX_N = 16   # the most choices (n) one request may ask for
 
 
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    def refuse_set(self, reasons: Dict[str, str]) -> None:
+        """APIError(400) for the first of `reasons`' fields that is set (not None)"""
+        for name, why in reasons.items():
+            if getattr(self, name) is not None:
+                raise APIError(f"{name} is not supported by cpufuse: {why}", param=name)
 
 
-class StreamOptions(_Lenient):
+class StreamOptions(_Strict):
     include_usage: Optional[bool] = False
+    include_obfuscation: Optional[bool] = None
+
+    def check(self) -> None:
+        if self.include_obfuscation:
+            raise APIError("stream_options.include_obfuscation: cpufuse sends no obfuscation padding; "
+                           "send false or leave it out", param="stream_options.include_obfuscation")
 
 
-class _Sampling(_Lenient):
+class _Sampling(_Strict):
     model: Optional[str] = None
+    user: Optional[str] = None          # logged with the request (metrics.log_line)
     temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
     top_k: Optional[int] = Field(None, ge=-1)
@@ -100,36 +141,61 @@ class _Sampling(_Lenient):
     def check_common(self) -> None:
         if self.n is not None and self.n > MAX_N:
             raise APIError(f"n must be <= {MAX_N}, got n = {self.n}", param="n")
+        if self.stream_options is not None:
+            self.stream_options.check()
 
     def constraint_options(self) -> dict:
         return dict(response_format=self.response_format, grammar=self.grammar, json_schema=self.json_schema,
                     regex=self.regex, lark=self.lark)
 
 
-class ContentPart(_Lenient):
+class ContentPart(_Strict):
     type: str
     text: Optional[str] = None
+    # the other part types' payloads: declared so that such a part gets the "not supported" 400
+    image_url: Optional[Any] = None
+    input_audio: Optional[Any] = None
+    file: Optional[Any] = None
+    refusal: Optional[Any] = None
+    prompt_cache_breakpoint: Optional[Any] = None
 
 
-class ToolCallFunction(_Lenient):
+class ToolCallFunction(_Strict):
     name: str
     arguments: Optional[Union[str, Dict[str, Any]]] = None
 
 
-class ToolCall(_Lenient):
+class ToolCall(_Strict):
     id: Optional[str] = None
     type: Optional[Literal["function"]] = "function"
     function: ToolCallFunction
 
 
-class ChatMessage(_Lenient):
+# OpenAI message fields cpufuse cannot honour: accepted only as null (an echoed reply carries them)
+MESSAGE_REFUSED = {
+    "audio": "audio output is not supported",
+    "function_call": "the deprecated function_call; use tool_calls",
+    "refusal": "cpufuse's replies have no refusals to send back",
+    "annotations": "message annotations are not supported",
+}
+
+
+class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Optional[Union[str, List[ContentPart]]] = None
     name: Optional[str] = None
     tool_calls: Optional[List[ToolCall]] = None
     tool_call_id: Optional[str] = None
+    audio: Optional[Any] = None
+    function_call: Optional[Any] = None
+    refusal: Optional[Any] = None
+    annotations: Optional[Any] = None
 
     def text(self) -> str:
+        for name, why in MESSAGE_REFUSED.items():
+            v = getattr(self, name)
+            if v is not None and v != []:
+                raise APIError(f"messages: {name} is not supported by cpufuse: {why}", param="messages")
         if self.content is None:
             return ""
         if isinstance(self.content, str):
@@ -139,8 +205,25 @@ class ChatMessage(_Lenient):
             if p.type != "text" or p.text is None:
                 raise APIError(f"message content parts of type {p.type!r} are not supported "
                                "(text only)", param="messages")
+            if p.prompt_cache_breakpoint is not None:
+                raise APIError("messages: prompt_cache_breakpoint is not supported by cpufuse: its prompt "
+                               "cache is automatic (whole chunks of the longest shared prefix)", param="messages")
             parts.append(p.text)
         return "".join(parts)
+
+
+# OpenAI chat fields cpufuse cannot honour: a 400 unless null
+CHAT_REFUSED = {
+    "audio": "audio output is not supported (text only)",
+    "prediction": "predicted outputs are not supported (--lookup and --draft speculate on the server's side)",
+    "reasoning_effort": "the effort is not passed to the model",
+    "verbosity": "the verbosity is not passed to the model",
+    "web_search_options": "there is no web search",
+    "functions": "the deprecated functions; use tools",
+    "function_call": "the deprecated function_call; use tool_choice",
+    "moderation": "there is no moderation",
+    "prompt_cache_options": "the prompt cache is automatic (whole chunks of the longest shared prefix)",
+}
 
 
 class ChatRequest(_Sampling):
@@ -151,9 +234,39 @@ class ChatRequest(_Sampling):
     tools: Optional[List[Dict[str, Any]]] = None
     tool_choice: Optional[Union[Literal["none", "auto", "required"], Dict[str, Any]]] = None
     parallel_tool_calls: Optional[bool] = None
+    # accepted with a documented meaning (docs/serve.md): logged, or what cpufuse does anyway
+    safety_identifier: Optional[str] = None
+    metadata: Optional[Dict[str, str]] = Field(None, max_length=16)
+    store: Optional[bool] = None
+    service_tier: Optional[str] = None
+    prompt_cache_key: Optional[str] = None
+    prompt_cache_retention: Optional[str] = None
+    modalities: Optional[List[str]] = None
+    # refused unless null: CHAT_REFUSED
+    audio: Optional[Any] = None
+    prediction: Optional[Any] = None
+    reasoning_effort: Optional[Any] = None
+    verbosity: Optional[Any] = None
+    web_search_options: Optional[Any] = None
+    functions: Optional[Any] = None
+    function_call: Optional[Any] = None
+    moderation: Optional[Any] = None
+    prompt_cache_options: Optional[Any] = None
 
     def check(self) -> None:
         self.check_common()
+        self.refuse_set(CHAT_REFUSED)
+        if self.store:
+            raise APIError("store: cpufuse keeps no completions; send false or leave it out", param="store")
+        if self.service_tier not in (None, "auto", "default"):
+            raise APIError(f"service_tier: cpufuse has one tier ('auto' or 'default'), got {self.service_tier!r}",
+                           param="service_tier")
+        if self.prompt_cache_retention not in (None, "in_memory"):
+            raise APIError("prompt_cache_retention: the prompt cache is in memory only ('in_memory'), got "
+                           f"{self.prompt_cache_retention!r}", param="prompt_cache_retention")
+        if self.modalities is not None and self.modalities != ["text"]:
+            raise APIError(f"modalities: cpufuse writes text only (['text']), got {self.modalities!r}",
+                           param="modalities")
         if self.top_logprobs is not None and not self.logprobs:
             raise APIError("top_logprobs requires logprobs = true", param="top_logprobs")
         if self.tool_choice is not None and not self.tools:

@@ -23,7 +23,8 @@ Ray Serve's documented extension point (`ray.serve.request_router.RequestRouter`
 A request's tokens do not depend on the batch or on which replica runs it (cpufuse's batch
 invariance), so the same request and seed give the same tokens from every replica: a retry or
 a hedged request to another replica is safe. Each reply carries `X-Cpufuse-Replica` (the
-replica's id).
+replica's id). The ingress relies on it when a replica dies: a request the dead replica had
+accepted is sent again while none of its reply has reached the client (CpufuseIngress).
 """
 from __future__ import annotations
 
@@ -267,11 +268,43 @@ class CpufuseReplica:
 
 
 class CpufuseIngress:
-    """The HTTP entry: every path and method goes to a replica (see the module docstring)."""
+    """The HTTP entry: every path and method goes to a replica (see the module docstring).
+
+    A replica that dies: Ray Serve's router retries a request it has not yet handed to a replica
+    (a replica found dead while it reserves a slot leaves the router's set and the request goes
+    to another), but a request a replica has accepted dies with it (actor calls are at most
+    once). The ingress sends such a request again, to another replica, while nothing of its reply
+    has reached the client (a whole reply is sent at its end; a stream's headers wait for its
+    first chunk): the same request and seed give the same tokens on every replica, so the client
+    sees one answer. At most `RETRIES` times, then a 503. A stream whose replica dies after its
+    first chunk ends with an SSE error event and `[DONE]`. A retried reply carries
+    `X-Cpufuse-Retries`."""
+
+    RETRIES = 3
 
     def __init__(self, replica, max_body: int):
         self.replica = replica.options(stream=True)
         self.max_body = max_body
+
+    async def _start(self, fwd: Forwarded):
+        """(the reply's generator, its head, its first chunk or None, retries) from a replica
+        that stays alive until the first chunk"""
+        from ray.exceptions import RayActorError
+        from ray.serve.exceptions import ReplicaUnavailableError
+        for attempt in range(self.RETRIES + 1):
+            gen = self.replica.forward.remote(fwd)
+            try:
+                head = await gen.__anext__()
+                try:
+                    first = await gen.__anext__()
+                except StopAsyncIteration:
+                    first = None
+                return gen, head, first, attempt
+            except (RayActorError, ReplicaUnavailableError) as e:
+                gone = e
+                gen.cancel()
+        raise _ReplicaGone(f"the replicas that took this request died ({self.RETRIES + 1} tries): "
+                           f"{type(gone).__name__}")
 
     async def __call__(self, request):
         from starlette.responses import JSONResponse, StreamingResponse
@@ -287,16 +320,35 @@ class CpufuseIngress:
         path = request.url.path
         fwd = Forwarded(request.method, path, request.url.query, list(request.headers.items()), body,
                         prompt_text(path, body))
-        gen = self.replica.forward.remote(fwd)
-        head = await gen.__anext__()
+        try:
+            gen, head, first, retries = await self._start(fwd)
+        except _ReplicaGone as e:
+            return JSONResponse(error_body(str(e), "unavailable_error", None, "replica_died"), status_code=503,
+                                headers={"Retry-After": "1"})
+        headers = dict(head["headers"])
+        if retries:
+            headers["x-cpufuse-retries"] = str(retries)
+        sse = headers.get("content-type", "").startswith("text/event-stream")
 
         async def rest():
+            from ray.exceptions import RayActorError
             try:
+                if first is not None:
+                    yield first
                 async for chunk in gen:
                     yield chunk
+            except RayActorError as e:             # the replica died mid-stream: end it with the reason
+                if sse:
+                    err = error_body(f"the replica serving this stream died: {type(e).__name__}", "server_error",
+                                     None, "replica_died")
+                    yield f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
             finally:
                 gen.cancel()
-        return StreamingResponse(rest(), status_code=head["status"], headers=dict(head["headers"]))
+        return StreamingResponse(rest(), status_code=head["status"], headers=headers)
+
+
+class _ReplicaGone(Exception):
+    pass
 
 
 def build_app(args: Dict[str, Any]):

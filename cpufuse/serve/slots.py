@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from .engine import EngineStopped
-from .protocol import APIError
+from .protocol import APIError, check_fields
 
 __all__ = ["slot_action"]
 
@@ -49,7 +49,10 @@ async def slot_action(srv, request: Request):
         index = int(request.path_params["id"])
     except ValueError:
         raise APIError(f"the slot id must be an integer, got {request.path_params['id']!r}", param="id_slot") from None
-    obj = await srv.json_object(request) if action != "erase" else {}
+    # erase takes no body; save and restore a {"filename"} object
+    obj = await srv.json_object(request, ("filename",)) if (action != "erase" or await request.body()) else {}
+    if action == "erase":
+        check_fields(obj, ())
     name = _filename(obj) if action != "erase" else None
     path = os.path.join(srv.slot_save_path, name) if name else None
     t0 = time.perf_counter()

@@ -918,6 +918,107 @@ static void test_rope_all(void) {
       }
 }
 
+/* A quantized K/V cache (FA_KF16 / FA_VF16 = 2 Q8_0, 3 Q4_0; docs/semantics.md §4): the reference is
+ * the double one above over the dequantized cache, with Q as its Q8_0 values when K is quantized.
+ * With a quantized K the scores are exact int block dots, so the rows and tiled strategies (any
+ * q_tile) give the same bits. */
+static int64_t q_rowbytes(int t, int64_t D) { return t == 2 ? D / 32 * 34 : t == 3 ? D / 32 * 18 : 2 * D; }
+static void q_quant_row(int t, const float *x, int64_t D, unsigned char *o, float *deq) {
+  if (t < 2) { /* f16 */
+    for (int64_t i = 0; i < D; i++) { uint16_t h = f2h(x[i]); memcpy(o + 2 * i, &h, 2); deq[i] = h2f(h); }
+    return;
+  }
+  for (int64_t b = 0; b < D / 32; b++) {
+    const float *xb = x + 32 * b;
+    float amax = 0.0f, mx = 0.0f;
+    for (int i = 0; i < 32; i++) if (fabsf(xb[i]) > amax) amax = fabsf(xb[i]), mx = xb[i];
+    if (t == 2) {
+      unsigned char *blk = o + 34 * b;
+      const uint16_t dh = f2h(amax / 127.0f);
+      const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+      memcpy(blk, &dh, 2);
+      for (int i = 0; i < 32; i++) {
+        const int8_t c = (int8_t)nearbyintf(xb[i] * id);
+        memcpy(blk + 2 + i, &c, 1);
+        deq[32 * b + i] = h2f(dh) * (float)c;
+      }
+    } else {
+      unsigned char *blk = o + 18 * b;
+      const uint16_t dh = f2h(mx / -8.0f);
+      const float id = mx != 0.0f ? -8.0f / mx : 0.0f;
+      memcpy(blk, &dh, 2);
+      int c[32];
+      for (int i = 0; i < 32; i++) {
+        const int v = (int)(xb[i] * id + 8.5f);
+        c[i] = v < 0 ? 0 : v > 15 ? 15 : v;
+        deq[32 * b + i] = h2f(dh) * (float)(c[i] - 8);
+      }
+      for (int i = 0; i < 16; i++) blk[2 + i] = (unsigned char)(c[i] | (c[i + 16] << 4));
+    }
+  }
+}
+static void test_fa_quant(int kt, int vt, int64_t N, int64_t T) {
+  const int64_t Hq = 8, Hk = 2, DK = 64, DV = 64, kb = q_rowbytes(kt, DK), vb = q_rowbytes(vt, DV);
+  begin("flash_attn quantized K %d V %d N=%lld T=%lld", kt, vt, (long long)N, (long long)T);
+  float *q = fbuf(Hq * N * DK), *qd = fbuf(Hq * N * DK), *kd = fbuf(Hk * T * DK), *vd = fbuf(Hk * T * DV), *x = fbuf(DK);
+  unsigned char *k = xmalloc((size_t)(Hk * T * kb)), *v = xmalloc((size_t)(Hk * T * vb));
+  uint16_t *m = xmalloc((size_t)(N * T) * 2);
+  for (int64_t i = 0; i < Hq * N * DK; i++) q[i] = uni(-2, 2);
+  for (int64_t r = 0; r < Hk * T; r++) {
+    for (int64_t j = 0; j < DK; j++) x[j] = uni(-1, 1);
+    q_quant_row(kt, x, DK, k + r * kb, kd + r * DK);
+    for (int64_t j = 0; j < DV; j++) x[j] = uni(-1, 1);
+    q_quant_row(vt, x, DV, v + r * vb, vd + r * DV);
+  }
+  for (int64_t n = 0; n < N; n++) /* causal at the end, a band of -inf, row 1 without its tail */
+    for (int64_t t = 0; t < T; t++)
+      m[n * T + t] = (t > T - N + n || (t >= 3 && t < T / 3) || (n == 1 && t >= T / 2)) ? 0xFC00u : 0;
+  for (int64_t r = 0; r < Hq * N; r++) { /* Q as its Q8_0 values when K is quantized */
+    unsigned char tmp[64 / 32 * 34];
+    if (kt >= 2) q_quant_row(2, q + r * DK, DK, tmp, qd + r * DK);
+    else memcpy(qd + r * DK, q + r * DK, (size_t)DK * sizeof(float));
+  }
+  const float scale = 0.125f;
+  double *ref = xmalloc((size_t)(N * Hq * DV) * sizeof(double)), *z = xmalloc((size_t)T * sizeof(double));
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t h = 0; h < Hq; h++)
+      ref_fa_row(T, DK, DV, qd + (h * N + n) * DK, kd + (h / 4) * T * DK, DK, vd + (h / 4) * T * DV, DV, NULL,
+                 m + n * T, 1.0f, scale, 0.0f, NULL, z, ref + (n * Hq + h) * DV);
+  int64_t d[FA_LEN];
+  memset(d, 0, sizeof d);
+  d[FA_S] = 1, d[FA_HQ] = Hq, d[FA_N] = N, d[FA_DK] = DK, d[FA_HK] = Hk, d[FA_HV] = Hk, d[FA_T] = T, d[FA_DV] = DV;
+  d[FA_KF16] = kt, d[FA_VF16] = vt;
+  d[FA_QS2] = DK, d[FA_QS1] = N * DK, d[FA_QS0] = Hq * N * DK;
+  const int64_t ke = kt >= 2 ? kb : DK, ve = vt >= 2 ? vb : DV; /* strides: bytes, or f16 elements */
+  d[FA_KS2] = ke, d[FA_KS1] = T * ke, d[FA_KS0] = Hk * T * ke;
+  d[FA_VS2] = ve, d[FA_VS1] = T * ve, d[FA_VS0] = Hk * T * ve;
+  d[FA_MS] = 1, d[FA_MH] = 1, d[FA_MS2] = T, d[FA_MKIND] = 2;
+  d[FA_OS2] = DV, d[FA_OS1] = Hq * DV, d[FA_OS0] = N * Hq * DV;
+  const struct { int strategy; int64_t qtile; int nth; } ps[] = {{FA_ROWS, 64, 1}, {FA_TILED, 64, 1}, {FA_TILED, 5, 3},
+                                                                 {FA_SPLIT, 64, 2}};
+  float *out[4];
+  for (int p = 0; p < 4; p++) {
+    out[p] = fbuf(N * Hq * DV);
+    d[FA_STRATEGY] = ps[p].strategy, d[FA_QTILE] = ps[p].qtile, d[FA_CHUNK] = 100;
+    CHECK(cf_flash_attn_f32__neon(d, q, k, v, m, NULL, NULL, scale, 0.0f, out[p], ps[p].nth) == 0, "rc");
+    const double e = nmse(N * Hq * DV, out[p], ref);
+    CHECK(e < 1e-10, "strategy %d q_tile %lld: nmse %g", ps[p].strategy, (long long)ps[p].qtile, e);
+  }
+  if (kt >= 2)
+    for (int p = 1; p < 3; p++)
+      CHECK(!memcmp(out[0], out[p], (size_t)(N * Hq * DV) * sizeof(float)), "tiled (q_tile %lld) differs from rows",
+            (long long)ps[p].qtile);
+  end();
+  for (int p = 0; p < 4; p++) free(out[p]);
+  free(q), free(qd), free(kd), free(vd), free(x), free(k), free(v), free(m), free(ref), free(z);
+}
+static void test_fa_quant_all(void) {
+  const int kv[][2] = {{2, 1}, {3, 1}, {1, 2}, {1, 3}, {2, 3}, {3, 2}};
+  const int64_t nt[][2] = {{13, 63}, {9, 130}, {1, 700}, {37, 200}};
+  for (int i = 0; i < 6; i++)
+    for (int j = 0; j < 4; j++) test_fa_quant(kv[i][0], kv[i][1], nt[j][0], nt[j][1]);
+}
+
 int main(void) {
   g_rng = 0x9e3779b97f4a7c15ull;
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -931,6 +1032,7 @@ int main(void) {
   test_softmax_all();
   test_rms_all();
   test_fa_all();
+  test_fa_quant_all();
   test_rope_all();
   printf("neon: %d passed, %d failed\n", g_pass, g_fail);
   return g_fail ? 1 : 0;
