@@ -252,9 +252,15 @@ def test_sigterm_drains_then_ends_open_streams(tmp_path):
     try:
         until(lambda: proc.poll() is None and _ok(url + "/health"), timeout=120, what="the server up")
         body = dict(LONG, stream=True, max_tokens=n_ctx - 16)
+        whole = {}                           # and a whole (non-streamed) request open at the same time
+        t_whole = threading.Thread(target=lambda: whole.update(r=httpx.post(
+            url + "/v1/completions", json=dict(body, stream=False), timeout=60)))
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
             lines = r.iter_lines()
             first = next(lines)
+            t_whole.start()
+            until(lambda: httpx.get(url + "/health").json().get("slots_processing", 0) >= 2, timeout=30,
+                  what="both requests running")
             proc.send_signal(signal.SIGTERM)
             t0 = time.time()
             until(lambda: httpx.post(url + "/v1/completions", json={"prompt": "hi"}).status_code == 503,
@@ -264,6 +270,8 @@ def test_sigterm_drains_then_ends_open_streams(tmp_path):
         ev = [x[6:] for x in rest if x.startswith("data: ")]
         assert ev[-1] == "[DONE]" and "shutting down" in json.loads(ev[-2])["error"]["message"], ev[-3:]
         assert 1.0 < waited < 15, waited
+        t_whole.join(30)
+        assert whole["r"].status_code == 503 and "shutting down" in whole["r"].json()["error"]["message"], whole
         rc = proc.wait(30)
     finally:
         if proc.poll() is None:

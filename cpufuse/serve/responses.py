@@ -32,6 +32,12 @@ async def until_disconnect(receive) -> None:
             return
 
 
+
+def _retrieve(task):
+    """a done callback: takes a finished task's exception, so asyncio does not log it as never retrieved"""
+    if not task.cancelled():
+        task.exception()
+
 class SSEResponse(Response):
     """Server-sent events from an async iterator of str, racing the client's disconnect: when the
     client goes, the iterator is cancelled (its finally cancels the engine request) and
@@ -274,8 +280,9 @@ class Responses:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
-            if not work.done():              # the client went away: cancel the request
+            if not work.done():              # the client went away (or the server stops): cancel it
                 work.cancel()
+                work.add_done_callback(_retrieve)   # it may still end with its APIError: nobody reads it
                 for h in handles:
                     h.cancel()
         if not work.done() or work.cancelled():
