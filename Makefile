@@ -110,8 +110,8 @@ fuzz-asan: venv
 	$(call ASAN_REPORTS,$(ASAN_DIR)/fuzz.log)
 	@test "$$(cat $(ASAN_DIR)/fuzz.rc)" = 0 && echo "fuzz-asan: no crash, no hang, no sanitizer report"
 
-# The Ray Serve replicas' test (tests/test_serve_ray.py; in `make test` too, skipped there unless
-# ray is installed): installs ray[serve] (large, so not in DEPS) and runs it.
+# The Ray Serve replicas' test alone (tests/test_serve_ray.py; `make test` runs it too, since DEPS
+# install ray[serve]; it is skipped where Ray cannot start and under test-asan).
 test-ray: build
 	@$(VPY) -c "import ray.serve" 2>/dev/null || $(VPY) -m pip install -q "ray[serve]>=2.50"
 	$(VPY) -m pytest -q tests/test_serve_ray.py
