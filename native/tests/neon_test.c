@@ -922,9 +922,10 @@ static void test_rope_all(void) {
  * the double one above over the dequantized cache, with Q as its Q8_0 values when K is quantized.
  * With a quantized K the scores are exact int block dots, so the rows and tiled strategies (any
  * q_tile) give the same bits. */
-static int64_t q_rowbytes(int t, int64_t D) { return t == 2 ? D / 32 * 34 : t == 3 ? D / 32 * 18 : 2 * D; }
+enum { KV_Q8_0 = 2, KV_Q4_0 = 3 }; /* the FA_KF16 / FA_VF16 codes (flash_attn.inc's FA_Q8_0, FA_Q4_0) */
+static int64_t q_rowbytes(int t, int64_t D) { return t == KV_Q8_0 ? D / 32 * 34 : t == KV_Q4_0 ? D / 32 * 18 : 2 * D; }
 static void q_quant_row(int t, const float *x, int64_t D, unsigned char *o, float *deq) {
-  if (t < 2) { /* f16 */
+  if (t < KV_Q8_0) { /* f16 */
     for (int64_t i = 0; i < D; i++) { uint16_t h = f2h(x[i]); memcpy(o + 2 * i, &h, 2); deq[i] = h2f(h); }
     return;
   }
@@ -932,7 +933,7 @@ static void q_quant_row(int t, const float *x, int64_t D, unsigned char *o, floa
     const float *xb = x + 32 * b;
     float amax = 0.0f, mx = 0.0f;
     for (int i = 0; i < 32; i++) if (fabsf(xb[i]) > amax) amax = fabsf(xb[i]), mx = xb[i];
-    if (t == 2) {
+    if (t == KV_Q8_0) {
       unsigned char *blk = o + 34 * b;
       const uint16_t dh = f2h(amax / 127.0f);
       const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
