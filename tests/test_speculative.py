@@ -125,7 +125,7 @@ def test_bad_drafts_are_cut_or_refused(models):
 
 
 def test_prompt_lookup():
-    d = LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=3)
+    d = LlamaPromptLookupDecoding(num_pred_tokens=3)
     assert list(d(np.array([1, 2, 3, 4, 5, 9, 2, 3]))) == [4]             # (2, 3) matches: L = 2, 1 token
     assert list(d(np.array([1, 2, 3, 4, 7, 3]))) == []                     # only the last token matches
     assert list(d(np.array([1, 2, 3]))) == []
@@ -222,3 +222,14 @@ def test_cli_lookup_and_draft(models, capsys):
     assert cli.main(base + ["--lookup", "2", "--draft", models["qwen2"]]) == 2
     assert cli.main(base + ["--draft", "/nonexistent.gguf"]) == 2
     assert "--draft /nonexistent.gguf" in capsys.readouterr().err
+
+
+def test_prompt_lookup_max_ngram_size_is_llama_cpp_pythons_rule():
+    """an explicit max_ngram_size is applied: the most recent occurrence of the longest of the last
+    1..max_ngram_size tokens, and num_pred_tokens after it (a one-token match drafts too)"""
+    d = LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=3)
+    assert list(d(np.array([1, 2, 3, 4, 7, 3]))) == [4, 7, 3]
+    assert list(d(np.array([7, 1, 2, 5, 8, 1, 2, 6, 7, 1, 2]))) == [6, 7, 1]
+    assert list(LlamaPromptLookupDecoding(max_ngram_size=3, num_pred_tokens=3)(
+        np.array([7, 1, 2, 5, 8, 1, 2, 6, 7, 1, 2]))) == [5, 8, 1]
+    assert list(d(np.array([1, 2, 3]))) == []

@@ -22,7 +22,7 @@ rings (gemma), the cells a rejected draft overwrote belong to positions at least
 k back, outside every later query's window.
 
 Drafts:
-    LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=10)  lookup in the context
+    LlamaPromptLookupDecoding(num_pred_tokens=10)  lookup in the context
                                                                      (llama-cpp-python's class)
     DraftModel(path_or_model, num_pred_tokens=8, p_min=0.75)         a smaller model with the
                                                                      same vocabulary, greedy
@@ -68,17 +68,20 @@ class LlamaPromptLookupDecoding(LlamaDraftModel):
       row tiles), at most num_pred_tokens; none when only the last token matches (L = 1), where
       a draft is accepted too rarely to pay for its verification.
 
-    max_ngram_size is llama-cpp-python's n-gram size (checked): the choice above looks further
-    back than any n-gram, so it gives the same drafts for every max_ngram_size."""
+    max_ngram_size given (an int): llama-cpp-python's rule instead, the most recent occurrence of
+    the longest of the context's last 1..max_ngram_size tokens, and num_pred_tokens after it."""
 
     MATCH_MAX = 64
 
-    def __init__(self, max_ngram_size=2, num_pred_tokens=10):
-        self.max_ngram_size = _pos_int(max_ngram_size, "max_ngram_size", 1, 64)
+    def __init__(self, max_ngram_size=None, num_pred_tokens=10):
+        self.max_ngram_size = None if max_ngram_size is None else _pos_int(max_ngram_size, "max_ngram_size", 1, 64)
         self.num_pred_tokens = _pos_int(num_pred_tokens, "num_pred_tokens", 1, 1024)
 
     def __call__(self, input_ids, /, **kwargs):
         ids = np.asarray(input_ids, dtype=np.int64).reshape(-1)
+        if self.max_ngram_size is not None:          # llama-cpp-python's n-gram rule
+            j, L = longest_match(ids, self.max_ngram_size)
+            return ids[j:j + self.num_pred_tokens] if L else ids[:0]
         j, L = longest_match(ids, self.MATCH_MAX)
         if L < 2:
             return ids[:0]
