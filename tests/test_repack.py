@@ -80,7 +80,9 @@ def test_batch_invariance(isa, qt, repack, rng):
         w = w.repack()
     x = rng.standard_normal((23, K)).astype(np.float32)
     alone = np.stack([cpufuse.matmul(x[i:i + 1], w, isa=isa)[0] for i in range(len(x))])
-    for lo, hi in ((0, 23), (3, 12), (5, 6), (7, 16), (0, 8)):
+    # 23 = 16 + 4 + 2 + 1 rows on AVX-512 (P16_MR = 8: whole groups, then the small-row tiles), 7 = 4 + 2 + 1,
+    # 14 = 8 + 4 + 2, 3 = 2 + 1; on AVX2 (P16_MR = 4) 7 = 4 + 2 + 1 as well
+    for lo, hi in ((0, 23), (3, 12), (5, 6), (7, 16), (0, 8), (1, 8), (4, 18), (10, 13), (2, 7)):
         for nth in (1, 3):
             y = cpufuse.matmul(x[lo:hi], w, isa=isa, n_threads=nth)
             assert np.array_equal(_bits(y), _bits(alone[lo:hi])), (lo, hi, nth)

@@ -11,7 +11,7 @@
  *    several weights in one call, neon against scalar and the references;
  *  - for the quantized types, weights repacked into P16 panels (cf_repack_p16, QW_LAY = 1) give
  *    the GGUF layout's results bit for bit (q8 and f32 mode, swiglu), and a row's result is the same
- *    alone and inside batches of 3, 8 and 17 rows, at 1 or 3 threads (batch invariance);
+ *    alone and inside batches of 3, 5, 6, 7, 8 and 17 rows, at 1 or 3 threads (batch invariance);
  *  - cf_quantize_act__neon against cf_quantize_act__scalar byte for byte;
  *  - no write past an output row (guard elements), results independent of the thread count.
  * The descriptor layout (QM_* / QW_*) and the type ids come from the generated headers layouts.h
@@ -533,8 +533,8 @@ static int call1(const tinfo *t, int lay, const uint8_t *w, int64_t N, int64_t K
   return cf_qmatmul_f32__neon(d, x + r0 * xs, NULL, 0.0f, w, NULL, NULL, y, NULL, NULL, NULL, nth);
 }
 /* weights repacked in C (cf_repack_p16, QW_LAY = 1) == GGUF layout, bit for bit, in q8 and f32
- * mode and in the swiglu epilogue; every row alone == the same row inside batches of 3, 8 and 17
- * rows (so in P16_MR-row tiles at different positions and in one-row tiles), either layout, 1 or
+ * mode and in the swiglu epilogue; every row alone == the same row inside batches of 3, 5, 6, 7, 8 and 17
+ * rows (so in P16_MR-row tiles at different positions, in the small-row tiles and in one-row tiles), either layout, 1 or
  * 3 threads; q8 results against the double block reference */
 static void test_p16(const tinfo *t, int64_t K, int64_t N) {
   const int64_t R = 17, xs = K + 3, ys = N + 1, rb = row_bytes(t, K), np = (N + 15) / 16;
@@ -560,7 +560,8 @@ static void test_p16(const tinfo *t, int64_t K, int64_t N) {
     CHECK(memcmp(y[act][0], y[act][1], sizeof(float) * (size_t)(R * ys)) == 0,
           "%s mode: P16 layout differs from the GGUF layout", act ? "q8" : "f32");
   }
-  static const int64_t B[][2] = {{0, 8}, {5, 8}, {9, 8}, {0, 3}, {14, 3}, {7, 3}}; /* first row, rows */
+  /* first row, rows: P16_MR-row tiles, and the small-row tiles of what is left (7 = 4 + 2 + 1, 6 = 4 + 2, 5, 3) */
+  static const int64_t B[][2] = {{0, 8}, {5, 8}, {9, 8}, {0, 3}, {14, 3}, {7, 3}, {1, 7}, {10, 7}, {4, 6}, {12, 5}};
   for (int l = 0; l < 2; l++) {
     for (int b = 0; b < (int)(sizeof B / sizeof B[0]); b++) {
       const int64_t r0 = B[b][0], n = B[b][1];
