@@ -44,23 +44,23 @@ def parse_rows(s):
     return out
 
 
-def measure(shape, rows, min_s=0.25):
+def measure(shape, rows, min_s=0.25, isa=None):
     """{M: (cpu ms, wall ms)} per call: the best of 3 repeats of at least min_s CPU seconds each"""
     import cpufuse
     from .quant import make_raw
     qtype, n_out, n_in = SHAPES[shape]
     rng = np.random.default_rng(zlib.crc32(shape.encode()))
-    w = cpufuse.QTensor(make_raw(qtype, n_out, n_in, rng), qtype, (n_out, n_in)).repack()
+    w = cpufuse.QTensor(make_raw(qtype, n_out, n_in, rng), qtype, (n_out, n_in)).repack(isa=isa)
     x = rng.standard_normal((max(rows), n_in)).astype(np.float32)
     res = {}
     for m in rows:
         xm, out = x[:m], np.empty((m, n_out), np.float32)
-        cpufuse.matmul(xm, w, out=out, n_threads=1)
+        cpufuse.matmul(xm, w, out=out, n_threads=1, isa=isa)
         best = None
         for _ in range(3):
             n, c0, w0 = 0, time.process_time(), time.perf_counter()
             while True:
-                cpufuse.matmul(xm, w, out=out, n_threads=1)
+                cpufuse.matmul(xm, w, out=out, n_threads=1, isa=isa)
                 n += 1
                 c = time.process_time() - c0
                 if c >= min_s:
@@ -141,13 +141,15 @@ def main(argv=None):
     ap.add_argument("--rows", default="1-16")
     ap.add_argument("--min-s", type=float, default=0.25)
     ap.add_argument("--json")
+    ap.add_argument("--isa", help="the kernels' ISA (default: the best this CPU runs)")
     ap.add_argument("--ab", nargs=2, metavar=("BASE", "HEAD"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--core", type=int, default=1)
     ap.add_argument("--verify", metavar="MODEL", help="time a model's verification calls of M tokens instead")
     args = ap.parse_args(argv)
     if args.ab:
-        rest = ["--shapes", args.shapes, "--rows", args.rows, "--min-s", str(args.min_s)]
+        rest = ["--shapes", args.shapes, "--rows", args.rows, "--min-s", str(args.min_s)] + (
+            ["--isa", args.isa] if args.isa else [])
         return run_ab(args, rest + (["--verify", os.path.abspath(args.verify)] if args.verify else []))
     rows = parse_rows(args.rows)
     out = {}
@@ -159,7 +161,7 @@ def main(argv=None):
     for s in filter(None, args.shapes.split(",")):
         if s not in SHAPES:
             raise SystemExit(f"--shapes: unknown shape {s!r}; known: {', '.join(SHAPES)}")
-        r = measure(s, rows, args.min_s)
+        r = measure(s, rows, args.min_s, args.isa)
         out[s] = {str(m): v for m, v in r.items()}
         r1 = r[rows[0]][0]
         print(s, " ".join(f"{m}:{v[0]:.3f}ms({v[0] / r1:.2f})" for m, v in r.items()), flush=True)
