@@ -1,4 +1,4 @@
-# run from this folder: BASE_TREE=... NEW_TREE=... python kvdec-ab.py ROUNDS kvdec-attn.py DEPTHS TYPES REPS [cold] (CORE: the pinned core)
+# run from this folder: BASE_TREE=... NEW_TREE=... python kvdec-model-ab.py ROUNDS kvdec-model-depth.py DEPTH TYPES (CORE: the pinned core)
 import sys, subprocess, json, os, collections, statistics as st
 rounds = int(sys.argv[1]); args = sys.argv[2:]
 trees = {"base": os.environ["BASE_TREE"], "new": os.environ["NEW_TREE"]}   # two trees, each with its build
