@@ -75,8 +75,9 @@ def ab(path, steps, threads, rounds, variants=VARIANTS):
     for (t, name), rs in sorted(res.items()):
         ms, cpu, b = med(x["ms"] for x in rs), med(x["cpu_ms"] for x in rs), rs[0]["bytes"]
         pw, pc = med(x["probe_wall"] for x in rs), med(x["probe_cpu"] for x in rs)
-        print(f"| {t} | {name} | {1e3 / ms:.1f} | {ms:.2f} | {cpu:.2f} | {b / ms / 1e6:.1f} ({100 * b / ms / 1e6 / pw:.0f} %) "
-              f"| {b / cpu / 1e6:.1f} ({100 * b / cpu / 1e6 / pc:.0f} %) | {med(x['regions'] for x in rs):.0f} | "
+        gw, gc = b / ms / 1e6, b / cpu / 1e6
+        print(f"| {t} | {name} | {1e3 / ms:.1f} | {ms:.2f} | {cpu:.2f} | {gw:.1f} ({100 * gw / pw:.0f} %) "
+              f"| {gc:.1f} ({100 * gc / pc:.0f} %) | {med(x['regions'] for x in rs):.0f} | "
               + ", ".join(f"{x['ms']:.2f}" for x in rs) + " |")
     r0 = next(iter(res.values()))[0]
     print(f"\nBytes a token: {r0['bytes'] / 1e6:.0f} MB, of them the k experts' {r0['expert_bytes'] / 1e6:.0f} MB. "
