@@ -15,7 +15,8 @@ typedef __m512 p16f;
 
 #define P16_MR 8          /* activation rows per GEMM tile: 8 int + 8 float accumulators + 8 code vectors */
 #define P16_Q8_UNSIGNED 1 /* Q8_0 codes are dotted as stored (q + 128) with the offset removed via the sums */
-#define P16_SMALL2 1      /* qpanel.inc's 2-row x 2-panel small tile (32 registers hold it) */
+#define P16_SMALL 1       /* qpanel.inc's small-row tiles (4 and 2 rows) for the rows after whole groups */
+#define P16_SMALL2 1      /* ... and its 2-row x 2-panel tile for the legacy types (32 registers hold it) */
 
 static inline uint32_t p16_rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static inline uint64_t p16_rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }

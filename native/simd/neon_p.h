@@ -34,6 +34,8 @@ typedef struct { float32x4_t val[4]; } p16f;
 #ifndef P16_MR
 #define P16_MR 8 /* activation rows per GEMM tile (fewest vector instructions per row of the counted MR 2..8) */
 #endif
+#define P16_SMALL 1 /* qpanel.inc's small-row tiles (4 and 2 rows) for the rows after whole groups (checked by the
+                     * qemu test; not timed on ARM hardware) */
 #if defined(__ARM_FEATURE_MATMUL_INT8)
 #define P16_Q8_UNSIGNED 1 /* USDOT dots the stored Q8_0 codes (q + 128) as unsigned */
 #else
