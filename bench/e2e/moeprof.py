@@ -93,6 +93,8 @@ def main(argv=None):
     print("|" + "---|" * len(hdr))
     for (p, t, which), rs in sorted(res.items()):
         med = {k: statistics.median(r[k] for r in rs) for k in SLOTS + ["eval_wall", "eval_cpu", "faults"]}
+        if not med["calls"]:              # no such calls (gpt-oss: gate and up unfused, no pair)
+            continue
         ser = med["setup"] + med["ctx"] + med["out"]
         tot1 = ser + med["prep"] + med["task_sum"]
         row = [p, t, which, f"{med['calls']:.0f}", f"{med['tasks'] / max(med['calls'], 1):.0f}",
@@ -104,7 +106,7 @@ def main(argv=None):
         print("| " + " | ".join(str(x) for x in row) + " |")
     print("\nOther plan records (median ms per prompt, wall, at each thread count):\n")
     for (p, t, which), rs in sorted(res.items()):
-        if which != "pair":
+        if which != "one":                # the plan's records are the same in both passes
             continue
         ops = {k: statistics.median(r["ops"].get(k, 0) for r in rs) / 1e6 for k in rs[0]["ops"]}
         print(f"- pp{p} t{t}: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(ops.items(), key=lambda x: -x[1])))
@@ -113,7 +115,7 @@ def main(argv=None):
     for p in prompts:
         for which in ("pair", "one"):
             rs = res.get((p, threads[0], which))
-            if not rs:
+            if not rs or not statistics.median(r["calls"] for r in rs):
                 continue
             med = {k: statistics.median(r[k] for r in rs) for k in SLOTS}
             ser = med["setup"] + med["ctx"] + med["out"]
