@@ -310,7 +310,10 @@ def main(argv=None):
         run_one(m, draft, CHAT_PROMPTS[0], 8, False)          # warm-up: the plans compile
         srv = None
         if args.peer_llama_server:
+            import signal
+
             from .spec_server import DEFAULT_SPEC, ServerPeer
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # so `finally` stops the servers
             srv = ServerPeer(args.peer_llama_server, path, nt, args.n_ctx, args.peer_llama_server_spec or DEFAULT_SPEC,
                              log_dir=args.peer_log_dir)
         try:
