@@ -192,6 +192,38 @@ def test_qmatmul_id_decode_threads(qisa, rng):
                     assert np.array_equal(outs[0][r, j], alone), (n, r, j)
 
 
+def test_qmatmul_id_hinted_chain(qisa, rng):
+    """decode in a plan: gate/up then down on the same ids, then a dense matmul, the calls that publish
+    prefetch hints for each other (qmoe.inc); no result depends on the thread count, and each (token,
+    slot) row is the matmul of that row alone"""
+    n_exp, N, K, k = 8, 64, 256, 4
+    wg, wu, wd = (stacked("Q8_0", n_exp, a, b, rng)[0].repack(isa=qisa) for a, b in ((N, K), (N, K), (K, N)))
+    wo = stacked("Q8_0", 1, N, K, rng)[0][0].repack(isa=qisa)   # a dense (N, K) weight: the next QMM
+    for n in (1, 2):
+        g = Graph()
+        x = g.input("x", (n, K))
+        ids = g.input("ids", (n, k), I32)
+        gu = g.qmatmul_id(x, wg, ids, up=wu, glu="swiglu", name="gate_up")
+        y = g.qmatmul_id(g.reshape(gu, (n * k, N)), wd, g.reshape(ids, (n * k, 1)), name="down")
+        g.output(y)
+        g.output(g.qmatmul(g.reshape(y, (n * k, K)), wo, name="dense"))
+        plan = g.compile(isa=qisa)
+        X = rng.standard_normal((n, K)).astype(np.float32)
+        I = routing(rng, n, k, n_exp)
+        res = [plan.run(copy=True, n_threads=nth, x=X, ids=I) for nth in (1, 2, 3, 8)]
+        for r in res[1:]:
+            for a, b in zip(r, res[0]):
+                assert np.array_equal(a, b), f"n={n}: differs across thread counts"
+        for r in range(n):
+            for j in range(k):
+                e = int(I[r, j])
+                h = cpufuse.matmul_swiglu(X[r:r + 1], wg[e], wu[e], isa=qisa)
+                d = cpufuse.matmul(h, wd[e], isa=qisa)
+                y0, y1 = res[0][0].reshape(n * k, K), res[0][1].reshape(n * k, N)
+                assert np.array_equal(y0[r * k + j], d[0]), (n, r, j)
+                assert np.array_equal(y1[r * k + j], cpufuse.matmul(d, wo, isa=qisa)[0]), (n, r, j)
+
+
 def test_qmatmul_id_bad_ids(qisa, rng):
     w, _ = stacked("Q8_0", 3, 16, 64, rng)
     p = routed_plan(w, 2, 2, isa=qisa)

@@ -176,3 +176,42 @@ def test_tiled_masked_garbage_never_leaks(native_isa, kt, vt, rng):
                              strategy="tiled")
     assert np.isfinite(got).all()
     assert_nmse(_expect(q, kb, kt, vb, vt, 64, 96, m), got, 1e-10)
+
+
+@pytest.mark.parametrize("kt,vt", [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "q4_0"), ("q4_0", "q8_0"),
+                                   ("q8_0", "f16"), ("f16", "q8_0")])
+@pytest.mark.parametrize("Hq,Hk,DK,DV", [(8, 2, 64, 64), (12, 2, 96, 64), (2, 2, 128, 96), (16, 4, 32, 160)])
+def test_decode_tiles_match_the_gemm_and_reference(native_isa, kt, vt, Hq, Hk, DK, DV, rng):
+    """The decode tiles over a quantized cache (docs/kv.md): 4 query heads x 4 K rows of integer block dots
+    (AVX-512 VNNI, AVX2; the f32 code tile elsewhere) and V rows dequantized in register tiles, on
+    groups of 4, 6 (a tile of 4 and one of 2) and 1 heads, odd block counts (DK 96, 32), K codes -128 and a
+    masked-out row of NaN / inf scales. Each query row's result is the tiled strategy's (the int8 GEMM on
+    packed codes and the V GEMM) bit for bit; the reference; every thread count in split-KV decode."""
+    N, T = 9, 700
+    q = rng.uniform(-2, 2, (2, Hq, N, DK)).astype(np.float32)
+    k = (rng.standard_normal((2, Hk, T, DK)) * rng.uniform(0.2, 4, DK)).astype(np.float32)
+    v = rng.standard_normal((2, Hk, T, DV)).astype(np.float32)
+    kb, vb = _blocks(k, kt), _blocks(v, vt)
+    if kt in TYPES:
+        kb[1, :, 77, 2:] = 0x80                 # codes -128 (never written by the quantizer; exact all the same)
+    call = dict(scale=0.125, k_type=kt, v_type=vt, dv=DV, isa=native_isa)
+    rows = cpufuse.flash_attn(q, kb, vb, strategy="rows", **call)
+    assert_nmse(_expect(q, kb, kt, vb, vt, DK, DV), rows, 1e-10)
+    if kt in TYPES:
+        assert_bit_identical(rows, cpufuse.flash_attn(q, kb, vb, strategy="tiled", **call), f"rows/tiled {kt}/{vt}")
+    # a hole in the mask: its block takes the row loops, the others the tiles
+    m = np.zeros((1, 1, N, T), np.float16)
+    m[..., 300:303] = -np.inf
+    kb2, vb2 = kb.copy(), vb.copy()
+    if kt in TYPES:
+        kb2[:, :, 301, :2] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)
+    if vt in TYPES:
+        vb2[:, :, 302, :2] = np.frombuffer(np.float16(np.inf).tobytes(), np.uint8)
+    rows = cpufuse.flash_attn(q, kb2, vb2, m, strategy="rows", **call)
+    assert np.isfinite(rows).all()
+    assert_nmse(_expect(q, kb, kt, vb, vt, DK, DV, m), rows, 1e-10)
+    one = [cpufuse.flash_attn(q[:, :, -1:], kb, vb, strategy="split", chunk=256, n_threads=nt, **call)
+           for nt in (1, 2, 3)]
+    assert_nmse(_expect(q[:, :, -1:], kb, kt, vb, vt, DK, DV), one[0], 1e-10)
+    for nt, o in zip((2, 3), one[1:]):
+        assert_bit_identical(one[0], o, f"split decode {kt}/{vt} {nt} threads")

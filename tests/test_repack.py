@@ -142,6 +142,22 @@ def test_amx_equals_avx512(qt, rng):
         assert np.array_equal(_bits(s1), _bits(s2))
 
 
+def test_mxfp4_every_e8m0_scale(isa, rng):
+    """MXFP4 with every E8M0 byte 0..255 among its blocks (0 and 1: subnormal scales, 255: 2^127): the
+    panel tiles' column scales (VSCALEFPS on AVX-512 and AMX, else the bit form with its edge test) give
+    the GGUF layout's results bit for bit, and the float64 reference's; 45 rows reach the AMX tiles"""
+    from cpufuse.quant.types import QTYPES as T
+    n_out, K = 32, 256
+    b = qref.random_blocks("MXFP4", n_out, K, rng).raw.reshape(-1, T["MXFP4"].type_size).copy()
+    b[:, 0] = rng.permutation(np.arange(b.shape[0]) % 256)
+    w = QTensor(b.reshape(n_out, -1), T["MXFP4"], (n_out, K))
+    x = (rng.standard_normal((45, K)) * 1e-4).astype(np.float32)   # |y| stays finite with scales up to 2^127
+    y = cpufuse.matmul(x, w, isa=isa)
+    assert np.array_equal(_bits(y), _bits(cpufuse.matmul(x, w.repack(), isa=isa)))
+    ref = qref.ref_matmul_q8(x, w)
+    assert np.isfinite(ref).all() and np.sum((y - ref) ** 2) / np.sum(ref ** 2) < 1e-10
+
+
 # ------------------------------------------------------------------------------------------------
 # the layout itself, against a reference written from its description (docs/quant-design.md,
 # "Repacked weights"; the comment atop native/src/repack.c): per type, where every bit of a panel

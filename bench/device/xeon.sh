@@ -28,6 +28,7 @@
 #   moeprof  bench/e2e/moeprof.py (the routed matmul's phases, a 16-worker schedule of its tasks) on
 #            granite-1b-a400m Q8_0 at MOEPROF_THREADS (16,1), pp64 and pp512 and 16 decode steps, 3 rounds
 #            (the file written on first use, ~1 min; no peers; builds only cpufuse).         ~3-4 min
+#            MOEPROF_MODEL=gpt-oss-20b:mxfp4 (or gpt-oss-20b-4l:mxfp4) profiles that file instead.
 #   depth    1B Q4_0 at DEPTH_THREADS (16) at DEPTHS (0,4096,16384) of cache, K/V types DEPTH_CTK (f16 q8_0),
 #            against llama-bench -fa 1 -d with the same types; DEPTH_PURE=1: the one-type file
 #            (Q4_0 head too; written when missing).                                           ~4-8 min
@@ -222,11 +223,14 @@ case "$PHASE" in
       e2e "moe-${mt%%:*}-t${MOE_THREADS:-16}" --models "${mt%%:*}" --types "${mt##*:}" --threads "${MOE_THREADS:-16}" \
         --rounds "${ROUNDS:-1}" --ik-llama-src "$IKSRC" --engines "${MOE_ENGINES:-cpufuse,llamacpp-fa-off,llamacpp-fa-on,ik-fa-on}"
     done ;;
-  moeprof)  # issue 41: where the routed matmul's time goes at 16 threads
-    big --models granite-1b-a400m --types q8_0
-    timeout "$(left)" "$PY" -m bench.e2e.moeprof "$CPUFUSE_BENCH_MODELS/granite-1b-a400m-shapes-Q8_0.gguf" --prompt 64,512 --decode 16 --threads "${MOEPROF_THREADS:-16,1}" \
-      --rounds 3 > "$OUT/moeprof-granite-q8_0.md" 2>&1
-    tail -25 "$OUT/moeprof-granite-q8_0.md" ;;
+  moeprof)  # issue 41: where the routed matmul's time goes at 16 threads; MOEPROF_MODEL shape:type (granite-1b-a400m:q8_0)
+    mp=${MOEPROF_MODEL:-granite-1b-a400m:q8_0}
+    big --models "${mp%%:*}" --types "${mp##*:}"
+    mf=$("$PY" -c "import os, sys; from bench.e2e import bigmodels as b; print(os.path.join(b.models_dir(), b.file_name(*sys.argv[1:])))" \
+      "${mp%%:*}" "${mp##*:}")
+    timeout "$(left)" "$PY" -m bench.e2e.moeprof "$mf" --prompt 64,512 --decode 16 --threads "${MOEPROF_THREADS:-16,1}" \
+      --rounds 3 > "$OUT/moeprof-${mp%%:*}-${mp##*:}.md" 2>&1
+    tail -25 "$OUT/moeprof-${mp%%:*}-${mp##*:}.md" ;;
   depth)  # issue 42: 1B Q4_0 at DEPTH_THREADS (16) after DEPTHS tokens of cache, for each K/V type of DEPTH_CTK
     PURE=()
     [ "${DEPTH_PURE:-0}" = 1 ] && PURE=(--pure) && big --models 1b --types q4_0 --pure

@@ -66,6 +66,9 @@ SHAPES["gpt-oss-20b"] = dict(name="gpt-oss-20b", arch="gpt-oss", n_embd=2880, n_
                              freq_base=150000.0, eps=1e-5, n_expert=32, n_expert_used=4, n_ff_exp=2880,
                              arch_keys={"attention.sliding_window": 128, "rope.scaling.type": "yarn",
                                         "rope.scaling.factor": 32.0, "rope.scaling.original_context_length": 4096})
+# gpt-oss-20b with its first 4 of 24 layers (about 2.5 GB instead of 12.1): its MXFP4 experts repacked and
+# profiled per op on a small machine (docs/moe.md, gpt-oss)
+SHAPES["gpt-oss-20b-4l"] = dict(SHAPES["gpt-oss-20b"], name="gpt-oss-20b (4 of 24 layers)", n_layer=4)
 TYPES = ("q4_0", "q4_k", "q6_k", "q8_0", "q4_k_m", "mxfp4")
 
 # block size, bytes per block and GGUF type number of the block types used here; the llama_ftype numbers

@@ -4,6 +4,12 @@ chunk) tasks' CPU times scheduled in queue order on W workers. Counts CPU time o
 (and per task), so a loaded machine changes the numbers less than wall time; pin it (taskset).
 
     python -m bench.e2e.moeprof FILE --prompt 64,512 --decode 16 --threads 1,16 --rounds 3
+    python -m bench.e2e.moeprof FILE --ab 32 --threads 1,16 --rounds 5
+
+--ab N: decode A/B of the routed matmul's prefetch hints (CPUFUSE_MOE_HINTS=1 against =0, no result
+changes), N steps per process, the two in alternating processes per round, each with the DRAM read
+probe: tok/s, CPU ms a token (time.process_time) and the active bytes a token reads against the probe,
+in wall and per CPU second, and the plan records' wall time per token (decode_ab.py).
 
 Threads beyond the cores still give the task list of that thread count and each task's CPU time, so
 --threads 16 on a small machine models 16 threads (the sim16 column), including how the work was split.
@@ -53,7 +59,11 @@ def main(argv=None):
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--decode", type=int, default=0, help="also this many decode steps after a 16-token prompt")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ab", type=int, default=0, metavar="N", help="decode A/B of the hints, N steps (above)")
     a = ap.parse_args(argv)
+    if a.ab:
+        from .decode_ab import ab
+        return ab(a.model, a.ab, [int(t) for t in a.threads.split(",")], a.rounds)
     from cpufuse.llama import Model
     prompts = [int(p) for p in a.prompt.split(",")] + ([-a.decode] if a.decode else [])   # -N: N decode steps
     threads = [int(t) for t in a.threads.split(",")]
@@ -83,6 +93,8 @@ def main(argv=None):
     print("|" + "---|" * len(hdr))
     for (p, t, which), rs in sorted(res.items()):
         med = {k: statistics.median(r[k] for r in rs) for k in SLOTS + ["eval_wall", "eval_cpu", "faults"]}
+        if not med["calls"]:              # no such calls (gpt-oss: gate and up unfused, no pair)
+            continue
         ser = med["setup"] + med["ctx"] + med["out"]
         tot1 = ser + med["prep"] + med["task_sum"]
         row = [p, t, which, f"{med['calls']:.0f}", f"{med['tasks'] / max(med['calls'], 1):.0f}",
@@ -94,7 +106,7 @@ def main(argv=None):
         print("| " + " | ".join(str(x) for x in row) + " |")
     print("\nOther plan records (median ms per prompt, wall, at each thread count):\n")
     for (p, t, which), rs in sorted(res.items()):
-        if which != "pair":
+        if which != "one":                # the plan's records are the same in both passes
             continue
         ops = {k: statistics.median(r["ops"].get(k, 0) for r in rs) / 1e6 for k in rs[0]["ops"]}
         print(f"- pp{p} t{t}: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(ops.items(), key=lambda x: -x[1])))
@@ -103,7 +115,7 @@ def main(argv=None):
     for p in prompts:
         for which in ("pair", "one"):
             rs = res.get((p, threads[0], which))
-            if not rs:
+            if not rs or not statistics.median(r["calls"] for r in rs):
                 continue
             med = {k: statistics.median(r[k] for r in rs) for k in SLOTS}
             ser = med["setup"] + med["ctx"] + med["out"]

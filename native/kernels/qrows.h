@@ -16,7 +16,7 @@
  *          blocks (code bits, byte offsets of the code chunks and of the 5th-bit planes in a panel
  *          block), K45(bits) (Q4_K / Q5_K's code bits), Q6K (these three: one row x several panels
  *          at once), Q2K, Q3K, IQ4NL, IQ4XS, MXFP4 (one panel at a time; Q3K with a decoded form,
- *          p16_q3k_dec; MXFP4: IQ4NL's tile with its own table and E8M0 scales, no AMX tiles)
+ *          p16_q3k_dec; MXFP4: IQ4NL's tile with its own table and E8M0 scales, AMX tiles as IQ4NL's)
  *   XROWS  the ISA hook of its P16_XR-row (two activation groups) tile, where the ISA defines it:
  *          NONE, Q8 (P16_Q8_ROWS), IQ4 (P16_IQ4_ROWS)
  *

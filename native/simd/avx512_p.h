@@ -81,6 +81,12 @@ static inline p16f pf_loadf(const float *p) { return _mm512_loadu_ps(p); }
 static inline p16f pf_mul(p16f a, p16f b) { return _mm512_mul_ps(a, b); }
 static inline p16f pf_fma(p16f a, p16f b, p16f c) { return _mm512_fmadd_ps(a, b, c); }
 static inline p16f pf_neg(p16f a) { return _mm512_xor_ps(a, _mm512_set1_ps(-0.0f)); }
+/* MXFP4's E8M0 column scales: 2^(e - 128) for the 16 bytes e at p, exact for every e (VSCALEFPS: 1 * 2^(e - 128);
+ * e = 0 gives the subnormal 2^-128, e = 255 2^127), one conversion instead of qpanel.inc's edge test */
+#define P16_E8M0 1
+static inline p16f pf_e8m0_exact(const uint8_t *p) {
+  return _mm512_scalef_ps(_mm512_set1_ps(1.0f), _mm512_cvtepi32_ps(_mm512_sub_epi32(pi_u8(p), _mm512_set1_epi32(128))));
+}
 static inline void pf_store(float *y, p16f v, int n) {
   if (n >= 16) _mm512_storeu_ps(y, v);
   else _mm512_mask_storeu_ps(y, (__mmask16)((1u << n) - 1u), v);
