@@ -9,8 +9,12 @@ the plain one token for token (bench/README.md, "bench.e2e.spec").
 
 --peer PYTHON runs llama-cpp-python (bench/e2e/spec_peer.py, in its own process, after cpufuse's
 prompts of each kind) on the same token ids: plain greedy decoding, then its Python prompt lookup
-(llama_cpp.llama_speculative.LlamaPromptLookupDecoding with the same --lookup and --ngram). That is
-llama-cpp-python's lookup, not llama-server's --lookup / --model-draft (not built here).
+(llama_cpp.llama_speculative.LlamaPromptLookupDecoding with the same --lookup and --ngram).
+
+--peer-llama-server PATH runs llama.cpp's llama-server (bench/e2e/spec_server.py): a plain server and
+one with --peer-llama-server-spec (default: its n-gram speculation, `--spec-type ngram-simple
+--spec-draft-n-max 64`, no draft model), on the same token ids, each prompt right after cpufuse's,
+in the opposite order. --rounds R repeats every prompt R times, alternating which goes first.
 """
 import argparse
 import json
@@ -213,7 +217,7 @@ def summary(rows):
 
 def peer(python, path, nt, args, rows, eog):
     """llama-cpp-python's plain and lookup decoding of the same prompt ids (spec_peer.py)"""
-    job = {"model": path, "threads": nt, "lookup": args.lookup, "ngram": args.ngram, "max_tokens": args.n_predict,
+    job = {"model": path, "threads": nt, "lookup": args.lookup, "ngram": args.ngram or 2, "max_tokens": args.n_predict,
            "n_ctx": args.n_ctx, "eog": sorted(eog), "prompts": [r["ids"] for r in rows]}
     with tempfile.TemporaryDirectory() as d:
         with open(os.path.join(d, "job.json"), "w") as f:
@@ -233,15 +237,18 @@ def peer(python, path, nt, args, rows, eog):
 
 def markdown(res):
     L = ["| threads | prompts | tokens | accepted / drafted | tokens per verification | decoder calls | "
-         "plain tok/s | speculative tok/s | speedup (wall) | speedup (CPU s) | llama-cpp-python plain / lookup tok/s | "
-         "its speedup (wall) | its speedup (CPU s) |", "|" + "---|" * 13]
+         "plain tok/s | speculative tok/s | speedup (wall) | speedup (CPU s) | peer | peer plain / speculative tok/s | "
+         "its speedup (wall) | its speedup (CPU s) | its accepted / drafted | its speculative tokens = its plain |",
+         "|" + "---|" * 16]
     for s in res["runs"]:
-        p = s.get("peer")
-        pc = (f"{p['plain_tps']:.1f} / {p['spec_tps']:.1f} | {p['speedup']:.2f}x | {p['speedup_cpu']:.2f}x" if p
-              else "– | – | –")
-        L.append(f"| {s['threads']} | {s['prompts']} | {s['tokens']} | {s['accepted']} / {s['drafted']} "
-                 f"({100 * s['accept_rate']:.0f}%) | {s['tokens_per_verify']:.2f} | {s['calls']} | {s['plain_tps']:.1f} | "
-                 f"{s['spec_tps']:.1f} | {s['speedup']:.2f}x | {s['speedup_cpu']:.2f}x | {pc} |")
+        peers = [(n, s[k]) for n, k in (("llama-cpp-python lookup", "peer"), ("llama-server", "peer_server")) if k in s]
+        for n, p in peers or [("–", None)]:
+            pc = (f"{n} | {p['plain_tps']:.1f} / {p['spec_tps']:.1f} | {p['speedup']:.2f}x | {p['speedup_cpu']:.2f}x | "
+                  + (f"{p['accepted']} / {p['drafted']} | " if "drafted" in p else "– | ")
+                  + f"{p['same_as_its_plain']}/{p['prompts']}" if p else "– | – | – | – | – | –")
+            L.append(f"| {s['threads']} | {s['prompts']} | {s['tokens']} | {s['accepted']} / {s['drafted']} "
+                     f"({100 * s['accept_rate']:.0f}%) | {s['tokens_per_verify']:.2f} | {s['calls']} | "
+                     f"{s['plain_tps']:.1f} | {s['spec_tps']:.1f} | {s['speedup']:.2f}x | {s['speedup_cpu']:.2f}x | {pc} |")
     return "\n".join(L) + "\n"
 
 
@@ -252,7 +259,9 @@ def main(argv=None):
     ap.add_argument("--model", required=True, help="a GGUF path or a model name")
     ap.add_argument("--threads", default="1", help="comma-separated thread counts (default 1)")
     ap.add_argument("--lookup", type=int, default=15, help="prompt lookup: the most tokens drafted per step (default 15)")
-    ap.add_argument("--ngram", type=int, default=2, help="prompt lookup: max_ngram_size (default 2)")
+    ap.add_argument("--ngram", type=int, default=None,
+                    help="prompt lookup: max_ngram_size, llama-cpp-python's rule (default: cpufuse's adaptive match; "
+                         "the llama-cpp-python peer then uses 2)")
     ap.add_argument("--draft", default=None, help="a draft model instead of prompt lookup")
     ap.add_argument("--draft-max", type=int, default=16)
     ap.add_argument("--draft-p-min", type=float, default=0.75)
@@ -261,6 +270,12 @@ def main(argv=None):
     ap.add_argument("--kinds", default="code-editing,chat", help="which prompt sets (default code-editing,chat)")
     ap.add_argument("--peer", default=None, help="llama-cpp-python's python (e.g. .venv-llama/bin/python): its "
                                                  "plain and prompt-lookup decoding on the same prompts")
+    ap.add_argument("--peer-llama-server", default=None, metavar="PATH",
+                    help="llama.cpp's llama-server binary: its plain and speculative decoding of the same prompt ids")
+    ap.add_argument("--peer-llama-server-spec", default=None, metavar="ARGS",
+                    help="llama-server's speculation arguments (default: '--spec-type ngram-simple --spec-draft-n-max 64')")
+    ap.add_argument("--peer-log-dir", default=None, help="write the llama-server logs here")
+    ap.add_argument("--rounds", type=int, default=1, help="run every prompt this many times, alternating the order")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--md", default=None, help="write the table as markdown here")
     ap.add_argument("--replay", default=None, help="an --out JSON: time its traces' decoder calls on --model "
@@ -293,29 +308,20 @@ def main(argv=None):
             draft = LlamaPromptLookupDecoding(max_ngram_size=args.ngram, num_pred_tokens=args.lookup)
             how = f"lookup {args.lookup}"
         run_one(m, draft, CHAT_PROMPTS[0], 8, False)          # warm-up: the plans compile
-        for kind in kinds:
-            t0 = time.perf_counter()
-            rows = [run_one(m, draft, p, args.n_predict, i % 2 == 1) for i, p in enumerate(sets[kind])]
-            s = summary(rows)
-            s.update(threads=nt, prompts=kind, how=how, wall_s=time.perf_counter() - t0,
-                     traces=[{"kind": kind, "prompt": len(r["ids"]), "decode_steps": r["decode_steps"],
-                              "steps": r["trace"]} for r in rows])
-            print(f"{res['model']} t={nt} {kind:12s} {how}: {s['tokens']} tokens, plain {s['plain_tps']:.1f} tok/s, "
-                  f"speculative {s['spec_tps']:.1f} tok/s ({s['speedup']:.2f}x wall, {s['speedup_cpu']:.2f}x CPU s), "
-                  f"accepted {s['accepted']}/{s['drafted']} drafted ({100 * s['accept_rate']:.0f}%), "
-                  f"{s['tokens_per_verify']:.2f} tokens per verification", flush=True)
-            if args.peer and not args.draft:
-                try:
-                    s["peer"] = p = peer(args.peer, path, nt, args, rows, m.eog_ids)
-                except (OSError, subprocess.CalledProcessError) as e:
-                    print(f"  llama-cpp-python t={nt} {kind}: failed ({e}); its columns are left out", flush=True)
-                    res["runs"].append(s)
-                    continue
-                print(f"  llama-cpp-python t={nt} {kind}: plain {p['plain_tps']:.1f} tok/s, lookup {p['spec_tps']:.1f} "
-                      f"tok/s ({p['speedup']:.2f}x wall, {p['speedup_cpu']:.2f}x CPU s); its lookup output = its plain "
-                      f"on {p['same_as_its_plain']}/{p['prompts']}, its plain = cpufuse's on "
-                      f"{p['same_as_cpufuse']}/{p['prompts']}", flush=True)
-            res["runs"].append(s)
+        srv = None
+        if args.peer_llama_server:
+            import signal
+
+            from .spec_server import DEFAULT_SPEC, ServerPeer
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # so `finally` stops the servers
+            srv = ServerPeer(args.peer_llama_server, path, nt, args.n_ctx, args.peer_llama_server_spec or DEFAULT_SPEC,
+                             log_dir=args.peer_log_dir)
+        try:
+            for kind in kinds:
+                run_kind(args, res, path, m, draft, how, nt, kind, sets[kind], srv)
+        finally:
+            if srv is not None:
+                srv.close()
     print(markdown(res))
     if args.out:
         with open(args.out, "w") as f:
@@ -324,6 +330,46 @@ def main(argv=None):
         with open(args.md, "w") as f:
             f.write(markdown(res))
     return 0
+
+
+def run_kind(args, res, path, m, draft, how, nt, kind, prompts, srv):
+    """every prompt of one kind, --rounds times; cpufuse's plain and speculative runs, then
+    llama-server's (srv, if any) in the opposite order; the totals go into res["runs"]"""
+    from . import spec_server
+    t0 = time.perf_counter()
+    rows, srows = [], []
+    for rnd in range(max(1, args.rounds)):
+        for i, p in enumerate(prompts):
+            first = (i + rnd) % 2 == 1
+            rows.append(run_one(m, draft, p, args.n_predict, first))
+            if srv is not None:
+                srows.append(srv.run(rows[-1]["ids"], args.n_predict, not first))
+    s = summary(rows)
+    s.update(threads=nt, prompts=kind, how=how, wall_s=time.perf_counter() - t0, rounds=max(1, args.rounds),
+             traces=[{"kind": kind, "prompt": len(r["ids"]), "decode_steps": r["decode_steps"],
+                      "steps": r["trace"]} for r in rows[:len(prompts)]])
+    print(f"{res['model']} t={nt} {kind:12s} {how}: {s['tokens']} tokens, plain {s['plain_tps']:.1f} tok/s, "
+          f"speculative {s['spec_tps']:.1f} tok/s ({s['speedup']:.2f}x wall, {s['speedup_cpu']:.2f}x CPU s), "
+          f"accepted {s['accepted']}/{s['drafted']} drafted ({100 * s['accept_rate']:.0f}%), "
+          f"{s['tokens_per_verify']:.2f} tokens per verification", flush=True)
+    if srv is not None:
+        s["peer_server"] = p = spec_server.summary(srows, [r["out"] for r in rows], m.eog_ids)
+        s["peer_server"]["args"] = srv.spec_args
+        print(f"  llama-server t={nt} {kind} ({srv.spec_args}): plain {p['plain_tps']:.1f} tok/s, speculative "
+              f"{p['spec_tps']:.1f} tok/s ({p['speedup']:.2f}x wall, {p['speedup_cpu']:.2f}x CPU s), accepted "
+              f"{p['accepted']}/{p['drafted']}; its speculative output = its plain on {p['same_as_its_plain']}/"
+              f"{p['prompts']}, its plain = cpufuse's on {p['same_as_cpufuse']}/{p['prompts']}", flush=True)
+    if args.peer and not args.draft:
+        try:
+            s["peer"] = p = peer(args.peer, path, nt, args, rows[:len(prompts)], m.eog_ids)
+        except (OSError, subprocess.CalledProcessError) as e:
+            print(f"  llama-cpp-python t={nt} {kind}: failed ({e}); its columns are left out", flush=True)
+        else:
+            print(f"  llama-cpp-python t={nt} {kind}: plain {p['plain_tps']:.1f} tok/s, lookup {p['spec_tps']:.1f} "
+                  f"tok/s ({p['speedup']:.2f}x wall, {p['speedup_cpu']:.2f}x CPU s); its lookup output = its plain "
+                  f"on {p['same_as_its_plain']}/{p['prompts']}, its plain = cpufuse's on "
+                  f"{p['same_as_cpufuse']}/{p['prompts']}", flush=True)
+    res["runs"].append(s)
 
 
 if __name__ == "__main__":
