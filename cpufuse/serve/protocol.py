@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 __all__ = ["ChatRequest", "CompletionRequest", "APIError", "error_body", "validation_error",
            "ValidationError", "check_fields", "unrecognized"]
@@ -88,6 +88,13 @@ class _Strict(BaseModel):
         for name, why in reasons.items():
             if getattr(self, name) is not None:
                 raise APIError(f"{name} is not supported by cpufuse: {why}", param=name)
+
+
+def _with_refused(model, reasons: Dict[str, str]):
+    """`model` with one field per name of `reasons` (OpenAI fields cpufuse cannot honour), accepted
+    by parsing so that the model's check can refuse them with their reason unless null"""
+    return create_model(model.__name__.lstrip("_"), __base__=model, __module__=__name__,
+                        **{name: (Optional[Any], None) for name in reasons})
 
 
 class StreamOptions(_Strict):
@@ -180,16 +187,13 @@ MESSAGE_REFUSED = {
 }
 
 
-class ChatMessage(_Strict):
+class _ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Optional[Union[str, List[ContentPart]]] = None
     name: Optional[str] = None
     tool_calls: Optional[List[ToolCall]] = None
     tool_call_id: Optional[str] = None
-    audio: Optional[Any] = None
-    function_call: Optional[Any] = None
-    refusal: Optional[Any] = None
-    annotations: Optional[Any] = None
+    # and the fields of MESSAGE_REFUSED (_with_refused below)
 
     def text(self) -> str:
         for name, why in MESSAGE_REFUSED.items():
@@ -212,6 +216,9 @@ class ChatMessage(_Strict):
         return "".join(parts)
 
 
+ChatMessage = _with_refused(_ChatMessage, MESSAGE_REFUSED)
+
+
 # OpenAI chat fields cpufuse cannot honour: a 400 unless null
 CHAT_REFUSED = {
     "audio": "audio output is not supported (text only)",
@@ -226,7 +233,7 @@ CHAT_REFUSED = {
 }
 
 
-class ChatRequest(_Sampling):
+class _ChatRequest(_Sampling):
     messages: List[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     logprobs: Optional[bool] = False
@@ -242,16 +249,7 @@ class ChatRequest(_Sampling):
     prompt_cache_key: Optional[str] = None
     prompt_cache_retention: Optional[str] = None
     modalities: Optional[List[str]] = None
-    # refused unless null: CHAT_REFUSED
-    audio: Optional[Any] = None
-    prediction: Optional[Any] = None
-    reasoning_effort: Optional[Any] = None
-    verbosity: Optional[Any] = None
-    web_search_options: Optional[Any] = None
-    functions: Optional[Any] = None
-    function_call: Optional[Any] = None
-    moderation: Optional[Any] = None
-    prompt_cache_options: Optional[Any] = None
+    # and the fields of CHAT_REFUSED, refused unless null (_with_refused below)
 
     def check(self) -> None:
         self.check_common()
@@ -295,6 +293,9 @@ class ChatRequest(_Sampling):
                 d["name"] = m.name
             out.append(d)
         return out
+
+
+ChatRequest = _with_refused(_ChatRequest, CHAT_REFUSED)
 
 
 class CompletionRequest(_Sampling):
