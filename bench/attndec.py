@@ -1,0 +1,135 @@
+"""One layer's decode attention (Llama-3.2-1B heads: 32 query heads, 8 KV heads of 64), one query
+row, no mask, cpufuse.flash_attn's split-KV decode: CPU and wall time per call, ns per (cell, KV
+head), K+V bytes per CPU ns, and the 1-thread read probe over the same bytes.
+
+    python -m bench.attndec --depths 4096,16384 --types f16,q8_0,q4_0 [--cold] [--reps 20] [--isa avx512]
+    python -m bench.attndec --ab BASE_TREE HEAD_TREE --rounds 4 --core 1 -- --depths 4096 --cold
+
+"cold": 64 MiB written between calls, as a decoder's weights stream between its layers; warm: the
+call repeated, K/V in the caches where they fit. --ab runs the two trees in alternating
+processes, each pinned to --core under nice (the A/B in docs/kv.md).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HQ, HKV, D = 32, 8, 64
+
+
+def one_case(T, t, reps, cold, isa, flush):
+    import cpufuse
+    from cpufuse.ops import kvquant
+
+    from .threads import read_fn
+    rng = np.random.default_rng(T)
+    q = rng.uniform(-2, 2, (1, HQ, 1, D)).astype(np.float32)
+    k = rng.standard_normal((1, HKV, T, D)).astype(np.float32)
+    v = rng.standard_normal((1, HKV, T, D)).astype(np.float32)
+    kb = kvquant.quantize(k, t) if t != "f16" else k.astype(np.float16)
+    vb = kvquant.quantize(v, t) if t != "f16" else v.astype(np.float16)
+    kw = {"isa": isa} if isa else {}
+    f = lambda: cpufuse.flash_attn(q, kb, vb, None, scale=0.125, k_type=t, v_type=t, dv=D, n_threads=1, **kw)  # noqa
+    f()
+    cs, ws = [], []
+    for _ in range(reps):
+        if cold:
+            flush += 1.0
+        c0, w0 = time.process_time(), time.perf_counter()
+        f()
+        cs.append(time.process_time() - c0)
+        ws.append(time.perf_counter() - w0)
+    nbytes = kb.nbytes + vb.nbytes
+    buf = np.full(nbytes // 4, 1.0, np.float32)
+    rf, _ = read_fn(buf, 1, isa or "avx512")
+    rf()
+    pr = []
+    for _ in range(reps):
+        if cold:
+            flush += 1.0
+        w0 = time.perf_counter()
+        rf()
+        pr.append(time.perf_counter() - w0)
+    return {"cpu_ms": statistics.median(cs) * 1e3, "wall_ms": min(ws) * 1e3, "bytes": nbytes,
+            "probe_bpns": buf.nbytes / min(pr) / 1e9}
+
+
+def run(a):
+    flush = np.ones((64 << 20) // 8) if a.cold else None
+    out = {}
+    for T in [int(x) for x in a.depths.split(",")]:
+        for t in a.types.split(","):
+            out[f"{t}@{T}"] = one_case(T, t, a.reps, a.cold, a.isa, flush)
+    return out
+
+
+def row(name, r):
+    ns = r["cpu_ms"] * 1e6 / (int(name.split("@")[1]) * HKV)
+    return ns, r["bytes"] / (r["cpu_ms"] * 1e6)
+
+
+def ab(a, rest):
+    runs = {"base": [], "head": []}
+    for rnd in range(a.rounds):
+        for side in ("base", "head") if rnd % 2 == 0 else ("head", "base"):
+            tree = os.path.abspath(a.ab[0] if side == "base" else a.ab[1])
+            cmd = ["taskset", "-c", str(a.core), "nice", sys.executable, "-m", "bench.attndec", "--json"] + rest
+            p = subprocess.run(cmd, cwd=tree, env=dict(os.environ, PYTHONPATH=tree, CPUFUSE_NUM_THREADS="1"),
+                               capture_output=True, text=True)
+            if p.returncode:
+                raise SystemExit(p.stderr[-2000:])
+            runs[side].append(json.loads(p.stdout.strip().splitlines()[-1]))
+            print(f"round {rnd + 1}: {side} done", file=sys.stderr, flush=True)
+    print(f"| case | K+V MB | base CPU ms | head CPU ms | head/base CPU (range, {a.rounds} rounds) | base wall ms | "
+          "head wall ms | head ns/(cell, KV head) | head bytes/ns (CPU) | read probe bytes/ns |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for k in runs["head"][0]:
+        b = [r[k]["cpu_ms"] for r in runs["base"]]
+        h = [r[k]["cpu_ms"] for r in runs["head"]]
+        q = [y / x for x, y in zip(b, h)]
+        hm = statistics.median(h)
+        ns, bpns = row(k, dict(runs["head"][0][k], cpu_ms=hm))
+        pb = max(r[k]["probe_bpns"] for r in runs["base"] + runs["head"])
+        bw = min(r[k]["wall_ms"] for r in runs["base"])
+        hw = min(r[k]["wall_ms"] for r in runs["head"])
+        print(f"| {k} | {runs['head'][0][k]['bytes'] / 1e6:.1f} | {statistics.median(b):.3f} | {hm:.3f} | "
+              f"{statistics.median(q):.3f} ({min(q):.2f}-{max(q):.2f}) | {bw:.3f} | {hw:.3f} | {ns:.1f} | {bpns:.1f} | "
+              f"{pb:.1f} |")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench.attndec", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--depths", default="4096,16384")
+    ap.add_argument("--types", default="f16,q8_0,q4_0")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--cold", action="store_true")
+    ap.add_argument("--isa", default=None)
+    ap.add_argument("--json", action="store_true", help="one JSON line (the --ab children)")
+    ap.add_argument("--ab", nargs=2, metavar=("BASE_TREE", "HEAD_TREE"))
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--core", type=int, default=1)
+    argv = sys.argv[1:] if argv is None else argv
+    cut = argv.index("--") if "--" in argv else len(argv)
+    a = ap.parse_args(argv[:cut])
+    if a.ab:
+        return ab(a, argv[cut + 1:])
+    res = run(a)
+    if a.json:
+        print(json.dumps(res))
+        return
+    print("| case | K+V MB | CPU ms | wall ms | ns/(cell, KV head) | bytes/ns (CPU) | read probe bytes/ns |")
+    print("|---|---|---|---|---|---|---|")
+    for k, r in res.items():
+        ns, bpns = row(k, r)
+        print(f"| {k} | {r['bytes'] / 1e6:.1f} | {r['cpu_ms']:.3f} | {r['wall_ms']:.3f} | {ns:.1f} | {bpns:.1f} | "
+              f"{r['probe_bpns']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
