@@ -12,9 +12,11 @@ from cpufuse.reference.quant import make_weight
 
 R = 6
 rng = np.random.default_rng(0)
-shapes = [(k, n, t) for (k, n, t) in [(1024, 1024, "Q8_0"), (1024, 512, "Q8_0"), (1024, 2048, "Q8_0"),
-                                      (1024, 32, "F32"), (2048, 2048, "Q8_0"), (2048, 8192, "Q8_0"),
-                                      (2880, 4096, "Q8_0")]]
+shapes = [(1024, 1024, "Q8_0"), (1024, 512, "Q8_0"), (1024, 2048, "Q8_0"), (1024, 32, "F32"),
+          (2048, 2048, "Q8_0"), (2048, 8192, "Q8_0"), (2880, 4096, "Q8_0"), (2048, 2048, "Q4_0"),
+          (2048, 2048, "Q4_K"), (2048, 8192, "Q4_K"), (2880, 2880, "MXFP4")]
+if len(sys.argv) > 2:
+    shapes = [s for s in shapes if s[2] in sys.argv[2].split(",")]
 threads = [int(t) for t in (sys.argv[1] if len(sys.argv) > 1 else "1,16").split(",")]
 print("| M | K | N | type | threads | ms a call | GMAC/s |\n|---|---|---|---|---|---|---|")
 for M in (512, 128):
