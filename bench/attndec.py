@@ -7,7 +7,7 @@ head), K+V bytes per CPU ns, and the 1-thread read probe over the same bytes.
 
 "cold": 64 MiB written between calls, as a decoder's weights stream between its layers; warm: the
 call repeated, K/V in the caches where they fit. --ab runs the two trees in alternating
-processes, each pinned to --core under nice (the A/B in docs/kv.md).
+processes, each pinned to --core under nice, the tree first on PYTHONPATH (the A/B in docs/kv.md).
 """
 import argparse
 import json
@@ -18,6 +18,8 @@ import sys
 import time
 
 import numpy as np
+
+from .timing import bench_env
 
 HQ, HKV, D = 32, 8, 64
 
@@ -79,7 +81,8 @@ def ab(a, rest):
         for side in ("base", "head") if rnd % 2 == 0 else ("head", "base"):
             tree = os.path.abspath(a.ab[0] if side == "base" else a.ab[1])
             cmd = ["taskset", "-c", str(a.core), "nice", sys.executable, "-m", "bench.attndec", "--json"] + rest
-            p = subprocess.run(cmd, cwd=tree, env=dict(os.environ, PYTHONPATH=tree, CPUFUSE_NUM_THREADS="1"),
+            path = os.pathsep.join([tree] + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x])
+            p = subprocess.run(cmd, cwd=tree, env=dict(bench_env(), PYTHONPATH=path, CPUFUSE_NUM_THREADS="1"),
                                capture_output=True, text=True)
             if p.returncode:
                 raise SystemExit(p.stderr[-2000:])

@@ -195,3 +195,13 @@ def test_smoke_throttle_types(tmp_path):
     assert "| Q4_K |" in md and "B/cycle" in md
     pytest.importorskip("matplotlib")
     assert throttle.kernel_chart([k, k], str(tmp_path / "e6.png")) is None and (tmp_path / "e6.png").stat().st_size > 1000
+
+
+@SMOKE
+def test_smoke_attndec(capsys):
+    from bench import attndec
+    attndec.main(["--depths", "96", "--types", "f16,q8_0", "--reps", "2", "--json"])
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(res) == {"f16@96", "q8_0@96"}
+    assert all(r["cpu_ms"] >= 0 and r["bytes"] > 0 and r["probe_bpns"] > 0 for r in res.values())
+    assert res["q8_0@96"]["bytes"] == 2 * 8 * 96 * 64 // 32 * 34
