@@ -106,6 +106,32 @@ tally() { # adds the counts of the summary line ending the output file $1
   fi
 }
 tally "$TMP/neon_test.out"
+# neon_test again against the dot-product object (the SDOT decode tile over a quantized K,
+# flash_attn.inc FA_QN): its checks, and the same quantized-cache attention bits as the plain build
+if "$CC" "${COMMON[@]}" "$TMP/neon_test.o" "$TMP/isa_neon_dot.o" "${OBJS[@]:2}" -o "$TMP/neon_test_dot" -lm -pthread \
+     2>/dev/null || "$CC" "${BASE[@]}" "$TMP/neon_test.o" "$TMP/isa_neon_dot.o" "${OBJS[@]:2}" -o "$TMP/neon_test_dot" \
+     -lm -pthread; then
+  "${RUN[@]}" "$TMP/neon_test_dot" > "$TMP/neon_test_dot.out"
+  rc=$?
+  tail -n 1 "$TMP/neon_test_dot.out" | sed 's/^/dotprod build: /'
+  if [ "$rc" -gt 1 ]; then
+    echo "neon: neon_test (dotprod) died with status $rc"
+    fail=$((fail + 1))
+  else
+    tally "$TMP/neon_test_dot.out"
+  fi
+  fd="$(grep -h '^neon flash_attn quantized: digest' "$TMP/neon_test.out" "$TMP/neon_test_dot.out" | sort -u)"
+  echo "$fd"
+  if [ "$(echo "$fd" | grep -c .)" -ne 1 ]; then
+    echo "neon: FAIL the plain and dotprod builds differ in their quantized-cache attention results"
+    fail=$((fail + 1))
+  else
+    pass=$((pass + 1))
+  fi
+else
+  echo "neon: link of neon_test (dotprod) failed"
+  fail=$((fail + 1))
+fi
 LINK=("${BASE[@]}")
 [ "${#RUN[@]}" -eq 1 ] && LINK=("${COMMON[@]}") # static unless the link above fell back
 for v in plain dotprod i8mm; do
