@@ -2,11 +2,12 @@
 row, no mask, cpufuse.flash_attn's split-KV decode: CPU and wall time per call, ns per (cell, KV
 head), K+V bytes per CPU ns, and the 1-thread read probe over the same bytes.
 
-    python -m bench.attndec --depths 4096,16384 --types f16,q8_0,q4_0 [--cold] [--reps 20] [--isa avx512]
+    python -m bench.attndec --depths 4096,16384 --types f16,q8_0,q4_0 [--cold] [--reps 20] [--isa avx512] [--layout heads]
     python -m bench.attndec --ab BASE_TREE HEAD_TREE --rounds 4 --core 1 -- --depths 4096 --cold
 
-"cold": 64 MiB written between calls, as a decoder's weights stream between its layers; warm: the
-call repeated, K/V in the caches where they fit. --ab runs the two trees in alternating
+K and V are laid out as the KV cache holds them (cell-major, the KV heads of a cell together;
+--layout heads: each head contiguous). "cold": 64 MiB written between calls, as a decoder's
+weights stream between its layers; warm: the call repeated, K/V in the caches where they fit. --ab runs the two trees in alternating
 processes, each pinned to --core under nice, the tree first on PYTHONPATH (the A/B in docs/kv.md).
 """
 import argparse
@@ -24,17 +25,20 @@ from .timing import bench_env
 HQ, HKV, D = 32, 8, 64
 
 
-def one_case(T, t, reps, cold, isa, flush):
+def one_case(T, t, reps, cold, isa, flush, layout):
     import cpufuse
     from cpufuse.ops import kvquant
 
     from .threads import read_fn
     rng = np.random.default_rng(T)
     q = rng.uniform(-2, 2, (1, HQ, 1, D)).astype(np.float32)
-    k = rng.standard_normal((1, HKV, T, D)).astype(np.float32)
-    v = rng.standard_normal((1, HKV, T, D)).astype(np.float32)
+    shape = (1, T, HKV, D) if layout == "cache" else (1, HKV, T, D)
+    k = rng.standard_normal(shape).astype(np.float32)
+    v = rng.standard_normal(shape).astype(np.float32)
     kb = kvquant.quantize(k, t) if t != "f16" else k.astype(np.float16)
     vb = kvquant.quantize(v, t) if t != "f16" else v.astype(np.float16)
+    if layout == "cache":  # (cells, KV heads, D) as the KV cache stores them, viewed as (1, heads, cells, D)
+        kb, vb = kb.transpose(0, 2, 1, 3), vb.transpose(0, 2, 1, 3)
     kw = {"isa": isa} if isa else {}
     f = lambda: cpufuse.flash_attn(q, kb, vb, None, scale=0.125, k_type=t, v_type=t, dv=D, n_threads=1, **kw)  # noqa
     f()
@@ -66,7 +70,7 @@ def run(a):
     out = {}
     for T in [int(x) for x in a.depths.split(",")]:
         for t in a.types.split(","):
-            out[f"{t}@{T}"] = one_case(T, t, a.reps, a.cold, a.isa, flush)
+            out[f"{t}@{T}"] = one_case(T, t, a.reps, a.cold, a.isa, flush, a.layout)
     return out
 
 
@@ -113,6 +117,8 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--cold", action="store_true")
     ap.add_argument("--isa", default=None)
+    ap.add_argument("--layout", choices=("cache", "heads"), default="cache",
+                    help="cache: K/V rows of a head n_head_kv rows apart, as in the KV cache; heads: each head contiguous")
     ap.add_argument("--json", action="store_true", help="one JSON line (the --ab children)")
     ap.add_argument("--ab", nargs=2, metavar=("BASE_TREE", "HEAD_TREE"))
     ap.add_argument("--rounds", type=int, default=4)
