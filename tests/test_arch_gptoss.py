@@ -53,6 +53,23 @@ def test_add_id_op(isa, rng):
         plan.run(copy=True, a=A, ids=np.full((n, k), nb, np.int32))
 
 
+def test_oai_ops_in_chunks_over_threads(isa, rng):
+    """a prompt's swiglu_oai and add_id run in chunks over the team: the same bits at 1, 2 and 3 threads"""
+    n, k, m, nb = 7, 4, 1203, 6                      # 33,684 elements: more than one chunk, odd sizes
+    G = (rng.standard_normal((n, k, m)) * 6).astype(np.float32)
+    U = (rng.standard_normal((n, k, m)) * 6).astype(np.float32)
+    B = rng.standard_normal((nb, m)).astype(np.float32)
+    ids = rng.integers(0, nb, (n, k)).astype(np.int32)
+    g = Graph()
+    gi, ui, ii = g.input("g", G.shape), g.input("u", U.shape), g.input("ids", ids.shape, np.int32)
+    g.output(g.swiglu_oai(g.add_id(gi, g.constant(B, "b"), ii), ui))
+    plan = g.compile(isa=isa)
+    ys = [plan.run(copy=True, n_threads=t, g=G, u=U, ids=ids)[0] for t in (1, 2, 3)]
+    assert all(np.array_equal(y, ys[0]) for y in ys[1:])
+    ref = swiglu_oai64(G.astype(np.float64) + B[ids].astype(np.float64), U.astype(np.float64))
+    assert np.allclose(ys[0], ref, rtol=1e-5, atol=1e-5)
+
+
 def test_attn_seqs_sinks(isa, rng):
     """attn_seqs with a sink logit per head: each sequence gets flash_attn with those sinks alone (bit
     for bit) and the float64 attention with exp(sink) in the denominator; sinks of -inf change nothing"""

@@ -218,3 +218,31 @@ def test_quantized_kv_write_and_attn_seqs(isa, kt, rng):
                                   vc[c0:c0 + 3].transpose(1, 0, 2)[None], m, scale=0.125, isa=isa, k_type=kt,
                                   v_type=kt)[0]
         assert np.array_equal(A[r0:r0 + 3], want)
+
+
+@pytest.mark.parametrize("kt", [None, "f16", "q8_0", "q4_0"])
+def test_kv_write_prompt_rows_over_threads(isa, kt, rng):
+    """a prompt's kv_write runs in chunks over the team when its cells are distinct: the same cache bytes
+    at 1, 2 and 3 threads as each row written alone (kvquant.quantize's / float16's); cells that repeat
+    (a ring's prompt) stay in row order, the later row winning"""
+    from cpufuse.ops import kvquant
+    n, hk, d, ncell = 700, 2, 64, 1500
+    src = rng.standard_normal((n, hk, d)).astype(np.float32)
+    for cells in (rng.permutation(ncell)[:n].astype(np.int32), (np.arange(n) % 300).astype(np.int32)):
+        caches = []
+        for t in (1, 2, 3):
+            if kt in ("q8_0", "q4_0"):
+                cache = np.zeros((ncell, hk, kvquant.row_bytes(kt, d)), np.uint8)
+            else:
+                cache = np.zeros((ncell, hk, d), np.float16 if kt == "f16" else np.float32)
+            g = Graph()
+            k, c = g.input("k", src.shape), g.input("cells", (n,), np.int32)
+            g.output(g.kv_write(k, cache, c, kv_type=kt if kt in ("q8_0", "q4_0") else None))
+            g.compile(isa=isa).run(n_threads=t, k=src, cells=cells)
+            caches.append(cache)
+        last = {int(c): i for i, c in enumerate(cells)}          # the later row of a repeated cell
+        rows = np.array(sorted(last)), np.array([last[c] for c in sorted(last)])
+        want = kvquant.quantize(src[rows[1]], kt) if kt in ("q8_0", "q4_0") else src[rows[1]].astype(caches[0].dtype)
+        for cache in caches:
+            assert np.array_equal(cache[rows[0]], want)
+            assert np.array_equal(cache, caches[0])

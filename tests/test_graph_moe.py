@@ -389,3 +389,60 @@ def test_moe_block(qisa, rng):
             t = cpufuse.matmul(hj, wd[e], isa=qisa)[0] * pr[r, e]
             want[r] = t if j == 0 else want[r] + t
     assert np.array_equal(out, want)
+
+
+# -- gpt-oss's fused routed FFN: biases and swiglu_oai in the epilogue ----------------------------
+@pytest.mark.parametrize("qtype,act", [("Q8_0", "q8"), ("MXFP4", "q8"), ("Q8_0", "f32"), ("F32", "q8")])
+def test_qmatmul_id_swiglu_oai_biases(qisa, rng, qtype, act):
+    """qmatmul_id(up=, glu="swiglu_oai", bias=, up_bias=) is bit for bit qmatmul_id, qmatmul_id, add_id,
+    add_id, swiglu_oai; qmatmul_id(bias=) is qmatmul_id then add_id (down's bias); every thread count,
+    prompt and decode shapes"""
+    n_exp, N, K, k = 6, 96, 64, 3
+    wg, wu = (stacked(qtype, n_exp, N, K, rng)[0] for _ in range(2))
+    wd = stacked(qtype, n_exp, K, N, rng)[0]
+    if qisa != "numba" and qtype != "F32":
+        wg, wu, wd = wg.repack(isa=qisa), wu.repack(isa=qisa), wd.repack(isa=qisa)
+    bg, bu = (rng.standard_normal((n_exp, N)).astype(np.float32) * 4 for _ in range(2))
+    bd = rng.standard_normal((n_exp, K)).astype(np.float32)
+    for n in (1, 2, 37):
+        plans = []
+        for fused in (True, False):
+            g = Graph()
+            x = g.input("x", (n, K))
+            ids = g.input("ids", (n, k), I32)
+            cg, cu, cd = g.constant(bg, "bg"), g.constant(bu, "bu"), g.constant(bd, "bd")
+            if fused:
+                a = g.qmatmul_id(x, wg, ids, act=act, up=wu, glu="swiglu_oai", bias=cg, up_bias=cu)
+            else:
+                a = g.swiglu_oai(g.add_id(g.qmatmul_id(x, wg, ids, act=act), cg, ids),
+                                 g.add_id(g.qmatmul_id(x, wu, ids, act=act), cu, ids))
+            g.output(a)
+            ids1 = g.reshape(ids, (n * k, 1))
+            a2 = g.reshape(a, (n * k, N))
+            g.output(g.qmatmul_id(a2, wd, ids1, act=act, bias=cd) if fused else
+                     g.add_id(g.qmatmul_id(a2, wd, ids1, act=act), cd, ids1))
+            plans.append(g.compile(isa=qisa))
+        X = (rng.standard_normal((n, K)) * 3).astype(np.float32)
+        I = routing(rng, n, k, n_exp)
+        ref = plans[1].run(copy=True, x=X, ids=I)
+        assert np.abs(ref[0]).max() > 7 * 0.5 and np.isfinite(ref[1]).all()   # the clamps are reached
+        for nth in (1, 2, 5):
+            got = plans[0].run(copy=True, n_threads=nth, x=X, ids=I)
+            for a, b in zip(got, ref):
+                assert np.array_equal(a, b), f"n={n} threads={nth}: the fused routed FFN differs"
+
+
+def test_qmatmul_id_bias_checks(rng):
+    w, _ = stacked("Q8_0", 3, 16, 64, rng)
+    g = Graph()
+    x = g.input("x", (2, 64))
+    ids = g.input("ids", (2, 2), I32)
+    b = g.constant(np.zeros((3, 16), np.float32), "b")
+    with pytest.raises(GraphError, match=r"bias must be a float32 node \(3, 16\)"):
+        g.qmatmul_id(x, w, ids, bias=g.constant(np.zeros((3, 15), np.float32), "b2"))
+    with pytest.raises(GraphError, match="up_bias needs up"):
+        g.qmatmul_id(x, w, ids, up_bias=b)
+    with pytest.raises(GraphError, match="biases with up= need glu='swiglu_oai'"):
+        g.qmatmul_id(x, w, ids, up=w, bias=b)
+    with pytest.raises(GraphError, match="glu must be"):
+        g.qmatmul_id(x, w, ids, up=w, glu="oai")

@@ -87,6 +87,21 @@ def test_threads_bit_identical(isa, act, rng):
             assert np.array_equal(ys[0].view(np.uint32), y.view(np.uint32))
 
 
+@pytest.mark.parametrize("qtype", FLOATS)
+def test_float_weights_rows_split_over_threads(isa, qtype, rng):
+    """float weights with fewer column chunks than threads (a MoE router: 32 outputs) also split their
+    rows over the team; every output equals the same row's alone, bit for bit, at every thread count"""
+    for n_in, n_out, rows in [(1024, 32, 100), (37, 5, 64), (80, 70, 33)]:
+        w = _weight(qtype, n_out, n_in, rng)
+        x = rng.standard_normal((rows, n_in)).astype(np.float32)
+        ys = [cpufuse.matmul(x, w, isa=isa, n_threads=n) for n in (1, 2, 3, 16)]
+        for y in ys[1:]:
+            assert np.array_equal(ys[0].view(np.uint32), y.view(np.uint32)), (qtype, n_in, n_out)
+        for i in (0, 31, rows - 1):
+            assert np.array_equal(cpufuse.matmul(x[i], w, isa=isa).view(np.uint32), ys[0][i].view(np.uint32))
+        _check(x, w, ys[0], "f32", f"{isa} {qtype} rows split")
+
+
 @pytest.mark.parametrize("qtype", QUANT)
 def test_decode_row_equals_batch_row(isa, qtype, rng):
     """One activation row runs the decode tile (several panels per pass, wide chunks when there are

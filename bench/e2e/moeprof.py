@@ -93,7 +93,7 @@ def main(argv=None):
     print("|" + "---|" * len(hdr))
     for (p, t, which), rs in sorted(res.items()):
         med = {k: statistics.median(r[k] for r in rs) for k in SLOTS + ["eval_wall", "eval_cpu", "faults"]}
-        if not med["calls"]:              # no such calls (gpt-oss: gate and up unfused, no pair)
+        if not med["calls"]:              # no such calls (a graph without a gate/up pair)
             continue
         ser = med["setup"] + med["ctx"] + med["out"]
         tot1 = ser + med["prep"] + med["task_sum"]

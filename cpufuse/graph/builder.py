@@ -353,14 +353,17 @@ class Graph:
         return self._add("gather_rows", [x, idx], {}, (idx.shape[0], x.shape[1]), F32, name)
 
     # -- weights as data: routed matmul and gating (graph/moe.py, native/kernels/qmoe.inc) ----------
-    def qmatmul_id(self, x, w, ids, act=None, up=None, glu="swiglu", name=None):
+    def qmatmul_id(self, x, w, ids, act=None, up=None, glu="swiglu", bias=None, up_bias=None, name=None):
         """The routed matmul (ggml's mul_mat_id): x (n, n_in) float32, w a 3-D cpufuse.QTensor
         (n_expert, n_out, n_in), ids an int32 node (n, k) of expert ids read at run time (an input, or
         g.topk's output): y[r, j] = x[r] . dequant(w[ids[r, j]])^T, output (n, k, n_out). Each row is
         computed exactly as cpufuse.matmul computes it alone (act "q8" (default) or "f32"); each
         expert's weights are read once per run over the rows routed to it. up: a second 3-D tensor of
         w's shape: y = glu(x . w_e^T) * (x . up_e^T), glu "swiglu" or "geglu" (matmul_swiglu /
-        matmul_geglu). An id outside [0, n_expert) is a GraphError at run time."""
+        matmul_geglu), or "swiglu_oai" (g.swiglu_oai's op on the two products). bias, up_bias: float32
+        nodes (n_expert, n_out), expert e's row added to its product (w's, up's) before the glu, one f32
+        add each (g.add_id's): gpt-oss's expert biases (with up=, glu "swiglu_oai" only). An id outside [0, n_expert) is a GraphError at
+        run time."""
         from ..quant.types import QTensor
         nm = self._name("qmatmul_id", name)
         if not isinstance(x, Node):
@@ -374,8 +377,18 @@ class Graph:
                                  f"got {getattr(t, 'shape', type(t).__name__)}")
         if up is not None and up.shape != w.shape:
             raise GraphError(f"qmatmul_id {nm!r}: up {up.shape} must have w's shape {w.shape}")
-        if up is not None and glu not in ("swiglu", "geglu"):
-            raise GraphError(f"qmatmul_id {nm!r}: glu must be 'swiglu' or 'geglu', got {glu!r}")
+        if up is not None and glu not in ("swiglu", "geglu", "swiglu_oai"):
+            raise GraphError(f"qmatmul_id {nm!r}: glu must be 'swiglu', 'geglu' or 'swiglu_oai', got {glu!r}")
+        if up is None and up_bias is not None:
+            raise GraphError(f"qmatmul_id {nm!r}: up_bias needs up")
+        if up is not None and (bias is not None or up_bias is not None) and glu != "swiglu_oai":
+            raise GraphError(f"qmatmul_id {nm!r}: biases with up= need glu='swiglu_oai', got {glu!r}")
+        for what, b in (("bias", bias), ("up_bias", up_bias)):
+            if b is None:
+                continue
+            if not isinstance(b, Node) or b.dtype != F32 or b.shape != (w.n_expert, w.n_out):
+                raise GraphError(f"qmatmul_id {nm!r}: {what} must be a float32 node ({w.n_expert}, {w.n_out}), got "
+                                 f"{getattr(b, 'shape', type(b).__name__)}" + (f" {b.dtype}" if isinstance(b, Node) else ""))
         if act not in (None, "q8", "f32"):
             raise GraphError(f"qmatmul_id {nm!r}: act must be 'q8', 'f32' or None, got {act!r}")
         if len(x.shape) != 2 or x.shape[1] != w.n_in:
@@ -385,7 +398,9 @@ class Graph:
             raise GraphError(f"qmatmul_id {nm!r}: ids must be an int32 node of shape ({x.shape[0]}, k >= 1), got "
                              f"{ids!r}" + (f" {ids.dtype}" if isinstance(ids, Node) else ""))
         self._unit_rows(x, "qmatmul_id", nm)
-        return self._add("qmatmul_id", [x, ids], {"w": w, "up": up, "glu": glu, "act": act or "q8"},
+        biases = [b for b in (bias, up_bias) if b is not None]
+        return self._add("qmatmul_id", [x, ids] + biases, {"w": w, "up": up, "glu": glu, "act": act or "q8",
+                                                           "bias": bias is not None, "up_bias": up_bias is not None},
                          (x.shape[0], ids.shape[1], w.n_out), F32, name)
 
     def topk(self, x, k, name=None):

@@ -484,9 +484,10 @@ GEGLU = Kind("GEGLU", "n g u nb y", "y = gelu(g) * u", ("geglu",), _lower_binary
 SOFTCAP = Kind("SOFTCAP", "n a f_inv f_c y", "y = c * tanh(a * inv), inv = 1/c", ("softcap",),
                _lower_softcap, _run_softcap)
 # weights as data that can be indexed (moe.py; native/kernels/qmoe.inc)
-QMM_ID = Kind("QMM_ID", "desc x ids w0 w1 n_exp n k y",
+QMM_ID = Kind("QMM_ID", "desc x ids w0 w1 n_exp n k y b0 b1",
               "y[r, j] = x[r] . W[ids[r, j]]^T: desc a QM_* template (every expert's geometry), w0/w1 the "
-              "first of n_exp pointer-table entries (expert e's weight at ptrs[w0 + e]; w1: up, EPI 1/3, or -1)",
+              "first of n_exp pointer-table entries (expert e's weight at ptrs[w0 + e]; w1: up, EPI 1/3/4, or -1); "
+              "b0/b1: (n_exp, N) f32 bias rows added to w0's/w1's products before the epilogue (-1: none)",
               ("qmatmul_id",), lambda st, L: _moe.lower_qmm_id(st, L, QMM_ID), _moe.run_qmm_id, explains=True)
 TOPK = Kind("TOPK", "n c k x idx", "idx[r] = the k largest of x[r]'s c values, largest first (ties: lower index; "
             "NaN last)", ("topk",), lambda st, L: _moe.lower_topk(st, L, TOPK), _moe.run_topk)

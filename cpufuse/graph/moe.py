@@ -5,7 +5,9 @@
 Semantics (docs/semantics.md, "Routed matmul and gating"):
   qmatmul_id  y[r, j] = x[r] . W[ids[r, j]]^T, each row computed as cpufuse.matmul computes it
               alone (same act mode, same bits); with up=, glu(x . G^T) * (x . U^T) as matmul_swiglu
-              / matmul_geglu. An id outside [0, n_expert) is a GraphError at run time.
+              / matmul_geglu, or swiglu_oai(x . G^T + bg[e], x . U^T + bu[e]) (oai.py's op, each
+              bias one f32 add: add_id's); bias= alone: x . W^T + b[e]. An id outside [0, n_expert)
+              is a GraphError at run time.
   topk        the indices (int32) of the k largest values of each row, largest first; exact ties
               go to the lower index; NaN ranks below every number (-inf too), NaNs by index.
   take        y[r, j] = x[r, idx[r, j]] (the values of a top-k, or other probabilities at its ids).
@@ -18,6 +20,7 @@ import math
 
 import numpy as np
 
+from . import oai as _oai
 from .ir import GraphError, _is_contig, _view_root
 
 
@@ -26,15 +29,22 @@ def _contig(node):
 
 
 def _glu_epi(glu, paired):
-    return 0 if not paired else {"swiglu": 1, "geglu": 3}[glu]
+    return 0 if not paired else {"swiglu": 1, "geglu": 3, "swiglu_oai": 4}[glu]
+
+
+def _biases(st):
+    """the bias node of w's product and of up's (None where the step has none)"""
+    rest = list(st.ins[2:])
+    return tuple(rest.pop(0) if st.params.get(f) else None for f in ("bias", "up_bias"))
 
 
 def lower_qmm_id(st, L, row):
-    x, ids = st.ins
+    x, ids = st.ins[:2]
     out = st.outs[0]
     p = st.params
     ws = (p["w"],) + ((p["up"],) if p["up"] is not None else ())
-    if not (_contig(x) and _contig(ids) and _contig(out)):
+    bs = _biases(st)
+    if not all(_contig(a) for a in (x, ids, out) + tuple(b for b in bs if b is not None)):
         return None
     n, k = ids.shape
     K, N = ws[0].n_in, ws[0].n_out
@@ -43,7 +53,8 @@ def lower_qmm_id(st, L, row):
                 [N] * len(ws))
     return row.pack(desc=0, x=L.slot(x), ids=L.slot(ids), w0=L.wslots(ws[0]),
                     w1=L.wslots(ws[1]) if len(ws) > 1 else -1, n_exp=ws[0].n_expert, n=n, k=k,
-                    y=L.slot(out)), d
+                    y=L.slot(out), b0=L.slot(bs[0]) if bs[0] is not None else -1,
+                    b1=L.slot(bs[1]) if bs[1] is not None else -1), d
 
 
 def check_ids(ids, n_exp, st):
@@ -58,17 +69,23 @@ def run_qmm_id(st, X):
     from ..quant import matmul as _qm
     p = st.params
     x, ids, out = X.a(st.ins[0]), X.a(st.ins[1]), X.a(st.outs[0])
+    b, bu = (None if n is None else X.a(n) for n in _biases(st))
     w, up = p["w"], p["up"]
     check_ids(ids, w.n_expert, st)
     for e in np.unique(ids):
         rr, jj = np.nonzero(ids == e)
         xe = np.ascontiguousarray(x[rr])
         kw = {"act": p["act"], "isa": X.isa, "n_threads": X.nth}
-        if up is None:
-            y = _qm.matmul(xe, w.expert(int(e)), **kw)
+        e = int(e)
+        if up is None or p["glu"] == "swiglu_oai":   # (the builder allows biases only here)
+            y = _qm.matmul(xe, w.expert(e), **kw)
+            y = y if b is None else y + b[e]
+            if up is not None:
+                u = _qm.matmul(xe, up.expert(e), **kw)
+                y = _oai.swiglu_oai(y, u if bu is None else u + bu[e])
         else:
             fn = _qm.matmul_swiglu if p["glu"] == "swiglu" else _qm.matmul_geglu
-            y = fn(xe, w.expert(int(e)), up.expert(int(e)), **kw)
+            y = fn(xe, w.expert(e), up.expert(e), **kw)
         out[rr, jj] = y
 
 

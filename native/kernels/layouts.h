@@ -86,7 +86,7 @@ enum {
   QM_ROWS, QM_K, QM_XS, /* activation rows, n_in, x row stride (floats) */
   QM_ACT, /* 0 f32 activations, 1 q8 */
   QM_NW, /* number of weights (1..3) */
-  QM_EPI, /* 0 one output per weight, 1 silu(y0) * y1 (matmul_swiglu), 2 y0 = res + y0 (matmul residual=), 3 gelu(y0) * y1 (matmul_geglu) */
+  QM_EPI, /* 0 one output per weight, 1 silu(y0) * y1 (matmul_swiglu), 2 y0 = res + y0 (matmul residual=), 3 gelu(y0) * y1 (matmul_geglu), 4 swiglu_oai(y0, y1) (qmatmul_id only) */
   QM_NORM, /* 1: RMS_NORM (x norm_w) prologue */
   QM_RS, /* EPI 2: the residual's row stride (floats) */
   QM_W0, /* the first weight's QW_* block (3 blocks) */
@@ -135,8 +135,8 @@ enum { R_GELU_N, R_GELU_A, R_GELU_Y, R_GELU_NARGS };
 enum { R_GEGLU_N, R_GEGLU_G, R_GEGLU_U, R_GEGLU_NB, R_GEGLU_Y, R_GEGLU_NARGS };
 /* OP_SOFTCAP [n, a, f_inv, f_c, y]: y = c * tanh(a * inv), inv = 1/c */
 enum { R_SOFTCAP_N, R_SOFTCAP_A, R_SOFTCAP_F_INV, R_SOFTCAP_F_C, R_SOFTCAP_Y, R_SOFTCAP_NARGS };
-/* OP_QMM_ID [desc, x, ids, w0, w1, n_exp, n, k, y]: y[r, j] = x[r] . W[ids[r, j]]^T: desc a QM_* template (every expert's geometry), w0/w1 the first of n_exp pointer-table entries (expert e's weight at ptrs[w0 + e]; w1: up, EPI 1/3, or -1) */
-enum { R_QMM_ID_DESC, R_QMM_ID_X, R_QMM_ID_IDS, R_QMM_ID_W0, R_QMM_ID_W1, R_QMM_ID_N_EXP, R_QMM_ID_N, R_QMM_ID_K, R_QMM_ID_Y, R_QMM_ID_NARGS };
+/* OP_QMM_ID [desc, x, ids, w0, w1, n_exp, n, k, y, b0, b1]: y[r, j] = x[r] . W[ids[r, j]]^T: desc a QM_* template (every expert's geometry), w0/w1 the first of n_exp pointer-table entries (expert e's weight at ptrs[w0 + e]; w1: up, EPI 1/3/4, or -1); b0/b1: (n_exp, N) f32 bias rows added to w0's/w1's products before the epilogue (-1: none) */
+enum { R_QMM_ID_DESC, R_QMM_ID_X, R_QMM_ID_IDS, R_QMM_ID_W0, R_QMM_ID_W1, R_QMM_ID_N_EXP, R_QMM_ID_N, R_QMM_ID_K, R_QMM_ID_Y, R_QMM_ID_B0, R_QMM_ID_B1, R_QMM_ID_NARGS };
 /* OP_TOPK [n, c, k, x, idx]: idx[r] = the k largest of x[r]'s c values, largest first (ties: lower index; NaN last) */
 enum { R_TOPK_N, R_TOPK_C, R_TOPK_K, R_TOPK_X, R_TOPK_IDX, R_TOPK_NARGS };
 /* OP_TAKE [n, c, k, x, idx, y]: y[r, j] = x[r, idx[r, j]] (idx in [0, c)) */

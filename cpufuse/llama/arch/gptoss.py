@@ -4,7 +4,8 @@ src/models/openai-moe-iswa.cpp): pre-norm attention with Q/K/V/O biases, NEOX Ro
 even layers (window attention.sliding_window, 128 in the released files); the post_attention_norm
 is the pre-FFN norm; the FFN is a mixture of experts: router with bias, top-k on the raw logits,
 a softmax over the k (gating softmax_weight, no norm_w), a bias per expert after each routed matmul
-(add_id) and swiglu_oai (min(g, 7), clamp(u, +-7), alpha 1.702) (docs/architectures.md).
+(add_id's) and swiglu_oai (min(g, 7), clamp(u, +-7), alpha 1.702), all in the routed matmuls'
+epilogues (docs/architectures.md, docs/moe.md "gpt-oss").
 
     y = experts(cx, li, L, h)      # the routed FFN of layer li on the normed rows h
 """
@@ -54,7 +55,8 @@ def _rows(t):
 def experts(cx, li, L, h):
     """the routed FFN of layer li on h (n, n_embd): logits = router(h) + bias; the top-k of the
     logits (ties: the lower expert); their softmax as the weights (normw / scale when the file asks);
-    per expert gate and up + their biases, swiglu_oai, down + its bias; the weighted sum in slot order"""
+    per expert gate and up + their biases and swiglu_oai (one routed matmul), down + its bias; the weighted
+    sum in slot order"""
     g, hp, n, p = cx.g, cx.hp, cx.n, f"l{li}."
     k, F, E = hp.n_expert_used, hp.n_ff_exp, hp.n_embd
     logits = g.add(g.qmatmul(h, L.router, act=cx.act, name=p + "router"), cx.c(L.router_b, p + "router.b"),
@@ -68,14 +70,13 @@ def experts(cx, li, L, h):
     scale = hp.expert_weights_scale if hp.expert_weights_scale not in (0.0, 1.0) else 0.0
     if hp.expert_weights_norm or scale:
         w = g.normw(w, _moe.NORM_W_FLOOR if hp.expert_weights_norm else 0.0, scale, name=p + "weights_norm")
-    gt = g.qmatmul_id(h, L.wg_exps, ids, act=cx.act, name=p + "gate_exps")
-    up = g.qmatmul_id(h, L.wu_exps, ids, act=cx.act, name=p + "up_exps")
-    gt = g.add_id(gt, cx.c(_rows(L.bg_exps), p + "gate_exps.b"), ids, name=p + "gate_exps+b")
-    up = g.add_id(up, cx.c(_rows(L.bu_exps), p + "up_exps.b"), ids, name=p + "up_exps+b")
-    a = g.swiglu_oai(gt, up, name=p + "swiglu_oai")
-    ids1 = g.reshape(ids, (n * k, 1))
-    y = g.qmatmul_id(g.reshape(a, (n * k, F)), L.wd_exps, ids1, act=cx.act, name=p + "down_exps")
-    y = g.add_id(y, cx.c(_rows(L.bd_exps), p + "down_exps.b"), ids1, name=p + "down_exps+b")
+    # gate and up one routed matmul, their biases and swiglu_oai its epilogue (the bits of add_id, add_id,
+    # swiglu_oai); down's bias its epilogue too
+    a = g.qmatmul_id(h, L.wg_exps, ids, act=cx.act, up=L.wu_exps, glu="swiglu_oai",
+                     bias=cx.c(_rows(L.bg_exps), p + "gate_exps.b"), up_bias=cx.c(_rows(L.bu_exps), p + "up_exps.b"),
+                     name=p + "gate_up_exps")
+    y = g.qmatmul_id(g.reshape(a, (n * k, F)), L.wd_exps, g.reshape(ids, (n * k, 1)), act=cx.act,
+                     bias=cx.c(_rows(L.bd_exps), p + "down_exps.b"), name=p + "down_exps")
     return g.wsum(g.reshape(y, (n, k, E)), w, name=p + "moe_out")
 
 
