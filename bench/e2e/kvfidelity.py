@@ -49,10 +49,13 @@ def log_softmax(x):
     return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
-def compare(base, other):
-    """(top-1 agreement, mean KL(base || other)) of two (n, n_vocab) logits arrays"""
-    lp, lq = log_softmax(base), log_softmax(other)
-    kl = np.sum(np.exp(lp) * (lp - lq), axis=-1)
+def compare(base, other, rows=256):
+    """(top-1 agreement, mean KL(base || other)) of two (n, n_vocab) logits arrays, `rows` rows at a time
+    (float64 temporaries of a few rows: 2048 scored positions of a 152k vocabulary stay a few MB)"""
+    kl = np.empty(len(base))
+    for s in range(0, len(base), rows):
+        lp, lq = log_softmax(base[s:s + rows]), log_softmax(other[s:s + rows])
+        kl[s:s + rows] = np.sum(np.exp(lp) * (lp - lq), axis=-1)
     return float(np.mean(base.argmax(-1) == other.argmax(-1))), float(np.mean(kl))
 
 
@@ -106,14 +109,15 @@ ENGINES = {"cpufuse": cpufuse_engine, "llama-cpp-python": llama_cpp_engine}
 
 def teacher_forced(engine, path, ids, ctxs, n_eval, kv_type, threads, n_batch):
     """one pass of a kv_type cache up to max(ctxs): {C: logits (n_eval, n_vocab) of positions C - n_eval ..
-    C - 1}, {C: seconds from the start to C}, the cache's bytes at max(ctxs) (None if unknown)"""
+    C - 1}, {C: (wall seconds, CPU seconds of this process) from the start to C}, the cache's bytes at
+    max(ctxs) (None if unknown)"""
     run, kv_bytes = ENGINES[engine](path, max(ctxs), kv_type, threads, n_batch)
-    out, secs, pos, t0 = {}, {}, 0, time.perf_counter()
+    out, secs, pos, t0, c0 = {}, {}, 0, time.perf_counter(), time.process_time()
     for C in ctxs:
         if C - n_eval > pos:
             run(ids[pos:C - n_eval], False)
         out[C] = run(ids[C - n_eval:C], True)
-        pos, secs[C] = C, time.perf_counter() - t0
+        pos, secs[C] = C, (time.perf_counter() - t0, time.process_time() - c0)
     return out, secs, kv_bytes
 
 
@@ -124,15 +128,15 @@ def score(engine, path, ids, ctxs, n_eval, types, threads, n_batch, log=print):
            for C in ctxs}
     base, secs, kvb = teacher_forced(engine, path, ids, ctxs, n_eval, "f16", threads, n_batch)
     rows = {C: [dict(ctx=C, type="f16", top1_agree=1.0, kl=0.0, top1_acc=acc[C](base[C]),
-                     kv_bytes=kvb and kvb * C // nmax, s=secs[C])] for C in ctxs}
-    log(f"{engine} f16: {secs[nmax]:.0f} s")
+                     kv_bytes=kvb and kvb * C // nmax, s=secs[C][0], cpu_s=secs[C][1])] for C in ctxs}
+    log(f"{engine} f16: {secs[nmax][0]:.0f} s ({secs[nmax][1]:.0f} CPU s)")
     for t in types:
         lg, secs, kvb = teacher_forced(engine, path, ids, ctxs, n_eval, t, threads, n_batch)
         for C in ctxs:
             agree, kl = compare(base[C], lg[C])
             rows[C].append(dict(ctx=C, type=t, top1_agree=agree, kl=kl, top1_acc=acc[C](lg[C]),
-                                kv_bytes=kvb and kvb * C // nmax, s=secs[C]))
-        log(f"{engine} {t}: {secs[nmax]:.0f} s; " + ", ".join(
+                                kv_bytes=kvb and kvb * C // nmax, s=secs[C][0], cpu_s=secs[C][1]))
+        log(f"{engine} {t}: {secs[nmax][0]:.0f} s ({secs[nmax][1]:.0f} CPU s); " + ", ".join(
             f"ctx {r['ctx']}: agree {r['top1_agree']:.4f} KL {r['kl']:.6f} acc {r['top1_acc']:.4f}"
             for C in ctxs for r in rows[C][-1:]))
         del lg
@@ -208,11 +212,11 @@ def main(argv=None):
         rows = run_peer(a.peer, a.peer_python, path, ids, ctxs, a.n_eval, types, threads, a.n_batch)
     else:
         rows = score(engine, path, ids, ctxs, a.n_eval, types, threads, a.n_batch)
-    print(f"{'ctx':>6} {'type':>11} {'top-1 agree':>11} {'mean KL':>10} {'top-1 acc':>9} {'KV MiB':>8} {'s':>7}")
+    print(f"{'ctx':>6} {'type':>11} {'top-1 agree':>11} {'mean KL':>10} {'top-1 acc':>9} {'KV MiB':>8} {'s':>7} {'CPU s':>7}")
     for r in rows:
         kv = "-" if r["kv_bytes"] is None else f"{r['kv_bytes'] / 2**20:.1f}"
         print(f"{r['ctx']:>6} {r['type']:>11} {r['top1_agree']:>11.4f} {r['kl']:>10.6f} {r['top1_acc']:>9.4f} "
-              f"{kv:>8} {r['s']:>7.1f}")
+              f"{kv:>8} {r['s']:>7.1f} {r.get('cpu_s', float('nan')):>7.1f}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"engine": engine, "model": os.path.basename(path), "n_eval": a.n_eval, "threads": threads,
