@@ -362,8 +362,8 @@ class Graph:
         w's shape: y = glu(x . w_e^T) * (x . up_e^T), glu "swiglu" or "geglu" (matmul_swiglu /
         matmul_geglu), or "swiglu_oai" (g.swiglu_oai's op on the two products). bias, up_bias: float32
         nodes (n_expert, n_out), expert e's row added to its product (w's, up's) before the glu, one f32
-        add each (g.add_id's): gpt-oss's expert biases (with up=, glu "swiglu_oai" only). An id outside [0, n_expert) is a GraphError at
-        run time."""
+        add each (g.add_id's): gpt-oss's expert biases (with up=, glu "swiglu_oai" only). An id
+        outside [0, n_expert) is a GraphError at run time."""
         from ..quant.types import QTensor
         nm = self._name("qmatmul_id", name)
         if not isinstance(x, Node):
