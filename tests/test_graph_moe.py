@@ -224,6 +224,43 @@ def test_qmatmul_id_hinted_chain(qisa, rng):
                 assert np.array_equal(y1[r * k + j], cpufuse.matmul(d, wo, isa=qisa)[0]), (n, r, j)
 
 
+def test_qmatmul_id_decode_own_rows_and_fused_wsum(qisa, rng):
+    """decode-sized calls (up to 16 routed rows): each thread quantizes its tasks' rows itself, and the down
+    projection sums the k slots in its tasks (the WSUM right after it); routing and x change between runs of
+    one plan (a thread's kept rows must not be reused), a row may repeat an expert, and every thread count
+    gives the bits of each row run alone and of the slot-order sum"""
+    n_exp, N, K, k = 8, 64, 256, 4
+    wg, wu, wd = (stacked("Q8_0", n_exp, a, b, rng)[0].repack(isa=qisa) for a, b in ((N, K), (N, K), (K, N)))
+    for n in (1, 3, 5):     # 4 and 12 routed rows: own rows and the fused sum; 20: the general path
+        g = Graph()
+        x = g.input("x", (n, K))
+        ids = g.input("ids", (n, k), I32)
+        wts = g.input("w", (n, k))
+        gu = g.qmatmul_id(x, wg, ids, up=wu, glu="swiglu", name="gate_up")
+        y = g.qmatmul_id(g.reshape(gu, (n * k, N)), wd, g.reshape(ids, (n * k, 1)), name="down")
+        g.output(y)
+        g.output(g.wsum(g.reshape(y, (n, k, K)), wts, name="moe_out"))
+        plan = g.compile(isa=qisa)
+        for step in range(3):
+            X = rng.standard_normal((n, K)).astype(np.float32)
+            I = routing(rng, n, k, n_exp) if step < 2 else np.tile(np.array([[3, 3, 5, 3]], I32), (n, 1))
+            W = rng.uniform(0.1, 1.0, (n, k)).astype(np.float32)
+            res = [plan.run(copy=True, n_threads=nth, x=X, ids=I, w=W) for nth in (1, 2, 3, 4)]
+            for r in res[1:]:
+                for a, b in zip(r, res[0]):
+                    assert np.array_equal(a, b), f"n={n} step={step}: differs across thread counts"
+            yd = res[0][0].reshape(n, k, K)
+            for r in range(n):
+                for j in range(k):
+                    e = int(I[r, j])
+                    h = cpufuse.matmul_swiglu(X[r:r + 1], wg[e], wu[e], isa=qisa)
+                    assert np.array_equal(yd[r, j], cpufuse.matmul(h, wd[e], isa=qisa)[0]), (n, step, r, j)
+            acc = yd[:, 0] * W[:, 0:1]
+            for j in range(1, k):
+                acc = acc + yd[:, j] * W[:, j:j + 1]
+            assert np.array_equal(res[0][1], acc), f"n={n} step={step}: the weighted sum"
+
+
 def test_qmatmul_id_bad_ids(qisa, rng):
     w, _ = stacked("Q8_0", 3, 16, 64, rng)
     p = routed_plan(w, 2, 2, isa=qisa)
