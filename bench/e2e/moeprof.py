@@ -13,6 +13,11 @@ in wall and per CPU second, and the plan records' wall time per token (decode_ab
 
 Threads beyond the cores still give the task list of that thread count and each task's CPU time, so
 --threads 16 on a small machine models 16 threads (the sim16 column), including how the work was split.
+
+Decode (calls of up to 16 routed rows, docs/moe.md "Routing and threads"): the tasks quantize their own rows,
+so the prep column is only the clock read, and the quantization is in the tasks' times; the down projection
+runs inside the gate/up call (one region), so it counts as a part of the "pair" calls (its phases there, its
+tasks not in the task list), and the "one" rows are the prompt's down calls only.
 """
 import argparse
 import os
