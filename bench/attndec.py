@@ -3,6 +3,7 @@ row, no mask, cpufuse.flash_attn's split-KV decode: CPU and wall time per call, 
 head), K+V bytes per CPU ns, and the 1-thread read probe over the same bytes.
 
     python -m bench.attndec --depths 4096,16384 --types f16,q8_0,q4_0 [--cold] [--reps 20] [--isa avx512] [--layout heads]
+        [--threads 2]
     python -m bench.attndec --ab BASE_TREE HEAD_TREE --rounds 4 --core 1 -- --depths 4096 --cold
 
 K and V are laid out as the KV cache holds them (cell-major, the KV heads of a cell together;
@@ -25,7 +26,7 @@ from .timing import bench_env
 HQ, HKV, D = 32, 8, 64
 
 
-def one_case(T, t, reps, cold, isa, flush, layout):
+def one_case(T, t, reps, cold, isa, flush, layout, threads=1):
     import cpufuse
     from cpufuse.ops import kvquant
 
@@ -40,7 +41,8 @@ def one_case(T, t, reps, cold, isa, flush, layout):
     if layout == "cache":  # (cells, KV heads, D) as the KV cache stores them, viewed as (1, heads, cells, D)
         kb, vb = kb.transpose(0, 2, 1, 3), vb.transpose(0, 2, 1, 3)
     kw = {"isa": isa} if isa else {}
-    f = lambda: cpufuse.flash_attn(q, kb, vb, None, scale=0.125, k_type=t, v_type=t, dv=D, n_threads=1, **kw)  # noqa
+    f = lambda: cpufuse.flash_attn(q, kb, vb, None, scale=0.125, k_type=t, v_type=t, dv=D, n_threads=threads,
+                                  **kw)  # noqa
     f()
     cs, ws = [], []
     for _ in range(reps):
@@ -70,7 +72,7 @@ def run(a):
     out = {}
     for T in [int(x) for x in a.depths.split(",")]:
         for t in a.types.split(","):
-            out[f"{t}@{T}"] = one_case(T, t, a.reps, a.cold, a.isa, flush, a.layout)
+            out[f"{t}@{T}"] = one_case(T, t, a.reps, a.cold, a.isa, flush, a.layout, a.threads)
     return out
 
 
@@ -81,12 +83,13 @@ def row(name, r):
 
 def ab(a, rest):
     runs = {"base": [], "head": []}
+    nth = rest[rest.index("--threads") + 1] if "--threads" in rest else "1"
     for rnd in range(a.rounds):
         for side in ("base", "head") if rnd % 2 == 0 else ("head", "base"):
             tree = os.path.abspath(a.ab[0] if side == "base" else a.ab[1])
             cmd = ["taskset", "-c", str(a.core), "nice", sys.executable, "-m", "bench.attndec", "--json"] + rest
             path = os.pathsep.join([tree] + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x])
-            p = subprocess.run(cmd, cwd=tree, env=dict(bench_env(), PYTHONPATH=path, CPUFUSE_NUM_THREADS="1"),
+            p = subprocess.run(cmd, cwd=tree, env=dict(bench_env(), PYTHONPATH=path, CPUFUSE_NUM_THREADS=nth),
                                capture_output=True, text=True)
             if p.returncode:
                 raise SystemExit(p.stderr[-2000:])
@@ -119,10 +122,11 @@ def main(argv=None):
     ap.add_argument("--isa", default=None)
     ap.add_argument("--layout", choices=("cache", "heads"), default="cache",
                     help="cache: K/V rows of a head n_head_kv rows apart, as in the KV cache; heads: each head contiguous")
+    ap.add_argument("--threads", type=int, default=1, help="n_threads of the call (the probe stays at 1)")
     ap.add_argument("--json", action="store_true", help="one JSON line (the --ab children)")
     ap.add_argument("--ab", nargs=2, metavar=("BASE_TREE", "HEAD_TREE"))
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--core", type=int, default=1)
+    ap.add_argument("--core", default="1", help="taskset CPU list of the --ab children (e.g. 0,1 with --threads 2)")
     argv = sys.argv[1:] if argv is None else argv
     cut = argv.index("--") if "--" in argv else len(argv)
     a = ap.parse_args(argv[:cut])
