@@ -182,10 +182,15 @@ def main():
         json.dump(out, f, indent=1)
 
 
+def child_main(run=None):
+    """`--child JOB.json`: run the job (with `run`, default child) and print its result line"""
+    with open(sys.argv[2]) as fh:
+        res = (run or child)(json.load(fh))
+    sys.stdout.write("DEPTH_RESULT " + json.dumps(res) + "\n")
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
-        with open(sys.argv[2]) as fh:
-            res = child(json.load(fh))
-        sys.stdout.write("DEPTH_RESULT " + json.dumps(res) + "\n")
+        child_main()
     else:
         main()

@@ -35,9 +35,7 @@ def child(j):
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
-        with open(sys.argv[2]) as fh:
-            res = child(json.load(fh))
-        sys.stdout.write("DEPTH_RESULT " + json.dumps(res) + "\n")
+        s12.child_main(child)
     else:
         if "--base-tree" in sys.argv:
             i = sys.argv.index("--base-tree")
