@@ -7,7 +7,6 @@ base of an A/B, e.g. main), so base, head and llama.cpp alternate in one run (se
 Everything else is vm-s12's script (its docstring). Both cpufuse trees share one saved cache state per
 type (cpufuse-TYPE-DEPTH.state): the caches they fill are the same bit for bit."""
 import importlib.util
-import json
 import os
 import sys
 
