@@ -3,9 +3,10 @@
 K and V as the cache holds them, (cells, KV heads, row): a sequence's KV heads lie side by side within
 a cell, so split-KV decode runs one task per (chunk, sequence, block of head groups), each group block by
 block, with the next block's whole cells prefetched. Each group's partial must be the one the per-(group,
-chunk) tasks compute on the same values laid out head by head, bit for bit, for every thread count (the
-task blocks get smaller with more threads), chunk and cache type, with masks (a hole, a fully masked
-chunk), two sequences, and with the prefetch on (K + V past 4 MiB) and off."""
+chunk) tasks compute on the same values laid out head by head, bit for bit, for every thread count
+(the cells tasks run up to FA_CELLS_MAX_NTH = 2 threads, their blocks smaller with more threads; 3
+threads take the per-group tasks on the cache's layout, which must give the same bits), chunk and
+cache type, with masks (a hole, a fully masked chunk), two sequences, and with the prefetch on (K + V past 4 MiB) and off."""
 import zlib
 
 import numpy as np
