@@ -24,14 +24,16 @@
 #   q8t16    bench/e2e/profile.py on 1B Q8_0 at 16 threads, then 1B Q8_0 at 16 threads, ROUNDS (3)
 #            rounds, PP (128,512).                                                           ~5 min
 #   moe      MoE shapes (MOE_MODELS: granite-1b-a400m:q8_0 olmoe-1b-7b:q4_k) at MOE_THREADS (16), with
-#            ik_llama.cpp where .dev has its source; setup without the 1B files on a fresh machine. ~5-9 min
+#            ik_llama.cpp where .dev has its source; setup without the 1B files on a fresh machine;
+#            MOE_ARGS adds bench.e2e.big options (e.g. --pp 64 --tg 128 for a decode-only run).  ~5-9 min
 #   moeprof  bench/e2e/moeprof.py (the routed matmul's phases, a 16-worker schedule of its tasks) on
 #            granite-1b-a400m Q8_0 at MOEPROF_THREADS (16,1), pp64 and pp512 and 16 decode steps, 3 rounds
 #            (the file written on first use, ~1 min; no peers; builds only cpufuse).         ~3-4 min
 #            MOEPROF_MODEL=gpt-oss-20b:mxfp4 (or gpt-oss-20b-4l:mxfp4) profiles that file instead.
 #   depth    1B Q4_0 at DEPTH_THREADS (16) at DEPTHS (0,4096,16384) of cache, K/V types DEPTH_CTK (f16 q8_0),
 #            against llama-bench -fa 1 -d with the same types; DEPTH_PURE=1: the one-type file
-#            (Q4_0 head too; written when missing).                                           ~4-8 min
+#            (Q4_0 head too; written when missing); DEPTH_MODEL (1b; 8b, qwen2.5-coder-1.5b) and DEPTH_TYPE
+#            (q4_0) pick another shape; DEPTH_ARGS adds bench.e2e.big options (e.g. --pp 128 --tg 32). ~4-8 min
 #   ab       A/B of the trees AB_TREES (".dev/ab/base .": a base tree the caller put in .dev/ab/base,
 #            e.g. `git archive HEAD`, and this one; setup builds every .dev/ab/*/ tree too): builds
 #            the trees and the 1B AB_TYPES files when missing (no peers; ~2 min on a fresh machine),
@@ -222,7 +224,8 @@ case "$PHASE" in
   moe)  # issue 41: the MoE shapes at MOE_THREADS (16), each file written on first use
     for mt in ${MOE_MODELS:-granite-1b-a400m:q8_0 olmoe-1b-7b:q4_k}; do
       e2e "moe-${mt%%:*}-t${MOE_THREADS:-16}" --models "${mt%%:*}" --types "${mt##*:}" --threads "${MOE_THREADS:-16}" \
-        --rounds "${ROUNDS:-1}" --ik-llama-src "$IKSRC" --engines "${MOE_ENGINES:-cpufuse,llamacpp-fa-off,llamacpp-fa-on,ik-fa-on}"
+        --rounds "${ROUNDS:-1}" --ik-llama-src "$IKSRC" --engines "${MOE_ENGINES:-cpufuse,llamacpp-fa-off,llamacpp-fa-on,ik-fa-on}" \
+        ${MOE_ARGS:-}
     done ;;
   moeprof)  # issue 41: where the routed matmul's time goes at 16 threads; MOEPROF_MODEL shape:type (granite-1b-a400m:q8_0)
     mp=${MOEPROF_MODEL:-granite-1b-a400m:q8_0}
@@ -234,11 +237,12 @@ case "$PHASE" in
     tail -25 "$OUT/moeprof-${mp%%:*}-${mp##*:}.md" ;;
   depth)  # issue 42: 1B Q4_0 at DEPTH_THREADS (16) after DEPTHS tokens of cache, for each K/V type of DEPTH_CTK
     PURE=()
-    [ "${DEPTH_PURE:-0}" = 1 ] && PURE=(--pure) && big --models 1b --types q4_0 --pure
+    DM=${DEPTH_MODEL:-1b} DT=${DEPTH_TYPE:-q4_0}
+    [ "${DEPTH_PURE:-0}" = 1 ] && PURE=(--pure) && big --models "$DM" --types "$DT" --pure
     for ct in ${DEPTH_CTK:-f16 q8_0}; do
-      e2e "depth-$ct-t${DEPTH_THREADS:-16}${PURE:+-pure}" --models 1b --types q4_0 --threads "${DEPTH_THREADS:-16}" \
+      e2e "depth-$DM-$DT-$ct-t${DEPTH_THREADS:-16}${PURE:+-pure}" --models "$DM" --types "$DT" --threads "${DEPTH_THREADS:-16}" \
         --rounds 1 --depth "${DEPTHS:-0,4096,16384}" --ctk "$ct" --engines "${DEPTH_ENGINES:-cpufuse,llamacpp-fa-on}" \
-        "${PURE[@]}"
+        "${PURE[@]}" ${DEPTH_ARGS:-}
     done ;;
   contended)  # issue 42 item 5: default thread counts, quiet against NCPU/2 competitors
     big --models 1b --types q4_0 --pure
