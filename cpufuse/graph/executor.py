@@ -347,9 +347,9 @@ class DynamicPlan:
                     ptrs[slot] = p
                 if moved:
                     saved = [(slot, ptrs[slot]) for slot, _ in moved]
-                    for slot, p in moved:
-                        ptrs[slot] = p
                     try:
+                        for slot, p in moved:
+                            ptrs[slot] = p
                         rc = fn(prog, nrec, ptrs, fpc, blas, ilp64, nth)
                     finally:
                         for slot, p in saved:
