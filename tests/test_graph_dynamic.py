@@ -247,37 +247,3 @@ def test_kv_write_prompt_rows_over_threads(isa, kt, rng):
             assert np.array_equal(cache[rows[0]], want)
             assert np.array_equal(cache, caches[0])
 
-
-def test_dynamic_plan_into_writes_the_callers_array(rng):
-    """bound(into=(a,)) at the capacities: the plan writes its output into `a` (and returns it), bit for bit
-    what the plan's own buffer gets, and leaves that buffer as it was; at other sizes, or with an array of
-    another shape, dtype or layout, a GraphError"""
-    E, n, m = 64, 3, 2
-    ws = [qref.make_weight(t, n_out, E if i < 3 else H * D, rng).repack()
-          for i, (t, n_out) in enumerate((("Q4_0", H * D), ("Q8_0", HKV * D), ("Q4_1", HKV * D), ("Q5_0", E)))]
-    kc, vc = _caches()
-    dp = DynamicPlan(_decoder_block(*ws, rng.standard_normal(E).astype(np.float32), kc, vc), {"n": n, "m": m})
-    assert dp.into_shapes == ((m, E),)
-    args = dict(x=np.zeros((n, E), np.float32), pos=np.arange(n, dtype=np.int32), cells=np.arange(n, dtype=np.int32),
-                seqs=np.array([[0, 0, n, 0]] + [[0, 0, 0, 0]] * 3, np.int32),
-                idx=np.array([2, 0], np.int32))
-    step = dp.bind({"n": n, "m": m}, **args)
-    for nth in (1, 2, 3, 4):
-        x0, x1 = rng.standard_normal((2, n, E)).astype(np.float32)
-        args["x"][:] = x0
-        (own,) = step(copy=True, n_threads=nth)     # the plan's buffer holds x0's output
-        args["x"][:] = x1
-        a = np.full((m, E), np.nan, np.float32)
-        (got,) = step(n_threads=nth, into=(a,))
-        assert got is a
-        assert np.array_equal(dp._full[0].view(np.uint32), own.view(np.uint32))   # its buffer untouched
-        (want,) = step(copy=True, n_threads=nth)
-        assert np.array_equal(a.view(np.uint32), want.view(np.uint32)) and not np.array_equal(own, want)
-    for bad in ((np.zeros((m, E + 1), np.float32),), (np.zeros((m, E), np.float64),), (np.zeros((E, m), np.float32).T,),
-                np.zeros((m, E), np.float32), ()):
-        with pytest.raises(GraphError, match="into"):
-            step(into=bad)
-    small = dp.bind({"n": 1, "m": 1}, **dict(args, x=args["x"][:1].copy(), pos=args["pos"][:1].copy(),
-                                                 cells=args["cells"][:1].copy(), idx=args["idx"][:1].copy()))
-    with pytest.raises(GraphError, match="capacities"):
-        small(into=(np.zeros((1, E), np.float32),))

@@ -248,10 +248,9 @@ def test_decode_step_equals_a_batch_of_one(tmp_path, arch):
 
 
 @pytest.mark.parametrize("arch", ["llama", "granitemoe"])
-def test_decode_eval_returns_arrays_the_plan_wrote(tmp_path, arch):
-    # Model.eval of one token has the decode plan write the logits into a new array (no copy of its
-    # buffer): the same bits as the plan's own buffer (model._eval, and a Batch of one on the same plan,
-    # which must still find its buffer), at 1-4 threads; each array stays as returned after later steps
+def test_decode_eval_returns_new_arrays(tmp_path, arch):
+    # Model.eval of one token returns a new array with the bits of the decode plan's buffer (model._eval,
+    # and a Batch of one on the same plan), at 1-4 threads; each array stays as returned after later steps
     from cpufuse.llama.decoder import Batch
     from cpufuse.llama.tiny import write_tiny_gguf
     p = write_tiny_gguf(tmp_path / f"{arch}.gguf", qtype="Q8_0", arch=arch)

@@ -160,23 +160,6 @@ class Plan:
         return bound
 
 
-def _into_slots(red, outs, into):
-    """DynamicPlan's bound(into=): the (slot, pointer) pairs that point the outputs' buffers at `into`"""
-    if red is None or not all(red):
-        raise GraphError("run: into= needs a run at the capacities of a plan whose outputs are whole buffers")
-    if not isinstance(into, (tuple, list)) or len(into) != len(outs):
-        raise GraphError(f"run: into must be a tuple of {len(outs)} array(s), got {type(into).__name__}")
-    moved = []
-    for a, o, slots in zip(into, outs, red):
-        if not isinstance(a, np.ndarray) or a.dtype != o.dtype or a.shape != o.shape or \
-                not (a.flags.c_contiguous and a.flags.aligned and a.flags.writeable):
-            raise GraphError(f"run: into: each array must be a writable C-contiguous {o.dtype} array of shape "
-                             f"{o.shape}, got {getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
-        base = _backend.ffi.from_buffer(a, require_writable=True)
-        moved += [(slot, base + boff) for slot, boff in slots]
-    return moved
-
-
 class _Run:
     """What a step's Python execution (kinds.py, run) sees: X.a(node) a node's array (the run's
     inputs or the plan's buffers), X.isa, X.nth, X.pos0(...)"""
@@ -239,23 +222,6 @@ class DynamicPlan:
                 raise GraphError(f"DynamicPlan: output {node.name!r} starts at an offset that depends on the sizes")
             self._outs.append((self.plan.buffers[root.id].reshape(-1)[off:], node.shape, st))
         self._full = tuple(self._outputs(self.dims))   # the outputs at the capacities
-        # bound(into=...): per output, the pointer slots (and byte offsets) of its buffer, so a run at the
-        # capacities can write it into the caller's array instead; only where the output is its whole buffer
-        red = []
-        for node, full in zip(self.plan.graph.outputs, self._full):
-            root, _, off = _view_root(node)
-            buf = self.plan.buffers[root.id]
-            if off != 0 or not full.flags.c_contiguous or full.size != buf.size or root.op in ("input", "const"):
-                red = None
-                break
-            red.append([(k, o * buf.itemsize) for k, o in p.root_slots.get(root.id, ())])
-        self._redirect = red
-
-    @property
-    def into_shapes(self):
-        """the outputs' shapes at the capacities where a run may write them into the caller's arrays
-        (bind(...)(into=...)), else None"""
-        return tuple(o.shape for o in self._full) if self.native and self._redirect is not None else None
 
     def _outputs(self, sz):
         """the outputs at sizes sz: views of the plan's buffers"""
@@ -332,32 +298,12 @@ class DynamicPlan:
             ptr_args.append((slot, from_buffer(a) + boff))
         fn, nrec, ptrs, fpc, blas, ilp64, lock = self._fn, self._nrec, pp.ptrs, pp.fpc, pp.blas, pp.ilp64, plan._lock
 
-        red = self._redirect if prog is self._prog else None
-
-        def bound(copy=False, n_threads=None, into=None):
-            """into: arrays of the outputs' shapes (float32, C-contiguous), one per output, that this run
-            writes instead of the plan's buffers (and returns); at the capacities, where every output is
-            its whole buffer (else a GraphError)"""
+        def bound(copy=False, n_threads=None):
             nth = _dispatch.threads(n_threads)
-            moved = ()
-            if into is not None:
-                moved = _into_slots(red, outs, into)
             with lock:
                 for slot, p in ptr_args:
                     ptrs[slot] = p
-                if moved:
-                    saved = [(slot, ptrs[slot]) for slot, _ in moved]
-                    try:
-                        for slot, p in moved:
-                            ptrs[slot] = p
-                        rc = fn(prog, nrec, ptrs, fpc, blas, ilp64, nth)
-                    finally:
-                        for slot, p in saved:
-                            ptrs[slot] = p
-                    if not rc:
-                        return tuple(into)
-                else:
-                    rc = fn(prog, nrec, ptrs, fpc, blas, ilp64, nth)
+                rc = fn(prog, nrec, ptrs, fpc, blas, ilp64, nth)
                 if rc:
                     bad = self._steps[rc - 1]
                     if prog is self._prog and KIND[bad.kind].explains:   # the precise error (the nodes' shapes are these sizes')

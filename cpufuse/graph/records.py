@@ -62,7 +62,6 @@ class Program:
     fpc, blas, ilp64: cf_plan_run's pointer table, float parameters (a list, and the C array), BLAS
     pointers; input_slots: (pointer slot, input name, byte offset) filled at bind; keep: the
     objects the program points into; sgemm, sgemm_why: numpy's cblas_sgemm, or why not;
-    root_slots: node id -> [(pointer slot, element offset)] of the slots pointing into its buffer;
     affine: per segment, {dim: (indices, slopes)} of its program's fields that depend on the
     dynamic sizes (a graph built with ir.Dim sizes; the program holds their values at the
     capacities, and a field is value - slope * (capacity - size)), or None for a Python step."""
@@ -102,10 +101,6 @@ def lower(graph, steps, isa):
         if a is not None:
             prog.ptrs[k] = ffi.cast("void *", a)
     prog.fp, prog.input_slots, prog.keep = L.fp, L.input_slots, L.keep
-    prog.root_slots = {}     # computed node id -> [(pointer slot, element offset)]: where a run may point them elsewhere
-    for key, k in L.slots.items():
-        if type(key[0]) is int:
-            prog.root_slots.setdefault(key[0], []).append((k, key[1]))
     prog.fpc = ffi.new("float[]", L.fp or [0.0])
     prog.blas = ffi.new("void *[2]", [ffi.cast("void *", a) for a in prog.sgemm]) if prog.sgemm else ffi.NULL
     fn = _registry.kernel("plan_run", isa)

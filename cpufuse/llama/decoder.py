@@ -90,8 +90,7 @@ class Step:
     so a token costs a few array stores, the embedding call and the plan's C call.
 
         step = Step(model)
-        logits = step(token, pos, n_threads)      # (1, n_vocab), the plan's buffer
-        logits = step(token, pos, n_threads, new=True)   # a new array the plan wrote (no copy)"""
+        logits = step(token, pos, n_threads)      # (1, n_vocab), the plan's buffer"""
 
     def __init__(self, model):
         self.ids = np.zeros(1, np.int64)
@@ -99,21 +98,14 @@ class Step:
         self.pos = np.zeros(1, np.int32)
         cells, self.set_cells = model.kv.step_inputs(0)
         self.embed = model.embedder(self.ids, self.x)
-        dp = model.decoder.plan(1, 1, 1)
-        self.run = dp.bind({"n": 1, "m": 1}, x=self.x, pos=self.pos, idx=np.zeros(1, np.int32), **cells)
-        self.shape = (dp.into_shapes or (None,))[0]   # new=True: the plan writes a new array
+        self.run = model.decoder.plan(1, 1, 1).bind({"n": 1, "m": 1}, x=self.x, pos=self.pos,
+                                                      idx=np.zeros(1, np.int32), **cells)
 
-    def __call__(self, token, pos, n_threads=None, new=False):
+    def __call__(self, token, pos, n_threads=None):
         self.ids[0] = token
         self.embed()
         self.pos[0] = pos
         self.set_cells(pos)
-        if new:   # the logits as a new array: the plan writes them there (Model.eval's copy saved)
-            if self.shape is None:
-                return self.run(n_threads=n_threads)[0].copy()
-            out = np.empty(self.shape[1:], F32)   # (n_vocab,), written as the plan's (1, n_vocab) output
-            self.run(n_threads=n_threads, into=(out.reshape(self.shape),))
-            return out.reshape(self.shape)
         return self.run(n_threads=n_threads)[0]
 
 

@@ -344,11 +344,10 @@ class Model:
                 raise IndexError(f"token id outside the embedding table [0, {te.n_out})")
         return rows
 
-    def _forward(self, tokens, all_logits_out=None, new=False):
+    def _forward(self, tokens, all_logits_out=None):
         """Run one micro-batch (len(tokens) <= n_batch) at positions n_past.. of slot 0 through the
         decoder graph and append it to the cache. Returns the last position's logits (1, n_vocab)
-        (the plan's buffer; with new, of a decode step: a new array), or writes every position's into
-        all_logits_out (n, n_vocab)."""
+        (the plan's buffer), or writes every position's into all_logits_out (n, n_vocab)."""
         n = len(tokens)
         pos0 = self._n_past
         if pos0 + n > self.n_ctx:
@@ -357,7 +356,7 @@ class Model:
         if n == 1 and all_logits_out is None:   # a decode step: the plan's inputs bound once
             if self._step is None:
                 self._step = Step(self)
-            out = self._step(tokens[0], pos0, self.n_threads, new=new)
+            out = self._step(tokens[0], pos0, self.n_threads)
             self._n_past = pos0 + 1
             self._cached.append(int(tokens[0]))
             return out
@@ -379,8 +378,6 @@ class Model:
         tokens = self.token_ids(tokens, "tokens")
         with self._lock:
             self._epoch += 1
-            if len(tokens) == 1 and not logits_all and self._n_past < self.n_ctx:
-                return self._forward(tokens, new=True)[0]   # a decode step: its logits in a new array, no copy
             out = self._eval(tokens, logits_all)
             return out if logits_all else out.copy()
 
