@@ -277,6 +277,28 @@ def test_decode_eval_returns_new_arrays(tmp_path, arch):
         assert np.array_equal(runs[0].view(np.uint32), r.view(np.uint32))
 
 
+def test_decode_eval_short_path(tmp_path):
+    # eval([int]) after the first decode step takes a short path: the same logits and bookkeeping as the
+    # general one (an id array, a bool), the same errors (an id out of range, the context full)
+    from cpufuse.llama.tiny import write_tiny_gguf
+    p = write_tiny_gguf(tmp_path / "l.gguf", qtype="Q8_0", arch="llama")
+    a, b = (Model.load(p, n_ctx=12, n_threads=2) for _ in range(2))
+    for m in (a, b):
+        m.eval(PROMPT[:4])
+        m.eval([PROMPT[4]])
+    for t in PROMPT[5:11]:
+        x, y = a.eval([t]), b.eval(np.array([t]))
+        assert np.array_equal(x.view(np.uint32), y.view(np.uint32)) and x.base is None
+    assert a.n_past == b.n_past == 11 and a._cached == b._cached == PROMPT[:11]
+    assert np.array_equal(a.eval([True]), b.eval(np.array([1])))
+    for m in (a, b):
+        with pytest.raises(ValueError, match="context overflow"):
+            m.eval([5])
+    with pytest.raises(ValueError, match="out of range"):
+        a.eval([10 ** 6])
+    assert a.n_past == 12 and len(a._cached) == 12
+
+
 def test_profile_counters_of_the_calling_thread(tmp_path):
     # cf_pool_profile_ext (bench/e2e/profile.py's serial table): per record kind its time outside the
     # regions (at most its wall) and its regions (adding up to all of them); the regions' parts on the
