@@ -246,4 +246,3 @@ def test_kv_write_prompt_rows_over_threads(isa, kt, rng):
         for cache in caches:
             assert np.array_equal(cache[rows[0]], want)
             assert np.array_equal(cache, caches[0])
-
