@@ -39,7 +39,9 @@
 #            the trees and the 1B AB_TYPES files when missing (no peers; ~2 min on a fresh machine),
 #            then bench/e2e/profile.py (plus AB_ARGS) at AB_THREADS (16) threads on 1B AB_TYPES
 #            ("q8_0 q4_0"), the trees alternating, AB_ROUNDS (3) rounds; AB_SHAPE: another bigmodels shape
-#            (e.g. granite-1b-a400m with AB_TYPES=q8_0, gpt-oss-20b-4l with mxfp4).             ~1-2 min
+#            (e.g. granite-1b-a400m with AB_TYPES=q8_0, gpt-oss-20b-4l with mxfp4); AB_PURE=1: the
+#            one-type (--pure) files; AB_BENCH=here: every tree runs this tree's bench/e2e/profile.py
+#            (copied over the others' first: the same measurement for each tree). ~1-2 min
 #   spec     issue 43: bench.e2e.spec --replay of the VM's speculative traces (SPEC_TRACE) on a random-weight
 #            file of Qwen2.5-Coder-1.5B's shapes (written first, ~1 GB; the real one is not on the device), at
 #            SPEC_THREADS (1,16); needs only .whl.                                             ~4-6 min
@@ -208,16 +210,22 @@ case "$PHASE" in
     for tree in "${TREES[@]}"; do
       [ "$tree" = . ] || [ -f "$tree/.built" ] || { say "$tree did not build"; tail -5 "$OUT/build-$(basename "$tree").log"; exit 1; }
     done
-    big --models "${AB_SHAPE:-1b}" --types "$(echo ${AB_TYPES:-q8_0 q4_0} | tr ' ' ,)"
+    ABP= ABPURE=() ABPY=False
+    [ "${AB_PURE:-0}" = 1 ] && ABP=-pure ABPURE=(--pure) ABPY=True
+    big --models "${AB_SHAPE:-1b}" --types "$(echo ${AB_TYPES:-q8_0 q4_0} | tr ' ' ,)" "${ABPURE[@]}"
+    if [ "${AB_BENCH:-}" = here ]; then
+      for tree in "${TREES[@]}"; do [ "$tree" = . ] || cp bench/e2e/profile.py "$tree/bench/e2e/profile.py"; done
+    fi
     say "builds and files ready"
     for r in $(seq "${AB_ROUNDS:-3}"); do
       for ty in ${AB_TYPES:-q8_0 q4_0}; do
+        f=$("$PY" -c "from bench.e2e.bigmodels import file_name; print(file_name('${AB_SHAPE:-1b}', '$ty', $ABPY))")
         for tree in "${TREES[@]}"; do
           [ "$(left)" -gt 40 ] || break 3
           tag=$([ "$tree" = . ] && echo new || basename "$tree")
-          ( cd "$tree" && PYTHONPATH="/tmp/site:$PWD" timeout "$(left)" "$PY" -m bench.e2e.profile --shape "${AB_SHAPE:-1b}" --type "$ty" \
-              --threads "${AB_THREADS:-16}" --read-mib 0 ${AB_ARGS:-} --md "$OUT/ab-$ty-$tag-r$r.md" > "$OUT/ab-$ty-$tag-r$r.log" 2>&1 )
-          say "round $r $ty $tag: $(grep -E '^\| [0-9]+ \|' "$OUT/ab-$ty-$tag-r$r.md" | head -1)"
+          ( cd "$tree" && PYTHONPATH="/tmp/site:$PWD" timeout "$(left)" "$PY" -m bench.e2e.profile "$CPUFUSE_BENCH_MODELS/$f" \
+              --threads "${AB_THREADS:-16}" --read-mib 0 ${AB_ARGS:-} --md "$OUT/ab-$ty$ABP-$tag-r$r.md" > "$OUT/ab-$ty$ABP-$tag-r$r.log" 2>&1 )
+          say "round $r $ty$ABP $tag: $(grep -E '^\| [0-9]+ \|' "$OUT/ab-$ty$ABP-$tag-r$r.md" | head -1)"
         done
       done
     done ;;
