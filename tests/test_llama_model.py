@@ -247,6 +247,87 @@ def test_decode_step_equals_a_batch_of_one(tmp_path, arch):
     assert a.n_past == 16 and a._cached == PROMPT[:16]
 
 
+@pytest.mark.parametrize("arch", ["llama", "granitemoe"])
+def test_decode_eval_returns_new_arrays(tmp_path, arch):
+    # Model.eval of one token returns a new array with the bits of the decode plan's buffer (model._eval,
+    # and a Batch of one on the same plan), at 1-4 threads; each array stays as returned after later steps
+    from cpufuse.llama.decoder import Batch
+    from cpufuse.llama.tiny import write_tiny_gguf
+    p = write_tiny_gguf(tmp_path / f"{arch}.gguf", qtype="Q8_0", arch=arch)
+    runs = []
+    for nt in (1, 2, 3, 4):
+        a, b = (Model.load(p, n_ctx=64, n_batch=4, n_threads=nt) for _ in range(2))
+        a.eval(PROMPT[:4])
+        b.eval(PROMPT[:4])
+        got, kept = [], []
+        for i, t in enumerate(PROMPT[4:12]):
+            g = a.eval([t])
+            assert g.shape == (a.n_logits,) and g.dtype == np.float32 and g.flags.c_contiguous
+            want = np.array(b._eval([t]), copy=True)
+            assert np.array_equal(g.view(np.uint32), want.view(np.uint32)), (nt, i)
+            bt = Batch(a)     # the same plan, its own output buffer: a row of the position just written
+            bt.add(0, [t], 4 + i)
+            again = bt.run(a.decoder, (1, 1, 1), n_threads=nt)[0]
+            assert np.array_equal(again.view(np.uint32), want.view(np.uint32)) and not np.shares_memory(again, g)
+            got.append(g)
+            kept.append(g.copy())
+        assert all(np.array_equal(x.view(np.uint32), y.view(np.uint32)) for x, y in zip(got, kept))
+        runs.append(np.stack(got))
+    for r in runs[1:]:
+        assert np.array_equal(runs[0].view(np.uint32), r.view(np.uint32))
+
+
+def test_decode_eval_short_path(tmp_path):
+    # eval([int]) after the first decode step takes a short path: the same logits and bookkeeping as the
+    # general one (an id array, a bool), the same errors (an id out of range, the context full)
+    from cpufuse.llama.tiny import write_tiny_gguf
+    p = write_tiny_gguf(tmp_path / "l.gguf", qtype="Q8_0", arch="llama")
+    a, b = (Model.load(p, n_ctx=12, n_threads=2) for _ in range(2))
+    for m in (a, b):
+        m.eval(PROMPT[:4])
+        m.eval([PROMPT[4]])
+    for t in PROMPT[5:11]:
+        x, y = a.eval([t]), b.eval(np.array([t]))
+        assert np.array_equal(x.view(np.uint32), y.view(np.uint32)) and x.base is None
+    assert a.n_past == b.n_past == 11 and a._cached == b._cached == PROMPT[:11]
+    assert np.array_equal(a.eval([True]), b.eval(np.array([1])))
+    for m in (a, b):
+        with pytest.raises(ValueError, match="context overflow"):
+            m.eval([5])
+    with pytest.raises(ValueError, match="out of range"):
+        a.eval([10 ** 6])
+    assert a.n_past == 12 and len(a._cached) == 12
+
+
+def test_profile_counters_of_the_calling_thread(tmp_path):
+    # cf_pool_profile_ext (bench/e2e/profile.py's serial table): per record kind its time outside the
+    # regions (at most its wall) and its regions (adding up to all of them); the regions' parts on the
+    # caller add up to their wall; nothing counted once profiling is off
+    from cpufuse import _backend
+    from cpufuse.graph.kinds import RECORDS
+    from cpufuse.llama.tiny import write_tiny_gguf
+    ffi, lib = _backend.ffi, _backend.lib
+    if lib is None:
+        pytest.skip("no native extension")
+    p = write_tiny_gguf(tmp_path / "g.gguf", qtype="Q8_0", arch="granitemoe")
+    m = Model.load(p, n_ctx=64, n_threads=2)
+    m.eval(PROMPT[:4])
+    out, ext = ffi.new("uint64_t[67]"), ffi.new("uint64_t[133]")
+    lib.cf_pool_profile(1, ffi.NULL)
+    for t in PROMPT[4:8]:
+        m.eval([t])
+    lib.cf_pool_profile_ext(ext)
+    lib.cf_pool_profile(0, out)
+    ops = [r.op for r in RECORDS if r.op < 64]
+    assert sum(ext[64 + op] for op in ops) == out[2] > 0 and ext[132] == 4
+    for op in ops:
+        assert ext[op] <= out[3 + op]
+    assert ext[128] + ext[129] + ext[130] <= out[1] <= ext[131]
+    assert sum(out[3 + op] for op in ops) <= ext[131]
+    lib.cf_pool_profile_ext(ext)
+    assert not any(ext[i] for i in range(133))
+
+
 # ------------------------------------------------------------------------------------------------
 # generation
 

@@ -102,6 +102,22 @@ def test_float_weights_rows_split_over_threads(isa, qtype, rng):
         _check(x, w, ys[0], "f32", f"{isa} {qtype} rows split")
 
 
+@pytest.mark.parametrize("qtype", FLOATS)
+def test_float_weights_few_rows_narrow_chunks(isa, qtype, rng):
+    """float weights at fewer than 32 rows whose columns make fewer chunks than threads (a MoE router at
+    decode: 1 row, 32 outputs) split their columns in chunks of 4 or more, about one a thread; every
+    output equals the same row's in a 1-thread call and alone, bit for bit"""
+    for n_in, n_out, rows in [(1024, 32, 1), (1024, 32, 3), (37, 5, 1), (64, 13, 2), (80, 70, 31), (96, 64, 1)]:
+        w = _weight(qtype, n_out, n_in, rng)
+        x = rng.standard_normal((rows, n_in)).astype(np.float32)
+        ys = [cpufuse.matmul(x, w, isa=isa, n_threads=n) for n in (1, 2, 3, 4, 7, 16)]
+        for y in ys[1:]:
+            assert np.array_equal(ys[0].view(np.uint32), y.view(np.uint32)), (qtype, n_in, n_out, rows)
+        for i in range(rows):
+            assert np.array_equal(cpufuse.matmul(x[i], w, isa=isa).view(np.uint32), ys[0][i].view(np.uint32))
+        _check(x, w, ys[0], "f32", f"{isa} {qtype} narrow chunks")
+
+
 @pytest.mark.parametrize("qtype", QUANT)
 def test_decode_row_equals_batch_row(isa, qtype, rng):
     """One activation row runs the decode tile (several panels per pass, wide chunks when there are

@@ -24,20 +24,24 @@
 #   q8t16    bench/e2e/profile.py on 1B Q8_0 at 16 threads, then 1B Q8_0 at 16 threads, ROUNDS (3)
 #            rounds, PP (128,512).                                                           ~5 min
 #   moe      MoE shapes (MOE_MODELS: granite-1b-a400m:q8_0 olmoe-1b-7b:q4_k) at MOE_THREADS (16), with
-#            ik_llama.cpp where .dev has its source; setup without the 1B files on a fresh machine. ~5-9 min
+#            ik_llama.cpp where .dev has its source; setup without the 1B files on a fresh machine;
+#            MOE_ARGS adds bench.e2e.big options (e.g. --pp 64 --tg 128 for a decode-only run).  ~5-9 min
 #   moeprof  bench/e2e/moeprof.py (the routed matmul's phases, a 16-worker schedule of its tasks) on
 #            granite-1b-a400m Q8_0 at MOEPROF_THREADS (16,1), pp64 and pp512 and 16 decode steps, 3 rounds
 #            (the file written on first use, ~1 min; no peers; builds only cpufuse).         ~3-4 min
 #            MOEPROF_MODEL=gpt-oss-20b:mxfp4 (or gpt-oss-20b-4l:mxfp4) profiles that file instead.
 #   depth    1B Q4_0 at DEPTH_THREADS (16) at DEPTHS (0,4096,16384) of cache, K/V types DEPTH_CTK (f16 q8_0),
 #            against llama-bench -fa 1 -d with the same types; DEPTH_PURE=1: the one-type file
-#            (Q4_0 head too; written when missing).                                           ~4-8 min
+#            (Q4_0 head too; written when missing); DEPTH_MODEL (1b; 8b, qwen2.5-coder-1.5b) and DEPTH_TYPE
+#            (q4_0) pick another shape; DEPTH_ARGS adds bench.e2e.big options (e.g. --pp 128 --tg 32). ~4-8 min
 #   ab       A/B of the trees AB_TREES (".dev/ab/base .": a base tree the caller put in .dev/ab/base,
 #            e.g. `git archive HEAD`, and this one; setup builds every .dev/ab/*/ tree too): builds
 #            the trees and the 1B AB_TYPES files when missing (no peers; ~2 min on a fresh machine),
 #            then bench/e2e/profile.py (plus AB_ARGS) at AB_THREADS (16) threads on 1B AB_TYPES
 #            ("q8_0 q4_0"), the trees alternating, AB_ROUNDS (3) rounds; AB_SHAPE: another bigmodels shape
-#            (e.g. granite-1b-a400m with AB_TYPES=q8_0, gpt-oss-20b-4l with mxfp4).             ~1-2 min
+#            (e.g. granite-1b-a400m with AB_TYPES=q8_0, gpt-oss-20b-4l with mxfp4); AB_PURE=1: the
+#            one-type (--pure) files; AB_BENCH=here: every tree runs this tree's bench/e2e/profile.py
+#            (copied over the others' first: the same measurement for each tree). ~1-2 min
 #   spec     issue 43: bench.e2e.spec --replay of the VM's speculative traces (SPEC_TRACE) on a random-weight
 #            file of Qwen2.5-Coder-1.5B's shapes (written first, ~1 GB; the real one is not on the device), at
 #            SPEC_THREADS (1,16); needs only .whl.                                             ~4-6 min
@@ -206,23 +210,30 @@ case "$PHASE" in
     for tree in "${TREES[@]}"; do
       [ "$tree" = . ] || [ -f "$tree/.built" ] || { say "$tree did not build"; tail -5 "$OUT/build-$(basename "$tree").log"; exit 1; }
     done
-    big --models "${AB_SHAPE:-1b}" --types "$(echo ${AB_TYPES:-q8_0 q4_0} | tr ' ' ,)"
+    ABP= ABPURE=() ABPY=False
+    [ "${AB_PURE:-0}" = 1 ] && ABP=-pure ABPURE=(--pure) ABPY=True
+    big --models "${AB_SHAPE:-1b}" --types "$(echo ${AB_TYPES:-q8_0 q4_0} | tr ' ' ,)" "${ABPURE[@]}"
+    if [ "${AB_BENCH:-}" = here ]; then
+      for tree in "${TREES[@]}"; do [ "$tree" = . ] || cp bench/e2e/profile.py "$tree/bench/e2e/profile.py"; done
+    fi
     say "builds and files ready"
     for r in $(seq "${AB_ROUNDS:-3}"); do
       for ty in ${AB_TYPES:-q8_0 q4_0}; do
+        f=$("$PY" -c "from bench.e2e.bigmodels import file_name; print(file_name('${AB_SHAPE:-1b}', '$ty', $ABPY))")
         for tree in "${TREES[@]}"; do
           [ "$(left)" -gt 40 ] || break 3
           tag=$([ "$tree" = . ] && echo new || basename "$tree")
-          ( cd "$tree" && PYTHONPATH="/tmp/site:$PWD" timeout "$(left)" "$PY" -m bench.e2e.profile --shape "${AB_SHAPE:-1b}" --type "$ty" \
-              --threads "${AB_THREADS:-16}" --read-mib 0 ${AB_ARGS:-} --md "$OUT/ab-$ty-$tag-r$r.md" > "$OUT/ab-$ty-$tag-r$r.log" 2>&1 )
-          say "round $r $ty $tag: $(grep -E '^\| [0-9]+ \|' "$OUT/ab-$ty-$tag-r$r.md" | head -1)"
+          ( cd "$tree" && PYTHONPATH="/tmp/site:$PWD" timeout "$(left)" "$PY" -m bench.e2e.profile "$CPUFUSE_BENCH_MODELS/$f" \
+              --threads "${AB_THREADS:-16}" --read-mib 0 ${AB_ARGS:-} --md "$OUT/ab-$ty$ABP-$tag-r$r.md" > "$OUT/ab-$ty$ABP-$tag-r$r.log" 2>&1 )
+          say "round $r $ty$ABP $tag: $(grep -E '^\| [0-9]+ \|' "$OUT/ab-$ty$ABP-$tag-r$r.md" | head -1)"
         done
       done
     done ;;
   moe)  # issue 41: the MoE shapes at MOE_THREADS (16), each file written on first use
     for mt in ${MOE_MODELS:-granite-1b-a400m:q8_0 olmoe-1b-7b:q4_k}; do
       e2e "moe-${mt%%:*}-t${MOE_THREADS:-16}" --models "${mt%%:*}" --types "${mt##*:}" --threads "${MOE_THREADS:-16}" \
-        --rounds "${ROUNDS:-1}" --ik-llama-src "$IKSRC" --engines "${MOE_ENGINES:-cpufuse,llamacpp-fa-off,llamacpp-fa-on,ik-fa-on}"
+        --rounds "${ROUNDS:-1}" --ik-llama-src "$IKSRC" --engines "${MOE_ENGINES:-cpufuse,llamacpp-fa-off,llamacpp-fa-on,ik-fa-on}" \
+        ${MOE_ARGS:-}
     done ;;
   moeprof)  # issue 41: where the routed matmul's time goes at 16 threads; MOEPROF_MODEL shape:type (granite-1b-a400m:q8_0)
     mp=${MOEPROF_MODEL:-granite-1b-a400m:q8_0}
@@ -234,11 +245,12 @@ case "$PHASE" in
     tail -25 "$OUT/moeprof-${mp%%:*}-${mp##*:}.md" ;;
   depth)  # issue 42: 1B Q4_0 at DEPTH_THREADS (16) after DEPTHS tokens of cache, for each K/V type of DEPTH_CTK
     PURE=()
-    [ "${DEPTH_PURE:-0}" = 1 ] && PURE=(--pure) && big --models 1b --types q4_0 --pure
+    DM=${DEPTH_MODEL:-1b} DT=${DEPTH_TYPE:-q4_0}
+    [ "${DEPTH_PURE:-0}" = 1 ] && PURE=(--pure) && big --models "$DM" --types "$DT" --pure
     for ct in ${DEPTH_CTK:-f16 q8_0}; do
-      e2e "depth-$ct-t${DEPTH_THREADS:-16}${PURE:+-pure}" --models 1b --types q4_0 --threads "${DEPTH_THREADS:-16}" \
+      e2e "depth-$DM-$DT-$ct-t${DEPTH_THREADS:-16}${PURE:+-pure}" --models "$DM" --types "$DT" --threads "${DEPTH_THREADS:-16}" \
         --rounds 1 --depth "${DEPTHS:-0,4096,16384}" --ctk "$ct" --engines "${DEPTH_ENGINES:-cpufuse,llamacpp-fa-on}" \
-        "${PURE[@]}"
+        "${PURE[@]}" ${DEPTH_ARGS:-}
     done ;;
   contended)  # issue 42 item 5: default thread counts, quiet against NCPU/2 competitors
     big --models 1b --types q4_0 --pure

@@ -13,22 +13,33 @@ from . import bigmodels
 from .big import worker as probes
 
 
+EXT = 2 * 64 + 5     # cf_pool_profile_ext's entries (CF_PROF_EXT, native/kernels/pool.h)
+
+
 def _profiled(fn):
     """(wall ns, busy ns, region ns, regions, {record kind: ns}) of fn() (cf_pool_profile)"""
     from cpufuse import _backend
     from cpufuse.graph.kinds import RECORDS
     ffi, lib = _backend.ffi, _backend.lib
-    out = ffi.new("uint64_t[67]")
+    out, ext = ffi.new("uint64_t[67]"), ffi.new(f"uint64_t[{EXT}]")
     lib.cf_pool_profile(1, ffi.NULL)
     t0 = time.perf_counter_ns()
     fn()
     wall = time.perf_counter_ns() - t0
+    has_ext = hasattr(lib, "cf_pool_profile_ext")   # not in an older build (an A/B's base tree)
+    if has_ext:
+        lib.cf_pool_profile_ext(ext)    # before the reset below
     lib.cf_pool_profile(0, out)
     ops = {r.name: int(out[3 + r.op]) for r in RECORDS if r.op < 64 and out[3 + r.op]}
-    return {"wall": wall, "busy": int(out[0]), "region": int(out[1]), "regions": int(out[2]), "ops": ops}
+    res = {"wall": wall, "busy": int(out[0]), "region": int(out[1]), "regions": int(out[2]), "ops": ops}
+    if has_ext:
+        res.update(serial={r.name: (int(ext[r.op]), int(ext[64 + r.op])) for r in RECORDS if r.op < 64 and out[3 + r.op]},
+                   dispatch=int(ext[128]), own=int(ext[129]), join=int(ext[130]), plan=int(ext[131]))
+    return res
 
 
 def worker(job):
+    os.environ.setdefault("CPUFUSE_MOE_PROF", "off")   # the routed matmul's own phase clocks (moeprof's) off
     from cpufuse.llama import Model
     nth, n_prompt, steps = job["threads"], job["prompt"], job["steps"]
     p = probes(job) if job["read_mib"] else {"read": {}}
@@ -41,7 +52,10 @@ def worker(job):
         m.eval([toks[16]])
         m.reset()
         prompt = _profiled(lambda: m.eval(toks[:n_prompt]))
-        decode = _profiled(lambda: [m.eval([t]) for t in toks[n_prompt:n_prompt + steps]])
+        def decode_steps():     # each step's logits dropped at once, as a sampling loop does (a list of them
+            for t in toks[n_prompt:n_prompt + steps]:   # faulted in fresh pages for every copy: ~120 µs a token here)
+                m.eval([t])
+        decode = _profiled(decode_steps)
         res["fused" if fusion else "unfused"] = {"prompt": prompt, "decode": decode}
         # streamed per decode token; of a mixture's stacked experts, the n_expert_used a token picks
         ws = [w for L in m.layers for w in vars(L).values() if hasattr(w, "n_in")]
@@ -84,6 +98,20 @@ def markdown(model, P, n_prompt, steps):
         L += table(["record", "decode µs / token, fused", "unfused", "prompt ms, fused", "unfused"],
                    [[k] + [f"{v / s:.1f}" if v else "–" for v, s in zip(c, scale)] for k, c in cells.items()],
                    "---:", first="---")
+    for r in P:   # the calling thread's side (cf_pool_profile_ext): what the other threads wait for
+        d = r["fused"]["decode"]
+        if "serial" not in d:
+            continue
+        us = lambda v: f"{v / steps / 1e3:.1f}"     # noqa: E731
+        rows = [[k, us(ns), f"{n / steps:.0f}"] for k, (ns, n) in sorted(d["serial"].items(), key=lambda kv: -kv[1][0])]
+        rows += [["(regions: publishing the job, on the caller)", us(d["dispatch"]), ""],
+                 ["(regions: the caller's own chunks)", us(d["own"]), ""],
+                 ["(regions: the caller waiting for the others)", us(d["join"]), ""],
+                 ["(the plan's C call, whole)", us(d["plan"]), ""],
+                 ["(outside the C call: Python, the embedding, the logits copy)", us(d["wall"] - d["plan"]), ""]]
+        L += ["", f"A decode token's calling thread at {r['threads']} thread(s): per record kind its time outside "
+              "parallel regions (µs a token; at one thread all of it) and its regions a token:", ""]
+        L += table(["record", "serial µs / token", "regions / token"], rows, "---:", first="---")
     return "\n".join(L) + "\n"
 
 
@@ -93,6 +121,7 @@ def main(argv=None):
     ap.add_argument("--shape", default="1b", choices=list(bigmodels.SHAPES))
     ap.add_argument("--type", default="q4_0", choices=list(bigmodels.TYPES))
     ap.add_argument("--dir", help="the synthetic models' cache folder")
+    ap.add_argument("--pure", action="store_true", help="the one-type --shape / --type file (bigmodels --pure)")
     ap.add_argument("--threads", default="1")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--steps", type=int, default=32)
@@ -102,7 +131,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if min(a.prompt, a.steps) < 1:
         sys.exit("--prompt and --steps must be >= 1")
-    path, P = a.model or bigmodels.ensure(a.shape, a.type, a.dir), []
+    path, P = a.model or bigmodels.ensure(a.shape, a.type, a.dir, pure=a.pure), []
     for t in parse_threads(a.threads, len(os.sched_getaffinity(0))):
         res, err = run_job({"worker": "profile", "model": path, "threads": t, "prompt": a.prompt, "steps": a.steps,
                             "read_mib": a.read_mib, "fused_only": a.fused_only}, pin=t == 1, threads=t, timeout=3600)

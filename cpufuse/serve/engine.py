@@ -298,8 +298,8 @@ def token_logprobs(logits, token: int, n_top: int) -> Tuple[float, Tuple[Tuple[i
     top = ()
     if n_top > 0:
         k = min(int(n_top), x.shape[0])
-        idx = np.argpartition(-x, k - 1)[:k]
-        idx = idx[np.lexsort((idx, -x[idx]))]
+        from cpufuse.llama.sampling import top_ids
+        idx = top_ids(x, k)
         top = tuple((int(i), float(x[i] - lse)) for i in idx)
     return float(x[int(token)] - lse), top
 

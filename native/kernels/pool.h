@@ -32,5 +32,16 @@ int cf_prof_on(void);
 uint64_t cf_now_ns(void);
 uint64_t cf_thread_cpu_ns(void); /* this thread's CPU time (profiling: not counting time other processes hold the core) */
 void cf_prof_add(int slot, uint64_t ns);
+/* the calling thread's side of the same counting (bench/e2e/profile.py's serial table): out (CF_PROF_EXT
+ * entries) gets, per record opcode, [op] the ns the plan executor spent on its calling thread outside
+ * parallel regions and [CF_PROF_SLOTS + op] the regions it ran; then the regions' parts on their
+ * callers: [CF_PX_DISPATCH] publishing the job and waking sleepers, [CF_PX_OWN] the caller's own
+ * chunks, [CF_PX_JOIN] waiting for the workers after them; [CF_PX_PLAN] the plan runs' wall ns (team
+ * start and end included) and [CF_PX_RUNS] their count. Reset and switched by cf_pool_profile. */
+enum { CF_PX_DISPATCH = 2 * CF_PROF_SLOTS, CF_PX_OWN, CF_PX_JOIN, CF_PX_PLAN, CF_PX_RUNS, CF_PROF_EXT };
+void cf_pool_profile_ext(uint64_t *out);
+/* the regions' caller wall ns and count so far (a record's serial time is its wall minus the change) */
+void cf_prof_regions(uint64_t *ns, uint64_t *n);
+void cf_prof_ext_add(int i, uint64_t v);
 #define CF_MAX_THREADS 256
 #endif

@@ -159,7 +159,7 @@ static int hint_step(int tid) {
  * the caller and every thread's time inside its tasks, so a benchmark can split a step into serial
  * time, task time and the idle and synchronization time inside the regions. */
 static atomic_int prof_on;
-static atomic_ullong prof_busy_ns, prof_region_ns, prof_regions, prof_slot[CF_PROF_SLOTS];
+static atomic_ullong prof_busy_ns, prof_region_ns, prof_regions, prof_slot[CF_PROF_SLOTS], prof_ext[CF_PROF_EXT];
 int cf_prof_on(void) { return atomic_load_explicit(&prof_on, memory_order_relaxed); }
 uint64_t cf_now_ns(void) { return now_ns(); }
 uint64_t cf_thread_cpu_ns(void) {
@@ -169,6 +169,16 @@ uint64_t cf_thread_cpu_ns(void) {
 }
 void cf_prof_add(int slot, uint64_t ns) {
   if (slot >= 0 && slot < CF_PROF_SLOTS) atomic_fetch_add_explicit(&prof_slot[slot], ns, memory_order_relaxed);
+}
+void cf_prof_ext_add(int i, uint64_t v) {
+  if (i >= 0 && i < CF_PROF_EXT) atomic_fetch_add_explicit(&prof_ext[i], v, memory_order_relaxed);
+}
+void cf_prof_regions(uint64_t *ns, uint64_t *n) {
+  *ns = atomic_load_explicit(&prof_region_ns, memory_order_relaxed);
+  *n = atomic_load_explicit(&prof_regions, memory_order_relaxed);
+}
+void cf_pool_profile_ext(uint64_t *out) {
+  for (int i = 0; i < CF_PROF_EXT; i++) out[i] = atomic_load(&prof_ext[i]);
 }
 static void run_chunks(int tid) {
   const uint64_t t0 = atomic_load_explicit(&prof_on, memory_order_relaxed) ? now_ns() : 0;
@@ -192,6 +202,7 @@ void cf_pool_profile(int on, uint64_t *out) {
     atomic_store(&prof_region_ns, 0);
     atomic_store(&prof_regions, 0);
     for (int i = 0; i < CF_PROF_SLOTS; i++) atomic_store(&prof_slot[i], 0);
+    for (int i = 0; i < CF_PROF_EXT; i++) atomic_store(&prof_ext[i], 0);
     atomic_store(&prof_on, on);
   }
 }
@@ -338,7 +349,9 @@ static void parallel_for(int nth, int64_t nchunks, cf_task_fn fn, void *ctx, int
     pthread_cond_broadcast(&cv_start);
     pthread_mutex_unlock(&mu);
   }
+  const uint64_t r1 = r0 ? now_ns() : 0;
   run_chunks(0);
+  const uint64_t r2 = r0 ? now_ns() : 0;
   /* join: spin (this thread's adapted budget), then sleep until the last worker signals */
   static __thread uint64_t join_spun = JOIN_SPIN_NS;
   if (atomic_load_explicit(&job.remaining, memory_order_acquire) > 0) {
@@ -360,8 +373,12 @@ static void parallel_for(int nth, int64_t nchunks, cf_task_fn fn, void *ctx, int
     if (budget) join_spun = adapt(join_spun, JOIN_SPIN_NS, slept);
   }
   if (r0) {
-    atomic_fetch_add(&prof_region_ns, now_ns() - r0);
+    const uint64_t r3 = now_ns();
+    atomic_fetch_add(&prof_region_ns, r3 - r0);
     atomic_fetch_add(&prof_regions, 1);
+    cf_prof_ext_add(CF_PX_DISPATCH, r1 - r0);
+    cf_prof_ext_add(CF_PX_OWN, r2 - r1);
+    cf_prof_ext_add(CF_PX_JOIN, r3 - r2);
   }
   if (locked) pthread_mutex_unlock(&job_lock);
 }
