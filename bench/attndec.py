@@ -41,7 +41,7 @@ def one_case(T, t, reps, cold, isa, flush, layout, threads=1):
     if layout == "cache":  # (cells, KV heads, D) as the KV cache stores them, viewed as (1, heads, cells, D)
         kb, vb = kb.transpose(0, 2, 1, 3), vb.transpose(0, 2, 1, 3)
     kw = {"isa": isa} if isa else {}
-    f = lambda: cpufuse.flash_attn(q, kb, vb, None, scale=0.125, k_type=t, v_type=t, dv=D, n_threads=threads,
+    f = lambda: cpufuse.flash_attn(q, kb, vb, None, scale=float(D) ** -0.5, k_type=t, v_type=t, dv=D, n_threads=threads,
                                   **kw)  # noqa
     f()
     cs, ws = [], []
@@ -123,6 +123,8 @@ def main(argv=None):
     ap.add_argument("--layout", choices=("cache", "heads"), default="cache",
                     help="cache: K/V rows of a head n_head_kv rows apart, as in the KV cache; heads: each head contiguous")
     ap.add_argument("--threads", type=int, default=1, help="n_threads of the call (the probe stays at 1)")
+    ap.add_argument("--heads", default=None, metavar="HQ,HKV,D",
+                    help="query heads, KV heads, head size (default 32,8,64: Llama-3.2-1B; 12,2,128: Qwen2.5-1.5B)")
     ap.add_argument("--json", action="store_true", help="one JSON line (the --ab children)")
     ap.add_argument("--ab", nargs=2, metavar=("BASE_TREE", "HEAD_TREE"))
     ap.add_argument("--rounds", type=int, default=4)
@@ -130,6 +132,12 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     cut = argv.index("--") if "--" in argv else len(argv)
     a = ap.parse_args(argv[:cut])
+    if a.heads:
+        global HQ, HKV, D
+        try:
+            HQ, HKV, D = (int(x) for x in a.heads.split(","))
+        except ValueError:
+            ap.error(f"--heads: expected HQ,HKV,D (three integers), got {a.heads!r}")
     if a.ab:
         return ab(a, argv[cut + 1:])
     res = run(a)
