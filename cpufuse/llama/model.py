@@ -375,18 +375,12 @@ class Model:
         """Append `tokens` to the cache (in micro-batches of n_batch) and return the logits as a
         new float32 array: of the last token, (n_vocab,), or with logits_all (len(tokens),
         n_vocab)."""
-        if type(tokens) is list and len(tokens) == 1 and not logits_all and self._step is not None:
-            t = tokens[0]   # a decode step: the checks and the call of the path below, in fewer lines (each
-            if type(t) is int and 0 <= t < self.hparams.n_vocab:   # is a few cache misses after a token)
+        if type(tokens) is list and len(tokens) == 1 and not logits_all:
+            t = tokens[0]   # a decode step: its one id checked here, straight to _forward (each line of the
+            if type(t) is int and 0 <= t < self.hparams.n_vocab:   # general path is cache misses after a token)
                 with self._lock:
                     self._epoch += 1
-                    pos0 = self._n_past
-                    if pos0 >= self.n_ctx:
-                        self._eval(tokens)   # raises the context overflow
-                    out = self._step(t, pos0, self.n_threads)
-                    self._n_past = pos0 + 1
-                    self._cached.append(t)
-                    return out[0].copy()
+                    return self._forward(tokens)[0].copy()
         tokens = self.token_ids(tokens, "tokens")
         with self._lock:
             self._epoch += 1
