@@ -137,6 +137,23 @@ def test_decode_row_equals_batch_row(isa, qtype, rng):
         _check(x[:1], w, cpufuse.matmul(x[0], w, isa=isa)[None], "q8", f"{isa} {qtype} decode n_out={n_out}")
 
 
+def test_q4k_decode_pass(isa, rng):
+    """The one-row Q4_K pass (P16_NP panels at a time, prefetching one super-block ahead in each panel
+    and, at the last super-block, into the next pass's panels or past the weight's end): K of 1-3
+    super-blocks, N a multiple of the 4-panel pass or not, repacked and GGUF layout, 1 and 3 threads;
+    against the q8 float64 reference, and bit for bit the row's result inside a 5-row call."""
+    for n_in in (256, 512, 768):
+        for n_out in (16, 64, 85, 200):
+            w = _weight("Q4_K", n_out, n_in, rng)
+            x = rng.standard_normal((5, n_in)).astype(np.float32)
+            for wl in (w, w.repack(isa=isa)):
+                ys = cpufuse.matmul(x, wl, isa=isa)
+                for nth in (1, 3):
+                    y1 = cpufuse.matmul(x[3], wl, isa=isa, n_threads=nth)
+                    assert np.array_equal(y1.view(np.uint32), ys[3].view(np.uint32)), (n_in, n_out, nth, wl.layout)
+                _check(x[3:4], w, y1[None], "q8", f"{isa} Q4_K decode n_in={n_in} n_out={n_out} {wl.layout}")
+
+
 @pytest.mark.parametrize("act", ["f32", "q8"])
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
 def test_decode_prep_split_over_threads(isa, qtype, act, rng):
