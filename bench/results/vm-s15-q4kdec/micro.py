@@ -1,8 +1,9 @@
-"""One-row (decode) Q4_K matmul micro benchmark, one thread: GB of weights per CPU second (and per wall
+"""One-row (decode) Q4_K (or MICRO_TYPE) matmul micro benchmark, one thread: GB of weights per CPU second (and per wall
 second) at an L2-resident size, an L3 size and a DRAM size (many distinct repacked matrices cycled),
 beside cpufuse's DRAM read probe (cf_read_sum over 256 MiB) in the same process.
 Run: PYTHONPATH=<tree> taskset -c 0 python micro.py [label] ; prints one JSON line."""
 import json
+import os
 import sys
 import time
 
@@ -14,8 +15,11 @@ from cpufuse.quant.matmul import matmul
 from cpufuse.reference.quant import random_blocks
 
 
+QTYPE = os.environ.get("MICRO_TYPE", "Q4_K")
+
+
 def mats(K, N, count, seed=0):
-    qt = random_blocks("Q4_K", N, K, np.random.default_rng(seed), d_range=(1e-4, 1e-3))
+    qt = random_blocks(QTYPE, N, K, np.random.default_rng(seed), d_range=(1e-4, 1e-3))
     return [qt.repack() for _ in range(count)], qt.raw.nbytes
 
 
@@ -57,7 +61,7 @@ CASES = {  # name: (K, N, count, reps)
 def main():
     label = sys.argv[1] if len(sys.argv) > 1 else ""
     which = sys.argv[2].split(",") if len(sys.argv) > 2 else list(CASES)
-    res = {"label": label, "isa": cpufuse.info()["isa"]}
+    res = {"label": label, "isa": cpufuse.info()["isa"], "type": QTYPE}
     with _pages.arena():
         a = _pages.empty(256 << 20).view(np.float32)
     a[:] = 1.0
