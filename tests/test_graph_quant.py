@@ -86,6 +86,33 @@ def test_norm_prologue_qkv(qisa, rng, k):
     assert [s.kind for s in pu.steps] == ["rms_norm", "mul"] + ["qmatmul"] * k
 
 
+@pytest.mark.parametrize("K", [256, 1024, 2304])
+def test_one_row_plan_threads(rng, K):
+    """a plan's one-row q8 calls (decode) prepare their row inside the region, on every thread (quant.inc,
+    qm_own_task): the fused norm + QKV of three types (three activation kinds) and norm + SwiGLU, fused and
+    unfused, at 1-4 threads give the bits of the 1-thread unfused plan, whose matmuls equal the op's"""
+    isa = [i for i in cpufuse.available_isas() if i != "numba"][0]
+    ws = [qref.make_weight("Q4_0", 96, K, rng), qref.random_blocks("Q4_K", 64, K, rng),
+          qref.random_blocks("Q8_0", 48, K, rng)]
+    wg, wu = qref.make_weight("Q4_0", 80, K, rng), qref.make_weight("Q4_0", 80, K, rng)
+    g = Graph()
+    x = g.input("x", (1, K))
+    h = g.mul(g.rms_norm(x, 1e-5, name="norm"), g.constant(U(rng, (K,)), "attn_norm.weight"), name="h")
+    qs = [g.qmatmul(h, w, name=f"q{i}") for i, w in enumerate(ws)]
+    ff = g.mul(g.silu(g.qmatmul(h, wg, name="gate")), g.qmatmul(h, wu, name="up"), name="ff")
+    g.output(h, *qs, ff)
+    X = U(rng, (1, K))
+    pf, pu = g.compile(fusion=True, isa=isa), g.compile(fusion=False, isa=isa)
+    ref = pu.run(copy=True, n_threads=1, x=X)
+    for y, w in zip(ref[1:4], ws):
+        assert np.array_equal(y, cpufuse.matmul(ref[0], w, isa=isa, n_threads=1))
+    for plan in (pf, pu):
+        for nth in (1, 2, 3, 4):
+            got = plan.run(copy=True, n_threads=nth, x=X)
+            for k, (a, b) in enumerate(zip(got[1:], ref[1:])):
+                assert np.array_equal(a, b), (plan.describe(), nth, k)
+
+
 def test_norm_prologue_input_weight(rng):
     """the norm weight may be a run-time input (weight first in the MUL too)"""
     n_in, T = 256, 2
