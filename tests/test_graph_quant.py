@@ -86,9 +86,9 @@ def test_norm_prologue_qkv(qisa, rng, k):
     assert [s.kind for s in pu.steps] == ["rms_norm", "mul"] + ["qmatmul"] * k
 
 
-@pytest.mark.parametrize("K", [256, 1024, 2304])
-def test_one_row_plan_threads(rng, K):
-    """a plan's one-row q8 calls (decode) prepare their row inside the region, on every thread (quant.inc,
+@pytest.mark.parametrize("K,T", [(256, 1), (1024, 1), (2304, 1), (1024, 2), (2304, 3)])
+def test_decode_rows_plan_threads(rng, K, T):
+    """a plan's q8 calls of 1-3 rows (decode) prepare their rows inside the region, on every thread (quant.inc,
     qm_own_task): the fused norm + QKV of three types (three activation kinds) and norm + SwiGLU, fused and
     unfused, at 1-4 threads give the bits of the 1-thread unfused plan, whose matmuls equal the op's"""
     isa = [i for i in cpufuse.available_isas() if i != "numba"][0]
@@ -96,12 +96,12 @@ def test_one_row_plan_threads(rng, K):
           qref.random_blocks("Q8_0", 48, K, rng)]
     wg, wu = qref.make_weight("Q4_0", 80, K, rng), qref.make_weight("Q4_0", 80, K, rng)
     g = Graph()
-    x = g.input("x", (1, K))
+    x = g.input("x", (T, K))
     h = g.mul(g.rms_norm(x, 1e-5, name="norm"), g.constant(U(rng, (K,)), "attn_norm.weight"), name="h")
     qs = [g.qmatmul(h, w, name=f"q{i}") for i, w in enumerate(ws)]
     ff = g.mul(g.silu(g.qmatmul(h, wg, name="gate")), g.qmatmul(h, wu, name="up"), name="ff")
     g.output(h, *qs, ff)
-    X = U(rng, (1, K))
+    X = U(rng, (T, K))
     pf, pu = g.compile(fusion=True, isa=isa), g.compile(fusion=False, isa=isa)
     ref = pu.run(copy=True, n_threads=1, x=X)
     for y, w in zip(ref[1:4], ws):
