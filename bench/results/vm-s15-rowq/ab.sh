@@ -8,9 +8,9 @@ for r in $(seq 1 "$R"); do
   for nth in 1 2; do
     if [ $((r % 2)) = 1 ]; then order="A B"; else order="B A"; fi
     for t in $order; do
-      if [ $t = A ]; then P=$BASE; else P=$TREE; fi
+      if [ $t = A ]; then P=$BASE E=${AENV:-}; else P=$TREE E=${BENV:-}; fi
       if [ $nth = 1 ]; then cpus=1; else cpus=0,1; fi
-      line=$(cd /tmp && PYTHONPATH=$P taskset -c $cpus nice "${PY:-python}" "$HERE/../vm-s14-moeserial/serial.py" "$M" $nth "$S" 2>/dev/null | grep '^{')
+      line=$(cd /tmp && env $E PYTHONPATH=$P taskset -c $cpus nice "${PY:-python}" "$HERE/../vm-s14-moeserial/serial.py" "$M" $nth "$S" 2>/dev/null | grep '^{')
       echo "{\"tree\": \"$t\", \"round\": $r, \"res\": $line}" >> "$OUT"
     done
   done
