@@ -86,6 +86,66 @@ def test_norm_prologue_qkv(qisa, rng, k):
     assert [s.kind for s in pu.steps] == ["rms_norm", "mul"] + ["qmatmul"] * k
 
 
+@pytest.mark.parametrize("K,T", [(256, 1), (1024, 1), (2304, 1), (1024, 2), (2304, 3)])
+def test_decode_rows_plan_threads(rng, K, T):
+    """a plan's q8 calls of 1-3 rows (decode) prepare their rows inside the region, on every thread (quant.inc,
+    qm_own_task): the fused norm + QKV of three types (three activation kinds) and norm + SwiGLU, fused and
+    unfused, at 1-4 threads give the bits of the 1-thread unfused plan, whose matmuls equal the op's"""
+    isa = [i for i in cpufuse.available_isas() if i != "numba"][0]
+    ws = [qref.make_weight("Q4_0", 96, K, rng), qref.random_blocks("Q4_K", 64, K, rng),
+          qref.random_blocks("Q8_0", 48, K, rng)]
+    wg, wu = qref.make_weight("Q4_0", 80, K, rng), qref.make_weight("Q4_0", 80, K, rng)
+    g = Graph()
+    x = g.input("x", (T, K))
+    h = g.mul(g.rms_norm(x, 1e-5, name="norm"), g.constant(U(rng, (K,)), "attn_norm.weight"), name="h")
+    qs = [g.qmatmul(h, w, name=f"q{i}") for i, w in enumerate(ws)]
+    ff = g.mul(g.silu(g.qmatmul(h, wg, name="gate")), g.qmatmul(h, wu, name="up"), name="ff")
+    g.output(h, *qs, ff)
+    X = U(rng, (T, K))
+    pf, pu = g.compile(fusion=True, isa=isa), g.compile(fusion=False, isa=isa)
+    ref = pu.run(copy=True, n_threads=1, x=X)
+    for y, w in zip(ref[1:4], ws):
+        assert np.array_equal(y, cpufuse.matmul(ref[0], w, isa=isa, n_threads=1))
+    for plan in (pf, pu):
+        for nth in (1, 2, 3, 4):
+            got = plan.run(copy=True, n_threads=nth, x=X)
+            for k, (a, b) in enumerate(zip(got[1:], ref[1:])):
+                assert np.array_equal(a, b), (plan.describe(), nth, k)
+
+
+@pytest.mark.parametrize("kv_type", [None, "q8_0"])
+@pytest.mark.parametrize("T", [1, 3])
+def test_qkv_rope_kv_write_in_region(rng, T, kv_type):
+    """a plan's QKV call with the K rope, the K and V cell writes and the Q rope after it (a decode step's order)
+    runs those records in its task region at 1-3 rows with a team (graph.inc plan_after_of): the outputs and the
+    caches are the bits of the 1-thread plan (no team), fused and unfused, at 1-4 threads"""
+    isa = [i for i in cpufuse.available_isas() if i != "numba"][0]
+    K, H, HKV, D = 256, 4, 2, 64
+    wq, wk, wv = (qref.make_weight("Q4_0", n, K, rng) for n in (H * D, HKV * D, HKV * D))
+    cdt = np.uint8 if kv_type else np.float16
+    shape = (8, HKV, D // 32 * 34) if kv_type else (8, HKV, D)
+    kc, vc = np.zeros(shape, cdt), np.zeros(shape, cdt)
+    g = Graph()
+    x = g.input("x", (T, K))
+    pos, cells = g.input("pos", (T,), np.int32), g.input("cells", (T,), np.int32)
+    h = g.mul(g.rms_norm(x, 1e-5), g.constant(U(rng, (K,)), "attn_norm"))
+    q, k, v = (g.qmatmul(h, w) for w in (wq, wk, wv))
+    kw = g.kv_write(g.rope(g.reshape(k, (T, HKV, D)), pos, D, name="rope_k"), kc, cells, kv_type=kv_type)
+    vw = g.kv_write(g.reshape(v, (T, HKV, D)), vc, cells, kv_type=kv_type)
+    g.output(g.rope(g.reshape(q, (T, H, D)), pos, D, name="rope_q"), kw, vw)
+    X, P, C = U(rng, (T, K)), np.arange(3, 3 + T, dtype=np.int32), np.array([5, 1, 6][:T], np.int32)
+    pf, pu = g.compile(fusion=True, isa=isa), g.compile(fusion=False, isa=isa)
+    ref = [a.copy() for a in pf.run(copy=True, n_threads=1, x=X, pos=P, cells=C)]
+    assert kc.any() and vc.any()
+    for plan in (pf, pu):
+        for nth in (1, 2, 3, 4):
+            kc[:] = 0
+            vc[:] = 0
+            got = plan.run(copy=True, n_threads=nth, x=X, pos=P, cells=C)
+            for k_, (a, b) in enumerate(zip(got, ref)):
+                assert np.array_equal(a, b), (plan.describe(), nth, k_)
+
+
 def test_norm_prologue_input_weight(rng):
     """the norm weight may be a run-time input (weight first in the MUL too)"""
     n_in, T = 256, 2
