@@ -55,6 +55,7 @@ CASES = {  # name: (K, N, count, reps)
     "l2_768x512": (768, 512, 2, 400),         # qwen3 expert down's K (3 super-blocks)
     "dram_768x2048x160": (768, 2048, 160, 2),
     "dram_2048x768x200": (2048, 768, 200, 2),  # qwen3 expert gate/up
+    "dram_2880x2880x24": (2880, 2880, 24, 4),  # gpt-oss-20b's expert shapes (MXFP4 only: K is 90 blocks of 32)
 }
 
 
