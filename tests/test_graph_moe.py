@@ -2,6 +2,9 @@
 matmul g.qmatmul_id (ggml's mul_mat_id) against float64 for random routings, bit-identical across
 thread counts and to each row run alone; top-k, take, sigmoid and the weighted sum over k against
 float64, -inf and NaN included."""
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -10,7 +13,7 @@ from cpufuse import Graph, GraphError, QTensor
 from cpufuse.reference import moe as mref
 from cpufuse.reference import quant as qref
 from cpufuse.quant.matmul import matmul_geglu as _geglu
-from _util import assert_nmse
+from _util import assert_nmse, clean_env
 
 I32 = np.int32
 
@@ -483,3 +486,16 @@ def test_qmatmul_id_bias_checks(rng):
         g.qmatmul_id(x, w, ids, up=w, bias=b)
     with pytest.raises(GraphError, match="glu must be"):
         g.qmatmul_id(x, w, ids, up=w, glu="oai")
+
+
+@pytest.mark.parametrize("group", ["2", "3"])
+def test_qmatmul_id_decode_task_groups(group):
+    """CPUFUSE_MOE_GROUP (qmoe.inc, read once per process): decode-sized routed calls whose tasks take several
+    consecutive chunks of one expert give the same bits: the decode tests above, run again in a process with
+    the knob set (each checks every thread count against the rows' own matmuls)"""
+    tests = [f"{__file__}::{t}" for t in ("test_qmatmul_id_decode_threads", "test_qmatmul_id_hinted_chain",
+                                           "test_qmatmul_id_decode_own_rows_and_fused_wsum")]
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+                       env=clean_env(CPUFUSE_MOE_GROUP=group), capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout, r.stdout[-2000:]
