@@ -41,7 +41,8 @@
 #            ("q8_0 q4_0"), the trees alternating, AB_ROUNDS (3) rounds; AB_SHAPE: another bigmodels shape
 #            (e.g. granite-1b-a400m with AB_TYPES=q8_0, gpt-oss-20b-4l with mxfp4); AB_PURE=1: the
 #            one-type (--pure) files; AB_BENCH=here: every tree runs this tree's bench/e2e/profile.py
-#            (copied over the others' first: the same measurement for each tree). ~1-2 min
+#            (copied over the others' first: the same measurement for each tree); AB_ENVS: settings each tree
+#            also runs under, one process each (e.g. "CPUFUSE_MOE_GROUP=1 CPUFUSE_MOE_GROUP=4"). ~1-2 min
 #   spec     issue 43: bench.e2e.spec --replay of the VM's speculative traces (SPEC_TRACE) on a random-weight
 #            file of Qwen2.5-Coder-1.5B's shapes (written first, ~1 GB; the real one is not on the device), at
 #            SPEC_THREADS (1,16); needs only .whl.                                             ~4-6 min
@@ -221,11 +222,15 @@ case "$PHASE" in
       for ty in ${AB_TYPES:-q8_0 q4_0}; do
         f=$("$PY" -c "from bench.e2e.bigmodels import file_name; print(file_name('${AB_SHAPE:-1b}', '$ty', $ABPY))")
         for tree in "${TREES[@]}"; do
-          [ "$(left)" -gt 40 ] || break 3
-          tag=$([ "$tree" = . ] && echo new || basename "$tree")
-          ( cd "$tree" && PYTHONPATH="/tmp/site:$PWD" timeout "$(left)" "$PY" -m bench.e2e.profile "$CPUFUSE_BENCH_MODELS/$f" \
-              --threads "${AB_THREADS:-16}" --read-mib 0 ${AB_ARGS:-} --md "$OUT/ab-$ty$ABP-$tag-r$r.md" > "$OUT/ab-$ty$ABP-$tag-r$r.log" 2>&1 )
-          say "round $r $ty$ABP $tag: $(grep -E '^\| [0-9]+ \|' "$OUT/ab-$ty$ABP-$tag-r$r.md" | head -1)"
+          for ev in ${AB_ENVS:-_}; do
+            [ "$(left)" -gt 40 ] || break 4
+            tag=$([ "$tree" = . ] && echo new || basename "$tree")
+            [ "$ev" = _ ] || tag="$tag-$(echo "${ev#CPUFUSE_}" | tr 'A-Z=' 'a-z-')"
+            ( cd "$tree" && [ "$ev" = _ ] || export "$ev"
+              PYTHONPATH="/tmp/site:$PWD" timeout "$(left)" "$PY" -m bench.e2e.profile "$CPUFUSE_BENCH_MODELS/$f" \
+                --threads "${AB_THREADS:-16}" --read-mib 0 ${AB_ARGS:-} --md "$OUT/ab-$ty$ABP-$tag-r$r.md" > "$OUT/ab-$ty$ABP-$tag-r$r.log" 2>&1 )
+            say "round $r $ty$ABP $tag: $(grep -E '^\| [0-9]+ \|' "$OUT/ab-$ty$ABP-$tag-r$r.md" | head -1)"
+          done
         done
       done
     done ;;
