@@ -138,12 +138,57 @@ def test_qkv_rope_kv_write_in_region(rng, T, kv_type):
     ref = [a.copy() for a in pf.run(copy=True, n_threads=1, x=X, pos=P, cells=C)]
     assert kc.any() and vc.any()
     for plan in (pf, pu):
-        for nth in (1, 2, 3, 4):
-            kc[:] = 0
-            vc[:] = 0
-            got = plan.run(copy=True, n_threads=nth, x=X, pos=P, cells=C)
-            for k_, (a, b) in enumerate(zip(got, ref)):
-                assert np.array_equal(a, b), (plan.describe(), nth, k_)
+        _same_bits_every_team(plan, ref, (kc, vc), x=X, pos=P, cells=C)
+
+
+def _same_bits_every_team(plan, ref, caches, **inputs):
+    """the plan's outputs (caches zeroed before each run) are `ref`'s bits at 1-4 threads"""
+    for nth in (1, 2, 3, 4):
+        for c in caches:
+            c[:] = 0
+        got = plan.run(copy=True, n_threads=nth, **inputs)
+        for k_, (a, b) in enumerate(zip(got, ref)):
+            assert np.array_equal(a, b), (plan.describe(), nth, k_)
+
+
+@pytest.mark.parametrize("T", [1, 3])
+def test_qk_norm_rope_kv_write_in_region(rng, T):
+    """qwen3's order (QKV, the per-head Q and K RMS norms, the K rope, the K and V cell writes, the Q rope), then the
+    output projection with its residual and the FFN norm after it: at 1-3 rows with a team the norms, ropes and
+    writes run in the QKV call's (and the norm in the output call's) task region (graph.inc plan_after_of), and
+    no buffer of those steps is shared between them (records.py _after_windows); the outputs and caches are the
+    bits of the 1-thread plan, fused and unfused, at 1-4 threads"""
+    from cpufuse.graph.records import _after_windows
+    isa = [i for i in cpufuse.available_isas() if i != "numba"][0]
+    K, H, HKV, D = 256, 4, 2, 64
+    wq, wk, wv = (qref.make_weight("Q4_0", n, K, rng) for n in (H * D, HKV * D, HKV * D))
+    wo = qref.make_weight("Q4_K", K, H * D, rng)
+    kc, vc = np.zeros((8, HKV, D), np.float16), np.zeros((8, HKV, D), np.float16)
+    g = Graph()
+    x = g.input("x", (T, K))
+    pos, cells = g.input("pos", (T,), np.int32), g.input("cells", (T,), np.int32)
+    h = g.mul(g.rms_norm(x, 1e-5), g.constant(U(rng, (K,)), "attn_norm"))
+    q, k, v = (g.qmatmul(h, w) for w in (wq, wk, wv))
+    qn = g.mul(g.rms_norm(g.reshape(q, (T, H, D)), 1e-6), g.constant(U(rng, (D,)), "q_norm"))
+    kn = g.mul(g.rms_norm(g.reshape(k, (T, HKV, D)), 1e-6), g.constant(U(rng, (D,)), "k_norm"))
+    kw = g.kv_write(g.rope(kn, pos, D, name="rope_k"), kc, cells)
+    vw = g.kv_write(g.reshape(v, (T, HKV, D)), vc, cells)
+    rq = g.rope(qn, pos, D, name="rope_q")
+    res = g.add(g.qmatmul(g.reshape(rq, (T, H * D)), wo), x)
+    hf = g.mul(g.rms_norm(res, 1e-5), g.constant(U(rng, (K,)), "ffn_norm"))
+    g.output(hf, res, kw, vw)
+    X, P, C = U(rng, (T, K)), np.arange(3, 3 + T, dtype=np.int32), np.array([5, 1, 6][:T], np.int32)
+    pf, pu = g.compile(fusion=True, isa=isa), g.compile(fusion=False, isa=isa)
+    ref = [a.copy() for a in pf.run(copy=True, n_threads=1, x=X, pos=P, cells=C)]
+    for plan in (pf, pu):
+        ends = _after_windows(plan.steps)
+        for i, st in enumerate(plan.steps):   # a window's steps share no buffer but the ones they pass along
+            for j in range(i + 1, ends[i] + 1):
+                for o in (n for n in st.outs if n is not None and n.id in plan.buffers):
+                    for n in (m for m in plan.steps[j].outs if m is not None and m.id in plan.buffers):
+                        assert not np.shares_memory(plan.buffers[o.id], plan.buffers[n.id]), (plan.describe(), i, j)
+        assert any(e > i for i, e in enumerate(ends)), plan.describe()
+        _same_bits_every_team(plan, ref, (kc, vc), x=X, pos=P, cells=C)
 
 
 def test_norm_prologue_input_weight(rng):

@@ -146,6 +146,30 @@ def _assemble(seg):
     return flat
 
 
+AFTER_KINDS = ("rms_norm", "rope", "kv_write")
+AFTER_MAX = 8      # native/kernels/graph.inc QM_AFTER_MAX
+AFTER_ROWS = 3     # the most rows of a QMM whose task region runs the records after it (plan_after_of)
+
+
+def _after_windows(steps):
+    """step i -> the last step of the window it lies in (i where none): a decode-sized qmatmul (at most
+    AFTER_ROWS rows) and the rms_norm, rope and kv_write steps right after it (at most AFTER_MAX), which
+    the C executor may run in the matmul's task region, concurrently (graph.inc plan_after_of). A buffer
+    freed inside a window is reused only after it, so no step of the window writes over what another
+    one (or the matmul) still reads; plan_after_of checks the spans and runs them one by one otherwise."""
+    end = list(range(len(steps)))
+    for i, st in enumerate(steps):
+        lead = st.outs[0].shape[:-1] if st.kind == "qmatmul" and st.outs and st.outs[0] is not None else None
+        if lead is None or not all(isinstance(d, int) for d in lead) or math.prod(lead) > AFTER_ROWS:
+            continue
+        j = i
+        while j + 1 < len(steps) and j - i < AFTER_MAX and steps[j + 1].kind in AFTER_KINDS:
+            j += 1
+        for k in range(i, j + 1):
+            end[k] = j
+    return end
+
+
 def allocate(graph, steps):
     """One arena buffer per computed node that owns storage (node id -> flat ndarray);
     intermediates whose lifetimes do not overlap share memory (greedy first fit); outputs get
@@ -160,7 +184,8 @@ def allocate(graph, steps):
     for n in graph.nodes:
         if n.op in ("cache_write", "kv_write"):  # the user's cache array is the node's buffer
             buffers[n.id] = n.params["cache"].reshape(-1)
-    free = []  # (size, array)
+    hold = _after_windows(steps)
+    free, held = [], []  # (size, array); held: freed inside a window, free at its end
     for i, st in enumerate(steps):
         for o in st.outs:
             if o is None or o.id in buffers:
@@ -182,8 +207,11 @@ def allocate(graph, steps):
             root = _view_root(a)[0]
             if last_use.get(root.id, -1) == i and root.id in buffers and root.id not in out_roots \
                     and root.op not in ("input", "const", "cache_write", "kv_write"):
-                free.append((buffers[root.id].size, buffers[root.id]))
+                (held if hold[i] > i else free).append((buffers[root.id].size, buffers[root.id]))
                 del last_use[root.id]
+        if held and hold[i] == i:
+            free += held
+            held = []
         free.sort(key=lambda t: t[0])
     for n in graph.nodes:
         if n.op == "const":
