@@ -25,6 +25,21 @@
 #define CF_EXP_C5 0.008312512189149857f
 
 #include <string.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+/* an A/B knob of the kernels: parse(getenv(name)) (NULL when unset; a value >= 0), read once per process into
+ * *cache (-1 until then) */
+static inline int cf_knob(atomic_int *cache, const char *name, int (*parse)(const char *)) {
+  int v = atomic_load_explicit(cache, memory_order_relaxed);
+  if (v < 0) {
+    v = parse(getenv(name));
+    atomic_store_explicit(cache, v, memory_order_relaxed);
+  }
+  return v;
+}
+/* cf_knob's parse of an on/off knob: on unless set to "0" */
+static inline int cf_knob_on(const char *e) { return !(e && !strcmp(e, "0")); }
+
 static inline float cf_h2f(uint16_t h) {
   /* exact binary16 -> binary32, including subnormals, inf and NaN */
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
