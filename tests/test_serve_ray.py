@@ -90,38 +90,49 @@ def test_two_replicas_answer_alike(url):
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
 
 
+def _replica_actors():
+    """{unique id (X-Cpufuse-Replica): Ray actor} of the Serve replicas"""
+    return {a["name"].rsplit("#", 1)[1]: ray.get_actor(a["name"], namespace=a["namespace"])
+            for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("SERVE_REPLICA::")}
+
+
 def _replica_actor(replica_id):
-    """the Ray actor of the Serve replica whose unique id is `replica_id` (X-Cpufuse-Replica)"""
-    for a in ray.util.list_named_actors(all_namespaces=True):
-        if a["name"].startswith("SERVE_REPLICA::") and a["name"].endswith("#" + replica_id):
-            return ray.get_actor(a["name"], namespace=a["namespace"])
-    raise AssertionError(f"no replica actor {replica_id}: {ray.util.list_named_actors(all_namespaces=True)}")
+    """the Ray actor of the Serve replica whose unique id is `replica_id`"""
+    actors = _replica_actors()
+    assert replica_id in actors, f"no replica actor {replica_id}: {list(actors)}"
+    return actors[replica_id]
 
 
 def test_a_replica_killed_mid_load_loses_no_request(url):
-    """16 requests at once (8 a replica, 2 running and 6 queued in each engine); when the first
-    answer comes, its replica is killed. Ray's router retries what it had not handed to a replica
-    yet; the ingress sends again what the dead replica had accepted (nothing of those replies had
-    reached the client). Every request gets a whole answer, and the same one (same seed)."""
-    body = {"prompt": "count", "max_tokens": 160, "temperature": 0.8, "seed": 11, "ignore_eos": True}
+    """24 requests at once (2 running and the rest queued in each engine); when the first answer
+    comes, its replica is killed. Ray's router retries what it had not handed to a replica yet; the
+    ingress sends again what the dead replica had accepted (nothing of those replies had reached
+    the client). Every request gets a whole answer, and the same tokens (same seed; each answer is
+    a prefix of the longest). The router spreads a burst by queue lengths that lag it, so a replica
+    may take only a few requests (4 of 24 seen): the lengths differ by 6 tokens, so the one the
+    victim runs beside its first answer is still in flight when it is killed (with one length, a
+    replica that took two requests finished both at once and left nothing to send again)."""
+    n = 24
     first = concurrent.futures.Future()
+    actors = _replica_actors()   # looked up before the burst, so the kill follows the first answer at once
 
-    def one(_):
+    def one(i):
+        body = {"prompt": "count", "max_tokens": 60 + 6 * i, "temperature": 0.8, "seed": 11, "ignore_eos": True}
         r = httpx.post(url + "/v1/completions", json=body, timeout=120)
         try:
             first.set_result(r.headers.get("x-cpufuse-replica"))
         except concurrent.futures.InvalidStateError:    # another answer came first
             pass
         return r
-    with concurrent.futures.ThreadPoolExecutor(16) as ex:
-        futs = [ex.submit(one, i) for i in range(16)]
+    with concurrent.futures.ThreadPoolExecutor(n) as ex:
+        futs = [ex.submit(one, i) for i in range(n)]
         victim = first.result(timeout=120)
-        ray.kill(_replica_actor(victim), no_restart=True)
+        ray.kill(actors[victim] if victim in actors else _replica_actor(victim), no_restart=True)
         out = [f.result() for f in futs]
-    assert [r.status_code for r in out] == [200] * 16, [r.text for r in out if r.status_code != 200]
-    texts = {r.json()["choices"][0]["text"] for r in out}
-    assert len(texts) == 1, "a retried request gave other tokens"
-    assert all(r.json()["usage"]["completion_tokens"] == 160 for r in out)
+    assert [r.status_code for r in out] == [200] * n, [r.text for r in out if r.status_code != 200]
+    assert [r.json()["usage"]["completion_tokens"] for r in out] == [60 + 6 * i for i in range(n)]
+    texts = [r.json()["choices"][0]["text"] for r in out]
+    assert all(texts[-1].startswith(t) for t in texts), "a retried request gave other tokens"
     retried = [r for r in out if r.headers.get("x-cpufuse-retries")]
     assert retried, "the killed replica had no request in flight: nothing was retried"
     assert all(r.headers["x-cpufuse-replica"] != victim for r in retried)
