@@ -666,6 +666,32 @@ def test_thread_count_does_not_change_bits(path):
 
 
 @pytest.mark.parametrize("isa", NATIVE_ISAS)
+@pytest.mark.parametrize("kt", (None, "q8_0", "q4_0"))
+def test_row_slices_for_a_large_team_change_no_bit(isa, kt):
+    """A decode group of 8 GQA heads (Qwen3-30B-A3B, gpt-oss) is cut into slices of rows when the team
+    outnumbers the groups (rows and split strategies); a row's result is the same in every slice."""
+    need(isa)
+    from cpufuse.ops import kvquant
+    rng = seeded("slices", kt)
+    for Hq, Hk, N, T in ((16, 2, 1, 100), (16, 2, 1, 700), (24, 3, 2, 90), (8, 1, 1, 1), (16, 1, 1, 300)):
+        q, k, v = small(rng, Hq=Hq, Hk=Hk, N=N, T=T)
+        mask = None
+        if N > 1:
+            mask = np.zeros((1, 1, N, T), F16)
+            mask[0, 0, 0, T - 1:] = -np.inf
+        kw = dict(scale=0.125, sinks=rng.uniform(-3, 3, Hq).astype(F32), isa=isa)
+        if kt:
+            k, v = kvquant.quantize(k.astype(F32), kt), kvquant.quantize(v.astype(F32), kt)
+            kw.update(k_type=kt, v_type=kt)
+        outs = [cpufuse.flash_attn(q, k, v, mask, n_threads=n, **kw) for n in (1, 3, 5, 16)]
+        ref = reference.flash_attn(q, kvquant.dequantize(k, kt, 64) if kt else k, kvquant.dequantize(v, kt, 64) if kt else v,
+                                   mask, scale=0.125, sinks=kw["sinks"])
+        assert_close(ref, outs[0], TOL if not kt else 0.05, f"Hq={Hq} Hk={Hk} N={N} T={T}")
+        for n, o in zip((3, 5, 16), outs[1:]):
+            assert same_bits(outs[0], o), f"Hq={Hq} Hk={Hk} N={N} T={T} k_type={kt}: n_threads={n} differs from 1"
+
+
+@pytest.mark.parametrize("isa", NATIVE_ISAS)
 def test_q_tile(isa):
     need(isa)
     rng = seeded("qtile")
