@@ -41,6 +41,31 @@ def test_app_options_name_the_bad_argument():
     assert len(a) == 3 and a[:2] == b[:2] and a[2] != b[2] and prefix_hashes("short") == []
 
 
+def test_prefix_router_takes_turns_among_equals():
+    """a burst of short prompts: Ray picks the first of equal queue lengths and its lengths lag the
+    burst, so the router rotates the tied replicas (no cluster needed)"""
+    import asyncio
+    import types
+
+    from cpufuse.serve.ray import PrefixRouter
+    router = PrefixRouter.__new__(PrefixRouter)
+    router._replica_queue_len_cache = {}
+    router.initialize_state()
+    reps = [types.SimpleNamespace(replica_id=f"r{i}") for i in (2, 0, 1)]
+
+    def first():
+        ranks = asyncio.run(router.choose_replicas(reps, None))
+        assert sorted(x.replica_id for x in ranks[1]) == ["r0", "r1", "r2"]
+        return ranks[0][0].replica_id
+    assert [first() for _ in range(6)] == ["r0", "r1", "r2"] * 2
+    router._replica_queue_len_cache = {"r0": 3}
+    assert {first() for _ in range(4)} == {"r1", "r2"}
+    long_prompt = types.SimpleNamespace(args=[types.SimpleNamespace(prompt="p" * 200)], kwargs={})
+    router.on_request_routed(long_prompt, "r0", None)      # r0 holds the prefix, 3 queued: within 4 of 0
+    ranks = asyncio.run(router.choose_replicas(reps, long_prompt))
+    assert [x.replica_id for x in ranks[0]] == ["r0"]
+
+
 @pytest.fixture(scope="module")
 def url(tmp_path_factory):
     gguf = write_tiny_gguf(tmp_path_factory.mktemp("ray") / "tiny.gguf", tied=False, n_ctx_train=512,

@@ -140,13 +140,16 @@ class PrefixRouter(RequestRouter):
     """Prefix affinity on Ray Serve's request-router extension point: a request goes to the
     replica that last took the longest prefix it shares (in blocks of BLOCK_CHARS characters),
     unless that replica's queue is longer than the shortest by more than `imbalanced_threshold`;
-    otherwise (and for a prompt shorter than one block) to the least loaded replica. The map of
-    prefixes is bounded (`max_entries`, least recently used out)."""
+    otherwise (and for a prompt shorter than one block) to the least loaded replica, taking turns
+    among replicas that tie (Ray picks the first of equals, and its queue lengths lag a burst, so a
+    burst would otherwise pile onto one replica). The map of prefixes is bounded (`max_entries`,
+    least recently used out)."""
 
     def initialize_state(self, imbalanced_threshold: int = 4, max_entries: int = 1 << 16, **kwargs):
         self.imbalanced_threshold = int(imbalanced_threshold)
         self.max_entries = int(max_entries)
         self._owner: "collections.OrderedDict[bytes, ReplicaID]" = collections.OrderedDict()
+        self._turn = 0
 
     @staticmethod
     def _prompt(pending_request: Optional[PendingRequest]) -> str:
@@ -173,8 +176,11 @@ class PrefixRouter(RequestRouter):
             r = by_id.get(rid) if rid is not None else None
             if r is not None and self._queue(r) - least <= self.imbalanced_threshold:
                 return [[r], [x for x in candidate_replicas if x is not r]]
-        ranked = sorted(candidate_replicas, key=self._queue)
-        return [[x for x in ranked if self._queue(x) == least], ranked]
+        ranked = sorted(candidate_replicas, key=lambda x: (self._queue(x), str(x.replica_id)))
+        tied = [x for x in ranked if self._queue(x) == least]
+        k = self._turn % len(tied)
+        self._turn += 1
+        return [tied[k:] + tied[:k], ranked]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result) -> None:
         for h in prefix_hashes(self._prompt(pending_request)):
