@@ -6,6 +6,8 @@ type names."""
 import numpy as np
 import pytest
 
+import cpufuse
+
 pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
 
@@ -120,3 +122,53 @@ def test_state_prefix_and_shift(path, tmp_path):
     assert n == 5 and m.n_past == 7
     out = m.eval([PROMPT[12]])
     assert np.all(np.isfinite(out))
+
+
+@pytest.fixture(scope="module")
+def path_g8(tmp_path_factory):   # 8 query heads on one KV head: a decode group of 8 rows (the GEMM path, slices)
+    return str(write_tiny_gguf(tmp_path_factory.mktemp("kvt") / "g8.gguf", qtype="F16", n_ctx_train=1024,
+                               dims=dict(n_embd=256, n_layer=2, n_head=8, n_head_kv=1, n_ff=96)))
+
+
+@pytest.mark.filterwarnings("ignore:cpufuse. n_threads")
+@pytest.mark.parametrize("which", ["path", "path_g8"])
+@pytest.mark.parametrize("tk", ["f16", "q8_0"])
+@pytest.mark.parametrize("isa", [None, "avx2"])
+def test_decode_batch_in_one_region_changes_no_bit(request, which, tk, isa):
+    """past two threads a batch's one-token sequences run their attention in one parallel region
+    (fa_batch_run), the rows sequences beside the split ones (from 512 cells) and the slices of a
+    large team's groups: each row's bits are its sequence's alone at one thread"""
+    if isa and isa not in cpufuse.available_isas():
+        pytest.skip(f"{isa}: this CPU or build lacks it")
+    path = request.getfixturevalue(which)
+    lens = (3, 40, 530, 17)     # cached tokens a sequence; 530 decodes by split-KV chunks
+    toks = [int(t) for t in np.random.default_rng(3).integers(10, 200, size=600)]
+    cap = (64, 4, 4)
+
+    def load(nt):
+        m = Model.load(path, n_ctx=560, n_seq=4, n_batch=64, type_k=tk, type_v=tk, n_threads=nt, isa=isa)
+        for slot, n in enumerate(lens):
+            for i in range(0, n, 64):
+                b = Batch(m)
+                b.add(slot, toks[i:min(n, i + 64)], i)
+                b.run(m.decoder, cap, n_threads=nt)
+        return m
+
+    got = {}
+    for nt in (1, 3, 5, 16):
+        m = load(nt)
+        steps = []
+        for j in range(3):
+            b = Batch(m)
+            for slot, n in enumerate(lens):
+                b.add(slot, [toks[n + j + slot]], n + j)
+            steps.append(b.run(m.decoder, cap, n_threads=nt).copy())
+        got[nt] = np.stack(steps)
+    for nt in (3, 5, 16):
+        assert np.array_equal(got[1].view(np.uint32), got[nt].view(np.uint32)), nt
+    m = load(1)     # each sequence alone
+    for slot, n in enumerate(lens):
+        for j in range(3):
+            b = Batch(m)
+            b.add(slot, [toks[n + j + slot]], n + j)
+            assert np.array_equal(b.run(m.decoder, cap, n_threads=1)[0].view(np.uint32), got[1][j, slot].view(np.uint32))
