@@ -38,7 +38,8 @@
 #            e.g. `git archive HEAD`, and this one; setup builds every .dev/ab/*/ tree too): builds
 #            the trees and the 1B AB_TYPES files when missing (no peers; ~2 min on a fresh machine),
 #            then bench/e2e/profile.py (plus AB_ARGS) at AB_THREADS (16) threads on 1B AB_TYPES
-#            ("q8_0 q4_0"), the trees alternating, AB_ROUNDS (3) rounds; AB_SHAPE: another bigmodels shape
+#            ("q8_0 q4_0"), the trees alternating (even rounds in reverse order), AB_ROUNDS (3) rounds;
+#            AB_SHAPE: another bigmodels shape
 #            (e.g. granite-1b-a400m with AB_TYPES=q8_0, gpt-oss-20b-4l with mxfp4); AB_PURE=1: the
 #            one-type (--pure) files; AB_BENCH=here: every tree runs this tree's bench/e2e/profile.py
 #            (copied over the others' first: the same measurement for each tree); AB_ENVS: settings each tree
@@ -218,19 +219,24 @@ case "$PHASE" in
       for tree in "${TREES[@]}"; do [ "$tree" = . ] || cp bench/e2e/profile.py "$tree/bench/e2e/profile.py"; done
     fi
     say "builds and files ready"
+    # (tree, setting) in round 1's order; the even rounds run them backwards: on the lent Xeon the first
+    # process of a round ran slower, whatever it ran (bench/results/xeon16-s19/README.md)
+    PAIRS=()
+    for tree in "${TREES[@]}"; do for ev in ${AB_ENVS:-_}; do PAIRS+=("$tree|$ev"); done; done
     for r in $(seq "${AB_ROUNDS:-3}"); do
       for ty in ${AB_TYPES:-q8_0 q4_0}; do
         f=$("$PY" -c "from bench.e2e.bigmodels import file_name; print(file_name('${AB_SHAPE:-1b}', '$ty', $ABPY))")
-        for tree in "${TREES[@]}"; do
-          for ev in ${AB_ENVS:-_}; do
-            [ "$(left)" -gt 40 ] || break 4
-            tag=$([ "$tree" = . ] && echo new || basename "$tree")
-            [ "$ev" = _ ] || tag="$tag-$(echo "${ev#CPUFUSE_}" | tr 'A-Z=' 'a-z-')"
-            ( cd "$tree" && [ "$ev" = _ ] || export "$ev"
-              PYTHONPATH="/tmp/site:$PWD" timeout "$(left)" "$PY" -m bench.e2e.profile "$CPUFUSE_BENCH_MODELS/$f" \
-                --threads "${AB_THREADS:-16}" --read-mib 0 ${AB_ARGS:-} --md "$OUT/ab-$ty$ABP-$tag-r$r.md" > "$OUT/ab-$ty$ABP-$tag-r$r.log" 2>&1 )
-            say "round $r $ty$ABP $tag: $(grep -E '^\| [0-9]+ \|' "$OUT/ab-$ty$ABP-$tag-r$r.md" | head -1)"
-          done
+        ORDER=("${PAIRS[@]}")
+        [ $((r % 2)) = 0 ] && ORDER=($(printf '%s\n' "${PAIRS[@]}" | tac))
+        for pair in "${ORDER[@]}"; do
+          tree=${pair%%|*} ev=${pair#*|}
+          [ "$(left)" -gt 40 ] || break 3
+          tag=$([ "$tree" = . ] && echo new || basename "$tree")
+          [ "$ev" = _ ] || tag="$tag-$(echo "${ev#CPUFUSE_}" | tr 'A-Z=' 'a-z-')"
+          ( cd "$tree" && [ "$ev" = _ ] || export "$ev"
+            PYTHONPATH="/tmp/site:$PWD" timeout "$(left)" "$PY" -m bench.e2e.profile "$CPUFUSE_BENCH_MODELS/$f" \
+              --threads "${AB_THREADS:-16}" --read-mib 0 ${AB_ARGS:-} --md "$OUT/ab-$ty$ABP-$tag-r$r.md" > "$OUT/ab-$ty$ABP-$tag-r$r.log" 2>&1 )
+          say "round $r $ty$ABP $tag: $(grep -E '^\| [0-9]+ \|' "$OUT/ab-$ty$ABP-$tag-r$r.md" | head -1)"
         done
       done
     done ;;
