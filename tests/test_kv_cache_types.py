@@ -130,18 +130,26 @@ def path_g8(tmp_path_factory):   # 8 query heads on one KV head: a decode group 
                                dims=dict(n_embd=256, n_layer=2, n_head=8, n_head_kv=1, n_ff=96)))
 
 
+@pytest.fixture(scope="module")
+def path_swa(tmp_path_factory):   # gemma3: sliding-window layers whose cells are a ring of 4 a sequence (wrapping)
+    return str(write_tiny_gguf(tmp_path_factory.mktemp("kvt") / "swa.gguf", qtype="F16", arch="gemma3",
+                               n_ctx_train=1024, dims=dict(n_embd=128, n_head=4, n_head_kv=2)))
+
+
 @pytest.mark.filterwarnings("ignore:cpufuse. n_threads")
-@pytest.mark.parametrize("which", ["path", "path_g8"])
+@pytest.mark.parametrize("which", ["path", "path_g8", "path_swa"])
 @pytest.mark.parametrize("tk", ["f16", "q8_0"])
 @pytest.mark.parametrize("isa", [None, "avx2"])
 def test_decode_batch_in_one_region_changes_no_bit(request, which, tk, isa):
     """past two threads a batch's one-token sequences run their attention in one parallel region
-    (fa_batch_run), the rows sequences beside the split ones (from 512 cells) and the slices of a
-    large team's groups: each row's bits are its sequence's alone at one thread"""
+    (fa_batch_run), the rows sequences beside the split ones (from 512 cells), the slices of a
+    large team's groups and the wrapped ranges of sliding-window rings: each row's bits are its
+    sequence's alone at one thread"""
     if isa and isa not in cpufuse.available_isas():
         pytest.skip(f"{isa}: this CPU or build lacks it")
     path = request.getfixturevalue(which)
-    lens = (3, 40, 530, 17)     # cached tokens a sequence; 530 decodes by split-KV chunks
+    lens = (3, 68, 544, 136)    # cached tokens a sequence; 544 decodes by split-KV chunks; 68 divides 68, 544, 136:
+    # their steps wrap a ring of 4 + 64 cells (path_swa)
     toks = [int(t) for t in np.random.default_rng(3).integers(10, 200, size=600)]
     cap = (64, 4, 4)
 
