@@ -898,3 +898,19 @@ def test_out_must_not_overlap_inputs(victim):
         cpufuse.flash_attn(args.pop("q"), args.pop("k"), args.pop("v"), args.pop("mask"),
                            scale=0.3, out=out, **args)
     assert np.array_equal(buf, before)
+
+
+def test_split_knob_sets_the_thresholds_or_names_itself():
+    """CPUFUSE_FA_SPLIT="MIN_T,CHUNK" (a timing knob, read at import) replaces SPLIT_MIN_T and the split's chunk;
+    a bad value is a ValueError that names it"""
+    import os
+    import subprocess
+    import sys
+    code = "from cpufuse.ops import attention as a; print(a.SPLIT_MIN_T, a.DEFAULT_SPLIT_CHUNK, a.choose_strategy(1, 130))"
+    env = dict(os.environ, CPUFUSE_FA_SPLIT="128,64")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["128", "64", "split"], out.stderr[-2000:]
+    for bad in ("128", "1,64", "a,b", "128,0"):
+        env["CPUFUSE_FA_SPLIT"] = bad
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode != 0 and "CPUFUSE_FA_SPLIT must be 'MIN_T,CHUNK'" in out.stderr and repr(bad) in out.stderr

@@ -1,6 +1,7 @@
 """flash_attn (ggml flash_attn_ext): the declaration of its operands (binder.py), the checks, which make its
 entries, the strategy and the call."""
 import math
+import os
 
 import numpy as np
 
@@ -70,6 +71,23 @@ def _check_kv(a, name):
 
 SPLIT_MIN_T = 512  # one query over at least this many KV positions: split-KV
 TILED_MIN_N = 8    # at least this many query rows: tiled blocks (also read by the plans' attn_seqs in C)
+
+
+def _split_knob(env):
+    """CPUFUSE_FA_SPLIT="MIN_T,CHUNK" (read once, at import; for timing experiments): split-KV from MIN_T
+    cells in chunks of CHUNK, in place of SPLIT_MIN_T and DEFAULT_SPLIT_CHUNK. Results then differ from the
+    defaults' (the chunks are merged in another order), the same for every thread count."""
+    try:
+        t, c = (int(x) for x in env.split(","))
+    except ValueError:
+        t = c = 0
+    if not (t >= 2 and c >= 1):
+        raise ValueError(f"CPUFUSE_FA_SPLIT must be 'MIN_T,CHUNK', two integers >= 2 and >= 1, got {env!r}")
+    return t, c
+
+
+if os.environ.get("CPUFUSE_FA_SPLIT", "").strip():
+    SPLIT_MIN_T, DEFAULT_SPLIT_CHUNK = _split_knob(os.environ["CPUFUSE_FA_SPLIT"].strip())
 
 
 def choose_strategy(N, T):
