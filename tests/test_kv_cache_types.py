@@ -141,10 +141,10 @@ def path_swa(tmp_path_factory):   # gemma3: sliding-window layers whose cells ar
 @pytest.mark.parametrize("tk", ["f16", "q8_0"])
 @pytest.mark.parametrize("isa", [None, "avx2"])
 def test_decode_batch_in_one_region_changes_no_bit(request, which, tk, isa):
-    """past two threads a batch's one-token sequences run their attention in one parallel region
-    (fa_batch_run), the rows sequences beside the split ones (from 512 cells), the slices of a
-    large team's groups and the wrapped ranges of sliding-window rings: each row's bits are its
-    sequence's alone at one thread"""
+    """from two threads a batch's one-token sequences run their attention in one parallel region
+    (fa_batch_run): the rows sequences, beside them past two threads the split ones (from 512 cells),
+    the slices of a large team's groups and the wrapped ranges of sliding-window rings. Each row's
+    bits are its sequence's alone at one thread"""
     if isa and isa not in cpufuse.available_isas():
         pytest.skip(f"{isa}: this CPU or build lacks it")
     path = request.getfixturevalue(which)
@@ -163,7 +163,7 @@ def test_decode_batch_in_one_region_changes_no_bit(request, which, tk, isa):
         return m
 
     got = {}
-    for nt in (1, 3, 5, 16):
+    for nt in (1, 2, 3, 5, 16):
         m = load(nt)
         steps = []
         for j in range(3):
@@ -172,7 +172,7 @@ def test_decode_batch_in_one_region_changes_no_bit(request, which, tk, isa):
                 b.add(slot, [toks[n + j + slot]], n + j)
             steps.append(b.run(m.decoder, cap, n_threads=nt).copy())
         got[nt] = np.stack(steps)
-    for nt in (3, 5, 16):
+    for nt in (2, 3, 5, 16):
         assert np.array_equal(got[1].view(np.uint32), got[nt].view(np.uint32)), nt
     m = load(1)     # each sequence alone
     for slot, n in enumerate(lens):
