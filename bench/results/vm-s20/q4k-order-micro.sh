@@ -1,0 +1,2 @@
+for r in 1 2; do for t in /work/main /tmp/seq0 /tmp/seq0lo; do PYTHONPATH=$t taskset -c 0 /work/wt-q4kdec/.venv/bin/python /work/main/bench/results/vm-s15-q4kdec/micro.py $t l3_2048x4096x2,dram_2048x4096x64,dram_2048x768x200,dram_768x2048x160 2>&1 | python3 -c "
+import json,sys; d=json.loads(sys.stdin.read()); print(d['label'], 'probe %.1f'%d['probe'][0], ' '.join('%s %.1f'%(k, d[k][0]) for k in ('l3_2048x4096x2','dram_2048x4096x64','dram_2048x768x200','dram_768x2048x160')), 'probe2 %.1f'%d['probe2'][0])"; done; done
