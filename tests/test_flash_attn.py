@@ -651,6 +651,28 @@ def test_split_chunk_invariance(isa):
                      TOL, f"masked chunk, chunk={chunk}")
 
 
+@pytest.mark.parametrize("isa", NATIVE_ISAS)
+def test_default_split_chunk_follows_the_cell_count(isa):
+    """chunk=None (the default): a decode call from SPLIT_MIN_T cells splits in auto_split_chunk(T) chunks (64 up to
+    1024 cells, 128 up to 2048, then 256), which the kernel picks from T alone: the same bits as that chunk given,
+    at every thread count; the model's attn_seqs records pass None too"""
+    from cpufuse.ops import attention as A
+    need(isa)
+    assert A.DEFAULT_SPLIT_CHUNK is None and A.SPLIT_MIN_T == 128
+    assert [A.auto_split_chunk(t) for t in (128, 1024, 1025, 2048, 2049, 40000)] == [64, 64, 128, 128, 256, 256]
+    assert A.choose_strategy(1, 127) == "rows" and A.choose_strategy(1, 128) == "split"
+    for T in (130, 1024, 1100, 2100):
+        rng = seeded("auto-chunk", T)
+        q, k, v = small(rng, Hq=8, Hk=2, N=1, T=T, DK=64, DV=64)
+        given = cpufuse.flash_attn(q, k, v, scale=0.125, isa=isa, strategy="split", chunk=A.auto_split_chunk(T))
+        assert_close(reference.flash_attn(q, k, v, scale=0.125), given, TOL, f"T={T}")
+        other = cpufuse.flash_attn(q, k, v, scale=0.125, isa=isa, strategy="split", chunk=A.auto_split_chunk(T) * 2)
+        assert not same_bits(given, other), f"T={T}: the chunk should change the merge order"
+        for n in (1, 2, 5):
+            auto = cpufuse.flash_attn(q, k, v, scale=0.125, isa=isa, n_threads=n)
+            assert same_bits(given, auto), f"T={T}, {n} threads: the default is not auto_split_chunk(T)"
+
+
 @pytest.mark.parametrize("path", PATHS, ids=[_path_id(p) for p in PATHS])
 def test_thread_count_does_not_change_bits(path):
     """docs/semantics.md §1: fixed chunking, so n_threads never changes a bit (split-KV included)."""

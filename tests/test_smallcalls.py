@@ -9,6 +9,7 @@ import pytest
 
 import cpufuse
 from cpufuse.reference.quant import make_weight
+from cpufuse.ops.attention import auto_split_chunk
 from _util import AVAILABLE, assert_bit_identical, raised
 
 ISAS = [i for i in AVAILABLE]  # every path here, numba included
@@ -127,7 +128,8 @@ def test_flash_attn_planned_matches_general(isa, kv, geom):
     k = f32(S, Hk, T, DK).astype(kv)
     v = f32(S, Hk, T, DV).astype(kv)
     q0, k0 = q.copy(), k.copy()
-    gen = cpufuse.flash_attn(q, k, v, scale=0.125, chunk=np.int64(256), isa=isa)
+    # a numpy int chunk takes the general path; the default's chunk is auto_split_chunk(T)
+    gen = cpufuse.flash_attn(q, k, v, scale=0.125, chunk=np.int64(auto_split_chunk(T)), isa=isa)
     assert_bit_identical(cpufuse.flash_attn(q, k, v, scale=0.125, isa=isa), gen)
     o = np.empty_like(gen)
     assert cpufuse.flash_attn(q, k, v, scale=0.125, out=o, isa=isa) is o

@@ -388,7 +388,7 @@ def _lower_attn_seqs(st, L):
     return ATTN_SEQS.pack(q=L.slot(q), k=L.slot(kc), v=L.slot(vc), seqs=L.slot(seqs), ngroups=seqs.shape[0],
                           out=L.slot(out), n=n, h=H, hkv=kc.shape[1], d=D, n_cells=kc.shape[0], kf16=_kv_code(kc),
                           vf16=_kv_code(vc), split_min_t=_attn.SPLIT_MIN_T, tiled_min_n=_attn.TILED_MIN_N,
-                          chunk=_attn.DEFAULT_SPLIT_CHUNK, f_scale=L.fparam(st.params["scale"]),
+                          chunk=_attn.DEFAULT_SPLIT_CHUNK or 0, f_scale=L.fparam(st.params["scale"]),
                           f_softcap=L.fparam(st.params["softcap"]), swa=st.params["window"],
                           ring=st.params["ring"], sinks=L.slot(st.ins[4] if len(st.ins) > 4 else None)), None
 

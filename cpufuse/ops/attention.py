@@ -23,7 +23,7 @@ def fa_desc(qg, kg, vg, og, mg, mkind, kf16, vf16, strategy, chunk, q_tile):
     return FA.pack(S=S, HQ=Hq, N=N, DK=DK, HK=Hk, HV=Hv, T=T, DV=DV, QS0=qs[0], QS1=qs[1], QS2=qs[2],
                    KS0=ks[0], KS1=ks[1], KS2=ks[2], VS0=vs[0], VS1=vs[1], VS2=vs[2], KF16=kf16, VF16=vf16,
                    MS=MS, MH=MH, MS0=MS0, MS1=MS1, MS2=MS2, MKIND=mkind if mg else 0,
-                   OS0=os_[0], OS1=os_[1], OS2=os_[2], STRATEGY=STRATEGIES[strategy], CHUNK=chunk, QTILE=q_tile,
+                   OS0=os_[0], OS1=os_[1], OS2=os_[2], STRATEGY=STRATEGIES[strategy], CHUNK=chunk or 0, QTILE=q_tile,
                    COLD=0)
 
 
@@ -32,7 +32,15 @@ def fa_desc(qg, kg, vg, og, mg, mkind, kf16, vf16, strategy, chunk, q_tile):
 # flash attention
 
 STRATEGIES = {k.lower(): v for k, v in FA_STRATEGY.values.items()}   # {"rows": 1, "tiled": 2, "split": 3}
-DEFAULT_SPLIT_CHUNK = 256  # KV columns per split-KV chunk: fixed, so results never depend on threads
+DEFAULT_SPLIT_CHUNK = None  # KV columns per split-KV chunk; None: auto_split_chunk(T), taken by the kernel
+
+
+def auto_split_chunk(T):
+    """The split-KV chunk the kernels take for T cells when none is given (C fa_auto_chunk): 64 up to 1024
+    cells, 128 up to 2048, then 256. A function of T alone, so results never depend on the thread count or
+    the batch; small chunks give a team tasks at short contexts, large ones keep the merge cheap at depth
+    (docs/kv.md, "Split-KV from 128 cells")."""
+    return 64 if T <= 1024 else 128 if T <= 2048 else 256
 
 
 
@@ -69,7 +77,7 @@ def _check_kv(a, name):
     _check_last_axis(a, name)
 
 
-SPLIT_MIN_T = 512  # one query over at least this many KV positions: split-KV
+SPLIT_MIN_T = 128  # one query over at least this many KV positions: split-KV
 TILED_MIN_N = 8    # at least this many query rows: tiled blocks (also read by the plans' attn_seqs in C)
 
 
@@ -133,7 +141,8 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
     used as given) (mS, mH, mN, Tm) with mN >= N, Tm >= T, heads/sequences tiled by modulo; a -inf
     entry excludes that KV position (its K/V are never read). sinks: float32 (Hq,). Returns float32
     (S, N, Hq, DV), ggml's permuted layout. Strided q/k/v with unit-stride rows are read in place.
-    strategy: None (auto), "rows", "tiled" or "split"; chunk: split-KV chunk (fixed, deterministic).
+    strategy: None (auto), "rows", "tiled" or "split"; chunk: the split-KV chunk (None: auto_split_chunk(T);
+    either way independent of the threads).
     fused=False runs the unfused chain (score matrix, softmax, matmul). ggml_compat=True rounds Q
     to f16 when K is f16, as upstream's reference path does.
     k_type / v_type "q8_0" or "q4_0": k (S, Hk, T, DK / 32 * 34 or 18) / v (S, Hv, T, DV / 32 * ...) are uint8
@@ -193,10 +202,10 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
         strategy = choose_strategy(N, T)
     elif strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of auto, {', '.join(STRATEGIES)}; got {strategy!r}")
-    chunk, q_tile = int(chunk), int(q_tile)
+    chunk, q_tile = None if chunk is None else int(chunk), int(q_tile)
     for nm, val in (("chunk", chunk), ("q_tile", q_tile)):
-        if val < 1:
-            raise ValueError(f"{nm} must be >= 1, got {val}")
+        if val is not None and val < 1:
+            raise ValueError(f"{nm} must be >= 1{' or None' if nm == 'chunk' else ''}, got {val}")
     oshape = (S, N, Hq, DV)
     n_th = _dispatch.threads(n_threads)
     if out is not None:
