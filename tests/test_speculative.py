@@ -70,8 +70,8 @@ class _Recording(Sampler):
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_logits_bit_identical_past_512_cells(models, arch):
-    """every token is sampled from bit-identical logits with exact f32 activations, past the 512
-    cells where a decode step's attention switches to split-KV (a multi-row group would not)"""
+    """every token is sampled from bit-identical logits with exact f32 activations, past the cells where a
+    decode step's attention switches to split-KV (128; 512 before) and past 512 (a multi-row group would not)"""
     m = Model.load(models[arch], n_ctx=1024, n_batch=64, act="f32", n_threads=1)
     prompt = list(range(5, 250)) * 3
     a = _Recording(temperature=0)
