@@ -655,13 +655,13 @@ def test_split_chunk_invariance(isa):
 def test_default_split_chunk_follows_the_cell_count(isa):
     """chunk=None (the default): a decode call from SPLIT_MIN_T cells splits in auto_split_chunk(T) chunks (64 up to
     1024 cells, 128 up to 2048, then 256), which the kernel picks from T alone: the same bits as that chunk given,
-    at every thread count; the model's attn_seqs records pass None too"""
+    at every thread count; the model's attn_seqs records pass 0, the same rule"""
     from cpufuse.ops import attention as A
     need(isa)
     assert A.DEFAULT_SPLIT_CHUNK is None and A.SPLIT_MIN_T == 128
     assert [A.auto_split_chunk(t) for t in (128, 1024, 1025, 2048, 2049, 40000)] == [64, 64, 128, 128, 256, 256]
     assert A.choose_strategy(1, 127) == "rows" and A.choose_strategy(1, 128) == "split"
-    for T in (130, 1024, 1100, 2100):
+    for T in (128, 130, 1024, 1025, 2048, 2049):   # each side of each step of the rule
         rng = seeded("auto-chunk", T)
         q, k, v = small(rng, Hq=8, Hk=2, N=1, T=T, DK=64, DV=64)
         given = cpufuse.flash_attn(q, k, v, scale=0.125, isa=isa, strategy="split", chunk=A.auto_split_chunk(T))
