@@ -142,7 +142,7 @@ def path_swa(tmp_path_factory):   # gemma3: sliding-window layers whose cells ar
 @pytest.mark.parametrize("isa", [None, "avx2"])
 def test_decode_batch_in_one_region_changes_no_bit(request, which, tk, isa):
     """from two threads a batch's one-token sequences run their attention in one parallel region
-    (fa_batch_run): the rows sequences, beside them past two threads the split ones (from 512 cells),
+    (fa_batch_run): the rows sequences, beside them past two threads the split ones (from 128 cells),
     the slices of a large team's groups and the wrapped ranges of sliding-window rings. Each row's
     bits are its sequence's alone at one thread"""
     if isa and isa not in cpufuse.available_isas():

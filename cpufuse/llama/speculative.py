@@ -8,7 +8,7 @@ keeping drafts while they equal what it sampled:
 
 cpufuse's decoder computes every row of a batch alone (cpufuse.llama.decoder), and `verify` makes
 each drafted token its own attention group, so its attention is the decode step's own call (one
-query row; split-KV from 512 cells on). Every row thus gets exactly the logits a single decode step
+query row; split-KV from 128 cells on). Every row thus gets exactly the logits a single decode step
 gives, and each token is sampled from the very logits plain decoding would have used, with the sampler's state (penalty
 history, RNG) advanced by the same calls. The output is therefore identical token for token to
 plain decoding, greedy or sampled with a seed. For a draft that proposes one token (a point mass q =
@@ -207,7 +207,7 @@ def verify(model, toks):
     """Evaluate `toks` at slot 0's next positions in one decoder call and return every row's logits
     (the plan's buffer, valid until the next call). Each token is its own attention group, so its
     attention is the very call a decode step makes (one query row over its own cells: split-KV
-    from 512 cells on, like the step), not the multi-row path a prompt chunk takes, which rounds
+    from 128 cells on, like the step), not the multi-row path a prompt chunk takes, which rounds
     differently; every other op computes each row alone. Call under model._lock."""
     base, B = model._n_past, model.n_batch
     b = Batch(model)
