@@ -144,6 +144,72 @@ def test_dynamic_plan_bind_reads_the_arrays_at_each_call(rng):
         dp.bind({"n": n, "m": m}, **{**args, "idx": np.zeros(3, np.int32)})
 
 
+def test_bound_plan_writes_into_out(rng):
+    """bind(...)(out=(a,)): the outputs land in the caller's arrays, bit for bit what the plan's own buffer
+    gets; at the capacities the kernels write them straight (the array is left untouched by later runs
+    without out, whose results are right: the pointers went back), below them and where an out array
+    overlaps an input they are copied in; a bad out is a TypeError / ValueError naming it"""
+    E = 64
+    ws = [qref.make_weight(t, n_out, E if i < 3 else H * D, rng).repack()
+          for i, (t, n_out) in enumerate((("Q4_0", H * D), ("Q8_0", HKV * D), ("Q4_1", HKV * D), ("Q5_0", E)))]
+    kc, vc = _caches()
+    dp = DynamicPlan(_decoder_block(*ws, rng.standard_normal(E).astype(np.float32), kc, vc), {"n": 4, "m": 2})
+    for n, m in ((4, 2), (3, 1)):
+        args = dict(x=np.zeros((n, E), np.float32), pos=np.arange(n, dtype=np.int32),
+                    cells=np.arange(n, dtype=np.int32),
+                    seqs=np.array([[0, 0, n, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]], np.int32),
+                    idx=np.arange(m, dtype=np.int32)[::-1].copy())
+        step = dp.bind({"n": n, "m": m}, **args)
+        outs = []
+        for _ in range(3):
+            args["x"][:] = rng.standard_normal((n, E))
+            a = np.full((m, E), np.nan, np.float32)
+            (got,) = step(out=(a,))
+            assert got is a
+            (want,) = step(copy=True)
+            assert np.array_equal(a.view(np.uint32), want.view(np.uint32))
+            outs.append((a, want))
+        for a, want in outs:   # later runs wrote the plan's buffer, not an earlier out array
+            assert np.array_equal(a.view(np.uint32), want.view(np.uint32))
+        (y,) = step(out=(None,))
+        assert y.shape == (m, E) and np.array_equal(y, outs[-1][1])
+        if (n, m) == (4, 2):   # at the capacities the kernels wrote the out array, not the plan's buffer
+            kept = y.copy()
+            args["x"][:] = rng.standard_normal((n, E))
+            step(out=(np.empty((m, E), np.float32),))
+            assert np.array_equal(y, kept)
+    # an out array that is an input's memory: copied in after the run, so the run read x intact
+    n, m = 4, 2
+    big = np.zeros((n, E), np.float32)
+    args = dict(x=big, pos=np.arange(n, dtype=np.int32), cells=np.arange(n, dtype=np.int32),
+                seqs=np.array([[0, 0, n, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]], np.int32),
+                idx=np.array([1, 3], np.int32))
+    step = dp.bind({"n": n, "m": m}, **args)
+    big[:] = rng.standard_normal((n, E))
+    (want,) = step(copy=True)
+    (got,) = step(out=(big[:m],))
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    with pytest.raises(TypeError, match="out must be a tuple of 1 arrays"):
+        step(out=np.zeros((m, E), np.float32))
+    with pytest.raises(ValueError, match=r"out\[0\] must be a float32 array of shape \(2, 64\)"):
+        step(out=(np.zeros((m, E), np.float64),))
+    with pytest.raises(ValueError, match=r"out\[0\] must be a C-contiguous"):
+        step(out=(np.zeros((E, m), np.float32).T,))
+
+
+def test_plan_run_out_with_python_steps(rng):
+    """Plan.run(out=...) where the plan is not one C call (Numba): the outputs are copied into out"""
+    g = Graph()
+    x = g.input("x", (3, 8))
+    g.output(g.softmax(x))
+    X = rng.standard_normal((3, 8)).astype(np.float32)
+    for isa in ("numba", None):
+        plan = g.compile(isa=isa)
+        a = np.empty((3, 8), np.float32)
+        (got,) = plan.run(x=X, out=(a,))
+        assert got is a and np.array_equal(a, plan.run(x=X, copy=True)[0])
+
+
 def test_dynamic_plan_sizes_and_inputs_checked(rng):
     ws = [qref.make_weight("Q4_0", n, k, rng) for n, k in ((H * D, 64), (HKV * D, 64), (HKV * D, 64), (64, H * D))]
     kc, vc = _caches()

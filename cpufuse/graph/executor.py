@@ -107,16 +107,19 @@ class Plan:
 
     __str__ = describe
 
-    def run(self, copy=False, n_threads=None, **inputs):
-        """Run the plan on named input arrays; returns the outputs in g.output() order."""
-        return self.bind(**inputs)(copy=copy, n_threads=n_threads)
+    def run(self, copy=False, n_threads=None, out=None, **inputs):
+        """Run the plan on named input arrays; returns the outputs in g.output() order (out: the
+        bound callable's)."""
+        return self.bind(**inputs)(copy=copy, n_threads=n_threads, out=out)
 
     def bind(self, **inputs):
-        """Check the named input arrays once and return a callable `f(copy=False, n_threads=None)`
-        that runs the plan on exactly these arrays (their contents may change between calls,
-        not the arrays): the repeated-call form of run(), without its per-call checks.
+        """Check the named input arrays once and return a callable `f(copy=False, n_threads=None,
+        out=None)` that runs the plan on exactly these arrays (their contents may change between
+        calls, not the arrays): the repeated-call form of run(), without its per-call checks.
         The outputs are the plan's own buffers, overwritten by its next run (copy=True returns
-        copies); runs of one plan from several threads are serialized by a lock."""
+        copies), or with out (a tuple of one array or None per output, each of the output's dtype
+        and shape) the out arrays, written straight by the kernels where the plan is one C call
+        (_Out); runs of one plan from several threads are serialized by a lock."""
         arrays = {}
         for n in self.program.inputs:
             if n.name not in inputs:
@@ -138,26 +141,115 @@ class Plan:
         outs = tuple(self._array(n, arrays) for n in self.graph.outputs)
         p = self.program
         ptrs, segments, fpc, blas, ilp64 = p.ptrs, p.segments, p.fpc, p.blas, p.ilp64
+        one_call = self.native and all(k == "c" for k, _ in segments)
+        ob = _Out(p, outs, one_call, arrays.values())
+        from_buffer = _backend.ffi.from_buffer if self.native else None
 
-        def bound(copy=False, n_threads=None):
+        def bound(copy=False, n_threads=None, out=None):
             nth = _dispatch.threads(n_threads)
+            idx = ()
+            if out is not None:
+                out = ob.check(out, outs)
+                idx = ob.pointed(out)
             with self._lock:
                 for slot, p in inp:  # (re)point the plan at these inputs: another bind may have run since
                     ptrs[slot] = p
-                for kind, seg in segments:
-                    if kind == "c":
-                        fn, prog, nrec, steps = seg
-                        rc = fn(prog, nrec, ptrs, fpc, blas, ilp64, nth)
-                        if rc:
-                            bad = steps[rc - 1]
-                            if KIND[bad.kind].explains:   # a run-time index out of range: say which
-                                KIND[bad.kind].run(bad, _Run(self, arrays, nth))
-                            raise GraphError(f"run: kernel call failed at {bad.kind} "
-                                             f"[{', '.join(n.name for n in bad.nodes)}]")
-                    else:
-                        KIND[seg.kind].run(seg, _Run(self, arrays, nth))
+                ob.point(out, idx, from_buffer)
+                try:
+                    self._segments(segments, ptrs, fpc, blas, ilp64, nth, arrays)
+                finally:
+                    ob.restore(idx)
+                if out is not None:
+                    return ob.result(out, outs, idx, copy)
                 return tuple(o.copy() for o in outs) if copy else outs
         return bound
+
+    def _segments(self, segments, ptrs, fpc, blas, ilp64, nth, arrays):
+        """run the plan's segments (under the lock, its pointers set)"""
+        for kind, seg in segments:
+            if kind == "c":
+                fn, prog, nrec, steps = seg
+                rc = fn(prog, nrec, ptrs, fpc, blas, ilp64, nth)
+                if rc:
+                    bad = steps[rc - 1]
+                    if KIND[bad.kind].explains:   # a run-time index out of range: say which
+                        KIND[bad.kind].run(bad, _Run(self, arrays, nth))
+                    raise GraphError(f"run: kernel call failed at {bad.kind} "
+                                     f"[{', '.join(n.name for n in bad.nodes)}]")
+            else:
+                KIND[seg.kind].run(seg, _Run(self, arrays, nth))
+
+
+class _Out:
+    """A bound run's `out`: arrays that its outputs are written into, one per output (None: the plan's own
+    buffer). Where the plan is one C call and an output fills its whole buffer, the C call writes straight
+    into the caller's array: the pointer slots into that buffer (Program.output_slots) point at the array
+    for the run and back after it. Otherwise, or where the array overlaps an input or another output, the
+    output is copied into it after the run. Either way the array holds the same bytes."""
+    __slots__ = ("ptrs", "slots", "direct", "default", "inputs")
+
+    def __init__(self, program, outs, one_call, inputs):
+        self.ptrs, self.inputs = program.ptrs, list(inputs)
+        self.slots = program.output_slots if one_call and program.output_slots else [[] for _ in outs]
+        self.direct = [bool(sl) and o.flags.c_contiguous and o.size == root_size
+                       for sl, o, root_size in zip(self.slots, outs, _root_sizes(program, outs))]
+        self.default = [[(sl, self.ptrs[sl]) for sl, _ in slots] for slots in self.slots]
+
+    def check(self, out, outs):
+        """out as a list, each array checked against its output: TypeError / ValueError naming out[i]"""
+        if not isinstance(out, (tuple, list)) or len(out) != len(outs):
+            got = f"a {type(out).__name__}" + (f" of {len(out)}" if isinstance(out, (tuple, list)) else "")
+            raise TypeError(f"out must be a tuple of {len(outs)} arrays (or None), one per output, got {got}")
+        for i, (a, o) in enumerate(zip(out, outs)):
+            if a is None:
+                continue
+            if not isinstance(a, np.ndarray) or a.dtype != o.dtype or a.shape != o.shape:
+                raise ValueError(f"out[{i}] must be a {o.dtype} array of shape {o.shape}, got "
+                                 f"{getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
+            if not (a.flags.c_contiguous and a.flags.aligned and a.flags.writeable):
+                raise ValueError(f"out[{i}] must be a C-contiguous, aligned, writeable array")
+        return list(out)
+
+    def pointed(self, out):
+        """the outputs the C call writes into their out arrays (no overlap with an input or another out)"""
+        return [i for i, a in enumerate(out) if a is not None and self.direct[i]
+                and not any(np.may_share_memory(a, b) for b in self.inputs)
+                and not any(j != i and b is not None and np.may_share_memory(a, b) for j, b in enumerate(out))]
+
+    def point(self, out, idx, from_buffer):
+        for i in idx:
+            base = from_buffer(out[i])
+            for sl, boff in self.slots[i]:
+                self.ptrs[sl] = base + boff
+
+    def restore(self, idx):
+        for i in idx:
+            for sl, p in self.default[i]:
+                self.ptrs[sl] = p
+
+    @staticmethod
+    def result(out, outs, idx, copy):
+        """what the run returns: the out arrays (filled: pointed at, or copied into), the plan's buffers elsewhere"""
+        res = []
+        for i, o in enumerate(outs):
+            a = out[i]
+            if a is None:
+                res.append(o.copy() if copy else o)
+            else:
+                if i not in idx:
+                    np.copyto(a, o)
+                res.append(a)
+        return tuple(res)
+
+
+def _root_sizes(program, outs):
+    """per graph output: the elements of its buffer from the output's first element on (0 for an input)"""
+    sizes = []
+    for node, o in zip(program.graph.outputs, outs):
+        root, _, off = _view_root(node)
+        buf = program.buffers.get(root.id) if root.op != "input" else None
+        sizes.append(buf.size - off if buf is not None and off == 0 else -1)
+    return sizes
 
 
 class _Run:
@@ -258,15 +350,17 @@ class DynamicPlan:
                  for slot, name, boff in pp.input_slots]
         return slots, prog, outs
 
-    def run(self, sizes, copy=False, n_threads=None, **inputs):
+    def run(self, sizes, copy=False, n_threads=None, out=None, **inputs):
         """Run at `sizes` (one int per dynamic dimension, 1..capacity) on named inputs of the shapes
-        the graph has at those sizes; returns the outputs (views of the plan's buffers, or copies)."""
-        return self.bind(sizes, **inputs)(copy=copy, n_threads=n_threads)
+        the graph has at those sizes; returns the outputs (views of the plan's buffers, or copies, or
+        the out arrays: Plan.bind)."""
+        return self.bind(sizes, **inputs)(copy=copy, n_threads=n_threads, out=out)
 
     def bind(self, sizes, **inputs):
-        """run()'s checks once: a callable `f(copy=False, n_threads=None)` that runs the plan at
-        `sizes` on exactly these arrays (their contents may change between calls, not the arrays;
-        a strided or misaligned one is read through a copy made here, as Plan.bind does)."""
+        """run()'s checks once: a callable `f(copy=False, n_threads=None, out=None)` that runs the
+        plan at `sizes` on exactly these arrays (their contents may change between calls, not the
+        arrays; a strided or misaligned one is read through a copy made here, as Plan.bind does).
+        out as in Plan.bind: written straight by the kernels at the capacities, copied into below."""
         key = tuple(sizes.get(d) for d in self.dims) if type(sizes) is dict and len(sizes) == len(self.dims) else ()
         entry = self._cache.get(key) if all(type(v) is int for v in key) else None   # sizes seen (and checked) before
         if entry is None:
@@ -297,18 +391,29 @@ class DynamicPlan:
                 a = inputs[name] = np.require(a, requirements=("C", "A"))
             ptr_args.append((slot, from_buffer(a) + boff))
         fn, nrec, ptrs, fpc, blas, ilp64, lock = self._fn, self._nrec, pp.ptrs, pp.fpc, pp.blas, pp.ilp64, plan._lock
+        ob = _Out(pp, outs, True, inputs.values())
 
-        def bound(copy=False, n_threads=None):
+        def bound(copy=False, n_threads=None, out=None):
             nth = _dispatch.threads(n_threads)
+            idx = ()
+            if out is not None:
+                out = ob.check(out, outs)
+                idx = ob.pointed(out)
             with lock:
                 for slot, p in ptr_args:
                     ptrs[slot] = p
-                rc = fn(prog, nrec, ptrs, fpc, blas, ilp64, nth)
+                ob.point(out, idx, from_buffer)
+                try:
+                    rc = fn(prog, nrec, ptrs, fpc, blas, ilp64, nth)
+                finally:
+                    ob.restore(idx)
                 if rc:
                     bad = self._steps[rc - 1]
                     if prog is self._prog and KIND[bad.kind].explains:   # the precise error (the nodes' shapes are these sizes')
                         KIND[bad.kind].run(bad, _Run(plan, inputs, nth))
                     raise GraphError(f"run: kernel call failed at {bad.kind} [{', '.join(n.name for n in bad.nodes)}] "
                                      "(an index input out of range: kv_write cells, attn_seqs groups or gather_rows idx)")
+                if out is not None:
+                    return ob.result(out, outs, idx, copy)
                 return tuple(o.copy() for o in outs) if copy else outs
         return bound

@@ -60,7 +60,8 @@ class Program:
     ("c", (fn, prog, nrec, steps)) runs of records executed by one cf_plan_run call (prog the int64
     program, nrec its records' length, steps the step of each record) or ("py", step); ptrs, fp,
     fpc, blas, ilp64: cf_plan_run's pointer table, float parameters (a list, and the C array), BLAS
-    pointers; input_slots: (pointer slot, input name, byte offset) filled at bind; keep: the
+    pointers; input_slots: (pointer slot, input name, byte offset) filled at bind; output_slots: per
+    graph output, the (pointer slot, byte offset) pairs into its buffer (run's `out`); keep: the
     objects the program points into; sgemm, sgemm_why: numpy's cblas_sgemm, or why not;
     affine: per segment, {dim: (indices, slopes)} of its program's fields that depend on the
     dynamic sizes (a graph built with ir.Dim sizes; the program holds their values at the
@@ -77,7 +78,8 @@ def lower(graph, steps, isa):
     inputs = [n for n in graph.nodes if n.op == "input"]
     prog = Program(graph=graph, steps=steps, isa=isa, native=native, buffers=buffers, inputs=inputs,
                    segments=[("py", st) for st in steps], ptrs=None, fp=[], fpc=None, blas=None, ilp64=0,
-                   input_slots=[], keep=[], sgemm=None, sgemm_why=None, affine=[None] * len(steps))
+                   input_slots=[], output_slots=[], keep=[], sgemm=None, sgemm_why=None,
+                   affine=[None] * len(steps))
     if not native:
         return prog
     addr, ilp = _sgemm()
@@ -101,6 +103,13 @@ def lower(graph, steps, isa):
         if a is not None:
             prog.ptrs[k] = ffi.cast("void *", a)
     prog.fp, prog.input_slots, prog.keep = L.fp, L.input_slots, L.keep
+    # per graph output: the pointer slots into its buffer, (slot, byte offset in it); run(out=...) points them
+    # at the caller's arrays for one run
+    prog.output_slots = []
+    for node in graph.outputs:
+        root = _view_root(node)[0]
+        prog.output_slots.append([(s, key[1] * root.dtype.itemsize) for key, s in L.slots.items()
+                                  if type(key[0]) is int and key[0] == root.id])
     prog.fpc = ffi.new("float[]", L.fp or [0.0])
     prog.blas = ffi.new("void *[2]", [ffi.cast("void *", a) for a in prog.sgemm]) if prog.sgemm else ffi.NULL
     fn = _registry.kernel("plan_run", isa)

@@ -101,12 +101,14 @@ class Step:
         self.run = model.decoder.plan(1, 1, 1).bind({"n": 1, "m": 1}, x=self.x, pos=self.pos,
                                                       idx=np.zeros(1, np.int32), **cells)
 
-    def __call__(self, token, pos, n_threads=None):
+    def __call__(self, token, pos, n_threads=None, out=None):
+        """the logits (1, n_logits): the plan's buffer, or out (such an array, which the head's
+        kernel then writes directly: no copy)"""
         self.ids[0] = token
         self.embed()
         self.pos[0] = pos
         self.set_cells(pos)
-        return self.run(n_threads=n_threads)[0]
+        return self.run(n_threads=n_threads, out=None if out is None else (out,))[0]
 
 
 class Batch:

@@ -344,10 +344,11 @@ class Model:
                 raise IndexError(f"token id outside the embedding table [0, {te.n_out})")
         return rows
 
-    def _forward(self, tokens, all_logits_out=None):
+    def _forward(self, tokens, all_logits_out=None, step_out=None):
         """Run one micro-batch (len(tokens) <= n_batch) at positions n_past.. of slot 0 through the
         decoder graph and append it to the cache. Returns the last position's logits (1, n_vocab)
-        (the plan's buffer), or writes every position's into all_logits_out (n, n_vocab)."""
+        (the plan's buffer; for one token with step_out, that (1, n_logits) array, which the head
+        writes), or writes every position's into all_logits_out (n, n_vocab)."""
         n = len(tokens)
         pos0 = self._n_past
         if pos0 + n > self.n_ctx:
@@ -356,7 +357,7 @@ class Model:
         if n == 1 and all_logits_out is None:   # a decode step: the plan's inputs bound once
             if self._step is None:
                 self._step = Step(self)
-            out = self._step(tokens[0], pos0, self.n_threads)
+            out = self._step(tokens[0], pos0, self.n_threads, step_out)
             self._n_past = pos0 + 1
             self._cached.append(int(tokens[0]))
             return out
@@ -379,8 +380,10 @@ class Model:
             t = tokens[0]   # a decode step: its one id checked here, straight to _forward (each line of the
             if type(t) is int and 0 <= t < self.hparams.n_vocab:   # general path is cache misses after a token)
                 with self._lock:
-                    self._epoch += 1
-                    return self._forward(tokens)[0].copy()
+                    self._epoch += 1   # the head writes the returned array itself (no copy of the row)
+                    row = np.empty(self.n_logits, F32)
+                    self._forward(tokens, step_out=row.reshape(1, -1))
+                    return row
         tokens = self.token_ids(tokens, "tokens")
         with self._lock:
             self._epoch += 1
