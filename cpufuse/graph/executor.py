@@ -149,12 +149,11 @@ class Plan:
             nth = _dispatch.threads(n_threads)
             idx = ()
             if out is not None:
-                out = ob.check(out, outs)
-                idx = ob.pointed(out)
+                out, idx = ob.prepare(out, from_buffer)
             with self._lock:
                 for slot, p in inp:  # (re)point the plan at these inputs: another bind may have run since
                     ptrs[slot] = p
-                ob.point(out, idx, from_buffer)
+                ob.point(idx)
                 try:
                     self._segments(segments, ptrs, fpc, blas, ilp64, nth, arrays)
                 finally:
@@ -184,59 +183,82 @@ class _Out:
     """A bound run's `out`: arrays that its outputs are written into, one per output (None: the plan's own
     buffer). Where the plan is one C call and an output fills its whole buffer, the C call writes straight
     into the caller's array: the pointer slots into that buffer (Program.output_slots) point at the array
-    for the run and back after it. Otherwise, or where the array overlaps an input or another output, the
-    output is copied into it after the run. Either way the array holds the same bytes."""
-    __slots__ = ("ptrs", "slots", "direct", "default", "inputs")
+    for the run and back after it. Otherwise, or where the array overlaps an input or another out array,
+    the output is copied into it after the run. Either way the array holds the same bytes."""
+    __slots__ = ("ptrs", "slots", "direct", "default", "spans", "want", "addr")
 
     def __init__(self, program, outs, one_call, inputs):
-        self.ptrs, self.inputs = program.ptrs, list(inputs)
+        self.ptrs = program.ptrs
         self.slots = program.output_slots if one_call and program.output_slots else [[] for _ in outs]
         self.direct = [bool(sl) and o.flags.c_contiguous and o.size == root_size
                        for sl, o, root_size in zip(self.slots, outs, _root_sizes(program, outs))]
         self.default = [[(sl, self.ptrs[sl]) for sl, _ in slots] for slots in self.slots]
+        # the inputs' byte ranges (C-contiguous: bind made them so), for the overlap test
+        self.spans = [(a.__array_interface__["data"][0], a.__array_interface__["data"][0] + a.nbytes)
+                      for a in inputs]
+        self.want = [(o.dtype, o.shape) for o in outs]
+        ffi = _backend.ffi
+        self.addr = (lambda p: int(ffi.cast("uintptr_t", p))) if ffi is not None else None
 
-    def check(self, out, outs):
-        """out as a list, each array checked against its output: TypeError / ValueError naming out[i]"""
-        if not isinstance(out, (tuple, list)) or len(out) != len(outs):
+    def prepare(self, out, from_buffer):
+        """check out (TypeError / ValueError naming out[i]); returns it as a list and the (output index,
+        pointer) pairs the C call writes through"""
+        want = self.want
+        if not isinstance(out, (tuple, list)) or len(out) != len(want):
             got = f"a {type(out).__name__}" + (f" of {len(out)}" if isinstance(out, (tuple, list)) else "")
-            raise TypeError(f"out must be a tuple of {len(outs)} arrays (or None), one per output, got {got}")
-        for i, (a, o) in enumerate(zip(out, outs)):
+            raise TypeError(f"out must be a tuple of {len(want)} arrays (or None), one per output, got {got}")
+        pts, spans = [], []
+        for i, a in enumerate(out):
             if a is None:
                 continue
-            if not isinstance(a, np.ndarray) or a.dtype != o.dtype or a.shape != o.shape:
-                raise ValueError(f"out[{i}] must be a {o.dtype} array of shape {o.shape}, got "
+            dt, shape = want[i]
+            if not isinstance(a, np.ndarray) or a.dtype != dt or a.shape != shape:
+                raise ValueError(f"out[{i}] must be a {dt} array of shape {shape}, got "
                                  f"{getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
-            if not (a.flags.c_contiguous and a.flags.aligned and a.flags.writeable):
+            f = a.flags
+            if not (f.c_contiguous and f.aligned and f.writeable):
                 raise ValueError(f"out[{i}] must be a C-contiguous, aligned, writeable array")
-        return list(out)
+            if self.direct[i] and from_buffer is not None:
+                base = from_buffer(a)
+                lo = self.addr(base)
+                pts.append((i, base))
+                spans.append((lo, lo + a.nbytes))
+            else:
+                spans.append((a.__array_interface__["data"][0], a.__array_interface__["data"][0] + a.nbytes))
+        if len(spans) == 1 and not pts:
+            return list(out), pts
+        # an out array over an input (the kernels would write what they still read) or over another out array:
+        # copied in after the run instead
+        keep = []
+        for k, (i, base) in enumerate(pts):
+            lo, hi = spans[k]
+            if any(lo < h and l < hi for l, h in self.spans) or \
+                    any(j != k and lo < h and l < hi for j, (l, h) in enumerate(spans)):
+                continue
+            keep.append((i, base))
+        return list(out), keep
 
-    def pointed(self, out):
-        """the outputs the C call writes into their out arrays (no overlap with an input or another out)"""
-        return [i for i, a in enumerate(out) if a is not None and self.direct[i]
-                and not any(np.may_share_memory(a, b) for b in self.inputs)
-                and not any(j != i and b is not None and np.may_share_memory(a, b) for j, b in enumerate(out))]
-
-    def point(self, out, idx, from_buffer):
-        for i in idx:
-            base = from_buffer(out[i])
+    def point(self, pts):
+        for i, base in pts:
             for sl, boff in self.slots[i]:
                 self.ptrs[sl] = base + boff
 
-    def restore(self, idx):
-        for i in idx:
+    def restore(self, pts):
+        for i, _ in pts:
             for sl, p in self.default[i]:
                 self.ptrs[sl] = p
 
     @staticmethod
-    def result(out, outs, idx, copy):
+    def result(out, outs, pts, copy):
         """what the run returns: the out arrays (filled: pointed at, or copied into), the plan's buffers elsewhere"""
+        done = {i for i, _ in pts}
         res = []
         for i, o in enumerate(outs):
             a = out[i]
             if a is None:
                 res.append(o.copy() if copy else o)
             else:
-                if i not in idx:
+                if i not in done:
                     np.copyto(a, o)
                 res.append(a)
         return tuple(res)
@@ -397,12 +419,11 @@ class DynamicPlan:
             nth = _dispatch.threads(n_threads)
             idx = ()
             if out is not None:
-                out = ob.check(out, outs)
-                idx = ob.pointed(out)
+                out, idx = ob.prepare(out, from_buffer)
             with lock:
                 for slot, p in ptr_args:
                     ptrs[slot] = p
-                ob.point(out, idx, from_buffer)
+                ob.point(idx)
                 try:
                     rc = fn(prog, nrec, ptrs, fpc, blas, ilp64, nth)
                 finally:
