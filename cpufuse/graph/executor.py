@@ -142,24 +142,25 @@ class Plan:
         p = self.program
         ptrs, segments, fpc, blas, ilp64 = p.ptrs, p.segments, p.fpc, p.blas, p.ilp64
         one_call = self.native and all(k == "c" for k, _ in segments)
-        ob = _Out(p, outs, one_call, arrays.values())
-        from_buffer = _backend.ffi.from_buffer if self.native else None
+        ob = []   # the _Out, made at the first call with out (a run without out pays nothing for it)
 
         def bound(copy=False, n_threads=None, out=None):
             nth = _dispatch.threads(n_threads)
             idx = ()
             if out is not None:
-                out, idx = ob.prepare(out, from_buffer)
+                if not ob:
+                    ob.append(_Out(self.program, outs, one_call, arrays.values()))
+                out, idx = ob[0].prepare(out)
             with self._lock:
                 for slot, p in inp:  # (re)point the plan at these inputs: another bind may have run since
                     ptrs[slot] = p
-                ob.point(idx)
+                _Out.point(ptrs, idx)
                 try:
                     self._segments(segments, ptrs, fpc, blas, ilp64, nth, arrays)
                 finally:
-                    ob.restore(idx)
+                    _Out.restore(ptrs, idx)
                 if out is not None:
-                    return ob.result(out, outs, idx, copy)
+                    return _Out.result(out, outs, idx, copy)
                 return tuple(o.copy() for o in outs) if copy else outs
         return bound
 
@@ -183,31 +184,25 @@ class _Out:
     """A bound run's `out`: arrays that its outputs are written into, one per output (None: the plan's own
     buffer). Where the plan is one C call and an output fills its whole buffer, the C call writes straight
     into the caller's array: the pointer slots into that buffer (Program.output_slots) point at the array
-    for the run and back after it. Otherwise, or where the array overlaps an input or another out array,
-    the output is copied into it after the run. Either way the array holds the same bytes."""
-    __slots__ = ("ptrs", "slots", "direct", "default", "spans", "want", "addr")
+    for the run and back to the buffer after it. Otherwise, or where the array overlaps an input or another
+    out array, the output is copied into it after the run. Either way the array holds the same bytes."""
+    __slots__ = ("slots", "direct", "spans", "want")
 
     def __init__(self, program, outs, one_call, inputs):
-        self.ptrs = program.ptrs
         self.slots = program.output_slots if one_call and program.output_slots else [[] for _ in outs]
-        self.direct = [bool(sl) and o.flags.c_contiguous and o.size == root_size
-                       for sl, o, root_size in zip(self.slots, outs, _root_sizes(program, outs))]
-        self.default = [[(sl, self.ptrs[sl]) for sl, _ in slots] for slots in self.slots]
-        # the inputs' byte ranges (C-contiguous: bind made them so), for the overlap test
-        self.spans = [(a.__array_interface__["data"][0], a.__array_interface__["data"][0] + a.nbytes)
-                      for a in inputs]
+        self.direct = [bool(sl) and o.flags.c_contiguous and o.size == size
+                       for sl, o, size in zip(self.slots, outs, _buffer_sizes(program))]
+        self.spans = [_span(a) for a in inputs]   # the inputs' bytes (C-contiguous: bind made them so)
         self.want = [(o.dtype, o.shape) for o in outs]
-        ffi = _backend.ffi
-        self.addr = (lambda p: int(ffi.cast("uintptr_t", p))) if ffi is not None else None
 
-    def prepare(self, out, from_buffer):
-        """check out (TypeError / ValueError naming out[i]); returns it as a list and the (output index,
-        pointer) pairs the C call writes through"""
+    def prepare(self, out):
+        """check out (TypeError / ValueError naming out[i]); returns it as a list and, per output the C call
+        writes into its out array, (slots, the array's pointer)"""
         want = self.want
         if not isinstance(out, (tuple, list)) or len(out) != len(want):
             got = f"a {type(out).__name__}" + (f" of {len(out)}" if isinstance(out, (tuple, list)) else "")
             raise TypeError(f"out must be a tuple of {len(want)} arrays (or None), one per output, got {got}")
-        pts, spans = [], []
+        spans, base, ffi = {}, {}, _backend.ffi
         for i, a in enumerate(out):
             if a is None:
                 continue
@@ -218,40 +213,38 @@ class _Out:
             f = a.flags
             if not (f.c_contiguous and f.aligned and f.writeable):
                 raise ValueError(f"out[{i}] must be a C-contiguous, aligned, writeable array")
-            if self.direct[i] and from_buffer is not None:
-                base = from_buffer(a)
-                lo = self.addr(base)
-                pts.append((i, base))
-                spans.append((lo, lo + a.nbytes))
+            if self.direct[i]:   # the pointer the slots get, and its address
+                base[i] = ffi.from_buffer(a)
+                lo = int(ffi.cast("uintptr_t", base[i]))
+                spans[i] = (lo, lo + a.nbytes)
             else:
-                spans.append((a.__array_interface__["data"][0], a.__array_interface__["data"][0] + a.nbytes))
-        if len(spans) == 1 and not pts:
-            return list(out), pts
+                spans[i] = _span(a)
         # an out array over an input (the kernels would write what they still read) or over another out array:
         # copied in after the run instead
-        keep = []
-        for k, (i, base) in enumerate(pts):
-            lo, hi = spans[k]
-            if any(lo < h and l < hi for l, h in self.spans) or \
-                    any(j != k and lo < h and l < hi for j, (l, h) in enumerate(spans)):
-                continue
-            keep.append((i, base))
-        return list(out), keep
+        pts = []
+        for i, p in base.items():
+            lo, hi = spans[i]
+            if not any(lo < h and l < hi for l, h in self.spans) and \
+                    not any(j != i and lo < h and l < hi for j, (l, h) in spans.items()):
+                pts.append((i, self.slots[i], p))
+        return list(out), pts
 
-    def point(self, pts):
-        for i, base in pts:
-            for sl, boff in self.slots[i]:
-                self.ptrs[sl] = base + boff
+    @staticmethod
+    def point(ptrs, pts):
+        for _, slots, base in pts:
+            for sl, boff, _ in slots:
+                ptrs[sl] = base + boff
 
-    def restore(self, pts):
-        for i, _ in pts:
-            for sl, p in self.default[i]:
-                self.ptrs[sl] = p
+    @staticmethod
+    def restore(ptrs, pts):
+        for _, slots, _ in pts:
+            for sl, _, p in slots:
+                ptrs[sl] = p
 
     @staticmethod
     def result(out, outs, pts, copy):
         """what the run returns: the out arrays (filled: pointed at, or copied into), the plan's buffers elsewhere"""
-        done = {i for i, _ in pts}
+        done = {i for i, _, _ in pts}
         res = []
         for i, o in enumerate(outs):
             a = out[i]
@@ -264,13 +257,19 @@ class _Out:
         return tuple(res)
 
 
-def _root_sizes(program, outs):
-    """per graph output: the elements of its buffer from the output's first element on (0 for an input)"""
+def _span(a):
+    """a C-contiguous array's byte range"""
+    lo = a.__array_interface__["data"][0]
+    return lo, lo + a.nbytes
+
+
+def _buffer_sizes(program):
+    """per graph output: its buffer's elements where the output starts at the buffer's first one, else -1"""
     sizes = []
-    for node, o in zip(program.graph.outputs, outs):
+    for node in program.graph.outputs:
         root, _, off = _view_root(node)
         buf = program.buffers.get(root.id) if root.op != "input" else None
-        sizes.append(buf.size - off if buf is not None and off == 0 else -1)
+        sizes.append(buf.size if buf is not None and off == 0 else -1)
     return sizes
 
 
@@ -413,21 +412,23 @@ class DynamicPlan:
                 a = inputs[name] = np.require(a, requirements=("C", "A"))
             ptr_args.append((slot, from_buffer(a) + boff))
         fn, nrec, ptrs, fpc, blas, ilp64, lock = self._fn, self._nrec, pp.ptrs, pp.fpc, pp.blas, pp.ilp64, plan._lock
-        ob = _Out(pp, outs, True, inputs.values())
+        ob = []   # the _Out, made at the first call with out
 
         def bound(copy=False, n_threads=None, out=None):
             nth = _dispatch.threads(n_threads)
             idx = ()
             if out is not None:
-                out, idx = ob.prepare(out, from_buffer)
+                if not ob:
+                    ob.append(_Out(pp, outs, True, inputs.values()))
+                out, idx = ob[0].prepare(out)
             with lock:
                 for slot, p in ptr_args:
                     ptrs[slot] = p
-                ob.point(idx)
+                _Out.point(ptrs, idx)
                 try:
                     rc = fn(prog, nrec, ptrs, fpc, blas, ilp64, nth)
                 finally:
-                    ob.restore(idx)
+                    _Out.restore(ptrs, idx)
                 if rc:
                     bad = self._steps[rc - 1]
                     if prog is self._prog and KIND[bad.kind].explains:   # the precise error (the nodes' shapes are these sizes')
@@ -435,6 +436,6 @@ class DynamicPlan:
                     raise GraphError(f"run: kernel call failed at {bad.kind} [{', '.join(n.name for n in bad.nodes)}] "
                                      "(an index input out of range: kv_write cells, attn_seqs groups or gather_rows idx)")
                 if out is not None:
-                    return ob.result(out, outs, idx, copy)
+                    return _Out.result(out, outs, idx, copy)
                 return tuple(o.copy() for o in outs) if copy else outs
         return bound

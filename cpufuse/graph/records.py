@@ -61,7 +61,7 @@ class Program:
     program, nrec its records' length, steps the step of each record) or ("py", step); ptrs, fp,
     fpc, blas, ilp64: cf_plan_run's pointer table, float parameters (a list, and the C array), BLAS
     pointers; input_slots: (pointer slot, input name, byte offset) filled at bind; output_slots: per
-    graph output, the (pointer slot, byte offset) pairs into its buffer (run's `out`); keep: the
+    graph output, the (pointer slot, byte offset, its pointer) triples into its buffer (run's `out`); keep: the
     objects the program points into; sgemm, sgemm_why: numpy's cblas_sgemm, or why not;
     affine: per segment, {dim: (indices, slopes)} of its program's fields that depend on the
     dynamic sizes (a graph built with ir.Dim sizes; the program holds their values at the
@@ -103,12 +103,12 @@ def lower(graph, steps, isa):
         if a is not None:
             prog.ptrs[k] = ffi.cast("void *", a)
     prog.fp, prog.input_slots, prog.keep = L.fp, L.input_slots, L.keep
-    # per graph output: the pointer slots into its buffer, (slot, byte offset in it); run(out=...) points them
-    # at the caller's arrays for one run
+    # per graph output: the pointer slots into its buffer, (slot, byte offset in it, the slot's own pointer);
+    # run(out=...) points them at the caller's arrays for one run, then back to the pointer kept here
     prog.output_slots = []
     for node in graph.outputs:
         root = _view_root(node)[0]
-        prog.output_slots.append([(s, key[1] * root.dtype.itemsize) for key, s in L.slots.items()
+        prog.output_slots.append([(s, key[1] * root.dtype.itemsize, prog.ptrs[s]) for key, s in L.slots.items()
                                   if type(key[0]) is int and key[0] == root.id])
     prog.fpc = ffi.new("float[]", L.fp or [0.0])
     prog.blas = ffi.new("void *[2]", [ffi.cast("void *", a) for a in prog.sgemm]) if prog.sgemm else ffi.NULL

@@ -347,8 +347,8 @@ class Model:
     def _forward(self, tokens, all_logits_out=None, step_out=None):
         """Run one micro-batch (len(tokens) <= n_batch) at positions n_past.. of slot 0 through the
         decoder graph and append it to the cache. Returns the last position's logits (1, n_vocab)
-        (the plan's buffer; for one token with step_out, that (1, n_logits) array, which the head
-        writes), or writes every position's into all_logits_out (n, n_vocab)."""
+        (the plan's buffer; with step_out, that (1, n_logits) array: for one token the head writes
+        it, else the row is copied in), or writes every position's into all_logits_out (n, n_vocab)."""
         n = len(tokens)
         pos0 = self._n_past
         if pos0 + n > self.n_ctx:
@@ -370,6 +370,9 @@ class Model:
         if all_logits_out is not None:
             all_logits_out[...] = out
             return all_logits_out
+        if step_out is not None:
+            step_out[...] = out
+            return step_out
         return out
 
     def eval(self, tokens, logits_all=False):

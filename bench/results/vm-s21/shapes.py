@@ -24,7 +24,7 @@ cases = {"head 151936x2048": ("Q4_K", 2048, 151936, 1, 3), "q 4096x2048 x40": ("
 print("probe", round(probe(), 1))
 for name, (t, K, N, cnt, reps) in cases.items():
     if t == "F32":
-        ws = [random_blocks("F32", N, K, rng) for _ in range(cnt)] if True else None
+        ws = [random_blocks("F32", N, K, rng) for _ in range(cnt)]
     else:
         q = random_blocks(t, N, K, rng, d_range=(1e-4, 1e-3)); ws = [q.repack() for _ in range(cnt)]
     x = rng.standard_normal((1, K)).astype(np.float32); out = np.empty((1, N), np.float32)
