@@ -207,7 +207,7 @@ def test_pack_by_name():
     with pytest.raises(ValueError, match="missing fields"):
         rp.pack(T=1)
     qm, qw = _layouts.QM, _layouts.QW
-    d = qm.pack(ROWS=1, K=32, XS=32, ACT=1, NW=1, EPI=0, NORM=0, RS=0, tail=[dict(T=8, N=4, WS=34, YS=4, LAY=0)])
+    d = qm.pack(ROWS=1, K=32, XS=32, ACT=1, NW=1, EPI=0, NORM=0, RS=0, RSC=0, tail=[dict(T=8, N=4, WS=34, YS=4, LAY=0)])
     assert len(d) == qm.LEN == qm.W0 + 3 * qw.LEN and d[qm.W0 + qw.WS] == 34 and d[qm.W0 + qw.LEN:] == [0] * 10
     rec = GATHER_ROWS.pack(m=2, src=0, idx=1, dst=2, row=8, n_src=5)
     assert rec == [GATHER_ROWS.op, 6, 2, 0, 1, 2, 8, 5]

@@ -109,19 +109,47 @@ class _Fuser:
         return self._try_fuse_rest(n, order, pos)
 
     def _qmm_residual(self, n, pos):
-        """QMATMUL -> ADD(product, r): the add folded into the matmul's epilogue (QM_EPI 2: one f32 add
-        per element, as the ADD kernel does), or None (reason recorded)"""
+        """QMATMUL [-> SCALE] -> ADD(product, r): the add folded into the matmul's epilogue (QM_EPI 2:
+        one f32 add per element, as the ADD kernel does; with the SCALE, QM_EPI 5: the product times s
+        rounded first, as the SCALE kernel does: granite's residual scale), or None (reason recorded)"""
+        t = self._residual_tail(n, pos, "QMATMUL")
+        if t is None:
+            return None
+        nodes, r, label, p = t
+        p.update({"ws": (n.params["w"],), "act": n.params["act"], "eps": None})
+        return Step("qmatmul", nodes, [n.srcs[0], None, r], [nodes[-1]], p,
+                    note=label + " (the residual in the epilogue)")
+
+    def _wsum_residual(self, n, pos):
+        """WSUM [-> SCALE] -> ADD(sum, r): a MoE layer's residual add (and granite's scale) done by the
+        weighted sum as it writes each element, rounded as the SCALE and ADD kernels round"""
+        t = self._residual_tail(n, pos, "WSUM")
+        if t is None:
+            return None
+        nodes, r, label, p = t
+        return Step("wsum", nodes, list(n.srcs) + [r], [nodes[-1]], p, note=label + " (the residual in the sum)")
+
+    def _residual_tail(self, n, pos, head):
+        """n's single consumer chain [SCALE ->] ADD(., r), each node directly after the last, of n's shape
+        and float32, no views: (nodes from n to the ADD, r, label, {"rscale": s} or {}), or None (a reason
+        recorded where the chain is there but cannot fuse)"""
         cons = self._consumers[n.id]
+        sc = None
+        if len(cons) == 1 and cons[0].op == "scale" and len(self._consumers[cons[0].id]) == 1:
+            sc, cons = cons[0], self._consumers[cons[0].id]
         if len(cons) != 1 or cons[0].op != "add":
             return None
         a = cons[0]
-        label = "QMATMUL -> ADD"
+        label = f"{head} -> SCALE -> ADD" if sc is not None else f"{head} -> ADD"
         why = self._intermediate(n, label)
-        r = self._other(a, n)
+        if why is None and sc is not None:
+            why = self._fusible_intermediate(n, sc, pos, label) or self._intermediate(sc, label)
+        prod = n if sc is None else sc
+        r = self._other(a, prod)
         if why is None and r is None:
-            why = f"{label}: ADD({n.name!r}, {n.name!r}) adds the product to itself"
-        if why is None and pos.get(a.id) != pos[n.id] + 1:
-            why = f"{label}: {a.name!r} does not directly follow {n.name!r}"
+            why = f"{label}: ADD({prod.name!r}, {prod.name!r}) adds the product to itself"
+        if why is None and pos.get(a.id) != pos[prod.id] + 1:
+            why = f"{label}: {a.name!r} does not directly follow {prod.name!r}"
         if why is None and (r.shape != a.shape or n.shape != a.shape or r.dtype != F32):
             why = f"{label}: ADD {a.name!r} {a.shape} broadcasts or is not float32"
         if why is None and (a.is_view or r.is_view):
@@ -129,14 +157,14 @@ class _Fuser:
         if why:
             self.rejected.append(why)
             return None
-        return Step("qmatmul", [n, a], [n.srcs[0], None, r], [a],
-                    {"ws": (n.params["w"],), "act": n.params["act"], "eps": None},
-                    note="QMATMUL -> ADD (the residual in the epilogue)")
+        return [n] + ([sc] if sc is not None else []) + [a], r, label, ({} if sc is None else {"rscale": sc.params["s"]})
 
     def _try_fuse_rest(self, n, order, pos):
         """_try_fuse for the remaining op kinds (rope, silu/gelu)"""
         if n.op == "rope":
             return self._rope_cache(n, pos)
+        if n.op == "wsum":
+            return self._wsum_residual(n, pos)
         if n.op in ("silu", "gelu"):
             cons = self._consumers[n.id]
             if cons and cons[0].op == "mul":

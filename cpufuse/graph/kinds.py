@@ -251,7 +251,8 @@ def _lower_qmm(st, L):
     x, nw = st.ins[:2]
     res = st.ins[2] if len(st.ins) > 2 else None   # QMATMUL -> ADD: the residual added in the epilogue
     ws = p["ws"]
-    epi = {"qmatmul_swiglu": 1, "qmatmul_geglu": 3}.get(st.kind, 2 if res is not None else 0)
+    rscale = p.get("rscale")    # QMATMUL -> SCALE -> ADD: the product scaled before the add (QM_EPI 5)
+    epi = {"qmatmul_swiglu": 1, "qmatmul_geglu": 3}.get(st.kind, 0 if res is None else 2 if rscale is None else 5)
     geo = _rows(x)
     if geo is None or not all(_contig(o) for o in st.outs):
         return None
@@ -268,7 +269,7 @@ def _lower_qmm(st, L):
     do_norm = 1 if p["eps"] is not None else 0
     d = qm_desc(rows, K, xs if rows > 1 else K, p["act"] == "q8", epi, do_norm, ws,
                 [ws[0].shape[0] if epi else w.shape[0] for w in ws],
-                0 if res is None else (rgeo[1] if rows > 1 else ws[0].shape[0]))
+                0 if res is None else (rgeo[1] if rows > 1 else ws[0].shape[0]), rscale)
     wsl = [L.wslot(w) for w in ws] + [-1] * (3 - len(ws))
     ysl = [L.slot(o) for o in st.outs] + [-1] * (3 - len(st.outs))
     eps = L.fparam(p["eps"] if do_norm else 0.0)
@@ -290,6 +291,10 @@ def _run_qmm(st, X):
         _qm.matmul_swiglu(x, p["ws"][0], p["ws"][1], out=X.a(st.outs[0]), **kw)
     elif st.kind == "qmatmul_geglu":
         _qm.matmul_geglu(x, p["ws"][0], p["ws"][1], out=X.a(st.outs[0]), **kw)
+    elif len(p["ws"]) == 1 and p.get("rscale") is not None:   # QMATMUL -> SCALE -> ADD: res + f32(s * product)
+        y = _qm.matmul(x, p["ws"][0], **kw)
+        np.multiply(y, np.float32(p["rscale"]), out=y)
+        np.add(X.a(st.ins[2]), y, out=X.a(st.outs[0]))
     elif len(p["ws"]) == 1:
         res = X.a(st.ins[2]) if len(st.ins) > 2 else None   # QMATMUL -> ADD: the residual epilogue
         _qm.matmul(x, p["ws"][0], out=X.a(st.outs[0]), residual=res, **kw)
@@ -460,7 +465,7 @@ COPY = Kind("COPY", "desc src dst esize", "strided 4-D copy (CP_*)", ("copy", "c
 GEMM = Kind("GEMM", "m n k a lda b ldb c ldc", "C = A.B row-major through numpy's cblas_sgemm (sgemv when M == 1)",
             ("matmul",), _lower_gemm, _run_gemm)
 QMM = Kind("QMM", "desc x nw f_eps w0 w1 w2 y0 y1 y2 res", "cf_qmatmul_f32 (QM_*); weights are pointer-table "
-           "entries; res: the residual of QM_EPI 2 (-1: none)", ("qmatmul", "qmatmul_swiglu", "qmatmul_geglu"),
+           "entries; res: the residual of QM_EPI 2 and 5 (-1: none)", ("qmatmul", "qmatmul_swiglu", "qmatmul_geglu"),
            _lower_qmm, _run_qmm)
 ROPE = Kind("ROPE", "desc x pos ff y pos0 n_ctx row_bytes",
             "cf_rope_f32: desc = RP_LEN ints then RPF_LEN doubles (their bits); pos0 >= 0: rows go to "
@@ -495,7 +500,8 @@ TAKE = Kind("TAKE", "n c k x idx y", "y[r, j] = x[r, idx[r, j]] (idx in [0, c))"
             lambda st, L: _moe.lower_take(st, L, TAKE), _moe.run_take, explains=True)
 SIGMOID = Kind("SIGMOID", "n a y", "y = 1 / (1 + exp(-a))", ("sigmoid",),
                lambda st, L: _moe.lower_sigmoid(st, L, SIGMOID), _moe.run_sigmoid)
-WSUM = Kind("WSUM", "n k m y w out", "out[r] = sum over j in order of w[r, j] * y[r, j, :]", ("wsum",),
+WSUM = Kind("WSUM", "n k m y w out res sc f_s", "out[r] = sum over j in order of w[r, j] * y[r, j, :]; then * s "
+            "where sc is 1 (WSUM -> SCALE) and res[r] + it where res is a slot (-> ADD: the residual; -1: none)", ("wsum",),
             lambda st, L: _moe.lower_wsum(st, L, WSUM), _moe.run_wsum)
 NORMW = Kind("NORMW", "n k f_floor f_scale x y", "y[r] = x[r] / max(sum of x[r]'s k values (in double, rounded to "
              "f32), floor) (floor 0: no division), then * scale (0: none): the MoE weights' norm_w and scale",

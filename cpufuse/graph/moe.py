@@ -12,7 +12,8 @@ Semantics (docs/semantics.md, "Routed matmul and gating"):
               go to the lower index; NaN ranks below every number (-inf too), NaNs by index.
   take        y[r, j] = x[r, idx[r, j]] (the values of a top-k, or other probabilities at its ids).
   sigmoid     1 / (1 + exp(-x)) in f32.
-  wsum        out[r] = sum_j f32(w[r, j] * y[r, j, :]), accumulated in slot order j = 0..k-1.
+  wsum        out[r] = sum_j f32(w[r, j] * y[r, j, :]), accumulated in slot order j = 0..k-1 (fused
+              with a following [SCALE ->] ADD: res[r] + f32(s * that)).
   normw       y[r] = x[r] / max(f32(sum_j x[r, j] in double), floor), then * scale (ggml's sum_rows,
               clamp, div, scale of build_moe_ffn's norm_w and expert_weights_scale).
 """
@@ -150,12 +151,16 @@ def run_sigmoid(st, X):
 
 
 def lower_wsum(st, L, row):
-    y, w = st.ins
+    """wsum, and WSUM [-> SCALE] -> ADD (ins [y, w, res], params["rscale"]: the SCALE's s or None)"""
+    y, w = st.ins[:2]
+    res = st.ins[2] if len(st.ins) > 2 else None
     out = st.outs[0]
-    if not (_contig(y) and _contig(w) and _contig(out)):
+    if not (_contig(y) and _contig(w) and _contig(out) and (res is None or _contig(res))):
         return None
+    s = st.params.get("rscale")
     return row.pack(n=math.prod(w.shape[:-1]), k=w.shape[-1], m=y.shape[-1], y=L.slot(y), w=L.slot(w),
-                    out=L.slot(out)), None
+                    out=L.slot(out), res=-1 if res is None else L.slot(res), sc=0 if s is None else 1,
+                    f_s=L.fparam(0.0 if s is None else s)), None
 
 
 def run_wsum(st, X):
@@ -163,6 +168,10 @@ def run_wsum(st, X):
     acc = y[..., 0, :] * w[..., 0:1]
     for j in range(1, w.shape[-1]):
         acc = acc + y[..., j, :] * w[..., j:j + 1]
+    if st.params.get("rscale") is not None:
+        acc = acc * np.float32(st.params["rscale"])
+    if len(st.ins) > 2:
+        acc = X.a(st.ins[2]) + acc
     np.copyto(out, acc)
 
 

@@ -86,9 +86,10 @@ enum {
   QM_ROWS, QM_K, QM_XS, /* activation rows, n_in, x row stride (floats) */
   QM_ACT, /* 0 f32 activations, 1 q8 */
   QM_NW, /* number of weights (1..3) */
-  QM_EPI, /* 0 one output per weight, 1 silu(y0) * y1 (matmul_swiglu), 2 y0 = res + y0 (matmul residual=), 3 gelu(y0) * y1 (matmul_geglu), 4 swiglu_oai(y0, y1) (qmatmul_id only) */
+  QM_EPI, /* 0 one output per weight, 1 silu(y0) * y1 (matmul_swiglu), 2 y0 = res + y0 (matmul residual=), 3 gelu(y0) * y1 (matmul_geglu), 4 swiglu_oai(y0, y1) (qmatmul_id only), 5 y0 = res + f32(s * y0) (s: RSC; a scaled residual branch, granite) */
   QM_NORM, /* 1: RMS_NORM (x norm_w) prologue */
-  QM_RS, /* EPI 2: the residual's row stride (floats) */
+  QM_RS, /* EPI 2 and 5: the residual's row stride (floats) */
+  QM_RSC, /* EPI 5: the product's scale s, the bits of an f32 (as an unsigned 32-bit int) */
   QM_W0, /* the first weight's QW_* block (3 blocks) */
 };
 #define QM_LEN (QM_W0 + 3 * QW_LEN)
@@ -117,7 +118,7 @@ enum { R_FLASH_ATTN_DESC, R_FLASH_ATTN_Q, R_FLASH_ATTN_K, R_FLASH_ATTN_V, R_FLAS
 enum { R_COPY_DESC, R_COPY_SRC, R_COPY_DST, R_COPY_ESIZE, R_COPY_NARGS };
 /* OP_GEMM [m, n, k, a, lda, b, ldb, c, ldc]: C = A.B row-major through numpy's cblas_sgemm (sgemv when M == 1) */
 enum { R_GEMM_M, R_GEMM_N, R_GEMM_K, R_GEMM_A, R_GEMM_LDA, R_GEMM_B, R_GEMM_LDB, R_GEMM_C, R_GEMM_LDC, R_GEMM_NARGS };
-/* OP_QMM [desc, x, nw, f_eps, w0, w1, w2, y0, y1, y2, res]: cf_qmatmul_f32 (QM_*); weights are pointer-table entries; res: the residual of QM_EPI 2 (-1: none) */
+/* OP_QMM [desc, x, nw, f_eps, w0, w1, w2, y0, y1, y2, res]: cf_qmatmul_f32 (QM_*); weights are pointer-table entries; res: the residual of QM_EPI 2 and 5 (-1: none) */
 enum { R_QMM_DESC, R_QMM_X, R_QMM_NW, R_QMM_F_EPS, R_QMM_W0, R_QMM_W1, R_QMM_W2, R_QMM_Y0, R_QMM_Y1, R_QMM_Y2, R_QMM_RES, R_QMM_NARGS };
 /* OP_ROPE [desc, x, pos, ff, y, pos0, n_ctx, row_bytes]: cf_rope_f32: desc = RP_LEN ints then RPF_LEN doubles (their bits); pos0 >= 0: rows go to y + p0 * row_bytes, p0 = *(int32 *)ptrs[pos0] checked against n_ctx */
 enum { R_ROPE_DESC, R_ROPE_X, R_ROPE_POS, R_ROPE_FF, R_ROPE_Y, R_ROPE_POS0, R_ROPE_N_CTX, R_ROPE_ROW_BYTES, R_ROPE_NARGS };
@@ -143,8 +144,8 @@ enum { R_TOPK_N, R_TOPK_C, R_TOPK_K, R_TOPK_X, R_TOPK_IDX, R_TOPK_NARGS };
 enum { R_TAKE_N, R_TAKE_C, R_TAKE_K, R_TAKE_X, R_TAKE_IDX, R_TAKE_Y, R_TAKE_NARGS };
 /* OP_SIGMOID [n, a, y]: y = 1 / (1 + exp(-a)) */
 enum { R_SIGMOID_N, R_SIGMOID_A, R_SIGMOID_Y, R_SIGMOID_NARGS };
-/* OP_WSUM [n, k, m, y, w, out]: out[r] = sum over j in order of w[r, j] * y[r, j, :] */
-enum { R_WSUM_N, R_WSUM_K, R_WSUM_M, R_WSUM_Y, R_WSUM_W, R_WSUM_OUT, R_WSUM_NARGS };
+/* OP_WSUM [n, k, m, y, w, out, res, sc, f_s]: out[r] = sum over j in order of w[r, j] * y[r, j, :]; then * s where sc is 1 (WSUM -> SCALE) and res[r] + it where res is a slot (-> ADD: the residual; -1: none) */
+enum { R_WSUM_N, R_WSUM_K, R_WSUM_M, R_WSUM_Y, R_WSUM_W, R_WSUM_OUT, R_WSUM_RES, R_WSUM_SC, R_WSUM_F_S, R_WSUM_NARGS };
 /* OP_NORMW [n, k, f_floor, f_scale, x, y]: y[r] = x[r] / max(sum of x[r]'s k values (in double, rounded to f32), floor) (floor 0: no division), then * scale (0: none): the MoE weights' norm_w and scale */
 enum { R_NORMW_N, R_NORMW_K, R_NORMW_F_FLOOR, R_NORMW_F_SCALE, R_NORMW_X, R_NORMW_Y, R_NORMW_NARGS };
 /* OP_SWIGLU_OAI [n, g, u, y]: y = x * sigmoid(1.702 x) * (clamp(u, -7, 7) + 1), x = min(g, 7) */
