@@ -24,6 +24,8 @@ can be one C call; a step the executor cannot take, e.g. a non-contiguous operan
   RMS_NORM -> MUL(w) -> (one of the two above, or one QMATMUL)   the norm folded into the matmul's
                                   prologue (the MUL's consumers must be exactly that group's matmuls)
   ROPE -> CACHE_WRITE             one rope call writing the rotated rows into the KV cache
+  QMATMUL [-> SCALE] -> ADD(r)    r + (s *) product in the matmul's epilogue, each op rounded as its kernel
+  WSUM [-> SCALE] -> ADD(r)       the same in the weighted sum over k (in the down tasks at decode)
 CACHE_WRITE (g.cache_write) has a side effect on a user-owned array: it is always executed, whether
 or not it is marked as an output (every node of a graph runs; plans do no dead-node elimination).
 A compiled plan owns its buffers (allocated once; intermediates share memory when their lifetimes
