@@ -153,10 +153,10 @@ QM = Layout("QM", "quantized matmul (cpufuse.quant.matmul -> cf_qmatmul_f32, nat
     ("ROWS K XS", "activation rows, n_in, x row stride (floats)"),
     ("ACT", "0 f32 activations, 1 q8"),
     ("NW", "number of weights (1..3)"),
-    ("EPI", "0 one output per weight, 1 silu(y0) * y1 (matmul_swiglu), 2 y0 = res + y0 (matmul residual=), 3 gelu(y0) * y1 (matmul_geglu), 4 swiglu_oai(y0, y1) (qmatmul_id only), 5 y0 = res + f32(s * y0) (s: RSC; a scaled residual branch, granite)"),
+    ("EPI", "0 one output per weight, 1 silu(y0) * y1 (matmul_swiglu), 2 y0 = res + y0 (matmul residual=), 3 gelu(y0) * y1 (matmul_geglu), 4 swiglu_oai(y0, y1) (qmatmul_id only), 5 y0 = res + f32(s * y0) (s: RSC; a scaled residual branch, granite), 6 y0 = f32(s * y0) (granite's logit scale)"),
     ("NORM", "1: RMS_NORM (x norm_w) prologue"),
     ("RS", "EPI 2 and 5: the residual's row stride (floats)"),
-    ("RSC", "EPI 5: the product's scale s, the bits of an f32 (as an unsigned 32-bit int)"),
+    ("RSC", "EPI 5 and 6: the product's scale s, the bits of an f32 (as an unsigned 32-bit int)"),
     ("W0", "the first weight's QW_* block (3 blocks)"),
 ], tail=(QW, 3))
 

@@ -674,16 +674,18 @@ def test_c_cache_rows_checked(rng):
 def test_qmatmul_view_falls_back_to_python(rng):
     """a qmatmul input whose leading axes do not merge runs as a Python step between C segments"""
     (w,) = weights(rng, 64, [32])
-    g = Graph()
-    x = g.input("x", (4, 2, 64))
-    y = g.qmatmul(g.permute(g.scale(x, 0.5), (1, 0, 2)), w, name="qv")
-    g.output(g.scale(y, 2.0))
     X = U(rng, (4, 2, 64))
-    plan = g.compile()
-    if plan.native:
-        assert [k for k, _ in plan.segments] == ["c", "py", "c"], plan.describe()
-    (out,) = plan.run(x=X)
-    assert np.array_equal(out, 2 * cpufuse.matmul(np.ascontiguousarray((X * 0.5).transpose(1, 0, 2)), w))
+    ref = 2 * cpufuse.matmul(np.ascontiguousarray((X * 0.5).transpose(1, 0, 2)), w)
+    for tail, segs in (("add", ["c", "py", "c"]), ("scale", ["c", "py"])):   # y + y: a C step after it;
+        g = Graph()                                                            # a SCALE: in the Python step
+        x = g.input("x", (4, 2, 64))
+        y = g.qmatmul(g.permute(g.scale(x, 0.5), (1, 0, 2)), w, name="qv")
+        g.output(g.add(y, y) if tail == "add" else g.scale(y, 2.0))
+        plan = g.compile()
+        if plan.native:
+            assert [k for k, _ in plan.segments] == segs, plan.describe()
+        (out,) = plan.run(x=X)
+        assert np.array_equal(out, ref), tail
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(mode="neox", n_dims=32), dict(ggml_compat=True, freq_base=500.0),

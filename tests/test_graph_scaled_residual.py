@@ -72,12 +72,13 @@ def test_qmatmul_scale_add_not_fused(rng):
     b = g.scale(g.qmatmul(x, w), 0.5, name="sc")
     g.output(g.add(r, b, name="res"), b)
     pf, _ = _same_fused_unfused(g, None, x=X, r=R)
-    assert len(pf.steps) == 3 and "QMATMUL -> SCALE -> ADD: 'sc' is a graph output" in pf.rejected
+    assert "QMATMUL -> SCALE -> ADD: 'sc' is a graph output" in pf.rejected
+    assert len(pf.steps) == 2 and "QMATMUL -> SCALE (the scale in the epilogue)" in pf.describe()
     g = Graph()
     x, r = g.input("x", (rows, K)), g.input("r", (N,))
     g.output(g.add(g.scale(g.qmatmul(x, w), 0.5), r, name="bc"))
     pf = g.compile()
-    assert len(pf.steps) == 3
+    assert len(pf.steps) == 2 and "SCALE -> ADD" not in pf.describe().split("rejected")[0]
     assert any("broadcasts" in why for why in pf.rejected), pf.rejected
 
 
@@ -135,3 +136,32 @@ def test_routed_ffn_residual_in_down_tasks(isa, rng, s):
             W = rng.uniform(0.1, 1.0, (n, k)).astype(np.float32)
             pf, _ = _same_fused_unfused(g, isa, threads=(1, 2, 3, 4), x=X, r=_residual(rng, (n, K)), ids=I, w=W)
         assert "-> ADD (the residual in the sum)" in pf.describe()
+
+
+@pytest.mark.parametrize("qtype,K", [("Q8_0", 64), ("Q4_K", 256), ("F32", 40)])
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("norm", [False, True])
+def test_qmatmul_scale_epilogue(isa, rng, qtype, K, rows, norm):
+    """s * (x . W^T) with the scale in the matmul's epilogue (granite's logit scale after the head, whose
+    RMS_NORM prologue stays folded too): the unfused plan's bits"""
+    N, s = 45, 0.125
+    w = qref.random_blocks(qtype, N, K, rng)
+    if isa != "numba" and qtype != "F32":
+        w = w.repack(isa=isa)
+    g = Graph()
+    x = g.input("x", (rows, K))
+    NW = rng.uniform(0.5, 1.5, K).astype(np.float32)
+    h = g.mul(g.rms_norm(x, 1e-6), g.constant(NW, "nw")) if norm else x
+    g.output(g.scale(g.qmatmul(h, w, act="f32" if norm else "q8", name="head"), s, name="logit_scale"))
+    X = rng.standard_normal((rows, K)).astype(np.float32)
+    pf = g.compile(isa=isa)
+    assert len(pf.steps) == 1 and "QMATMUL -> SCALE" in pf.describe(), pf.describe()
+    if not norm:   # the norm prologue rounds differently from a separate RMS_NORM; the scale does not
+        _same_fused_unfused(g, isa, x=X)
+    (out,) = pf.run(copy=True, x=X)
+    g2 = Graph()
+    x2 = g2.input("x", (rows, K))
+    h2 = g2.mul(g2.rms_norm(x2, 1e-6), g2.constant(NW, "nw")) if norm else x2
+    g2.output(g2.qmatmul(h2, w, act="f32" if norm else "q8"))
+    (y,) = g2.compile(isa=isa).run(copy=True, x=X)
+    assert np.array_equal(out, y * np.float32(s), equal_nan=True)

@@ -26,6 +26,7 @@ can be one C call; a step the executor cannot take, e.g. a non-contiguous operan
   ROPE -> CACHE_WRITE             one rope call writing the rotated rows into the KV cache
   QMATMUL [-> SCALE] -> ADD(r)    r + (s *) product in the matmul's epilogue, each op rounded as its kernel
   WSUM [-> SCALE] -> ADD(r)       the same in the weighted sum over k (in the down tasks at decode)
+  QMATMUL -> SCALE                s * product in the epilogue (granite's logit scale after the head)
 CACHE_WRITE (g.cache_write) has a side effect on a user-owned array: it is always executed, whether
 or not it is marked as an output (every node of a graph runs; plans do no dead-node elimination).
 A compiled plan owns its buffers (allocated once; intermediates share memory when their lifetimes

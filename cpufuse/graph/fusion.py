@@ -114,7 +114,12 @@ class _Fuser:
         rounded first, as the SCALE kernel does: granite's residual scale), or None (reason recorded)"""
         t = self._residual_tail(n, pos, "QMATMUL")
         if t is None:
-            return None
+            sc = self._scale_tail(n, pos)
+            if sc is None:
+                return None
+            return Step("qmatmul", [n, sc], [n.srcs[0], None], [sc],
+                        {"ws": (n.params["w"],), "act": n.params["act"], "eps": None, "oscale": sc.params["s"]},
+                        note="QMATMUL -> SCALE (the scale in the epilogue)")
         nodes, r, label, p = t
         p.update({"ws": (n.params["w"],), "act": n.params["act"], "eps": None})
         return Step("qmatmul", nodes, [n.srcs[0], None, r], [nodes[-1]], p,
@@ -128,6 +133,18 @@ class _Fuser:
             return None
         nodes, r, label, p = t
         return Step("wsum", nodes, list(n.srcs) + [r], [nodes[-1]], p, note=label + " (the residual in the sum)")
+
+    def _scale_tail(self, n, pos):
+        """n's single consumer, a SCALE right after it that is not the start of a [SCALE ->] ADD chain
+        another rule takes: that SCALE (QM_EPI 6: the product times s rounded, as the SCALE kernel does;
+        granite's logit scale), or None"""
+        cons = self._consumers[n.id]
+        if len(cons) != 1 or cons[0].op != "scale" or cons[0].is_view:
+            return None
+        sc = cons[0]
+        if self._intermediate(n, "") is not None or pos.get(sc.id) != pos[n.id] + 1 or sc.shape != n.shape:
+            return None
+        return sc
 
     def _residual_tail(self, n, pos, head):
         """n's single consumer chain [SCALE ->] ADD(., r), each node directly after the last, of n's shape
@@ -305,8 +322,12 @@ class _Fuser:
                         note=head + "QMATMUL x2 -> SILU -> MUL (matmul_swiglu)")
         k = len(nodes)
         note = head + ("QMATMUL" if k == 1 else f"QMATMUL x{k} (shared activation)")
-        return Step("qmatmul", pre + nodes, [x, w], list(nodes),
-                    {"ws": tuple(q.params["w"] for q in nodes), "act": act, "eps": eps}, note=note)
+        p = {"ws": tuple(q.params["w"] for q in nodes), "act": act, "eps": eps}
+        sc = self._scale_tail(nodes[0], self.pos) if k == 1 else None
+        if sc is not None:   # one weight: a SCALE of its product in the epilogue (granite's logit scale)
+            p["oscale"] = sc.params["s"]
+            return Step("qmatmul", pre + nodes + [sc], [x, w], [sc], p, note=note + " -> SCALE (in the epilogue)")
+        return Step("qmatmul", pre + nodes, [x, w], list(nodes), p, note=note)
 
     def _rope_cache(self, n, pos):
         cons = self._consumers[n.id]

@@ -253,6 +253,8 @@ def _lower_qmm(st, L):
     ws = p["ws"]
     rscale = p.get("rscale")    # QMATMUL -> SCALE -> ADD: the product scaled before the add (QM_EPI 5)
     epi = {"qmatmul_swiglu": 1, "qmatmul_geglu": 3}.get(st.kind, 0 if res is None else 2 if rscale is None else 5)
+    if p.get("oscale") is not None:   # QMATMUL -> SCALE: the product scaled (QM_EPI 6)
+        epi, rscale = 6, p["oscale"]
     geo = _rows(x)
     if geo is None or not all(_contig(o) for o in st.outs):
         return None
@@ -291,6 +293,9 @@ def _run_qmm(st, X):
         _qm.matmul_swiglu(x, p["ws"][0], p["ws"][1], out=X.a(st.outs[0]), **kw)
     elif st.kind == "qmatmul_geglu":
         _qm.matmul_geglu(x, p["ws"][0], p["ws"][1], out=X.a(st.outs[0]), **kw)
+    elif len(p["ws"]) == 1 and p.get("oscale") is not None:   # QMATMUL -> SCALE: f32(s * product)
+        y = _qm.matmul(x, p["ws"][0], **kw)
+        np.multiply(y, np.float32(p["oscale"]), out=X.a(st.outs[0]))
     elif len(p["ws"]) == 1 and p.get("rscale") is not None:   # QMATMUL -> SCALE -> ADD: res + f32(s * product)
         y = _qm.matmul(x, p["ws"][0], **kw)
         np.multiply(y, np.float32(p["rscale"]), out=y)

@@ -86,10 +86,10 @@ enum {
   QM_ROWS, QM_K, QM_XS, /* activation rows, n_in, x row stride (floats) */
   QM_ACT, /* 0 f32 activations, 1 q8 */
   QM_NW, /* number of weights (1..3) */
-  QM_EPI, /* 0 one output per weight, 1 silu(y0) * y1 (matmul_swiglu), 2 y0 = res + y0 (matmul residual=), 3 gelu(y0) * y1 (matmul_geglu), 4 swiglu_oai(y0, y1) (qmatmul_id only), 5 y0 = res + f32(s * y0) (s: RSC; a scaled residual branch, granite) */
+  QM_EPI, /* 0 one output per weight, 1 silu(y0) * y1 (matmul_swiglu), 2 y0 = res + y0 (matmul residual=), 3 gelu(y0) * y1 (matmul_geglu), 4 swiglu_oai(y0, y1) (qmatmul_id only), 5 y0 = res + f32(s * y0) (s: RSC; a scaled residual branch, granite), 6 y0 = f32(s * y0) (granite's logit scale) */
   QM_NORM, /* 1: RMS_NORM (x norm_w) prologue */
   QM_RS, /* EPI 2 and 5: the residual's row stride (floats) */
-  QM_RSC, /* EPI 5: the product's scale s, the bits of an f32 (as an unsigned 32-bit int) */
+  QM_RSC, /* EPI 5 and 6: the product's scale s, the bits of an f32 (as an unsigned 32-bit int) */
   QM_W0, /* the first weight's QW_* block (3 blocks) */
 };
 #define QM_LEN (QM_W0 + 3 * QW_LEN)
