@@ -4,7 +4,7 @@ K and V as the cache holds them, (cells, KV heads, row): a sequence's KV heads l
 a cell, so split-KV decode runs one task per (chunk, sequence, block of head groups), each group block by
 block, with the next block's whole cells prefetched. Each group's partial must be the one the per-(group,
 chunk) tasks compute on the same values laid out head by head, bit for bit, for every thread count
-(the cells tasks run up to FA_CELLS_MAX_NTH = 2 threads, their blocks smaller with more threads; 3
+(the cells tasks run up to FA_CELLS_MAX_NTH = 2 threads or CPUFUSE_FA_CELLS_NTH, their blocks smaller with more threads; 3
 threads take the per-group tasks on the cache's layout, which must give the same bits), chunk and
 cache type, with masks (a hole, a fully masked chunk), two sequences, and with the prefetch on (K + V past 4 MiB) and off."""
 import zlib
@@ -62,3 +62,17 @@ def test_cells_tasks_match_head_tasks(isa, kt, vt):
                     assert np.array_equal(_bits(want), _bits(got)), (S, Hq, Hk, T, D, chunk, nt, mask is None)
         rows = cpufuse.flash_attn(q, *cache, m, **dict(call, strategy="rows"))
         np.testing.assert_allclose(got, rows, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("nth", ["0", "64"])
+def test_cells_threads_knob(nth):
+    """CPUFUSE_FA_CELLS_NTH (flash_attn.inc, read once per process; default FA_CELLS_MAX_NTH = 2): the cells
+    tasks at no thread count (0) or at every one (64) give the same bits; this file's checks, run again in a
+    process with the knob set"""
+    import subprocess
+    import sys
+    from _util import clean_env
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not knob", __file__],
+                       env=clean_env(CPUFUSE_FA_CELLS_NTH=nth), capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout, r.stdout[-2000:]
