@@ -719,3 +719,37 @@ def test_rope_c_record_equals_python_step(monkeypatch, rng, kw, cdt):
     (qc, cc), (qp, cp) = res
     assert np.array_equal(qc, qp) and np.array_equal(cc, cp)
     assert np.array_equal(cc[1:4], qc.astype(cdt)) and not cc[0].any() and not cc[4:].any()
+
+
+def test_decode_wide_chunks_and_tails(rng):
+    """a one-row q8 plan call wide enough for the 64-row chunks ends in 16-row chunks (about one a thread;
+    CPUFUSE_QM_TAILS sets how many, read once per process): every thread count gives the one-thread bits,
+    a row count that is not a multiple of 16 included"""
+    isa = [i for i in cpufuse.available_isas() if i != "numba"][0]
+    K = 512
+    ws = [qref.make_weight("Q4_0", 1040, K, rng).repack(isa=isa),
+          qref.random_blocks("Q8_0", 1000, K, rng).repack(isa=isa)]
+    g = Graph()
+    x = g.input("x", (1, K))
+    g.output(*[g.qmatmul(x, w, name=f"w{i}") for i, w in enumerate(ws)])
+    X = U(rng, (1, K))
+    plan = g.compile(isa=isa)
+    ref = plan.run(copy=True, n_threads=1, x=X)
+    for y, w in zip(ref, ws):
+        assert np.array_equal(y, cpufuse.matmul(X, w, isa=isa, n_threads=1))
+    for nth in (2, 3, 4, 7):
+        for a, b in zip(plan.run(copy=True, n_threads=nth, x=X), ref):
+            assert np.array_equal(a, b), nth
+
+
+@pytest.mark.parametrize("tails", ["0", "3"])
+def test_decode_tails_knob(tails):
+    """the decode chunk tests above, again in a process with CPUFUSE_QM_TAILS set"""
+    import subprocess
+    import sys
+    from _util import clean_env
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
+                        "decode_wide_chunks or decode_rows_plan_threads", __file__],
+                       env=clean_env(CPUFUSE_QM_TAILS=tails), capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout, r.stdout[-2000:]
