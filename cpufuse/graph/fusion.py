@@ -118,7 +118,7 @@ class _Fuser:
             if sc is None:
                 return None
             return Step("qmatmul", [n, sc], [n.srcs[0], None], [sc],
-                        {"ws": (n.params["w"],), "act": n.params["act"], "eps": None, "oscale": sc.params["s"]},
+                        {"ws": (n.params["w"],), "act": n.params["act"], "eps": None, "post_scale": sc.params["s"]},
                         note="QMATMUL -> SCALE (the scale in the epilogue)")
         nodes, r, label, p = t
         p.update({"ws": (n.params["w"],), "act": n.params["act"], "eps": None})
@@ -139,7 +139,7 @@ class _Fuser:
         another rule takes: that SCALE (QM_EPI 6: the product times s rounded, as the SCALE kernel does;
         granite's logit scale), or None"""
         cons = self._consumers[n.id]
-        if len(cons) != 1 or cons[0].op != "scale" or cons[0].is_view:
+        if len(cons) != 1 or cons[0].op != "scale":
             return None
         sc = cons[0]
         if self._intermediate(n, "") is not None or pos.get(sc.id) != pos[n.id] + 1 or sc.shape != n.shape:
@@ -148,7 +148,7 @@ class _Fuser:
 
     def _residual_tail(self, n, pos, head):
         """n's single consumer chain [SCALE ->] ADD(., r), each node directly after the last, of n's shape
-        and float32, no views: (nodes from n to the ADD, r, label, {"rscale": s} or {}), or None (a reason
+        and float32, no views: (nodes from n to the ADD, r, label, {"post_scale": s} or {}), or None (a reason
         recorded where the chain is there but cannot fuse)"""
         cons = self._consumers[n.id]
         sc = None
@@ -174,7 +174,7 @@ class _Fuser:
         if why:
             self.rejected.append(why)
             return None
-        return [n] + ([sc] if sc is not None else []) + [a], r, label, ({} if sc is None else {"rscale": sc.params["s"]})
+        return [n] + ([sc] if sc is not None else []) + [a], r, label, ({} if sc is None else {"post_scale": sc.params["s"]})
 
     def _try_fuse_rest(self, n, order, pos):
         """_try_fuse for the remaining op kinds (rope, silu/gelu)"""
@@ -325,7 +325,7 @@ class _Fuser:
         p = {"ws": tuple(q.params["w"] for q in nodes), "act": act, "eps": eps}
         sc = self._scale_tail(nodes[0], self.pos) if k == 1 else None
         if sc is not None:   # one weight: a SCALE of its product in the epilogue (granite's logit scale)
-            p["oscale"] = sc.params["s"]
+            p["post_scale"] = sc.params["s"]
             return Step("qmatmul", pre + nodes + [sc], [x, w], [sc], p, note=note + " -> SCALE (in the epilogue)")
         return Step("qmatmul", pre + nodes, [x, w], list(nodes), p, note=note)
 

@@ -251,10 +251,11 @@ def _lower_qmm(st, L):
     x, nw = st.ins[:2]
     res = st.ins[2] if len(st.ins) > 2 else None   # QMATMUL -> ADD: the residual added in the epilogue
     ws = p["ws"]
-    rscale = p.get("rscale")    # QMATMUL -> SCALE -> ADD: the product scaled before the add (QM_EPI 5)
-    epi = {"qmatmul_swiglu": 1, "qmatmul_geglu": 3}.get(st.kind, 0 if res is None else 2 if rscale is None else 5)
-    if p.get("oscale") is not None:   # QMATMUL -> SCALE: the product scaled (QM_EPI 6)
-        epi, rscale = 6, p["oscale"]
+    s = p.get("post_scale")    # QMATMUL -> SCALE [-> ADD]: the product scaled (QM_EPI 6; with the add, 5)
+    if st.kind != "qmatmul":
+        epi = 1 if st.kind == "qmatmul_swiglu" else 3
+    else:
+        epi = (0 if s is None else 6) if res is None else (2 if s is None else 5)
     geo = _rows(x)
     if geo is None or not all(_contig(o) for o in st.outs):
         return None
@@ -271,7 +272,7 @@ def _lower_qmm(st, L):
     do_norm = 1 if p["eps"] is not None else 0
     d = qm_desc(rows, K, xs if rows > 1 else K, p["act"] == "q8", epi, do_norm, ws,
                 [ws[0].shape[0] if epi else w.shape[0] for w in ws],
-                0 if res is None else (rgeo[1] if rows > 1 else ws[0].shape[0]), rscale)
+                0 if res is None else (rgeo[1] if rows > 1 else ws[0].shape[0]), s)
     wsl = [L.wslot(w) for w in ws] + [-1] * (3 - len(ws))
     ysl = [L.slot(o) for o in st.outs] + [-1] * (3 - len(st.outs))
     eps = L.fparam(p["eps"] if do_norm else 0.0)
@@ -293,13 +294,13 @@ def _run_qmm(st, X):
         _qm.matmul_swiglu(x, p["ws"][0], p["ws"][1], out=X.a(st.outs[0]), **kw)
     elif st.kind == "qmatmul_geglu":
         _qm.matmul_geglu(x, p["ws"][0], p["ws"][1], out=X.a(st.outs[0]), **kw)
-    elif len(p["ws"]) == 1 and p.get("oscale") is not None:   # QMATMUL -> SCALE: f32(s * product)
+    elif len(p["ws"]) == 1 and p.get("post_scale") is not None:   # QMATMUL -> SCALE [-> ADD]: [res +] f32(s * y)
         y = _qm.matmul(x, p["ws"][0], **kw)
-        np.multiply(y, np.float32(p["oscale"]), out=X.a(st.outs[0]))
-    elif len(p["ws"]) == 1 and p.get("rscale") is not None:   # QMATMUL -> SCALE -> ADD: res + f32(s * product)
-        y = _qm.matmul(x, p["ws"][0], **kw)
-        np.multiply(y, np.float32(p["rscale"]), out=y)
-        np.add(X.a(st.ins[2]), y, out=X.a(st.outs[0]))
+        if len(st.ins) > 2:
+            np.multiply(y, np.float32(p["post_scale"]), out=y)
+            np.add(X.a(st.ins[2]), y, out=X.a(st.outs[0]))
+        else:
+            np.multiply(y, np.float32(p["post_scale"]), out=X.a(st.outs[0]))
     elif len(p["ws"]) == 1:
         res = X.a(st.ins[2]) if len(st.ins) > 2 else None   # QMATMUL -> ADD: the residual epilogue
         _qm.matmul(x, p["ws"][0], out=X.a(st.outs[0]), residual=res, **kw)

@@ -151,13 +151,13 @@ def run_sigmoid(st, X):
 
 
 def lower_wsum(st, L, row):
-    """wsum, and WSUM [-> SCALE] -> ADD (ins [y, w, res], params["rscale"]: the SCALE's s or None)"""
+    """wsum, and WSUM [-> SCALE] -> ADD (ins [y, w, res], params["post_scale"]: the SCALE's s or None)"""
     y, w = st.ins[:2]
     res = st.ins[2] if len(st.ins) > 2 else None
     out = st.outs[0]
     if not (_contig(y) and _contig(w) and _contig(out) and (res is None or _contig(res))):
         return None
-    s = st.params.get("rscale")
+    s = st.params.get("post_scale")
     return row.pack(n=math.prod(w.shape[:-1]), k=w.shape[-1], m=y.shape[-1], y=L.slot(y), w=L.slot(w),
                     out=L.slot(out), res=-1 if res is None else L.slot(res), sc=0 if s is None else 1,
                     f_s=L.fparam(0.0 if s is None else s)), None
@@ -168,8 +168,8 @@ def run_wsum(st, X):
     acc = y[..., 0, :] * w[..., 0:1]
     for j in range(1, w.shape[-1]):
         acc = acc + y[..., j, :] * w[..., j:j + 1]
-    if st.params.get("rscale") is not None:
-        acc = acc * np.float32(st.params["rscale"])
+    if st.params.get("post_scale") is not None:
+        acc = acc * np.float32(st.params["post_scale"])
     if len(st.ins) > 2:
         acc = X.a(st.ins[2]) + acc
     np.copyto(out, acc)

@@ -121,12 +121,12 @@ def _no_overlap(outs, ins):
                                  f"the input {iname!r}")
 
 
-def qm_desc(rows, K, xs, q8, epi, norm, ws, ys, rs=0, rscale=None):
+def qm_desc(rows, K, xs, q8, epi, norm, ws, ys, rs=0, scale=None):
     """cf_qmatmul_f32's descriptor (QM / QW of cpufuse._layouts) as a list: rows x K activations of
     row stride xs, q8 or f32, epilogue epi (1: SwiGLU, 2: residual add of row stride rs, 5: the same
-    with the product scaled by rscale first), norm (1: the RMS_NORM prologue), the weights ws
-    (QTensors) and each one's output row stride ys[i]"""
-    rsc = 0 if rscale is None else int(np.array(rscale, np.float32).view(np.uint32))
+    with the product times scale first, 6: the product times scale), norm (1: the RMS_NORM prologue),
+    the weights ws (QTensors) and each one's output row stride ys[i]"""
+    rsc = 0 if scale is None else int(np.array(scale, np.float32).view(np.uint32))
     return QM.pack(ROWS=rows, K=K, XS=xs, ACT=1 if q8 else 0, NW=len(ws), EPI=epi, NORM=norm, RS=rs, RSC=rsc,
                    tail=[dict(T=w.type_id, N=w.shape[0], WS=w.row_bytes, YS=y, LAY=_LAYOUT[w.layout])
                          for w, y in zip(ws, ys)])

@@ -39,6 +39,11 @@ static inline int cf_knob(atomic_int *cache, const char *name, int (*parse)(cons
 }
 /* cf_knob's parse of an on/off knob: on unless set to "0" */
 static inline int cf_knob_on(const char *e) { return !(e && !strcmp(e, "0")); }
+/* a count knob's value: atoi(e) where it lies in [lo, hi], else (or unset) dflt */
+static inline int cf_knob_int(const char *e, int dflt, int lo, int hi) {
+  const int x = e ? atoi(e) : dflt;
+  return x >= lo && x <= hi ? x : dflt;
+}
 
 static inline float cf_h2f(uint16_t h) {
   /* exact binary16 -> binary32, including subnormals, inf and NaN */
