@@ -5,11 +5,13 @@ head), K+V bytes per CPU ns, and the 1-thread read probe over the same bytes.
     python -m bench.attndec --depths 4096,16384 --types f16,q8_0,q4_0 [--cold] [--reps 20] [--isa avx512] [--layout heads]
         [--threads 2]
     python -m bench.attndec --ab BASE_TREE HEAD_TREE --rounds 4 --core 1 -- --depths 4096 --cold
+    python -m bench.attndec --envs "CPUFUSE_FA_PF_HINT=2 CPUFUSE_FA_CELLS_NTH=64" --core 0-15 -- --threads 16 --cold
 
 K and V are laid out as the KV cache holds them (cell-major, the KV heads of a cell together;
 --layout heads: each head contiguous). "cold": 64 MiB written between calls, as a decoder's
 weights stream between its layers; warm: the call repeated, K/V in the caches where they fit. --ab runs the two trees in alternating
-processes, each pinned to --core under nice, the tree first on PYTHONPATH (the A/B in docs/kv.md).
+processes, each pinned to --core under nice, the tree first on PYTHONPATH (the A/B in docs/kv.md); --envs
+runs this tree as it is and under each setting the same way (the even rounds in reverse order).
 """
 import argparse
 import json
@@ -63,7 +65,8 @@ def one_case(T, t, reps, cold, isa, flush, layout, threads=1):
         w0 = time.perf_counter()
         rf()
         pr.append(time.perf_counter() - w0)
-    return {"cpu_ms": statistics.median(cs) * 1e3, "wall_ms": min(ws) * 1e3, "bytes": nbytes,
+    return {"cpu_ms": statistics.median(cs) * 1e3, "wall_ms": min(ws) * 1e3, "wall_med_ms": statistics.median(ws) * 1e3,
+            "bytes": nbytes,
             "probe_bpns": buf.nbytes / min(pr) / 1e9}
 
 
@@ -81,35 +84,52 @@ def row(name, r):
     return ns, r["bytes"] / (r["cpu_ms"] * 1e6)
 
 
+def sides_of(a):
+    """(label, tree, extra env) of each side: --ab's two trees, or --envs' settings of this tree"""
+    if a.ab:
+        return [("base", a.ab[0], {}), ("head", a.ab[1], {})]
+    out = [("default", ".", {})]
+    for side in a.envs.split():
+        env = {}
+        for ev in side.split(","):
+            name, eq, val = ev.partition("=")
+            if not eq or not name:
+                raise SystemExit(f"--envs: expected sides separated by spaces, each NAME=VALUE[,NAME=VALUE], got {side!r}")
+            env[name] = val
+        out.append((side, ".", env))
+    return out
+
+
 def ab(a, rest):
-    runs = {"base": [], "head": []}
+    sides = sides_of(a)
+    runs = {s[0]: [] for s in sides}
     nth = rest[rest.index("--threads") + 1] if "--threads" in rest else "1"
     for rnd in range(a.rounds):
-        for side in ("base", "head") if rnd % 2 == 0 else ("head", "base"):
-            tree = os.path.abspath(a.ab[0] if side == "base" else a.ab[1])
+        for label, tree, extra in (sides if rnd % 2 == 0 else sides[::-1]):
+            tree = os.path.abspath(tree)
             cmd = ["taskset", "-c", str(a.core), "nice", sys.executable, "-m", "bench.attndec", "--json"] + rest
             path = os.pathsep.join([tree] + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x])
-            p = subprocess.run(cmd, cwd=tree, env=dict(bench_env(), PYTHONPATH=path, CPUFUSE_NUM_THREADS=nth),
-                               capture_output=True, text=True)
+            env = dict(bench_env(), PYTHONPATH=path, CPUFUSE_NUM_THREADS=nth, **extra)
+            p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
             if p.returncode:
                 raise SystemExit(p.stderr[-2000:])
-            runs[side].append(json.loads(p.stdout.strip().splitlines()[-1]))
-            print(f"round {rnd + 1}: {side} done", file=sys.stderr, flush=True)
-    print(f"| case | K+V MB | base CPU ms | head CPU ms | head/base CPU (range, {a.rounds} rounds) | base wall ms | "
-          "head wall ms | head ns/(cell, KV head) | head bytes/ns (CPU) | read probe bytes/ns |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for k in runs["head"][0]:
-        b = [r[k]["cpu_ms"] for r in runs["base"]]
-        h = [r[k]["cpu_ms"] for r in runs["head"]]
-        q = [y / x for x, y in zip(b, h)]
-        hm = statistics.median(h)
-        ns, bpns = row(k, dict(runs["head"][0][k], cpu_ms=hm))
-        pb = max(r[k]["probe_bpns"] for r in runs["base"] + runs["head"])
-        bw = min(r[k]["wall_ms"] for r in runs["base"])
-        hw = min(r[k]["wall_ms"] for r in runs["head"])
-        print(f"| {k} | {runs['head'][0][k]['bytes'] / 1e6:.1f} | {statistics.median(b):.3f} | {hm:.3f} | "
-              f"{statistics.median(q):.3f} ({min(q):.2f}-{max(q):.2f}) | {bw:.3f} | {hw:.3f} | {ns:.1f} | {bpns:.1f} | "
-              f"{pb:.1f} |")
+            runs[label].append(json.loads(p.stdout.strip().splitlines()[-1]))
+            print(f"round {rnd + 1}: {label} done", file=sys.stderr, flush=True)
+    base = sides[0][0]
+    print(f"| case | side | K+V MB | CPU ms (median of {a.rounds}) | wall ms (median of the rounds' medians) | "
+          f"wall / {base}'s (range) | bytes/ns (wall) | read probe bytes/ns (1 thread) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for k in runs[base][0]:
+        bw = [r[k]["wall_med_ms"] for r in runs[base]]
+        for label, _, _ in sides:
+            c = [r[k]["cpu_ms"] for r in runs[label]]
+            w = [r[k]["wall_med_ms"] for r in runs[label]]
+            q = [y / x for x, y in zip(bw, w)]
+            nb = runs[label][0][k]["bytes"]
+            pb = max(r[k]["probe_bpns"] for r in runs[label])
+            print(f"| {k} | {label} | {nb / 1e6:.1f} | {statistics.median(c):.3f} | {statistics.median(w):.3f} | "
+                  f"{statistics.median(q):.3f} ({min(q):.2f}-{max(q):.2f}) | {nb / (statistics.median(w) * 1e6):.1f} | "
+                  f"{pb:.1f} |")
 
 
 def main(argv=None):
@@ -127,6 +147,9 @@ def main(argv=None):
                     help="query heads, KV heads, head size (default 32,8,64: Llama-3.2-1B; 12,2,128: Qwen2.5-1.5B)")
     ap.add_argument("--json", action="store_true", help="one JSON line (the --ab children)")
     ap.add_argument("--ab", nargs=2, metavar=("BASE_TREE", "HEAD_TREE"))
+    ap.add_argument("--envs", default=None, metavar="'NAME=VALUE ...'",
+                    help="alternate processes of this tree as it is and under each side's settings (A/B knobs; sides "
+                         "separated by spaces, a side's settings by commas)")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--core", default="1", help="taskset CPU list of the --ab children (e.g. 0,1 with --threads 2)")
     argv = sys.argv[1:] if argv is None else argv
@@ -138,7 +161,7 @@ def main(argv=None):
             HQ, HKV, D = (int(x) for x in a.heads.split(","))
         except ValueError:
             ap.error(f"--heads: expected HQ,HKV,D (three integers), got {a.heads!r}")
-    if a.ab:
+    if a.ab or a.envs:
         return ab(a, argv[cut + 1:])
     res = run(a)
     if a.json:

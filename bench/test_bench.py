@@ -205,3 +205,14 @@ def test_smoke_attndec(capsys):
     assert set(res) == {"f16@96", "q8_0@96"}
     assert all(r["cpu_ms"] >= 0 and r["bytes"] > 0 and r["probe_bpns"] > 0 for r in res.values())
     assert res["q8_0@96"]["bytes"] == 2 * 8 * 96 * 64 // 32 * 34
+
+
+@SMOKE
+def test_smoke_attndec_envs(capsys):
+    from bench import attndec
+    attndec.main(["--envs", "CPUFUSE_FA_PF_HINT=2,CPUFUSE_FA_PF_DIST=8", "--rounds", "1", "--core", "0", "--",
+                  "--depths", "96", "--types", "f16", "--reps", "2"])
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| f16@96")]
+    assert [r.split("|")[2].strip() for r in rows] == ["default", "CPUFUSE_FA_PF_HINT=2,CPUFUSE_FA_PF_DIST=8"]
+    with pytest.raises(SystemExit, match="NAME=VALUE"):
+        attndec.main(["--envs", "CPUFUSE_FA_PF_HINT", "--", "--depths", "96"])

@@ -61,6 +61,10 @@
 #            the one-type (--pure) 1B THP_TYPES (q4_0 q8_0) files, written on first use; then llama-bench
 #            at 1 thread (core 0) on the same files; THP settings, numpy's madvise: thp-machine.txt.  ~4 min
 #            THP_8B=1 adds the one-type 8B Q4_0 at 16 threads (written on first use).       +3-4 min
+#   attnpf   one layer's decode attention (bench.attndec, cold, wall) at ATTN_THREADS (16) threads, this tree as it is
+#            and under each side of ATTN_ENVS (default: the prefetch knobs CPUFUSE_FA_PF_HINT / _DIST and the
+#            cells tasks), alternating processes, ATTN_ROUNDS (3); ATTN_ARGS (default: Llama-3.1-8B's heads,
+#            f16 and q8_0 at 4096 and 16384 cells); builds only cpufuse.                      ~2-4 min
 # Results: $OUT/ (e2e-big-<phase>.md/.json/.png and logs).
 set -uo pipefail
 PHASE="${1:-}"
@@ -147,6 +151,9 @@ big() {  # written only when missing: the given bench.e2e.bigmodels arguments
 IK=(--ik-llama-src "$IKSRC" --pp 128,512)
 case "$PHASE" in
   ab) wheels || exit 1 ;;
+  attnpf) wheels || exit 1
+    have_cpufuse || "$PY" setup.py -q build_ext --inplace > "$OUT/build-cpufuse.log" 2>&1 ||
+      { tail -30 "$OUT/build-cpufuse.log"; exit 1; } ;;
   moeprof) wheels || exit 1
     have_cpufuse || "$PY" setup.py -q build_ext --inplace > "$OUT/build-cpufuse.log" 2>&1 ||
       { tail -30 "$OUT/build-cpufuse.log"; exit 1; } ;;
@@ -240,6 +247,12 @@ case "$PHASE" in
         done
       done
     done ;;
+  attnpf)  # issue 42: decode attention's prefetch at 16 threads
+    timeout "$(left)" "$PY" -m bench.attndec --rounds "${ATTN_ROUNDS:-3}" --core "0-$((NCPU - 1))" \
+      --envs "${ATTN_ENVS:-CPUFUSE_FA_PF_HINT=2 CPUFUSE_FA_PF_HINT=2,CPUFUSE_FA_PF_DIST=32 CPUFUSE_FA_PF_DIST=32 CPUFUSE_FA_CELLS_NTH=64}" \
+      -- --threads "${ATTN_THREADS:-16}" --cold ${ATTN_ARGS:---heads 32,8,128 --depths 4096,16384 --types f16,q8_0 --reps 20} \
+      > "$OUT/attnpf.md" 2> "$OUT/attnpf.log"
+    cat "$OUT/attnpf.md" ;;
   moe)  # issue 41: the MoE shapes at MOE_THREADS (16), each file written on first use
     for mt in ${MOE_MODELS:-granite-1b-a400m:q8_0 olmoe-1b-7b:q4_k}; do
       e2e "moe-${mt%%:*}-t${MOE_THREADS:-16}" --models "${mt%%:*}" --types "${mt##*:}" --threads "${MOE_THREADS:-16}" \
