@@ -44,19 +44,25 @@ static int n_workers = 0;
 #define WORD(seq, active) (((unsigned long long)(seq) << 16) | (unsigned long long)(active))
 #define ACTIVE(w) ((int)((w) & 0xffff))
 
+/* The job's fields on three lines of their own (128 bytes apart, beyond the adjacent-line prefetch): what the
+ * caller writes once a job and the waiting workers poll (the word); the chunk counter, which the working threads
+ * take chunks from; the count of workers still at work, which the caller polls in its join. On one line, every
+ * chunk taken and every worker's end pulled the line away from the threads polling it, and back. */
+#define POOL_LINE 128
 static struct {
-  cf_task_fn fn;
+  _Alignas(POOL_LINE) cf_task_fn fn;
   void *ctx;
   int64_t n;
   int64_t first;        /* cf_parallel_for_hinted: chunks 0..first-1 run on tids 0..first-1, the rest by the counter */
-  atomic_llong next;
-  atomic_int remaining;
   atomic_ullong word;   /* WORD(sequence, workers taking part: tids 1..active) */
   atomic_int team;      /* 0, or the team size while a team is active */
   atomic_int sleepers;  /* workers asleep on cv_start (or about to be) */
   atomic_int joiner;    /* the caller is asleep on cv_done (or about to be) */
   atomic_int oversub;   /* the team or job has more threads than this process's cores: no spinning */
   unsigned long long seq;
+  _Alignas(POOL_LINE) atomic_llong next;
+  _Alignas(POOL_LINE) atomic_int remaining;
+  char pad_[POOL_LINE - sizeof(atomic_int)];
 } job;
 
 static inline void cpu_relax(void) {
