@@ -43,7 +43,8 @@
 #            (e.g. granite-1b-a400m with AB_TYPES=q8_0, gpt-oss-20b-4l with mxfp4); AB_PURE=1: the
 #            one-type (--pure) files; AB_BENCH=here: every tree runs this tree's bench/e2e/profile.py
 #            (copied over the others' first: the same measurement for each tree); AB_ENVS: settings each tree
-#            also runs under, one process each (e.g. "CPUFUSE_MOE_GROUP=1 CPUFUSE_MOE_GROUP=4"). ~1-2 min
+#            also runs under, one process each (e.g. "CPUFUSE_MOE_GROUP=1 CPUFUSE_MOE_GROUP=4"; A=1,B=2 sets
+#            both in one process). ~1-2 min
 #   spec     issue 43: bench.e2e.spec --replay of the VM's speculative traces (SPEC_TRACE) on a random-weight
 #            file of Qwen2.5-Coder-1.5B's shapes (written first, ~1 GB; the real one is not on the device), at
 #            SPEC_THREADS (1,16); needs only .whl.                                             ~4-6 min
@@ -239,8 +240,8 @@ case "$PHASE" in
           tree=${pair%%|*} ev=${pair#*|}
           [ "$(left)" -gt 40 ] || break 3
           tag=$([ "$tree" = . ] && echo new || basename "$tree")
-          [ "$ev" = _ ] || tag="$tag-$(echo "${ev#CPUFUSE_}" | tr 'A-Z=' 'a-z-')"
-          ( cd "$tree" && [ "$ev" = _ ] || export "$ev"
+          [ "$ev" = _ ] || tag="$tag-$(echo "$ev" | sed 's/CPUFUSE_//g' | tr 'A-Z=,' 'a-z-+')"
+          ( cd "$tree" && [ "$ev" = _ ] || for e in ${ev//,/ }; do export "$e"; done
             PYTHONPATH="/tmp/site:$PWD" timeout "$(left)" "$PY" -m bench.e2e.profile "$CPUFUSE_BENCH_MODELS/$f" \
               --threads "${AB_THREADS:-16}" --read-mib 0 ${AB_ARGS:-} --md "$OUT/ab-$ty$ABP-$tag-r$r.md" > "$OUT/ab-$ty$ABP-$tag-r$r.log" 2>&1 )
           say "round $r $ty$ABP $tag: $(grep -E '^\| [0-9]+ \|' "$OUT/ab-$ty$ABP-$tag-r$r.md" | head -1)"

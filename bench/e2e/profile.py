@@ -38,19 +38,42 @@ def _profiled(fn):
     return res
 
 
+def fill_cache(m, depth, seed=1):
+    """A timing experiment's cache at depth: cells [0, depth) of every layer set to random values of the
+    cache's type (one block of them, copied to each layer) and the model told it holds `depth` tokens, in
+    place of a prompt of that length (what a decode step then reads and computes is the same; its values are
+    not a real context's). Rings (sliding-window layers) are not supported."""
+    from cpufuse.ops import kvquant
+    kv = m.kv
+    if kv.ring_cells:
+        raise SystemExit("--depth: this model's cache has sliding-window rings")
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((depth, kv.n_head_kv, kv.head_dim)) * 0.5).astype(np.float32)
+    for li in range(kv.n_layer):
+        for arr, q in zip(kv.layer(li), (kv.quant_k, kv.quant_v)):
+            if li == 0 or q:
+                blk = kvquant.quantize(x, q) if q else x.astype(arr.dtype)
+            arr[:depth] = blk
+    m._n_past = depth     # noqa: SLF001 (a bench's synthetic fill; Model has no public way to claim cells)
+    m._cached = [int(t) for t in rng.integers(10, m.hparams.n_vocab - 10, size=depth)]   # noqa: SLF001
+
+
 def worker(job):
     os.environ.setdefault("CPUFUSE_MOE_PROF", "off")   # the routed matmul's own phase clocks (moeprof's) off
     from cpufuse.llama import Model
-    nth, n_prompt, steps = job["threads"], job["prompt"], job["steps"]
+    nth, n_prompt, steps, depth = job["threads"], job["prompt"], job["steps"], job.get("depth", 0)
     p = probes(job) if job["read_mib"] else {"read": {}}
     res = {"threads": nth, "isa": p.get("isa"), "read_gbps": p["read"].get("gbps"),
            "int8_gmacs": (p.get("int8") or {}).get("best")}
     for fusion in (True, False)[:1 if job.get("fused_only") else 2]:
-        m = Model.load(job["model"], n_ctx=n_prompt + steps + 40, n_threads=nth, n_batch=max(n_prompt, 16), fusion=fusion)
+        m = Model.load(job["model"], n_ctx=depth + n_prompt + steps + 40, n_threads=nth, n_batch=max(n_prompt, 16),
+                       fusion=fusion, type_k=job.get("ctk", "f16"), type_v=job.get("ctk", "f16"))
         toks = [int(t) for t in np.random.default_rng(0).integers(10, m.hparams.n_vocab - 10, size=n_prompt + steps + 17)]
         m.eval(toks[:16])                                  # warm-up: the plans compile, the buffers fault in
         m.eval([toks[16]])
         m.reset()
+        if depth:
+            fill_cache(m, depth)
         prompt = _profiled(lambda: m.eval(toks[:n_prompt]))
         def decode_steps():     # each step's logits dropped at once, as a sampling loop does (a list of them
             for t in toks[n_prompt:n_prompt + steps]:   # faulted in fresh pages for every copy: ~120 µs a token here)
@@ -61,6 +84,9 @@ def worker(job):
         ws = [w for L in m.layers for w in vars(L).values() if hasattr(w, "n_in")]
         act = [m.hparams.n_expert_used / m.hparams.n_expert if w.n_expert else 1 for w in ws]
         res["weight_bytes"] = sum(w.nbytes * a for w, a in zip(ws, act)) + m.output.nbytes
+        kv = m.kv   # the cells a decode step reads: on average depth + prompt + half the steps, K and V, every layer
+        res["kv_bytes"] = (depth + n_prompt + (steps + 1) / 2) * kv.nbytes / (kv.n_seq * kv.n_ctx)
+        res["kv_read"] = res["kv_bytes"] if depth else 0      # counted in decode GB/s at depth only (as before)
         res["macs"] = sum(w.n_in * w.n_out * max(w.n_expert, 1) * a for w, a in zip(ws, act))   # per prompt token
         m = None    # noqa: F841 (the next model loads without this one)
     return res
@@ -75,7 +101,7 @@ def markdown(model, P, n_prompt, steps):
         t, d, p = r["threads"], r["fused"]["decode"], r["fused"]["prompt"]
         W, R, B = (d[k] / steps / 1e3 for k in ("wall", "region", "busy"))
         serial, idle = (W - R, R - B / t) if t > 1 else (0.0, 0.0)
-        gbs, gm = r["weight_bytes"] / (W * 1e3), r["macs"] * n_prompt / p["wall"]
+        gbs, gm = (r["weight_bytes"] + r.get("kv_read", 0)) / (W * 1e3), r["macs"] * n_prompt / p["wall"]
         rd, pk = r["read_gbps"], r["int8_gmacs"]
         rows.append([t, f"{W:.0f}", f"{d['regions'] / steps:.0f}", f"{serial:.0f}", f"{idle:.0f}",
                      f"{B / t:.0f}", f"{100 * (serial * (t - 1) / t + idle) / W:.1f}",
@@ -128,16 +154,22 @@ def main(argv=None):
     ap.add_argument("--read-mib", type=int, default=1024, help="the DRAM read probe's array (0: no probe)")
     ap.add_argument("--fused-only", action="store_true", help="skip the unfused model (its columns read –)")
     ap.add_argument("--md", help="also write the tables here")
+    ap.add_argument("--depth", type=int, default=0,
+                    help="cells of cache filled with random values before the prompt (a timing experiment at depth; "
+                         "decode GB/s then counts the cells a step reads too)")
+    ap.add_argument("--ctk", default="f16", help="the K and V cache type (f16, f32, q8_0, q4_0)")
     a = ap.parse_args(argv)
-    if min(a.prompt, a.steps) < 1:
-        sys.exit("--prompt and --steps must be >= 1")
+    if min(a.prompt, a.steps) < 1 or a.depth < 0:
+        sys.exit("--prompt and --steps must be >= 1, --depth >= 0")
     path, P = a.model or bigmodels.ensure(a.shape, a.type, a.dir, pure=a.pure), []
     for t in parse_threads(a.threads, len(os.sched_getaffinity(0))):
         res, err = run_job({"worker": "profile", "model": path, "threads": t, "prompt": a.prompt, "steps": a.steps,
-                            "read_mib": a.read_mib, "fused_only": a.fused_only}, pin=t == 1, threads=t, timeout=3600)
+                            "read_mib": a.read_mib, "fused_only": a.fused_only, "depth": a.depth, "ctk": a.ctk},
+                           pin=t == 1, threads=t, timeout=3600)
         P.append(res or sys.exit(f"profile at {t} thread(s): {err}"))
         print(f"profile: {t} thread(s) done", file=sys.stderr, flush=True)
-    md = markdown(os.path.basename(path), P, a.prompt, a.steps)
+    md = markdown(os.path.basename(path) + (f", {a.depth} cells of {a.ctk} cache first" if a.depth else ""), P,
+                  a.prompt, a.steps)
     print(md)
     if a.md:
         save(a.md, md)

@@ -149,6 +149,9 @@ def test_smoke_profile(tmp_path):
            "--md", str(tmp_path / "p.md"))
     md = (tmp_path / "p.md").read_text()
     assert "| threads | token µs |" in md and "| QMM |" in md and "TOTAL (wall)" in md
+    _smoke("bench.e2e.profile", "SMOLLM2", "--threads", "1", "--prompt", "4", "--steps", "2", "--read-mib", "8",
+           "--fused-only", "--depth", "300", "--ctk", "q8_0", "--md", str(tmp_path / "d.md"))
+    assert "300 cells of q8_0 cache first" in (tmp_path / "d.md").read_text()
 
 
 def test_smoke_serve(tmp_path):
