@@ -52,6 +52,8 @@ def info():
         "override": {"source": _dispatch.override(), "isa": cur if _dispatch.override() else None},
         "isa": cur,
         "num_threads": _dispatch.get_num_threads(),
+        "cores": {"affinity": _dispatch._affinity_cores(), "cgroup_cpu_quota": _dispatch.CPU_LIMIT,
+                  "usable": _dispatch.CORES},
         "build_flags": {isa: _backend.build_info(isa) for isa in _backend.COMPILED},
         "huge_pages": _pages.thp(),
     }

@@ -61,6 +61,10 @@ def main(argv=None):
     ov = i["override"]
     print(f"  override         : {ov['source'] + ' = ' + ov['isa'] if ov['source'] else 'none (CPUFUSE_ISA unset)'}")
     print(f"  ISA in force     : {i['isa']} (every op: {', '.join(cpufuse.OPS)})")
+    c = i["cores"]
+    quota = f"a cgroup CPU quota of {c['cgroup_cpu_quota']}" if c["cgroup_cpu_quota"] else "no cgroup CPU quota"
+    print(f"  threads          : {i['num_threads']} by default ({c['affinity']} cores in the affinity mask, {quota}; "
+          f"usable {c['usable']})")
     h = i["huge_pages"]
     print(f"  huge pages       : {'on' if h['used'] else 'off'} for the repacked weights (THP "
           f"{h['enabled'] or 'unavailable'}, defrag {h['defrag'] or '-'}; CPUFUSE_HUGEPAGES "

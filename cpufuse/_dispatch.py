@@ -85,14 +85,71 @@ def resolve(isa):
 
 # ------------------------------------------------------------------------------------------------
 # threads: per-call n_threads= > set_num_threads() > CPUFUSE_NUM_THREADS > the cores this process
-# may run on (its CPU affinity, not the machine's core count) less the load other processes put on
-# them (docs/notes.md "Threads on a busy machine")
+# may run on (its CPU affinity, not the machine's core count, and at most its cgroup's CPU quota) less
+# the load other processes put on them (docs/notes.md "Threads on a busy machine")
 
 def _affinity_cores():
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
+
+
+def _read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def cgroup_cpu_limit(root="/sys/fs/cgroup", self_cgroup="/proc/self/cgroup"):
+    """The CPUs a cgroup CPU quota lets this process use: quota / period rounded down (at least 1: a team
+    of threads that wait on each other runs slower past the quota than below it), the smallest over its
+    cgroup and the cgroups above it. cgroup v2 `cpu.max` ("max 100000": none, "200000
+    100000": 2 CPUs), v1 `cpu.cfs_quota_us` over `cpu.cfs_period_us` (-1: none). None where no quota is
+    set or nothing can be read. A container's `--cpus=2` (a Kubernetes CPU limit) is such a quota: the
+    affinity mask still shows every core of the host, and a team of that many threads runs in turns."""
+    lines = (_read(self_cgroup) or "").splitlines()
+    v2 = [ln.split(":", 2)[2] for ln in lines if ln.startswith("0::")]
+    v1 = [ln.split(":", 2)[2] for ln in lines if ln.count(":") >= 2 and "cpu" in ln.split(":", 2)[1].split(",")]
+    dirs = []   # (directory, v2?) from the process's cgroup up to the mount point, which a container sees as its own
+
+    def walk(base, path, two):
+        parts = [x for x in (path or "/").split("/") if x]
+        for i in range(len(parts), -1, -1):
+            dirs.append((os.path.join(base, *parts[:i]), two))
+    if v2 or not v1:
+        walk(root, v2[0] if v2 else "/", True)
+    for sub in ("cpu,cpuacct", "cpu", "cpuacct,cpu"):
+        if os.path.isdir(os.path.join(root, sub)):
+            walk(os.path.join(root, sub), v1[0] if v1 else "/", False)
+            break
+    best = None
+    for d, two in dirs:
+        try:
+            if two:
+                f = (_read(os.path.join(d, "cpu.max")) or "").split()
+                if len(f) != 2 or f[0] == "max":
+                    continue
+                quota, period = int(f[0]), int(f[1])
+            else:
+                q, p = _read(os.path.join(d, "cpu.cfs_quota_us")), _read(os.path.join(d, "cpu.cfs_period_us"))
+                if q is None or p is None:
+                    continue
+                quota, period = int(q), int(p)
+        except ValueError:
+            continue
+        if quota > 0 and period > 0:
+            n = max(1, quota // period)
+            best = n if best is None else min(best, n)
+    return best
+
+
+def _usable_cores():
+    """the affinity mask's cores, at most the cgroup quota's CPUs"""
+    lim = cgroup_cpu_limit()
+    return min(_affinity_cores(), lim) if lim else _affinity_cores()
 
 
 def _others_load():
@@ -109,11 +166,11 @@ def _others_load():
 
 
 def default_threads(cores=None, load=None, machine=None):
-    """The default thread count: the cores this process may run on, less their share of the other
-    processes' load (the load is system-wide: it is scaled by cores / the machine's CPUs), at least 1.
-    A busy core runs a second thread at half speed and stalls a team of threads that waits on it, so
-    a thread per busy core costs more than it brings."""
-    cores = _affinity_cores() if cores is None else cores
+    """The default thread count: the cores this process may run on (its affinity mask, at most its cgroup
+    CPU quota), less their share of the other processes' load (the load is system-wide: it is scaled by
+    cores / the machine's CPUs), at least 1. A busy core runs a second thread at half speed and stalls a
+    team of threads that waits on it, so a thread per busy core costs more than it brings."""
+    cores = _usable_cores() if cores is None else cores
     load = _others_load() if load is None else load
     machine = max(cores, os.cpu_count() or cores) if machine is None else machine
     return max(1, cores - int(load * cores / machine + 0.5))
@@ -123,7 +180,10 @@ def default_threads(cores=None, load=None, machine=None):
 # machine: the native pool runs at most CF_MAX_THREADS = 256 workers, and a count past 2^31 would
 # not even fit the C int it is passed as.
 MAX_THREADS = 1024
-CORES = _affinity_cores()
+CPU_LIMIT = cgroup_cpu_limit()     # None, or the CPUs of a cgroup quota
+CORES = min(_affinity_cores(), CPU_LIMIT) if CPU_LIMIT else _affinity_cores()
+if CPU_LIMIT and _backend.lib is not None and hasattr(_backend.lib, "cf_pool_cpu_limit"):
+    _backend.lib.cf_pool_cpu_limit(CPU_LIMIT)   # a team larger than the quota does not spin (native/src/pool.c)
 _warned = []
 
 
@@ -132,8 +192,9 @@ def _check_threads(n, source):
         raise ValueError(f"{source} must be an integer >= 1 and <= {MAX_THREADS}, got {n!r}")
     if n > CORES and not _warned:
         _warned.append(n)
+        quota = f" (its cgroup's CPU quota)" if CPU_LIMIT and CPU_LIMIT < _affinity_cores() else ""
         warnings.warn(f"cpufuse: {source}={int(n)} is more threads than the {CORES} cores this process may run "
-                      f"on; the extra threads only take turns on those cores (this warning is shown once)",
+                      f"on{quota}; the extra threads only take turns on those cores (this warning is shown once)",
                       RuntimeWarning, stacklevel=3)
     return int(n)
 

@@ -15,6 +15,7 @@ uint32_t cf_cpu_features(void);
 const char *cf_compiled_isas(void);
 void cf_pool_profile(int on, uint64_t *out);
 void cf_pool_profile_ext(uint64_t *out);
+void cf_pool_cpu_limit(int n);
 int64_t cf_p16_bytes(int64_t type, int64_t n_out, int64_t K);
 int cf_repack_p16(int64_t type, int64_t n_out, int64_t K, const uint8_t *src, int64_t src_row_bytes, uint8_t *dst, int64_t p0, int64_t p1);
 int cf_unrepack_p16(int64_t type, int64_t n_out, int64_t K, const uint8_t *src, uint8_t *dst, int64_t dst_row_bytes, int64_t p0, int64_t p1);

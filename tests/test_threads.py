@@ -246,3 +246,65 @@ def test_oversubscribed_team_is_bounded(tmp_path):
         os.sched_setaffinity(0, old)
     assert_bit_identical(expect, got, "8 threads on 2 cores beside a busy process")
     assert took < 2.0, f"{len(toks)} tokens took {took:.2f} s (about 0.1 s here, 4.4 s before the fix)"
+
+
+def _cg(root, rel, **files):
+    d = root.joinpath(*[x for x in rel.split("/") if x])
+    d.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (d / name.replace("_", ".", 1) if name.startswith("cpu_") else d / name).write_text(text)
+
+
+def test_cgroup_cpu_limit_reads_quotas(tmp_path):
+    """A container's CPU limit (docker --cpus, a Kubernetes limit) is a cgroup quota: the affinity mask still
+    shows the host's cores. The limit is quota / period rounded down (at least 1), the smallest along the
+    cgroup's path."""
+    from cpufuse._dispatch import cgroup_cpu_limit
+
+    def lim(name, self_cgroup, build):
+        root = tmp_path / name
+        root.mkdir()
+        build(root)
+        (root / "self").write_text(self_cgroup)
+        return cgroup_cpu_limit(str(root), str(root / "self"))
+    # cgroup v2, a quota on a parent of the process's cgroup (none on its own)
+    assert lim("v2", "0::/user.slice/app\n", lambda r: (_cg(r, "user.slice/app", cpu_max="max 100000\n"),
+                                                        _cg(r, "user.slice", cpu_max="250000 100000\n"))) == 2
+    # a container sees its own cgroup at the mount point
+    assert lim("v2c", "0::/\n", lambda r: _cg(r, "", cpu_max="200000 100000\n")) == 2
+    assert lim("v2half", "0::/\n", lambda r: _cg(r, "", cpu_max="50000 100000\n")) == 1   # half a CPU: 1
+    assert lim("v2none", "0::/\n", lambda r: _cg(r, "", cpu_max="max 100000\n")) is None
+    assert lim("v2bad", "0::/\n", lambda r: _cg(r, "", cpu_max="lots\n")) is None
+    # cgroup v1: the cpu controller's own hierarchy; the process's path is the host's, absent in the container
+    v1 = lambda r: _cg(r, "cpu,cpuacct", **{"cpu.cfs_quota_us": "350000\n", "cpu.cfs_period_us": "100000\n"})  # noqa: E731
+    assert lim("v1", "12:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc\n", v1) == 3
+    v1none = lambda r: _cg(r, "cpu", **{"cpu.cfs_quota_us": "-1\n", "cpu.cfs_period_us": "100000\n"})  # noqa: E731
+    assert lim("v1none", "1:cpu:/\n2:cpuacct:/\n0::/\n", v1none) is None
+    assert lim("nothing", "", lambda r: None) is None
+    assert cgroup_cpu_limit(str(tmp_path / "absent"), str(tmp_path / "absent-self")) is None
+
+
+def test_default_threads_takes_the_quota(monkeypatch):
+    from cpufuse import _dispatch
+    monkeypatch.setattr(_dispatch, "_affinity_cores", lambda: 16)
+    monkeypatch.setattr(_dispatch, "cgroup_cpu_limit", lambda: 4)
+    assert _dispatch.default_threads(load=0.0, machine=16) == 4
+    assert _dispatch.default_threads(load=8.0, machine=16) == 2    # its share of the load, as for an affinity mask
+    monkeypatch.setattr(_dispatch, "cgroup_cpu_limit", lambda: None)
+    assert _dispatch.default_threads(load=0.0, machine=16) == 16
+
+
+def test_pool_cpu_limit_keeps_results():
+    """cf_pool_cpu_limit (set at import from the cgroup quota): a team larger than it does not spin; the same
+    bits at any count, and the limit restored after"""
+    from cpufuse import _backend, _dispatch
+    if _backend.lib is None or not hasattr(_backend.lib, "cf_pool_cpu_limit"):
+        pytest.skip("native extension not built: the pool is the native one")
+    x = np.random.default_rng(3).standard_normal((64, 1000)).astype(np.float32)
+    expect = cpufuse.softmax(x, n_threads=1)
+    try:
+        _backend.lib.cf_pool_cpu_limit(1)
+        assert_bit_identical(expect, cpufuse.softmax(x, n_threads=2), "2 threads over a 1-CPU limit")
+    finally:
+        _backend.lib.cf_pool_cpu_limit(_dispatch.CPU_LIMIT or 0)
+    assert_bit_identical(expect, cpufuse.softmax(x, n_threads=2), "2 threads, the limit restored")

@@ -43,5 +43,8 @@ void cf_pool_profile_ext(uint64_t *out);
 /* the regions' caller wall ns and count so far (a record's serial time is its wall minus the change) */
 void cf_prof_regions(uint64_t *ns, uint64_t *n);
 void cf_prof_ext_add(int i, uint64_t v);
+/* The CPUs a cgroup quota lets this process use (0: none; cpufuse._dispatch reads the quota at import): a team
+ * or job larger than the affinity mask or this does not spin (pool.c) */
+void cf_pool_cpu_limit(int n);
 #define CF_MAX_THREADS 256
 #endif

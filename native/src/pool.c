@@ -79,8 +79,19 @@ static uint64_t now_ns(void) {
   return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
-/* the cores this process may run on (its affinity mask, at least 1), read again after 100 ms */
+static int affinity_mask_cpus(void);
+/* a cgroup CPU quota's CPUs (cf_pool_cpu_limit; 0: none) */
+static atomic_int cpu_limit;
+void cf_pool_cpu_limit(int n) { atomic_store(&cpu_limit, n > 0 ? n : 0); }
+
+/* the cores this process may run on (its affinity mask, at least 1, at most cf_pool_cpu_limit's count),
+ * the mask read again after 100 ms */
 static int affinity_cpus(void) {
+  const int lim = atomic_load_explicit(&cpu_limit, memory_order_relaxed);
+  const int cpus = affinity_mask_cpus();
+  return lim > 0 && lim < cpus ? lim : cpus;
+}
+static int affinity_mask_cpus(void) {
   static _Thread_local uint64_t when;
   static _Thread_local int cpus;
   const uint64_t t = now_ns();
