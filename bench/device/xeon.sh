@@ -44,7 +44,8 @@
 #            one-type (--pure) files; AB_BENCH=here: every tree runs this tree's bench/e2e/profile.py
 #            (copied over the others' first: the same measurement for each tree); AB_ENVS: settings each tree
 #            also runs under, one process each (e.g. "CPUFUSE_MOE_GROUP=1 CPUFUSE_MOE_GROUP=4"; A=1,B=2 sets
-#            both in one process). ~1-2 min
+#            both in one process); AB_GUARD_US: stop once a process's token takes longer (session 23 met hosts
+#            where a 16-thread token took 20-40x its quiet time, which no ratio survives). ~1-2 min
 #   spec     issue 43: bench.e2e.spec --replay of the VM's speculative traces (SPEC_TRACE) on a random-weight
 #            file of Qwen2.5-Coder-1.5B's shapes (written first, ~1 GB; the real one is not on the device), at
 #            SPEC_THREADS (1,16); needs only .whl.                                             ~4-6 min
@@ -177,7 +178,8 @@ case "$PHASE" in
   setup)
     setup || exit 1
     "$PY" -m cpufuse info > "$OUT/cpufuse-info.txt" 2>&1
-    { lscpu; echo; grep -o 'amx[a-z_0-9]*' /proc/cpuinfo | sort -u; free -g; df -h "$CPUFUSE_BENCH_MODELS"; } \
+    { lscpu; echo; grep -o 'amx[a-z_0-9]*' /proc/cpuinfo | sort -u; free -g; df -h "$CPUFUSE_BENCH_MODELS"
+      echo "cgroup cpu.max: $(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo none)"; uptime; } \
       > "$OUT/machine.txt" 2>&1
     "$PY" -m pytest -q -p no:cacheprovider tests/test_probe.py > "$OUT/test-probe.log" 2>&1; tail -1 "$OUT/test-probe.log"
     "$PY" -m bench.e2e.bigmodels --models 1b --types q4_0 --check 2>&1 | tail -1
@@ -245,6 +247,10 @@ case "$PHASE" in
             PYTHONPATH="/tmp/site:$PWD" timeout "$(left)" "$PY" -m bench.e2e.profile "$CPUFUSE_BENCH_MODELS/$f" \
               --threads "${AB_THREADS:-16}" --read-mib 0 ${AB_ARGS:-} --md "$OUT/ab-$ty$ABP-$tag-r$r.md" > "$OUT/ab-$ty$ABP-$tag-r$r.log" 2>&1 )
           say "round $r $ty$ABP $tag: $(grep -E '^\| [0-9]+ \|' "$OUT/ab-$ty$ABP-$tag-r$r.md" | head -1)"
+          tok=$(grep -E '^\| [0-9]+ \|' "$OUT/ab-$ty$ABP-$tag-r$r.md" | head -1 | cut -d'|' -f3 | tr -d ' ')
+          if [ -n "${AB_GUARD_US:-}" ] && [[ "$tok" =~ ^[0-9]+$ ]] && [ "$tok" -gt "$AB_GUARD_US" ]; then
+            say "a token took ${tok:-?} µs, past AB_GUARD_US=$AB_GUARD_US: a busy host, the phase stops"; uptime; break 3
+          fi
         done
       done
     done ;;
