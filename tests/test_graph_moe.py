@@ -488,14 +488,16 @@ def test_qmatmul_id_bias_checks(rng):
         g.qmatmul_id(x, w, ids, up=w, glu="oai")
 
 
-@pytest.mark.parametrize("group", ["1", "3"])
-def test_qmatmul_id_decode_task_groups(group):
-    """CPUFUSE_MOE_GROUP (qmoe.inc, read once per process; default 4): decode-sized routed calls whose tasks take
-    one or several consecutive chunks of one expert give the same bits: the decode tests above, run again in a
-    process with the knob set (each checks every thread count against the rows' own matmuls)"""
+@pytest.mark.parametrize("knob", ["CPUFUSE_MOE_GROUP=1", "CPUFUSE_MOE_GROUP=3", "CPUFUSE_MOE_SUMPAD=1"])
+def test_qmatmul_id_decode_task_groups(knob):
+    """A/B knobs of qmoe.inc, read once per process: CPUFUSE_MOE_GROUP (default 4), decode-sized routed calls whose
+    tasks take one or several consecutive chunks of one expert; CPUFUSE_MOE_SUMPAD=1, the weighted sum's counters
+    one to a cache line. Each gives the same bits: the decode tests above, run again in a process with the knob
+    set (each checks every thread count against the rows' own matmuls)"""
     tests = [f"{__file__}::{t}" for t in ("test_qmatmul_id_decode_threads", "test_qmatmul_id_hinted_chain",
                                            "test_qmatmul_id_decode_own_rows_and_fused_wsum")]
+    name, _, val = knob.partition("=")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
-                       env=clean_env(CPUFUSE_MOE_GROUP=group), capture_output=True, text=True, timeout=900)
+                       env=clean_env(**{name: val}), capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout, r.stdout[-2000:]
