@@ -5,7 +5,7 @@ head), K+V bytes per CPU ns, and the 1-thread read probe over the same bytes.
     python -m bench.attndec --depths 4096,16384 --types f16,q8_0,q4_0 [--cold] [--reps 20] [--isa avx512] [--layout heads]
         [--threads 2]
     python -m bench.attndec --ab BASE_TREE HEAD_TREE --rounds 4 --core 1 -- --depths 4096 --cold
-    python -m bench.attndec --envs "CPUFUSE_FA_PF_HINT=2 CPUFUSE_FA_CELLS_NTH=64" --core 0-15 -- --threads 16 --cold
+    python -m bench.attndec --envs "CPUFUSE_FA_CELLS_NTH=64 CPUFUSE_FA_SLICE=0" --core 0-15 -- --threads 16 --cold
 
 K and V are laid out as the KV cache holds them (cell-major, the KV heads of a cell together;
 --layout heads: each head contiguous). "cold": 64 MiB written between calls, as a decoder's

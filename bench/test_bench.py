@@ -210,9 +210,9 @@ def test_smoke_attndec(capsys):
 @SMOKE
 def test_smoke_attndec_envs(capsys):
     from bench import attndec
-    attndec.main(["--envs", "CPUFUSE_FA_PF_HINT=2,CPUFUSE_FA_PF_DIST=8", "--rounds", "1", "--core", "0", "--",
+    attndec.main(["--envs", "CPUFUSE_FA_CELLS_NTH=0,CPUFUSE_FA_SLICE=0", "--rounds", "1", "--core", "0", "--",
                   "--depths", "96", "--types", "f16", "--reps", "2"])
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| f16@96")]
-    assert [r.split("|")[2].strip() for r in rows] == ["default", "CPUFUSE_FA_PF_HINT=2,CPUFUSE_FA_PF_DIST=8"]
+    assert [r.split("|")[2].strip() for r in rows] == ["default", "CPUFUSE_FA_CELLS_NTH=0,CPUFUSE_FA_SLICE=0"]
     with pytest.raises(SystemExit, match="NAME=VALUE"):
-        attndec.main(["--envs", "CPUFUSE_FA_PF_HINT", "--", "--depths", "96"])
+        attndec.main(["--envs", "CPUFUSE_FA_SLICE", "--", "--depths", "96"])

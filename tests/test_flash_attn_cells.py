@@ -64,13 +64,11 @@ def test_cells_tasks_match_head_tasks(isa, kt, vt):
         np.testing.assert_allclose(got, rows, rtol=2e-4, atol=2e-5)
 
 
-@pytest.mark.parametrize("knob", ["CPUFUSE_FA_CELLS_NTH=0", "CPUFUSE_FA_CELLS_NTH=64", "CPUFUSE_FA_PF_DIST=3",
-                                  "CPUFUSE_FA_PF_HINT=2"])
+@pytest.mark.parametrize("knob", ["CPUFUSE_FA_CELLS_NTH=0", "CPUFUSE_FA_CELLS_NTH=64"])
 def test_cells_threads_knob(knob):
-    """A/B knobs of flash_attn.inc, each read once per process: CPUFUSE_FA_CELLS_NTH (default FA_CELLS_MAX_NTH =
-    2) runs the cells tasks at no thread count (0) or at every one (64); CPUFUSE_FA_PF_DIST and CPUFUSE_FA_PF_HINT
-    set the decode rows' prefetch distance and locality. Each gives the same bits: this file's checks, run again
-    in a process with the knob set"""
+    """CPUFUSE_FA_CELLS_NTH (flash_attn.inc, read once per process; default FA_CELLS_MAX_NTH = 2): the cells
+    tasks at no thread count (0) or at every one (64) give the same bits; this file's checks, run again in a
+    process with the knob set"""
     import subprocess
     import sys
     from _util import clean_env

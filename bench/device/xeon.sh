@@ -64,9 +64,10 @@
 #            at 1 thread (core 0) on the same files; THP settings, numpy's madvise: thp-machine.txt.  ~4 min
 #            THP_8B=1 adds the one-type 8B Q4_0 at 16 threads (written on first use).       +3-4 min
 #   attnpf   one layer's decode attention (bench.attndec, cold, wall) at ATTN_THREADS (16) threads, this tree as it is
-#            and under each side of ATTN_ENVS (default: the prefetch knobs CPUFUSE_FA_PF_HINT / _DIST and the
-#            cells tasks), alternating processes, ATTN_ROUNDS (3); ATTN_ARGS (default: Llama-3.1-8B's heads,
-#            f16 and q8_0 at 4096 and 16384 cells); builds only cpufuse.                      ~2-4 min
+#            and under each side of ATTN_ENVS (default: the cells tasks at 16 threads), alternating processes,
+#            ATTN_ROUNDS (3); ATTN_ARGS (default: Llama-3.1-8B's heads, f16 and q8_0 at 4096 and 16384 cells);
+#            builds only cpufuse. At 16 threads the call's own cost is most of what it times (session 23):
+#            the model at depth (profile.py --depth, the ab phase's AB_ARGS) is the better measure.  ~2-4 min
 # Results: $OUT/ (e2e-big-<phase>.md/.json/.png and logs).
 set -uo pipefail
 PHASE="${1:-}"
@@ -256,7 +257,7 @@ case "$PHASE" in
     done ;;
   attnpf)  # issue 42: decode attention's prefetch at 16 threads
     timeout "$(left)" "$PY" -m bench.attndec --rounds "${ATTN_ROUNDS:-3}" --core "0-$((NCPU - 1))" \
-      --envs "${ATTN_ENVS:-CPUFUSE_FA_PF_HINT=2 CPUFUSE_FA_PF_HINT=2,CPUFUSE_FA_PF_DIST=32 CPUFUSE_FA_PF_DIST=32 CPUFUSE_FA_CELLS_NTH=64}" \
+      --envs "${ATTN_ENVS:-CPUFUSE_FA_CELLS_NTH=64}" \
       -- --threads "${ATTN_THREADS:-16}" --cold ${ATTN_ARGS:---heads 32,8,128 --depths 4096,16384 --types f16,q8_0 --reps 20} \
       > "$OUT/attnpf.md" 2> "$OUT/attnpf.log"
     cat "$OUT/attnpf.md" ;;
