@@ -146,10 +146,9 @@ def cgroup_cpu_limit(root="/sys/fs/cgroup", self_cgroup="/proc/self/cgroup"):
     return best
 
 
-def _usable_cores():
-    """the affinity mask's cores, at most the cgroup quota's CPUs"""
-    lim = cgroup_cpu_limit()
-    return min(_affinity_cores(), lim) if lim else _affinity_cores()
+def _usable_cores(limit):
+    """the affinity mask's cores, at most `limit` (a cgroup quota's CPUs; None: no quota)"""
+    return min(_affinity_cores(), limit) if limit else _affinity_cores()
 
 
 def _others_load():
@@ -170,7 +169,7 @@ def default_threads(cores=None, load=None, machine=None):
     CPU quota), less their share of the other processes' load (the load is system-wide: it is scaled by
     cores / the machine's CPUs), at least 1. A busy core runs a second thread at half speed and stalls a
     team of threads that waits on it, so a thread per busy core costs more than it brings."""
-    cores = _usable_cores() if cores is None else cores
+    cores = _usable_cores(cgroup_cpu_limit()) if cores is None else cores
     load = _others_load() if load is None else load
     machine = max(cores, os.cpu_count() or cores) if machine is None else machine
     return max(1, cores - int(load * cores / machine + 0.5))
@@ -181,8 +180,8 @@ def default_threads(cores=None, load=None, machine=None):
 # not even fit the C int it is passed as.
 MAX_THREADS = 1024
 CPU_LIMIT = cgroup_cpu_limit()     # None, or the CPUs of a cgroup quota
-CORES = min(_affinity_cores(), CPU_LIMIT) if CPU_LIMIT else _affinity_cores()
-if CPU_LIMIT and _backend.lib is not None and hasattr(_backend.lib, "cf_pool_cpu_limit"):
+CORES = _usable_cores(CPU_LIMIT)
+if CPU_LIMIT and _backend.lib is not None:
     _backend.lib.cf_pool_cpu_limit(CPU_LIMIT)   # a team larger than the quota does not spin (native/src/pool.c)
 _warned = []
 

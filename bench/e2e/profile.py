@@ -49,10 +49,9 @@ def fill_cache(m, depth, seed=1):
         raise SystemExit("--depth: this model's cache has sliding-window rings")
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((depth, kv.n_head_kv, kv.head_dim)) * 0.5).astype(np.float32)
+    blocks = [kvquant.quantize(x, q) if q else x.astype(dt) for q, dt in ((kv.quant_k, kv.dtype_k), (kv.quant_v, kv.dtype_v))]
     for li in range(kv.n_layer):
-        for arr, q in zip(kv.layer(li), (kv.quant_k, kv.quant_v)):
-            if li == 0 or q:
-                blk = kvquant.quantize(x, q) if q else x.astype(arr.dtype)
+        for arr, blk in zip(kv.layer(li), blocks):
             arr[:depth] = blk
     m._n_past = depth     # noqa: SLF001 (a bench's synthetic fill; Model has no public way to claim cells)
     m._cached = [int(t) for t in rng.integers(10, m.hparams.n_vocab - 10, size=depth)]   # noqa: SLF001
@@ -84,9 +83,9 @@ def worker(job):
         ws = [w for L in m.layers for w in vars(L).values() if hasattr(w, "n_in")]
         act = [m.hparams.n_expert_used / m.hparams.n_expert if w.n_expert else 1 for w in ws]
         res["weight_bytes"] = sum(w.nbytes * a for w, a in zip(ws, act)) + m.output.nbytes
-        kv = m.kv   # the cells a decode step reads: on average depth + prompt + half the steps, K and V, every layer
-        res["kv_bytes"] = (depth + n_prompt + (steps + 1) / 2) * kv.nbytes / (kv.n_seq * kv.n_ctx)
-        res["kv_read"] = res["kv_bytes"] if depth else 0      # counted in decode GB/s at depth only (as before)
+        kv = m.kv   # at depth, decode GB/s also counts the cells a step reads: on average depth + prompt + half the
+        # steps, K and V, every layer (at no depth only the weights, as before)
+        res["kv_read"] = (depth + n_prompt + (steps + 1) / 2) * kv.nbytes / (kv.n_seq * kv.n_ctx) if depth else 0
         res["macs"] = sum(w.n_in * w.n_out * max(w.n_expert, 1) * a for w, a in zip(ws, act))   # per prompt token
         m = None    # noqa: F841 (the next model loads without this one)
     return res

@@ -79,18 +79,6 @@ static uint64_t now_ns(void) {
   return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
-static int affinity_mask_cpus(void);
-/* a cgroup CPU quota's CPUs (cf_pool_cpu_limit; 0: none) */
-static atomic_int cpu_limit;
-void cf_pool_cpu_limit(int n) { atomic_store(&cpu_limit, n > 0 ? n : 0); }
-
-/* the cores this process may run on (its affinity mask, at least 1, at most cf_pool_cpu_limit's count),
- * the mask read again after 100 ms */
-static int affinity_cpus(void) {
-  const int lim = atomic_load_explicit(&cpu_limit, memory_order_relaxed);
-  const int cpus = affinity_mask_cpus();
-  return lim > 0 && lim < cpus ? lim : cpus;
-}
 static int affinity_mask_cpus(void) {
   static _Thread_local uint64_t when;
   static _Thread_local int cpus;
@@ -102,6 +90,18 @@ static int affinity_mask_cpus(void) {
     when = t;
   }
   return cpus;
+}
+
+/* a cgroup CPU quota's CPUs (cf_pool_cpu_limit; 0: none) */
+static atomic_int cpu_limit;
+void cf_pool_cpu_limit(int n) { atomic_store(&cpu_limit, n > 0 ? n : 0); }
+
+/* the cores this process may run on (its affinity mask, at least 1, at most cf_pool_cpu_limit's count),
+ * the mask read again after 100 ms */
+static int affinity_cpus(void) {
+  const int lim = atomic_load_explicit(&cpu_limit, memory_order_relaxed);
+  const int cpus = affinity_mask_cpus();
+  return lim > 0 && lim < cpus ? lim : cpus;
 }
 
 /* A thread's adapted spin budget (see the top): `spun` is the budget's state, `cap` the limit now. */
@@ -179,7 +179,7 @@ static atomic_int prof_on;
 static atomic_ullong prof_region_ns, prof_regions, prof_slot[CF_PROF_SLOTS], prof_ext[CF_PROF_EXT];
 /* each thread's task time on a line of its own: one shared counter took 16 contended adds at every region's end,
  * which the profiled tokens then carried */
-static struct { _Alignas(64) atomic_ullong ns; } prof_busy[CF_MAX_THREADS];
+static struct { _Alignas(POOL_LINE) atomic_ullong ns; } prof_busy[CF_MAX_THREADS];
 int cf_prof_on(void) { return atomic_load_explicit(&prof_on, memory_order_relaxed); }
 uint64_t cf_now_ns(void) { return now_ns(); }
 uint64_t cf_thread_cpu_ns(void) {
