@@ -28,12 +28,28 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <time.h>
 
 #define TEAM_SPIN_NS 2000000ull /* a team's workers between jobs: 2 ms */
 #define IDLE_SPIN_NS 50000ull   /* a worker between jobs outside a team */
 #define JOIN_SPIN_NS 200000ull  /* the caller waiting for the workers of its job */
 #define MIN_SPIN_NS 20000ull    /* the least an adapted budget falls to (a few wake-up latencies) */
+
+/* CPUFUSE_POOL_IDLE_US=N (an A/B knob, read once per process, 0..100000): a worker's spin between jobs outside a
+ * team, in µs, in place of IDLE_SPIN_NS. Between two decode steps Python runs for 80-180 µs, longer than the
+ * default, so the team sleeps there and the next step's first job wakes it. No chunk or bit depends on it. */
+static uint64_t idle_spin_ns(void) {
+  static atomic_llong v = -1;
+  long long x = atomic_load_explicit(&v, memory_order_relaxed);
+  if (x < 0) {
+    const char *e = getenv("CPUFUSE_POOL_IDLE_US");
+    const long long us = e && *e ? atoll(e) : -1;
+    x = us >= 0 && us <= 100000 ? us * 1000 : (long long)IDLE_SPIN_NS;
+    atomic_store_explicit(&v, x, memory_order_relaxed);
+  }
+  return (uint64_t)x;
+}
 
 static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER; /* one parallel job (or team) at a time */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -254,7 +270,7 @@ static void *worker(void *arg) {
   for (;;) {
     const int member = tid < atomic_load_explicit(&job.team, memory_order_relaxed);
     const uint64_t cap = atomic_load_explicit(&job.oversub, memory_order_relaxed) ? 0
-                         : member ? TEAM_SPIN_NS : (worked ? IDLE_SPIN_NS : 0);
+                         : member ? TEAM_SPIN_NS : (worked ? idle_spin_ns() : 0);
     unsigned long long w = spin_for_job(tid, seen, budget_of(spun, cap));
     const int slept = w == seen;
     if (slept) { /* sleep until a new job (the publisher wakes sleepers after its store) */
