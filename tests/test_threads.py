@@ -308,3 +308,17 @@ def test_pool_cpu_limit_keeps_results():
     finally:
         _backend.lib.cf_pool_cpu_limit(_dispatch.CPU_LIMIT or 0)
     assert_bit_identical(expect, cpufuse.softmax(x, n_threads=2), "2 threads, the limit restored")
+
+
+@pytest.mark.parametrize("us", ["0", "1000"])
+def test_pool_idle_spin_knob(us):
+    """CPUFUSE_POOL_IDLE_US (pool.c, read once per process): a worker's spin between jobs outside a team, an A/B
+    knob of timing only; this file's thread-count checks and the compiled plan's, run again in a process with it
+    set (0: the workers sleep at once between calls)"""
+    import subprocess
+    import sys
+    from _util import clean_env
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "any_thread_count", __file__],
+                       env=clean_env(CPUFUSE_POOL_IDLE_US=us), capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout, r.stdout[-2000:]
