@@ -64,10 +64,11 @@ def test_cells_tasks_match_head_tasks(isa, kt, vt):
         np.testing.assert_allclose(got, rows, rtol=2e-4, atol=2e-5)
 
 
-@pytest.mark.parametrize("knob", ["CPUFUSE_FA_CELLS_NTH=0", "CPUFUSE_FA_CELLS_NTH=64"])
+@pytest.mark.parametrize("knob", ["CPUFUSE_FA_CELLS_NTH=0", "CPUFUSE_FA_CELLS_NTH=64", "CPUFUSE_FA_PF_RAMP=1"])
 def test_cells_threads_knob(knob):
     """CPUFUSE_FA_CELLS_NTH (flash_attn.inc, read once per process; default FA_CELLS_MAX_NTH = 2): the cells
-    tasks at no thread count (0) or at every one (64) give the same bits; this file's checks, run again in a
+    tasks at no thread count (0) or at every one (64) give the same bits; CPUFUSE_FA_PF_RAMP=1 (default off), a
+    prefetching call's first rows prefetched before its first block, too; this file's checks, run again in a
     process with the knob set"""
     import subprocess
     import sys
