@@ -12,7 +12,8 @@ restricts the set (used by tests of the drop path).
 
 `CPUFUSE_SANITIZE=1` (used by `make test-asan`, which builds a copy of the tree) appends
 _isa.SANITIZE_CFLAGS (-fsanitize=address,undefined ...) to every native object and to the link; the
-build info then shows them and the macros SANITIZE_ADDRESS / SANITIZE_UNDEFINED.
+build info then shows them and the macros SANITIZE_ADDRESS / SANITIZE_UNDEFINED. `CPUFUSE_DEFINES`
+(below) adds -D flags to the ISA objects, for timing a kernel constant's variants.
 """
 import importlib.util
 import os
@@ -42,6 +43,27 @@ isa_table = _load_isa_table()
 SANITIZE = os.environ.get("CPUFUSE_SANITIZE", "0") not in ("", "0")
 AMX_EMULATE = os.environ.get("CPUFUSE_AMX_EMULATE", "0") not in ("", "0")  # a developer build: see _isa.py
 SANITIZE_FLAGS = isa_table.SANITIZE_CFLAGS if SANITIZE else []  # for the glue and the link
+# `CPUFUSE_DEFINES="FA_PF_DIST=32 FA_PF_HINT=2"` (a developer build, for timing variants of a kernel's
+# compile-time constants: bench/device/xeon.sh's AB_VARIANTS): -D flags for every ISA object, shown in its
+# build info. Names and values are checked, so the variable cannot inject other compiler options.
+_DEFINE = re.compile(r"[A-Z_][A-Z0-9_]*(=[-+.0-9A-Za-z_]+)?")
+
+
+def defines_flags(text):
+    """CPUFUSE_DEFINES's text (space- or comma-separated NAME or NAME=VALUE) as -D flags; ValueError names
+    a bad item"""
+    out = []
+    for item in re.split(r"[\s,]+", (text or "").strip()):
+        if not item:
+            continue
+        if not _DEFINE.fullmatch(item):
+            raise ValueError(f"CPUFUSE_DEFINES: expected NAME or NAME=VALUE (upper-case name; value of letters, "
+                             f"digits, _ . + -), got {item!r}")
+        out.append("-D" + item)
+    return out
+
+
+DEFINE_FLAGS = defines_flags(os.environ.get("CPUFUSE_DEFINES", ""))
 # The ISA objects are compiled with these too (not part of the flags their build info reports): a
 # function they export must be declared first, i.e. be in native/cdef.h, whose declarations each
 # translation unit includes before the definitions (a definition that differs is a compile error).
@@ -128,7 +150,7 @@ def compile_isa_objects(compiler, build_temp, isas):
     the ISAs in parallel (one compiler process each, up to the CPU count); return the objects in
     isas order."""
     def one(isa):
-        flags = isa_table.cflags(isa, sanitize=SANITIZE, amx_emulate=AMX_EMULATE)
+        flags = isa_table.cflags(isa, sanitize=SANITIZE, amx_emulate=AMX_EMULATE) + DEFINE_FLAGS
         src = os.path.relpath(os.path.join(HERE, "src", f"isa_{isa}.c"), ROOT)
         print(f"cpufuse build: {isa}: {' '.join(flags)}", flush=True)
         macros = [("CF_BUILD_FLAGS", '"' + " ".join(flags) + '"')] + [("CF_SANITIZE_UNDEFINED", None)] * SANITIZE

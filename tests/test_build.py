@@ -294,3 +294,16 @@ def test_pure_python_wheel(tmp_path):
                        cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "native extension : missing" in r.stdout and "(auto: numba)" in r.stdout
+
+
+def test_cpufuse_defines_flags():
+    """CPUFUSE_DEFINES (a developer build of a kernel constant's variant, bench/device/xeon.sh AB_VARIANTS): NAME or
+    NAME=VALUE items, space- or comma-separated, become -D flags; anything else is a ValueError naming the item, so
+    the variable cannot carry other compiler options"""
+    fb = _ffibuild()
+    assert fb.defines_flags("") == [] and fb.defines_flags(None) == []
+    assert fb.defines_flags("FA_PF_DIST=32, FA_PF_HINT=2") == ["-DFA_PF_DIST=32", "-DFA_PF_HINT=2"]
+    assert fb.defines_flags(" QM_TAIL=-1.5e3 P16_PREFETCH ") == ["-DQM_TAIL=-1.5e3", "-DP16_PREFETCH"]
+    for bad in ("fa_pf_dist=3", "-O0", "X=1;rm", "X=$(id)", "X=a b=c"):
+        with pytest.raises(ValueError, match="CPUFUSE_DEFINES"):
+            fb.defines_flags(bad)
