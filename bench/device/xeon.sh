@@ -45,7 +45,9 @@
 #            (copied over the others' first: the same measurement for each tree); AB_ENVS: settings each tree
 #            also runs under, one process each (e.g. "CPUFUSE_MOE_GROUP=1 CPUFUSE_MOE_GROUP=4"; A=1,B=2 sets
 #            both in one process); AB_GUARD_US: stop once a process's token takes longer (session 23 met hosts
-#            where a 16-thread token took 20-40x its quiet time, which no ratio survives). ~1-2 min
+#            where a 16-thread token took 20-40x its quiet time, which no ratio survives); AB_VARIANTS
+#            ("pf:FA_PF_DIST=32,FA_PF_HINT=2 ..."): more trees, each a copy of this one built with
+#            CPUFUSE_DEFINES (native/ffibuild.py) in /tmp/ab-variants/NAME, tagged NAME. ~1-2 min
 #   spec     issue 43: bench.e2e.spec --replay of the VM's speculative traces (SPEC_TRACE) on a random-weight
 #            file of Qwen2.5-Coder-1.5B's shapes (written first, ~1 GB; the real one is not on the device), at
 #            SPEC_THREADS (1,16); needs only .whl.                                             ~4-6 min
@@ -63,6 +65,10 @@
 #            the one-type (--pure) 1B THP_TYPES (q4_0 q8_0) files, written on first use; then llama-bench
 #            at 1 thread (core 0) on the same files; THP settings, numpy's madvise: thp-machine.txt.  ~4 min
 #            THP_8B=1 adds the one-type 8B Q4_0 at 16 threads (written on first use).       +3-4 min
+#   pending  session 24's A/B knobs and variants, which no Xeon measured: the one-type 8B Q4_0 at 4096 f16 cells
+#            (ab with AB_VARIANTS pf = FA_PF_DIST 32, FA_PF_HINT 2, and CPUFUSE_FA_PF_RAMP=1), then Qwen3-30B-A3B-8l
+#            Q4_K and granite Q8_0 (ab under CPUFUSE_MOE_SUMPAD=1, CPUFUSE_POOL_IDLE_US=1000, CPUFUSE_FA_PF_RAMP=1),
+#            2 rounds each, the files written first; needs only .whl.                       ~9 min
 #   attnpf   one layer's decode attention (bench.attndec, cold, wall) at ATTN_THREADS (16) threads, this tree as it is
 #            and under each side of ATTN_ENVS (default: the cells tasks at 16 threads), alternating processes,
 #            ATTN_ROUNDS (3); ATTN_ARGS (default: Llama-3.1-8B's heads, f16 and q8_0 at 4096 and 16384 cells);
@@ -153,7 +159,7 @@ big() {  # written only when missing: the given bench.e2e.bigmodels arguments
 
 IK=(--ik-llama-src "$IKSRC" --pp 128,512)
 case "$PHASE" in
-  ab) wheels || exit 1 ;;
+  ab|pending) wheels || exit 1 ;;
   attnpf) wheels || exit 1
     have_cpufuse || "$PY" setup.py -q build_ext --inplace > "$OUT/build-cpufuse.log" 2>&1 ||
       { tail -30 "$OUT/build-cpufuse.log"; exit 1; } ;;
@@ -211,12 +217,22 @@ case "$PHASE" in
       --engines cpufuse,llamacpp-fa-off,llamacpp-fa-on ;;
   ab)
     TREES=(${AB_TREES:-.dev/ab/base .})
+    declare -A VDEF=()
+    for var in ${AB_VARIANTS:-}; do  # NAME:DEFINES, a copy of this tree built with CPUFUSE_DEFINES=DEFINES
+      vdir="/tmp/ab-variants/${var%%:*}"
+      if [ ! -f "$vdir/.built" ]; then
+        rm -rf "$vdir" && mkdir -p "$vdir"
+        tar -cf - --exclude=./.dev --exclude=./.whl --exclude=./build --exclude=./.git --exclude='*.so' . | tar -xf - -C "$vdir"
+      fi
+      VDEF[$vdir]="${var#*:}"
+      TREES+=("$vdir")
+    done
     have_cpufuse || "$PY" setup.py -q build_ext --inplace > "$OUT/build-cpufuse.log" 2>&1 &
     for tree in "${TREES[@]}"; do
       [ "$tree" = . ] && continue
       [ -f "$tree/setup.py" ] || { say "no tree in $tree"; exit 1; }
-      [ -f "$tree/.built" ] || ( cd "$tree" && "$PY" setup.py -q build_ext --inplace > "$OUT/build-$(basename "$tree").log" 2>&1 &&
-                                 touch .built ) &
+      [ -f "$tree/.built" ] || ( cd "$tree" && CPUFUSE_DEFINES="${VDEF[$tree]:-}" "$PY" setup.py -q build_ext --inplace \
+                                   > "$OUT/build-$(basename "$tree").log" 2>&1 && touch .built ) &
     done
     wait
     have_cpufuse || { say "this tree did not build"; tail -5 "$OUT/build-cpufuse.log"; exit 1; }
@@ -255,6 +271,21 @@ case "$PHASE" in
         done
       done
     done ;;
+  pending)  # the A/B knobs and variants session 24 left for the Xeon (it was lent none), each an ab phase
+    # of its own share of PHASE_LIMIT: the files first (then sync), then 8B Q4_0 at 4096 f16 cells (the FA
+    # prefetch variant tree and the ramp knob), then Qwen3-30B-A3B-8l and granite under the knobs
+    export AB_PURE=1
+    for mt in 8b:q4_0 qwen3-30b-a3b-8l:q4_k granite-1b-a400m:q8_0; do big --models "${mt%%:*}" --types "${mt##*:}" --pure; done
+    sync; grep -E '^(Dirty|Writeback):' /proc/meminfo; uptime
+    ENVS="_ CPUFUSE_MOE_SUMPAD=1 CPUFUSE_POOL_IDLE_US=1000 CPUFUSE_FA_PF_RAMP=1"
+    AB_TREES=. AB_VARIANTS="pf:FA_PF_DIST=32,FA_PF_HINT=2" AB_ENVS="_ CPUFUSE_FA_PF_RAMP=1" AB_GUARD_US=60000 \
+      AB_SHAPE=8b AB_TYPES=q4_0 AB_ROUNDS=2 PHASE_LIMIT=$(( $(left) * 2 / 5 )) \
+      AB_ARGS="--prompt 64 --steps 32 --fused-only --depth 4096 --ctk f16 --read-mib 1024" bash "$0" ab
+    AB_TREES=. AB_ENVS="$ENVS" AB_GUARD_US=15000 AB_SHAPE=qwen3-30b-a3b-8l AB_TYPES=q4_k AB_ROUNDS=2 \
+      PHASE_LIMIT=$(( $(left) / 2 )) AB_ARGS="--prompt 200 --steps 64 --fused-only --read-mib 1024" bash "$0" ab
+    AB_TREES=. AB_ENVS="$ENVS" AB_GUARD_US=15000 AB_SHAPE=granite-1b-a400m AB_TYPES=q8_0 AB_ROUNDS=2 \
+      PHASE_LIMIT=$(left) AB_ARGS="--prompt 200 --steps 64 --fused-only --read-mib 1024" bash "$0" ab
+    uptime ;;
   attnpf)  # issue 42: decode attention's prefetch at 16 threads
     timeout "$(left)" "$PY" -m bench.attndec --rounds "${ATTN_ROUNDS:-3}" --core "0-$((NCPU - 1))" \
       --envs "${ATTN_ENVS:-CPUFUSE_FA_CELLS_NTH=64}" \
