@@ -274,16 +274,18 @@ case "$PHASE" in
   pending)  # the A/B knobs and variants session 24 left for the Xeon (it was lent none), each an ab phase
     # of its own share of PHASE_LIMIT: the files first (then sync), then 8B Q4_0 at 4096 f16 cells (the FA
     # prefetch variant tree and the ramp knob), then Qwen3-30B-A3B-8l and granite under the knobs
-    export AB_PURE=1
-    for mt in 8b:q4_0 qwen3-30b-a3b-8l:q4_k granite-1b-a400m:q8_0; do big --models "${mt%%:*}" --types "${mt##*:}" --pure; done
+    export AB_PURE=1 AB_TREES=. PV="pf:FA_PF_DIST=32,FA_PF_HINT=2"
+    # the builds (this tree, the variant) while the files are written; then sync, so no writeback runs in the rounds
+    AB_VARIANTS="$PV" AB_SHAPE=8b AB_TYPES=q4_0 AB_ROUNDS=0 PHASE_LIMIT=$(left) bash "$0" ab
+    for mt in qwen3-30b-a3b-8l:q4_k granite-1b-a400m:q8_0; do big --models "${mt%%:*}" --types "${mt##*:}" --pure; done
     sync; grep -E '^(Dirty|Writeback):' /proc/meminfo; uptime
     ENVS="_ CPUFUSE_MOE_SUMPAD=1 CPUFUSE_POOL_IDLE_US=1000 CPUFUSE_FA_PF_RAMP=1"
-    AB_TREES=. AB_VARIANTS="pf:FA_PF_DIST=32,FA_PF_HINT=2" AB_ENVS="_ CPUFUSE_FA_PF_RAMP=1" AB_GUARD_US=60000 \
+    AB_VARIANTS="$PV" AB_ENVS="_ CPUFUSE_FA_PF_RAMP=1" AB_GUARD_US=60000 \
       AB_SHAPE=8b AB_TYPES=q4_0 AB_ROUNDS=2 PHASE_LIMIT=$(( $(left) * 2 / 5 )) \
       AB_ARGS="--prompt 64 --steps 32 --fused-only --depth 4096 --ctk f16 --read-mib 1024" bash "$0" ab
-    AB_TREES=. AB_ENVS="$ENVS" AB_GUARD_US=15000 AB_SHAPE=qwen3-30b-a3b-8l AB_TYPES=q4_k AB_ROUNDS=2 \
+    AB_ENVS="$ENVS" AB_GUARD_US=15000 AB_SHAPE=qwen3-30b-a3b-8l AB_TYPES=q4_k AB_ROUNDS=2 \
       PHASE_LIMIT=$(( $(left) / 2 )) AB_ARGS="--prompt 200 --steps 64 --fused-only --read-mib 1024" bash "$0" ab
-    AB_TREES=. AB_ENVS="$ENVS" AB_GUARD_US=15000 AB_SHAPE=granite-1b-a400m AB_TYPES=q8_0 AB_ROUNDS=2 \
+    AB_ENVS="$ENVS" AB_GUARD_US=15000 AB_SHAPE=granite-1b-a400m AB_TYPES=q8_0 AB_ROUNDS=2 \
       PHASE_LIMIT=$(left) AB_ARGS="--prompt 200 --steps 64 --fused-only --read-mib 1024" bash "$0" ab
     uptime ;;
   attnpf)  # issue 42: decode attention's prefetch at 16 threads
