@@ -64,6 +64,31 @@ def test_cells_tasks_match_head_tasks(isa, kt, vt):
         np.testing.assert_allclose(got, rows, rtol=2e-4, atol=2e-5)
 
 
+@pytest.mark.parametrize("isa", AVAILABLE_NATIVE)
+@pytest.mark.parametrize("kt,vt", [("f16", "f16"), ("q8_0", "q4_0"), ("f32", "f32")])
+def test_cold_prefetch_keeps_bits(isa, kt, vt):
+    """flash_attn(cold=True): K and V from DRAM, as a decoder step's cache, prefetched at any size (the small calls
+    here, under 4 MiB, have no prefetch otherwise): the same bits on the cache's layout and head by head, at 1-3
+    threads, split and rows, with a mask; cold must be a bool"""
+    rng = np.random.default_rng(5)
+    for S, Hq, Hk, T, D in [(1, 16, 16, 200, 128), (2, 32, 8, 300, 64), (1, 8, 2, 70, 64)]:
+        q, cache, heads = _case(rng, S, Hq, Hk, T, D, kt, vt)
+        m = np.zeros((S, 1, 1, T), np.float16)
+        m[..., 3:9] = -np.inf
+        call = dict(scale=0.125, k_type=kt, v_type=vt, dv=D, isa=isa)
+        if kt == "f32":
+            call.pop("k_type"), call.pop("v_type")
+        for strategy in ("split", "rows"):
+            for mask in (None, m):
+                want = cpufuse.flash_attn(q, *heads, mask, strategy=strategy, n_threads=1, **call)
+                for kv in (cache, heads):
+                    for nt in (1, 2, 3):
+                        got = cpufuse.flash_attn(q, *kv, mask, strategy=strategy, n_threads=nt, cold=True, **call)
+                        assert np.array_equal(_bits(want), _bits(got)), (S, Hq, Hk, T, D, strategy, nt)
+    with pytest.raises(TypeError, match="cold must be a bool"):
+        cpufuse.flash_attn(q, *heads, scale=0.125, cold=1)
+
+
 @pytest.mark.parametrize("knob", ["CPUFUSE_FA_CELLS_NTH=0", "CPUFUSE_FA_CELLS_NTH=64", "CPUFUSE_FA_PF_RAMP=1"])
 def test_cells_threads_knob(knob):
     """CPUFUSE_FA_CELLS_NTH (flash_attn.inc, read once per process; default FA_CELLS_MAX_NTH = 2): the cells

@@ -14,7 +14,7 @@ from .checks import (
     _kernel, _ndarray, _real, _slopes, _thr)
 
 
-def fa_desc(qg, kg, vg, og, mg, mkind, kf16, vf16, strategy, chunk, q_tile):
+def fa_desc(qg, kg, vg, og, mg, mkind, kf16, vf16, strategy, chunk, q_tile, cold=False):
     (S, Hq, N, DK), qs = qg
     (_, Hk, T, _), ks = kg
     (_, Hv, _, DV), vs = vg
@@ -24,7 +24,7 @@ def fa_desc(qg, kg, vg, og, mg, mkind, kf16, vf16, strategy, chunk, q_tile):
                    KS0=ks[0], KS1=ks[1], KS2=ks[2], VS0=vs[0], VS1=vs[1], VS2=vs[2], KF16=kf16, VF16=vf16,
                    MS=MS, MH=MH, MS0=MS0, MS1=MS1, MS2=MS2, MKIND=mkind if mg else 0,
                    OS0=os_[0], OS1=os_[1], OS2=os_[2], STRATEGY=STRATEGIES[strategy], CHUNK=chunk or 0, QTILE=q_tile,
-                   COLD=0)
+                   COLD=int(bool(cold)))
 
 
 
@@ -133,7 +133,7 @@ def _check_qkv(a, name, kv_type, D):
 
 def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=None, out=None,
                isa=None, strategy=None, chunk=DEFAULT_SPLIT_CHUNK, q_tile=64, fused=True,
-               ggml_compat=False, n_threads=None, k_type=None, v_type=None, dv=None):
+               ggml_compat=False, n_threads=None, k_type=None, v_type=None, dv=None, cold=False):
     """ggml flash_attn_ext (docs/semantics.md §4): softmax(q·kᵀ·scale [softcap] + slope·mask)·v per query row.
 
     q: float32 (S, Hq, N, DK); k: float16/float32 (S, Hk, T, DK); v: float16/float32 (S, Hv, T, DV);
@@ -149,11 +149,15 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
     blocks (cpufuse.ops.kvquant.quantize), DK and DV multiples of 32 (dv= gives DV; default DK). Scores
     are int8 dot products of Q quantized to Q8_0 with the K codes, V rows are dequantized exactly
     (docs/semantics.md §4). "f16"/"f32" (or None) mean the float arrays as above.
+    cold=True says K and V come from DRAM, as a decoder step's cache does once the weights have streamed past it:
+    the kernel then prefetches them at any size (by default only past 4 MiB). Timing only: no result depends on it.
     """
     kt = None if k_type is None else kvquant.check_kv_type(k_type, "k_type")
     vt = None if v_type is None else kvquant.check_kv_type(v_type, "v_type")
     kq, vq = kt in kvquant.QUANT, vt in kvquant.QUANT
-    if k_type is None and v_type is None and dv is None:   # the cached binding keys on none of the three
+    if not isinstance(cold, bool):
+        raise TypeError(f"cold must be a bool, got {type(cold).__name__}")
+    if k_type is None and v_type is None and dv is None and not cold:   # the cached binding keys on none of these
         r = _fast(q, k, v, mask, sinks, out, scale, softcap, max_bias, strategy, chunk, q_tile, fused, ggml_compat,
                   isa, n_threads)
         if r is not None:
@@ -213,7 +217,7 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
         _check_no_overlap(out, (("q", q), ("k", k), ("v", v), ("mask", mask), ("sinks", sinks)))
     kcode = kvquant.CODE[kt] if kq else int(k.dtype == F16)
     vcode = kvquant.CODE[vt] if vq else int(v.dtype == F16)
-    if plain and not (kq or vq) and mask is None and sinks is None and max_bias == 0.0 and not ggml_compat and \
+    if plain and not cold and not (kq or vq) and mask is None and sinks is None and max_bias == 0.0 and not ggml_compat and \
             S * Hq * N * T * DK * DV:
         made = _plan(isa, fused, q.shape, k.shape, v.shape, k.dtype == F16, v.dtype == F16, strategy, chunk, q_tile,
                      n_threads)
@@ -236,13 +240,13 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
     conv = _registry.convention(isa)
     P = conv.operand
     dkey = (conv.arrays, q.shape, q.strides, k.shape, k.strides, kcode, v.shape, v.strides, vcode, DV,
-            out.strides, None if m4 is None else (m4.shape, m4.strides, mkind), strategy, chunk, q_tile)
+            out.strides, None if m4 is None else (m4.shape, m4.strides, mkind), strategy, chunk, q_tile, cold)
     kg, vg = _geom4(k), _geom4(v)
     if vq:   # the descriptor's DV is the values a row holds, not its bytes
         vg = ((vg[0][0], vg[0][1], vg[0][2], DV), vg[1])
     dp = _FA.descriptor(dkey, lambda: conv.desc(fa_desc(
         _geom4(q), kg, vg, _geom4(out), _geom4(m4) if m4 is not None else None, mkind, kcode, vcode,
-        strategy, chunk, q_tile)))
+        strategy, chunk, q_tile, cold)))
     if _kernel("flash_attn" if fused else "flash_attn_unfused", isa, n_threads)(
             dp, P(q), P(k), P(v), P(m4), P(slopes), P(sinks), scale, softcap, P(out), n_th):
         raise MemoryError("flash_attn: could not allocate scratch memory")
