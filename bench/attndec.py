@@ -9,7 +9,9 @@ head), K+V bytes per CPU ns, and the 1-thread read probe over the same bytes.
 
 K and V are laid out as the KV cache holds them (cell-major, the KV heads of a cell together;
 --layout heads: each head contiguous). "cold": 64 MiB written between calls, as a decoder's
-weights stream between its layers; warm: the call repeated, K/V in the caches where they fit. --ab runs the two trees in alternating
+weights stream between its layers, and the call says so (flash_attn(cold=True): K/V prefetched at any size, as
+the decoder's are; before session 24 only past 4 MiB, so an --ab against an older tree compares unlike calls
+there); warm: the call repeated, K/V in the caches where they fit. --ab runs the two trees in alternating
 processes, each pinned to --core under nice, the tree first on PYTHONPATH (the A/B in docs/kv.md); --envs
 runs this tree as it is and under each setting the same way (the even rounds in reverse order).
 """
@@ -43,6 +45,8 @@ def one_case(T, t, reps, cold, isa, flush, layout, threads=1):
     if layout == "cache":  # (cells, KV heads, D) as the KV cache stores them, viewed as (1, heads, cells, D)
         kb, vb = kb.transpose(0, 2, 1, 3), vb.transpose(0, 2, 1, 3)
     kw = {"isa": isa} if isa else {}
+    if cold:   # as the decoder's steps say of their cache: prefetched at any size (else only past 4 MiB)
+        kw["cold"] = True
     f = lambda: cpufuse.flash_attn(q, kb, vb, None, scale=float(D) ** -0.5, k_type=t, v_type=t, dv=D, n_threads=threads,
                                   **kw)  # noqa
     f()
