@@ -51,9 +51,9 @@ UNPACKED = {
     "rope": {"cache": {"k_cache", "pos0", "cache_type"}},
     "matmul_multi": {"ws": {"w0", "w1", "w2"}, "out": {"out0", "out1", "out2", "out_type"}},
 }
-# arguments whose calls never take the cached binding (flash_attn's cache types and V head size: a call
-# that gives any of them runs the full checks every time)
-UNBOUND = {"flash_attn": {"k_type", "v_type", "dv"}}
+# arguments whose calls never take the cached binding (flash_attn's cache types, V head size and cold=True: a
+# call that gives any of them runs the full checks every time)
+UNBOUND = {"flash_attn": {"k_type", "v_type", "dv", "cold"}}
 BINDERS = [(softmax.softmax, softmax._SM), (norms.rms_norm, norms._RN), (norms.add_rms_norm, norms._ADD),
            (attention.flash_attn, attention._FA), (rope.rope, rope._ROPE), (qm.matmul, qm._MM),
            (qm.matmul_multi, qm._MULTI), (qm.matmul_swiglu, qm._SWIGLU)]
