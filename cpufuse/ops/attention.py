@@ -24,7 +24,7 @@ def fa_desc(qg, kg, vg, og, mg, mkind, kf16, vf16, strategy, chunk, q_tile, cold
                    KS0=ks[0], KS1=ks[1], KS2=ks[2], VS0=vs[0], VS1=vs[1], VS2=vs[2], KF16=kf16, VF16=vf16,
                    MS=MS, MH=MH, MS0=MS0, MS1=MS1, MS2=MS2, MKIND=mkind if mg else 0,
                    OS0=os_[0], OS1=os_[1], OS2=os_[2], STRATEGY=STRATEGIES[strategy], CHUNK=chunk or 0, QTILE=q_tile,
-                   COLD=int(bool(cold)))
+                   COLD=int(cold))
 
 
 
@@ -155,13 +155,13 @@ def flash_attn(q, k, v, mask=None, *, scale, max_bias=0.0, softcap=0.0, sinks=No
     kt = None if k_type is None else kvquant.check_kv_type(k_type, "k_type")
     vt = None if v_type is None else kvquant.check_kv_type(v_type, "v_type")
     kq, vq = kt in kvquant.QUANT, vt in kvquant.QUANT
-    if not isinstance(cold, bool):
-        raise TypeError(f"cold must be a bool, got {type(cold).__name__}")
-    if k_type is None and v_type is None and dv is None and not cold:   # the cached binding keys on none of these
+    if k_type is None and v_type is None and dv is None and cold is False:   # the cached binding keys on none of these
         r = _fast(q, k, v, mask, sinks, out, scale, softcap, max_bias, strategy, chunk, q_tile, fused, ggml_compat,
                   isa, n_threads)
         if r is not None:
             return r[0]
+    if cold is not False and cold is not True:
+        raise TypeError(f"cold must be a bool, got {type(cold).__name__}")
     isa_arg, scale_arg, softcap_arg, strategy_arg, chunk_arg, q_tile_arg = isa, scale, softcap, strategy, chunk, q_tile
     plain = type(scale) is float and type(softcap) is float  # a plan passes them to the kernel as given
     isa = _dispatch.resolve(isa)
