@@ -301,8 +301,9 @@ def test_decode_eval_short_path(tmp_path):
 
 def test_profile_counters_of_the_calling_thread(tmp_path):
     # cf_pool_profile_ext (bench/e2e/profile.py's serial table): per record kind its time outside the
-    # regions (at most its wall) and its regions (adding up to all of them); the regions' parts on the
-    # caller add up to their wall; nothing counted once profiling is off
+    # regions (at most its wall), its regions (adding up to all of them) and the caller's wait in them
+    # (adding up to the whole wait); the regions' parts on the caller add up to their wall; nothing
+    # counted once profiling is off
     from cpufuse import _backend
     from cpufuse.graph.kinds import RECORDS
     from cpufuse.llama.tiny import write_tiny_gguf
@@ -312,7 +313,7 @@ def test_profile_counters_of_the_calling_thread(tmp_path):
     p = write_tiny_gguf(tmp_path / "g.gguf", qtype="Q8_0", arch="granitemoe")
     m = Model.load(p, n_ctx=64, n_threads=2)
     m.eval(PROMPT[:4])
-    out, ext = ffi.new("uint64_t[67]"), ffi.new("uint64_t[133]")
+    out, ext = ffi.new("uint64_t[67]"), ffi.new("uint64_t[197]")
     lib.cf_pool_profile(1, ffi.NULL)
     for t in PROMPT[4:8]:
         m.eval([t])
@@ -324,8 +325,9 @@ def test_profile_counters_of_the_calling_thread(tmp_path):
         assert ext[op] <= out[3 + op]
     assert ext[128] + ext[129] + ext[130] <= out[1] <= ext[131]
     assert sum(out[3 + op] for op in ops) <= ext[131]
+    assert sum(ext[133 + op] for op in ops) == ext[130] > 0
     lib.cf_pool_profile_ext(ext)
-    assert not any(ext[i] for i in range(133))
+    assert not any(ext[i] for i in range(197))
 
 
 # ------------------------------------------------------------------------------------------------

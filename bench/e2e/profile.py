@@ -13,7 +13,7 @@ from . import bigmodels
 from .big import worker as probes
 
 
-EXT = 2 * 64 + 5     # cf_pool_profile_ext's entries (CF_PROF_EXT, native/kernels/pool.h)
+EXT = 3 * 64 + 5     # cf_pool_profile_ext's entries (CF_PROF_EXT, native/kernels/pool.h; an older build fills fewer)
 
 
 def _profiled(fn):
@@ -33,7 +33,8 @@ def _profiled(fn):
     ops = {r.name: int(out[3 + r.op]) for r in RECORDS if r.op < 64 and out[3 + r.op]}
     res = {"wall": wall, "busy": int(out[0]), "region": int(out[1]), "regions": int(out[2]), "ops": ops}
     if has_ext:
-        res.update(serial={r.name: (int(ext[r.op]), int(ext[64 + r.op])) for r in RECORDS if r.op < 64 and out[3 + r.op]},
+        res.update(serial={r.name: (int(ext[r.op]), int(ext[64 + r.op]), int(ext[133 + r.op]))
+                           for r in RECORDS if r.op < 64 and out[3 + r.op]},
                    dispatch=int(ext[128]), own=int(ext[129]), join=int(ext[130]), plan=int(ext[131]))
     return res
 
@@ -128,15 +129,20 @@ def markdown(model, P, n_prompt, steps):
         if "serial" not in d:
             continue
         us = lambda v: f"{v / steps / 1e3:.1f}"     # noqa: E731
-        rows = [[k, us(ns), f"{n / steps:.0f}"] for k, (ns, n) in sorted(d["serial"].items(), key=lambda kv: -kv[1][0])]
-        rows += [["(regions: publishing the job, on the caller)", us(d["dispatch"]), ""],
-                 ["(regions: the caller's own chunks)", us(d["own"]), ""],
-                 ["(regions: the caller waiting for the others)", us(d["join"]), ""],
-                 ["(the plan's C call, whole)", us(d["plan"]), ""],
-                 ["(outside the C call: Python, the embedding, the logits copy)", us(d["wall"] - d["plan"]), ""]]
+        # the wait per record kind: not in an older build's counters (an A/B's base tree), shown as –
+        wait = lambda v: us(v[2]) if len(v) > 2 and any(x[2] for x in d["serial"].values()) else "–"  # noqa: E731
+        rows = [[k, us(v[0]), f"{v[1] / steps:.0f}", wait(v)]
+                for k, v in sorted(d["serial"].items(), key=lambda kv: -kv[1][0])]
+        rows += [["(regions: publishing the job, on the caller)", us(d["dispatch"]), "", ""],
+                 ["(regions: the caller's own chunks)", us(d["own"]), "", ""],
+                 ["(regions: the caller waiting for the others)", us(d["join"]), "", ""],
+                 ["(the plan's C call, whole)", us(d["plan"]), "", ""],
+                 ["(outside the C call: Python, the embedding, the logits copy)", us(d["wall"] - d["plan"]), "", ""]]
         L += ["", f"A decode token's calling thread at {r['threads']} thread(s): per record kind its time outside "
-              "parallel regions (µs a token; at one thread all of it) and its regions a token:", ""]
-        L += table(["record", "serial µs / token", "regions / token"], rows, "---:", first="---")
+              "parallel regions (µs a token; at one thread all of it), its regions a token, and its wait at their "
+              "ends for the other threads (µs a token):", ""]
+        L += table(["record", "serial µs / token", "regions / token", "caller's wait µs / token"], rows, "---:",
+                   first="---")
     return "\n".join(L) + "\n"
 
 

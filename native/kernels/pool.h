@@ -37,12 +37,15 @@ void cf_prof_add(int slot, uint64_t ns);
  * parallel regions and [CF_PROF_SLOTS + op] the regions it ran; then the regions' parts on their
  * callers: [CF_PX_DISPATCH] publishing the job and waking sleepers, [CF_PX_OWN] the caller's own
  * chunks, [CF_PX_JOIN] waiting for the workers after them; [CF_PX_PLAN] the plan runs' wall ns (team
- * start and end included) and [CF_PX_RUNS] their count. Reset and switched by cf_pool_profile. */
-enum { CF_PX_DISPATCH = 2 * CF_PROF_SLOTS, CF_PX_OWN, CF_PX_JOIN, CF_PX_PLAN, CF_PX_RUNS, CF_PROF_EXT };
+ * start and end included) and [CF_PX_RUNS] their count; [CF_PX_JOIN_OPS + op] the part of CF_PX_JOIN in
+ * that record opcode's regions. Reset and switched by cf_pool_profile. */
+enum { CF_PX_DISPATCH = 2 * CF_PROF_SLOTS, CF_PX_OWN, CF_PX_JOIN, CF_PX_PLAN, CF_PX_RUNS, CF_PX_JOIN_OPS,
+       CF_PROF_EXT = CF_PX_JOIN_OPS + CF_PROF_SLOTS };
 void cf_pool_profile_ext(uint64_t *out);
 /* the regions' caller wall ns and count so far (a record's serial time is its wall minus the change) */
 void cf_prof_regions(uint64_t *ns, uint64_t *n);
 void cf_prof_ext_add(int i, uint64_t v);
+uint64_t cf_prof_ext_get(int i); /* one entry of cf_pool_profile_ext's, so far */
 /* The CPUs a cgroup quota lets this process use (0: none; cpufuse._dispatch reads the quota at import): a team
  * or job larger than the affinity mask or this does not spin (pool.c) */
 void cf_pool_cpu_limit(int n);

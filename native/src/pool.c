@@ -209,6 +209,9 @@ void cf_prof_add(int slot, uint64_t ns) {
 void cf_prof_ext_add(int i, uint64_t v) {
   if (i >= 0 && i < CF_PROF_EXT) atomic_fetch_add_explicit(&prof_ext[i], v, memory_order_relaxed);
 }
+uint64_t cf_prof_ext_get(int i) {
+  return i >= 0 && i < CF_PROF_EXT ? atomic_load_explicit(&prof_ext[i], memory_order_relaxed) : 0;
+}
 void cf_prof_regions(uint64_t *ns, uint64_t *n) {
   *ns = atomic_load_explicit(&prof_region_ns, memory_order_relaxed);
   *n = atomic_load_explicit(&prof_regions, memory_order_relaxed);
