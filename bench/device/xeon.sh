@@ -69,6 +69,9 @@
 #            (ab with AB_VARIANTS pf = FA_PF_DIST 32, FA_PF_HINT 2, and CPUFUSE_FA_PF_RAMP=1), then Qwen3-30B-A3B-8l
 #            Q4_K and granite Q8_0 (ab under CPUFUSE_MOE_SUMPAD=1, CPUFUSE_POOL_IDLE_US=1000, CPUFUSE_FA_PF_RAMP=1),
 #            2 rounds each, the files written first; needs only .whl.                       ~9 min
+#   pending2 session 22's CPUFUSE_FA_CELLS_NTH=64 (split-KV decode as cells tasks at every thread count), which no
+#            Xeon measured, on the MHA OLMoE-1B-7B Q4_K (its per-group tasks read 256 bytes of each 4 KB cell) and
+#            granite Q8_0, one-type files, at 200 and 1000 cells (--prompt), 2 rounds each; files written first. ~8 min
 #   attnpf   one layer's decode attention (bench.attndec, cold, wall) at ATTN_THREADS (16) threads, this tree as it is
 #            and under each side of ATTN_ENVS (default: the cells tasks at 16 threads), alternating processes,
 #            ATTN_ROUNDS (3); ATTN_ARGS (default: Llama-3.1-8B's heads, f16 and q8_0 at 4096 and 16384 cells);
@@ -159,7 +162,7 @@ big() {  # written only when missing: the given bench.e2e.bigmodels arguments
 
 IK=(--ik-llama-src "$IKSRC" --pp 128,512)
 case "$PHASE" in
-  ab|pending) wheels || exit 1 ;;
+  ab|pending|pending2) wheels || exit 1 ;;
   attnpf) wheels || exit 1
     have_cpufuse || "$PY" setup.py -q build_ext --inplace > "$OUT/build-cpufuse.log" 2>&1 ||
       { tail -30 "$OUT/build-cpufuse.log"; exit 1; } ;;
@@ -241,6 +244,7 @@ case "$PHASE" in
     done
     ABP= ABPURE=() ABPY=False
     [ "${AB_PURE:-0}" = 1 ] && ABP=-pure ABPURE=(--pure) ABPY=True
+    ABN=${AB_NAME:+-$AB_NAME}  # in the result names: runs of one phase at other AB_ARGS
     big --models "${AB_SHAPE:-1b}" --types "$(echo ${AB_TYPES:-q8_0 q4_0} | tr ' ' ,)" "${ABPURE[@]}"
     if [ "${AB_BENCH:-}" = here ]; then
       for tree in "${TREES[@]}"; do [ "$tree" = . ] || cp bench/e2e/profile.py "$tree/bench/e2e/profile.py"; done
@@ -262,9 +266,9 @@ case "$PHASE" in
           [ "$ev" = _ ] || tag="$tag-$(echo "$ev" | sed 's/CPUFUSE_//g' | tr 'A-Z=,' 'a-z-+')"
           ( cd "$tree" && [ "$ev" = _ ] || for e in ${ev//,/ }; do export "$e"; done
             PYTHONPATH="/tmp/site:$PWD" timeout "$(left)" "$PY" -m bench.e2e.profile "$CPUFUSE_BENCH_MODELS/$f" \
-              --threads "${AB_THREADS:-16}" --read-mib 0 ${AB_ARGS:-} --md "$OUT/ab-$ty$ABP-$tag-r$r.md" > "$OUT/ab-$ty$ABP-$tag-r$r.log" 2>&1 )
-          say "round $r $ty$ABP $tag: $(grep -E '^\| [0-9]+ \|' "$OUT/ab-$ty$ABP-$tag-r$r.md" | head -1)"
-          tok=$(grep -E '^\| [0-9]+ \|' "$OUT/ab-$ty$ABP-$tag-r$r.md" | head -1 | cut -d'|' -f3 | tr -d ' ')
+              --threads "${AB_THREADS:-16}" --read-mib 0 ${AB_ARGS:-} --md "$OUT/ab-$ty$ABP$ABN-$tag-r$r.md" > "$OUT/ab-$ty$ABP$ABN-$tag-r$r.log" 2>&1 )
+          say "round $r $ty$ABP$ABN $tag: $(grep -E '^\| [0-9]+ \|' "$OUT/ab-$ty$ABP$ABN-$tag-r$r.md" | head -1)"
+          tok=$(grep -E '^\| [0-9]+ \|' "$OUT/ab-$ty$ABP$ABN-$tag-r$r.md" | head -1 | cut -d'|' -f3 | tr -d ' ')
           if [ -n "${AB_GUARD_US:-}" ] && [[ "$tok" =~ ^[0-9]+$ ]] && [ "$tok" -gt "$AB_GUARD_US" ]; then
             say "a token took ${tok:-?} µs, past AB_GUARD_US=$AB_GUARD_US: a busy host, the phase stops"; uptime; break 3
           fi
@@ -287,6 +291,19 @@ case "$PHASE" in
       PHASE_LIMIT=$(( $(left) / 2 )) AB_ARGS="--prompt 200 --steps 64 --fused-only --read-mib 1024" bash "$0" ab
     AB_ENVS="$ENVS" AB_GUARD_US=15000 AB_SHAPE=granite-1b-a400m AB_TYPES=q8_0 AB_ROUNDS=2 \
       PHASE_LIMIT=$(left) AB_ARGS="--prompt 200 --steps 64 --fused-only --read-mib 1024" bash "$0" ab
+    uptime ;;
+  pending2)  # the cells-tasks knob on the MHA and the small-head MoE files (session 22's, unmeasured on a Xeon)
+    export AB_PURE=1 AB_TREES=. AB_ENVS="_ CPUFUSE_FA_CELLS_NTH=64" AB_GUARD_US=20000 AB_ROUNDS=2
+    AB_SHAPE=olmoe-1b-7b AB_TYPES=q4_k AB_ROUNDS=0 PHASE_LIMIT=$(left) bash "$0" ab
+    big --models granite-1b-a400m --types q8_0 --pure
+    sync; grep -E '^(Dirty|Writeback):' /proc/meminfo; uptime
+    i=4  # runs left, each given its share of the time left
+    for mt in olmoe-1b-7b:q4_k granite-1b-a400m:q8_0; do
+      for p in 200 1000; do
+        AB_SHAPE="${mt%%:*}" AB_TYPES="${mt##*:}" AB_NAME=p$p PHASE_LIMIT=$(( $(left) / i-- )) \
+          AB_ARGS="--prompt $p --steps 64 --fused-only --read-mib 1024" bash "$0" ab
+      done
+    done
     uptime ;;
   attnpf)  # issue 42: decode attention's prefetch at 16 threads
     timeout "$(left)" "$PY" -m bench.attndec --rounds "${ATTN_ROUNDS:-3}" --core "0-$((NCPU - 1))" \
