@@ -76,3 +76,21 @@ def test_doc_references_resolve():
             bad += [f"{path}: docs/semantics.md §{n} is not a section"
                     for n in re.findall(r"§(\d+)", m.group(1)) if n not in sections]
     assert not bad, "\n".join(bad)
+
+
+def test_every_environment_variable_is_documented():
+    """docs/usage.md's "Environment variables" names every CPUFUSE_* variable that the package, its build
+    and its kernels read (the tests' and the bench's own are not the user's)"""
+    names = set()
+    for top in ("cpufuse", "native", "setup.py"):
+        path = os.path.join(ROOT, top)
+        files = [path] if os.path.isfile(path) else [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
+        for p in files:
+            if p.endswith((".py", ".inc", ".c", ".h")):
+                with open(p, encoding="utf-8", errors="replace") as f:
+                    names |= set(re.findall(r"\bCPUFUSE_[A-Z][A-Z0-9_]*[A-Z0-9]\b", f.read()))
+    with open(os.path.join(ROOT, "docs", "usage.md"), encoding="utf-8") as f:
+        text = f.read()
+    section = text.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    missing = sorted(n for n in names if f"`{n}" not in section)
+    assert len(names) > 20 and not missing, missing
