@@ -488,11 +488,13 @@ def test_qmatmul_id_bias_checks(rng):
         g.qmatmul_id(x, w, ids, up=w, glu="oai")
 
 
-@pytest.mark.parametrize("knob", ["CPUFUSE_MOE_GROUP=1", "CPUFUSE_MOE_GROUP=3", "CPUFUSE_MOE_SUMPAD=1"])
+@pytest.mark.parametrize("knob", ["CPUFUSE_MOE_GROUP=1", "CPUFUSE_MOE_GROUP=3", "CPUFUSE_MOE_SUMPAD=1",
+                                  "CPUFUSE_MOE_TAIL=2", "CPUFUSE_MOE_TAIL=256"])
 def test_qmatmul_id_decode_task_groups(knob):
     """A/B knobs of qmoe.inc, read once per process: CPUFUSE_MOE_GROUP (default 4), decode-sized routed calls whose
     tasks take one or several consecutive chunks of one expert; CPUFUSE_MOE_SUMPAD=1, the weighted sum's counters
-    one to a cache line. Each gives the same bits: the decode tests above, run again in a process with the knob
+    one to a cache line; CPUFUSE_MOE_TAIL=N, the region's last N experts one chunk a task (256: every expert).
+    Each gives the same bits: the decode tests above, run again in a process with the knob
     set (each checks every thread count against the rows' own matmuls)"""
     tests = [f"{__file__}::{t}" for t in ("test_qmatmul_id_decode_threads", "test_qmatmul_id_hinted_chain",
                                            "test_qmatmul_id_decode_own_rows_and_fused_wsum")]
