@@ -65,14 +65,9 @@
 #            the one-type (--pure) 1B THP_TYPES (q4_0 q8_0) files, written on first use; then llama-bench
 #            at 1 thread (core 0) on the same files; THP settings, numpy's madvise: thp-machine.txt.  ~4 min
 #            THP_8B=1 adds the one-type 8B Q4_0 at 16 threads (written on first use).       +3-4 min
-#   pending  session 24's A/B knobs and variants, which no Xeon measured: the one-type 8B Q4_0 at 4096 f16 cells
-#            (ab with AB_VARIANTS pf = FA_PF_DIST 32, FA_PF_HINT 2, and CPUFUSE_FA_PF_RAMP=1), then Qwen3-30B-A3B-8l
-#            Q4_K and granite Q8_0 (ab under CPUFUSE_MOE_SUMPAD=1, CPUFUSE_POOL_IDLE_US=1000, CPUFUSE_FA_PF_RAMP=1),
-#            2 rounds each, the files written first; needs only .whl.                       ~9 min
-#   pending2 session 22's CPUFUSE_FA_CELLS_NTH=64 (split-KV decode as cells tasks at every thread count), which no
-#            Xeon measured, on the MHA OLMoE-1B-7B Q4_K (its per-group tasks read 256 bytes of each 4 KB cell) at 200
-#            and 1000 cells (--prompt), and on granite Q8_0 at 200 beside CPUFUSE_MOE_GROUP=2; one-type files,
-#            written first, 2 rounds each.                                                   ~8-9 min
+#   pending  the A/B knobs a session added and no Xeon has measured yet (today: session 25's CPUFUSE_MOE_TAIL=2,
+#            beside CPUFUSE_MOE_GROUP=2) on granite Q8_0 and OLMoE-1B-7B Q4_K, one-type files written first, at
+#            200 cells, PENDING_ROUNDS (4) rounds; needs only .whl.                            ~4-5 min
 #   attnpf   one layer's decode attention (bench.attndec, cold, wall) at ATTN_THREADS (16) threads, this tree as it is
 #            and under each side of ATTN_ENVS (default: the cells tasks at 16 threads), alternating processes,
 #            ATTN_ROUNDS (3); ATTN_ARGS (default: Llama-3.1-8B's heads, f16 and q8_0 at 4096 and 16384 cells);
@@ -163,7 +158,7 @@ big() {  # written only when missing: the given bench.e2e.bigmodels arguments
 
 IK=(--ik-llama-src "$IKSRC" --pp 128,512)
 case "$PHASE" in
-  ab|pending|pending2) wheels || exit 1 ;;
+  ab|pending) wheels || exit 1 ;;
   attnpf) wheels || exit 1
     have_cpufuse || "$PY" setup.py -q build_ext --inplace > "$OUT/build-cpufuse.log" 2>&1 ||
       { tail -30 "$OUT/build-cpufuse.log"; exit 1; } ;;
@@ -276,38 +271,21 @@ case "$PHASE" in
         done
       done
     done ;;
-  pending)  # the A/B knobs and variants session 24 left for the Xeon (it was lent none), each an ab phase
-    # of its own share of PHASE_LIMIT: the files first (then sync), then 8B Q4_0 at 4096 f16 cells (the FA
-    # prefetch variant tree and the ramp knob), then Qwen3-30B-A3B-8l and granite under the knobs
-    export AB_PURE=1 AB_TREES=. PV="pf:FA_PF_DIST=32,FA_PF_HINT=2"
-    # the builds (this tree, the variant) while the files are written; then sync, so no writeback runs in the rounds
-    AB_VARIANTS="$PV" AB_SHAPE=8b AB_TYPES=q4_0 AB_ROUNDS=0 PHASE_LIMIT=$(left) bash "$0" ab
-    for mt in qwen3-30b-a3b-8l:q4_k granite-1b-a400m:q8_0; do big --models "${mt%%:*}" --types "${mt##*:}" --pure; done
-    sync; grep -E '^(Dirty|Writeback):' /proc/meminfo; uptime
-    ENVS="_ CPUFUSE_MOE_SUMPAD=1 CPUFUSE_POOL_IDLE_US=1000 CPUFUSE_FA_PF_RAMP=1"
-    AB_VARIANTS="$PV" AB_ENVS="_ CPUFUSE_FA_PF_RAMP=1" AB_GUARD_US=60000 \
-      AB_SHAPE=8b AB_TYPES=q4_0 AB_ROUNDS=2 PHASE_LIMIT=$(( $(left) * 2 / 5 )) \
-      AB_ARGS="--prompt 64 --steps 32 --fused-only --depth 4096 --ctk f16 --read-mib 1024" bash "$0" ab
-    AB_ENVS="$ENVS" AB_GUARD_US=15000 AB_SHAPE=qwen3-30b-a3b-8l AB_TYPES=q4_k AB_ROUNDS=2 \
-      PHASE_LIMIT=$(( $(left) / 2 )) AB_ARGS="--prompt 200 --steps 64 --fused-only --read-mib 1024" bash "$0" ab
-    AB_ENVS="$ENVS" AB_GUARD_US=15000 AB_SHAPE=granite-1b-a400m AB_TYPES=q8_0 AB_ROUNDS=2 \
-      PHASE_LIMIT=$(left) AB_ARGS="--prompt 200 --steps 64 --fused-only --read-mib 1024" bash "$0" ab
-    uptime ;;
-  pending2)  # the cells-tasks knob on the MHA and the small-head MoE files (session 22's, unmeasured on a Xeon)
-    export AB_PURE=1 AB_TREES=. AB_ENVS="_ CPUFUSE_FA_CELLS_NTH=64" AB_GUARD_US=20000 AB_ROUNDS=2
-    AB_SHAPE=olmoe-1b-7b AB_TYPES=q4_k AB_ROUNDS=0 PHASE_LIMIT=$(left) bash "$0" ab
-    big --models granite-1b-a400m --types q8_0 --pure
-    sync; grep -E '^(Dirty|Writeback):' /proc/meminfo; uptime
-    i=3  # runs left, each given its share of the time left
-    for p in 200 1000; do
-      AB_SHAPE=olmoe-1b-7b AB_TYPES=q4_k AB_NAME=p$p PHASE_LIMIT=$(( $(left) / i-- )) \
-        AB_ARGS="--prompt $p --steps 64 --fused-only --read-mib 1024" bash "$0" ab
+  pending)  # the knobs no Xeon has measured yet (session 25's), each file an ab phase of its own share of the time
+    export AB_PURE=1 AB_TREES=. AB_ENVS="_ CPUFUSE_MOE_TAIL=2 CPUFUSE_MOE_GROUP=2" AB_GUARD_US=20000
+    export AB_ARGS="--prompt 200 --steps 64 --fused-only --read-mib 1024"
+    # the builds while the files are written; then sync, so no writeback runs in the rounds
+    for mt in granite-1b-a400m:q8_0 olmoe-1b-7b:q4_k; do
+      AB_SHAPE="${mt%%:*}" AB_TYPES="${mt##*:}" AB_ROUNDS=0 PHASE_LIMIT=$(left) bash "$0" ab
     done
-    # granite also under CPUFUSE_MOE_GROUP=2: its decode call has 24 gate/up tasks a layer at the default 4, 1.5 a
-    # thread at 16 (the default was set on Qwen3-30B-A3B, docs/moe.md)
-    AB_ENVS="$AB_ENVS CPUFUSE_MOE_GROUP=2" AB_SHAPE=granite-1b-a400m AB_TYPES=q8_0 AB_NAME=p200 PHASE_LIMIT=$(left) \
-      AB_ARGS="--prompt 200 --steps 64 --fused-only --read-mib 1024" bash "$0" ab
-    uptime ;;
+    sync; grep -E '^(Dirty|Writeback):' /proc/meminfo; uptime
+    i=2  # runs left, each given its share of the time left
+    for mt in granite-1b-a400m:q8_0 olmoe-1b-7b:q4_k; do
+      AB_SHAPE="${mt%%:*}" AB_TYPES="${mt##*:}" AB_ROUNDS=${PENDING_ROUNDS:-4} PHASE_LIMIT=$(( $(left) / i-- )) bash "$0" ab
+    done
+    uptime
+    # the device returns a limited number of files: the results as one archive
+    ( cd "$OUT" && tar -czf pending.tgz ab-* && rm -f ab-* ) ;;
   attnpf)  # issue 42: decode attention's prefetch at 16 threads
     timeout "$(left)" "$PY" -m bench.attndec --rounds "${ATTN_ROUNDS:-3}" --core "0-$((NCPU - 1))" \
       --envs "${ATTN_ENVS:-CPUFUSE_FA_CELLS_NTH=64}" \
