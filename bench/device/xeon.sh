@@ -73,7 +73,7 @@
 #            ATTN_ROUNDS (3); ATTN_ARGS (default: Llama-3.1-8B's heads, f16 and q8_0 at 4096 and 16384 cells);
 #            builds only cpufuse. At 16 threads the call's own cost is most of what it times (session 23):
 #            the model at depth (profile.py --depth, the ab phase's AB_ARGS) is the better measure.  ~2-4 min
-# Results: $OUT/ (e2e-big-<phase>.md/.json/.png and logs).
+# Results: $OUT/ (e2e-big-<phase>.md/.json/.png and logs; more than PACK_OVER (12) files: all in results-PHASE.tgz).
 set -uo pipefail
 PHASE="${1:-}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -87,6 +87,19 @@ unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
 export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 say() { echo "[xeon.sh $PHASE $((SECONDS - T0))s] $*"; }
+# The device brings back only so many files (session 25 got 8 of 48): where a phase leaves more than PACK_OVER (12)
+# in $OUT, the outermost xeon.sh packs them all into $OUT/results-PHASE.tgz as it exits (the phases that run
+# xeon.sh again for a part share $OUT and leave the packing to it)
+pack() {
+  local n; n=$(find "$OUT" -maxdepth 1 -type f ! -name 'results-*.tgz' | wc -l)
+  [ "$n" -gt "${PACK_OVER:-12}" ] || return 0
+  ( cd "$OUT" && find . -maxdepth 1 -type f ! -name 'results-*.tgz' -printf '%P\n' | tar -czf "results-$PHASE.tgz" -T - &&
+    find . -maxdepth 1 -type f ! -name 'results-*.tgz' -delete ) && echo "[xeon.sh] $n result files packed into $OUT/results-$PHASE.tgz"
+}
+if [ -z "${XEON_SH_OUTER:-}" ]; then
+  export XEON_SH_OUTER=$$
+  trap pack EXIT
+fi
 left() { echo $((LIMIT - (SECONDS - T0))); }
 
 wheels() {
@@ -283,9 +296,7 @@ case "$PHASE" in
     for mt in granite-1b-a400m:q8_0 olmoe-1b-7b:q4_k; do
       AB_SHAPE="${mt%%:*}" AB_TYPES="${mt##*:}" AB_ROUNDS=${PENDING_ROUNDS:-4} PHASE_LIMIT=$(( $(left) / i-- )) bash "$0" ab
     done
-    uptime
-    # the device returns a limited number of files: the results as one archive
-    ( cd "$OUT" && tar -czf pending.tgz ab-* && rm -f ab-* ) ;;
+    uptime ;;
   attnpf)  # issue 42: decode attention's prefetch at 16 threads
     timeout "$(left)" "$PY" -m bench.attndec --rounds "${ATTN_ROUNDS:-3}" --core "0-$((NCPU - 1))" \
       --envs "${ATTN_ENVS:-CPUFUSE_FA_CELLS_NTH=64}" \
