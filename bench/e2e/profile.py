@@ -129,9 +129,9 @@ def markdown(model, P, n_prompt, steps):
         if "serial" not in d:
             continue
         us = lambda v: f"{v / steps / 1e3:.1f}"     # noqa: E731
-        # the wait per record kind: not in an older build's counters (an A/B's base tree), shown as –
-        wait = lambda v: us(v[2]) if len(v) > 2 and any(x[2] for x in d["serial"].values()) else "–"  # noqa: E731
-        rows = [[k, us(v[0]), f"{v[1] / steps:.0f}", wait(v)]
+        # the wait per record kind: an older build (an A/B's base tree) leaves those counters 0, shown as –
+        has_wait = any(v[2] for v in d["serial"].values())
+        rows = [[k, us(v[0]), f"{v[1] / steps:.0f}", us(v[2]) if has_wait else "–"]
                 for k, v in sorted(d["serial"].items(), key=lambda kv: -kv[1][0])]
         rows += [["(regions: publishing the job, on the caller)", us(d["dispatch"]), "", ""],
                  ["(regions: the caller's own chunks)", us(d["own"]), "", ""],
